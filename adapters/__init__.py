@@ -1,0 +1,14 @@
+"""Capture attention weights from models: ``attnflow.adapters``.
+
+The adapters pull attention weights (and their gradients) out of PyTorch, JAX/Flax and
+Keras models and hand them to the core in its canonical layout
+``(*batch, layers, heads, n, n)`` with a padding mask. They do I/O, not maths.
+
+This package lives in the top-level ``adapters/`` folder of the repository and installs as
+``attnflow.adapters``. Each framework gets its own submodule, imported only when asked for,
+so that ``import attnflow`` never imports a deep-learning framework.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,20 @@
+"""attnflow: attention rollout and attention flow for any array library.
+
+Follow a transformer's attention across its layers to attribute each output position to
+the input tokens (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers").
+The maths is written once against the array API standard: NumPy, PyTorch, JAX, Dask,
+CuPy and array-api-strict arrays (and TensorFlow tensors, converted at the boundary) come
+back in their own library, dtype and device.
+
+Importing attnflow imports no deep-learning framework and no plotting library.
+"""
+
+from __future__ import annotations
+
+from ._heads import fuse_heads
+from ._residual import add_residual
+from ._rollout import raw, rollout
+
+__all__ = ["__version__", "add_residual", "fuse_heads", "raw", "rollout"]
+
+__version__ = "0.1.0.dev0"

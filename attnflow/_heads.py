@@ -1,0 +1,164 @@
+"""Head fusion: one attention matrix per layer from the heads of that layer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from array_api_compat import device as array_device
+
+from ._namespace import enter_boundary, resolve_namespace
+from ._rows import normalize_rows
+from ._typing import ArrayT, HeadFusion, Namespace
+from ._validation import (
+    AttentionLayout,
+    HeadFusionSpec,
+    check_attention_layout,
+    check_attention_values,
+    check_floating,
+    check_head_fusion,
+    check_validate,
+)
+
+__all__ = ["apply_head_fusion", "fuse_heads"]
+
+
+def apply_head_fusion(
+    attentions: Any,
+    spec: HeadFusionSpec,
+    xp: Namespace,
+    *,
+    valid_rows: Any | None = None,
+) -> Any:
+    """Fuse axis -3 of checked attentions ``(..., heads, n, n)`` into ``(..., n, n)``.
+
+    Mean and weighted means of row-stochastic heads stay row-stochastic. Fusions that
+    break row sums (max, min, a callable) are followed by a row renormalisation.
+    """
+    if spec.kind == "none":
+        return attentions
+    if spec.kind == "mean":
+        return xp.mean(attentions, axis=-3)
+    if spec.kind == "weights":
+        weights = spec.weights
+        weights = weights / xp.sum(weights, axis=-1, keepdims=True)
+        if weights.ndim == 1:
+            return xp.tensordot(attentions, weights, axes=([-3], [0]))
+        n_layers = attentions.shape[-4]
+        weights = xp.reshape(weights[:n_layers, ...], (n_layers, weights.shape[-1], 1, 1))
+        return xp.sum(attentions * weights, axis=-3)
+    if spec.kind == "max":
+        fused = xp.max(attentions, axis=-3)
+    elif spec.kind == "min":
+        fused = xp.min(attentions, axis=-3)
+    else:
+        fused = _call_fusion(spec.function, attentions)
+    return normalize_rows(fused, xp, valid_rows=valid_rows)
+
+
+def _call_fusion(function: Callable[[Any], Any] | None, attentions: Any) -> Any:
+    assert function is not None  # guaranteed by HeadFusionSpec("callable")
+    fused = function(attentions)
+    expected = (*attentions.shape[:-3], *attentions.shape[-2:])
+    shape = tuple(getattr(fused, "shape", ()))
+    if shape != tuple(expected):
+        msg = (
+            f"`heads` callable must reduce the heads axis (-3) of an array of shape "
+            f"{tuple(attentions.shape)} to shape {tuple(expected)}; it returned "
+            f"{type(fused).__qualname__} of shape {shape}. For example "
+            "`lambda w: xp.median(w, axis=-3)`."
+        )
+        raise ValueError(msg)
+    return fused
+
+
+def fuse_heads(
+    attentions: ArrayT,
+    /,
+    *,
+    heads: HeadFusion = "mean",
+    validate: bool = True,
+    xp: Namespace | None = None,
+) -> ArrayT:
+    r"""Fuse the attention heads of each layer into one attention matrix.
+
+    .. math::
+
+        A_l = \frac{1}{H} \sum_{h=1}^{H} W_{l,h}
+
+    for the paper's mean fusion (Abnar & Zuidema 2020). ``"max"`` and ``"min"`` take the
+    element-wise maximum or minimum over heads; weights :math:`w_{l,h}` give
+    :math:`A_l = \sum_h w_{l,h} W_{l,h} / \sum_h w_{l,h}`. After max, min or a callable,
+    rows are renormalised to sum to one; a row left with no mass becomes a self-attention
+    row.
+
+    Parameters
+    ----------
+    attentions : array, shape (..., heads, n, n)
+        Attention probabilities; rows (axis -2) are queries, columns (axis -1) keys.
+        Weights of shape ``(layers, heads)`` need the layer axis at -4:
+        ``(..., layers, heads, n, n)``.
+    heads : {"mean", "max", "min"}, callable or array_like, default "mean"
+        The fusion. A callable receives the whole array and must reduce axis -3.
+        Weights have shape ``(heads,)`` or ``(layers, heads)``, are non-negative and are
+        normalised to sum to one per layer (zero weights discard heads).
+    validate : bool, default True
+        Check that the weights are finite, non-negative and row-stochastic.
+    xp : namespace, optional
+        The array namespace; inferred from `attentions` by default.
+
+    Returns
+    -------
+    array, shape (..., n, n)
+        The fused attention, in the library, dtype and device of `attentions`.
+
+    Raises
+    ------
+    ValueError
+        On a bad shape, an unknown fusion, or (with `validate`) invalid weights.
+    TypeError
+        On a non-floating dtype or an unsupported array type.
+
+    See Also
+    --------
+    rollout : Attention rollout, which fuses heads first.
+
+    References
+    ----------
+    .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
+       ACL 2020, https://arxiv.org/abs/2005.00928
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> w = np.array([[[1.0, 0.0], [0.5, 0.5]], [[0.0, 1.0], [0.5, 0.5]]])  # 2 heads
+    >>> attnflow.fuse_heads(w)
+    array([[0.5, 0.5],
+           [0.5, 0.5]])
+    >>> attnflow.fuse_heads(w, heads=[3.0, 1.0])
+    array([[0.75, 0.25],
+           [0.5 , 0.5 ]])
+    """
+    (array,), boundary = enter_boundary([attentions], ["attentions"])
+    namespace = resolve_namespace(array, xp=xp, names=["attentions"])
+    shape = tuple(array.shape)
+    if len(shape) < 3:
+        msg = f"`attentions` must have shape (..., heads, n, n); got shape {shape}."
+        raise ValueError(msg)
+    fake_layers = shape if len(shape) >= 4 else (1, *shape)
+    layout: AttentionLayout = check_attention_layout(fake_layers, fused=False)
+    check_floating(array, namespace)
+    do_validate = check_validate(validate)
+    spec = check_head_fusion(
+        heads, layout, namespace, dtype=array.dtype, device=array_device(array)
+    )
+    if spec.kind == "weights" and spec.weights.ndim == 2 and len(shape) < 4:
+        msg = (
+            f"`heads` weights of shape {tuple(spec.weights.shape)} need a layer axis: pass "
+            f"attentions of shape (..., layers, heads, n, n); got shape {shape}."
+        )
+        raise ValueError(msg)
+    if do_validate:
+        check_attention_values(array, namespace, valid_rows=None)
+    return boundary.restore(apply_head_fusion(array, spec, namespace))  # type: ignore[no-any-return]

@@ -1,0 +1,183 @@
+"""Everything before the method: from the caller's input to one attention matrix per layer.
+
+`rollout`, `raw` (and attention flow) share this path, so that they accept the same input
+forms, validate them the same way and apply masks and head fusion identically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from array_api_compat import device as array_device
+
+from ._heads import apply_head_fusion
+from ._namespace import Boundary, enter_boundary, resolve_namespace
+from ._rows import normalize_rows
+from ._typing import Namespace
+from ._validation import (
+    AttentionLayout,
+    check_attention_layout,
+    check_attention_values,
+    check_floating,
+    check_head_fusion,
+    check_layers,
+    check_mask,
+    check_residual,
+    check_rows,
+    check_validate,
+    describe,
+)
+
+__all__ = ["PreparedAttention", "prepare_attention", "select_rows"]
+
+
+@dataclass(frozen=True)
+class PreparedAttention:
+    """Checked input, reduced to one attention matrix per used layer."""
+
+    xp: Namespace
+    boundary: Boundary
+    layout: AttentionLayout
+    fused: Any
+    """Head-fused, masked attention ``(*batch, used_layers, n, n)``; rows sum to 1 or 0."""
+    residual: float
+    rows: int | tuple[int, ...] | None
+    all_layers: bool
+    valid_keys: Any | None
+    """Mask broadcastable to ``(*batch, used_layers, 1, n)``, or None without a mask."""
+
+
+def _stack_layers(
+    layers: Sequence[Any], xp_override: Namespace | None, mask: Any, *, fused: bool
+) -> tuple[list[Any], Namespace, AttentionLayout, Any, Boundary]:
+    """Check a sequence of per-layer arrays, converted at the TensorFlow boundary."""
+    if len(layers) == 0:
+        msg = (
+            "`attentions` must hold at least one layer; got an empty sequence. Pass one "
+            "array per layer, as Hugging Face's `output_attentions` returns them."
+        )
+        raise ValueError(msg)
+    names = [f"attentions[{i}]" for i in range(len(layers))]
+    converted, boundary = enter_boundary([*layers, mask], [*names, "mask"])
+    *arrays, mask = converted
+    xp = resolve_namespace(*arrays, mask, xp=xp_override, names=[*names, "mask"])
+    first = arrays[0]
+    if getattr(first, "shape", None) is None:
+        msg = f"`attentions[0]` must be an array; got {describe(first)}."
+        raise TypeError(msg)
+    per_layer = "(*batch, n, n)" if fused else "(*batch, heads, n, n)"
+    for name, array in zip(names, arrays, strict=True):
+        if tuple(array.shape) != tuple(first.shape) or array.dtype != first.dtype:
+            msg = (
+                f"every layer in `attentions` must have the same shape {per_layer} and "
+                f"dtype; `attentions[0]` is {describe(first)} but `{name}` is "
+                f"{describe(array)}."
+            )
+            raise ValueError(msg)
+    axis = -3 if fused else -4
+    stacked_shape = list(first.shape)
+    stacked_shape.insert(len(stacked_shape) + axis + 1, len(arrays))
+    layout = check_attention_layout(tuple(stacked_shape), fused=fused)
+    return arrays, xp, layout, mask, boundary
+
+
+def prepare_attention(
+    attentions: Any,
+    *,
+    heads: object,
+    residual: object,
+    rows: object,
+    layers: object,
+    mask: Any,
+    validate: object,
+    xp: Namespace | None,
+) -> PreparedAttention:
+    """Check every argument, then mask, normalise and fuse the used layers.
+
+    All checks on shapes, dtypes and options run before any arithmetic; value checks
+    follow, on the layers that are used; only then is anything computed.
+    """
+    fused_input = heads is None
+    if isinstance(attentions, list | tuple):
+        arrays, namespace, layout, mask, boundary = _stack_layers(
+            attentions, xp, mask, fused=fused_input
+        )
+        stacked: Any = None
+    else:
+        (array, mask), boundary = enter_boundary([attentions, mask], ["attentions", "mask"])
+        namespace = resolve_namespace(array, mask, xp=xp, names=["attentions", "mask"])
+        if getattr(array, "shape", None) is None:
+            msg = f"`attentions` must be an array; got {describe(array)}."
+            raise TypeError(msg)
+        layout = check_attention_layout(tuple(array.shape), fused=fused_input)
+        arrays = None
+        stacked = array
+
+    first = arrays[0] if arrays is not None else stacked
+    check_floating(first, namespace)
+    alpha = check_residual(residual)
+    selected_rows = check_rows(rows, layout.n_tokens)
+    used_layers, all_layers = check_layers(layers, layout.n_layers)
+    do_validate = check_validate(validate)
+    device = array_device(first)
+    spec = check_head_fusion(heads, layout, namespace, dtype=first.dtype, device=device)
+    check_mask(mask, layout, namespace)
+
+    # Layers above the requested one never influence it: they are neither stacked nor read.
+    if arrays is not None:
+        stacked = namespace.stack(arrays[:used_layers], axis=layout.layer_axis)
+    elif used_layers < layout.n_layers:
+        stacked = stacked[..., :used_layers, :, :, :] if not fused_input else stacked[
+            ..., :used_layers, :, :
+        ]
+
+    extra_axes = 1 if fused_input else 2  # layers (and heads) between batch and tokens
+    valid_rows = valid_keys = None
+    if mask is not None:
+        shape = (*layout.batch_shape, *([1] * extra_axes), layout.n_tokens)
+        valid_keys = namespace.reshape(mask, shape)[..., None, :]
+        valid_rows = namespace.reshape(mask, shape)[..., :, None]
+
+    if do_validate:
+        check_attention_values(stacked, namespace, valid_rows=valid_rows)
+
+    if mask is not None:
+        # Drop padded queries and keys (whatever the framework left there, NaN included)
+        # and renormalise each head's rows over the real keys: the result is then exactly
+        # the attention of the cropped sequence, padded with zeros.
+        keep = valid_rows & valid_keys
+        stacked = namespace.where(keep, stacked, namespace.zeros_like(stacked))
+        stacked = normalize_rows(stacked, namespace, valid_rows=valid_rows)
+
+    fused = apply_head_fusion(
+        stacked,
+        spec,
+        namespace,
+        valid_rows=None if valid_rows is None else valid_rows[..., 0, :, :]
+        if not fused_input
+        else valid_rows,
+    )
+    if valid_keys is not None and not fused_input:
+        valid_keys = valid_keys[..., 0, :, :]
+    return PreparedAttention(
+        xp=namespace,
+        boundary=boundary,
+        layout=layout,
+        fused=fused,
+        residual=alpha,
+        rows=selected_rows,
+        all_layers=all_layers,
+        valid_keys=valid_keys,
+    )
+
+
+def select_rows(matrices: Any, rows: int | tuple[int, ...] | None, xp: Namespace) -> Any:
+    """Take the requested output rows (axis -2) of ``(..., n, n)`` matrices."""
+    if rows is None:
+        return matrices
+    if isinstance(rows, int):
+        return matrices[..., rows, :]
+    index = xp.asarray(rows, device=array_device(matrices))
+    return xp.take(matrices, index, axis=-2)

@@ -1,0 +1,267 @@
+"""Attention rollout and the raw-attention baseline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._pipeline import PreparedAttention, prepare_attention, select_rows
+from ._residual import mix_residual
+from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
+
+__all__ = ["raw", "rollout", "rollout_products"]
+
+
+def rollout_products(
+    mixed: Any, rows: int | tuple[int, ...] | None, *, all_layers: bool, xp: Namespace
+) -> Any:
+    """Roll out residual-mixed attention ``(*batch, L, n, n)`` from the input upwards.
+
+    Returns row(s) `rows` of ``R_L = Ã_L ··· Ã_1`` or, with `all_layers`, of every
+    ``R_l``, stacked on axis -3. Selected rows are computed as a chain of vector-matrix
+    products, starting from the row of the top layer: O(L n²) per row instead of the
+    O(L n³) of full products.
+    """
+    n_layers, n = mixed.shape[-3], mixed.shape[-1]
+    layer = [mixed[..., i, :, :] for i in range(n_layers)]
+    if rows is None:
+        product = layer[0]
+        products = [product]
+        for i in range(1, n_layers):
+            product = xp.matmul(layer[i], product)
+            products.append(product)
+        return xp.stack(products, axis=-3) if all_layers else product
+
+    index = (rows,) if isinstance(rows, int) else rows
+    n_rows = len(index)
+    if not all_layers:
+        vectors = select_rows(layer[-1], index, xp)
+        for i in range(n_layers - 2, -1, -1):
+            vectors = xp.matmul(vectors, layer[i])
+        return vectors[..., 0, :] if isinstance(rows, int) else vectors
+
+    # Every layer's rows. Row chains cost about r·L²/2 vector-matrix products against
+    # L - 1 full matrix products; take whichever is cheaper.
+    if n_rows * (n_layers + 1) > 2 * n:
+        full = rollout_products(mixed, None, all_layers=True, xp=xp)
+        return select_rows(full, rows, xp)
+    # Walk down from the top layer, carrying one block of row vectors per target layer:
+    # the chain for layer l starts at layer l and is multiplied by every layer below it.
+    chains = select_rows(layer[-1], index, xp)
+    for i in range(n_layers - 2, -1, -1):
+        started = select_rows(layer[i], index, xp)
+        chains = xp.concat([started, xp.matmul(chains, layer[i])], axis=-2)
+    batch = tuple(mixed.shape[:-3])
+    chains = xp.reshape(chains, (*batch, n_layers, n_rows, n))
+    return chains[..., 0, :] if isinstance(rows, int) else chains
+
+
+def _select(prepared: PreparedAttention, per_layer: Any) -> Any:
+    """Rows of the reported layer(s) of per-layer matrices ``(*batch, L, n, n)``."""
+    xp = prepared.xp
+    matrices = per_layer if prepared.all_layers else per_layer[..., -1, :, :]
+    return select_rows(matrices, prepared.rows, xp)
+
+
+def rollout(
+    attentions: ArrayT | Sequence[ArrayT],
+    /,
+    *,
+    heads: HeadFusion = "mean",
+    residual: float = 0.5,
+    rows: RowSelection = None,
+    layers: LayerSelection = "last",
+    mask: Any | None = None,
+    validate: bool = True,
+    xp: Namespace | None = None,
+) -> ArrayT:
+    r"""Attention rollout: how much each input token reaches each output position.
+
+    Heads are fused, the residual connection is modelled by mixing in the identity, and the
+    per-layer matrices are multiplied from the input upwards (Abnar & Zuidema 2020, eq. 1):
+
+    .. math::
+
+        \tilde A_l = (1 - \alpha) A_l + \alpha I, \qquad
+        \tilde R_l = \tilde A_l \, \tilde A_{l-1} \cdots \tilde A_1 ,
+
+    where :math:`A_l` is the head-fused attention of layer :math:`l` (rows = queries,
+    columns = keys) and :math:`\tilde R_l[i, j]` is the share of input token :math:`j` in
+    position :math:`i` at layer :math:`l`. Rows of :math:`\tilde R_l` sum to one.
+
+    Parameters
+    ----------
+    attentions : array or sequence of arrays
+        Attention probabilities, ``(*batch, layers, heads, n, n)``, or a sequence of one
+        ``(*batch, heads, n, n)`` array per layer (what Hugging Face returns with
+        ``output_attentions=True``), first layer first. With ``heads=None`` the heads are
+        already fused: ``(*batch, layers, n, n)`` or a sequence of ``(*batch, n, n)``.
+    heads : {"mean", "max", "min"}, callable, array_like or None, default "mean"
+        Head fusion (see :func:`fuse_heads`): the paper's mean, the element-wise max or
+        min (rows renormalised), weights of shape ``(heads,)`` or ``(layers, heads)``, a
+        callable reducing axis -3, or None for fused input.
+    residual : float, default 0.5
+        The weight :math:`\alpha` of the identity; 0.5 is the paper's setting, 0 rolls out
+        the attention alone.
+    rows : int, sequence of int or None, default None
+        Output positions to explain (negative counts from the end): None gives the full
+        ``n x n`` matrix, an int one row, a sequence a block of rows. Selected rows are
+        computed as vector-matrix chains, O(L n²) per row.
+    layers : {"last", "all"} or int, default "last"
+        Report the rollout at the top layer, at every layer (stacked on a new axis after
+        the batch axes, as in the paper's figures), or at one layer (an index into the
+        layer axis, 0 = first; layers above it are never read).
+    mask : bool array of shape (*batch, n), optional
+        True for real tokens, False for padding. Padded positions get exactly zero
+        attribution and carry none; the block of real tokens equals the rollout of the
+        cropped sequence, each head's rows renormalised over the real keys. Whatever the
+        framework put in padded query rows (zeros, uniform rows, NaN) is ignored.
+    validate : bool, default True
+        Check the values of `attentions` (finite, non-negative, rows summing to one
+        within a dtype-aware tolerance) before computing. Skipped automatically where
+        values cannot be read cheaply (inside ``jax.jit``, on Dask graphs). Pass False
+        for attention that is not row-stochastic on purpose.
+    xp : namespace, optional
+        The array namespace; inferred from `attentions` by default.
+
+    Returns
+    -------
+    array
+        ``(*batch, [layers,] n, n)`` for ``rows=None``, ``(*batch, [layers,] n)`` for an
+        int, ``(*batch, [layers,] r, n)`` for a sequence of ``r`` rows; the layers axis
+        only with ``layers="all"``. In the library, dtype and device of `attentions`
+        (TensorFlow tensors come back as TensorFlow tensors).
+
+    Raises
+    ------
+    ValueError
+        On a bad shape, option or (with `validate`) attention values.
+    TypeError
+        On a non-floating dtype, a non-boolean mask or an unsupported array type.
+    IndexError
+        If `rows` or `layers` is out of range.
+
+    See Also
+    --------
+    raw : The attention itself, the paper's baseline.
+    fuse_heads, add_residual : The building blocks.
+
+    Notes
+    -----
+    Everything runs in the namespace of the input (array API standard), on its device,
+    with no host transfer, and is differentiable where the library is. Batched over all
+    leading axes, with no Python loop over batch elements.
+
+    References
+    ----------
+    .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
+       ACL 2020, https://arxiv.org/abs/2005.00928
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> w = np.array([[[[0.5, 0.5], [0.0, 1.0]]], [[[1.0, 0.0], [0.5, 0.5]]]])  # L=2, H=1
+    >>> attnflow.rollout(w)
+    array([[0.6875, 0.3125],
+           [0.1875, 0.8125]])
+    >>> attnflow.rollout(w, rows=0, layers="all")
+    array([[0.75  , 0.25  ],
+           [0.6875, 0.3125]])
+    """
+    prepared = prepare_attention(
+        attentions,
+        heads=heads,
+        residual=residual,
+        rows=rows,
+        layers=layers,
+        mask=mask,
+        validate=validate,
+        xp=xp,
+    )
+    xp_ = prepared.xp
+    mixed = mix_residual(
+        prepared.fused, prepared.residual, xp_, valid_keys=prepared.valid_keys
+    )
+    result = rollout_products(mixed, prepared.rows, all_layers=prepared.all_layers, xp=xp_)
+    return prepared.boundary.restore(result)  # type: ignore[no-any-return]
+
+
+def raw(
+    attentions: ArrayT | Sequence[ArrayT],
+    /,
+    *,
+    heads: HeadFusion = "mean",
+    rows: RowSelection = None,
+    layers: LayerSelection = "last",
+    mask: Any | None = None,
+    validate: bool = True,
+    xp: Namespace | None = None,
+) -> ArrayT:
+    r"""Raw attention: the head-fused attention of each layer, the paper's baseline.
+
+    .. math::
+
+        A_l = \operatorname{fuse}_h W_{l,h}
+
+    Raw attention shows what a layer attends to among its own inputs, which beyond the
+    first layer are already mixtures of tokens; rollout and flow follow the mixing down to
+    the input (Abnar & Zuidema 2020, §2-3).
+
+    Parameters
+    ----------
+    attentions : array or sequence of arrays
+        As for :func:`rollout`.
+    heads : {"mean", "max", "min"}, callable, array_like or None, default "mean"
+        Head fusion, as for :func:`rollout`.
+    rows : int, sequence of int or None, default None
+        Output positions, as for :func:`rollout`.
+    layers : {"last", "all"} or int, default "last"
+        The layer(s) to report, as for :func:`rollout`.
+    mask : bool array of shape (*batch, n), optional
+        Padding mask, as for :func:`rollout`: padded rows and columns are zero and rows of
+        real tokens are renormalised over real keys.
+    validate : bool, default True
+        Check the attention values first, as for :func:`rollout`.
+    xp : namespace, optional
+        The array namespace; inferred from `attentions` by default.
+
+    Returns
+    -------
+    array
+        Same shapes as :func:`rollout`, in the caller's library, dtype and device.
+
+    Raises
+    ------
+    ValueError, TypeError, IndexError
+        As for :func:`rollout`.
+
+    See Also
+    --------
+    rollout
+
+    References
+    ----------
+    .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
+       ACL 2020, https://arxiv.org/abs/2005.00928
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> w = np.array([[[[0.5, 0.5], [0.0, 1.0]]], [[[1.0, 0.0], [0.5, 0.5]]]])  # L=2, H=1
+    >>> attnflow.raw(w, rows=0, layers="all")
+    array([[0.5, 0.5],
+           [1. , 0. ]])
+    """
+    prepared = prepare_attention(
+        attentions,
+        heads=heads,
+        residual=0.0,
+        rows=rows,
+        layers=layers,
+        mask=mask,
+        validate=validate,
+        xp=xp,
+    )
+    return prepared.boundary.restore(_select(prepared, prepared.fused))  # type: ignore[no-any-return]

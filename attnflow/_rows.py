@@ -1,0 +1,48 @@
+"""Row normalisation, the one place where attention rows are made to sum to one."""
+
+from __future__ import annotations
+
+from ._typing import Array, Namespace
+
+__all__ = ["normalize_rows"]
+
+
+def normalize_rows(
+    attention: Array, xp: Namespace, *, valid_rows: Array | None = None
+) -> Array:
+    """Divide each row of `attention` by its sum, over the last axis, keeping dimensions.
+
+    A row with no mass cannot be normalised. When its query is a real token it becomes a
+    self-attention row (the token attends to itself, which is what the residual path
+    carries); when its query is padded (`valid_rows` False) it stays all zero, so padded
+    positions carry no attribution.
+
+    Parameters
+    ----------
+    attention : array, shape (..., n, n)
+        Non-negative weights, rows = queries.
+    xp : namespace
+        The array namespace of `attention`.
+    valid_rows : array of bool, shape broadcastable to (..., n, 1), optional
+        True where the query is a real token. None means every query is real.
+
+    Returns
+    -------
+    array, shape (..., n, n)
+        Rows summing to one (real tokens) or zero (padded tokens), same dtype and device.
+    """
+    sums = xp.sum(attention, axis=-1, keepdims=True)
+    has_mass = sums > 0
+    # Divide by 1 where the row is empty so that no 0/0 NaN is ever produced.
+    safe = xp.where(has_mass, sums, xp.ones_like(sums))
+    normalised = attention / safe
+    empty = ~has_mass if valid_rows is None else (~has_mass & valid_rows)
+    n = attention.shape[-1]
+    eye = xp.eye(n, dtype=attention.dtype, device=_device(attention))
+    return xp.where(empty, eye, normalised)
+
+
+def _device(x: Array) -> object:
+    from array_api_compat import device
+
+    return device(x)

@@ -1,0 +1,366 @@
+"""Checks on what callers pass in, with every user-facing error message in one place.
+
+Each message names the parameter, says what was expected and what was given, and how to
+fix it. Checks on metadata (shapes, dtypes, options) always run before any work. Checks on
+values (finite, non-negative, rows summing to one) run when the values can be read cheaply
+(not inside ``jax.jit``, not on a Dask graph) and can be switched off with ``validate=False``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._namespace import values_are_inspectable
+from ._typing import Array, Namespace
+
+__all__ = [
+    "AttentionLayout",
+    "HeadFusionSpec",
+    "check_attention_layout",
+    "check_attention_values",
+    "check_floating",
+    "check_head_fusion",
+    "check_layers",
+    "check_mask",
+    "check_residual",
+    "check_rows",
+    "check_validate",
+    "describe",
+    "row_sum_tolerance",
+]
+
+NAMED_FUSIONS = ("mean", "max", "min")
+
+
+def describe(x: Any) -> str:
+    """Describe an array for an error message: its type, shape and dtype."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        return f"{type(x).__qualname__} {x!r}"
+    return f"{type(x).__module__}.{type(x).__qualname__} of shape {tuple(shape)} and dtype {x.dtype}"
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """Shape facts of a validated attention stack ``(*batch, layers, [heads,] n, n)``."""
+
+    batch_shape: tuple[int, ...]
+    n_layers: int
+    n_heads: int | None
+    n_tokens: int
+
+    @property
+    def layer_axis(self) -> int:
+        """Axis of the layers, counted from the end."""
+        return -3 if self.n_heads is None else -4
+
+
+def check_attention_layout(
+    shape: tuple[int | None, ...], *, fused: bool, name: str = "attentions"
+) -> AttentionLayout:
+    """Check the shape of an attention stack and return its layout."""
+    expected = "(*batch, layers, n, n)" if fused else "(*batch, layers, heads, n, n)"
+    min_ndim = 3 if fused else 4
+    hint = (
+        " With `heads=None` the heads must already be fused; pass `heads='mean'` for "
+        "per-head input."
+        if fused
+        else " For input whose heads are already fused, pass `heads=None`."
+    )
+    if len(shape) < min_ndim:
+        msg = (
+            f"`{name}` must have shape {expected}, at least {min_ndim} dimensions; got "
+            f"shape {shape} ({len(shape)} dimensions).{hint}"
+        )
+        raise ValueError(msg)
+    if any(d is None for d in shape):
+        msg = (
+            f"`{name}` must have a known shape; got {shape}. Give Dask arrays known chunk "
+            "sizes (`x.compute_chunk_sizes()`)."
+        )
+        raise ValueError(msg)
+    dims = tuple(int(d) for d in shape if d is not None)
+    if dims[-1] != dims[-2]:
+        msg = (
+            f"`{name}` must be square in its last two axes (queries x keys), {expected}; got "
+            f"shape {dims} with {dims[-2]} queries and {dims[-1]} keys. attnflow follows "
+            "attention across layers of one sequence, so self-attention is required."
+        )
+        raise ValueError(msg)
+    if dims[-1] == 0 or dims[-3 if fused else -4] == 0:
+        msg = f"`{name}` must hold at least one layer and one token; got shape {dims}."
+        raise ValueError(msg)
+    if fused:
+        return AttentionLayout(dims[:-3], dims[-3], None, dims[-1])
+    if dims[-3] == 0:
+        msg = f"`{name}` must hold at least one head; got shape {dims}, {expected}."
+        raise ValueError(msg)
+    return AttentionLayout(dims[:-4], dims[-4], dims[-3], dims[-1])
+
+
+def check_floating(x: Array, xp: Namespace, name: str = "attentions") -> None:
+    """Check that `x` has a real floating dtype."""
+    if not xp.isdtype(x.dtype, "real floating"):
+        msg = (
+            f"`{name}` must have a real floating dtype (float32 or float64); got {x.dtype}. "
+            f"Attention weights are probabilities: cast with `{name}.astype(float32)` or "
+            "the equivalent in your library (attnflow does not cast silently)."
+        )
+        raise TypeError(msg)
+
+
+def check_residual(residual: object) -> float:
+    """Check the residual weight alpha and return it as a float in [0, 1]."""
+    if isinstance(residual, bool) or not isinstance(residual, numbers.Real):
+        msg = (
+            "`residual` must be a real number in [0, 1], the weight of the identity in "
+            f"(1 - residual) * A + residual * I; got {residual!r} of type "
+            f"{type(residual).__name__}. Use 0.5 for the paper's setting, 0 to disable it."
+        )
+        raise TypeError(msg)
+    value = float(residual)
+    if not (0.0 <= value <= 1.0) or math.isnan(value):
+        msg = (
+            "`residual` must be in [0, 1], the weight of the identity in "
+            f"(1 - residual) * A + residual * I; got {residual!r}. Use 0.5 for the paper's "
+            "setting, 0 to disable it."
+        )
+        raise ValueError(msg)
+    return value
+
+
+def _as_index(value: object, name: str) -> int:
+    if isinstance(value, bool):
+        msg = f"`{name}` must hold integer token positions; got the boolean {value!r}."
+        raise TypeError(msg)
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        msg = (
+            f"`{name}` must be None, an integer position or a sequence of integer positions; "
+            f"got {value!r} of type {type(value).__name__}."
+        )
+        raise TypeError(msg) from None
+
+
+def check_rows(rows: object, n_tokens: int) -> int | tuple[int, ...] | None:
+    """Check `rows` against the sequence length; return non-negative positions."""
+    if rows is None:
+        return None
+
+    def normalise(position: int) -> int:
+        if not -n_tokens <= position < n_tokens:
+            msg = (
+                f"`rows` must index the {n_tokens} output positions (0 to {n_tokens - 1}, "
+                f"or negative from the end); got {position}."
+            )
+            raise IndexError(msg)
+        return position % n_tokens
+
+    if isinstance(rows, str | bytes):
+        _as_index(rows, "rows")
+    if isinstance(rows, Sequence) or getattr(rows, "ndim", 0) == 1:
+        positions = list(rows)  # type: ignore[call-overload]
+        if not positions:
+            msg = "`rows` must name at least one output position; got an empty sequence."
+            raise ValueError(msg)
+        return tuple(normalise(_as_index(r, "rows")) for r in positions)
+    return normalise(_as_index(rows, "rows"))
+
+
+def check_layers(layers: object, n_layers: int) -> tuple[int, bool]:
+    """Check `layers`; return how many layers are used and whether every layer is reported."""
+    if isinstance(layers, str):
+        if layers == "last":
+            return n_layers, False
+        if layers == "all":
+            return n_layers, True
+        msg = (
+            f"`layers` must be 'last', 'all' or an integer layer index; got {layers!r}."
+        )
+        raise ValueError(msg)
+    if isinstance(layers, bool):
+        msg = f"`layers` must be 'last', 'all' or an integer layer index; got {layers!r}."
+        raise TypeError(msg)
+    try:
+        index = operator.index(layers)  # type: ignore[arg-type]
+    except TypeError:
+        msg = (
+            f"`layers` must be 'last', 'all' or an integer layer index; got {layers!r} of "
+            f"type {type(layers).__name__}."
+        )
+        raise TypeError(msg) from None
+    if not -n_layers <= index < n_layers:
+        msg = (
+            f"`layers` must index the {n_layers} layers (0 to {n_layers - 1}, or negative "
+            f"from the end); got {index}."
+        )
+        raise IndexError(msg)
+    return index % n_layers + 1, False
+
+
+def check_validate(validate: object) -> bool:
+    """Check the `validate` flag."""
+    if not isinstance(validate, bool):
+        msg = f"`validate` must be True or False; got {validate!r}."
+        raise TypeError(msg)
+    return validate
+
+
+@dataclass(frozen=True)
+class HeadFusionSpec:
+    """A checked head-fusion choice."""
+
+    kind: Literal["none", "mean", "max", "min", "weights", "callable"]
+    weights: Array | None = None
+    function: Callable[[Any], Any] | None = None
+
+
+def check_head_fusion(
+    heads: object, layout: AttentionLayout, xp: Namespace, *, dtype: Any, device: Any
+) -> HeadFusionSpec:
+    """Check the `heads` option against the attention layout."""
+    if heads is None:
+        return HeadFusionSpec("none")
+    if isinstance(heads, str):
+        if heads not in NAMED_FUSIONS:
+            msg = (
+                f"`heads` must be one of {', '.join(repr(f) for f in NAMED_FUSIONS)}, a "
+                "callable, per-head weights of shape (heads,) or (layers, heads), or None "
+                f"for input whose heads are already fused; got {heads!r}."
+            )
+            raise ValueError(msg)
+        return HeadFusionSpec(heads)  # type: ignore[arg-type]
+    if callable(heads) and not hasattr(heads, "shape"):
+        return HeadFusionSpec("callable", function=heads)
+    try:
+        weights = xp.asarray(heads, dtype=dtype, device=device)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        msg = (
+            "`heads` must be 'mean', 'max', 'min', a callable, per-head weights of shape "
+            f"(heads,) or (layers, heads), or None; got {heads!r} ({exc})."
+        )
+        raise TypeError(msg) from None
+    n_heads = layout.n_heads
+    allowed = ((n_heads,), (layout.n_layers, n_heads))
+    if tuple(weights.shape) not in allowed:
+        msg = (
+            f"`heads` weights must have shape ({n_heads},) or ({layout.n_layers}, {n_heads}) "
+            f"for attentions with {layout.n_layers} layers and {n_heads} heads; got shape "
+            f"{tuple(weights.shape)}."
+        )
+        raise ValueError(msg)
+    if values_are_inspectable(weights):
+        finite_nonneg = bool(xp.all(xp.isfinite(weights))) and bool(xp.all(weights >= 0))
+        if not finite_nonneg:
+            msg = f"`heads` weights must be finite and non-negative; got {heads!r}."
+            raise ValueError(msg)
+        if not bool(xp.all(xp.sum(weights, axis=-1) > 0)):
+            msg = (
+                "`heads` weights must give each layer a positive total weight; got "
+                f"{heads!r}, whose weights are all zero in some layer."
+            )
+            raise ValueError(msg)
+    return HeadFusionSpec("weights", weights=weights)
+
+
+def check_mask(
+    mask: Array | None, layout: AttentionLayout, xp: Namespace, *, name: str = "mask"
+) -> None:
+    """Check a boolean padding mask of shape ``(*batch, n)``."""
+    if mask is None:
+        return
+    expected = (*layout.batch_shape, layout.n_tokens)
+    shape = getattr(mask, "shape", None)
+    if shape is None or getattr(mask, "dtype", None) is None:
+        msg = (
+            f"`{name}` must be a boolean array of shape {expected} (True = real token); got "
+            f"{describe(mask)}."
+        )
+        raise TypeError(msg)
+    if not xp.isdtype(mask.dtype, "bool"):
+        msg = (
+            f"`{name}` must have a boolean dtype (True = real token); got {mask.dtype}. "
+            f"Convert an integer attention mask with `{name} == 1`."
+        )
+        raise TypeError(msg)
+    if tuple(shape) != expected:
+        msg = (
+            f"`{name}` must have shape (*batch, n) = {expected} to match attentions with "
+            f"batch shape {layout.batch_shape} and {layout.n_tokens} tokens; got shape "
+            f"{tuple(shape)}."
+        )
+        raise ValueError(msg)
+    if values_are_inspectable(mask) and not bool(xp.all(xp.any(mask, axis=-1))):
+        msg = (
+            f"`{name}` masks every token of at least one sequence; each sequence needs at "
+            "least one real token (True) to be explained."
+        )
+        raise ValueError(msg)
+
+
+def row_sum_tolerance(xp: Namespace, dtype: Any, n_tokens: int) -> float:
+    """Tolerance on |row sum - 1| for attention of `n_tokens` keys stored as `dtype`.
+
+    Ten times the typical rounding error of a softmax row summed in `dtype`, and never
+    below 1e-5, so that float32 attention cast up to float64 still passes.
+    """
+    eps = float(xp.finfo(dtype).eps)
+    return max(1e-5, 10.0 * math.sqrt(n_tokens) * eps)
+
+
+def check_attention_values(
+    attentions: Array,
+    xp: Namespace,
+    *,
+    valid_rows: Array | None,
+    check_row_sums: bool = True,
+    name: str = "attentions",
+) -> None:
+    """Check that attention weights are finite, non-negative and row-stochastic.
+
+    Two reductions over the tensor: the row sums (a NaN or an infinity anywhere in a row
+    makes its sum non-finite) and the row minima. Rows whose query is padded
+    (`valid_rows` False) may hold anything: frameworks fill them with zeros, uniform rows
+    or NaN.
+    """
+    if not values_are_inspectable(attentions):
+        return
+    sums = xp.sum(attentions, axis=-1)
+    minima = xp.min(attentions, axis=-1)
+    if valid_rows is not None:
+        sums = xp.where(valid_rows, sums, xp.ones_like(sums))
+        minima = xp.where(valid_rows, minima, xp.zeros_like(minima))
+    finite = xp.isfinite(sums)
+    if not bool(xp.all(finite)):
+        msg = (
+            f"`{name}` must be finite; found NaN or infinite weights in "
+            f"{int(xp.count_nonzero(~finite))} row(s) of real tokens. Pass the "
+            "padding `mask` if these are padded positions."
+        )
+        raise ValueError(msg)
+    lowest = float(xp.min(minima))
+    if lowest < 0:
+        msg = (
+            f"`{name}` must be non-negative (attention probabilities); the smallest weight "
+            f"is {lowest:.3g}. Pass softmax outputs, not scores or gradients."
+        )
+        raise ValueError(msg)
+    if not check_row_sums:
+        return
+    tolerance = row_sum_tolerance(xp, attentions.dtype, attentions.shape[-1])
+    deviation = float(xp.max(xp.abs(sums - 1)))
+    if deviation > tolerance:
+        msg = (
+            f"`{name}` rows must sum to 1 over the keys (softmax outputs, rows = queries); "
+            f"the largest deviation is {deviation:.3g}, above the tolerance {tolerance:.3g} "
+            f"for {attentions.dtype}. Check the axis order (*batch, layers, heads, queries, "
+            "keys), pass the padding `mask` for padded sequences, or pass `validate=False` "
+            "for weights that are not row-stochastic on purpose."
+        )
+        raise ValueError(msg)
