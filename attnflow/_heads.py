@@ -42,10 +42,9 @@ def apply_head_fusion(
     if spec.kind == "weights":
         weights = spec.weights
         weights = weights / xp.sum(weights, axis=-1, keepdims=True)
-        if weights.ndim == 1:
-            return xp.tensordot(attentions, weights, axes=([-3], [0]))
-        n_layers = attentions.shape[-4]
-        weights = xp.reshape(weights[:n_layers, ...], (n_layers, weights.shape[-1], 1, 1))
+        if weights.ndim == 2:  # (layers, heads): only the layers in use
+            weights = weights[: attentions.shape[-4], ...]
+        weights = xp.reshape(weights, (*weights.shape, 1, 1))
         return xp.sum(attentions * weights, axis=-3)
     if spec.kind == "max":
         fused = xp.max(attentions, axis=-3)
@@ -153,7 +152,7 @@ def fuse_heads(
     spec = check_head_fusion(
         heads, layout, namespace, dtype=array.dtype, device=array_device(array)
     )
-    if spec.kind == "weights" and spec.weights.ndim == 2 and len(shape) < 4:
+    if spec.weights is not None and spec.weights.ndim == 2 and len(shape) < 4:
         msg = (
             f"`heads` weights of shape {tuple(spec.weights.shape)} need a layer axis: pass "
             f"attentions of shape (..., layers, heads, n, n); got shape {shape}."

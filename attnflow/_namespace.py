@@ -74,9 +74,7 @@ class Boundary:
             return tf.identity(tf.convert_to_tensor(result))
 
 
-def enter_boundary(
-    arrays: Sequence[Any], names: Sequence[str]
-) -> tuple[list[Any], Boundary]:
+def enter_boundary(arrays: Sequence[Any], names: Sequence[str]) -> tuple[list[Any], Boundary]:
     """Convert any TensorFlow tensors among `arrays` to NumPy and remember where they lived.
 
     Parameters
@@ -105,9 +103,7 @@ def enter_boundary(
     return converted, Boundary(tensorflow_device=device)
 
 
-def resolve_namespace(
-    *arrays: Any, xp: Namespace | None, names: Sequence[str]
-) -> Namespace:
+def resolve_namespace(*arrays: Any, xp: Namespace | None, names: Sequence[str]) -> Namespace:
     """Return the array-API namespace of `arrays`, or `xp` when the caller gave one.
 
     Raises
@@ -155,4 +151,3 @@ def values_are_inspectable(x: Array) -> bool:
         jax = sys.modules["jax"]
         return not isinstance(x, jax.core.Tracer)
     return not array_api_compat.is_lazy_array(x)
-

@@ -129,12 +129,15 @@ def prepare_attention(
     if arrays is not None:
         stacked = namespace.stack(arrays[:used_layers], axis=layout.layer_axis)
     elif used_layers < layout.n_layers:
-        stacked = stacked[..., :used_layers, :, :, :] if not fused_input else stacked[
-            ..., :used_layers, :, :
-        ]
+        stacked = (
+            stacked[..., :used_layers, :, :, :]
+            if not fused_input
+            else stacked[..., :used_layers, :, :]
+        )
 
     extra_axes = 1 if fused_input else 2  # layers (and heads) between batch and tokens
-    valid_rows = valid_keys = None
+    valid_rows: Any = None
+    valid_keys: Any = None
     if mask is not None:
         shape = (*layout.batch_shape, *([1] * extra_axes), layout.n_tokens)
         valid_keys = namespace.reshape(mask, shape)[..., None, :]
@@ -155,7 +158,9 @@ def prepare_attention(
         stacked,
         spec,
         namespace,
-        valid_rows=None if valid_rows is None else valid_rows[..., 0, :, :]
+        valid_rows=None
+        if valid_rows is None
+        else valid_rows[..., 0, :, :]
         if not fused_input
         else valid_rows,
     )
@@ -179,5 +184,6 @@ def select_rows(matrices: Any, rows: int | tuple[int, ...] | None, xp: Namespace
         return matrices
     if isinstance(rows, int):
         return matrices[..., rows, :]
-    index = xp.asarray(rows, device=array_device(matrices))
-    return xp.take(matrices, index, axis=-2)
+    # Basic indexing and a stack, not `take`: Dask's `take` with an array index reports
+    # wrong chunk shapes, and the rows are few.
+    return xp.stack([matrices[..., row, :] for row in rows], axis=-2)

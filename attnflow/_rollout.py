@@ -180,9 +180,7 @@ def rollout(
         xp=xp,
     )
     xp_ = prepared.xp
-    mixed = mix_residual(
-        prepared.fused, prepared.residual, xp_, valid_keys=prepared.valid_keys
-    )
+    mixed = mix_residual(prepared.fused, prepared.residual, xp_, valid_keys=prepared.valid_keys)
     result = rollout_products(mixed, prepared.rows, all_layers=prepared.all_layers, xp=xp_)
     return prepared.boundary.restore(result)  # type: ignore[no-any-return]
 

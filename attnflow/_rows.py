@@ -7,9 +7,7 @@ from ._typing import Array, Namespace
 __all__ = ["normalize_rows"]
 
 
-def normalize_rows(
-    attention: Array, xp: Namespace, *, valid_rows: Array | None = None
-) -> Array:
+def normalize_rows(attention: Array, xp: Namespace, *, valid_rows: Array | None = None) -> Array:
     """Divide each row of `attention` by its sum, over the last axis, keeping dimensions.
 
     A row with no mass cannot be normalised. When its query is a real token it becomes a

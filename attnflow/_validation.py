@@ -42,7 +42,9 @@ def describe(x: Any) -> str:
     shape = getattr(x, "shape", None)
     if shape is None:
         return f"{type(x).__qualname__} {x!r}"
-    return f"{type(x).__module__}.{type(x).__qualname__} of shape {tuple(shape)} and dtype {x.dtype}"
+    return (
+        f"{type(x).__module__}.{type(x).__qualname__} of shape {tuple(shape)} and dtype {x.dtype}"
+    )
 
 
 @dataclass(frozen=True)
@@ -180,9 +182,7 @@ def check_layers(layers: object, n_layers: int) -> tuple[int, bool]:
             return n_layers, False
         if layers == "all":
             return n_layers, True
-        msg = (
-            f"`layers` must be 'last', 'all' or an integer layer index; got {layers!r}."
-        )
+        msg = f"`layers` must be 'last', 'all' or an integer layer index; got {layers!r}."
         raise ValueError(msg)
     if isinstance(layers, bool):
         msg = f"`layers` must be 'last', 'all' or an integer layer index; got {layers!r}."
@@ -334,6 +334,7 @@ def check_attention_values(
     sums = xp.sum(attentions, axis=-1)
     minima = xp.min(attentions, axis=-1)
     if valid_rows is not None:
+        valid_rows = valid_rows[..., 0]  # (..., n, 1) -> (..., n), like the reductions
         sums = xp.where(valid_rows, sums, xp.ones_like(sums))
         minima = xp.where(valid_rows, minima, xp.zeros_like(minima))
     finite = xp.isfinite(sums)

@@ -1,0 +1,1 @@
+"""Data that ships with attnflow: the embedded sample used by ``attnflow demo``."""

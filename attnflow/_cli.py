@@ -1,0 +1,350 @@
+"""The ``attnflow`` command line.
+
+``attnflow COMMAND [options]``; ``python -m attnflow`` is the same. Each command is a
+:class:`Command` in :data:`COMMANDS`: a name, a help line, a function adding its options to
+its sub-parser and a function running it. Exit status: 0 on success, 1 when a command
+fails, 2 on a usage error; errors are one line on stderr, with the traceback only under
+``--debug``.
+
+This module is imported by the entry points only, never by ``import attnflow``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NoReturn, TextIO
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["COMMANDS", "EXIT_FAILURE", "EXIT_USAGE", "Command", "main"]
+
+EXIT_FAILURE = 1
+"""Exit status of a command that failed."""
+EXIT_USAGE = 2
+"""Exit status of a usage error (unknown command or option, bad value)."""
+_EXIT_INTERRUPTED = 130
+
+PROG = "attnflow"
+PAPER = (
+    'S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020, '
+    "https://arxiv.org/abs/2005.00928"
+)
+_WIDTH = 88
+_FULL_BLOCK = "\u2588"
+_EIGHTH_BLOCKS = "\u258f\u258e\u258d\u258c\u258b\u258a\u2589"  # 1/8 ... 7/8
+
+
+class UsageError(Exception):
+    """A bad command line; reported in one line with exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that raises :class:`UsageError` instead of exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        msg = f"{self.prog}: error: {message} (see '{self.prog} --help')"
+        raise UsageError(msg)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One ``attnflow`` subcommand.
+
+    Attributes
+    ----------
+    name : str
+        What the user types.
+    help : str
+        One line for ``attnflow --help``.
+    description : str
+        The paragraph at the top of ``attnflow NAME --help``.
+    configure : callable
+        Adds the command's arguments to its parser.
+    run : callable
+        Runs the command on the parsed arguments and returns the exit status.
+    """
+
+    name: str
+    help: str
+    description: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+# -- attnflow demo ------------------------------------------------------------------------
+
+
+def _configure_demo(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``attnflow demo``: none for now, beyond ``--debug``."""
+
+
+def _bar(fraction: float, width: int, *, unicode: bool) -> str:
+    """Draw a horizontal bar ``fraction * width`` characters long (eighths in Unicode)."""
+    fraction = min(max(fraction, 0.0), 1.0)
+    if not unicode:
+        return "#" * round(fraction * width)
+    eighths = round(fraction * width * 8)
+    full, rest = divmod(eighths, 8)
+    return _FULL_BLOCK * full + (_EIGHTH_BLOCKS[rest - 1] if rest else "")
+
+
+def _can_encode(text: str, stream: TextIO) -> bool:
+    """Whether `stream` can write `text` (block characters on a non-UTF-8 console)."""
+    try:
+        text.encode(getattr(stream, "encoding", None) or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def _field(label: str, text: str) -> list[str]:
+    """Format a header field: the label, then `text` wrapped with a hanging indent."""
+    return textwrap.wrap(
+        text,
+        width=_WIDTH,
+        initial_indent=f"{label:<9}",
+        subsequent_indent=" " * 9,
+        break_on_hyphens=False,
+    )
+
+
+def render_demo(
+    sentences: Sequence[str],
+    tokens: Sequence[Sequence[str]],
+    mask: NDArray[np.bool_],
+    raw: NDArray[np.floating],
+    rollout: NDArray[np.floating],
+    *,
+    source: str,
+    layers: int,
+    heads: int,
+    unicode: bool = True,
+    bar_width: int = 24,
+) -> list[str]:
+    """Lay out the demo: a header, then one table of real tokens per sentence.
+
+    Parameters
+    ----------
+    sentences : sequence of str
+        The ``batch`` input sentences.
+    tokens : sequence of sequence of str
+        ``batch`` rows of ``n`` tokens, padding included.
+    mask : ndarray of bool, shape (batch, n)
+        True for real tokens; padding is not shown.
+    raw, rollout : ndarray, shape (batch, n)
+        Last-layer raw attention and rollout of the ``[CLS]`` row.
+    source : str
+        Where the attention comes from (model, versions).
+    layers, heads : int
+        Size of the model, for the header.
+    unicode : bool, default True
+        Draw bars with block characters, else with ``#``.
+    bar_width : int, default 24
+        Characters in the longest bar of each sentence.
+
+    Returns
+    -------
+    list of str
+        The lines to print.
+    """
+    lines = [
+        f"{PROG} demo: how much each input token reaches the [CLS] token",
+        "",
+        *_field("model", source),
+        *_field(
+            "method",
+            f"attention rollout of row 0 ([CLS]) to the last layer (L{layers}): the "
+            f"{heads} heads averaged, residual modelled as 0.5 A + 0.5 I, padding masked; "
+            f"'raw' is layer {layers}'s own head-averaged attention, the paper's baseline",
+        ),
+        *_field("paper", PAPER),
+        *_field("call", "attnflow.rollout(attentions, rows=0, mask=mask)"),
+    ]
+    token_width = max(
+        [5] + [len(t) for row, keep in zip(tokens, mask, strict=True) for t in np.array(row)[keep]]
+    )
+    for b, sentence in enumerate(sentences):
+        real = np.flatnonzero(mask[b])
+        top = float(max(rollout[b, real].max(), np.finfo(np.float64).tiny))
+        lines += [
+            "",
+            f"[{b + 1}/{len(sentences)}] {sentence}",
+            f"  {'#':>3}  {'token':<{token_width}}  {'raw':>7}  {'rollout':>7}",
+        ]
+        for i in real.tolist():
+            value = float(rollout[b, i])
+            bar = _bar(value / top, bar_width, unicode=unicode)
+            lines.append(
+                f"  {i:>3}  {tokens[b][i]:<{token_width}}  {float(raw[b, i]):>7.4f}  "
+                f"{value:>7.4f}  {bar}".rstrip()
+            )
+    lines += [
+        "",
+        *textwrap.wrap(
+            "Each column sums to 1 over the real tokens (padding, not shown, gets exactly "
+            "0); bars are scaled to the largest rollout in each sentence.",
+            width=_WIDTH,
+        ),
+    ]
+    return lines
+
+
+def _run_demo(args: argparse.Namespace) -> int:  # noqa: ARG001
+    """Print raw attention and rollout of the ``[CLS]`` token for the shipped sample."""
+    import attnflow
+
+    from ._sample import load_sample
+
+    sample = load_sample()
+    raw = np.asarray(attnflow.raw(sample.attentions, rows=0, mask=sample.mask))
+    rollout = np.asarray(attnflow.rollout(sample.attentions, rows=0, mask=sample.mask))
+    _, layers, heads, _, _ = sample.attentions.shape
+    lines = render_demo(
+        sample.sentences,
+        sample.tokens,
+        sample.mask,
+        raw,
+        rollout,
+        source=sample.source,
+        layers=layers,
+        heads=heads,
+        unicode=_can_encode(_bar(0.99, 8, unicode=True), sys.stdout),
+    )
+    print("\n".join(lines))
+    return 0
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        name="demo",
+        help="show attention rollout on a real model's attention (shipped sample)",
+        description=(
+            "Print raw attention and attention rollout of the [CLS] token of the pretrained "
+            "all-MiniLM-L6-v2 on three sentences from Abnar & Zuidema (2020), recorded "
+            "once and shipped with attnflow (no model or network needed)."
+        ),
+        configure=_configure_demo,
+        run=_run_demo,
+    ),
+)
+"""The subcommands, in the order ``attnflow --help`` lists them."""
+
+
+# -- the entry point ----------------------------------------------------------------------
+
+
+def _add_debug(parser: argparse.ArgumentParser, *, default: object) -> None:
+    """Add ``--debug`` to `parser` (each parser gets its own action object)."""
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        default=default,
+        help="show the full traceback when a command fails",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the ``attnflow`` parser, one sub-parser per :data:`COMMANDS` entry.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        A parser whose ``error`` raises :class:`UsageError`.
+    """
+    from attnflow import __version__
+
+    parser = _Parser(
+        prog=PROG,
+        description="Attention rollout and attention flow (Abnar & Zuidema 2020).",
+    )
+    _add_debug(parser, default=False)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(
+        dest="command", metavar="COMMAND", title="commands", required=True
+    )
+    for command in COMMANDS:
+        sub = commands.add_parser(command.name, help=command.help, description=command.description)
+        # Also after the command; SUPPRESS keeps the sub-parser from overwriting a --debug
+        # given before it.
+        _add_debug(sub, default=argparse.SUPPRESS)
+        command.configure(sub)
+    return parser
+
+
+def _report(message: str) -> None:
+    """Write one line to stderr."""
+    print(" ".join(message.split()), file=sys.stderr)
+
+
+def _exit_status(exit_: SystemExit) -> int:
+    """Return the status of a ``SystemExit`` from argparse (``--help``, ``--version``)."""
+    code = exit_.code
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else EXIT_FAILURE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``attnflow`` command line.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments after the program name; ``sys.argv[1:]`` by default.
+
+    Returns
+    -------
+    int
+        The exit status: 0 on success, 1 on failure, 2 on a usage error.
+
+    Examples
+    --------
+    >>> from attnflow._cli import main
+    >>> main(["--version"])  # doctest: +ELLIPSIS
+    attnflow ...
+    0
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as error:
+        _report(str(error))
+        return EXIT_USAGE
+    except SystemExit as exit_:
+        return _exit_status(exit_)
+
+    by_name = {command.name: command for command in COMMANDS}
+    command = by_name[args.command]
+    prog = f"{PROG} {command.name}"
+    debug: bool = args.debug
+    try:
+        return command.run(args)
+    except UsageError as error:
+        _report(f"{prog}: error: {error}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        _report(f"{prog}: interrupted")
+        return _EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``attnflow demo | head``): stop quietly, and keep Python
+        # from complaining again when it flushes stdout at exit.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_FAILURE
+    except Exception as error:
+        if debug:
+            raise
+        detail = str(error) or type(error).__name__
+        _report(f"{prog}: error: {detail} (run with --debug for the traceback)")
+        return EXIT_FAILURE

@@ -1,0 +1,112 @@
+"""The attention sample that ships with attnflow (private; used by ``attnflow demo``).
+
+``attnflow/data/minilm_sample.npz`` holds the attention of the real pretrained
+sentence-transformers all-MiniLM-L6-v2 (6 layers, 12 heads) on three short sentences from
+Abnar & Zuidema (2020), recorded as one padded batch by ``scripts/record_sample.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["SAMPLE_FILE", "Sample", "load_sample"]
+
+SAMPLE_FILE = "minilm_sample.npz"
+"""File name of the sample inside the ``attnflow.data`` package."""
+
+_KEYS = ("attentions", "mask", "tokens", "sentences", "source")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Attention weights of a real model on a padded batch of sentences.
+
+    Attributes
+    ----------
+    attentions : ndarray of float32, shape (batch, layers, heads, n, n)
+        Attention probabilities as the model returned them (rows = queries, columns =
+        keys), padded positions included. Read-only.
+    mask : ndarray of bool, shape (batch, n)
+        True for real tokens, False for padding. Read-only.
+    tokens : list of list of str
+        ``batch`` lists of ``n`` word pieces each, ``"[PAD]"`` for padding.
+    sentences : list of str
+        The input sentences.
+    source : str
+        Model, library versions and recording date.
+    """
+
+    attentions: NDArray[np.float32]
+    mask: NDArray[np.bool_]
+    tokens: list[list[str]]
+    sentences: list[str]
+    source: str
+
+
+def load_sample() -> Sample:
+    """Load the attention sample shipped with attnflow.
+
+    Returns
+    -------
+    Sample
+        The sample; its arrays are fresh, read-only NumPy arrays.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the data file is not installed.
+    ValueError
+        If the file does not have the expected contents.
+
+    Examples
+    --------
+    >>> from attnflow._sample import load_sample
+    >>> sample = load_sample()
+    >>> sample.attentions.shape[1:3]  # layers, heads
+    (6, 12)
+    """
+    resource = resources.files("attnflow.data").joinpath(SAMPLE_FILE)
+    if not resource.is_file():
+        msg = (
+            f"the attention sample {SAMPLE_FILE!r} is not installed with attnflow "
+            "(package data of attnflow.data); reinstall attnflow."
+        )
+        raise FileNotFoundError(msg)
+    with resource.open("rb") as stream, np.load(stream, allow_pickle=False) as data:
+        missing = [key for key in _KEYS if key not in data.files]
+        if missing:
+            msg = f"the attention sample {SAMPLE_FILE!r} lacks {', '.join(missing)}."
+            raise ValueError(msg)
+        attentions = np.asarray(data["attentions"], dtype=np.float32)
+        mask = np.asarray(data["mask"], dtype=np.bool_)
+        tokens = data["tokens"]
+        sentences = data["sentences"]
+        source = data["source"]
+
+    if (
+        attentions.ndim != 5
+        or attentions.shape[-1] != attentions.shape[-2]
+        or mask.shape != (attentions.shape[0], attentions.shape[-1])
+        or tokens.shape != mask.shape
+        or sentences.shape != mask.shape[:1]
+        or source.shape != ()
+    ):
+        msg = (
+            f"the attention sample {SAMPLE_FILE!r} has inconsistent shapes: attentions "
+            f"{attentions.shape}, mask {mask.shape}, tokens {tokens.shape}, sentences "
+            f"{sentences.shape}, source {source.shape}."
+        )
+        raise ValueError(msg)
+    attentions.setflags(write=False)
+    mask.setflags(write=False)
+    return Sample(
+        attentions=attentions,
+        mask=mask,
+        tokens=[[str(token) for token in row] for row in tokens],
+        sentences=[str(sentence) for sentence in sentences],
+        source=str(source[()]),
+    )

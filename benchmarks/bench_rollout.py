@@ -1,0 +1,573 @@
+"""Benchmark of attention rollout: attnflow against the head-mean floor and a ViT-script loop.
+
+What is measured
+----------------
+Random row-stochastic attention (softmax of standard-normal logits) of shape
+``(batch, layers, heads, n, n)``, by default ``(32, 12, 12, 197, 197)`` in float32 (a
+ViT-B/16 at 224 px: 196 patches and the CLS token), about 0.7 GB. The same tensor is
+built once with NumPy and copied into each requested library. Each case is run once to
+warm up, then timed ``--repeats`` times with :func:`time.perf_counter` (CUDA work is
+synchronised before the clock is read); the table reports the median and the minimum.
+
+(a) floor          ``xp.mean(a, axis=2)``: one head-mean pass that reads every weight once.
+                   No method that reads all of the attention can be much faster.
+(b) baseline       a per-sample Python loop of full ``n x n`` matrix products, as popular
+                   ViT explainability scripts do (jacobgil/vit-explain): per sample, per
+                   layer, mean over heads, ``(A + I) / 2``, rows renormalised,
+                   ``result = A @ result``, then row 0 (the CLS token). Written here,
+                   independently of attnflow.
+(c) CLS            ``attnflow.rollout(a, rows=0)`` (values validated, the default) and
+                   ``attnflow.rollout(a, rows=0, validate=False)``.
+(d) full           ``attnflow.rollout(a)``: the full ``n x n`` rollout of every sample.
+(e) all layers     ``attnflow.rollout(a, rows=0, layers="all")`` and
+                   ``attnflow.rollout(a, layers="all")``.
+
+The table gives each case's median and minimum time, its ratio to the floor (a) and its
+speed-up over the baseline (b), plus the effective bandwidth: bytes of the attention
+tensor divided by the median time. Cases (d) and (e) compute more than (b) does, so
+their speed-up is not a like-for-like comparison. The script also checks once that (c)
+and (b) agree numerically, and (unless ``--no-breakdown``) times the stages of the CLS
+rollout one by one (validation reductions, head fusion, residual mix, vector-matrix
+chain), re-implemented with array-API calls, to show where the time above the floor goes.
+
+The goal of attnflow is a CLS rollout within 1.3x of the head-mean floor. This script
+prints figures from one run and asserts nothing about timings: on a shared or busy
+machine they are noisy.
+
+How to run
+----------
+From the repository root, with attnflow installed (``pip install -e .``)::
+
+    python benchmarks/bench_rollout.py                  # NumPy and PyTorch (CPU)
+    python benchmarks/bench_rollout.py --quick          # small sizes, a smoke test for CI
+    python benchmarks/bench_rollout.py --backend torch --device cuda   # GPU, with GB/s
+    python benchmarks/bench_rollout.py --batch 8 --tokens 577 --repeats 9
+
+Backends: ``numpy`` (CPU only), ``torch``, ``jax`` (CPU or GPU) and ``cupy`` (GPU only).
+A backend that is not installed, or has no CUDA device with ``--device cuda``, is
+skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import array_api_compat
+import numpy as np
+
+import attnflow
+
+BACKENDS = ("numpy", "torch", "jax", "cupy")
+GOAL = 1.3
+RESIDUAL = 0.5
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class Config:
+    """Sizes and options of one benchmark run."""
+
+    batch: int
+    layers: int
+    heads: int
+    tokens: int
+    repeats: int
+    backends: tuple[str, ...]
+    device: str
+    breakdown: bool
+    seed: int
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int]:
+        return (self.batch, self.layers, self.heads, self.tokens, self.tokens)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Config:
+    parser = argparse.ArgumentParser(
+        description="Time attnflow.rollout against the head-mean floor and a per-sample loop.",
+    )
+    parser.add_argument("--batch", type=int, help="batch size B (default 32; quick 4)")
+    parser.add_argument("--layers", type=int, help="layers L (default 12; quick 4)")
+    parser.add_argument("--heads", type=int, help="heads H (default 12; quick 4)")
+    parser.add_argument("--tokens", type=int, help="tokens n (default 197; quick 50)")
+    parser.add_argument("--repeats", type=int, help="timed runs per case (default 5; quick 7)")
+    parser.add_argument(
+        "--backend",
+        default="numpy,torch",
+        help=f"comma-separated libraries among {', '.join(BACKENDS)} (default numpy,torch)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where torch, jax and cupy arrays live (numpy is always on the CPU)",
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a CI smoke run")
+    parser.add_argument(
+        "--no-breakdown",
+        dest="breakdown",
+        action="store_false",
+        help="skip the stage-by-stage timing of the CLS rollout",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random attention")
+    args = parser.parse_args(argv)
+
+    defaults = (4, 4, 4, 50, 7) if args.quick else (32, 12, 12, 197, 5)
+    given = (args.batch, args.layers, args.heads, args.tokens, args.repeats)
+    batch, layers, heads, tokens, repeats = (
+        d if g is None else g for g, d in zip(given, defaults, strict=True)
+    )
+    if min(batch, layers, heads, tokens, repeats) < 1:
+        parser.error("--batch, --layers, --heads, --tokens and --repeats must be >= 1")
+    backends = tuple(b.strip().lower() for b in args.backend.split(",") if b.strip())
+    unknown = sorted(set(backends) - set(BACKENDS))
+    if unknown or not backends:
+        parser.error(f"--backend takes names among {', '.join(BACKENDS)}; got {args.backend!r}")
+    return Config(
+        batch=batch,
+        layers=layers,
+        heads=heads,
+        tokens=tokens,
+        repeats=repeats,
+        backends=tuple(dict.fromkeys(backends)),
+        device=args.device,
+        breakdown=args.breakdown,
+        seed=args.seed,
+    )
+
+
+# --------------------------------------------------------------------------- data
+
+
+def make_attention(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Row-stochastic float32 attention: softmax over the keys of standard-normal logits."""
+    rng = np.random.default_rng(seed)
+    attention = np.empty(shape, dtype=np.float32)
+    for b in range(shape[0]):  # one sample at a time keeps the temporaries small
+        logits = rng.standard_normal(shape[1:], dtype=np.float32)
+        logits -= logits.max(axis=-1, keepdims=True)
+        np.exp(logits, out=logits)
+        logits /= logits.sum(axis=-1, keepdims=True)
+        attention[b] = logits
+    return attention
+
+
+# --------------------------------------------------------------------------- backends
+
+
+def _no_sync(_: Any) -> None:
+    return None
+
+
+@dataclass
+class Backend:
+    """One library's copy of the attention and how to wait for and read back results."""
+
+    name: str
+    where: str
+    data: Any
+    sync: Callable[[Any], None]
+    to_numpy: Callable[[Any], np.ndarray]
+    on_gpu: bool
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.where})"
+
+    @property
+    def xp(self) -> Any:
+        return array_api_compat.array_namespace(self.data)
+
+
+def _numpy_backend(host: np.ndarray, device: str) -> Backend:
+    if device == "cuda":
+        print("note: numpy runs on the CPU; its cases are timed on the CPU.")
+    return Backend("numpy", "cpu", host, _no_sync, np.asarray, on_gpu=False)
+
+
+def _torch_backend(host: np.ndarray, device: str) -> Backend | None:
+    try:
+        import torch
+    except ImportError:
+        print("note: torch is not installed; skipping the torch cases.")
+        return None
+    versions = {"torch": torch.__version__, "torch threads": str(torch.get_num_threads())}
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            print("note: torch has no CUDA device here; skipping the torch cases.")
+            return None
+        data = torch.asarray(host, copy=True).to("cuda")
+        torch.cuda.synchronize()
+        versions["torch CUDA"] = str(torch.version.cuda)
+        versions["GPU"] = torch.cuda.get_device_name(data.device)
+
+        def sync(_: Any) -> None:
+            torch.cuda.synchronize()
+
+        where = str(data.device)
+    else:
+        data = torch.asarray(host, copy=True)
+        sync = _no_sync
+        where = "cpu"
+
+    def to_numpy(x: Any) -> np.ndarray:
+        return np.asarray(x.detach().cpu())
+
+    return Backend("torch", where, data, sync, to_numpy, on_gpu=device == "cuda", versions=versions)
+
+
+def _jax_backend(host: np.ndarray, device: str) -> Backend | None:
+    try:
+        import jax
+    except ImportError:
+        print("note: jax is not installed; skipping the jax cases.")
+        return None
+    platform_name = "gpu" if device == "cuda" else "cpu"
+    try:
+        target = jax.devices(platform_name)[0]
+    except RuntimeError:
+        print(f"note: jax has no {platform_name.upper()} device here; skipping the jax cases.")
+        return None
+    data = jax.device_put(host, target)
+    data.block_until_ready()
+
+    def sync(x: Any) -> None:
+        jax.block_until_ready(x)
+
+    versions = {"jax": jax.__version__}
+    if device == "cuda":
+        versions["GPU"] = str(getattr(target, "device_kind", target))
+    return Backend(
+        "jax", str(target), data, sync, np.asarray, on_gpu=device == "cuda", versions=versions
+    )
+
+
+def _cupy_backend(host: np.ndarray, device: str) -> Backend | None:
+    if device != "cuda":
+        print("note: cupy needs --device cuda; skipping the cupy cases.")
+        return None
+    try:
+        import cupy
+    except ImportError:
+        print("note: cupy is not installed; skipping the cupy cases.")
+        return None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError:
+        count = 0
+    if count == 0:
+        print("note: cupy has no CUDA device here; skipping the cupy cases.")
+        return None
+    data = cupy.asarray(host)
+
+    def sync(_: Any) -> None:
+        cupy.cuda.get_current_stream().synchronize()
+
+    sync(data)
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    versions = {"cupy": cupy.__version__, "GPU": name.decode() if isinstance(name, bytes) else name}
+    return Backend("cupy", "cuda:0", data, sync, cupy.asnumpy, on_gpu=True, versions=versions)
+
+
+def make_backend(name: str, host: np.ndarray, device: str) -> Backend | None:
+    if name == "numpy":
+        return _numpy_backend(host, device)
+    if name == "torch":
+        return _torch_backend(host, device)
+    if name == "jax":
+        return _jax_backend(host, device)
+    return _cupy_backend(host, device)
+
+
+# --------------------------------------------------------------------------- timing
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median and minimum of the timed runs, in seconds."""
+
+    median: float
+    minimum: float
+
+
+def time_call(fn: Callable[[], Any], sync: Callable[[Any], None], repeats: int) -> Timing:
+    """Warm up once, then time `repeats` calls of `fn`, waiting for each result."""
+    sync(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        sync(result)
+        times.append(time.perf_counter() - start)
+        del result
+    return Timing(statistics.median(times), min(times))
+
+
+# --------------------------------------------------------------------------- baseline
+
+
+def baseline_cls_rollout(attention: Any, xp: Any) -> Any:
+    """CLS rollout as popular ViT scripts compute it: a per-sample loop of full products.
+
+    Follows jacobgil/vit-explain (``vit_rollout.py``) with mean head fusion, with the rows
+    renormalised (``keepdims``) as intended: per sample, ``result = I`` and, for every
+    layer from the first, ``A = mean_h W``, ``A = (A + I) / 2``, rows divided by their
+    sums, ``result = A @ result``; the answer is ``result[0]``.
+    """
+    batch, layers, n = attention.shape[0], attention.shape[1], attention.shape[-1]
+    eye = xp.eye(n, dtype=attention.dtype, device=array_api_compat.device(attention))
+    rows = []
+    for b in range(batch):
+        result = eye
+        for layer in range(layers):
+            fused = xp.mean(attention[b, layer, ...], axis=0)
+            mixed = (fused + eye) / 2
+            mixed = mixed / xp.sum(mixed, axis=-1, keepdims=True)
+            result = xp.matmul(mixed, result)
+        rows.append(result[0, :])
+    return xp.stack(rows, axis=0)
+
+
+# --------------------------------------------------------------------------- cases
+
+
+@dataclass(frozen=True)
+class Case:
+    key: str
+    label: str
+    fn: Callable[[], Any]
+
+
+def cases_for(backend: Backend) -> list[Case]:
+    a, xp = backend.data, backend.xp
+    return [
+        Case("a", "(a) floor: xp.mean(a, axis=2)", lambda: xp.mean(a, axis=2)),
+        Case("b", "(b) baseline: per-sample loop, CLS", lambda: baseline_cls_rollout(a, xp)),
+        Case("c", "(c) rollout(a, rows=0)", lambda: attnflow.rollout(a, rows=0)),
+        Case(
+            "c-nv",
+            "(c) rollout(a, rows=0, validate=False)",
+            lambda: attnflow.rollout(a, rows=0, validate=False),
+        ),
+        Case("d", "(d) rollout(a)", lambda: attnflow.rollout(a)),
+        Case(
+            "e-cls",
+            '(e) rollout(a, rows=0, layers="all")',
+            lambda: attnflow.rollout(a, rows=0, layers="all"),
+        ),
+        Case("e", '(e) rollout(a, layers="all")', lambda: attnflow.rollout(a, layers="all")),
+    ]
+
+
+def print_table(
+    backend: Backend, timings: dict[str, Timing], labels: dict[str, str], nbytes: int
+) -> None:
+    floor, base = timings["a"].median, timings["b"].median
+    width = max(len(label) for label in labels.values())
+    header = (
+        f"{'case':<{width}}  {'median ms':>10}  {'min ms':>9}  {'x floor':>8}  "
+        f"{'vs (b)':>8}  {'GB/s':>7}"
+    )
+    print(f"\n{backend.label}")
+    print(header)
+    print("-" * len(header))
+    for key, label in labels.items():
+        t = timings[key]
+        print(
+            f"{label:<{width}}  {t.median * 1e3:>10.2f}  {t.minimum * 1e3:>9.2f}  "
+            f"{t.median / floor:>7.2f}x  {base / t.median:>7.1f}x  "
+            f"{nbytes / t.median / 1e9:>7.1f}"
+        )
+    print("(x floor: median / median of (a); vs (b): speed-up, median of (b) / median;")
+    print(" GB/s: bytes of the attention tensor / median; (d) and (e) compute more than (b))")
+
+
+def check_agreement(backend: Backend) -> None:
+    """Print how far (c) is from the independent baseline (b), once."""
+    a, xp = backend.data, backend.xp
+    ours = backend.to_numpy(attnflow.rollout(a, rows=0)).astype(np.float64)
+    theirs = backend.to_numpy(baseline_cls_rollout(a, xp)).astype(np.float64)
+    unchecked = backend.to_numpy(attnflow.rollout(a, rows=0, validate=False))
+    diff = float(np.max(np.abs(ours - theirs)))
+    same = bool(np.array_equal(ours, unchecked.astype(np.float64)))
+    verdict = "agree" if diff <= 1e-5 else "DISAGREE"
+    print(
+        f"check: max |(c) - (b)| = {diff:.2e} over {ours.size} values ({verdict}, float32); "
+        f"validate=False gives {'identical' if same else 'DIFFERENT'} output"
+    )
+
+
+# --------------------------------------------------------------------------- breakdown
+
+
+def chain_without_mix(fused: Any, row: int, alpha: float, xp: Any) -> Any:
+    """Row `row` of the rollout of fused attention, never forming ``(1-alpha) A + alpha I``.
+
+    ``v (1-alpha) A + alpha v`` per layer: the residual costs a scaled vector add instead
+    of a pass over every matrix.
+    """
+    n = fused.shape[-1]
+    eye_row = xp.eye(n, dtype=fused.dtype, device=array_api_compat.device(fused))[row, :]
+    vector = (1 - alpha) * fused[..., -1, row, :] + alpha * eye_row
+    for layer in range(fused.shape[-3] - 2, -1, -1):
+        product = xp.matmul(vector[..., None, :], fused[..., layer, :, :])[..., 0, :]
+        vector = (1 - alpha) * product + alpha * vector
+    return vector
+
+
+def print_breakdown(
+    backend: Backend, repeats: int, floor: Timing, cls: Timing, cls_unchecked: Timing
+) -> None:
+    """Time, one by one, the stages the CLS rollout runs, and a few cheaper alternatives.
+
+    The stages mirror attnflow's pipeline (``check_attention_values``: row sums and row
+    minima; ``apply_head_fusion``: mean over heads; ``mix_residual``: ``(1-a) A + a I``
+    on every layer; ``rollout_products``: vector-matrix chain), re-implemented here with
+    array-API calls so that the breakdown does not depend on private functions.
+    """
+    a, xp, sync = backend.data, backend.xp, backend.sync
+    n = a.shape[-1]
+    eye = xp.eye(n, dtype=a.dtype, device=array_api_compat.device(a))
+    fused = xp.mean(a, axis=-3)
+    sync(fused)
+    mixed = (1 - RESIDUAL) * fused + RESIDUAL * eye
+    sync(mixed)
+
+    def chain() -> Any:
+        vector = mixed[..., -1, 0, :]
+        for layer in range(mixed.shape[-3] - 2, -1, -1):
+            vector = xp.matmul(vector[..., None, :], mixed[..., layer, :, :])[..., 0, :]
+        return vector
+
+    stages = [
+        ("validation: row sums xp.sum(a, axis=-1)", lambda: xp.sum(a, axis=-1)),
+        ("validation: row minima xp.min(a, axis=-1)", lambda: xp.min(a, axis=-1)),
+        ("head fusion: xp.mean(a, axis=-3)", lambda: xp.mean(a, axis=-3)),
+        ("residual: (1-a) A + a I, every layer", lambda: (1 - RESIDUAL) * fused + RESIDUAL * eye),
+        ("chain: L-1 vector-matrix products", chain),
+    ]
+    alternatives = [
+        ("alt: minimum of all weights xp.min(a)", lambda: xp.min(a)),
+        (
+            "alt: validate fused layers (sum + min)",
+            lambda: (xp.sum(fused, axis=-1), xp.min(fused)),
+        ),
+        (
+            "alt: chain without forming (1-a) A + a I",
+            lambda: chain_without_mix(fused, 0, RESIDUAL, xp),
+        ),
+    ]
+    measured = {label: time_call(fn, sync, repeats) for label, fn in [*stages, *alternatives]}
+    width = max(len(label) for label in measured)
+    print(f"\nstage breakdown of (c) on {backend.label} (each stage timed alone; medians)")
+    header = f"{'stage':<{width}}  {'median ms':>10}  {'x floor':>8}"
+    print(header)
+    print("-" * len(header))
+    for label, t in measured.items():
+        print(f"{label:<{width}}  {t.median * 1e3:>10.2f}  {t.median / floor.median:>7.2f}x")
+    total = sum(measured[label].median for label, _ in stages)
+    unchecked = sum(measured[label].median for label, _ in stages[2:])
+    print(
+        f"{'sum of the stages (validated)':<{width}}  {total * 1e3:>10.2f}  "
+        f"{total / floor.median:>7.2f}x   measured (c): {cls.median * 1e3:.2f} ms"
+    )
+    print(
+        f"{'sum of the stages (validate=False)':<{width}}  {unchecked * 1e3:>10.2f}  "
+        f"{unchecked / floor.median:>7.2f}x   measured: {cls_unchecked.median * 1e3:.2f} ms"
+    )
+    projected = (
+        measured[stages[2][0]].median
+        + measured[alternatives[1][0]].median
+        + measured[alternatives[2][0]].median
+    )
+    print(
+        f"{'projected: fusion + fused checks + chain':<{width}}  {projected * 1e3:>10.2f}  "
+        f"{projected / floor.median:>7.2f}x"
+    )
+
+
+# --------------------------------------------------------------------------- main
+
+
+def print_machine(config: Config, backends: list[Backend], nbytes: int) -> None:
+    print("attnflow rollout benchmark")
+    print(
+        f"machine: {platform.platform()} ({platform.machine()}), "
+        f"{os.cpu_count()} CPUs, Python {platform.python_version()}"
+    )
+    if hasattr(os, "getloadavg"):
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        print(f"load average (1, 5, 15 min): {load}  (timings are noisy on a busy machine)")
+    versions = {
+        "attnflow": attnflow.__version__,
+        "numpy": np.__version__,
+        "array-api-compat": array_api_compat.__version__,
+    }
+    for backend in backends:
+        versions.update(backend.versions)
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    b, layers, h, n, _ = config.shape
+    print(
+        f"attention: B={b}, L={layers}, H={h}, n={n}, float32, {nbytes / 1e6:.1f} MB; "
+        f"{config.repeats} timed runs per case after one warm-up"
+    )
+    print(f"goal: CLS rollout within {GOAL}x of the head-mean floor")
+
+
+def report_goal(backend: Backend, timings: dict[str, Timing], nbytes: int) -> None:
+    floor = timings["a"].median
+    checked, unchecked = timings["c"].median / floor, timings["c-nv"].median / floor
+    status = "met" if checked <= GOAL else "not met"
+    print(
+        f"goal on {backend.label}: CLS rollout {checked:.2f}x floor validated ({status}), "
+        f"{unchecked:.2f}x with validate=False"
+    )
+    if backend.on_gpu:
+        print(
+            f"effective memory bandwidth on {backend.label}: "
+            f"{nbytes / timings['c'].median / 1e9:.1f} GB/s (CLS rollout, validated), "
+            f"{nbytes / timings['c-nv'].median / 1e9:.1f} GB/s (validate=False), "
+            f"{nbytes / floor / 1e9:.1f} GB/s (floor)"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_args(argv)
+    start = time.perf_counter()
+    host = make_attention(config.shape, config.seed)
+    built = time.perf_counter() - start
+    backends = [
+        backend
+        for name in config.backends
+        if (backend := make_backend(name, host, config.device)) is not None
+    ]
+    print_machine(config, backends, host.nbytes)
+    print(f"built the attention in {built:.1f} s")
+    if not backends:
+        print("no backend available; nothing to time.")
+        return 0
+    for backend in backends:
+        cases = cases_for(backend)
+        timings = {case.key: time_call(case.fn, backend.sync, config.repeats) for case in cases}
+        print_table(backend, timings, {case.key: case.label for case in cases}, host.nbytes)
+        check_agreement(backend)
+        report_goal(backend, timings, host.nbytes)
+        if config.breakdown:
+            print_breakdown(backend, config.repeats, timings["a"], timings["c"], timings["c-nv"])
+    print(f"\ntotal {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

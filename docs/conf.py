@@ -1,0 +1,87 @@
+"""Sphinx configuration for the attnflow documentation.
+
+Build from the repository root, against the installed package:
+
+    sphinx-build -W --keep-going -b html docs docs/_build/html
+
+The API pages are generated from the docstrings of the installed ``attnflow``; this file
+does not put the repository on ``sys.path``. No extension reaches the network at build
+time (no intersphinx); MathJax is loaded by the browser when a page is viewed.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import version as _version
+
+# -- Project -------------------------------------------------------------------------------
+
+project = "attnflow"
+author = "The attnflow developers"
+copyright = "The attnflow developers"
+release = _version("attnflow")  # of the installed distribution; fails loudly if missing
+version = ".".join(release.split(".")[:2])
+
+# -- General -------------------------------------------------------------------------------
+
+extensions = [
+    "myst_parser",
+    "numpydoc",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.mathjax",
+]
+
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+root_doc = "index"
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
+templates_path: list[str] = []
+
+# `name` in a docstring (a parameter, an option value) renders as inline code.
+default_role = "code"
+
+# -- MyST ----------------------------------------------------------------------------------
+
+myst_enable_extensions = [
+    "amsmath",  # \begin{align} ... \end{align} blocks
+    "colon_fence",  # ::: fences for admonitions
+    "deflist",
+    "dollarmath",  # $inline$ and $$display$$ maths
+]
+myst_heading_anchors = 3
+myst_dmath_double_inline = True
+
+# -- autodoc / autosummary -----------------------------------------------------------------
+
+autosummary_generate = True
+autosummary_imported_members = True
+# The signature shows names and defaults; types are documented in the numpydoc
+# Parameters section, where they read as prose rather than as expanded type aliases.
+autodoc_typehints = "none"
+autodoc_default_options = {"members": False}
+
+# -- numpydoc ------------------------------------------------------------------------------
+
+numpydoc_show_class_members = False
+numpydoc_class_members_toctree = False
+numpydoc_xref_param_type = False
+numpydoc_use_plots = False
+numpydoc_attributes_as_param_list = True
+# Check the public docstrings against numpydoc's rules at build time; with -W a problem
+# becomes an error. GL08 (no docstring) is left out: private helpers are not documented.
+numpydoc_validation_checks = {"all", "GL08", "ES01", "SA01", "EX01", "SA04", "RT02"}
+
+# -- HTML ----------------------------------------------------------------------------------
+
+html_theme = "pydata_sphinx_theme"
+html_title = f"attnflow {release}"
+html_theme_options = {
+    "navigation_with_keys": False,
+    "show_toc_level": 2,
+    "header_links_before_dropdown": 7,
+    "secondary_sidebar_items": ["page-toc", "sourcelink"],
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version"],
+}
+html_sidebars = {"**": []}
+html_show_sourcelink = True
+html_static_path: list[str] = []

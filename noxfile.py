@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Task runner: the cross-backend test matrix, property tests, lint, types, docs, build.
+
+``nox`` runs every default session (what CI runs); ``nox -s tests`` the backend matrix,
+``nox -s "tests(torch)"`` one cell, ``nox -s benchmark`` the benchmarks. Sessions use
+pip-based virtual environments (the CPU build of PyTorch is visible to pip here).
+"""
+
+# /// script
+# dependencies = ["nox>=2025.2"]
+# ///
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2025.2"
+nox.options.default_venv_backend = "virtualenv"
+nox.options.error_on_missing_interpreters = True
+
+PROJECT = nox.project.load_toml("pyproject.toml")
+TORCH = "torch==2.13.0"  # the CPU build; an unpinned torch pulls GBs of CUDA packages
+# What each backend cell installs on top of the package and the test tools.
+BACKEND_PACKAGES: dict[str, list[str]] = {
+    "numpy": [],
+    "array_api_strict": [],  # in the test group: always installed
+    "torch": [TORCH],
+    "jax": ["jax"],
+    "dask": ["dask[array]"],
+    "tensorflow": ["tensorflow-cpu"],
+}
+# Tests import the installed package only: the checkout must not shadow it.
+ENV = {"PYTHONSAFEPATH": "1", "PYTHONHASHSEED": "0"}
+
+
+def _install_group(session: nox.Session, *groups: str) -> None:
+    for group in groups:
+        session.install(*nox.project.dependency_groups(PROJECT, group))
+
+
+@nox.session
+@nox.parametrize("backend", list(BACKEND_PACKAGES))
+def tests(session: nox.Session, backend: str) -> None:
+    """Unit tests against the NumPy oracle on one backend (float32 and float64)."""
+    if BACKEND_PACKAGES[backend]:
+        session.install(*BACKEND_PACKAGES[backend])
+    _install_group(session, "test")
+    session.install(".")
+    env = {**ENV, "ATTNFLOW_TEST_BACKENDS": backend}
+    session.run("pytest", *session.posargs, env=env)
+    if backend == "numpy":
+        # The docstring examples are part of the contract.
+        session.run("pytest", "--doctest-modules", "--pyargs", "attnflow", env=env)
+
+
+@nox.session
+def property(session: nox.Session) -> None:
+    """Hypothesis property tests (deterministic CI profile) across backends."""
+    session.install(TORCH, "jax", "dask[array]")
+    _install_group(session, "test")
+    session.install(".")
+    env = {
+        **ENV,
+        "ATTNFLOW_TEST_BACKENDS": "numpy,array_api_strict,torch,jax,dask",
+        "ATTNFLOW_HYPOTHESIS_PROFILE": os.environ.get("ATTNFLOW_HYPOTHESIS_PROFILE", "ci"),
+    }
+    session.run("pytest", "property_tests", *session.posargs, env=env)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Ruff lint and format check."""
+    _install_group(session, "lint")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on the package and the adapters."""
+    _install_group(session, "typing")
+    session.install("-e", ".")
+    session.run("mypy", env=ENV)
+
+
+@nox.session
+def minimal(session: nox.Session) -> None:
+    """Core dependencies only: the package works and imports nothing optional."""
+    session.install(".", "pytest")
+    env = {**ENV, "ATTNFLOW_TEST_BACKENDS": "numpy"}
+    session.run(
+        "pytest",
+        "tests/test_imports.py",
+        "tests/test_rollout.py",
+        "tests/test_validation.py",
+        env=env,
+    )
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site with warnings as errors."""
+    _install_group(session, "docs")
+    session.install(".")
+    shutil.rmtree("docs/_build", ignore_errors=True)
+    session.run(
+        "sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html", env=ENV
+    )
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build sdist and wheel from a clean tree; check both and the editable install."""
+    _install_group(session, "build")
+    with tempfile.TemporaryDirectory() as tmp:
+        session.run("python", "-m", "build", "--outdir", tmp)
+        dist = sorted(Path(tmp).iterdir())
+        session.run("twine", "check", "--strict", *map(str, dist))
+        wheel = next(p for p in dist if p.suffix == ".whl")
+        names = set(zipfile.ZipFile(wheel).namelist())
+        required = {
+            "attnflow/__init__.py",
+            "attnflow/py.typed",
+            "attnflow/adapters/__init__.py",
+            "attnflow/data/minilm_sample.npz",
+        }
+        missing = sorted(required - names)
+        if missing:
+            session.error(f"wheel {wheel.name} lacks {missing}")
+        if any(name.startswith(("adapters/", "tests/")) for name in names):
+            session.error(f"wheel {wheel.name} ships top-level adapters/ or tests/")
+        session.log(f"wheel {wheel.name}: {len(names)} files, includes {sorted(required)}")
+        session.install(str(wheel))
+        session.run("python", "-c", "import attnflow.adapters as a; print(a.__file__)", env=ENV)
+    # Editable installs must map adapters/ to attnflow.adapters too (setuptools package-dir).
+    session.install("-e", ".")
+    session.run(
+        "python",
+        "-c",
+        "import attnflow.adapters, pathlib; "
+        "p = pathlib.Path(attnflow.adapters.__file__); "
+        "assert p.parent.name == 'adapters', p; print('editable:', p)",
+        env=ENV,
+    )
+
+
+@nox.session(default=False)
+def benchmark(session: nox.Session) -> None:
+    """Print rollout timings against a head-mean floor and a per-sample loop."""
+    session.install(TORCH)
+    session.install(".")
+    session.run("python", "benchmarks/bench_rollout.py", *session.posargs, env=ENV)
+
+
+if __name__ == "__main__":
+    nox.main()

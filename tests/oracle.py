@@ -1,0 +1,146 @@
+"""An independent NumPy float64 oracle of the paper's formulas.
+
+Written for clarity, not speed: explicit loops over batch items and layers, full matrix
+products, masks applied by cropping the sequence and padding the result back. It shares
+no code with attnflow. Abnar & Zuidema (2020), "Quantifying Attention Flow in
+Transformers", §3; DESIGN.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["oracle_fuse", "oracle_raw", "oracle_rollout", "softmax_attention"]
+
+
+def softmax_attention(
+    rng: np.random.Generator, shape: tuple[int, ...], *, scale: float = 3.0
+) -> np.ndarray:
+    """Random row-stochastic attention: a softmax of Gaussian logits over the last axis."""
+    logits = rng.normal(scale=scale, size=shape)
+    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+def _renormalise(matrix: np.ndarray) -> np.ndarray:
+    out = np.zeros_like(matrix)
+    for i in range(matrix.shape[0]):
+        total = matrix[i].sum()
+        out[i] = matrix[i] / total if total > 0 else np.eye(matrix.shape[0])[i]
+    return out
+
+
+def oracle_fuse(heads_of_layer: np.ndarray, heads: object) -> np.ndarray:
+    """Fuse one layer's heads ``(H, n, n)`` into ``(n, n)``."""
+    if heads is None:
+        return heads_of_layer
+    if isinstance(heads, str) and heads == "mean":
+        return heads_of_layer.sum(axis=0) / heads_of_layer.shape[0]
+    if isinstance(heads, str) and heads == "max":
+        return _renormalise(heads_of_layer.max(axis=0))
+    if isinstance(heads, str) and heads == "min":
+        return _renormalise(heads_of_layer.min(axis=0))
+    weights = np.asarray(heads, dtype=np.float64)
+    fused = sum(w * h for w, h in zip(weights, heads_of_layer, strict=True))
+    return fused / weights.sum()
+
+
+def _layer_matrices(
+    item: np.ndarray, heads: object, keep: np.ndarray, *, masked: bool
+) -> list[np.ndarray]:
+    """Per-layer fused attention of one cropped item."""
+    matrices = []
+    for layer_index, layer in enumerate(item):
+        layer_heads = heads
+        if heads is not None and not isinstance(heads, str):
+            weights = np.asarray(heads, dtype=np.float64)
+            layer_heads = weights[layer_index] if weights.ndim == 2 else weights
+        cropped = layer[..., keep, :][..., keep]
+        if masked:  # rows renormalised over the real keys of the cropped sequence
+            if heads is None:
+                cropped = _renormalise(cropped)
+            else:
+                cropped = np.stack([_renormalise(h) for h in cropped])
+        matrices.append(oracle_fuse(cropped, layer_heads))
+    return matrices
+
+
+def _per_item(
+    attentions: np.ndarray,
+    mask: np.ndarray | None,
+    fused_input: bool,
+    compute: Callable[[np.ndarray, np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """Apply `compute(item, keep)` -> ``(L, n_kept, n_kept)`` per batch item, pad back."""
+    core = 3 if fused_input else 4
+    batch_shape = attentions.shape[:-core]
+    n_layers, n = attentions.shape[-core], attentions.shape[-1]
+    out = np.zeros((*batch_shape, n_layers, n, n))
+    for index in np.ndindex(*batch_shape):
+        keep = np.ones(n, dtype=bool) if mask is None else mask[index]
+        kept = np.flatnonzero(keep)
+        per_layer = compute(attentions[index].astype(np.float64), keep)
+        for layer in range(n_layers):
+            out[(*index, layer, *np.ix_(kept, kept))] = per_layer[layer]
+    return out
+
+
+def _select(per_layer: np.ndarray, rows: int | Sequence[int] | None, layers: object) -> np.ndarray:
+    if layers == "last":
+        chosen = per_layer[..., -1, :, :]
+    elif layers == "all":
+        chosen = per_layer
+    else:
+        chosen = per_layer[..., layers, :, :]
+    if rows is None:
+        return chosen
+    if isinstance(rows, int):
+        return chosen[..., rows, :]
+    return chosen[..., list(rows), :]
+
+
+def oracle_rollout(
+    attentions: np.ndarray,
+    *,
+    heads: object = "mean",
+    residual: float = 0.5,
+    rows: int | Sequence[int] | None = None,
+    layers: object = "last",
+    mask: np.ndarray | None = None,
+) -> np.ndarray:
+    """Rollout ``R_l = Ã_l ... Ã_1`` with ``Ã = (1 - a) A + a I`` (full products)."""
+    fused_input = heads is None
+
+    def compute(item: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        matrices = _layer_matrices(item, heads, keep, masked=mask is not None)
+        size = int(keep.sum())
+        product = np.eye(size)
+        products = []
+        for matrix in matrices:
+            mixed = (1 - residual) * matrix + residual * np.eye(size)
+            product = mixed @ product
+            products.append(product)
+        return np.stack(products)
+
+    per_layer = _per_item(attentions, mask, fused_input, compute)
+    return _select(per_layer, rows, layers)
+
+
+def oracle_raw(
+    attentions: np.ndarray,
+    *,
+    heads: object = "mean",
+    rows: int | Sequence[int] | None = None,
+    layers: object = "last",
+    mask: np.ndarray | None = None,
+) -> np.ndarray:
+    """The fused attention of each layer."""
+    per_layer = _per_item(
+        attentions,
+        mask,
+        heads is None,
+        lambda item, keep: np.stack(_layer_matrices(item, heads, keep, masked=mask is not None)),
+    )
+    return _select(per_layer, rows, layers)

@@ -1,0 +1,282 @@
+"""The shipped attention sample and the ``attnflow`` command line (``attnflow demo``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import attnflow
+from attnflow import _cli
+from attnflow._cli import EXIT_FAILURE, EXIT_USAGE, main
+from attnflow._sample import Sample, load_sample
+
+# One table line per real token: position, token, raw, rollout, then the bar.
+ROW = re.compile(r"^\s+(\d+)\s+(\S+)\s+(\d+\.\d{4})\s+(\d+\.\d{4})\b")
+HEADING = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
+
+
+@pytest.fixture(scope="module")
+def sample() -> Sample:
+    return load_sample()
+
+
+def parse_demo(text: str) -> dict[int, list[tuple[int, str, float, float]]]:
+    """Rows of each sentence's table, keyed by the sentence's 0-based index."""
+    tables: dict[int, list[tuple[int, str, float, float]]] = {}
+    current: int | None = None
+    for line in text.splitlines():
+        if heading := HEADING.match(line):
+            current = int(heading.group(1)) - 1
+            tables[current] = []
+        elif (row := ROW.match(line)) and current is not None:
+            position, token, raw, rollout = row.groups()
+            tables[current].append((int(position), token, float(raw), float(rollout)))
+    return tables
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONIOENCODING"] = "utf-8"
+    return env
+
+
+# -- the sample ----------------------------------------------------------------------------
+
+
+def test_sample_shapes_and_dtypes(sample: Sample) -> None:
+    batch, layers, heads, n, n2 = sample.attentions.shape
+    assert (batch, layers, heads) == (3, 6, 12)
+    assert n == n2
+    assert sample.attentions.dtype == np.float32
+    assert sample.mask.dtype == np.bool_
+    assert sample.mask.shape == (batch, n)
+    assert len(sample.tokens) == batch
+    assert all(len(row) == n for row in sample.tokens)
+    assert all(isinstance(token, str) for row in sample.tokens for token in row)
+    assert len(sample.sentences) == batch
+    assert all(isinstance(sentence, str) for sentence in sample.sentences)
+    assert "all-MiniLM-L6-v2" in sample.source
+    assert "transformers" in sample.source
+    # The batch is really padded: the sample exercises masks.
+    assert not sample.mask.all()
+
+
+def test_sample_mask_marks_exactly_the_real_tokens(sample: Sample) -> None:
+    tokens = np.array(sample.tokens)
+    np.testing.assert_array_equal(sample.mask, tokens != "[PAD]")
+    for row, keep in zip(sample.tokens, sample.mask, strict=True):
+        real = [token for token, k in zip(row, keep, strict=True) if k]
+        assert real[0] == "[CLS]"
+        assert real[-1] == "[SEP]"
+        # Right padding: real tokens first.
+        assert keep[: len(real)].all()
+
+
+def test_sample_real_rows_are_row_stochastic(sample: Sample) -> None:
+    for b in range(sample.attentions.shape[0]):
+        k = int(sample.mask[b].sum())
+        real = sample.attentions[b, :, :, :k, :]
+        assert np.isfinite(real).all()
+        assert (real >= 0).all()
+        np.testing.assert_allclose(real.sum(axis=-1), 1.0, atol=1e-5)
+        # The model gives padded keys exactly zero weight.
+        np.testing.assert_array_equal(real[..., k:], 0.0)
+
+
+def test_sample_is_read_only(sample: Sample) -> None:
+    with pytest.raises(ValueError, match="read-only"):
+        sample.attentions[0, 0, 0, 0, 0] = 1.0
+    with pytest.raises(ValueError, match="read-only"):
+        sample.mask[0, 0] = False
+
+
+def test_sample_sentences_match_tokens(sample: Sample) -> None:
+    for sentence, row in zip(sample.sentences, sample.tokens, strict=True):
+        words = [t for t in row if t not in {"[CLS]", "[SEP]", "[PAD]"}]
+        joined = "".join(w.removeprefix("##") for w in words)
+        assert joined.lower() == "".join(sentence.lower().split())
+
+
+# -- attnflow demo -------------------------------------------------------------------------
+
+
+def test_demo_prints_every_real_token_of_the_first_sentence(
+    sample: Sample, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert sample.sentences[0] in out
+    tables = parse_demo(out)
+    real = [token for token, k in zip(sample.tokens[0], sample.mask[0], strict=True) if k]
+    assert [token for _, token, _, _ in tables[0]] == real
+    # The header names the model, the method and the paper.
+    assert "all-MiniLM-L6-v2" in out
+    assert "rollout" in out
+    assert "Quantifying Attention Flow in Transformers" in out
+
+
+def test_demo_values_equal_the_library(sample: Sample, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    tables = parse_demo(capsys.readouterr().out)
+    assert sorted(tables) == list(range(len(sample.sentences)))
+    expected_rollout = attnflow.rollout(sample.attentions, rows=0, mask=sample.mask)
+    expected_raw = attnflow.raw(sample.attentions, rows=0, mask=sample.mask)
+    for b, table in tables.items():
+        positions = [position for position, _, _, _ in table]
+        np.testing.assert_array_equal(positions, np.flatnonzero(sample.mask[b]))
+        printed_raw = np.array([raw for _, _, raw, _ in table])
+        printed_rollout = np.array([rollout for _, _, _, rollout in table])
+        np.testing.assert_allclose(printed_rollout, expected_rollout[b, positions], atol=5e-5)
+        np.testing.assert_allclose(printed_raw, expected_raw[b, positions], atol=5e-5)
+        # Padding is skipped, and carries nothing.
+        np.testing.assert_array_equal(expected_rollout[b, ~sample.mask[b]], 0.0)
+
+
+def test_demo_rollout_is_not_the_raw_attention(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    table = parse_demo(capsys.readouterr().out)[0]
+    assert any(abs(raw - rollout) > 0.01 for _, _, raw, rollout in table)
+
+
+def test_demo_ascii_bars() -> None:
+    sample = load_sample()
+    values = np.array([[0.5, 0.25, 0.25]])
+    lines = _cli.render_demo(
+        ["a b"],
+        [["[CLS]", "a", "b"]],
+        np.array([[True, True, True]]),
+        values,
+        values,
+        source="test",
+        layers=sample.attentions.shape[1],
+        heads=sample.attentions.shape[2],
+        unicode=False,
+        bar_width=8,
+    )
+    rows = [line for line in lines if ROW.match(line)]
+    assert rows[0].endswith(" " + "#" * 8)
+    assert rows[1].endswith(" " + "#" * 4)
+    assert all(line.isascii() for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("fraction", "expected"),
+    [(0.0, ""), (1.0, "\u2588" * 3), (0.5, "\u2588\u258c"), (1 / 24, "\u258f")],
+)
+def test_bar(fraction: float, expected: str) -> None:
+    assert _cli._bar(fraction, 3, unicode=True) == expected
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [[], ["nonsense"], ["demo", "--bogus"]])
+def test_usage_errors_are_one_line_with_status_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == EXIT_USAGE
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("attnflow: error: ")
+
+
+def test_failure_is_one_line_with_status_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def missing() -> Sample:
+        msg = "the attention sample is not installed"
+        raise FileNotFoundError(msg)
+
+    monkeypatch.setattr("attnflow._sample.load_sample", missing)
+    assert main(["demo"]) == EXIT_FAILURE
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("attnflow demo: error: the attention sample is not installed")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["--debug", "demo"], ["demo", "--debug"]])
+def test_debug_shows_the_exception(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> Sample:
+        msg = "boom"
+        raise RuntimeError(msg)
+
+    monkeypatch.setattr("attnflow._sample.load_sample", broken)
+    with pytest.raises(RuntimeError, match="boom"):
+        main(argv)
+
+
+def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"attnflow {attnflow.__version__}"
+    assert main(["--help"]) == 0
+    assert "demo" in capsys.readouterr().out
+    assert main(["demo", "--help"]) == 0
+    assert "usage: attnflow demo" in capsys.readouterr().out
+
+
+# -- entry points --------------------------------------------------------------------------
+
+
+def console_script() -> str | None:
+    """The installed ``attnflow`` script: next to this interpreter, else on PATH."""
+    beside = Path(sys.executable).parent / ("attnflow.exe" if os.name == "nt" else "attnflow")
+    return str(beside) if beside.is_file() else shutil.which("attnflow")
+
+
+def test_console_script_runs_the_demo(sample: Sample) -> None:
+    script = console_script()
+    if script is None:
+        pytest.skip("the attnflow console script is not installed")
+    done = subprocess.run(
+        [script, "demo"], capture_output=True, text=True, encoding="utf-8",
+        env=environment(), check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert parse_demo(done.stdout).keys() == set(range(len(sample.sentences)))
+
+
+def test_python_m_attnflow(sample: Sample) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "attnflow", "demo"], capture_output=True, text=True,
+        encoding="utf-8", env=environment(), check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    tables = parse_demo(done.stdout)
+    assert [token for _, token, _, _ in tables[0]] == [
+        t for t, k in zip(sample.tokens[0], sample.mask[0], strict=True) if k
+    ]
+
+
+def test_python_m_attnflow_usage_error_status() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "attnflow", "nonsense"], capture_output=True, text=True,
+        env=environment(), check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == EXIT_USAGE
+    assert done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1
+    assert "Traceback" not in done.stderr
+
+
+def test_import_attnflow_does_not_import_the_cli() -> None:
+    code = (
+        "import sys, attnflow; "
+        "print(sorted(m for m in ('attnflow._cli', 'attnflow._sample', 'argparse') "
+        "if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -1,0 +1,212 @@
+"""Rollout and raw attention against the NumPy oracle, on every backend and dtype."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat
+import numpy as np
+import pytest
+from backends import Variant, tolerance
+from oracle import oracle_raw, oracle_rollout, softmax_attention
+
+import attnflow
+
+SHAPE = (3, 5, 4, 9, 9)  # batch, layers, heads, n, n
+
+
+@pytest.fixture(scope="module")
+def weights() -> np.ndarray:
+    return softmax_attention(np.random.default_rng(20260522), SHAPE)
+
+
+def _max_fusion(w: Any) -> Any:
+    xp = array_api_compat.array_namespace(w)
+    return xp.max(w, axis=-3)
+
+
+# (options passed to attnflow.rollout, options for the oracle where they differ)
+CASES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "rows=0": {"rows": 0},
+    "rows=-1": {"rows": -1},
+    "rows=[0,4],layers=all": {"rows": [0, 4], "layers": "all"},
+    "rows=[0,4,2,7,1],layers=all": {"rows": [0, 4, 2, 7, 1], "layers": "all"},
+    "layers=all": {"layers": "all"},
+    "layers=2,rows=3": {"layers": 2, "rows": 3},
+    "layers=-2": {"layers": -2},
+    "heads=max": {"heads": "max"},
+    "heads=min": {"heads": "min"},
+    "heads=min,rows=[1,2]": {"heads": "min", "rows": [1, 2]},
+    "residual=0.3": {"residual": 0.3},
+    "residual=0": {"residual": 0.0},
+    "residual=1": {"residual": 1.0},
+    "heads=weights(H)": {"heads": [0.1, 0.2, 0.3, 0.4]},
+    "heads=weights(L,H)": {"heads": np.arange(1.0, 21.0).reshape(5, 4).tolist()},
+}
+
+
+def _oracle_options(options: dict[str, Any]) -> dict[str, Any]:
+    return {
+        key: (np.array(value) if key == "heads" and isinstance(value, list) else value)
+        for key, value in options.items()
+    }
+
+
+def _expected_shape(options: dict[str, Any]) -> tuple[int, ...]:
+    shape: tuple[int, ...] = (SHAPE[0],)
+    if options.get("layers") == "all":
+        shape += (SHAPE[1],)
+    rows = options.get("rows")
+    if rows is None:
+        shape += (SHAPE[-1], SHAPE[-1])
+    elif isinstance(rows, int):
+        shape += (SHAPE[-1],)
+    else:
+        shape += (len(rows), SHAPE[-1])
+    return shape
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rollout_matches_oracle(
+    backend: Variant, dtype_name: str, weights: np.ndarray, case: str
+) -> None:
+    options = CASES[case]
+    data = weights.astype(dtype_name)
+    result = backend.run(attnflow.rollout, backend.asarray(data), **options)
+    values = backend.check(result, dtype_name=dtype_name, shape=_expected_shape(options))
+    expected = oracle_rollout(data, **_oracle_options(options))
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol)
+
+
+def test_rollout_callable_fusion(backend: Variant, dtype_name: str, weights: np.ndarray) -> None:
+    data = weights.astype(dtype_name)
+    result = backend.run(attnflow.rollout, backend.asarray(data), heads=_max_fusion, rows=0)
+    values = backend.check(result, dtype_name=dtype_name, shape=(SHAPE[0], SHAPE[-1]))
+    expected = oracle_rollout(data, heads="max", rows=0)
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("layers", ["last", "all"])
+def test_per_layer_sequence_equals_stacked(
+    backend: Variant, dtype_name: str, weights: np.ndarray, layers: str
+) -> None:
+    if backend.jit:
+        pytest.skip("a Python list of arrays is not a jit argument; covered eagerly")
+    data = weights.astype(dtype_name)
+    sequence = [backend.asarray(data[:, layer]) for layer in range(SHAPE[1])]
+    result = backend.run(attnflow.rollout, sequence, rows=[0, 4], layers=layers)
+    shape = _expected_shape({"rows": [0, 4], "layers": layers})
+    values = backend.check(result, dtype_name=dtype_name, shape=shape)
+    expected = oracle_rollout(data, rows=[0, 4], layers=layers)
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol)
+
+
+def test_fused_input(backend: Variant, dtype_name: str, weights: np.ndarray) -> None:
+    data = weights.mean(axis=2).astype(dtype_name)
+    result = backend.run(attnflow.rollout, backend.asarray(data), heads=None, layers="all")
+    values = backend.check(result, dtype_name=dtype_name, shape=(3, 5, 9, 9))
+    expected = oracle_rollout(data, heads=None, layers="all")
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize(
+    "case", ["default", "rows=[0,4],layers=all", "heads=max", "layers=2,rows=3"]
+)
+def test_raw_matches_oracle(
+    backend: Variant, dtype_name: str, weights: np.ndarray, case: str
+) -> None:
+    options = CASES[case]
+    data = weights.astype(dtype_name)
+    result = backend.run(attnflow.raw, backend.asarray(data), **options)
+    values = backend.check(result, dtype_name=dtype_name, shape=_expected_shape(options))
+    expected = oracle_raw(data, **_oracle_options(options))
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol)
+
+
+def _padded(weights: np.ndarray, fill: str, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    """Attention of sequences of lengths 9, 6 and 3, padded as frameworks pad them."""
+    rng = np.random.default_rng(seed)
+    lengths = [9, 6, 3]
+    mask = np.arange(SHAPE[-1])[None, :] < np.array(lengths)[:, None]
+    data = weights.copy()
+    data = np.where(mask[:, None, None, None, :], data, 0.0)  # padded keys get no weight
+    data /= data.sum(axis=-1, keepdims=True)
+    padded_rows = ~mask[:, None, None, :, None]
+    fills = {
+        "zeros": np.zeros_like(data),
+        "uniform": np.full_like(data, 1.0 / SHAPE[-1]),
+        "nan": np.full_like(data, np.nan),
+        "normal": softmax_attention(rng, SHAPE),
+    }
+    return np.where(padded_rows, fills[fill], data), mask
+
+
+@pytest.mark.parametrize("fill", ["zeros", "uniform", "nan", "normal"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"rows": 0, "layers": "all"}, {"heads": "max", "rows": [0, 2]}],
+    ids=["full", "cls-all-layers", "max-rows"],
+)
+def test_mask_equals_cropped_sequence(
+    backend: Variant, dtype_name: str, weights: np.ndarray, fill: str, options: dict[str, Any]
+) -> None:
+    data, mask = _padded(weights, fill)
+    data = data.astype(dtype_name)
+    result = backend.run(
+        attnflow.rollout, backend.asarray(data), mask=backend.asarray(mask), **options
+    )
+    values = backend.check(result, dtype_name=dtype_name, shape=_expected_shape(options))
+    expected = oracle_rollout(data, mask=mask, **options)
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol)
+    # Padded positions: exactly zero, in (columns) and, for full matrices, out (rows).
+    for item, length in enumerate([9, 6, 3]):
+        assert np.all(values[item, ..., length:] == 0)
+        if "rows" not in options:
+            assert np.all(values[item, ..., length:, :] == 0)
+    assert np.all(np.isfinite(values))
+
+
+def test_mask_on_sequence_input_with_fused_heads(backend: Variant, weights: np.ndarray) -> None:
+    if backend.jit:
+        pytest.skip("a Python list of arrays is not a jit argument; covered eagerly")
+    data, mask = _padded(weights, "nan")
+    fused = data.mean(axis=2)  # padded query rows stay NaN
+    sequence = [backend.asarray(fused[:, layer]) for layer in range(SHAPE[1])]
+    result = backend.run(attnflow.rollout, sequence, heads=None, rows=0, mask=backend.asarray(mask))
+    values = backend.check(result, dtype_name="float64", shape=(3, 9))
+    expected = oracle_rollout(fused, heads=None, rows=0, mask=mask)
+    np.testing.assert_allclose(values, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_building_blocks(backend: Variant, dtype_name: str, weights: np.ndarray) -> None:
+    data = weights.astype(dtype_name)
+    tol = tolerance(dtype_name)
+    fused = backend.run(attnflow.fuse_heads, backend.asarray(data), heads="max")
+    fused_values = backend.check(fused, dtype_name=dtype_name, shape=(3, 5, 9, 9))
+    expected_fused = oracle_raw(data, heads="max", layers="all")
+    np.testing.assert_allclose(fused_values, expected_fused, rtol=tol, atol=tol)
+    mixed = backend.run(attnflow.add_residual, fused, residual=0.25)
+    mixed_values = backend.check(mixed, dtype_name=dtype_name, shape=(3, 5, 9, 9))
+    np.testing.assert_allclose(
+        mixed_values, 0.75 * expected_fused + 0.25 * np.eye(9), rtol=tol, atol=tol
+    )
+
+
+def test_xp_override(weights: np.ndarray) -> None:
+    xp = array_api_compat.array_namespace(weights)
+    result = attnflow.rollout(weights, rows=0, xp=xp)
+    np.testing.assert_allclose(result, oracle_rollout(weights, rows=0), rtol=1e-12, atol=1e-12)
+
+
+def test_float32_stays_float32_without_float64_work(weights: np.ndarray) -> None:
+    # Python float options (residual, weights) must not promote float32 input.
+    data = weights.astype(np.float32)
+    for options in ({"residual": 0.3}, {"heads": [1.0, 2.0, 3.0, 4.0]}, {"heads": "min"}):
+        assert attnflow.rollout(data, rows=[0, 1], **options).dtype == np.float32
