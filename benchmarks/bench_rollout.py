@@ -6,8 +6,11 @@ Random row-stochastic attention (softmax of standard-normal logits) of shape
 ``(batch, layers, heads, n, n)``, by default ``(32, 12, 12, 197, 197)`` in float32 (a
 ViT-B/16 at 224 px: 196 patches and the CLS token), about 0.7 GB. The same tensor is
 built once with NumPy and copied into each requested library. Each case is run once to
-warm up, then timed ``--repeats`` times with :func:`time.perf_counter` (CUDA work is
-synchronised before the clock is read); the table reports the median and the minimum.
+warm up, then timed with :func:`time.perf_counter` (CUDA and JAX work is waited for
+before the clock is read) in ``--repeats`` rounds that run every case once, interleaved,
+so that slow spells of a shared machine hit all cases alike; after three rounds no new
+round starts once ``--budget`` seconds have gone by. The table reports the median and
+the minimum.
 
 (a) floor          ``xp.mean(a, axis=2)``: one head-mean pass that reads every weight once.
                    No method that reads all of the attention can be much faster.
@@ -28,7 +31,8 @@ tensor divided by the median time. Cases (d) and (e) compute more than (b) does,
 their speed-up is not a like-for-like comparison. The script also checks once that (c)
 and (b) agree numerically, and (unless ``--no-breakdown``) times the stages of the CLS
 rollout one by one (validation reductions, head fusion, residual mix, vector-matrix
-chain), re-implemented with array-API calls, to show where the time above the floor goes.
+chain), re-implemented with array-API calls, to show where the time above the floor goes,
+next to cheaper alternatives for each stage.
 
 The goal of attnflow is a CLS rollout within 1.3x of the head-mean floor. This script
 prints figures from one run and asserts nothing about timings: on a shared or busy
@@ -86,6 +90,7 @@ class Config:
     device: str
     breakdown: bool
     seed: int
+    budget: float
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -120,6 +125,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         help="skip the stage-by-stage timing of the CLS rollout",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random attention")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        help="seconds of timed rounds per backend before stopping early, after at least "
+        "three rounds (default 30; quick 5)",
+    )
     args = parser.parse_args(argv)
 
     defaults = (4, 4, 4, 50, 7) if args.quick else (32, 12, 12, 197, 5)
@@ -143,6 +154,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         device=args.device,
         breakdown=args.breakdown,
         seed=args.seed,
+        budget=args.budget if args.budget is not None else (5.0 if args.quick else 30.0),
     )
 
 
@@ -295,23 +307,47 @@ def make_backend(name: str, host: np.ndarray, device: str) -> Backend | None:
 
 @dataclass(frozen=True)
 class Timing:
-    """Median and minimum of the timed runs, in seconds."""
+    """Median and minimum of the timed runs, in seconds, and how many runs there were."""
 
     median: float
     minimum: float
+    runs: int
 
 
-def time_call(fn: Callable[[], Any], sync: Callable[[Any], None], repeats: int) -> Timing:
-    """Warm up once, then time `repeats` calls of `fn`, waiting for each result."""
-    sync(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        sync(result)
-        times.append(time.perf_counter() - start)
-        del result
-    return Timing(statistics.median(times), min(times))
+def _timed(fn: Callable[[], Any], sync: Callable[[Any], None]) -> float:
+    start = time.perf_counter()
+    result = fn()
+    sync(result)
+    elapsed = time.perf_counter() - start
+    del result
+    return elapsed
+
+
+def time_cases(
+    cases: Sequence[tuple[str, Callable[[], Any]]],
+    sync: Callable[[Any], None],
+    repeats: int,
+    budget: float,
+) -> dict[str, Timing]:
+    """Warm each case up once, then time `repeats` rounds of every case, interleaved.
+
+    Interleaving (one run of each case per round) spreads slow spells of a shared
+    machine over all cases alike, so that ratios between cases stay meaningful. After
+    three rounds, no new round starts once `budget` seconds have been spent, so that a
+    busy machine does not stretch the run without bound.
+    """
+    for _, fn in cases:
+        sync(fn())
+    times: dict[str, list[float]] = {key: [] for key, _ in cases}
+    start = time.perf_counter()
+    for round_ in range(repeats):
+        if round_ >= 3 and time.perf_counter() - start > budget:
+            break
+        for key, fn in cases:
+            times[key].append(_timed(fn, sync))
+    return {
+        key: Timing(statistics.median(runs), min(runs), len(runs)) for key, runs in times.items()
+    }
 
 
 # --------------------------------------------------------------------------- baseline
@@ -377,7 +413,7 @@ def print_table(
     width = max(len(label) for label in labels.values())
     header = (
         f"{'case':<{width}}  {'median ms':>10}  {'min ms':>9}  {'x floor':>8}  "
-        f"{'vs (b)':>8}  {'GB/s':>7}"
+        f"{'vs (b)':>8}  {'GB/s':>7}  {'runs':>4}"
     )
     print(f"\n{backend.label}")
     print(header)
@@ -387,7 +423,7 @@ def print_table(
         print(
             f"{label:<{width}}  {t.median * 1e3:>10.2f}  {t.minimum * 1e3:>9.2f}  "
             f"{t.median / floor:>7.2f}x  {base / t.median:>7.1f}x  "
-            f"{nbytes / t.median / 1e9:>7.1f}"
+            f"{nbytes / t.median / 1e9:>7.1f}  {t.runs:>4}"
         )
     print("(x floor: median / median of (a); vs (b): speed-up, median of (b) / median;")
     print(" GB/s: bytes of the attention tensor / median; (d) and (e) compute more than (b))")
@@ -427,7 +463,12 @@ def chain_without_mix(fused: Any, row: int, alpha: float, xp: Any) -> Any:
 
 
 def print_breakdown(
-    backend: Backend, repeats: int, floor: Timing, cls: Timing, cls_unchecked: Timing
+    backend: Backend,
+    repeats: int,
+    budget: float,
+    floor: Timing,
+    cls: Timing,
+    cls_unchecked: Timing,
 ) -> None:
     """Time, one by one, the stages the CLS rollout runs, and a few cheaper alternatives.
 
@@ -468,9 +509,9 @@ def print_breakdown(
             lambda: chain_without_mix(fused, 0, RESIDUAL, xp),
         ),
     ]
-    measured = {label: time_call(fn, sync, repeats) for label, fn in [*stages, *alternatives]}
+    measured = time_cases([*stages, *alternatives], sync, repeats, budget)
     width = max(len(label) for label in measured)
-    print(f"\nstage breakdown of (c) on {backend.label} (each stage timed alone; medians)")
+    print(f"\nstage breakdown of (c) on {backend.label} (each stage on its own; medians)")
     header = f"{'stage':<{width}}  {'median ms':>10}  {'x floor':>8}"
     print(header)
     print("-" * len(header))
@@ -500,7 +541,7 @@ def print_breakdown(
 # --------------------------------------------------------------------------- main
 
 
-def print_machine(config: Config, backends: list[Backend], nbytes: int) -> None:
+def print_machine() -> None:
     print("attnflow rollout benchmark")
     print(
         f"machine: {platform.platform()} ({platform.machine()}), "
@@ -509,6 +550,9 @@ def print_machine(config: Config, backends: list[Backend], nbytes: int) -> None:
     if hasattr(os, "getloadavg"):
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         print(f"load average (1, 5, 15 min): {load}  (timings are noisy on a busy machine)")
+
+
+def print_setup(config: Config, backends: list[Backend], nbytes: int, built: float) -> None:
     versions = {
         "attnflow": attnflow.__version__,
         "numpy": np.__version__,
@@ -520,8 +564,10 @@ def print_machine(config: Config, backends: list[Backend], nbytes: int) -> None:
     b, layers, h, n, _ = config.shape
     print(
         f"attention: B={b}, L={layers}, H={h}, n={n}, float32, {nbytes / 1e6:.1f} MB; "
-        f"{config.repeats} timed runs per case after one warm-up"
+        f"one warm-up, then up to {config.repeats} timed rounds of all cases, interleaved "
+        f"(at least 3; no new round after {config.budget:g} s per backend)"
     )
+    print(f"built it with NumPy in {built:.1f} s")
     print(f"goal: CLS rollout within {GOAL}x of the head-mean floor")
 
 
@@ -544,6 +590,7 @@ def report_goal(backend: Backend, timings: dict[str, Timing], nbytes: int) -> No
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
+    print_machine()
     start = time.perf_counter()
     host = make_attention(config.shape, config.seed)
     built = time.perf_counter() - start
@@ -552,19 +599,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in config.backends
         if (backend := make_backend(name, host, config.device)) is not None
     ]
-    print_machine(config, backends, host.nbytes)
-    print(f"built the attention in {built:.1f} s")
+    print_setup(config, backends, host.nbytes, built)
     if not backends:
         print("no backend available; nothing to time.")
         return 0
     for backend in backends:
         cases = cases_for(backend)
-        timings = {case.key: time_call(case.fn, backend.sync, config.repeats) for case in cases}
+        timings = time_cases(
+            [(case.key, case.fn) for case in cases], backend.sync, config.repeats, config.budget
+        )
         print_table(backend, timings, {case.key: case.label for case in cases}, host.nbytes)
         check_agreement(backend)
         report_goal(backend, timings, host.nbytes)
         if config.breakdown:
-            print_breakdown(backend, config.repeats, timings["a"], timings["c"], timings["c-nv"])
+            print_breakdown(
+                backend,
+                config.repeats,
+                config.budget / 2,
+                timings["a"],
+                timings["c"],
+                timings["c-nv"],
+            )
     print(f"\ntotal {time.perf_counter() - start:.1f} s")
     return 0
 

@@ -157,7 +157,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     arrays = record(SENTENCES)
     output: Path = args.output
     output.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(output, **arrays)
+    np.savez_compressed(
+        output,
+        attentions=arrays["attentions"],
+        mask=arrays["mask"],
+        tokens=arrays["tokens"],
+        sentences=arrays["sentences"],
+        source=arrays["source"],
+    )
 
     with np.load(output, allow_pickle=False) as check:  # must load without pickle
         for name, array in arrays.items():

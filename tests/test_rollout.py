@@ -210,3 +210,18 @@ def test_float32_stays_float32_without_float64_work(weights: np.ndarray) -> None
     data = weights.astype(np.float32)
     for options in ({"residual": 0.3}, {"heads": [1.0, 2.0, 3.0, 4.0]}, {"heads": "min"}):
         assert attnflow.rollout(data, rows=[0, 1], **options).dtype == np.float32
+
+
+def test_rows_left_empty_by_min_fusion_become_self_attention() -> None:
+    # Two heads attending to disjoint keys: their minimum has no mass in rows 0 and 1.
+    weights = np.array(
+        [
+            [
+                [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.5, 0.5, 0.0]],
+                [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.5, 0.25, 0.25]],
+            ]
+        ]
+    )
+    fused = attnflow.fuse_heads(weights, heads="min")
+    np.testing.assert_array_equal(fused, [[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [2 / 3, 1 / 3, 0.0]]])
+    np.testing.assert_allclose(attnflow.rollout(weights, heads="min", residual=0.0), fused[0])
