@@ -111,7 +111,7 @@ def rollout(
         Report the rollout at the top layer, at every layer (stacked on a new axis after
         the batch axes, as in the paper's figures), or at one layer (an index into the
         layer axis, 0 = first; layers above it are never read).
-    mask : bool array of shape (*batch, n), optional
+    mask : bool array of shape ``(*batch, n)``, optional
         True for real tokens, False for padding. Padded positions get exactly zero
         attribution and carry none; the block of real tokens equals the rollout of the
         cropped sequence, each head's rows renormalised over the real keys. Whatever the
@@ -163,11 +163,11 @@ def rollout(
     >>> import attnflow
     >>> w = np.array([[[[0.5, 0.5], [0.0, 1.0]]], [[[1.0, 0.0], [0.5, 0.5]]]])  # L=2, H=1
     >>> attnflow.rollout(w)
-    array([[0.6875, 0.3125],
-           [0.1875, 0.8125]])
-    >>> attnflow.rollout(w, rows=0, layers="all")
     array([[0.75  , 0.25  ],
-           [0.6875, 0.3125]])
+           [0.1875, 0.8125]])
+    >>> attnflow.rollout(w, rows=1, layers="all")
+    array([[0.    , 1.    ],
+           [0.1875, 0.8125]])
     """
     prepared = prepare_attention(
         attentions,
@@ -216,7 +216,7 @@ def raw(
         Output positions, as for :func:`rollout`.
     layers : {"last", "all"} or int, default "last"
         The layer(s) to report, as for :func:`rollout`.
-    mask : bool array of shape (*batch, n), optional
+    mask : bool array of shape ``(*batch, n)``, optional
         Padding mask, as for :func:`rollout`: padded rows and columns are zero and rows of
         real tokens are renormalised over real keys.
     validate : bool, default True

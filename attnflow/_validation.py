@@ -337,6 +337,7 @@ def check_attention_values(
         valid_rows = valid_rows[..., 0]  # (..., n, 1) -> (..., n), like the reductions
         sums = xp.where(valid_rows, sums, xp.ones_like(sums))
         minima = xp.where(valid_rows, minima, xp.zeros_like(minima))
+    # Decide on the device with `bool`; read numbers (`float`) only to word an error.
     finite = xp.isfinite(sums)
     if not bool(xp.all(finite)):
         msg = (
@@ -345,8 +346,8 @@ def check_attention_values(
             "padding `mask` if these are padded positions."
         )
         raise ValueError(msg)
-    lowest = float(xp.min(minima))
-    if lowest < 0:
+    if bool(xp.any(minima < 0)):
+        lowest = float(xp.min(minima))
         msg = (
             f"`{name}` must be non-negative (attention probabilities); the smallest weight "
             f"is {lowest:.3g}. Pass softmax outputs, not scores or gradients."
@@ -355,8 +356,9 @@ def check_attention_values(
     if not check_row_sums:
         return
     tolerance = row_sum_tolerance(xp, attentions.dtype, attentions.shape[-1])
-    deviation = float(xp.max(xp.abs(sums - 1)))
-    if deviation > tolerance:
+    deviations = xp.abs(sums - 1)
+    if bool(xp.any(deviations > tolerance)):
+        deviation = float(xp.max(deviations))
         msg = (
             f"`{name}` rows must sum to 1 over the keys (softmax outputs, rows = queries); "
             f"the largest deviation is {deviation:.3g}, above the tolerance {tolerance:.3g} "

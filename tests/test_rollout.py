@@ -7,7 +7,7 @@ from typing import Any
 import array_api_compat
 import numpy as np
 import pytest
-from backends import Variant, tolerance
+from backends import Variant, selected_variants, tolerance
 from oracle import oracle_raw, oracle_rollout, softmax_attention
 
 import attnflow
@@ -225,3 +225,17 @@ def test_rows_left_empty_by_min_fusion_become_self_attention() -> None:
     fused = attnflow.fuse_heads(weights, heads="min")
     np.testing.assert_array_equal(fused, [[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [2 / 3, 1 / 3, 0.0]]])
     np.testing.assert_allclose(attnflow.rollout(weights, heads="min", residual=0.0), fused[0])
+
+
+def test_torch_tensor_requiring_grad_is_differentiable_and_silent(weights: np.ndarray) -> None:
+    # Validation must not read values in a way that warns (filterwarnings=error) or
+    # breaks the autograd graph: rollout is differentiable on differentiable backends.
+    torch = pytest.importorskip("torch")
+    if "torch" not in {v.library for v in selected_variants()}:
+        pytest.skip("torch is not in this session's backends")
+    data = torch.asarray(weights, requires_grad=True)
+    result = attnflow.rollout(data, rows=0, mask=torch.ones(3, 9, dtype=torch.bool))
+    result[:, 3].sum().backward()
+    assert data.grad is not None
+    assert torch.all(torch.isfinite(data.grad))
+    assert float(data.grad.abs().sum()) > 0
