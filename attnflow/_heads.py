@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from array_api_compat import device as array_device
 
@@ -18,6 +18,7 @@ from ._validation import (
     check_floating,
     check_head_fusion,
     check_validate,
+    checks_every_head,
 )
 
 __all__ = ["apply_head_fusion", "fuse_heads"]
@@ -76,7 +77,7 @@ def fuse_heads(
     /,
     *,
     heads: HeadFusion = "mean",
-    validate: bool = True,
+    validate: bool | Literal["heads"] = True,
     xp: Namespace | None = None,
 ) -> ArrayT:
     r"""Fuse the attention heads of each layer into one attention matrix.
@@ -101,8 +102,11 @@ def fuse_heads(
         The fusion. A callable receives the whole array and must reduce axis -3.
         Weights have shape ``(heads,)`` or ``(layers, heads)``, are non-negative and are
         normalised to sum to one per layer (zero weights discard heads).
-    validate : bool, default True
-        Check that the weights are finite, non-negative and row-stochastic.
+    validate : bool or "heads", default True
+        Check that the attention is finite, non-negative and row-stochastic: True checks
+        the fused result of a mean or weighted mean (which carries NaN, infinities and row
+        sums through, at 1/H of the cost) and every head for max, min or a callable;
+        ``"heads"`` always checks every head; False checks nothing.
     xp : namespace, optional
         The array namespace; inferred from `attentions` by default.
 
@@ -158,6 +162,10 @@ def fuse_heads(
             f"attentions of shape (..., layers, heads, n, n); got shape {shape}."
         )
         raise ValueError(msg)
-    if do_validate:
+    every_head = checks_every_head(do_validate, spec.kind, masked=False)
+    if do_validate and every_head:
         check_attention_values(array, namespace, valid_rows=None)
-    return boundary.restore(apply_head_fusion(array, spec, namespace))  # type: ignore[no-any-return]
+    fused = apply_head_fusion(array, spec, namespace)
+    if do_validate and not every_head:
+        check_attention_values(fused, namespace, valid_rows=None, heads_fused=True)
+    return boundary.restore(fused)  # type: ignore[no-any-return]

@@ -27,6 +27,7 @@ from ._validation import (
     check_residual,
     check_rows,
     check_validate,
+    checks_every_head,
     describe,
 )
 
@@ -143,7 +144,8 @@ def prepare_attention(
         valid_keys = namespace.reshape(mask, shape)[..., None, :]
         valid_rows = namespace.reshape(mask, shape)[..., :, None]
 
-    if do_validate:
+    every_head = checks_every_head(do_validate, spec.kind, masked=mask is not None)
+    if do_validate and every_head:
         check_attention_values(stacked, namespace, valid_rows=valid_rows)
 
     if mask is not None:
@@ -164,6 +166,9 @@ def prepare_attention(
         if not fused_input
         else valid_rows,
     )
+    if do_validate and not every_head:
+        # What the method consumes, at 1/H of the cost; still before any of the method.
+        check_attention_values(fused, namespace, valid_rows=None, heads_fused=not fused_input)
     if valid_keys is not None and not fused_input:
         valid_keys = valid_keys[..., 0, :, :]
     return PreparedAttention(

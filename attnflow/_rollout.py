@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
+
+from array_api_compat import device as array_device
 
 from ._pipeline import PreparedAttention, prepare_attention, select_rows
 from ._residual import mix_residual
@@ -12,46 +14,84 @@ from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 __all__ = ["raw", "rollout", "rollout_products"]
 
 
-def rollout_products(
-    mixed: Any, rows: int | tuple[int, ...] | None, *, all_layers: bool, xp: Namespace
-) -> Any:
-    """Roll out residual-mixed attention ``(*batch, L, n, n)`` from the input upwards.
+def _identity_rows(fused: Any, rows: tuple[int, ...], valid_keys: Any | None, xp: Namespace) -> Any:
+    """Rows `rows` of the identity, zero on padded tokens: ``(*batch | 1, r, n)``."""
+    n = fused.shape[-1]
+    eye = xp.eye(n, dtype=fused.dtype, device=array_device(fused))
+    unit_rows = select_rows(eye, rows, xp)
+    if valid_keys is None:
+        return unit_rows
+    return xp.where(valid_keys[..., 0, :, :], unit_rows, xp.zeros_like(unit_rows))
 
-    Returns row(s) `rows` of ``R_L = Ã_L ··· Ã_1`` or, with `all_layers`, of every
-    ``R_l``, stacked on axis -3. Selected rows are computed as a chain of vector-matrix
-    products, starting from the row of the top layer: O(L n²) per row instead of the
-    O(L n³) of full products.
+
+def rollout_products(
+    fused: Any,
+    *,
+    residual: float,
+    rows: int | tuple[int, ...] | None,
+    all_layers: bool,
+    valid_keys: Any | None,
+    xp: Namespace,
+) -> Any:
+    """Roll out head-fused attention ``(*batch, L, n, n)`` from the input upwards.
+
+    Returns row(s) `rows` of ``R_L = Ã_L ··· Ã_1`` with ``Ã_l = (1 - α) A_l + α I`` or,
+    with `all_layers`, of every ``R_l``, stacked on axis -3. The mixed matrices ``Ã_l``
+    are never formed: a product with ``Ã_l`` is ``(1 - α) (A_l x) + α x``, which also
+    holds with a padding mask because everything ``Ã_1`` touches is already zero on padded
+    positions. Selected rows are chains of vector-matrix products started from the top
+    layer, O(L n²) per row instead of the O(L n³) of full products.
     """
-    n_layers, n = mixed.shape[-3], mixed.shape[-1]
-    layer = [mixed[..., i, :, :] for i in range(n_layers)]
+    n_layers, n = fused.shape[-3], fused.shape[-1]
+    alpha = residual
+    layer = [fused[..., i, :, :] for i in range(n_layers)]
+    padded_keys = None if valid_keys is None else valid_keys[..., 0, :, :]
+
+    def times_mixed(left: Any, i: int) -> Any:
+        """``left @ Ã_i`` for row vectors `left` that are zero on padded tokens."""
+        product = xp.matmul(left, layer[i])
+        return product if alpha == 0.0 else (1.0 - alpha) * product + alpha * left
+
     if rows is None:
-        product = layer[0]
+        # R_1 = Ã_1 is the only mixed matrix formed, then R_l = (1 - α) A_l R + α R.
+        product = mix_residual(layer[0], alpha, xp, valid_keys=padded_keys)
         products = [product]
         for i in range(1, n_layers):
-            product = xp.matmul(layer[i], product)
+            step = xp.matmul(layer[i], product)
+            product = step if alpha == 0.0 else (1.0 - alpha) * step + alpha * product
             products.append(product)
         return xp.stack(products, axis=-3) if all_layers else product
 
     index = (rows,) if isinstance(rows, int) else rows
     n_rows = len(index)
+
+    def mixed_rows(i: int) -> Any:
+        """Rows `index` of Ã_i: ``(1 - α) A_i[rows] + α I[rows]`` (real tokens only)."""
+        attention_rows = select_rows(layer[i], index, xp)
+        if alpha == 0.0:
+            return attention_rows
+        unit_rows = _identity_rows(fused, index, valid_keys, xp)
+        return (1.0 - alpha) * attention_rows + alpha * unit_rows
+
     if not all_layers:
-        vectors = select_rows(layer[-1], index, xp)
+        vectors = mixed_rows(n_layers - 1)
         for i in range(n_layers - 2, -1, -1):
-            vectors = xp.matmul(vectors, layer[i])
+            vectors = times_mixed(vectors, i)
         return vectors[..., 0, :] if isinstance(rows, int) else vectors
 
     # Every layer's rows. Row chains cost about r·L²/2 vector-matrix products against
     # L - 1 full matrix products; take whichever is cheaper.
     if n_rows * (n_layers + 1) > 2 * n:
-        full = rollout_products(mixed, None, all_layers=True, xp=xp)
+        full = rollout_products(
+            fused, residual=alpha, rows=None, all_layers=True, valid_keys=valid_keys, xp=xp
+        )
         return select_rows(full, rows, xp)
     # Walk down from the top layer, carrying one block of row vectors per target layer:
     # the chain for layer l starts at layer l and is multiplied by every layer below it.
-    chains = select_rows(layer[-1], index, xp)
+    chains = mixed_rows(n_layers - 1)
     for i in range(n_layers - 2, -1, -1):
-        started = select_rows(layer[i], index, xp)
-        chains = xp.concat([started, xp.matmul(chains, layer[i])], axis=-2)
-    batch = tuple(mixed.shape[:-3])
+        chains = xp.concat([mixed_rows(i), times_mixed(chains, i)], axis=-2)
+    batch = tuple(chains.shape[:-2])
     chains = xp.reshape(chains, (*batch, n_layers, n_rows, n))
     return chains[..., 0, :] if isinstance(rows, int) else chains
 
@@ -72,7 +112,7 @@ def rollout(
     rows: RowSelection = None,
     layers: LayerSelection = "last",
     mask: Any | None = None,
-    validate: bool = True,
+    validate: bool | Literal["heads"] = True,
     xp: Namespace | None = None,
 ) -> ArrayT:
     r"""Attention rollout: how much each input token reaches each output position.
@@ -116,11 +156,16 @@ def rollout(
         attribution and carry none; the block of real tokens equals the rollout of the
         cropped sequence, each head's rows renormalised over the real keys. Whatever the
         framework put in padded query rows (zeros, uniform rows, NaN) is ignored.
-    validate : bool, default True
-        Check the values of `attentions` (finite, non-negative, rows summing to one
-        within a dtype-aware tolerance) before computing. Skipped automatically where
-        values cannot be read cheaply (inside ``jax.jit``, on Dask graphs). Pass False
-        for attention that is not row-stochastic on purpose.
+    validate : bool or "heads", default True
+        Check the attention values before the rollout: finite, non-negative, rows summing
+        to one within a dtype-aware tolerance. True checks what the method consumes: the
+        head-fused layers for a mean or weighted mean (NaN, infinities and bad row sums
+        carry through a mean; reading 1/H of the data keeps rollout within reach of one
+        pass over the input), and every head for max, min, a callable or a mask.
+        ``"heads"`` checks every weight of every head (two more passes over the input);
+        False checks nothing, for attention that is not row-stochastic on purpose. Value
+        checks are skipped where values cannot be read cheaply (inside ``jax.jit``, on
+        Dask graphs).
     xp : namespace, optional
         The array namespace; inferred from `attentions` by default.
 
@@ -179,9 +224,14 @@ def rollout(
         validate=validate,
         xp=xp,
     )
-    xp_ = prepared.xp
-    mixed = mix_residual(prepared.fused, prepared.residual, xp_, valid_keys=prepared.valid_keys)
-    result = rollout_products(mixed, prepared.rows, all_layers=prepared.all_layers, xp=xp_)
+    result = rollout_products(
+        prepared.fused,
+        residual=prepared.residual,
+        rows=prepared.rows,
+        all_layers=prepared.all_layers,
+        valid_keys=prepared.valid_keys,
+        xp=prepared.xp,
+    )
     return prepared.boundary.restore(result)  # type: ignore[no-any-return]
 
 
@@ -193,7 +243,7 @@ def raw(
     rows: RowSelection = None,
     layers: LayerSelection = "last",
     mask: Any | None = None,
-    validate: bool = True,
+    validate: bool | Literal["heads"] = True,
     xp: Namespace | None = None,
 ) -> ArrayT:
     r"""Raw attention: the head-fused attention of each layer, the paper's baseline.
@@ -219,7 +269,7 @@ def raw(
     mask : bool array of shape ``(*batch, n)``, optional
         Padding mask, as for :func:`rollout`: padded rows and columns are zero and rows of
         real tokens are renormalised over real keys.
-    validate : bool, default True
+    validate : bool or "heads", default True
         Check the attention values first, as for :func:`rollout`.
     xp : namespace, optional
         The array namespace; inferred from `attentions` by default.

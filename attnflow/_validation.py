@@ -30,6 +30,7 @@ __all__ = [
     "check_residual",
     "check_rows",
     "check_validate",
+    "checks_every_head",
     "describe",
     "row_sum_tolerance",
 ]
@@ -204,12 +205,27 @@ def check_layers(layers: object, n_layers: int) -> tuple[int, bool]:
     return index % n_layers + 1, False
 
 
-def check_validate(validate: object) -> bool:
-    """Check the `validate` flag."""
-    if not isinstance(validate, bool):
-        msg = f"`validate` must be True or False; got {validate!r}."
-        raise TypeError(msg)
-    return validate
+def check_validate(validate: object) -> bool | Literal["heads"]:
+    """Check the `validate` option: True, False or "heads"."""
+    if validate is True or validate is False or validate == "heads":
+        return validate
+    msg = (
+        "`validate` must be True (check the attention each layer feeds the method), "
+        f"'heads' (check every head's weights) or False; got {validate!r}."
+    )
+    raise TypeError(msg)
+
+
+def checks_every_head(validate: bool | Literal["heads"], fusion: str, *, masked: bool) -> bool:
+    """Whether value checks must read every head rather than the head-fused layers.
+
+    The mean and weighted means pass NaN and infinities through, and keep row sums and
+    (for non-negative input) signs, so checking the fused layers checks what the method
+    consumes while reading 1/H of the data. Fusions that renormalise (max, min, a
+    callable) and masks (each head renormalised over real keys) would hide bad rows, so
+    those check every head, as does ``validate="heads"``.
+    """
+    return validate == "heads" or masked or fusion in {"max", "min", "callable"}
 
 
 @dataclass(frozen=True)
@@ -319,18 +335,20 @@ def check_attention_values(
     xp: Namespace,
     *,
     valid_rows: Array | None,
-    check_row_sums: bool = True,
     name: str = "attentions",
+    heads_fused: bool = False,
 ) -> None:
     """Check that attention weights are finite, non-negative and row-stochastic.
 
     Two reductions over the tensor: the row sums (a NaN or an infinity anywhere in a row
     makes its sum non-finite) and the row minima. Rows whose query is padded
     (`valid_rows` False) may hold anything: frameworks fill them with zeros, uniform rows
-    or NaN.
+    or NaN. With `heads_fused` the tensor is the head-fused attention and the messages
+    say so.
     """
     if not values_are_inspectable(attentions):
         return
+    subject = f"`{name}`, averaged over heads," if heads_fused else f"`{name}`"
     sums = xp.sum(attentions, axis=-1)
     minima = xp.min(attentions, axis=-1)
     if valid_rows is not None:
@@ -341,7 +359,7 @@ def check_attention_values(
     finite = xp.isfinite(sums)
     if not bool(xp.all(finite)):
         msg = (
-            f"`{name}` must be finite; found NaN or infinite weights in "
+            f"{subject} must be finite; found NaN or infinite weights in "
             f"{int(xp.count_nonzero(~finite))} row(s) of real tokens. Pass the "
             "padding `mask` if these are padded positions."
         )
@@ -349,18 +367,16 @@ def check_attention_values(
     if bool(xp.any(minima < 0)):
         lowest = float(xp.min(minima))
         msg = (
-            f"`{name}` must be non-negative (attention probabilities); the smallest weight "
+            f"{subject} must be non-negative (attention probabilities); the smallest weight "
             f"is {lowest:.3g}. Pass softmax outputs, not scores or gradients."
         )
         raise ValueError(msg)
-    if not check_row_sums:
-        return
     tolerance = row_sum_tolerance(xp, attentions.dtype, attentions.shape[-1])
     deviations = xp.abs(sums - 1)
     if bool(xp.any(deviations > tolerance)):
         deviation = float(xp.max(deviations))
         msg = (
-            f"`{name}` rows must sum to 1 over the keys (softmax outputs, rows = queries); "
+            f"{subject} rows must sum to 1 over the keys (softmax outputs, rows = queries); "
             f"the largest deviation is {deviation:.3g}, above the tolerance {tolerance:.3g} "
             f"for {attentions.dtype}. Check the axis order (*batch, layers, heads, queries, "
             "keys), pass the padding `mask` for padded sequences, or pass `validate=False` "

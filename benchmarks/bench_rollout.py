@@ -36,7 +36,10 @@ next to cheaper alternatives for each stage.
 
 The goal of attnflow is a CLS rollout within 1.3x of the head-mean floor. This script
 prints figures from one run and asserts nothing about timings: on a shared or busy
-machine they are noisy.
+machine they are noisy. Multi-threaded kernels (OpenMP in PyTorch, the BLAS behind
+NumPy) suffer most when other processes hold the cores, since every parallel region waits
+for its slowest thread; on such a machine ``OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+MKL_NUM_THREADS=1`` (set before Python starts) gives steadier figures.
 
 How to run
 ----------
@@ -71,6 +74,7 @@ import attnflow
 
 BACKENDS = ("numpy", "torch", "jax", "cupy")
 GOAL = 1.3
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 RESIDUAL = 0.5
 
 
@@ -131,7 +135,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         "--budget",
         type=float,
         help="seconds of timed rounds per backend before stopping early, after at least "
-        "three rounds (default 30; quick 5)",
+        "three rounds (default 25; quick 5)",
     )
     args = parser.parse_args(argv)
 
@@ -156,7 +160,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         device=args.device,
         breakdown=args.breakdown,
         seed=args.seed,
-        budget=args.budget if args.budget is not None else (5.0 if args.quick else 30.0),
+        budget=args.budget if args.budget is not None else (5.0 if args.quick else 25.0),
     )
 
 
@@ -468,7 +472,6 @@ def print_breakdown(
     backend: Backend,
     repeats: int,
     budget: float,
-    floor: Timing,
     cls: Timing,
     cls_unchecked: Timing,
 ) -> None:
@@ -477,7 +480,8 @@ def print_breakdown(
     The stages mirror attnflow's pipeline (``check_attention_values``: row sums and row
     minima; ``apply_head_fusion``: mean over heads; ``mix_residual``: ``(1-a) A + a I``
     on every layer; ``rollout_products``: vector-matrix chain), re-implemented here with
-    array-API calls so that the breakdown does not depend on private functions.
+    array-API calls so that the breakdown does not depend on private functions. Ratios
+    are to the head-fusion stage, which is the floor (a) timed in the same rounds.
     """
     a, xp, sync = backend.data, backend.xp, backend.sync
     n = a.shape[-1]
@@ -512,6 +516,7 @@ def print_breakdown(
         ),
     ]
     measured = time_cases([*stages, *alternatives], sync, repeats, budget)
+    floor = measured[stages[2][0]]  # the head-mean pass, timed in the same rounds
     width = max(len(label) for label in measured)
     print(f"\nstage breakdown of (c) on {backend.label} (each stage on its own; medians)")
     header = f"{'stage':<{width}}  {'median ms':>10}  {'x floor':>8}"
@@ -552,6 +557,8 @@ def print_machine() -> None:
     if hasattr(os, "getloadavg"):
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         print(f"load average (1, 5, 15 min): {load}  (timings are noisy on a busy machine)")
+    threads = [f"{k}={os.environ[k]}" for k in THREAD_VARIABLES if k in os.environ]
+    print("thread settings: " + (", ".join(threads) if threads else "library defaults"))
 
 
 def print_setup(config: Config, backends: list[Backend], nbytes: int, built: float) -> None:
@@ -620,7 +627,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 backend,
                 config.repeats,
                 config.budget / 2,
-                timings["a"],
                 timings["c"],
                 timings["c-nv"],
             )

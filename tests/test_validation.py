@@ -32,7 +32,9 @@ BAD_INPUTS = [
     (lambda a: a.astype(np.complex128), {}, TypeError, r"real floating dtype"),
     (lambda a: _with(a, (0, 1, 1, 2, 3), np.nan), {}, ValueError, r"must be finite"),
     (lambda a: _with(a, (1, 2, 0, 4, 0), np.inf), {}, ValueError, r"must be finite"),
-    (lambda a: _with(a, (0, 0, 0, 0, 0), -0.1), {}, ValueError, r"non-negative.*-0.1"),
+    (lambda a: _with(a, (0, 0, slice(None), 0, 0), -0.1), {}, ValueError, r"averaged over heads, must be non-negative.*-0.1"),
+    (lambda a: _with(a, (0, 0, 0, 0, 0), -0.1), {"validate": "heads"}, ValueError, r"`attentions` must be non-negative.*-0.1"),
+    (lambda a: _with(a, (0, 0, 0, 0, 0), -0.1), {"heads": "max"}, ValueError, r"`attentions` must be non-negative"),
     (lambda a: a * 1.01, {}, ValueError, r"rows must sum to 1.*deviation is 0.01"),
     (lambda a: np.swapaxes(a * [1, 2, 3, 4, 5], -1, -2), {}, ValueError, r"rows must sum to 1"),
     (lambda a: a, {"rows": 5}, IndexError, r"`rows` must index the 5 output positions.*got 5"),
@@ -54,7 +56,8 @@ BAD_INPUTS = [
     (lambda a: a, {"residual": float("nan")}, ValueError, r"`residual`"),
     (lambda a: a, {"residual": "0.5"}, TypeError, r"`residual` must be a real number"),
     (lambda a: a, {"residual": True}, TypeError, r"`residual` must be a real number"),
-    (lambda a: a, {"validate": 1}, TypeError, r"`validate` must be True or False"),
+    (lambda a: a, {"validate": 1}, TypeError, r"`validate` must be True .*'heads'.* or False; got 1"),
+    (lambda a: a, {"validate": "yes"}, TypeError, r"`validate` must be True"),
     (lambda a: a, {"mask": np.ones((2, 4), bool)}, ValueError, r"`mask` must have shape \(\*batch, n\) = \(2, 5\).*\(2, 4\)"),
     (lambda a: a, {"mask": np.ones((2, 5))}, TypeError, r"`mask` must have a boolean dtype.*float64"),
     (lambda a: a, {"mask": [[True] * 5] * 2}, TypeError, r"`mask` must be an array"),
@@ -144,3 +147,16 @@ def test_building_block_errors() -> None:
         attnflow.fuse_heads(np.eye(3))
     with pytest.raises(ValueError, match="need a layer axis"):
         attnflow.fuse_heads(np.ones((2, 3, 3)) / 3, heads=[[1.0, 1.0]])
+
+
+def test_default_checks_the_fused_layers_and_heads_checks_every_head(good: np.ndarray) -> None:
+    # Two heads whose row sums err in opposite directions: their mean is row-stochastic,
+    # so the default (which checks what rollout consumes) accepts it; "heads" does not.
+    skewed = good.copy()
+    skewed[..., 0, :, :] *= 1.1
+    skewed[..., 1, :, :] *= 0.9
+    attnflow.rollout(skewed)
+    with pytest.raises(ValueError, match=r"`attentions` rows must sum to 1"):
+        attnflow.rollout(skewed, validate="heads")
+    with pytest.raises(ValueError, match=r"`attentions` rows must sum to 1"):
+        attnflow.rollout(skewed, heads="max")  # renormalising fusions check every head
