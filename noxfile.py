@@ -32,7 +32,7 @@ BACKEND_PACKAGES: dict[str, list[str]] = {
     "array_api_strict": [],  # in the test group: always installed
     "torch": [TORCH],
     "jax": ["jax"],
-    "dask": ["dask[array]"],
+    "dask": ["dask[array]", "distributed"],  # distributed: flow on a LocalCluster
     "tensorflow": ["tensorflow-cpu"],
 }
 # Tests import the installed package only: the checkout must not shadow it.
@@ -99,6 +99,7 @@ def minimal(session: nox.Session) -> None:
         "tests/test_imports.py",
         "tests/test_rollout.py",
         "tests/test_validation.py",
+        "tests/test_cli.py",
         env=env,
     )
 
@@ -164,10 +165,12 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def benchmark(session: nox.Session) -> None:
-    """Print rollout timings against a head-mean floor and a per-sample loop."""
+    """Print rollout and flow timings against their baselines, measured in the same run."""
     session.install(TORCH)
     session.install(".")
+    session.install("networkx")  # the paper's max-flow, measured against attnflow's
     session.run("python", "benchmarks/bench_rollout.py", *session.posargs, env=ENV)
+    session.run("python", "benchmarks/bench_flow.py", *session.posargs, env=ENV)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,20 @@ Importing attnflow imports no deep-learning framework and no plotting library.
 
 from __future__ import annotations
 
+from ._flow import FlowCost, flow, flow_cost
 from ._heads import fuse_heads
 from ._residual import add_residual
 from ._rollout import raw, rollout
 
-__all__ = ["__version__", "add_residual", "fuse_heads", "raw", "rollout"]
+__all__ = [
+    "FlowCost",
+    "__version__",
+    "add_residual",
+    "flow",
+    "flow_cost",
+    "fuse_heads",
+    "raw",
+    "rollout",
+]
 
 __version__ = "0.1.0.dev0"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["oracle_fuse", "oracle_raw", "oracle_rollout", "softmax_attention"]
+__all__ = ["oracle_flow", "oracle_fuse", "oracle_raw", "oracle_rollout", "softmax_attention"]
 
 
 def softmax_attention(
@@ -143,4 +143,50 @@ def oracle_raw(
         heads is None,
         lambda item, keep: np.stack(_layer_matrices(item, heads, keep, masked=mask is not None)),
     )
+    return _select(per_layer, rows, layers)
+
+
+def oracle_flow(
+    attentions: np.ndarray,
+    *,
+    heads: object = "mean",
+    residual: float = 0.5,
+    rows: int | Sequence[int] | None = None,
+    layers: object = "last",
+    mask: np.ndarray | None = None,
+    normalize: bool = True,
+) -> np.ndarray:
+    """Attention flow the paper's way: networkx Edmonds-Karp per pair on the full graph.
+
+    The whole layered graph ((L+1)·n nodes, every layer and every input token) is built
+    as the paper's code builds it, and one max-flow is run per (output node, input node).
+    """
+    import networkx as nx
+    from networkx.algorithms.flow import edmonds_karp
+
+    fused_input = heads is None
+
+    def compute(item: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        matrices = _layer_matrices(item, heads, keep, masked=mask is not None)
+        size = int(keep.sum())
+        mixed = [(1 - residual) * a + residual * np.eye(size) for a in matrices]
+        graph = nx.DiGraph()
+        graph.add_nodes_from((layer, k) for layer in range(len(mixed) + 1) for k in range(size))
+        for layer, matrix in enumerate(mixed, start=1):
+            for k in range(size):
+                for m in range(size):
+                    if matrix[k, m] > 0:
+                        graph.add_edge((layer, k), (layer - 1, m), capacity=matrix[k, m])
+        out = np.zeros((len(mixed), size, size))
+        for layer in range(1, len(mixed) + 1):
+            for k in range(size):
+                for m in range(size):
+                    out[layer - 1, k, m] = nx.maximum_flow_value(
+                        graph, (layer, k), (0, m), flow_func=edmonds_karp
+                    )
+                if normalize and out[layer - 1, k].sum() > 0:
+                    out[layer - 1, k] /= out[layer - 1, k].sum()
+        return out
+
+    per_layer = _per_item(attentions, mask, fused_input, compute)
     return _select(per_layer, rows, layers)

@@ -1,0 +1,448 @@
+"""Attention flow: max-flow on the layered attention graph (Abnar & Zuidema 2020, §3)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from ._host import from_host, to_host
+from ._maxflow import FlowTask, solve_flow_task
+from ._pipeline import PreparedAttention, prepare_attention
+from ._residual import mix_residual
+from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
+
+__all__ = ["FlowCost", "flow", "flow_cost"]
+
+SECONDS_PER_EDGE_VISIT = 1.0e-7
+"""Rough cost of one edge in one igraph max-flow on this class of CPU (measured)."""
+
+DEFAULT_MAX_WORK = 2.5e10
+"""Edge visits (max-flows x edges) above which `flow` refuses to start by default."""
+
+
+@dataclass(frozen=True)
+class FlowCost:
+    """How much work attention flow would do, known before running it.
+
+    Attributes
+    ----------
+    max_flows : int
+        Number of max-flow problems (output position, input token, sequence, layer).
+    largest_graph_edges : int
+        Edges of the largest graph solved (an upper bound: zero-capacity edges are
+        dropped when the graph is built).
+    edge_visits : float
+        The sum over max-flows of the edges of their graph: the work.
+    estimated_seconds : float
+        A rough single-core estimate, ``edge_visits`` times about 1e-7 s.
+    """
+
+    max_flows: int
+    largest_graph_edges: int
+    edge_visits: float
+
+    @property
+    def estimated_seconds(self) -> float:
+        """Rough single-core time in seconds."""
+        return self.edge_visits * SECONDS_PER_EDGE_VISIT
+
+    def __str__(self) -> str:
+        return (
+            f"{self.max_flows:,} max-flows on graphs of up to {self.largest_graph_edges:,} "
+            f"edges ({self.edge_visits:.3g} edge visits, roughly "
+            f"{_format_seconds(self.estimated_seconds)} on one core)"
+        )
+
+
+def _format_seconds(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds / 3600:.3g} h"
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The max-flow problems of one call, before any of them is solved."""
+
+    tasks: list[FlowTask]
+    output_shape: tuple[int, ...]
+    cost: FlowCost
+
+
+def _graph_edges(n_layers: int, n_rows: int, n_valid: int) -> int:
+    if n_layers == 1:
+        return 0
+    return n_valid + n_rows * n_valid + (n_layers - 2) * n_valid * n_valid
+
+
+def _plan(
+    prepared: PreparedAttention,
+    mixed: np.ndarray | None,
+    valid: np.ndarray | None,
+    *,
+    workers: int = 1,
+) -> _Plan:
+    """Split the call into tasks: one per sequence and top layer, sinks split in chunks.
+
+    With `workers` processes and fewer sequence-layer pairs than workers, the input tokens
+    of each pair are split so that every worker has work; each chunk builds its own graph,
+    so there are no more chunks than that.
+    """
+    layout = prepared.layout
+    n = layout.n_tokens
+    n_used = prepared.fused.shape[-3]
+    rows = prepared.rows
+    row_list = list(range(n)) if rows is None else [rows] if isinstance(rows, int) else list(rows)
+    tops = list(range(1, n_used + 1)) if prepared.all_layers else [n_used]
+    n_pairs = math.prod(layout.batch_shape) * len(tops)
+    chunks = 1 if workers == 1 else max(1, math.ceil(2 * workers / n_pairs))
+    out_shape: tuple[int, ...] = (
+        *layout.batch_shape,
+        *((n_used,) if prepared.all_layers else ()),
+        len(row_list),
+        n,
+    )
+    tasks: list[FlowTask] = []
+    max_flows = 0
+    largest = 0
+    visits = 0.0
+    for item in np.ndindex(*layout.batch_shape):
+        keep = np.ones(n, dtype=bool) if valid is None else valid[item]
+        tokens = np.flatnonzero(keep)
+        item_rows = np.array([r for r in row_list if keep[r]], dtype=np.int64)
+        positions = np.array([i for i, r in enumerate(row_list) if keep[r]], dtype=np.int64)
+        for top in tops:
+            edges = _graph_edges(top, len(item_rows), len(tokens))
+            pairs = len(item_rows) * len(tokens)
+            max_flows += pairs
+            largest = max(largest, edges)
+            visits += float(pairs) * edges
+            if mixed is None or pairs == 0:
+                continue
+            slot = (*item, top - 1) if prepared.all_layers else item
+            sequence = mixed[(*item, slice(0, top))]
+            for sinks in np.array_split(tokens, min(chunks, len(tokens))):
+                tasks.append(FlowTask(slot, sequence, item_rows, positions, sinks))
+    return _Plan(tasks, out_shape, FlowCost(max_flows, largest, visits))
+
+
+def _check_flow_options(
+    n_jobs: object, executor: object, progress: object, normalize: object, max_work: object
+) -> None:
+    if not isinstance(normalize, bool):
+        msg = f"`normalize` must be True or False; got {normalize!r}."
+        raise TypeError(msg)
+    if max_work is not None and (
+        isinstance(max_work, bool) or not isinstance(max_work, int | float) or max_work <= 0
+    ):
+        msg = f"`max_work` must be a positive number or None; got {max_work!r}."
+        raise ValueError(msg)
+    if executor is not None and n_jobs is not None:
+        msg = (
+            f"pass either `executor` or `n_jobs`, not both; got n_jobs={n_jobs!r} and an "
+            "executor. The executor decides how many workers run."
+        )
+        raise ValueError(msg)
+    if executor is not None and not isinstance(executor, Executor):
+        msg = (
+            "`executor` must be a concurrent.futures.Executor (a ProcessPoolExecutor, or "
+            "`distributed.Client(...).get_executor()` for a Dask cluster); got "
+            f"{type(executor).__name__}."
+        )
+        raise TypeError(msg)
+    if n_jobs is not None and (
+        isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or (n_jobs < 1 and n_jobs != -1)
+    ):
+        msg = (
+            "`n_jobs` must be None (automatic), a positive number of processes or -1 (one "
+            f"per CPU core); got {n_jobs!r}."
+        )
+        raise ValueError(msg)
+    if not isinstance(progress, bool):
+        msg = f"`progress` must be True or False; got {progress!r}."
+        raise TypeError(msg)
+
+
+def _worker_count(n_jobs: int | None, cost: FlowCost) -> int:
+    cores = os.cpu_count() or 1
+    if n_jobs == -1:
+        return cores
+    if n_jobs is None:
+        # Processes take about a second to start and receive their data: worth it only
+        # for work that takes longer than that on one core.
+        return cores if cost.estimated_seconds > 2.0 else 1
+    return n_jobs
+
+
+def _progress_bar(enabled: bool, total: int) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        msg = "`progress=True` needs tqdm: `pip install tqdm` (or `attnflow[progress]`)."
+        raise ImportError(msg) from None
+    return tqdm(total=total, unit="max-flow", desc="attention flow")
+
+
+def _run(
+    tasks: Sequence[FlowTask], workers: int, executor: Executor | None, bar: Any
+) -> Iterator[tuple[FlowTask, np.ndarray]]:
+    """Solve every task, serially or on an executor, yielding results as they come."""
+    if executor is None and workers == 1:
+        for task in tasks:
+            result = solve_flow_task(task)
+            if bar is not None:
+                bar.update(task.n_maxflows)
+            yield task, result
+        return
+    own = executor is None
+    if executor is None:
+        import multiprocessing
+
+        # forkserver: safe with the threads that torch, JAX or BLAS may have started.
+        context = multiprocessing.get_context("forkserver")
+        executor = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    try:
+        futures: dict[Future[np.ndarray], FlowTask] = {
+            executor.submit(solve_flow_task, task): task for task in tasks
+        }
+        for future in as_completed(futures):
+            task = futures[future]
+            if bar is not None:
+                bar.update(task.n_maxflows)
+            yield task, future.result()
+    finally:
+        if own:
+            executor.shutdown(cancel_futures=True)
+
+
+def flow_cost(
+    attentions: Any,
+    /,
+    *,
+    rows: RowSelection = None,
+    layers: LayerSelection = "last",
+    mask: Any | None = None,
+    heads: HeadFusion = "mean",
+    xp: Namespace | None = None,
+) -> FlowCost:
+    """Estimate the work of :func:`flow` on these arguments, without solving anything.
+
+    Parameters
+    ----------
+    attentions : array or sequence of arrays
+        As for :func:`flow`; only shapes (and `mask`) are used.
+    rows, layers, mask, heads, xp
+        As for :func:`flow`.
+
+    Returns
+    -------
+    FlowCost
+        The number of max-flow problems, the largest graph, the total edge visits and a
+        rough single-core time.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> w = np.full((12, 12, 197, 197), 1 / 197)  # a ViT-B/16: 12 layers, 12 heads
+    >>> cost = attnflow.flow_cost(w, rows=0)
+    >>> cost.max_flows, cost.largest_graph_edges
+    (197, 427068)
+    """
+    prepared = prepare_attention(
+        attentions,
+        heads=heads,
+        residual=0.5,
+        rows=rows,
+        layers=layers,
+        mask=mask,
+        validate=False,
+        xp=xp,
+    )
+    return _plan(prepared, None, _host_mask(prepared)).cost
+
+
+def flow(
+    attentions: ArrayT | Sequence[ArrayT],
+    /,
+    *,
+    heads: HeadFusion = "mean",
+    residual: float = 0.5,
+    rows: RowSelection = None,
+    layers: LayerSelection = "last",
+    mask: Any | None = None,
+    normalize: bool = True,
+    n_jobs: int | None = None,
+    executor: Executor | None = None,
+    progress: bool = False,
+    max_work: float | None = DEFAULT_MAX_WORK,
+    validate: bool | Literal["heads"] = True,
+    xp: Namespace | None = None,
+) -> ArrayT:
+    r"""Attention flow: the max-flow from each output position to each input token.
+
+    The attention graph has a node per token and layer; an edge runs from token
+    :math:`k` at layer :math:`l` to token :math:`m` at layer :math:`l - 1` with capacity
+    :math:`\tilde A_l[k, m]`, where :math:`\tilde A_l = (1 - \alpha) A_l + \alpha I` is the
+    residual-mixed, head-fused attention (Abnar & Zuidema 2020, §3). The flow of output
+    position :math:`i` at layer :math:`l` to input token :math:`j` is the value of the
+    maximum flow from node :math:`(l, i)` to node :math:`(0, j)`:
+
+    .. math::
+
+        F_l[i, j] = \operatorname{maxflow}\bigl((l, i) \to (0, j)\bigr), \qquad
+        \hat F_l[i, j] = F_l[i, j] \,/\, \textstyle\sum_{j'} F_l[i, j'] .
+
+    With ``normalize=True`` (the paper's code) each output row is divided by its sum. At
+    the first layer flow equals rollout equals :math:`\tilde A_1`.
+
+    Parameters
+    ----------
+    attentions : array or sequence of arrays
+        Attention probabilities, as for :func:`rollout`.
+    heads : {"mean", "max", "min"}, callable, array_like or None, default "mean"
+        Head fusion, as for :func:`rollout`.
+    residual : float, default 0.5
+        The weight :math:`\alpha` of the identity, as for :func:`rollout`.
+    rows : int, sequence of int or None, default None
+        Output positions to explain (None: all, the full matrix). Each position costs
+        one max-flow per input token.
+    layers : {"last", "all"} or int, default "last"
+        The layer(s) whose flow is reported, as for :func:`rollout`. Layers above are
+        never built.
+    mask : bool array of shape ``(*batch, n)``, optional
+        Padding mask, as for :func:`rollout`: padded tokens are removed from the graph and
+        get exactly zero flow.
+    normalize : bool, default True
+        Divide each output row by its sum (as the paper's code does). False returns the
+        raw max-flow values, each at most 1.
+    n_jobs : int, optional
+        Processes on this machine: None chooses (all cores when the work is estimated
+        above about two seconds, else one), -1 is one per core, 1 runs serially.
+    executor : concurrent.futures.Executor, optional
+        Run the max-flow tasks on this executor instead, for example a Dask cluster's
+        (``distributed.Client(...).get_executor()``). Tasks hold one sequence each.
+    progress : bool, default False
+        Show a progress bar (tqdm) counting max-flows.
+    max_work : float or None, default 2.5e10
+        Refuse to start when the estimated work (max-flows times graph edges, see
+        :func:`flow_cost`) is larger; None removes the limit.
+    validate : bool or "heads", default True
+        Check the attention values first, as for :func:`rollout`.
+    xp : namespace, optional
+        The array namespace; inferred from `attentions` by default.
+
+    Returns
+    -------
+    array
+        Same shapes as :func:`rollout`, in the library, dtype and device of `attentions`.
+
+    Raises
+    ------
+    ValueError
+        On bad input (as for :func:`rollout`), or when the work exceeds `max_work`.
+    TypeError
+        On bad option types, or attentions without values (inside ``jax.jit``).
+
+    See Also
+    --------
+    rollout : The same question answered by products of matrices, in microseconds.
+    flow_cost : The work of a call, before running it.
+
+    Notes
+    -----
+    Flow runs on the host: the head-fused attention is copied to the CPU once (float64),
+    the max-flow problems are solved by igraph, and the result is copied back to the
+    caller's library, dtype and device. It is not differentiable (torch tensors are
+    detached) and cannot run inside ``jax.jit``. Each graph is built once per sequence and
+    layer, vectorised, and reduced exactly: layers above the requested one and the other
+    input tokens (dead ends for a given sink) are left out, and zero-capacity edges
+    dropped.
+
+    References
+    ----------
+    .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
+       ACL 2020, https://arxiv.org/abs/2005.00928
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> w = np.array([[[[0.5, 0.5], [0.0, 1.0]]], [[[1.0, 0.0], [0.5, 0.5]]]])  # L=2, H=1
+    >>> attnflow.flow(w, normalize=False)
+    array([[0.75, 0.25],
+           [0.25, 1.  ]])
+    >>> attnflow.flow(w)
+    array([[0.75, 0.25],
+           [0.2 , 0.8 ]])
+    """
+    _check_flow_options(n_jobs, executor, progress, normalize, max_work)
+    prepared = prepare_attention(
+        attentions,
+        heads=heads,
+        residual=residual,
+        rows=rows,
+        layers=layers,
+        mask=mask,
+        validate=validate,
+        xp=xp,
+    )
+    estimate = _plan(prepared, None, _host_mask(prepared)).cost
+    if max_work is not None and estimate.edge_visits > max_work:
+        msg = (
+            f"this attention flow would take {estimate}, above `max_work`={max_work:.3g}. "
+            "Explain fewer output positions (`rows=0` for a CLS token), stop at a lower "
+            "layer (`layers=`), spread the work over a cluster (`executor=`), or pass "
+            "`max_work=None` to run it anyway."
+        )
+        raise ValueError(msg)
+
+    # The one host hop: fused attention to float64 NumPy, results back at the end.
+    host_fused = to_host(prepared.fused)
+    valid = _host_mask(prepared)
+    valid_keys = None if valid is None else valid.reshape(*valid.shape[:-1], 1, 1, valid.shape[-1])
+    mixed = mix_residual(host_fused, prepared.residual, _numpy_namespace(), valid_keys=valid_keys)
+
+    workers = _worker_count(n_jobs, estimate)
+    if executor is not None:
+        workers = max(workers, 2)  # split work finely enough for the executor's workers
+    plan = _plan(prepared, mixed, valid, workers=workers)
+    values = np.zeros(plan.output_shape)
+    bar = _progress_bar(progress, estimate.max_flows)
+    try:
+        for task, result in _run(plan.tasks, workers, executor, bar):
+            where = (*task.index, *np.ix_(task.positions, task.sinks))
+            values[where] = result  # type: ignore[index]
+    finally:
+        if bar is not None:
+            bar.close()
+    if normalize:
+        totals = values.sum(axis=-1, keepdims=True)
+        values = np.divide(values, totals, out=np.zeros_like(values), where=totals > 0)
+    if isinstance(prepared.rows, int):
+        values = values[..., 0, :]
+    result = from_host(values, like=prepared.fused, xp=prepared.xp)
+    return prepared.boundary.restore(result)  # type: ignore[no-any-return]
+
+
+def _host_mask(prepared: PreparedAttention) -> np.ndarray | None:
+    if prepared.valid_keys is None:
+        return None
+    keys = to_host(prepared.valid_keys, name="mask") > 0
+    return keys.reshape(*prepared.layout.batch_shape, prepared.layout.n_tokens)
+
+
+def _numpy_namespace() -> Namespace:
+    import array_api_compat.numpy
+
+    return array_api_compat.numpy

@@ -1,0 +1,93 @@
+"""The layered attention graph of Abnar & Zuidema (2020), built in NumPy.
+
+Nodes are the tokens at each layer; an edge runs from token ``k`` at layer ``l`` to token
+``m`` at layer ``l - 1`` with capacity ``Ã_l[k, m]``. For the flow from output positions at
+layer ``T`` to input token ``m`` the graph is reduced exactly:
+
+- layers above ``T`` are never built, and at layer ``T`` only the requested output
+  positions exist (they are the sources);
+- the other input tokens are dead ends (no flow that enters them reaches ``m``), so layer
+  0 collapses into one sink fed by every layer-1 token: the graph is the same for every
+  input token, only the capacities of the ``n`` edges into the sink change;
+- zero-capacity edges (padding, exact zeros) are dropped.
+
+Everything is vectorised; there is no Python loop over edges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["LayeredGraph", "build_layered_graph"]
+
+
+@dataclass(frozen=True)
+class LayeredGraph:
+    """Edges and capacities of a reduced layered graph with one sink."""
+
+    n_nodes: int
+    edges: np.ndarray
+    """``(E, 2)`` int64 node pairs; the first `n_sink_edges` edges enter the sink."""
+    capacities: np.ndarray
+    """``(E,)`` float64; sink-edge capacities are those of input token 0 until replaced."""
+    sources: np.ndarray
+    """Node id of each output position (source), in the order requested."""
+    sink: int
+    sink_feeders: np.ndarray
+    """Layer-1 token of each sink edge."""
+
+    @property
+    def n_sink_edges(self) -> int:
+        """Number of edges into the sink (one per layer-1 token that carries flow)."""
+        return int(self.sink_feeders.shape[0])
+
+
+def build_layered_graph(mixed: np.ndarray, rows: np.ndarray) -> LayeredGraph:
+    """Build the reduced graph for flow from `rows` at the top layer to one input token.
+
+    Parameters
+    ----------
+    mixed : ndarray, shape (T, n, n)
+        Residual-mixed attention ``Ã_1 ... Ã_T`` of one sequence, float64; ``T >= 2``.
+        Padded tokens have all-zero rows and columns.
+    rows : ndarray of int, shape (r,)
+        Output positions at layer ``T``.
+
+    Returns
+    -------
+    LayeredGraph
+        Node ids: token ``k`` of layer ``l`` (``1 <= l < T``) is ``(l - 1) * n + k``;
+        source ``i`` is ``(T - 1) * n + i``; the sink comes last.
+    """
+    n_layers, n = mixed.shape[0], mixed.shape[-1]
+    n_rows = rows.shape[0]
+    first_source = (n_layers - 1) * n
+    sink = first_source + n_rows
+
+    # Layer-1 tokens with any capacity towards the inputs feed the sink (padded ones never).
+    feeders = np.flatnonzero(np.any(mixed[0] > 0, axis=1))
+    sink_edges = np.stack([feeders, np.full_like(feeders, sink)], axis=1)
+
+    # Sources: the requested rows of the top layer, into layer T - 1.
+    top = mixed[n_layers - 1][rows]
+    source, target = np.nonzero(top > 0)
+    source_edges = np.stack([first_source + source, (n_layers - 2) * n + target], axis=1)
+    source_capacities = top[source, target]
+
+    # Layers 2 .. T-1: token k of layer l into token m of layer l - 1.
+    middle = mixed[1 : n_layers - 1]
+    layer, k, m = np.nonzero(middle > 0)  # layer index 0 is l = 2
+    middle_edges = np.stack([(layer + 1) * n + k, layer * n + m], axis=1)
+
+    edges = np.concatenate([sink_edges, source_edges, middle_edges]).astype(np.int64)
+    capacities = np.concatenate([mixed[0][feeders, 0], source_capacities, middle[layer, k, m]])
+    return LayeredGraph(
+        n_nodes=sink + 1,
+        edges=edges,
+        capacities=capacities,
+        sources=first_source + np.arange(n_rows),
+        sink=sink,
+        sink_feeders=feeders,
+    )

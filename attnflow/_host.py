@@ -1,0 +1,59 @@
+"""The one place where arrays cross between their device and the host.
+
+Attention flow solves max-flow problems with igraph, which runs on the CPU on NumPy data.
+Only `attnflow.flow` calls this module: rollout never leaves the caller's device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat
+import numpy as np
+
+from ._namespace import values_are_inspectable
+from ._typing import Array, Namespace
+
+__all__ = ["from_host", "to_host"]
+
+
+def to_host(x: Array, *, name: str = "attentions") -> np.ndarray:
+    """Copy `x` to a float64 NumPy array on the host (Dask graphs are computed).
+
+    Raises
+    ------
+    TypeError
+        For arrays without values (traced inside ``jax.jit``).
+    """
+    if array_api_compat.is_dask_array(x):
+        host = np.asarray(x)  # computes the graph: flow needs the values
+    elif not values_are_inspectable(x):
+        msg = (
+            f"`{name}` has no values here (it is traced, e.g. inside `jax.jit`); attention "
+            "flow solves max-flow problems on the host and cannot be traced. Call "
+            "`attnflow.flow` outside `jax.jit`."
+        )
+        raise TypeError(msg)
+    elif array_api_compat.is_numpy_array(x):
+        host = x
+    elif array_api_compat.is_torch_array(x):
+        # Flow is not differentiable: the graph is detached on purpose.
+        host = x.detach().cpu().numpy()
+    elif array_api_compat.is_cupy_array(x):
+        host = x.get()
+    elif array_api_compat.is_jax_array(x):
+        host = np.asarray(x)  # copies from any device
+    elif array_api_compat.is_array_api_strict_namespace(array_api_compat.array_namespace(x)):
+        strict = array_api_compat.array_namespace(x)
+        host = np.asarray(strict.asarray(x, device=strict.Device("CPU_DEVICE")))
+    else:
+        host = np.from_dlpack(array_api_compat.to_device(x, "cpu"))
+    return np.asarray(host, dtype=np.float64)
+
+
+def from_host(values: np.ndarray, *, like: Array, xp: Namespace) -> Any:
+    """Hand host `values` back in the namespace, dtype and device of `like`."""
+    device = array_api_compat.device(like)
+    if array_api_compat.is_dask_array(like):
+        return xp.asarray(values.astype(like.dtype))
+    return xp.asarray(values, dtype=like.dtype, device=device)

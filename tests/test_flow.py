@@ -1,0 +1,201 @@
+"""Attention flow against an independent max-flow (networkx Edmonds-Karp, the paper's way)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+from backends import Variant, selected_variants
+from oracle import oracle_flow, oracle_rollout, softmax_attention
+
+import attnflow
+
+EXACT = 1e-8  # the issue's bar: equal to the independent max-flow within 1e-8 (float64)
+
+
+def _random(seed: int, shape: tuple[int, ...], *, sparse: bool = False) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    weights = softmax_attention(rng, shape, scale=2.0)
+    if sparse:  # exact zeros, as causal or top-k attention has; every row keeps its diagonal
+        cut = (rng.random(shape) < 0.5) & ~np.eye(shape[-1], dtype=bool)
+        weights = np.where(cut, 0.0, weights)
+        weights /= weights.sum(axis=-1, keepdims=True)
+    return weights
+
+
+CASES: list[tuple[tuple[int, ...], dict[str, Any]]] = [
+    ((3, 4, 5, 5), {}),
+    ((3, 4, 5, 5), {"normalize": False}),
+    ((3, 2, 5, 5), {"rows": 0}),
+    ((3, 2, 5, 5), {"rows": [4, 1], "normalize": False}),
+    ((4, 2, 4, 4), {"layers": "all"}),
+    ((4, 2, 4, 4), {"layers": "all", "rows": -1, "normalize": False}),
+    ((4, 2, 4, 4), {"layers": 1, "rows": [0, 3]}),
+    ((2, 3, 3, 6, 6), {"rows": 0, "layers": "all"}),
+    ((2, 3, 3, 6, 6), {"heads": "max", "normalize": False}),
+    ((2, 3, 3, 6, 6), {"heads": "min", "rows": [0, 5]}),
+    ((2, 3, 3, 6, 6), {"heads": [0.2, 0.3, 0.5], "residual": 0.3}),
+    ((3, 1, 5, 5), {"residual": 0.0, "normalize": False}),
+    ((3, 1, 5, 5), {"residual": 1.0, "normalize": False}),
+    ((1, 3, 5, 5), {"layers": "all"}),
+]
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize(("shape", "options"), CASES, ids=[str(o) or "default" for _, o in CASES])
+def test_flow_equals_the_independent_max_flow(
+    shape: tuple[int, ...], options: dict[str, Any], sparse: bool
+) -> None:
+    weights = _random(sum(shape), shape, sparse=sparse)
+    result = attnflow.flow(weights, n_jobs=1, **options)
+    oracle_options = {
+        k: np.array(v) if k == "heads" and isinstance(v, list) else v for k, v in options.items()
+    }
+    np.testing.assert_allclose(result, oracle_flow(weights, **oracle_options), atol=EXACT, rtol=0)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("fill", ["zeros", "nan", "uniform"])
+def test_masked_flow_equals_the_cropped_sequences(normalize: bool, fill: str) -> None:
+    weights = _random(5, (3, 3, 2, 6, 6))
+    lengths = np.array([6, 4, 2])
+    mask = np.arange(6)[None, :] < lengths[:, None]
+    weights = np.where(mask[:, None, None, None, :], weights, 0.0)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    padded_rows = ~mask[:, None, None, :, None]
+    weights = np.where(padded_rows, {"zeros": 0.0, "nan": np.nan, "uniform": 1 / 6}[fill], weights)
+    for options in ({}, {"rows": 0, "layers": "all"}):
+        result = attnflow.flow(weights, mask=mask, normalize=normalize, n_jobs=1, **options)
+        expected = oracle_flow(weights, mask=mask, normalize=normalize, **options)
+        np.testing.assert_allclose(result, expected, atol=EXACT, rtol=0)
+        for item, length in enumerate(lengths):
+            assert np.all(result[item, ..., length:] == 0)
+
+
+@pytest.mark.parametrize("residual", [0.0, 0.3, 0.5, 1.0])
+def test_first_layer_flow_equals_rollout_equals_mixed_attention(residual: float) -> None:
+    weights = _random(11, (2, 3, 4, 7, 7))
+    first_flow = attnflow.flow(weights, layers=0, residual=residual, normalize=False)
+    first_rollout = attnflow.rollout(weights, layers=0, residual=residual)
+    mixed = (1 - residual) * weights[:, 0].mean(axis=1) + residual * np.eye(7)
+    np.testing.assert_allclose(first_flow, mixed, atol=1e-12)
+    np.testing.assert_allclose(first_rollout, mixed, atol=1e-12)
+    np.testing.assert_allclose(
+        attnflow.flow(weights, layers="all", residual=residual)[:, 0], mixed, atol=1e-12
+    )
+
+
+def test_flow_never_exceeds_one_nor_the_capacity_into_the_sink() -> None:
+    weights = _random(3, (2, 4, 3, 6, 6))
+    raw = attnflow.flow(weights, normalize=False, layers="all")
+    assert np.all(raw >= 0)
+    assert np.all(raw <= 1 + 1e-12)
+    mixed_first = 0.5 * weights[:, 0].mean(axis=1) + 0.5 * np.eye(6)
+    into_sink = mixed_first.sum(axis=-2)  # capacity of all edges into input token m
+    assert np.all(raw <= into_sink[:, None, None, :] + 1e-12)
+    # Flow is at least the share rollout routes proportionally (a feasible flow).
+    rolled = oracle_rollout(weights, layers="all")
+    assert np.all(raw >= rolled - 1e-12)
+
+
+def test_parallel_processes_equal_serial() -> None:
+    weights = _random(8, (2, 4, 2, 8, 8))
+    serial = attnflow.flow(weights, rows=[0, 3], layers="all", n_jobs=1)
+    parallel = attnflow.flow(weights, rows=[0, 3], layers="all", n_jobs=2)
+    np.testing.assert_array_equal(parallel, serial)
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        threaded = attnflow.flow(weights, rows=[0, 3], layers="all", executor=executor)
+    np.testing.assert_array_equal(threaded, serial)
+
+
+def test_dask_local_cluster_equals_serial() -> None:
+    if "dask" in {v.library for v in selected_variants()}:
+        import distributed  # requested with dask: it must be installed
+    else:
+        distributed = pytest.importorskip(
+            "distributed", reason="the Dask cluster test runs in the dask session"
+        )
+    weights = _random(9, (3, 3, 2, 7, 7))
+    serial = attnflow.flow(weights, rows=0, layers="all", n_jobs=1)
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        clustered = attnflow.flow(weights, rows=0, layers="all", executor=client.get_executor())
+    np.testing.assert_array_equal(clustered, serial)
+
+
+def test_progress_bar_counts_max_flows(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("tqdm")
+    attnflow.flow(_random(2, (3, 2, 5, 5)), rows=[0, 1], progress=True, n_jobs=1)
+    err = capsys.readouterr().err
+    assert "attention flow" in err
+    assert "10/10" in err
+
+
+def test_cost_is_known_before_running_and_absurd_requests_fail_early() -> None:
+    vit = np.full((12, 12, 197, 197), 1 / 197)
+    cost = attnflow.flow_cost(vit, rows=0)
+    assert cost.max_flows == 197
+    assert cost.largest_graph_edges == 197 + 197 + 10 * 197 * 197
+    assert cost.edge_visits == 197 * cost.largest_graph_edges
+    full = attnflow.flow_cost(np.broadcast_to(vit, (32, *vit.shape)))
+    assert full.max_flows == 32 * 197 * 197
+    with pytest.raises(ValueError, match=r"above `max_work`.*rows=0.*max_work=None"):
+        attnflow.flow(np.broadcast_to(vit, (32, *vit.shape)))
+    masked = attnflow.flow_cost(
+        np.ones((2, 2, 1, 4, 4)) / 4, mask=np.array([[1, 1, 0, 0], [1, 1, 1, 1]], bool)
+    )
+    assert masked.max_flows == 4 + 16
+
+
+def test_backends_get_their_own_arrays_back(backend: Variant, dtype_name: str) -> None:
+    weights = _random(4, (2, 3, 2, 5, 5)).astype(dtype_name)
+    mask = np.array([[True] * 5, [True, True, True, False, False]])
+    native = backend.asarray(weights)
+    if backend.jit:
+        jax = backend.modules["jax"]
+        with pytest.raises(TypeError, match=r"outside `jax\.jit`"):
+            jax.jit(lambda a: attnflow.flow(a, rows=0))(native)
+        return
+    result = attnflow.flow(native, rows=[0, 2], layers="all", mask=backend.asarray(mask))
+    values = backend.check(result, dtype_name=dtype_name, shape=(2, 3, 2, 5))
+    expected = oracle_flow(weights.astype(np.float64), rows=[0, 2], layers="all", mask=mask)
+    tol = 1e-10 if dtype_name == "float64" else 1e-5
+    np.testing.assert_allclose(values, expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"n_jobs": 0}, ValueError, r"`n_jobs` must be None .* got 0"),
+        ({"n_jobs": 1.5}, ValueError, r"`n_jobs`"),
+        (
+            {"n_jobs": 2, "executor": ThreadPoolExecutor(1)},
+            ValueError,
+            r"either `executor` or `n_jobs`",
+        ),
+        ({"executor": "dask"}, TypeError, r"`executor` must be a concurrent.futures.Executor"),
+        ({"progress": "yes"}, TypeError, r"`progress` must be True or False"),
+        ({"normalize": 1}, TypeError, r"`normalize` must be True or False"),
+        ({"max_work": -1}, ValueError, r"`max_work` must be a positive number or None"),
+        ({"rows": 9}, IndexError, r"`rows` must index the 5 output positions"),
+    ],
+)
+def test_bad_options(options: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        attnflow.flow(_random(1, (2, 1, 5, 5)), **options)
+
+
+def test_torch_input_is_detached_and_comes_back_as_torch() -> None:
+    torch = pytest.importorskip("torch")
+    if "torch" not in {v.library for v in selected_variants()}:
+        pytest.skip("torch is not in this session's backends")
+    weights = torch.asarray(_random(6, (2, 2, 4, 4)), requires_grad=True)
+    result = attnflow.flow(weights, rows=0)
+    assert isinstance(result, torch.Tensor)
+    assert not result.requires_grad  # flow is not differentiable, and says so
