@@ -30,27 +30,37 @@ DEFAULT_MAX_WORK = 2.5e10
 class FlowCost:
     """How much work attention flow would do, known before running it.
 
-    Attributes
+    Parameters
     ----------
     max_flows : int
-        Number of max-flow problems (output position, input token, sequence, layer).
+        Number of max-flow problems (output position x input token, per sequence and
+        reported layer).
     largest_graph_edges : int
         Edges of the largest graph solved (an upper bound: zero-capacity edges are
         dropped when the graph is built).
     edge_visits : float
         The sum over max-flows of the edges of their graph: the work.
     estimated_seconds : float
-        A rough single-core estimate, ``edge_visits`` times about 1e-7 s.
+        A rough single-core estimate, `edge_visits` times about 1e-7 s (measured on a
+        2-core x86-64 machine); divide by the number of workers.
+
+    See Also
+    --------
+    flow_cost : Computes it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> cost = attnflow.flow_cost(np.full((6, 12, 32, 32), 1 / 32), rows=0)
+    >>> cost.max_flows, cost.largest_graph_edges
+    (32, 4160)
     """
 
     max_flows: int
     largest_graph_edges: int
     edge_visits: float
-
-    @property
-    def estimated_seconds(self) -> float:
-        """Rough single-core time in seconds."""
-        return self.edge_visits * SECONDS_PER_EDGE_VISIT
+    estimated_seconds: float
 
     def __str__(self) -> str:
         return (
@@ -131,7 +141,8 @@ def _plan(
             sequence = mixed[(*item, slice(0, top))]
             for sinks in np.array_split(tokens, min(chunks, len(tokens))):
                 tasks.append(FlowTask(slot, sequence, item_rows, positions, sinks))
-    return _Plan(tasks, out_shape, FlowCost(max_flows, largest, visits))
+    cost = FlowCost(max_flows, largest, visits, visits * SECONDS_PER_EDGE_VISIT)
+    return _Plan(tasks, out_shape, cost)
 
 
 def _check_flow_options(
@@ -241,8 +252,16 @@ def flow_cost(
     ----------
     attentions : array or sequence of arrays
         As for :func:`flow`; only shapes (and `mask`) are used.
-    rows, layers, mask, heads, xp
-        As for :func:`flow`.
+    rows : int, sequence of int or None, default None
+        Output positions, as for :func:`flow`.
+    layers : {"last", "all"} or int, default "last"
+        Reported layer(s), as for :func:`flow`.
+    mask : bool array of shape ``(*batch, n)``, optional
+        Padding mask, as for :func:`flow`: padded tokens need no max-flow.
+    heads : {"mean", "max", "min"}, callable, array_like or None, default "mean"
+        Head fusion, as for :func:`flow` (None for fused input, which changes the layout).
+    xp : namespace, optional
+        The array namespace; inferred from `attentions` by default.
 
     Returns
     -------
@@ -257,7 +276,7 @@ def flow_cost(
     >>> w = np.full((12, 12, 197, 197), 1 / 197)  # a ViT-B/16: 12 layers, 12 heads
     >>> cost = attnflow.flow_cost(w, rows=0)
     >>> cost.max_flows, cost.largest_graph_edges
-    (197, 427068)
+    (197, 388484)
     """
     prepared = prepare_attention(
         attentions,
