@@ -217,11 +217,11 @@ def _run(
         return
     own = executor is None
     if executor is None:
-        import multiprocessing
-
-        # forkserver: safe with the threads that torch, JAX or BLAS may have started.
-        context = multiprocessing.get_context("forkserver")
-        executor = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+        # Python's default start method: workers need nothing from `__main__`, but where
+        # that method is spawn or forkserver (macOS, Windows, Python >= 3.14) scripts
+        # must guard their entry point with `if __name__ == "__main__":`, as for any
+        # process pool.
+        executor = ProcessPoolExecutor(max_workers=workers)
     try:
         futures: dict[Future[np.ndarray], FlowTask] = {
             executor.submit(solve_flow_task, task): task for task in tasks
@@ -347,7 +347,9 @@ def flow(
         raw max-flow values, each at most 1.
     n_jobs : int, optional
         Processes on this machine: None chooses (all cores when the work is estimated
-        above about two seconds, else one), -1 is one per core, 1 runs serially.
+        above about two seconds, else one), -1 is one per core, 1 runs serially. Where
+        Python starts processes by spawning (macOS, Windows, Python >= 3.14), call flow
+        under ``if __name__ == "__main__":`` in scripts, as for any process pool.
     executor : concurrent.futures.Executor, optional
         Run the max-flow tasks on this executor instead, for example a Dask cluster's
         (``distributed.Client(...).get_executor()``). Tasks hold one sequence each.
