@@ -269,6 +269,15 @@ def flow_cost(
         The number of max-flow problems, the largest graph, the total edge visits and a
         rough single-core time.
 
+    See Also
+    --------
+    flow : Runs it.
+
+    References
+    ----------
+    .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
+       ACL 2020, https://arxiv.org/abs/2005.00928
+
     Examples
     --------
     >>> import numpy as np

@@ -46,17 +46,22 @@ def test_public_api_is_sorted_and_documented() -> None:
     public = {
         name
         for name, value in vars(attnflow).items()
-        if not name.startswith("_") and inspect.isfunction(value)
+        if not name.startswith("_") and (inspect.isfunction(value) or inspect.isclass(value))
     }
     assert public == set(attnflow.__all__) - {"__version__"}
     for name in public:
         doc = inspect.getdoc(getattr(attnflow, name)) or ""
-        for section in ("Parameters", "Returns", "References", "Examples"):
+        sections = (
+            ("Parameters", "Examples")
+            if inspect.isclass(getattr(attnflow, name))
+            else ("Parameters", "Returns", "References", "Examples")
+        )
+        for section in sections:
             assert section in doc, (name, section)
 
 
 def test_signatures_follow_the_conventions() -> None:
-    for name in ("rollout", "raw", "fuse_heads", "add_residual"):
+    for name in ("rollout", "raw", "flow", "flow_cost", "fuse_heads", "add_residual"):
         parameters = list(inspect.signature(getattr(attnflow, name)).parameters.values())
         assert parameters[0].kind is inspect.Parameter.POSITIONAL_ONLY
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters[1:])
