@@ -2,7 +2,23 @@
 
 A `FlowTask` is one sequence, one top layer, some output positions and some input tokens:
 everything one worker needs, small enough to pickle to another process or a Dask worker.
-The graph is built once per task and reused for every (source, sink) pair in it.
+
+Every value returned is exact (to floating-point rounding): it is either a closed form
+(one or two layers), or a flow value certified by a matching upper bound, or the max-flow
+of the whole reduced graph. The certified path is what makes flow fast:
+
+1. An upper bound for every (source, sink) pair, vectorised: unfold the graph into a tree
+   below each node, where nothing is shared, and take its max-flow bottom-up,
+   ``d_1[k] = Ã_1[k, m]`` and ``d_l[j] = Σ_k min(Ã_l[j, k], d_{l-1}[k])``; also bounded
+   by the capacity into the sink, ``Σ_k Ã_1[k, m]``.
+2. A lower bound: the max-flow on the subgraph that keeps, in every layer strictly
+   between source and sink, only the strongest edges of each row and of each column.
+   Any flow on a subgraph is a flow on the graph.
+3. Where the two agree (within `CERTIFY_TOLERANCE`) the max-flow is known. Elsewhere the
+   whole graph is solved.
+
+On softmax attention of ViT-B/16 size the subgraph holds about a tenth of the edges and
+certified every pair we measured, so most max-flows cost a tenth of the full one.
 """
 
 from __future__ import annotations
@@ -11,9 +27,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._graph import build_layered_graph
+from ._graph import LayeredGraph, build_layered_graph
 
 __all__ = ["FlowTask", "solve_flow_task"]
+
+STRONGEST_EDGES = 16
+"""Edges kept per row and per column of each middle layer in the certifying subgraph."""
+
+CERTIFY_TOLERANCE = 1e-11
+"""Largest gap between the bounds taken as equal (flows are at most 1)."""
+
+SINK_CHUNK = 32
+"""Sinks per vectorised upper-bound step, to bound its ``n x n x chunk`` temporary."""
 
 
 @dataclass(frozen=True)
@@ -37,28 +62,92 @@ class FlowTask:
         return int(self.rows.shape[0] * self.sinks.shape[0])
 
 
-def solve_flow_task(task: FlowTask) -> np.ndarray:
-    """Max-flow values ``(len(rows), len(sinks))`` for one task (runs in any process)."""
+def _parallel_paths(upper: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """``Σ_k min(upper[r, k], lower[k, s])`` for every r, s: ``(r, s)``."""
+    out = np.empty((upper.shape[0], lower.shape[1]))
+    for start in range(0, lower.shape[1], SINK_CHUNK):
+        block = lower[:, start : start + SINK_CHUNK]
+        out[:, start : start + SINK_CHUNK] = np.minimum(upper[:, :, None], block[None, :, :]).sum(
+            axis=1
+        )
+    return out
+
+
+def _upper_bounds(mixed: np.ndarray, rows: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """Max-flow of the tree unfolding below each source, capped by the sink's capacity."""
+    deliverable = mixed[0][:, sinks]  # what each layer-1 token can pass to each sink
+    for layer in range(1, mixed.shape[0] - 1):
+        deliverable = _parallel_paths(mixed[layer], deliverable)
+    bound = _parallel_paths(mixed[-1][rows], deliverable)
+    return np.asarray(np.minimum(bound, mixed[0][:, sinks].sum(axis=0)[None, :]))
+
+
+def _strongest_edges(mixed: np.ndarray, keep: int) -> np.ndarray:
+    """`mixed` with only the `keep` strongest edges per row and column of middle layers."""
+    sparse = mixed.copy()
+    middle = mixed[1:-1]
+    if middle.shape[0] == 0:
+        return sparse
+    by_row = np.argpartition(-middle, keep - 1, axis=-1)[..., :keep]
+    by_column = np.argpartition(-middle, keep - 1, axis=-2)[..., :keep, :]
+    chosen = np.zeros(middle.shape, dtype=bool)
+    np.put_along_axis(chosen, by_row, True, axis=-1)
+    np.put_along_axis(chosen, by_column, True, axis=-2)
+    sparse[1:-1] = np.where(chosen, middle, 0.0)
+    return sparse
+
+
+def _solve_pairs(
+    graph: LayeredGraph, mixed: np.ndarray, pairs: list[tuple[int, int]], sinks: np.ndarray
+) -> dict[tuple[int, int], float]:
+    """Max-flow values (igraph) of (source index, sink index) pairs on `graph`."""
     import igraph
 
-    mixed, rows, sinks = task.mixed, task.rows, task.sinks
-    if mixed.shape[0] == 1:
-        # One layer: the only path from row r to input m is the edge Ã_1[r, m].
-        return np.asarray(mixed[0][np.ix_(rows, sinks)])
-    graph = build_layered_graph(mixed, rows)
     solver = igraph.Graph(n=graph.n_nodes, edges=graph.edges, directed=True)
     capacities = graph.capacities.tolist()
     n_feeders = graph.n_sink_edges
+    sources_of: dict[int, list[int]] = {}
+    for i, j in pairs:
+        sources_of.setdefault(j, []).append(i)
+    values = {}
+    for j, sources in sources_of.items():
+        # Only the capacities into the sink change from one input token to the next.
+        capacities[:n_feeders] = mixed[0][graph.sink_feeders, sinks[j]].tolist()
+        for i in sources:
+            source = int(graph.sources[i])
+            values[i, j] = solver.maxflow_value(source, graph.sink, capacity=capacities)
+    return values
+
+
+def solve_flow_task(task: FlowTask) -> np.ndarray:
+    """Max-flow values ``(len(rows), len(sinks))`` for one task (runs in any process)."""
+    mixed, rows, sinks = task.mixed, task.rows, task.sinks
+    n_layers, n = mixed.shape[0], mixed.shape[-1]
+    if n_layers == 1:
+        # The only path from row r to input m is the edge Ã_1[r, m].
+        return np.asarray(mixed[0][np.ix_(rows, sinks)])
+    if n_layers == 2:
+        # Paths r -> k -> m share no edge: the max-flow is their sum.
+        return _parallel_paths(mixed[1][rows], mixed[0][:, sinks])
+
     flows = np.zeros((rows.shape[0], sinks.shape[0]))
-    source_capacity = mixed[-1][rows].sum(axis=1)
-    for j, token in enumerate(sinks.tolist()):
-        into_sink = mixed[0][graph.sink_feeders, token]
-        if not np.any(into_sink > 0):
-            continue  # nothing reaches this input token (padding)
-        capacities[:n_feeders] = into_sink.tolist()
-        for i in range(rows.shape[0]):
-            if source_capacity[i] > 0:
-                flows[i, j] = solver.maxflow_value(
-                    int(graph.sources[i]), graph.sink, capacity=capacities
-                )
+    reachable = (mixed[-1][rows].sum(axis=1) > 0)[:, None] & (mixed[0][:, sinks].sum(axis=0) > 0)[
+        None, :
+    ]
+    pending = [(int(i), int(j)) for i, j in zip(*np.nonzero(reachable), strict=True)]
+    if n > 4 * STRONGEST_EDGES:
+        upper = _upper_bounds(mixed, rows, sinks)
+        subgraph = build_layered_graph(_strongest_edges(mixed, STRONGEST_EDGES), rows)
+        lower = _solve_pairs(subgraph, mixed, pending, sinks)
+        unresolved = []
+        for (i, j), value in lower.items():
+            if upper[i, j] - value <= CERTIFY_TOLERANCE:
+                flows[i, j] = value
+            else:
+                unresolved.append((i, j))
+        pending = unresolved
+    if pending:
+        graph = build_layered_graph(mixed, rows)
+        for (i, j), value in _solve_pairs(graph, mixed, pending, sinks).items():
+            flows[i, j] = value
     return flows

@@ -178,8 +178,24 @@ def oracle_flow(
                     if matrix[k, m] > 0:
                         graph.add_edge((layer, k), (layer - 1, m), capacity=matrix[k, m])
         out = np.zeros((len(mixed), size, size))
-        for layer in range(1, len(mixed) + 1):
-            for k in range(size):
+        n_layers = len(mixed)
+        if layers == "all":
+            wanted_layers = range(1, n_layers + 1)
+        else:
+            wanted_layers = [n_layers if layers == "last" else int(layers) % n_layers + 1]
+        # Only the requested output rows (as positions of the cropped sequence) are solved.
+        kept = np.flatnonzero(keep)
+        wanted = (
+            range(size)
+            if rows is None
+            else [
+                int(np.searchsorted(kept, r % keep.size))
+                for r in ([rows] if isinstance(rows, int) else rows)
+                if keep[r % keep.size]
+            ]
+        )
+        for layer in wanted_layers:
+            for k in wanted:
                 for m in range(size):
                     out[layer - 1, k, m] = nx.maximum_flow_value(
                         graph, (layer, k), (0, m), flow_func=edmonds_karp
