@@ -120,6 +120,7 @@ def render_demo(
     mask: NDArray[np.bool_],
     raw: NDArray[np.floating],
     rollout: NDArray[np.floating],
+    flow: NDArray[np.floating],
     *,
     source: str,
     layers: int,
@@ -137,8 +138,8 @@ def render_demo(
         ``batch`` rows of ``n`` tokens, padding included.
     mask : ndarray of bool, shape (batch, n)
         True for real tokens; padding is not shown.
-    raw, rollout : ndarray, shape (batch, n)
-        Last-layer raw attention and rollout of the ``[CLS]`` row.
+    raw, rollout, flow : ndarray, shape (batch, n)
+        Last-layer raw attention, rollout and attention flow of the ``[CLS]`` row.
     source : str
         Where the attention comes from (model, versions).
     layers, heads : int
@@ -159,12 +160,17 @@ def render_demo(
         *_field("model", source),
         *_field(
             "method",
-            f"attention rollout of row 0 ([CLS]) to the last layer (L{layers}): the "
-            f"{heads} heads averaged, residual modelled as 0.5 A + 0.5 I, padding masked; "
-            f"'raw' is layer {layers}'s own head-averaged attention, the paper's baseline",
+            f"attention rollout and attention flow of row 0 ([CLS]) to the last layer "
+            f"(L{layers}): the {heads} heads averaged, residual modelled as 0.5 A + 0.5 I, "
+            f"padding masked, flow rows normalised; 'raw' is layer {layers}'s own "
+            "head-averaged attention, the paper's baseline; bars show rollout",
         ),
         *_field("paper", PAPER),
-        *_field("call", "attnflow.rollout(attentions, rows=0, mask=mask)"),
+        *_field(
+            "call",
+            "attnflow.rollout(attentions, rows=0, mask=mask), "
+            "attnflow.flow(attentions, rows=0, mask=mask)",
+        ),
     ]
     token_width = max(
         [5] + [len(t) for row, keep in zip(tokens, mask, strict=True) for t in np.array(row)[keep]]
@@ -175,14 +181,14 @@ def render_demo(
         lines += [
             "",
             f"[{b + 1}/{len(sentences)}] {sentence}",
-            f"  {'#':>3}  {'token':<{token_width}}  {'raw':>7}  {'rollout':>7}",
+            f"  {'#':>3}  {'token':<{token_width}}  {'raw':>7}  {'rollout':>7}  {'flow':>7}",
         ]
         for i in real.tolist():
             value = float(rollout[b, i])
             bar = _bar(value / top, bar_width, unicode=unicode)
             lines.append(
                 f"  {i:>3}  {tokens[b][i]:<{token_width}}  {float(raw[b, i]):>7.4f}  "
-                f"{value:>7.4f}  {bar}".rstrip()
+                f"{value:>7.4f}  {float(flow[b, i]):>7.4f}  {bar}".rstrip()
             )
     lines += [
         "",
@@ -196,7 +202,7 @@ def render_demo(
 
 
 def _run_demo(args: argparse.Namespace) -> int:  # noqa: ARG001
-    """Print raw attention and rollout of the ``[CLS]`` token for the shipped sample."""
+    """Print raw attention, rollout and flow of ``[CLS]`` for the shipped sample."""
     import attnflow
 
     from ._sample import load_sample
@@ -204,6 +210,7 @@ def _run_demo(args: argparse.Namespace) -> int:  # noqa: ARG001
     sample = load_sample()
     raw = np.asarray(attnflow.raw(sample.attentions, rows=0, mask=sample.mask))
     rollout = np.asarray(attnflow.rollout(sample.attentions, rows=0, mask=sample.mask))
+    flow = np.asarray(attnflow.flow(sample.attentions, rows=0, mask=sample.mask))
     _, layers, heads, _, _ = sample.attentions.shape
     lines = render_demo(
         sample.sentences,
@@ -211,6 +218,7 @@ def _run_demo(args: argparse.Namespace) -> int:  # noqa: ARG001
         sample.mask,
         raw,
         rollout,
+        flow,
         source=sample.source,
         layers=layers,
         heads=heads,
@@ -223,9 +231,10 @@ def _run_demo(args: argparse.Namespace) -> int:  # noqa: ARG001
 COMMANDS: tuple[Command, ...] = (
     Command(
         name="demo",
-        help="show attention rollout on a real model's attention (shipped sample)",
+        help="show rollout and flow on a real model's attention (shipped sample)",
         description=(
-            "Print raw attention and attention rollout of the [CLS] token of the pretrained "
+            "Print raw attention, attention rollout and attention flow of the [CLS] token "
+            "of the pretrained "
             "all-MiniLM-L6-v2 on three sentences from Abnar & Zuidema (2020), recorded "
             "once and shipped with attnflow (no model or network needed)."
         ),

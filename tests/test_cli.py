@@ -17,8 +17,8 @@ from attnflow import _cli
 from attnflow._cli import EXIT_FAILURE, EXIT_USAGE, main
 from attnflow._sample import Sample, load_sample
 
-# One table line per real token: position, token, raw, rollout, then the bar.
-ROW = re.compile(r"^\s+(\d+)\s+(\S+)\s+(\d+\.\d{4})\s+(\d+\.\d{4})\b")
+# One table line per real token: position, token, raw, rollout, flow, then the bar.
+ROW = re.compile(r"^\s+(\d+)\s+(\S+)\s+(\d+\.\d{4})\s+(\d+\.\d{4})\s+(\d+\.\d{4})\b")
 HEADING = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
 
 
@@ -27,17 +27,17 @@ def sample() -> Sample:
     return load_sample()
 
 
-def parse_demo(text: str) -> dict[int, list[tuple[int, str, float, float]]]:
+def parse_demo(text: str) -> dict[int, list[tuple[int, str, float, float, float]]]:
     """Rows of each sentence's table, keyed by the sentence's 0-based index."""
-    tables: dict[int, list[tuple[int, str, float, float]]] = {}
+    tables: dict[int, list[tuple[int, str, float, float, float]]] = {}
     current: int | None = None
     for line in text.splitlines():
         if heading := HEADING.match(line):
             current = int(heading.group(1)) - 1
             tables[current] = []
         elif (row := ROW.match(line)) and current is not None:
-            position, token, raw, rollout = row.groups()
-            tables[current].append((int(position), token, float(raw), float(rollout)))
+            position, token, raw, rollout, flow = row.groups()
+            tables[current].append((int(position), token, float(raw), float(rollout), float(flow)))
     return tables
 
 
@@ -116,7 +116,7 @@ def test_demo_prints_every_real_token_of_the_first_sentence(
     assert sample.sentences[0] in out
     tables = parse_demo(out)
     real = [token for token, k in zip(sample.tokens[0], sample.mask[0], strict=True) if k]
-    assert [token for _, token, _, _ in tables[0]] == real
+    assert [token for _, token, *_ in tables[0]] == real
     # The header names the model, the method and the paper.
     assert "all-MiniLM-L6-v2" in out
     assert "rollout" in out
@@ -129,13 +129,16 @@ def test_demo_values_equal_the_library(sample: Sample, capsys: pytest.CaptureFix
     assert sorted(tables) == list(range(len(sample.sentences)))
     expected_rollout = attnflow.rollout(sample.attentions, rows=0, mask=sample.mask)
     expected_raw = attnflow.raw(sample.attentions, rows=0, mask=sample.mask)
+    expected_flow = attnflow.flow(sample.attentions, rows=0, mask=sample.mask)
     for b, table in tables.items():
-        positions = [position for position, _, _, _ in table]
+        positions = [position for position, *_ in table]
         np.testing.assert_array_equal(positions, np.flatnonzero(sample.mask[b]))
-        printed_raw = np.array([raw for _, _, raw, _ in table])
-        printed_rollout = np.array([rollout for _, _, _, rollout in table])
+        printed_raw = np.array([raw for _, _, raw, _, _ in table])
+        printed_rollout = np.array([rollout for _, _, _, rollout, _ in table])
         np.testing.assert_allclose(printed_rollout, expected_rollout[b, positions], atol=5e-5)
         np.testing.assert_allclose(printed_raw, expected_raw[b, positions], atol=5e-5)
+        printed_flow = np.array([flow for *_, flow in table])
+        np.testing.assert_allclose(printed_flow, expected_flow[b, positions], atol=5e-5)
         # Padding is skipped, and carries nothing.
         np.testing.assert_array_equal(expected_rollout[b, ~sample.mask[b]], 0.0)
 
@@ -143,7 +146,7 @@ def test_demo_values_equal_the_library(sample: Sample, capsys: pytest.CaptureFix
 def test_demo_rollout_is_not_the_raw_attention(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo"]) == 0
     table = parse_demo(capsys.readouterr().out)[0]
-    assert any(abs(raw - rollout) > 0.01 for _, _, raw, rollout in table)
+    assert any(abs(raw - rollout) > 0.01 for _, _, raw, rollout, _ in table)
 
 
 def test_demo_ascii_bars() -> None:
@@ -153,6 +156,7 @@ def test_demo_ascii_bars() -> None:
         ["a b"],
         [["[CLS]", "a", "b"]],
         np.array([[True, True, True]]),
+        values,
         values,
         values,
         source="test",
@@ -253,7 +257,7 @@ def test_python_m_attnflow(sample: Sample) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     tables = parse_demo(done.stdout)
-    assert [token for _, token, _, _ in tables[0]] == [
+    assert [token for _, token, *_ in tables[0]] == [
         t for t, k in zip(sample.tokens[0], sample.mask[0], strict=True) if k
     ]
 
