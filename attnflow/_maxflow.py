@@ -37,8 +37,8 @@ STRONGEST_EDGES = 16
 CERTIFY_TOLERANCE = 1e-11
 """Largest gap between the bounds taken as equal (flows are at most 1)."""
 
-SINK_CHUNK = 32
-"""Sinks per vectorised upper-bound step, to bound its ``n x n x chunk`` temporary."""
+BOUND_BLOCK_ELEMENTS = 4_000_000
+"""Elements of the ``rows x n x sinks`` temporary of one vectorised upper-bound step."""
 
 
 @dataclass(frozen=True)
@@ -65,11 +65,11 @@ class FlowTask:
 def _parallel_paths(upper: np.ndarray, lower: np.ndarray) -> np.ndarray:
     """``Σ_k min(upper[r, k], lower[k, s])`` for every r, s: ``(r, s)``."""
     out = np.empty((upper.shape[0], lower.shape[1]))
-    for start in range(0, lower.shape[1], SINK_CHUNK):
-        block = lower[:, start : start + SINK_CHUNK]
-        out[:, start : start + SINK_CHUNK] = np.minimum(upper[:, :, None], block[None, :, :]).sum(
-            axis=1
-        )
+    chunk = max(1, BOUND_BLOCK_ELEMENTS // (upper.shape[0] * upper.shape[1]))
+    for start in range(0, lower.shape[1], chunk):
+        block = lower[:, start : start + chunk]
+        pairs = np.minimum(upper[:, :, None], block[None, :, :])
+        out[:, start : start + chunk] = pairs.sum(axis=1)
     return out
 
 
