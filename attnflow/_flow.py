@@ -12,7 +12,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ._host import from_host, to_host
-from ._maxflow import FlowTask, solve_flow_task
+from ._maxflow import STRONGEST_EDGES, FlowTask, solve_flow_task
 from ._pipeline import PreparedAttention, prepare_attention
 from ._residual import mix_residual
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
@@ -20,7 +20,10 @@ from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 __all__ = ["FlowCost", "flow", "flow_cost"]
 
 SECONDS_PER_EDGE_VISIT = 1.0e-7
-"""Rough cost of one edge in one igraph max-flow on this class of CPU (measured)."""
+"""Cost of one edge in one igraph max-flow (measured on a 2-core x86-64 machine)."""
+
+SECONDS_PER_BOUND_TERM = 1.0e-9
+"""Cost of one ``min`` term of the vectorised upper bounds (same machine)."""
 
 DEFAULT_MAX_WORK = 2.5e10
 """Edge visits (max-flows x edges) above which `flow` refuses to start by default."""
@@ -41,8 +44,10 @@ class FlowCost:
     edge_visits : float
         The sum over max-flows of the edges of their graph: the work.
     estimated_seconds : float
-        A rough single-core estimate, `edge_visits` times about 1e-7 s (measured on a
-        2-core x86-64 machine); divide by the number of workers.
+        A rough single-core estimate of what the engine will do: about 1e-7 s per edge
+        of each max-flow it solves (on the certifying subgraph for sequences of more
+        than 64 tokens), measured on a 2-core x86-64 machine; divide by the number of
+        workers.
 
     See Also
     --------
@@ -88,9 +93,23 @@ class _Plan:
 
 
 def _graph_edges(n_layers: int, n_rows: int, n_valid: int) -> int:
-    if n_layers == 1:
-        return 0
+    """Edges of the reduced graph (an upper bound: zero capacities are dropped)."""
+    if n_layers <= 2:
+        return 0 if n_layers == 1 else n_rows * n_valid + n_valid
     return n_valid + n_rows * n_valid + (n_layers - 2) * n_valid * n_valid
+
+
+def _solve_seconds(n_layers: int, n_rows: int, n_valid: int) -> float:
+    """Rough single-core time of one sequence-layer task, following the engine's path."""
+    pairs = n_rows * n_valid
+    if n_layers <= 2:
+        return pairs * n_valid * SECONDS_PER_BOUND_TERM  # closed forms
+    if n_valid <= 4 * STRONGEST_EDGES:
+        return pairs * _graph_edges(n_layers, n_rows, n_valid) * SECONDS_PER_EDGE_VISIT
+    kept = min(n_valid, 2 * STRONGEST_EDGES) * n_valid
+    subgraph = n_valid + n_rows * n_valid + (n_layers - 2) * kept
+    bounds = n_layers * n_valid * n_valid * n_valid  # the tree-unfolding bound, all sinks
+    return pairs * subgraph * SECONDS_PER_EDGE_VISIT + bounds * SECONDS_PER_BOUND_TERM
 
 
 def _plan(
@@ -124,6 +143,7 @@ def _plan(
     max_flows = 0
     largest = 0
     visits = 0.0
+    seconds = 0.0
     for item in np.ndindex(*layout.batch_shape):
         keep = np.ones(n, dtype=bool) if valid is None else valid[item]
         tokens = np.flatnonzero(keep)
@@ -135,13 +155,14 @@ def _plan(
             max_flows += pairs
             largest = max(largest, edges)
             visits += float(pairs) * edges
+            seconds += _solve_seconds(top, len(item_rows), len(tokens)) if pairs else 0.0
             if mixed is None or pairs == 0:
                 continue
             slot = (*item, top - 1) if prepared.all_layers else item
             sequence = mixed[(*item, slice(0, top))]
             for sinks in np.array_split(tokens, min(chunks, len(tokens))):
                 tasks.append(FlowTask(slot, sequence, item_rows, positions, sinks))
-    cost = FlowCost(max_flows, largest, visits, visits * SECONDS_PER_EDGE_VISIT)
+    cost = FlowCost(max_flows, largest, visits, seconds)
     return _Plan(tasks, out_shape, cost)
 
 
