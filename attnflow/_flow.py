@@ -104,9 +104,9 @@ def _solve_seconds(n_layers: int, n_rows: int, n_valid: int) -> float:
     pairs = n_rows * n_valid
     if n_layers <= 2:
         return pairs * n_valid * SECONDS_PER_BOUND_TERM  # closed forms
-    if n_valid <= 4 * STRONGEST_EDGES:
+    if n_valid <= 4 * STRONGEST_EDGES[0]:
         return pairs * _graph_edges(n_layers, n_rows, n_valid) * SECONDS_PER_EDGE_VISIT
-    kept = min(n_valid, 2 * STRONGEST_EDGES) * n_valid
+    kept = min(n_valid, 2 * STRONGEST_EDGES[0]) * n_valid
     subgraph = n_valid + n_rows * n_valid + (n_layers - 2) * kept
     bounds = n_layers * n_valid * n_valid * n_valid  # the tree-unfolding bound, all sinks
     return pairs * subgraph * SECONDS_PER_EDGE_VISIT + bounds * SECONDS_PER_BOUND_TERM

@@ -44,7 +44,9 @@ class LayeredGraph:
         return int(self.sink_feeders.shape[0])
 
 
-def build_layered_graph(mixed: np.ndarray, rows: np.ndarray) -> LayeredGraph:
+def build_layered_graph(
+    mixed: np.ndarray, rows: np.ndarray, *, keep_zero_edges: bool = False
+) -> LayeredGraph:
     """Build the reduced graph for flow from `rows` at the top layer to one input token.
 
     Parameters
@@ -54,6 +56,9 @@ def build_layered_graph(mixed: np.ndarray, rows: np.ndarray) -> LayeredGraph:
         Padded tokens have all-zero rows and columns.
     rows : ndarray of int, shape (r,)
         Output positions at layer ``T``.
+    keep_zero_edges : bool, default False
+        Keep zero-capacity edges (they carry nothing), so that the edges depend on the
+        shape alone and one igraph graph serves every sequence of that shape.
 
     Returns
     -------
@@ -66,19 +71,21 @@ def build_layered_graph(mixed: np.ndarray, rows: np.ndarray) -> LayeredGraph:
     first_source = (n_layers - 1) * n
     sink = first_source + n_rows
 
+    present = (lambda a: np.ones(a.shape, dtype=bool)) if keep_zero_edges else (lambda a: a > 0)
+
     # Layer-1 tokens with any capacity towards the inputs feed the sink (padded ones never).
-    feeders = np.flatnonzero(np.any(mixed[0] > 0, axis=1))
+    feeders = np.flatnonzero(np.any(present(mixed[0]), axis=1))
     sink_edges = np.stack([feeders, np.full_like(feeders, sink)], axis=1)
 
     # Sources: the requested rows of the top layer, into layer T - 1.
     top = mixed[n_layers - 1][rows]
-    source, target = np.nonzero(top > 0)
+    source, target = np.nonzero(present(top))
     source_edges = np.stack([first_source + source, (n_layers - 2) * n + target], axis=1)
     source_capacities = top[source, target]
 
     # Layers 2 .. T-1: token k of layer l into token m of layer l - 1.
     middle = mixed[1 : n_layers - 1]
-    layer, k, m = np.nonzero(middle > 0)  # layer index 0 is l = 2
+    layer, k, m = np.nonzero(present(middle))  # layer index 0 is l = 2
     middle_edges = np.stack([(layer + 1) * n + k, layer * n + m], axis=1)
 
     edges = np.concatenate([sink_edges, source_edges, middle_edges]).astype(np.int64)
