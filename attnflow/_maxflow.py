@@ -171,7 +171,7 @@ def _solve_on_whole_graph(
     mixed: np.ndarray, rows: np.ndarray, pairs: list[tuple[int, int]], sinks: np.ndarray
 ) -> dict[tuple[int, int], float]:
     """Max-flow values of `pairs` on the whole reduced graph."""
-    dense = np.count_nonzero(mixed == 0) <= DENSE_GRAPH_ZEROS * mixed.size
+    dense = bool(np.count_nonzero(mixed == 0) <= DENSE_GRAPH_ZEROS * mixed.size)
     graph = build_layered_graph(mixed, rows, keep_zero_edges=dense)
     solver = _dense_solver(*mixed.shape[:2], rows.shape[0]) if dense else None
     return _solve_pairs(graph, mixed, pairs, sinks, solver)
