@@ -228,6 +228,205 @@ def _run_demo(args: argparse.Namespace) -> int:  # noqa: ARG001
     return 0
 
 
+# -- attnflow rollout / flow / raw --------------------------------------------------------
+
+
+def _parse_rows(text: str) -> int | list[int] | None:
+    """``--rows``: ``all``, one position, or a comma-separated list."""
+    if text == "all":
+        return None
+    try:
+        positions = [int(part) for part in text.split(",")]
+    except ValueError:
+        msg = (
+            f"--rows must be 'all', an integer or a comma-separated list of integers; got {text!r}"
+        )
+        raise UsageError(msg) from None
+    return positions[0] if len(positions) == 1 and "," not in text else positions
+
+
+def _parse_layers(text: str) -> str | int:
+    """``--layers``: ``last``, ``all`` or a layer index."""
+    if text in {"last", "all"}:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        msg = f"--layers must be 'last', 'all' or an integer layer index; got {text!r}"
+        raise UsageError(msg) from None
+
+
+def _parse_heads(text: str) -> str | list[float] | None:
+    """``--heads``: ``mean``, ``max``, ``min``, ``none`` (already fused) or weights."""
+    if text in {"mean", "max", "min"}:
+        return text
+    if text == "none":
+        return None
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        msg = (
+            "--heads must be 'mean', 'max', 'min', 'none' (heads already fused) or "
+            f"comma-separated weights; got {text!r}"
+        )
+        raise UsageError(msg) from None
+
+
+def _configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
+    """Add the options shared by ``rollout``, ``flow`` and ``raw`` (and flow's own)."""
+    parser.add_argument(
+        "input",
+        help="attention weights: .npy, .npz or .safetensors, shaped "
+        "(*batch, layers, heads, n, n); never unpickled",
+    )
+    parser.add_argument("--key", help="the array to read from an .npz/.safetensors file")
+    parser.add_argument(
+        "-o", "--output", help=f"the .npz to write (default: INPUT_STEM.{method}.npz)"
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing output")
+    parser.add_argument(
+        "--rows", default="all", help="output positions: 'all', an integer or a list (0,4)"
+    )
+    parser.add_argument("--layers", default="last", help="'last', 'all' or a layer index")
+    parser.add_argument(
+        "--heads", default="mean", help="'mean', 'max', 'min', 'none' or weights (h1,h2,...)"
+    )
+    if method != "raw":
+        parser.add_argument(
+            "--residual", type=float, default=0.5, help="weight of the identity (default 0.5)"
+        )
+    parser.add_argument("--mask", help="boolean padding mask (*batch, n): .npy/.npz/.safetensors")
+    parser.add_argument("--mask-key", help="the array to read from the mask file")
+    parser.add_argument("--tokens", help="a text file with one token per line, for the table")
+    parser.add_argument(
+        "--top", type=int, default=10, help="tokens to show in the table (default 10)"
+    )
+    parser.add_argument(
+        "--no-validate", action="store_true", help="skip the checks on the attention values"
+    )
+    if method == "flow":
+        parser.add_argument(
+            "--raw-values", action="store_true", help="raw max-flow values, rows not normalised"
+        )
+        parser.add_argument(
+            "--jobs", type=int, default=None, help="processes (default: automatic; -1 all cores)"
+        )
+        parser.add_argument(
+            "--no-progress", action="store_true", help="hide the progress bar (shown with tqdm)"
+        )
+        parser.add_argument(
+            "--max-work",
+            type=float,
+            default=None,
+            help="refuse above this many edge visits (default: the library's limit)",
+        )
+
+
+def _top_table(
+    scores: NDArray[np.floating], tokens: Sequence[str] | None, *, top: int, title: str
+) -> list[str]:
+    """Lay out the `top` highest-scoring input tokens of one row of scores."""
+    order = np.argsort(-scores, kind="stable")[: max(top, 0)]
+    labels = [tokens[i] if tokens is not None else f"token {i}" for i in order]
+    width = max([5, *(len(label) for label in labels)])
+    largest = float(max(scores.max(initial=0.0), np.finfo(np.float64).tiny))
+    unicode = _can_encode(_bar(0.99, 8, unicode=True), sys.stdout)
+    lines = [title, f"  {'#':>4}  {'token':<{width}}  {'score':>8}"]
+    for i, label in zip(order.tolist(), labels, strict=True):
+        value = float(scores[i])
+        bar = _bar(value / largest, 24, unicode=unicode)
+        lines.append(f"  {i:>4}  {label:<{width}}  {value:>8.4f}  {bar}".rstrip())
+    return lines
+
+
+def _run_method(args: argparse.Namespace, *, method: str) -> int:
+    """Read attention, run one method, write the result and print its top tokens."""
+    from pathlib import Path
+
+    import attnflow
+
+    from ._arrayio import ArrayFileError, read_array, write_npz
+
+    try:
+        rows = _parse_rows(args.rows)
+        layers = _parse_layers(args.layers)
+        heads = _parse_heads(args.heads)
+        source = Path(args.input)
+        output = (
+            Path(args.output)
+            if args.output
+            else source.with_name(f"{source.name.split('.')[0]}.{method}.npz")
+        )
+        if output.exists() and not args.force:
+            msg = f"{output} exists; pass --force to replace it"
+            raise ArrayFileError(msg)
+        attentions = read_array(source, key=args.key, default="attentions")
+        mask = None
+        if args.mask:
+            mask = read_array(args.mask, key=args.mask_key, default="mask")
+        tokens = None
+        if args.tokens:
+            tokens = Path(args.tokens).read_text(encoding="utf-8").splitlines()
+            if attentions.ndim and len(tokens) != attentions.shape[-1]:
+                msg = (
+                    f"--tokens has {len(tokens)} lines but the attention has "
+                    f"{attentions.shape[-1]} tokens"
+                )
+                raise UsageError(msg)
+    except (ArrayFileError, OSError) as error:
+        raise UsageError(str(error)) from None
+
+    options: dict[str, object] = {
+        "heads": heads,
+        "rows": rows,
+        "layers": layers,
+        "mask": mask,
+        "validate": not args.no_validate,
+    }
+    if method == "flow":
+        options |= {
+            "residual": args.residual,
+            "normalize": not args.raw_values,
+            "n_jobs": args.jobs,
+            # The bar needs tqdm, an optional extra: without it the command runs quietly.
+            "progress": not args.no_progress and _has_module("tqdm"),
+        }
+        if args.max_work is not None:
+            options["max_work"] = args.max_work
+        result = attnflow.flow(attentions, **options)  # type: ignore[arg-type]
+    elif method == "rollout":
+        result = attnflow.rollout(attentions, residual=args.residual, **options)  # type: ignore[arg-type]
+    else:
+        result = attnflow.raw(attentions, **options)  # type: ignore[arg-type]
+    values = np.asarray(result)
+    try:
+        written = write_npz(output, {method: values}, force=args.force)
+    except ArrayFileError as error:
+        raise UsageError(str(error)) from None
+
+    print(f"{method}: {source} -> {written}, shape {tuple(values.shape)}, dtype {values.dtype}")
+    first = values.reshape(-1, values.shape[-1])[0]
+    where = "the first row of the first sequence" if values.ndim > 1 else "the requested row"
+    print("\n".join(_top_table(first, tokens, top=args.top, title=f"top tokens of {where}:")))
+    return 0
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def _method_command(method: str, help_line: str, description: str) -> Command:
+    return Command(
+        name=method,
+        help=help_line,
+        description=description,
+        configure=lambda parser: _configure_method(parser, method=method),
+        run=lambda args: _run_method(args, method=method),
+    )
+
+
 COMMANDS: tuple[Command, ...] = (
     Command(
         name="demo",
@@ -240,6 +439,25 @@ COMMANDS: tuple[Command, ...] = (
         ),
         configure=_configure_demo,
         run=_run_demo,
+    ),
+    _method_command(
+        "rollout",
+        "attention rollout of attention weights in a file",
+        "Attention rollout (Abnar & Zuidema 2020) of the attention weights in a file; "
+        "writes an .npz and prints the top input tokens. Options mirror attnflow.rollout.",
+    ),
+    _method_command(
+        "flow",
+        "attention flow (exact max-flow) of attention weights in a file",
+        "Attention flow (Abnar & Zuidema 2020) of the attention weights in a file, with a "
+        "progress bar; writes an .npz and prints the top input tokens. Options mirror "
+        "attnflow.flow.",
+    ),
+    _method_command(
+        "raw",
+        "head-fused raw attention of attention weights in a file",
+        "The head-fused raw attention, the paper's baseline; writes an .npz and prints the "
+        "top input tokens. Options mirror attnflow.raw.",
     ),
 )
 """The subcommands, in the order ``attnflow --help`` lists them."""
