@@ -100,6 +100,7 @@ def minimal(session: nox.Session) -> None:
         "tests/test_rollout.py",
         "tests/test_validation.py",
         "tests/test_cli.py",
+        "tests/test_cli_methods.py",
         env=env,
     )
 

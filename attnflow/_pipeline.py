@@ -156,21 +156,12 @@ def prepare_attention(
         stacked = namespace.where(keep, stacked, namespace.zeros_like(stacked))
         stacked = normalize_rows(stacked, namespace, valid_rows=valid_rows)
 
-    fused = apply_head_fusion(
-        stacked,
-        spec,
-        namespace,
-        valid_rows=None
-        if valid_rows is None
-        else valid_rows[..., 0, :, :]
-        if not fused_input
-        else valid_rows,
-    )
+    if mask is not None and not fused_input:  # the heads axis goes with the fusion
+        valid_rows, valid_keys = valid_rows[..., 0, :, :], valid_keys[..., 0, :, :]
+    fused = apply_head_fusion(stacked, spec, namespace, valid_rows=valid_rows)
     if do_validate and not every_head:
         # What the method consumes, at 1/H of the cost; still before any of the method.
         check_attention_values(fused, namespace, valid_rows=None, heads_fused=not fused_input)
-    if valid_keys is not None and not fused_input:
-        valid_keys = valid_keys[..., 0, :, :]
     return PreparedAttention(
         xp=namespace,
         boundary=boundary,
