@@ -7,6 +7,7 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -226,6 +227,13 @@ def _progress_bar(enabled: bool, total: int) -> Any:
     return tqdm(total=total, unit="max-flow", desc="attention flow")
 
 
+def _collect(values: np.ndarray, results: Iterator[tuple[FlowTask, np.ndarray]]) -> None:
+    """Write each task's max-flows into `values`, where the task says they go."""
+    for task, result in results:
+        where = (*task.index, *np.ix_(task.positions, task.sinks))
+        values[where] = result  # type: ignore[index]
+
+
 def _run(
     tasks: Sequence[FlowTask], workers: int, executor: Executor | None, bar: Any
 ) -> Iterator[tuple[FlowTask, np.ndarray]]:
@@ -239,11 +247,15 @@ def _run(
         return
     own = executor is None
     if executor is None:
-        # Python's default start method: workers need nothing from `__main__`, but where
-        # that method is spawn or forkserver (macOS, Windows, Python >= 3.14) scripts
-        # must guard their entry point with `if __name__ == "__main__":`, as for any
-        # process pool.
-        executor = ProcessPoolExecutor(max_workers=workers)
+        import multiprocessing
+
+        # Never fork the caller: JAX, PyTorch and BLAS run threads, and a forked copy of
+        # a threaded process can deadlock. Workers fork from a clean server process that
+        # has imported the engine once. As with any such pool, scripts must guard their
+        # entry point with `if __name__ == "__main__":`.
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["attnflow._maxflow"])
+        executor = ProcessPoolExecutor(max_workers=workers, mp_context=context)
     try:
         futures: dict[Future[np.ndarray], FlowTask] = {
             executor.submit(solve_flow_task, task): task for task in tasks
@@ -252,7 +264,16 @@ def _run(
             task = futures[future]
             if bar is not None:
                 bar.update(task.n_maxflows)
-            yield task, future.result()
+            try:
+                result = future.result()
+            except BrokenProcessPool:
+                msg = (
+                    "attention flow's worker processes stopped before finishing. In a "
+                    'script, call it under `if __name__ == "__main__":` (the workers import '
+                    "the script), or pass `n_jobs=1` to run in this process."
+                )
+                raise RuntimeError(msg) from None
+            yield task, result
     finally:
         if own:
             executor.shutdown(cancel_futures=True)
@@ -378,9 +399,10 @@ def flow(
         raw max-flow values, each at most 1.
     n_jobs : int, optional
         Processes on this machine: None chooses (all cores when the work is estimated
-        above about two seconds, else one), -1 is one per core, 1 runs serially. Where
-        Python starts processes by spawning (macOS, Windows, Python >= 3.14), call flow
-        under ``if __name__ == "__main__":`` in scripts, as for any process pool.
+        above about two seconds, else one), -1 is one per core, 1 runs serially. The
+        processes start from a clean server process, never by forking the caller (which
+        may run JAX, PyTorch or BLAS threads): in scripts, call flow under
+        ``if __name__ == "__main__":``, as for any process pool.
     executor : concurrent.futures.Executor, optional
         Run the max-flow tasks on this executor instead, for example a Dask cluster's
         (``distributed.Client(...).get_executor()``). Tasks hold one sequence each.
@@ -477,9 +499,7 @@ def flow(
     values = np.zeros(plan.output_shape)
     bar = _progress_bar(progress, estimate.max_flows)
     try:
-        for task, result in _run(plan.tasks, workers, executor, bar):
-            where = (*task.index, *np.ix_(task.positions, task.sinks))
-            values[where] = result  # type: ignore[index]
+        _collect(values, _run(plan.tasks, workers, executor, bar))
     finally:
         if bar is not None:
             bar.close()
