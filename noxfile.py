@@ -28,7 +28,7 @@ PROJECT = nox.project.load_toml("pyproject.toml")
 TORCH = "torch==2.13.0"  # the CPU build; an unpinned torch pulls GBs of CUDA packages
 # What each backend cell installs on top of the package and the test tools.
 BACKEND_PACKAGES: dict[str, list[str]] = {
-    "numpy": [],
+    "numpy": ["matplotlib"],  # the figures (attnflow.plot) are tested in this cell
     "array_api_strict": [],  # in the test group: always installed
     "torch": [TORCH],
     "jax": ["jax"],
@@ -101,6 +101,7 @@ def minimal(session: nox.Session) -> None:
         "tests/test_validation.py",
         "tests/test_cli.py",
         "tests/test_cli_methods.py",
+        "tests/test_html.py",
         env=env,
     )
 
@@ -109,7 +110,7 @@ def minimal(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Build the documentation site with warnings as errors."""
     _install_group(session, "docs")
-    session.install(".")
+    session.install(".[plot]")
     # Stale autosummary stubs would hide a renamed or removed function.
     for stale in ("docs/_build", "docs/api/generated"):
         shutil.rmtree(stale, ignore_errors=True)

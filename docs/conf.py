@@ -88,3 +88,5 @@ html_theme_options = {
 html_sidebars = {"**": []}
 html_show_sourcelink = True
 html_static_path: list[str] = []
+# The methods of attnflow.html.TokenView are shown in its class example.
+numpydoc_validation_exclude = {r"\.TokenView\.\w+$"}

@@ -1,0 +1,783 @@
+"""Pictures of token attributions: the figures of Abnar & Zuidema (2020) and image overlays.
+
+Every function returns a :class:`matplotlib.figure.Figure` built with the object-oriented
+API: nothing is shown, no pyplot state is touched and no backend is needed. Save a figure
+with ``fig.savefig("map.png")`` or let a notebook display it.
+
+Scores may come from any array library attnflow supports (NumPy, PyTorch on any device,
+JAX, Dask, array-api-strict, TensorFlow); they are copied to the host as NumPy.
+
+matplotlib is an optional dependency (``pip install "attnflow[plot]"``); it is imported
+when a function is called, never when this module is imported.
+
+- :func:`token_heatmap`: one row of scores over the tokens of a sentence.
+- :func:`layer_token_map`: layer x input-token maps, the paper's Figures 2 and 3 (raw
+  attention, rollout and flow side by side for one output position).
+- :func:`image_overlay`: a vision transformer's patch scores upsampled onto its image.
+- :func:`attention_graph`: the layered attention graph, the paper's Figure 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import array_api_compat
+import numpy as np
+from numpy.typing import NDArray
+
+from ._host import to_host
+from ._namespace import _tensorflow_to_numpy, is_tensorflow_tensor, values_are_inspectable
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.image import AxesImage
+
+__all__ = ["attention_graph", "image_overlay", "layer_token_map", "token_heatmap"]
+
+FloatArray = NDArray[np.float64]
+
+_ANNOTATE_UP_TO = 24
+"""`token_heatmap` writes the values into the cells for at most this many tokens."""
+
+
+# -- input handling ------------------------------------------------------------------------
+
+
+def _as_numpy(x: Any, name: str) -> FloatArray:
+    """Copy `x` (any supported array library, or nested sequences) to float64 NumPy."""
+    if isinstance(x, np.ndarray):
+        values: Any = x
+    elif is_tensorflow_tensor(x):
+        values = _tensorflow_to_numpy(x, name)
+    elif array_api_compat.is_array_api_obj(x):
+        if not values_are_inspectable(x) and not array_api_compat.is_dask_array(x):
+            msg = (
+                f"`{name}` has no values here (it is traced, e.g. inside `jax.jit`); "
+                "plotting needs concrete values. Plot outside the compiled function."
+            )
+            raise TypeError(msg)
+        return to_host(x, name=name)
+    else:
+        values = x
+    try:
+        return np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        msg = f"`{name}` must be an array of numbers; got {type(x).__name__}: {exc}"
+        raise TypeError(msg) from exc
+
+
+def _check_finite(values: FloatArray, name: str) -> None:
+    if not np.isfinite(values).all():
+        bad = int(np.size(values) - np.count_nonzero(np.isfinite(values)))
+        msg = f"`{name}` must be finite; it has {bad} NaN or infinite value(s)."
+        raise ValueError(msg)
+
+
+def _check_tokens(tokens: Sequence[str], n: int, what: str) -> list[str]:
+    """`tokens` as a list of `n` strings; `what` names the array whose last axis has n."""
+    given: object = tokens  # checked at run time whatever the annotation says
+    if isinstance(given, str | bytes) or not isinstance(given, Sequence):
+        msg = (
+            f"`tokens` must be a sequence of {n} strings (one per token); got "
+            f"{type(given).__name__}."
+        )
+        raise TypeError(msg)
+    labels: list[str] = []
+    for index, token in enumerate(given):
+        if not isinstance(token, str):
+            msg = f"`tokens` must hold strings; tokens[{index}] is {type(token).__name__}."
+            raise TypeError(msg)
+        labels.append(token)
+    if len(labels) != n:
+        msg = (
+            f"`tokens` has {len(labels)} entries but `{what}` has {n} tokens on its last axis; "
+            "pass one label per token (padding included, or slice both)."
+        )
+        raise ValueError(msg)
+    return labels
+
+
+def _limits(values: FloatArray, vmin: float | None, vmax: float | None) -> tuple[float, float]:
+    """Colour limits: zero to the largest value for non-negative scores, unless given."""
+    if values.size == 0:
+        return (0.0 if vmin is None else vmin, 1.0 if vmax is None else vmax)
+    low = min(0.0, float(values.min())) if vmin is None else float(vmin)
+    high = float(values.max()) if vmax is None else float(vmax)
+    if high <= low:  # constant scores: any positive span shows them
+        high = low + 1.0
+    return low, high
+
+
+def _new_figure(figsize: tuple[float, float]) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=figsize, layout="constrained")
+
+
+def _figure_and_axes(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
+    """Make a figure with one axes, or find the figure that holds `ax`."""
+    if ax is None:
+        figure = _new_figure(figsize)
+        return figure, figure.add_subplot()
+    from matplotlib.axes import Axes
+
+    given: object = ax
+    if not isinstance(given, Axes):
+        msg = f"`ax` must be a matplotlib Axes or None; got {type(given).__name__}."
+        raise TypeError(msg)
+    return ax.figure.figure, ax  # the root figure, also for an axes in a subfigure
+
+
+def _label_tokens(ax: Axes, tokens: Sequence[str]) -> None:
+    """Token names on the x axis, rotated when they would collide."""
+    ax.set_xticks(range(len(tokens)))
+    longest = max((len(token) for token in tokens), default=0)
+    if len(tokens) > 8 or longest * len(tokens) > 40:
+        ax.set_xticklabels(tokens, rotation=45, ha="right", rotation_mode="anchor")
+    else:
+        ax.set_xticklabels(tokens)
+
+
+def _token_axis_width(n: int) -> float:
+    return max(3.0, 0.5 * n + 1.0)
+
+
+# -- token_heatmap -------------------------------------------------------------------------
+
+
+def token_heatmap(
+    scores: Any,
+    /,
+    *,
+    tokens: Sequence[str],
+    ax: Axes | None = None,
+    title: str | None = None,
+    cmap: str = "Reds",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    annotate: bool | None = None,
+) -> Figure:
+    """Draw one row of scores over the tokens of a sentence as a coloured strip.
+
+    Parameters
+    ----------
+    scores : array of shape (n,)
+        One score per token, e.g. ``attnflow.rollout(attentions, rows=0)`` for the
+        ``[CLS]`` position of one sentence. Any supported array library.
+    tokens : sequence of str
+        The ``n`` token labels, shown (rotated when long or many) under the strip.
+    ax : matplotlib.axes.Axes, optional
+        Draw into this axes (its figure gets the colour bar). By default a new figure.
+    title : str, optional
+        Title of the axes.
+    cmap : str, default "Reds"
+        A matplotlib colour map name.
+    vmin, vmax : float, optional
+        Colour limits. By default ``0`` (or the smallest score, if negative) and the
+        largest score.
+    annotate : bool, optional
+        Write each value into its cell. By default only for at most 24 tokens.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure holding the strip and its colour bar; ``fig.axes[0].images[0]``
+        holds the ``(1, n)`` image of the scores.
+
+    Raises
+    ------
+    ValueError
+        If `scores` is not one-dimensional or not finite, or `tokens` does not have one
+        label per score.
+    TypeError
+        If `tokens` is not a sequence of strings or `ax` not an Axes.
+
+    See Also
+    --------
+    layer_token_map : The same scores for every layer, for several methods.
+    attnflow.html.TokenView : The same strip as dependency-free HTML.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnflow.plot import token_heatmap
+    >>> fig = token_heatmap(np.array([0.1, 0.6, 0.3]), tokens=["[CLS]", "cats", "sleep"])
+    >>> [label.get_text() for label in fig.axes[0].get_xticklabels()]
+    ['[CLS]', 'cats', 'sleep']
+    >>> fig.savefig("heatmap.png")  # doctest: +SKIP
+    """
+    values = _as_numpy(scores, "scores")
+    if values.ndim != 1:
+        msg = (
+            f"`scores` must be one row of scores, shape (n,); got shape {values.shape}. "
+            "Select one output position first, e.g. `attnflow.rollout(w, rows=0)`."
+        )
+        raise ValueError(msg)
+    n = values.shape[0]
+    labels = _check_tokens(tokens, n, "scores")
+    _check_finite(values, "scores")
+    low, high = _limits(values, vmin, vmax)
+
+    figure, axes = _figure_and_axes(ax, (max(4.0, 0.55 * n + 2.0), 2.2))
+    image = axes.imshow(
+        values[np.newaxis, :],
+        cmap=cmap,
+        vmin=low,
+        vmax=high,
+        aspect="auto",
+        interpolation="nearest",
+    )
+    _label_tokens(axes, labels)
+    axes.set_yticks([])
+    if title is not None:
+        axes.set_title(title)
+    figure.colorbar(image, ax=axes, fraction=0.05, pad=0.02)
+    if annotate if annotate is not None else n <= _ANNOTATE_UP_TO:
+        _annotate(axes, image, values)
+    return figure
+
+
+def _annotate(ax: Axes, image: AxesImage, values: FloatArray) -> None:
+    """Write each value into its cell, white on dark cells and black on light ones."""
+    colours = np.asarray(image.to_rgba(values), dtype=np.float64)
+    for column, value in enumerate(values):
+        red, green, blue = colours[column, :3]
+        dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5
+        ax.text(
+            column,
+            0,
+            f"{value:.2f}",
+            ha="center",
+            va="center",
+            fontsize=8,
+            color="white" if dark else "black",
+        )
+
+
+# -- layer_token_map -----------------------------------------------------------------------
+
+
+def _named_maps(maps: Any, titles: Sequence[str] | None) -> list[tuple[str | None, FloatArray]]:
+    """Split `maps` into the panels of `layer_token_map`: (title, (layers, n) map) pairs."""
+    if isinstance(maps, Mapping):
+        if not maps:
+            msg = "`maps` is an empty mapping; pass at least one (layers, n) map."
+            raise ValueError(msg)
+        named: list[tuple[str | None, Any]] = [(str(key), value) for key, value in maps.items()]
+    elif isinstance(maps, list | tuple):
+        if not maps:
+            msg = "`maps` is an empty sequence; pass at least one (layers, n) map."
+            raise ValueError(msg)
+        named = [(None, value) for value in maps]
+    else:
+        stacked = _as_numpy(maps, "maps")
+        if stacked.ndim == 2:
+            named = [(None, stacked)]
+        elif stacked.ndim == 3:
+            named = [(None, panel) for panel in stacked]
+        else:
+            msg = (
+                "`maps` must be one (layers, n) map, a stack (k, layers, n), or a mapping or "
+                f"sequence of (layers, n) maps; got an array of shape {stacked.shape}."
+            )
+            raise ValueError(msg)
+    if titles is not None:
+        if isinstance(titles, str) or len(titles) != len(named):
+            msg = (
+                f"`titles` must be a sequence of {len(named)} strings, one per map; got {titles!r}."
+            )
+            raise ValueError(msg)
+        named = [(str(title), value) for title, (_, value) in zip(titles, named, strict=True)]
+    panels: list[tuple[str | None, FloatArray]] = []
+    for index, (title, value) in enumerate(named):
+        name = f"maps[{title!r}]" if isinstance(maps, Mapping) else f"maps[{index}]"
+        array = _as_numpy(value, name)
+        if array.ndim != 2:
+            msg = (
+                f"`{name}` must be a (layers, n) map, one row per layer; got shape "
+                f"{array.shape}. Use `layers='all'` with an int `rows`, e.g. "
+                "`attnflow.rollout(w, rows=0, layers='all')`."
+            )
+            raise ValueError(msg)
+        _check_finite(array, name)
+        panels.append((title, array))
+    return panels
+
+
+def layer_token_map(
+    maps: Any,
+    /,
+    *,
+    tokens: Sequence[str],
+    titles: Sequence[str] | None = None,
+    shared_scale: bool = True,
+    cmap: str = "Reds",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    title: str | None = None,
+    figsize: tuple[float, float] | None = None,
+) -> Figure:
+    """Draw layer x input-token maps side by side (Abnar & Zuidema 2020, Figures 2-3).
+
+    Each panel shows, for one output position, the attention to every input token
+    (x axis) at every layer (y axis, layer 1 at the bottom as in the paper). Pass raw
+    attention, rollout and flow together to compare them.
+
+    Parameters
+    ----------
+    maps : array of shape (layers, n), or a mapping or sequence of them
+        One map, a stack ``(k, layers, n)``, a sequence of maps, or a mapping from panel
+        title to map, e.g. ``{"raw": ..., "rollout": ..., "flow": ...}`` with each from
+        ``attnflow.<method>(w, rows=0, layers="all")``. Any supported array library.
+    tokens : sequence of str
+        The ``n`` input token labels.
+    titles : sequence of str, optional
+        Panel titles; by default the mapping's keys (no titles for arrays).
+    shared_scale : bool, default True
+        One colour scale (and one colour bar) for all panels, so that equal colours mean
+        equal values across methods. This is honest when all maps are distributions over
+        the same tokens, each row summing to 1: raw attention rows, rollout and
+        (normalised) flow are. Turn it off for maps on different scales, such as
+        ``attnflow.flow(..., normalize=False)`` next to rollout; each panel then gets its
+        own colour bar.
+    cmap : str, default "Reds"
+        A matplotlib colour map name.
+    vmin, vmax : float, optional
+        Colour limits for every panel. By default ``0`` (or the smallest value, if
+        negative) and the largest value: over all panels when `shared_scale`, per panel
+        otherwise.
+    title : str, optional
+        Title above all panels.
+    figsize : tuple of float, optional
+        Figure size in inches; by default it grows with the number of tokens and layers.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        One axes per map, in order (then the colour bar axes); ``fig.axes[i].images[0]``
+        holds map ``i`` as drawn, row 0 = layer 1.
+
+    Raises
+    ------
+    ValueError
+        If a map is not two-dimensional or not finite, `tokens` or `titles` has the wrong
+        length, or `maps` is empty.
+    TypeError
+        If `tokens` is not a sequence of strings.
+
+    See Also
+    --------
+    token_heatmap : One row of scores.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> from attnflow.plot import layer_token_map
+    >>> rng = np.random.default_rng(0)
+    >>> w = rng.dirichlet(np.ones(4), size=(3, 2, 4))  # (layers, heads, n, n)
+    >>> maps = {
+    ...     "raw": attnflow.raw(w, rows=0, layers="all"),
+    ...     "rollout": attnflow.rollout(w, rows=0, layers="all"),
+    ...     "flow": attnflow.flow(w, rows=0, layers="all"),
+    ... }
+    >>> fig = layer_token_map(maps, tokens=["[CLS]", "the", "key", "[SEP]"])
+    >>> [ax.get_title() for ax in fig.axes[:3]]
+    ['raw', 'rollout', 'flow']
+    """
+    panels = _named_maps(maps, titles)
+    n = panels[0][1].shape[1]
+    for index, (_, array) in enumerate(panels[1:], start=1):
+        if array.shape[1] != n:
+            msg = (
+                f"every map must cover the same {n} tokens; map {index} has shape "
+                f"{array.shape}, map 0 has {panels[0][1].shape}."
+            )
+            raise ValueError(msg)
+    labels = _check_tokens(tokens, n, "maps")
+    n_layers = max(array.shape[0] for _, array in panels)
+    if figsize is None:
+        width = len(panels) * _token_axis_width(n) + 1.0
+        height = max(2.6, 0.38 * n_layers + 1.8)
+        figsize = (width, height)
+
+    from matplotlib.colors import Normalize
+
+    figure = _new_figure(figsize)
+    axes_grid = figure.subplots(1, len(panels), squeeze=False)
+    axes = list(axes_grid[0])
+    shared = None
+    if shared_scale:
+        every = np.concatenate([array.ravel() for _, array in panels])
+        shared = Normalize(*_limits(every, vmin, vmax))
+    images = []
+    for index, (ax, (panel_title, array)) in enumerate(zip(axes, panels, strict=True)):
+        norm = shared if shared is not None else Normalize(*_limits(array, vmin, vmax))
+        image = ax.imshow(
+            array, cmap=cmap, norm=norm, origin="lower", aspect="auto", interpolation="nearest"
+        )
+        images.append(image)
+        layers = array.shape[0]
+        ax.set_yticks(range(layers))
+        ax.set_yticklabels([str(layer + 1) for layer in range(layers)])
+        if index == 0:
+            ax.set_ylabel("layer")
+        _label_tokens(ax, labels)
+        if panel_title is not None:
+            ax.set_title(panel_title)
+        if shared is None:
+            figure.colorbar(image, ax=ax, fraction=0.08, pad=0.02)
+    if shared is not None:
+        figure.colorbar(images[0], ax=axes, fraction=0.04, pad=0.02)
+    if title is not None:
+        figure.suptitle(title)
+    return figure
+
+
+# -- image_overlay -------------------------------------------------------------------------
+
+
+def _patch_grid(n_patches: int, grid: tuple[int, int] | None, extra_tokens: int) -> tuple[int, int]:
+    if grid is None:
+        side = math.isqrt(n_patches)
+        if side * side != n_patches:
+            msg = (
+                f"`scores` has {n_patches} patch scores after dropping `extra_tokens`="
+                f"{extra_tokens} leading token(s), which is not a square number; pass "
+                "`grid=(rows, cols)` for a non-square patch grid, or set `extra_tokens` to "
+                "the number of CLS, distillation and register tokens."
+            )
+            raise ValueError(msg)
+        return side, side
+    given: object = grid
+    if (
+        not isinstance(given, tuple | list)
+        or len(given) != 2
+        or not all(
+            isinstance(side, int | np.integer) and not isinstance(side, bool) and side > 0
+            for side in given
+        )
+    ):
+        msg = f"`grid` must be a pair of positive ints (rows, cols); got {grid!r}."
+        raise ValueError(msg)
+    rows, cols = int(given[0]), int(given[1])
+    if rows * cols != n_patches:
+        msg = (
+            f"`grid`={grid!r} has {rows * cols} patches but `scores` has {n_patches} patch "
+            f"scores after dropping `extra_tokens`={extra_tokens} leading token(s)."
+        )
+        raise ValueError(msg)
+    return rows, cols
+
+
+def _as_image(image: Any) -> FloatArray:
+    """`image` as float (H, W) or (H, W, 3|4) with values in [0, 1]."""
+    pixels = _as_numpy(image, "image")
+    if pixels.ndim == 3 and pixels.shape[-1] not in (1, 3, 4) and pixels.shape[0] in (1, 3, 4):
+        pixels = np.moveaxis(pixels, 0, -1)  # channel-first (PyTorch) to channel-last
+    if pixels.ndim == 3 and pixels.shape[-1] == 1:
+        pixels = pixels[..., 0]
+    if not (pixels.ndim == 2 or (pixels.ndim == 3 and pixels.shape[-1] in (3, 4))):
+        msg = (
+            "`image` must have shape (H, W), (H, W, 3) or (H, W, 4) (or channel-first "
+            f"(3, H, W)); got shape {pixels.shape}."
+        )
+        raise ValueError(msg)
+    if pixels.shape[0] == 0 or pixels.shape[1] == 0:
+        msg = f"`image` is empty: shape {pixels.shape}."
+        raise ValueError(msg)
+    _check_finite(pixels, "image")
+    low, high = float(pixels.min()), float(pixels.max())
+    if low >= 0.0 and 1.0 < high <= 255.0:  # 8-bit values
+        return pixels / 255.0
+    if low < 0.0 or high > 1.0:  # e.g. a mean/std-normalised input
+        return (pixels - low) / (high - low)
+    return pixels
+
+
+def _upsample(
+    patch_map: FloatArray, shape: tuple[int, int], method: Literal["nearest", "bilinear"]
+) -> FloatArray:
+    """Resize a (rows, cols) map to `shape` (half-pixel centres, as image resizers do)."""
+    rows, cols = patch_map.shape
+    height, width = shape
+    if method == "nearest":
+        row_index = (np.arange(height) * rows) // height
+        col_index = (np.arange(width) * cols) // width
+        return patch_map[np.ix_(row_index, col_index)]
+
+    def weights(out: int, size: int) -> tuple[NDArray[np.intp], NDArray[np.intp], FloatArray]:
+        position = np.clip((np.arange(out) + 0.5) * size / out - 0.5, 0.0, size - 1.0)
+        low = np.floor(position).astype(np.intp)
+        high = np.minimum(low + 1, size - 1)
+        return low, high, position - low
+
+    r0, r1, wr = weights(height, rows)
+    c0, c1, wc = weights(width, cols)
+    along_rows = patch_map[r0, :] * (1.0 - wr)[:, None] + patch_map[r1, :] * wr[:, None]
+    return along_rows[:, c0] * (1.0 - wc)[None, :] + along_rows[:, c1] * wc[None, :]
+
+
+def image_overlay(
+    scores: Any,
+    image: Any,
+    /,
+    *,
+    grid: tuple[int, int] | None = None,
+    extra_tokens: int = 1,
+    alpha: float = 0.5,
+    cmap: str = "turbo",
+    interpolation: Literal["nearest", "bilinear"] = "bilinear",
+    ax: Axes | None = None,
+    title: str | None = None,
+    vmin: float | None = None,
+    vmax: float | None = None,
+) -> Figure:
+    """Overlay a vision transformer's patch scores on its input image.
+
+    The first `extra_tokens` scores (CLS, distillation, register tokens) are dropped, the
+    rest are laid out row by row on the patch grid, upsampled to the image's size and
+    drawn over the image.
+
+    Parameters
+    ----------
+    scores : array of shape (extra_tokens + rows * cols,)
+        One score per token of one output position, e.g. the ``[CLS]`` row
+        ``attnflow.rollout(attentions, rows=0)``. Any supported array library.
+    image : array of shape (H, W), (H, W, 3) or (H, W, 4)
+        The input image; channel-first ``(3, H, W)`` arrays (PyTorch's layout) are
+        accepted too. Values in [0, 1] are used as they are; other values (such
+        as mean/std-normalised inputs) are rescaled to [0, 1] by their minimum and maximum.
+        Values in [0, 255] with a maximum above 1 are read as 8-bit (divided by 255).
+    grid : tuple of int, optional
+        The patch grid ``(rows, cols)``. By default a square grid of side the square root
+        of the number of patches.
+    extra_tokens : int, default 1
+        How many leading tokens are not patches: 1 for a CLS token, 2 with a distillation
+        token (DeiT), ``1 + r`` with ``r`` registers, 0 for none.
+    alpha : float, default 0.5
+        Opacity of the score map over the image, in [0, 1].
+    cmap : str, default "turbo"
+        A matplotlib colour map name for the scores.
+    interpolation : {"bilinear", "nearest"}, default "bilinear"
+        How the patch map is upsampled: smoothly, or as blocks with one colour per patch.
+    ax : matplotlib.axes.Axes, optional
+        Draw into this axes. By default a new figure.
+    title : str, optional
+        Title of the axes.
+    vmin, vmax : float, optional
+        Colour limits; by default the smallest and largest patch score.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure; in its first axes ``images[0]`` is the image and ``images[1]`` the
+        upsampled ``(H, W)`` score map.
+
+    Raises
+    ------
+    ValueError
+        If the number of patch scores does not fit `grid` (or is not square without it),
+        `extra_tokens` or `alpha` is out of range, or `image` has an unsupported shape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnflow.plot import image_overlay
+    >>> scores = np.r_[0.5, np.arange(6.0)]  # CLS, then a 2 x 3 patch grid
+    >>> image = np.zeros((40, 60, 3))
+    >>> fig = image_overlay(scores, image, grid=(2, 3))
+    >>> fig.axes[0].images[1].get_array().shape
+    (40, 60)
+    """
+    values = _as_numpy(scores, "scores")
+    if values.ndim != 1:
+        msg = (
+            f"`scores` must be one row of token scores, shape (n,); got shape "
+            f"{values.shape}. Select one output position, e.g. `attnflow.rollout(w, rows=0)`."
+        )
+        raise ValueError(msg)
+    leading: object = extra_tokens
+    if (
+        isinstance(leading, bool)
+        or not isinstance(leading, int | np.integer)
+        or not 0 <= leading < values.shape[0]
+    ):
+        msg = (
+            f"`extra_tokens` must be an int in [0, {values.shape[0]}) (the leading tokens "
+            f"that are not patches); got {extra_tokens!r}."
+        )
+        raise ValueError(msg)
+    if not 0.0 <= alpha <= 1.0:
+        msg = f"`alpha` must be in [0, 1]; got {alpha!r}."
+        raise ValueError(msg)
+    if interpolation not in ("nearest", "bilinear"):
+        msg = f"`interpolation` must be 'nearest' or 'bilinear'; got {interpolation!r}."
+        raise ValueError(msg)
+    _check_finite(values, "scores")
+    patches = values[int(extra_tokens) :]
+    rows, cols = _patch_grid(patches.shape[0], grid, int(extra_tokens))
+    pixels = _as_image(image)
+    height, width = pixels.shape[:2]
+    heat = _upsample(patches.reshape(rows, cols), (height, width), interpolation)
+    low = float(patches.min()) if vmin is None else float(vmin)
+    high = float(patches.max()) if vmax is None else float(vmax)
+    if high <= low:
+        high = low + 1.0
+
+    figure, axes = _figure_and_axes(ax, (5.0 * min(2.0, max(0.5, width / height)) + 1.0, 5.0))
+    if pixels.ndim == 2:
+        axes.imshow(pixels, cmap="gray", vmin=0.0, vmax=1.0, interpolation="antialiased")
+    else:
+        axes.imshow(pixels, interpolation="antialiased")
+    overlay = axes.imshow(
+        heat, cmap=cmap, alpha=alpha, vmin=low, vmax=high, interpolation="nearest"
+    )
+    axes.set_axis_off()
+    if title is not None:
+        axes.set_title(title)
+    colorbar = figure.colorbar(overlay, ax=axes, fraction=0.046, pad=0.02)
+    if colorbar.solids is not None:
+        colorbar.solids.set_alpha(1.0)  # the bar shows the colours, not the blend
+    return figure
+
+
+# -- attention_graph -----------------------------------------------------------------------
+
+
+def attention_graph(
+    attentions_fused: Any,
+    /,
+    *,
+    tokens: Sequence[str],
+    max_tokens: int = 12,
+    min_weight: float = 0.0,
+    ax: Axes | None = None,
+    title: str | None = None,
+    color: str = "tab:blue",
+    max_linewidth: float = 5.0,
+) -> Figure:
+    """Draw the layered attention graph (Abnar & Zuidema 2020, Figure 1).
+
+    Nodes are the tokens at each layer, inputs (layer 0) at the bottom. An edge joins
+    node ``k`` of layer ``l`` (a query) to node ``m`` of layer ``l - 1`` (a key); its line
+    width and opacity are proportional to the attention weight ``A_l[k, m]``, relative to
+    the largest weight in the graph. Readable for short sequences only.
+
+    Parameters
+    ----------
+    attentions_fused : array of shape (layers, n, n)
+        Head-fused attention of one example (rows = queries at layer ``l``, columns = keys
+        at layer ``l - 1``), e.g. ``attnflow.fuse_heads(w[0])``; add the residual with
+        ``attnflow.add_residual`` to draw the graph that rollout and flow use. Any
+        supported array library.
+    tokens : sequence of str
+        The ``n`` token labels, written under the input layer.
+    max_tokens : int, default 12
+        The longest sequence drawn; beyond it the picture is unreadable.
+    min_weight : float, default 0.0
+        Edges with weight at or below it are not drawn.
+    ax : matplotlib.axes.Axes, optional
+        Draw into this axes. By default a new figure.
+    title : str, optional
+        Title of the axes.
+    color : str, default "tab:blue"
+        Colour of the edges.
+    max_linewidth : float, default 5.0
+        Line width (points) of the heaviest edge.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure; its first axes holds the edges as one
+        :class:`~matplotlib.collections.LineCollection` (lightest first) and the nodes.
+
+    Raises
+    ------
+    ValueError
+        If the input is not ``(layers, n, n)``, is negative or not finite, has more than
+        `max_tokens` tokens, or `tokens` does not have ``n`` labels.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> from attnflow.plot import attention_graph
+    >>> rng = np.random.default_rng(0)
+    >>> w = rng.dirichlet(np.ones(4), size=(3, 2, 4))  # (layers, heads, n, n)
+    >>> fig = attention_graph(attnflow.fuse_heads(w), tokens=["[CLS]", "a", "cat", "[SEP]"])
+    >>> len(fig.axes[0].collections[0].get_segments())  # 3 layers of 4 x 4 edges
+    48
+    """
+    weights = _as_numpy(attentions_fused, "attentions_fused")
+    if weights.ndim != 3 or weights.shape[1] != weights.shape[2] or weights.shape[0] == 0:
+        msg = (
+            "`attentions_fused` must be head-fused attention of one example, shape "
+            f"(layers, n, n); got shape {weights.shape}. Fuse heads first with "
+            "`attnflow.fuse_heads` and select one example."
+        )
+        raise ValueError(msg)
+    n_layers, n = weights.shape[0], weights.shape[2]
+    if n > max_tokens:
+        msg = (
+            f"`attentions_fused` has {n} tokens, more than `max_tokens`={max_tokens}; the "
+            "graph would be unreadable. Raise `max_tokens` or slice the tokens of interest."
+        )
+        raise ValueError(msg)
+    labels = _check_tokens(tokens, n, "attentions_fused")
+    _check_finite(weights, "attentions_fused")
+    if (weights < 0).any():
+        msg = f"`attentions_fused` must be non-negative; its minimum is {weights.min():.4g}."
+        raise ValueError(msg)
+
+    from matplotlib.collections import LineCollection
+    from matplotlib.colors import to_rgba
+
+    figure, axes = _figure_and_axes(
+        ax, (max(4.0, 0.85 * n + 1.5), max(3.0, 0.9 * (n_layers + 1) + 1.0))
+    )
+    layer, query, key = np.nonzero(weights > min_weight)
+    strength = weights[layer, query, key]
+    order = np.argsort(strength, kind="stable")  # heaviest drawn last, on top
+    layer, query, key, strength = layer[order], query[order], key[order], strength[order]
+    heaviest = float(strength.max()) if strength.size else 1.0
+    relative = strength / heaviest
+    # Query k of layer l + 1 (its attention is weights[l]) to key m of layer l.
+    segments = np.stack(
+        [np.stack([query, layer + 1], axis=-1), np.stack([key, layer], axis=-1)], axis=1
+    ).astype(np.float64)
+    colours = np.tile(np.asarray(to_rgba(color)), (relative.size, 1))
+    colours[:, 3] = relative
+    edges = LineCollection(
+        list(segments),
+        linewidths=max_linewidth * relative,
+        colors=colours,
+        capstyle="round",
+        zorder=1,
+    )
+    edges.set_gid("attention-edges")
+    axes.add_collection(edges)
+    grid_x, grid_y = np.meshgrid(np.arange(n), np.arange(n_layers + 1))
+    axes.scatter(
+        grid_x.ravel(),
+        grid_y.ravel(),
+        s=60,
+        facecolors="white",
+        edgecolors="0.25",
+        linewidths=1.0,
+        zorder=2,
+    )
+    axes.set_xlim(-0.5, n - 0.5)
+    axes.set_ylim(-0.4, n_layers + 0.4)
+    _label_tokens(axes, labels)
+    axes.set_yticks(range(n_layers + 1))
+    axes.set_yticklabels(["input"] + [f"layer {layer + 1}" for layer in range(n_layers)])
+    axes.tick_params(length=0)
+    for spine in axes.spines.values():
+        spine.set_visible(False)
+    if title is not None:
+        axes.set_title(title)
+    return figure
