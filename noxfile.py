@@ -56,7 +56,30 @@ def tests(session: nox.Session, backend: str) -> None:
     session.run("pytest", *session.posargs, env=env)
     if backend == "numpy":
         # The docstring examples are part of the contract.
-        session.run("pytest", "--doctest-modules", "--pyargs", "attnflow", env=env)
+        installed = session.run(
+            "python",
+            "-c",
+            "import attnflow, pathlib; print(pathlib.Path(attnflow.__file__).parent)",
+            silent=True,
+            env=env,
+        )
+        adapter = Path(str(installed).strip()) / "adapters" / "torch.py"
+        # The torch adapter needs torch: its examples run in the adapters-torch session.
+        session.run(
+            "pytest", "--doctest-modules", "--pyargs", "attnflow", f"--ignore={adapter}", env=env
+        )
+
+
+@nox.session(name="adapters-torch")
+def adapters_torch(session: nox.Session) -> None:
+    """The PyTorch adapter on real models: a pretrained MiniLM, GPT-2, nn.Transformer."""
+    session.install(TORCH)  # first, so that nothing pulls a CUDA build of torch
+    _install_group(session, "adapters-torch")
+    _install_group(session, "test")
+    session.install(".")
+    env = {**ENV, "HF_HUB_OFFLINE": "1", "ATTNFLOW_TEST_BACKENDS": "torch"}
+    session.run("pytest", "tests/adapters/test_torch.py", *session.posargs, env=env)
+    session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.torch", env=env)
 
 
 @nox.session

@@ -6,7 +6,11 @@ Keras models and hand them to the core in its canonical layout
 
 This package lives in the top-level ``adapters/`` folder of the repository and installs as
 ``attnflow.adapters``. Each framework gets its own submodule, imported only when asked for,
-so that ``import attnflow`` never imports a deep-learning framework.
+so that ``import attnflow`` never imports a deep-learning framework:
+
+- ``attnflow.adapters.torch``: PyTorch, Hugging Face ``transformers`` (eager or sdpa) and
+  anything that calls ``torch.nn.functional.scaled_dot_product_attention``, and
+  ``torch.nn.MultiheadAttention``.
 """
 
 from __future__ import annotations

