@@ -12,12 +12,13 @@ import json
 import os
 import struct
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
-__all__ = ["ArrayFileError", "read_array", "write_npz"]
+__all__ = ["ArrayFileError", "read_array", "write_atomically", "write_npz"]
 
 _SAFETENSORS_DTYPES: dict[str, np.dtype[np.generic]] = {
     "F64": np.dtype("<f8"),
@@ -151,6 +152,45 @@ def read_array(path: str | os.PathLike[str], *, key: str | None, default: str) -
     raise ArrayFileError(msg)
 
 
+def write_atomically(
+    path: str | os.PathLike[str], write: Callable[[BinaryIO], object], *, force: bool
+) -> Path:
+    """Write a file through `write` atomically; refuse to replace a file unless `force`.
+
+    The bytes go to a temporary file in the target's folder, which is then renamed onto
+    the target, so the target never holds a partial file.
+
+    Returns
+    -------
+    Path
+        The file written.
+
+    Raises
+    ------
+    ArrayFileError
+        If the file exists and `force` is False, or its folder does not exist.
+    """
+    target = Path(path)
+    if target.exists() and not force:
+        msg = f"{target} exists; pass --force to replace it"
+        raise ArrayFileError(msg)
+    if not target.parent.is_dir():
+        msg = f"folder {target.parent} does not exist"
+        raise ArrayFileError(msg)
+    descriptor, temporary = tempfile.mkstemp(
+        prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
+    )
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            write(file)
+        Path(temporary).chmod(0o644)
+        Path(temporary).replace(target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return target
+
+
 def write_npz(
     path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray], *, force: bool
 ) -> Path:
@@ -164,26 +204,15 @@ def write_npz(
     Raises
     ------
     ArrayFileError
-        If the file exists and `force` is False, or its folder does not exist.
+        If the name does not end in ``.npz``, the file exists and `force` is False, or
+        its folder does not exist.
     """
     target = Path(path)
     if target.suffix.lower() != ".npz":
         msg = f"output {target} must end in .npz"
         raise ArrayFileError(msg)
-    if target.exists() and not force:
-        msg = f"{target} exists; pass --force to replace it"
-        raise ArrayFileError(msg)
-    if not target.parent.is_dir():
-        msg = f"folder {target.parent} does not exist"
-        raise ArrayFileError(msg)
-    descriptor, temporary = tempfile.mkstemp(
-        prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
+    return write_atomically(
+        target,
+        lambda file: np.savez(file, **arrays),  # type: ignore[arg-type]
+        force=force,
     )
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            np.savez(file, **arrays)  # type: ignore[arg-type]
-        Path(temporary).replace(target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return target

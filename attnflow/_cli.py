@@ -17,7 +17,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 import numpy as np
 from numpy.typing import NDArray
@@ -81,7 +81,126 @@ class Command:
 
 
 def _configure_demo(parser: argparse.ArgumentParser) -> None:
-    """Add the options of ``attnflow demo``: none for now, beyond ``--debug``."""
+    """Add the options of ``attnflow demo``: where its figures and page go."""
+    parser.add_argument(
+        "-o",
+        "--output",
+        default="attnflow-demo",
+        help="folder for the figures and the HTML page (default: ./attnflow-demo)",
+    )
+    parser.add_argument("--force", action="store_true", help="replace files already there")
+    parser.add_argument(
+        "--no-files", action="store_true", help="print the table only; write no files"
+    )
+
+
+def _explained_row(tokens: Sequence[str]) -> int:
+    """Choose the row the figures explain: the masked word (paper's Figure 4), else [CLS]."""
+    return list(tokens).index("[MASK]") if "[MASK]" in tokens else 0
+
+
+def _demo_page(sample: Any, sections: Sequence[str], *, plotting: bool) -> str:
+    """Assemble the demo's standalone HTML page from its per-sentence sections."""
+    import html
+
+    note = (
+        ""
+        if plotting
+        else "<p>Install matplotlib (<code>pip install 'attnflow[plot]'</code>) for the "
+        "figures.</p>"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        "<title>attnflow demo</title>\n</head>\n"
+        '<body style="font-family: sans-serif; max-width: 1100px; margin: auto">\n'
+        "<h1>attnflow demo</h1>\n"
+        "<p>Raw attention, attention rollout and attention flow of a real model: "
+        f"{html.escape(sample.source)}. Each sentence explains its [MASK] token (the "
+        f"paper's Figure 4) or, without one, its [CLS] token. {html.escape(PAPER)}</p>\n"
+        f"{note}\n" + "\n".join(sections) + "\n</body>\n</html>\n"
+    )
+
+
+def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
+    """Write the demo's HTML page and (with matplotlib) its figures; list the files."""
+    import html
+    import importlib.util
+    from pathlib import Path
+
+    import attnflow
+    from attnflow.html import TokenView
+
+    from ._arrayio import ArrayFileError, write_atomically
+
+    target = Path(folder)
+    plotting = importlib.util.find_spec("matplotlib") is not None
+    names = ["index.html"]
+    if plotting:
+        names += [
+            f"sentence-{b + 1}-{kind}.png"
+            for b in range(len(sample.sentences))
+            for kind in ("layers", "graph")
+        ]
+    existing = [name for name in names if (target / name).exists()]
+    if existing and not force:
+        msg = f"{target} already holds {', '.join(existing)}; pass --force to replace them"
+        raise UsageError(msg)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        msg = f"cannot create {target}: {error}"
+        raise UsageError(msg) from None
+
+    def save(name: str, write: Callable[[Any], object]) -> str:
+        try:
+            return str(write_atomically(target / name, write, force=True))
+        except ArrayFileError as error:
+            raise UsageError(str(error)) from None
+
+    sections, written = [], []
+    for b, sentence in enumerate(sample.sentences):
+        real = np.flatnonzero(sample.mask[b])
+        tokens = [sample.tokens[b][i] for i in real]
+        row = _explained_row(tokens)
+        one = sample.attentions[b : b + 1][..., real, :][..., real]
+        maps = {
+            "raw": np.asarray(attnflow.raw(one, rows=row, layers="all"))[0],
+            "rollout": np.asarray(attnflow.rollout(one, rows=row, layers="all"))[0],
+            "flow": np.asarray(attnflow.flow(one, rows=row, layers="all"))[0],
+        }
+        view = TokenView(
+            {name: values[-1] for name, values in maps.items()},
+            tokens,
+            title=f"{tokens[row]} at the last layer",
+        )
+        images = ""
+        if plotting:
+            import attnflow.plot
+
+            figures = {
+                "layers": attnflow.plot.layer_token_map(
+                    maps, tokens=tokens, title=f"{sentence}: {tokens[row]} (row {row})"
+                ),
+                "graph": attnflow.plot.attention_graph(
+                    np.asarray(attnflow.fuse_heads(one))[0], tokens=tokens, title=sentence
+                ),
+            }
+            for kind, figure in figures.items():
+                name = f"sentence-{b + 1}-{kind}.png"
+
+                def draw(file: Any, figure: Any = figure) -> None:
+                    figure.savefig(file, format="png", dpi=110)
+
+                written.append(save(name, draw))
+                images += (
+                    f'<p><img src="{name}" alt="{kind} of sentence {b + 1}" '
+                    'style="max-width: 100%"></p>\n'
+                )
+        sections.append(
+            f"<h2>{b + 1}. {html.escape(sentence)}</h2>\n{view._repr_html_()}\n{images}"
+        )
+    page = _demo_page(sample, sections, plotting=plotting)
+    return [save("index.html", lambda file: file.write(page.encode("utf-8"))), *written]
 
 
 def _bar(fraction: float, width: int, *, unicode: bool) -> str:
@@ -201,7 +320,7 @@ def render_demo(
     return lines
 
 
-def _run_demo(args: argparse.Namespace) -> int:  # noqa: ARG001
+def _run_demo(args: argparse.Namespace) -> int:
     """Print raw attention, rollout and flow of ``[CLS]`` for the shipped sample."""
     import attnflow
 
@@ -225,6 +344,12 @@ def _run_demo(args: argparse.Namespace) -> int:  # noqa: ARG001
         unicode=_can_encode(_bar(0.99, 8, unicode=True), sys.stdout),
     )
     print("\n".join(lines))
+    if not args.no_files:
+        written = _write_demo_files(sample, args.output, force=args.force)
+        print()
+        print(f"wrote {len(written)} files to {args.output}/: open {written[0]}")
+        if len(written) == 1:
+            print("(install matplotlib, `pip install 'attnflow[plot]'`, for the figures)")
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from backends import selected_variants
 
 import attnflow
 from attnflow import _cli
@@ -25,6 +27,12 @@ HEADING = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
 @pytest.fixture(scope="module")
 def sample() -> Sample:
     return load_sample()
+
+
+@pytest.fixture(autouse=True)
+def _in_a_temporary_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `attnflow demo` writes ./attnflow-demo; keep it out of the checkout.
+    monkeypatch.chdir(tmp_path)
 
 
 def parse_demo(text: str) -> dict[int, list[tuple[int, str, float, float, float]]]:
@@ -110,7 +118,7 @@ def test_sample_sentences_match_tokens(sample: Sample) -> None:
 def test_demo_prints_every_real_token_of_the_first_sentence(
     sample: Sample, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["demo"]) == 0
+    assert main(["demo", "--no-files"]) == 0
     out, err = capsys.readouterr()
     assert err == ""
     assert sample.sentences[0] in out
@@ -124,7 +132,7 @@ def test_demo_prints_every_real_token_of_the_first_sentence(
 
 
 def test_demo_values_equal_the_library(sample: Sample, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo"]) == 0
+    assert main(["demo", "--no-files"]) == 0
     tables = parse_demo(capsys.readouterr().out)
     assert sorted(tables) == list(range(len(sample.sentences)))
     expected_rollout = attnflow.rollout(sample.attentions, rows=0, mask=sample.mask)
@@ -144,7 +152,7 @@ def test_demo_values_equal_the_library(sample: Sample, capsys: pytest.CaptureFix
 
 
 def test_demo_rollout_is_not_the_raw_attention(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo"]) == 0
+    assert main(["demo", "--no-files"]) == 0
     table = parse_demo(capsys.readouterr().out)[0]
     assert any(abs(raw - rollout) > 0.01 for _, _, raw, rollout, _ in table)
 
@@ -244,7 +252,7 @@ def test_console_script_runs_the_demo(sample: Sample) -> None:
         pytest.skip("the attnflow console script is not installed")
     done = subprocess.run(
         [script, "demo"], capture_output=True, text=True, encoding="utf-8",
-        env=environment(), check=False, timeout=120,
+        env=environment(), check=False, timeout=120, cwd=Path.cwd(),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert parse_demo(done.stdout).keys() == set(range(len(sample.sentences)))
@@ -252,8 +260,8 @@ def test_console_script_runs_the_demo(sample: Sample) -> None:
 
 def test_python_m_attnflow(sample: Sample) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "attnflow", "demo"], capture_output=True, text=True,
-        encoding="utf-8", env=environment(), check=False, timeout=120,
+        [sys.executable, "-m", "attnflow", "demo", "--no-files"], capture_output=True,
+        text=True, encoding="utf-8", env=environment(), check=False, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     tables = parse_demo(done.stdout)
@@ -284,3 +292,34 @@ def test_import_attnflow_does_not_import_the_cli() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_demo_writes_its_page_and_figures_and_keeps_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from html.parser import HTMLParser
+
+    if "numpy" not in {v.library for v in selected_variants()}:
+        pytest.skip("drawn once per matrix run, in the numpy session")
+    assert main(["demo", "-o", "out"]) == 0
+    out = capsys.readouterr().out
+    page = tmp_path / "out" / "index.html"
+    assert f"open {Path('out') / 'index.html'}" in out
+    text = page.read_text(encoding="utf-8")
+    HTMLParser().feed(text)  # well-formed enough to parse
+    for token in ("sara", "[MASK]", "cabinets"):
+        assert token in text
+    pngs = sorted(p.name for p in (tmp_path / "out").glob("*.png"))
+    if importlib.util.find_spec("matplotlib") is None:
+        assert pngs == []
+        assert "attnflow[plot]" in text
+    else:
+        assert pngs == [f"sentence-{b}-{k}.png" for b in (1, 2, 3) for k in ("graph", "layers")]
+        for png in pngs:
+            assert (tmp_path / "out" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    before = page.read_bytes()
+    assert main(["demo", "-o", "out"]) == EXIT_USAGE  # never overwrites without --force
+    assert "pass --force" in capsys.readouterr().err
+    assert page.read_bytes() == before
+    assert main(["demo", "-o", "out", "--force"]) == 0
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")]
