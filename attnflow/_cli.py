@@ -552,6 +552,117 @@ def _method_command(method: str, help_line: str, description: str) -> Command:
     )
 
 
+# -- attnflow plot ------------------------------------------------------------------------
+
+_PLOT_KINDS = ("tokens", "layers", "graph", "overlay")
+
+
+def _configure_plot(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``attnflow plot``."""
+    parser.add_argument(
+        "input", help="scores or attention: .npy, .npz or .safetensors (never unpickled)"
+    )
+    parser.add_argument("--key", help="the array to read from an .npz/.safetensors file")
+    parser.add_argument(
+        "--kind",
+        choices=_PLOT_KINDS,
+        default="tokens",
+        help="tokens: one row of scores (n,); layers: a layer x token map (L, n); "
+        "graph: head-fused attention (L, n, n); overlay: patch scores on --image",
+    )
+    parser.add_argument(
+        "--index",
+        default="",
+        help="indices of the leading axes to select first, e.g. '0' or '0,3' (batch, row)",
+    )
+    parser.add_argument("-o", "--output", required=True, help="the .png, .svg or .html to write")
+    parser.add_argument("--force", action="store_true", help="replace an existing output")
+    parser.add_argument("--tokens", help="a text file with one token per line")
+    parser.add_argument("--image", help="for --kind overlay: the image as .npy (H, W[, 3])")
+    parser.add_argument("--title", help="a title for the figure or page")
+
+
+def _select(values: NDArray[Any], index: str) -> NDArray[Any]:
+    """Apply ``--index`` (integers for the leading axes) to `values`."""
+    if not index:
+        return values
+    try:
+        positions = tuple(int(part) for part in index.split(","))
+    except ValueError:
+        msg = f"--index must be comma-separated integers; got {index!r}"
+        raise UsageError(msg) from None
+    try:
+        return np.asarray(values[positions])
+    except IndexError:
+        msg = f"--index {index} does not fit an array of shape {tuple(values.shape)}"
+        raise UsageError(msg) from None
+
+
+def _run_plot(args: argparse.Namespace) -> int:
+    """Render one of attnflow's pictures from a file of scores or attention."""
+    import importlib.util
+    from pathlib import Path
+
+    from ._arrayio import ArrayFileError, read_array, write_atomically
+
+    output = Path(args.output)
+    suffix = output.suffix.lower()
+    if suffix not in {".png", ".svg", ".html"}:
+        msg = f"--output must end in .png, .svg or .html; got {output.name!r}"
+        raise UsageError(msg)
+    if suffix == ".html" and args.kind != "tokens":
+        msg = f"HTML output shows token scores: use --kind tokens (got --kind {args.kind})"
+        raise UsageError(msg)
+    if suffix != ".html" and importlib.util.find_spec("matplotlib") is None:
+        msg = "PNG and SVG figures need matplotlib: pip install 'attnflow[plot]'"
+        raise UsageError(msg)
+    if output.exists() and not args.force:
+        msg = f"{output} exists; pass --force to replace it"
+        raise UsageError(msg)
+    try:
+        values = _select(read_array(args.input, key=args.key, default="scores"), args.index)
+        tokens = None
+        if args.tokens:
+            tokens = Path(args.tokens).read_text(encoding="utf-8").splitlines()
+        image = None if args.image is None else read_array(args.image, key=None, default="")
+    except (ArrayFileError, OSError) as error:
+        raise UsageError(str(error)) from None
+    expected = {"tokens": 1, "layers": 2, "graph": 3, "overlay": 1}[args.kind]
+    if values.ndim != expected:
+        msg = (
+            f"--kind {args.kind} draws an array of {expected} dimension(s); after --index the "
+            f"input has shape {tuple(values.shape)}: select with --index"
+        )
+        raise UsageError(msg)
+    n = values.shape[-1]
+    labels = tokens if tokens is not None else [str(i) for i in range(n)]
+
+    if suffix == ".html":
+        from attnflow.html import TokenView
+
+        page = TokenView(values, labels, title=args.title).to_html()
+        written = write_atomically(output, lambda file: file.write(page.encode()), force=True)
+    else:
+        import attnflow.plot
+
+        if args.kind == "tokens":
+            figure = attnflow.plot.token_heatmap(values, tokens=labels, title=args.title)
+        elif args.kind == "layers":
+            figure = attnflow.plot.layer_token_map(values, tokens=labels, title=args.title)
+        elif args.kind == "graph":
+            figure = attnflow.plot.attention_graph(values, tokens=labels, title=args.title)
+        else:
+            if image is None:
+                msg = "--kind overlay needs --image"
+                raise UsageError(msg)
+            figure = attnflow.plot.image_overlay(values, image, title=args.title)
+        written = write_atomically(
+            output, lambda file: figure.savefig(file, format=suffix[1:]), force=True
+        )
+    print(f"plot: {args.input} -> {written}")
+    return 0
+
+
 COMMANDS: tuple[Command, ...] = (
     Command(
         name="demo",
@@ -583,6 +694,17 @@ COMMANDS: tuple[Command, ...] = (
         "head-fused raw attention of attention weights in a file",
         "The head-fused raw attention, the paper's baseline; writes an .npz and prints the "
         "top input tokens. Options mirror attnflow.raw.",
+    ),
+    Command(
+        name="plot",
+        help="draw scores or attention from a file as PNG, SVG or HTML",
+        description=(
+            "Render a token heatmap, a layer x token map, the attention graph or an image "
+            "overlay (matplotlib), or an HTML token view, from an .npy/.npz/.safetensors "
+            "file such as the output of `attnflow rollout`."
+        ),
+        configure=_configure_plot,
+        run=_run_plot,
     ),
 )
 """The subcommands, in the order ``attnflow --help`` lists them."""

@@ -156,3 +156,68 @@ def test_ambiguous_npz_needs_a_key(
     assert main(["rollout", str(source)]) == EXIT_USAGE
     assert "choose one with --key" in capsys.readouterr().err
     assert main(["rollout", str(source), "--key", "second", "--rows", "0"]) == 0
+
+
+def test_plot_renders_results_to_png_svg_and_html(
+    tmp_path: Path, weights: np.ndarray, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    source = tmp_path / "x.npy"
+    np.save(source, weights)
+    assert (
+        main(
+            [
+                "rollout",
+                str(source),
+                "--rows",
+                "0",
+                "--layers",
+                "all",
+                "-o",
+                str(tmp_path / "r.npz"),
+            ]
+        )
+        == 0
+    )
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("\n".join(f"t{i}" for i in range(6)), encoding="utf-8")
+    page = tmp_path / "row.html"
+    argv = [
+        "plot",
+        str(tmp_path / "r.npz"),
+        "--kind",
+        "tokens",
+        "--index",
+        "1,2",
+        "--tokens",
+        str(tokens),
+        "-o",
+        str(page),
+    ]
+    assert main(argv) == 0
+    text = page.read_text(encoding="utf-8")
+    expected = attnflow.rollout(weights, rows=0, layers="all")[1, 2]
+    assert f'title="t{int(np.argmax(expected))}: ' in text
+    assert main(argv) == EXIT_USAGE  # the page exists: kept without --force
+    if importlib.util.find_spec("matplotlib") is None:
+        assert main([*argv[:-1], str(tmp_path / "x.png")]) == EXIT_USAGE
+        assert "attnflow[plot]" in capsys.readouterr().err
+        return
+    for name, kind, index in (("l.png", "layers", "0"), ("t.svg", "tokens", "0,1")):
+        out = tmp_path / name
+        assert (
+            main(
+                ["plot", str(tmp_path / "r.npz"), "--kind", kind, "--index", index, "-o", str(out)]
+            )
+            == 0
+        )
+        assert out.stat().st_size > 1000
+    assert (tmp_path / "l.png").read_bytes()[:4] == b"\x89PNG"
+    assert b"<svg" in (tmp_path / "t.svg").read_bytes()[:500]
+    assert (
+        main(["plot", str(tmp_path / "r.npz"), "--kind", "layers", "-o", str(tmp_path / "bad.png")])
+        == EXIT_USAGE
+    )
+    assert "select with --index" in capsys.readouterr().err
+    assert not (tmp_path / "bad.png").exists()
