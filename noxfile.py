@@ -63,10 +63,10 @@ def tests(session: nox.Session, backend: str) -> None:
             silent=True,
             env=env,
         )
-        adapter = Path(str(installed).strip()) / "adapters" / "torch.py"
-        # The torch adapter needs torch: its examples run in the adapters-torch session.
+        adapters = Path(str(installed).strip()) / "adapters"
+        # The adapters need their frameworks: their examples run in the adapters sessions.
         session.run(
-            "pytest", "--doctest-modules", "--pyargs", "attnflow", f"--ignore={adapter}", env=env
+            "pytest", "--doctest-modules", "--pyargs", "attnflow", f"--ignore={adapters}", env=env
         )
 
 
@@ -80,6 +80,32 @@ def adapters_torch(session: nox.Session) -> None:
     env = {**ENV, "HF_HUB_OFFLINE": "1", "ATTNFLOW_TEST_BACKENDS": "torch"}
     session.run("pytest", "tests/adapters/test_torch.py", *session.posargs, env=env)
     session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.torch", env=env)
+
+
+@nox.session(name="adapters-jax")
+def adapters_jax(session: nox.Session) -> None:
+    """The JAX/Flax adapter: linen and NNX models, under jax.jit, with gradients."""
+    session.install("jax", "flax")
+    _install_group(session, "test")
+    session.install(".")
+    env = {**ENV, "ATTNFLOW_TEST_BACKENDS": "jax"}
+    session.run("pytest", "tests/adapters/test_jax.py", *session.posargs, env=env)
+    session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.jax", env=env)
+
+
+KERAS_BACKENDS = {"tensorflow": ["tensorflow-cpu"], "jax": ["jax"], "torch": [TORCH]}
+
+
+@nox.session(name="adapters-keras")
+@nox.parametrize("keras_backend", list(KERAS_BACKENDS))
+def adapters_keras(session: nox.Session, keras_backend: str) -> None:
+    """The Keras adapter on one Keras 3 backend."""
+    session.install(*KERAS_BACKENDS[keras_backend], "keras>=3.8")
+    _install_group(session, "test")
+    session.install(".")
+    env = {**ENV, "KERAS_BACKEND": keras_backend, "ATTNFLOW_TEST_BACKENDS": "numpy"}
+    session.run("pytest", "tests/adapters/test_keras.py", *session.posargs, env=env)
+    session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.keras", env=env)
 
 
 @nox.session

@@ -11,6 +11,10 @@ so that ``import attnflow`` never imports a deep-learning framework:
 - ``attnflow.adapters.torch``: PyTorch, Hugging Face ``transformers`` (eager or sdpa) and
   anything that calls ``torch.nn.functional.scaled_dot_product_attention``, and
   ``torch.nn.MultiheadAttention``.
+- ``attnflow.adapters.jax``: Flax linen ``MultiHeadDotProductAttention`` (also under
+  ``jax.jit``) and NNX ``MultiHeadAttention``, with gradients through perturbations.
+- ``attnflow.adapters.keras``: Keras 3 ``MultiHeadAttention`` layers on the TensorFlow,
+  JAX and torch backends.
 """
 
 from __future__ import annotations

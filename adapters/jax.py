@@ -1,0 +1,667 @@
+"""Capture attention weights (and their gradients) from JAX / Flax models.
+
+``attnflow.adapters.jax`` records the attention probabilities of a Flax model call and
+hands them back in attnflow's canonical layout ``(*batch, layers, heads, n, n)`` with a
+padding mask, ready for :func:`attnflow.rollout` and :func:`attnflow.flow`. It imports
+jax and flax and is imported only on demand (``import attnflow`` never imports it).
+
+JAX is functional, so the adapter is a set of functions that call the model and return
+``(outputs, Capture)``; they are traceable and can be wrapped in :func:`jax.jit`.
+
+* Flax linen (:func:`capture_linen`, :func:`gradients_linen`): every
+  ``flax.linen.MultiHeadDotProductAttention`` call is intercepted with
+  :func:`flax.linen.intercept_methods` and run with ``sow_weights=True``, so the softmax
+  probabilities are sown into the ``"intermediates"`` collection. For gradients,
+  ``flax.linen.attention.dot_product_attention_weights`` is replaced, for the duration of
+  the call, by a wrapper that adds a zero perturbation (:meth:`flax.linen.Module.perturb`)
+  to the weights; the gradient with respect to the perturbation is the gradient with
+  respect to the weights.
+* Flax NNX (:func:`capture_nnx`, :func:`gradients_nnx`): the ``attention_fn`` of every
+  ``flax.nnx.MultiHeadAttention`` that uses the default ``nnx.dot_product_attention`` is
+  replaced, for the duration of the call, by an explicit computation with the same
+  semantics that records the weights (NNX's default otherwise calls the fused
+  :func:`jax.nn.dot_product_attention`, which never materialises them) and, for
+  gradients, adds a zero perturbation to them.
+
+Everything is restored when the call returns, also when it raises. The patches are
+process-wide while a call runs: do not capture from several threads at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from flax.linen import attention as linen_attention
+from flax.nnx.nn import attention as nnx_attention
+from flax.nnx.nn import dtypes as nnx_dtypes
+
+import attnflow
+
+__all__ = ["Capture", "capture_linen", "capture_nnx", "gradients_linen", "gradients_nnx"]
+
+HeadReduction = Literal["mean", "max", "min"]
+
+#: The Flax collection that holds attnflow's zero perturbations (linen).
+_PERTURBATIONS = "attnflow_perturbations"
+_SOWN = "attention_weights"
+_LOCK = threading.RLock()
+
+
+class Capture(NamedTuple):
+    """Attention weights captured from one model call (a JAX pytree).
+
+    Attributes
+    ----------
+    attentions : jax.Array
+        ``(*batch, layers, heads, n, n)`` (``(*batch, layers, n, n)`` when heads were
+        fused while capturing), layers in the order the model ran them.
+    mask : jax.Array or None
+        ``(*batch, n)`` bool, True for real tokens: a key is real when some query may
+        attend to it under the attention mask of the first attention call. None when the
+        model passed no mask.
+    gradients : jax.Array or None
+        Gradient of the target scalar with respect to `attentions`, same shape, from
+        :func:`gradients_linen` or :func:`gradients_nnx`; None otherwise.
+    """
+
+    attentions: jax.Array
+    mask: jax.Array | None = None
+    gradients: jax.Array | None = None
+
+
+# -- shared helpers -----------------------------------------------------------------------------
+def _check_heads(heads: object) -> None:
+    if heads not in (None, "mean", "max", "min"):
+        msg = f'`heads` must be None, "mean", "max" or "min"; got {heads!r}.'
+        raise ValueError(msg)
+
+
+def _nothing_captured(*, nnx: bool) -> RuntimeError:
+    if not nnx:
+        detail = (
+            "attnflow sees flax.linen.MultiHeadDotProductAttention (and its subclasses such "
+            "as SelfAttention) whose attention_fn accepts a `module` argument, like the "
+            "default nn.dot_product_attention. Attention written inline, plain "
+            "jax.nn.dot_product_attention or a custom attention_fn without `module` cannot "
+            "be seen."
+        )
+    else:
+        detail = (
+            "attnflow sees flax.nnx.MultiHeadAttention modules that use the default "
+            "attention_fn (nnx.dot_product_attention), found with nnx.iter_modules(model). "
+            "Attention written inline, plain jax.nn.dot_product_attention or a custom "
+            "attention_fn cannot be seen."
+        )
+    return RuntimeError(f"No attention weights were captured from the model call. {detail}")
+
+
+def _stack(weights: Sequence[jax.Array], heads: HeadReduction | None) -> jax.Array:
+    shapes = {tuple(w.shape) for w in weights}
+    if len(shapes) > 1:
+        msg = (
+            f"The {len(weights)} attention calls have different shapes {sorted(shapes)} and "
+            "cannot be stacked into one (*batch, layers, heads, n, n) array. This happens "
+            "with encoder-decoder models (self- and cross-attention) or incremental "
+            "decoding: run a single forward pass of one attention stack."
+        )
+        raise ValueError(msg)
+    if heads is not None:
+        fused = [attnflow.fuse_heads(w, heads=heads, validate=False) for w in weights]
+        return jnp.stack(fused, axis=-3)
+    return jnp.stack(list(weights), axis=-4)
+
+
+def _padding_mask(mask: Any, weights: jax.Array) -> jax.Array | None:
+    """Derive ``(*batch, n)`` real-token flags from a boolean attention mask, if any."""
+    if mask is None:
+        return None
+    keep = jnp.asarray(mask).astype(jnp.bool_)
+    if keep.ndim < 2:
+        return None
+    keys = jnp.any(keep, axis=-2)  # some query may attend to this key
+    if keys.ndim >= 2:
+        keys = jnp.any(keys, axis=-2)  # over the heads axis
+    batch = weights.shape[:-3]
+    try:
+        return jnp.broadcast_to(keys, (*batch, weights.shape[-1]))
+    except ValueError:
+        return None
+
+
+@contextlib.contextmanager
+def _patched(namespace: Any, name: str, replacement: object) -> Iterator[None]:
+    original = getattr(namespace, name)
+    setattr(namespace, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(namespace, name, original)
+
+
+# -- Flax linen ---------------------------------------------------------------------------------
+class _LinenRecorder:
+    """Python-side bookkeeping while a linen model is traced: which calls happened, in order."""
+
+    def __init__(self, *, perturb: bool) -> None:
+        self.perturb = perturb
+        self.calls: list[tuple[tuple[str, ...], int]] = []
+        self.masks: list[Any] = []
+        self._counts: dict[tuple[str, ...], int] = {}
+        self._perturbed: dict[tuple[str, ...], int] = {}
+
+    def intercept(
+        self,
+        next_fun: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        context: Any,
+    ) -> Any:
+        module = context.module
+        if not (
+            isinstance(module, nn.MultiHeadDotProductAttention)
+            and context.method_name == "__call__"
+            and _accepts_module(module.attention_fn)
+        ):
+            return next_fun(*args, **kwargs)
+        path = tuple(module.scope.path) if module.scope is not None else ()
+        index = self._counts.get(path, 0)
+        self._counts[path] = index + 1
+        self.calls.append((path, index))
+        self.masks.append(kwargs.get("mask"))
+        return next_fun(*args, **{**kwargs, "sow_weights": True})
+
+    def weights_function(self, original: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+        signature = inspect.signature(original)
+
+        def dot_product_attention_weights(*args: Any, **kwargs: Any) -> jax.Array:
+            weights = original(*args, **kwargs)
+            module = signature.bind(*args, **kwargs).arguments.get("module")
+            if not self.perturb or module is None or module.scope is None:
+                return weights
+            path = tuple(module.scope.path)
+            index = self._perturbed.get(path, 0)
+            self._perturbed[path] = index + 1
+            perturbed: jax.Array = module.perturb(
+                f"{_SOWN}_{index}", weights, collection=_PERTURBATIONS
+            )
+            return perturbed
+
+        return dot_product_attention_weights
+
+
+def _accepts_module(function: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    return "module" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
+
+
+def _lookup(tree: Any, path: tuple[str, ...]) -> Any:
+    for name in path:
+        tree = tree[name]
+    return tree
+
+
+def _run_linen(
+    recorder: _LinenRecorder,
+    module: nn.Module,
+    variables: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    collections: Sequence[str],
+) -> tuple[Any, dict[str, Any], bool]:
+    """Apply the model with the recorder active; return (outputs, state, user asked mutable)."""
+    kwargs = dict(kwargs)
+    user_mutable = kwargs.pop("mutable", False)
+    if isinstance(user_mutable, bool):
+        mutable: Any = list(collections) if not user_mutable else True
+    elif isinstance(user_mutable, str):
+        mutable = [user_mutable, *collections]
+    else:
+        mutable = [*user_mutable, *collections]
+    original = linen_attention.dot_product_attention_weights
+    with (
+        _LOCK,
+        _patched(
+            linen_attention, "dot_product_attention_weights", recorder.weights_function(original)
+        ),
+        nn.intercept_methods(recorder.intercept),
+    ):
+        outputs, state = module.apply(variables, *args, mutable=mutable, **kwargs)
+    return outputs, dict(state), user_mutable is not False
+
+
+def _linen_outputs(outputs: Any, state: dict[str, Any], user_mutable: bool) -> Any:
+    if not user_mutable:
+        return outputs
+    kept = {k: v for k, v in state.items() if k not in ("intermediates", _PERTURBATIONS)}
+    return outputs, kept
+
+
+def _linen_weights(recorder: _LinenRecorder, state: dict[str, Any]) -> list[jax.Array]:
+    if not recorder.calls:
+        raise _nothing_captured(nnx=False)
+    intermediates = state.get("intermediates", {})
+    weights = []
+    for path, index in recorder.calls:
+        try:
+            sown = _lookup(intermediates, path)[_SOWN]
+            weights.append(sown[index])
+        except (KeyError, IndexError, TypeError):
+            raise _nothing_captured(nnx=False) from None
+    return weights
+
+
+def capture_linen(
+    module: nn.Module,
+    variables: Any,
+    /,
+    *args: Any,
+    heads: HeadReduction | None = None,
+    **kwargs: Any,
+) -> tuple[Any, Capture]:
+    """Call a Flax linen model and capture its attention weights.
+
+    Runs ``module.apply(variables, *args, **kwargs)`` with every
+    ``flax.linen.MultiHeadDotProductAttention`` call forced to ``sow_weights=True``
+    (through :func:`flax.linen.intercept_methods`), and reads the sown weights back in
+    call order. The model's outputs are unchanged. The function is traceable: wrap it
+    (or a function calling it) in :func:`jax.jit`.
+
+    Parameters
+    ----------
+    module : flax.linen.Module
+        The model.
+    variables : mapping
+        Its variables, e.g. ``{"params": params}``.
+    *args
+        Positional arguments of the model call.
+    heads : {"mean", "max", "min"} or None, default None
+        Fuse the heads of each layer while capturing (:func:`attnflow.fuse_heads`);
+        None keeps every head.
+    **kwargs
+        Keyword arguments of ``module.apply`` (model keywords, ``rngs``, ``method``,
+        ``mutable``).
+
+    Returns
+    -------
+    outputs : Any
+        What ``module.apply`` returns without attnflow; with a `mutable` keyword,
+        ``(outputs, state)`` without attnflow's collections.
+    capture : Capture
+        ``attentions`` ``(*batch, layers, [heads,] n, n)`` in call order, ``mask``
+        ``(*batch, n)`` bool (True = real token) derived from the ``mask`` of the first
+        attention call, or None; ``gradients`` is None.
+
+    Raises
+    ------
+    RuntimeError
+        If the call ran no attention that attnflow can see.
+    ValueError
+        On a bad `heads`, or if the calls' weights have different shapes.
+
+    Notes
+    -----
+    The weights are the softmax probabilities before dropout. With a mask from
+    ``nn.make_attention_mask(pad, pad)`` a padded query row is fully masked and Flax
+    gives it uniform weights over all keys; pass ``capture.mask`` to attnflow so that
+    padded rows are ignored.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import flax.linen as nn
+    >>> import attnflow
+    >>> from attnflow.adapters.jax import capture_linen
+    >>> class Encoder(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, x, mask):
+    ...         for _ in range(2):
+    ...             x = x + nn.MultiHeadDotProductAttention(num_heads=2)(x, mask=mask)
+    ...         return x
+    >>> x = jnp.ones((1, 4, 8))
+    >>> mask = nn.make_attention_mask(jnp.array([[1, 1, 1, 0]]), jnp.array([[1, 1, 1, 0]]))
+    >>> model = Encoder()
+    >>> variables = model.init(jax.random.key(0), x, mask)
+    >>> y, cap = capture_linen(model, variables, x, mask)
+    >>> cap.attentions.shape
+    (1, 2, 2, 4, 4)
+    >>> cap.mask
+    Array([[ True,  True,  True, False]], dtype=bool)
+    >>> attnflow.rollout(cap.attentions, rows=0, mask=cap.mask).shape
+    (1, 4)
+    """
+    _check_heads(heads)
+    recorder = _LinenRecorder(perturb=False)
+    outputs, state, user_mutable = _run_linen(
+        recorder, module, variables, args, kwargs, ["intermediates"]
+    )
+    weights = _linen_weights(recorder, state)
+    capture = Capture(_stack(weights, heads), _padding_mask(recorder.masks[0], weights[0]))
+    return _linen_outputs(outputs, state, user_mutable), capture
+
+
+def gradients_linen(
+    module: nn.Module,
+    variables: Any,
+    /,
+    *args: Any,
+    target: Callable[[Any], jax.Array],
+    **kwargs: Any,
+) -> tuple[Any, Capture]:
+    """Capture a linen model's attention weights and the gradient of a scalar w.r.t. them.
+
+    The weights get a zero perturbation (a variable in an ``"attnflow_perturbations"``
+    collection, :meth:`flax.linen.Module.perturb`); :func:`jax.value_and_grad` of
+    ``target(outputs)`` with respect to the perturbations gives the gradient with
+    respect to the weights. Traceable: wrap it in :func:`jax.jit`.
+
+    Parameters
+    ----------
+    module : flax.linen.Module
+        The model.
+    variables : mapping
+        Its variables, e.g. ``{"params": params}``.
+    *args
+        Positional arguments of the model call.
+    target : callable
+        Maps the model's outputs (as returned by this function) to a scalar, e.g.
+        ``lambda y: y[:, 0].sum()``.
+    **kwargs
+        Keyword arguments of ``module.apply``.
+
+    Returns
+    -------
+    outputs : Any
+        The model's outputs.
+    capture : Capture
+        ``attentions`` and ``gradients``, both ``(*batch, layers, heads, n, n)``, and
+        ``mask`` as for :func:`capture_linen`.
+
+    Raises
+    ------
+    RuntimeError
+        If no attention was seen, or no gradient could be attached to some call.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import flax.linen as nn
+    >>> from attnflow.adapters.jax import gradients_linen
+    >>> model = nn.MultiHeadDotProductAttention(num_heads=2)
+    >>> x = jnp.ones((1, 3, 4))
+    >>> variables = model.init(jax.random.key(0), x)
+    >>> y, cap = gradients_linen(model, variables, x, target=lambda y: y[:, 0].sum())
+    >>> cap.gradients.shape
+    (1, 1, 2, 3, 3)
+    """
+    clean = {k: v for k, v in dict(variables).items() if k != _PERTURBATIONS}
+
+    def run(perturbations: Any) -> tuple[Any, dict[str, Any], bool, _LinenRecorder]:
+        recorder = _LinenRecorder(perturb=True)
+        full = clean if perturbations is None else {**clean, _PERTURBATIONS: perturbations}
+        collections = (
+            ["intermediates", _PERTURBATIONS] if perturbations is None else ["intermediates"]
+        )
+        outputs, state, user_mutable = _run_linen(recorder, module, full, args, kwargs, collections)
+        return outputs, state, user_mutable, recorder
+
+    shapes = jax.eval_shape(lambda: run(None)[1].get(_PERTURBATIONS, {}))
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    calls: list[list[tuple[tuple[str, ...], int]]] = []
+
+    def scalar(perturbations: Any) -> tuple[jax.Array, tuple[Any, Capture]]:
+        outputs, state, user_mutable, recorder = run(perturbations)
+        result = _linen_outputs(outputs, state, user_mutable)
+        weights = _linen_weights(recorder, state)
+        capture = Capture(_stack(weights, None), _padding_mask(recorder.masks[0], weights[0]))
+        calls.append(recorder.calls)
+        return jnp.asarray(target(result)), (result, capture)
+
+    (_, (result, capture)), grads = jax.value_and_grad(scalar, has_aux=True)(zeros)
+    gradients = []
+    for path, index in calls[-1]:
+        try:
+            gradients.append(_lookup(grads, path)[f"{_SOWN}_{index}"])
+        except (KeyError, TypeError):
+            msg = (
+                f"No gradient could be attached to the attention call at {'/'.join(path)!r}: "
+                "its attention_fn does not call flax.linen.attention."
+                "dot_product_attention_weights (the default nn.dot_product_attention does)."
+            )
+            raise RuntimeError(msg) from None
+    return result, capture._replace(gradients=jnp.stack(gradients, axis=-4))
+
+
+# -- Flax NNX -----------------------------------------------------------------------------------
+class _NNXRecorder:
+    """Replacement ``attention_fn`` for nnx.MultiHeadAttention that records the weights."""
+
+    def __init__(self, deltas: Sequence[jax.Array] | None = None) -> None:
+        self.weights: list[jax.Array] = []
+        self.masks: list[Any] = []
+        self.deltas = deltas
+
+    def attention(
+        self,
+        query: jax.Array,
+        key: jax.Array,
+        value: jax.Array,
+        bias: jax.Array | None = None,
+        mask: jax.Array | None = None,
+        broadcast_dropout: bool = True,
+        dropout_rng: jax.Array | None = None,
+        dropout_rate: float = 0.0,
+        deterministic: bool = False,
+        dtype: Any = None,
+        precision: Any = None,
+        module: Any = None,  # noqa: ARG002 - MultiHeadAttention passes it
+        promote_dtype: Callable[..., Any] = nnx_dtypes.promote_dtype,
+        is_causal: bool = False,
+    ) -> jax.Array:
+        """Compute ``nnx.dot_product_attention`` explicitly, recording the weights."""
+        query, key, value = promote_dtype((query, key, value), dtype=dtype)
+        weights = nnx_attention.dot_product_attention_weights(
+            query,
+            key,
+            bias,
+            mask,
+            broadcast_dropout,
+            dropout_rng,
+            0.0,  # dropout is applied below, after recording
+            True,
+            query.dtype,
+            precision,
+            None,
+            promote_dtype,
+            is_causal,
+        )
+        index = len(self.weights)
+        self.weights.append(weights)
+        self.masks.append(mask)
+        if self.deltas is not None:
+            weights = weights + self.deltas[index]
+        if not deterministic and dropout_rate > 0.0 and dropout_rng is not None:
+            keep_prob = 1.0 - dropout_rate
+            shape = (
+                (1,) * (key.ndim - 2) + weights.shape[-2:] if broadcast_dropout else weights.shape
+            )
+            keep = jax.random.bernoulli(dropout_rng, keep_prob, shape)
+            weights = weights * (keep.astype(weights.dtype) / jnp.asarray(keep_prob, weights.dtype))
+        if weights.shape[-3] != value.shape[-2]:  # grouped-query attention
+            q_heads, v_heads = weights.shape[-3], value.shape[-2]
+            grouped = weights.reshape(
+                (*weights.shape[:-3], v_heads, q_heads // v_heads, *weights.shape[-2:])
+            )
+            out = jnp.einsum(
+                "...hgqk,...kh1d->...qhgd", grouped, value[..., None, :], precision=precision
+            )
+            return out.reshape((*out.shape[:-3], q_heads, out.shape[-1]))
+        return jnp.einsum("...hqk,...khd->...qhd", weights, value, precision=precision)
+
+
+def _nnx_targets(model: nnx.Module) -> list[nnx.MultiHeadAttention]:
+    found = []
+    for _, sub in nnx.iter_modules(model):
+        if isinstance(sub, nnx.MultiHeadAttention) and (
+            sub.attention_fn is nnx.dot_product_attention
+            or sub.attention_fn is nnx_attention.dot_product_attention
+        ):
+            found.append(sub)
+    return found
+
+
+def _run_nnx(
+    recorder: _NNXRecorder, model: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    targets = _nnx_targets(model)  # type: ignore[arg-type, unused-ignore]
+    if not targets:
+        raise _nothing_captured(nnx=True)
+    originals = [t.attention_fn for t in targets]
+    with _LOCK:
+        try:
+            # object.__setattr__: attention_fn is a static attribute, and NNX refuses
+            # ordinary attribute writes from inside a JAX trace (jit, grad, eval_shape).
+            for t in targets:
+                object.__setattr__(t, "attention_fn", recorder.attention)
+            outputs = model(*args, **kwargs)
+        finally:
+            for t, original in zip(targets, originals, strict=True):
+                object.__setattr__(t, "attention_fn", original)
+    if not recorder.weights:
+        raise _nothing_captured(nnx=True)
+    return outputs
+
+
+def capture_nnx(
+    model: nnx.Module,
+    /,
+    *args: Any,
+    heads: HeadReduction | None = None,
+    **kwargs: Any,
+) -> tuple[Any, Capture]:
+    """Call a Flax NNX model and capture its attention weights.
+
+    Runs ``model(*args, **kwargs)`` with the ``attention_fn`` of every
+    ``flax.nnx.MultiHeadAttention`` that uses the default ``nnx.dot_product_attention``
+    replaced by an explicit computation that records the weights, then restores it.
+    Outputs equal those of an ordinary call within float rounding. Traceable: call it
+    inside :func:`jax.jit` or :func:`flax.nnx.jit`.
+
+    Parameters
+    ----------
+    model : flax.nnx.Module
+        The model (a callable NNX module).
+    *args
+        Positional arguments of the model call.
+    heads : {"mean", "max", "min"} or None, default None
+        Fuse the heads of each layer while capturing; None keeps every head.
+    **kwargs
+        Keyword arguments of the model call.
+
+    Returns
+    -------
+    outputs : Any
+        The model's outputs.
+    capture : Capture
+        ``attentions`` ``(*batch, layers, [heads,] n, n)`` in call order, ``mask``
+        derived from the first attention call's mask (or None), ``gradients`` None.
+
+    Raises
+    ------
+    RuntimeError
+        If the model has no ``nnx.MultiHeadAttention`` with the default attention
+        function, or none of them ran.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from attnflow.adapters.jax import capture_nnx
+    >>> mha = nnx.MultiHeadAttention(
+    ...     num_heads=2, in_features=4, decode=False, rngs=nnx.Rngs(0)
+    ... )
+    >>> y, cap = capture_nnx(mha, jnp.ones((1, 3, 4)))
+    >>> cap.attentions.shape
+    (1, 1, 2, 3, 3)
+    """
+    _check_heads(heads)
+    recorder = _NNXRecorder()
+    outputs = _run_nnx(recorder, model, args, kwargs)
+    weights = recorder.weights
+    return outputs, Capture(_stack(weights, heads), _padding_mask(recorder.masks[0], weights[0]))
+
+
+def gradients_nnx(
+    model: nnx.Module,
+    /,
+    *args: Any,
+    target: Callable[[Any], jax.Array],
+    **kwargs: Any,
+) -> tuple[Any, Capture]:
+    """Capture an NNX model's attention weights and the gradient of a scalar w.r.t. them.
+
+    Each attention call adds a zero array to its weights; :func:`jax.value_and_grad`
+    of ``target(model(*args, **kwargs))`` with respect to those arrays is the gradient
+    with respect to the weights (the perturbation trick). Run the model deterministically
+    (no state updates during the call). Traceable: wrap it in :func:`jax.jit`.
+
+    Parameters
+    ----------
+    model : flax.nnx.Module
+        The model.
+    *args
+        Positional arguments of the model call.
+    target : callable
+        Maps the outputs to a scalar, e.g. ``lambda y: y[:, 0].sum()``.
+    **kwargs
+        Keyword arguments of the model call.
+
+    Returns
+    -------
+    outputs : Any
+        The model's outputs.
+    capture : Capture
+        ``attentions`` and ``gradients``, both ``(*batch, layers, heads, n, n)``, and
+        ``mask`` as for :func:`capture_nnx`.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from attnflow.adapters.jax import gradients_nnx
+    >>> mha = nnx.MultiHeadAttention(
+    ...     num_heads=2, in_features=4, decode=False, rngs=nnx.Rngs(0)
+    ... )
+    >>> y, cap = gradients_nnx(mha, jnp.ones((1, 3, 4)), target=lambda y: y[:, 0].sum())
+    >>> cap.gradients.shape
+    (1, 1, 2, 3, 3)
+    """
+
+    def shapes() -> list[jax.Array]:
+        recorder = _NNXRecorder()
+        _run_nnx(recorder, model, args, kwargs)
+        return recorder.weights
+
+    zeros = [jnp.zeros(s.shape, s.dtype) for s in jax.eval_shape(shapes)]
+
+    def scalar(deltas: list[jax.Array]) -> tuple[jax.Array, tuple[Any, Capture]]:
+        recorder = _NNXRecorder(deltas)
+        outputs = _run_nnx(recorder, model, args, kwargs)
+        weights = recorder.weights
+        capture = Capture(_stack(weights, None), _padding_mask(recorder.masks[0], weights[0]))
+        return jnp.asarray(target(outputs)), (outputs, capture)
+
+    (_, (outputs, capture)), grads = jax.value_and_grad(scalar, has_aux=True)(zeros)
+    return outputs, capture._replace(gradients=jnp.stack(grads, axis=-4))
