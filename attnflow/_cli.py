@@ -131,6 +131,7 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
     from attnflow.html import TokenView
 
     from ._arrayio import ArrayFileError, write_atomically
+    from ._sample import load_image_sample
 
     target = Path(folder)
     plotting = importlib.util.find_spec("matplotlib") is not None
@@ -141,6 +142,7 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
             for b in range(len(sample.sentences))
             for kind in ("layers", "graph")
         ]
+        names.append("digits.png")
     existing = [name for name in names if (target / name).exists()]
     if existing and not force:
         msg = f"{target} already holds {', '.join(existing)}; pass --force to replace them"
@@ -199,8 +201,48 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
         sections.append(
             f"<h2>{b + 1}. {html.escape(sentence)}</h2>\n{view._repr_html_()}\n{images}"
         )
+    if plotting:
+        digits = _digits_figure()
+        written.append(save("digits.png", lambda file: digits.savefig(file, format="png", dpi=110)))
+        sections.append(
+            "<h2>A vision transformer on digits</h2>\n<p>Rollout and flow of the [CLS] token "
+            "of a small ViT trained on scikit-learn's 8x8 digits (2x2 patches, a 4 x 4 grid), "
+            f"overlaid on each input. Model: {html.escape(load_image_sample().source)}.</p>\n"
+            '<p><img src="digits.png" alt="digits" style="max-width: 100%"></p>'
+        )
     page = _demo_page(sample, sections, plotting=plotting)
     return [save("index.html", lambda file: file.write(page.encode("utf-8"))), *written]
+
+
+def _digits_figure() -> Any:
+    """Draw rollout and flow of [CLS] over the patches of the shipped digits (ViT)."""
+    from matplotlib.figure import Figure
+
+    import attnflow
+    import attnflow.plot
+
+    from ._sample import load_image_sample
+
+    digits = load_image_sample()
+    methods = {
+        "rollout": np.asarray(attnflow.rollout(digits.attentions, rows=0)),
+        "flow": np.asarray(attnflow.flow(digits.attentions, rows=0)),
+    }
+    count = digits.images.shape[0]
+    figure = Figure(figsize=(2.0 * count, 4.4), layout="constrained")
+    axes = figure.subplots(len(methods), count, squeeze=False)
+    for row, (name, scores) in enumerate(methods.items()):
+        for i in range(count):
+            attnflow.plot.image_overlay(
+                scores[i],
+                digits.images[i],
+                grid=(4, 4),
+                extra_tokens=1,
+                ax=axes[row, i],
+                title=f"{name}: {int(digits.labels[i])}",
+            )
+    figure.suptitle("[CLS] of a small ViT trained on scikit-learn's 8x8 digits", fontsize=10)
+    return figure
 
 
 def _bar(fraction: float, width: int, *, unicode: bool) -> str:

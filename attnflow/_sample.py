@@ -13,7 +13,14 @@ from importlib import resources
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["SAMPLE_FILE", "Sample", "load_sample"]
+__all__ = [
+    "SAMPLE_FILE",
+    "VIT_SAMPLE_FILE",
+    "ImageSample",
+    "Sample",
+    "load_image_sample",
+    "load_sample",
+]
 
 SAMPLE_FILE = "minilm_sample.npz"
 """File name of the sample inside the ``attnflow.data`` package."""
@@ -109,4 +116,74 @@ def load_sample() -> Sample:
         tokens=[[str(token) for token in row] for row in tokens],
         sentences=[str(sentence) for sentence in sentences],
         source=str(source[()]),
+    )
+
+
+VIT_SAMPLE_FILE = "vit_digits_sample.npz"
+"""File name of the image sample inside the ``attnflow.data`` package."""
+
+
+@dataclass(frozen=True)
+class ImageSample:
+    """Attention weights of a small trained vision transformer on six digits.
+
+    Attributes
+    ----------
+    attentions : ndarray of float32, shape (images, layers, heads, 17, 17)
+        Token 0 is [CLS], then the 4 x 4 patches (2 x 2 pixels each) row by row.
+    images : ndarray of float32, shape (images, 8, 8)
+        The digits, in [0, 1].
+    labels, predictions : ndarray of int64, shape (images,)
+        True and predicted classes.
+    source : str
+        Model, training, library versions and recording date.
+    """
+
+    attentions: NDArray[np.float32]
+    images: NDArray[np.float32]
+    labels: NDArray[np.int64]
+    predictions: NDArray[np.int64]
+    source: str
+
+
+def load_image_sample() -> ImageSample:
+    """Load the digits sample recorded by ``scripts/record_vit_digits.py``.
+
+    Returns
+    -------
+    ImageSample
+        Read-only arrays.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file is not installed with attnflow.
+    ValueError
+        If it lacks an array or its shapes disagree.
+    """
+    resource = resources.files("attnflow.data").joinpath(VIT_SAMPLE_FILE)
+    if not resource.is_file():
+        msg = f"the image sample {VIT_SAMPLE_FILE!r} is not installed with attnflow."
+        raise FileNotFoundError(msg)
+    keys = ("attentions", "images", "labels", "predictions", "source")
+    with resource.open("rb") as file, np.load(file, allow_pickle=False) as data:
+        missing = [key for key in keys if key not in data]
+        if missing:
+            msg = f"the image sample {VIT_SAMPLE_FILE!r} lacks {', '.join(missing)}."
+            raise ValueError(msg)
+        arrays = {key: np.asarray(data[key]) for key in keys}
+    count = arrays["attentions"].shape[0]
+    if arrays["attentions"].ndim != 5 or any(
+        arrays[key].shape[0] != count for key in ("images", "labels", "predictions")
+    ):
+        msg = f"the image sample {VIT_SAMPLE_FILE!r} has inconsistent shapes."
+        raise ValueError(msg)
+    for key in ("attentions", "images", "labels", "predictions"):
+        arrays[key].setflags(write=False)
+    return ImageSample(
+        attentions=arrays["attentions"],
+        images=arrays["images"],
+        labels=arrays["labels"],
+        predictions=arrays["predictions"],
+        source=str(arrays["source"][()]),
     )

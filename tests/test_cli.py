@@ -314,7 +314,8 @@ def test_demo_writes_its_page_and_figures_and_keeps_them(
         assert pngs == []
         assert "attnflow[plot]" in text
     else:
-        assert pngs == [f"sentence-{b}-{k}.png" for b in (1, 2, 3) for k in ("graph", "layers")]
+        expected = [f"sentence-{b}-{k}.png" for b in (1, 2, 3) for k in ("graph", "layers")]
+        assert pngs == ["digits.png", *expected]
         for png in pngs:
             assert (tmp_path / "out" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     before = page.read_bytes()
