@@ -324,3 +324,14 @@ def test_demo_writes_its_page_and_figures_and_keeps_them(
     assert page.read_bytes() == before
     assert main(["demo", "-o", "out", "--force"]) == 0
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_image_sample_is_a_trained_vit_on_digits() -> None:
+    from attnflow._sample import load_image_sample
+
+    digits = load_image_sample()
+    assert digits.attentions.shape == (6, 4, 4, 17, 17)
+    assert digits.images.shape == (6, 8, 8)
+    np.testing.assert_allclose(digits.attentions.sum(axis=-1), 1.0, atol=1e-5)
+    assert (digits.predictions == digits.labels).mean() >= 5 / 6
+    assert "test accuracy" in digits.source
