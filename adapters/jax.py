@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 import flax.linen as nn
@@ -45,7 +45,15 @@ from flax.nnx.nn import dtypes as nnx_dtypes
 
 import attnflow
 
-__all__ = ["Capture", "capture_linen", "capture_nnx", "gradients_linen", "gradients_nnx"]
+__all__ = [
+    "Capture",
+    "capture_linen",
+    "capture_nnx",
+    "explain_linen",
+    "explain_nnx",
+    "gradients_linen",
+    "gradients_nnx",
+]
 
 HeadReduction = Literal["mean", "max", "min"]
 
@@ -665,3 +673,133 @@ def gradients_nnx(
 
     (_, (outputs, capture)), grads = jax.value_and_grad(scalar, has_aux=True)(zeros)
     return outputs, capture._replace(gradients=jnp.stack(grads, axis=-4))
+
+
+def _explain(
+    cap: Capture,
+    method: str,
+    rows: int | Sequence[int] | None,
+    options: Mapping[str, Any] | None,
+) -> jax.Array:
+    """Run rollout or flow on a capture whose heads were fused while capturing."""
+    settings = {"mask": cap.mask, **(options or {})}
+    function = attnflow.rollout if method == "rollout" else attnflow.flow
+    return function(cap.attentions, rows=rows, heads=None, **settings)  # type: ignore[no-any-return, unused-ignore]
+
+
+def _check_method(method: object) -> None:
+    if method not in ("rollout", "flow"):
+        msg = f'`method` must be "rollout" or "flow"; got {method!r}.'
+        raise ValueError(msg)
+
+
+def explain_linen(
+    module: nn.Module,
+    variables: Any,
+    /,
+    *args: Any,
+    method: Literal["rollout", "flow"] = "rollout",
+    rows: int | Sequence[int] | None = 0,
+    heads: HeadReduction = "mean",
+    options: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> jax.Array:
+    """Call a Flax linen model and return rollout or flow maps of its attention.
+
+    Captures with :func:`capture_linen` (heads fused while capturing), then runs
+    :func:`attnflow.rollout` or :func:`attnflow.flow` with the captured padding mask.
+
+    Parameters
+    ----------
+    module : flax.linen.Module
+        The model.
+    variables : pytree
+        Its variables, as for ``module.apply``.
+    *args
+        The model's positional inputs.
+    method : {"rollout", "flow"}, default "rollout"
+        The attribution method. Flow runs on the host and cannot be traced.
+    rows : int, sequence of int or None, default 0
+        Output positions to explain.
+    heads : {"mean", "max", "min"}, default "mean"
+        Head fusion, applied while capturing.
+    options : mapping, optional
+        More options for the method (``residual``, ``layers``, ``mask``...).
+    **kwargs
+        The model's keyword inputs, as for ``module.apply``.
+
+    Returns
+    -------
+    jax.Array
+        The maps, shaped as :func:`attnflow.rollout` returns them.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp, flax.linen as nn
+    >>> from attnflow.adapters.jax import explain_linen
+    >>> class Encoder(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, x):
+    ...         for _ in range(2):
+    ...             x = x + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)(x)
+    ...         return x
+    >>> x = jax.random.normal(jax.random.key(0), (1, 5, 8))
+    >>> variables = Encoder().init(jax.random.key(1), x)
+    >>> explain_linen(Encoder(), variables, x, rows=0).shape
+    (1, 5)
+    """
+    _check_method(method)
+    _, cap = capture_linen(module, variables, *args, heads=heads, **kwargs)
+    return _explain(cap, method, rows, options)
+
+
+def explain_nnx(
+    model: nnx.Module,
+    /,
+    *args: Any,
+    method: Literal["rollout", "flow"] = "rollout",
+    rows: int | Sequence[int] | None = 0,
+    heads: HeadReduction = "mean",
+    options: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> jax.Array:
+    """Call a Flax NNX model and return rollout or flow maps of its attention.
+
+    As :func:`explain_linen`, with :func:`capture_nnx`.
+
+    Parameters
+    ----------
+    model : flax.nnx.Module
+        The model.
+    *args
+        Its positional inputs.
+    method : {"rollout", "flow"}, default "rollout"
+        The attribution method.
+    rows : int, sequence of int or None, default 0
+        Output positions to explain.
+    heads : {"mean", "max", "min"}, default "mean"
+        Head fusion, applied while capturing.
+    options : mapping, optional
+        More options for the method (``residual``, ``layers``, ``mask``...).
+    **kwargs
+        Its keyword inputs.
+
+    Returns
+    -------
+    jax.Array
+        The maps, shaped as :func:`attnflow.rollout` returns them.
+
+    Examples
+    --------
+    >>> import jax, flax.nnx as nnx
+    >>> from attnflow.adapters.jax import explain_nnx
+    >>> attention = nnx.MultiHeadAttention(
+    ...     num_heads=2, in_features=8, qkv_features=8, decode=False, rngs=nnx.Rngs(0)
+    ... )
+    >>> x = jax.random.normal(jax.random.key(0), (1, 5, 8))
+    >>> explain_nnx(attention, x, method="flow", rows=[0, 1]).shape
+    (1, 2, 5)
+    """
+    _check_method(method)
+    _, cap = capture_nnx(model, *args, heads=heads, **kwargs)
+    return _explain(cap, method, rows, options)

@@ -225,3 +225,26 @@ def test_nnx_nothing_captured():
     model = nnx.Linear(3, 3, rngs=nnx.Rngs(0))
     with pytest.raises(RuntimeError, match="No attention weights were captured"):
         adapter.capture_nnx(model, jnp.ones((1, 3)))
+
+
+def test_explain_in_one_call_equals_capture_then_rollout() -> None:
+    from attnflow.adapters.jax import capture_nnx, explain_linen, explain_nnx
+
+    attention = nnx.MultiHeadAttention(
+        num_heads=2, in_features=8, qkv_features=8, decode=False, rngs=nnx.Rngs(0)
+    )
+    x = jax.random.normal(jax.random.key(3), (2, 5, 8))
+    _, cap = capture_nnx(attention, x)
+    expected = attnflow.rollout(cap.attentions, rows=0)
+    np.testing.assert_allclose(explain_nnx(attention, x), expected, atol=1e-6)
+    assert explain_nnx(attention, x, method="flow", rows=None).shape == (2, 5, 5)
+    with pytest.raises(ValueError, match="`method`"):
+        explain_nnx(attention, x, method="gradients")  # type: ignore[arg-type]
+
+    class Encoder(nn.Module):
+        @nn.compact
+        def __call__(self, inputs: jax.Array) -> jax.Array:
+            return inputs + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=8)(inputs)
+
+    variables = Encoder().init(jax.random.key(1), x)
+    assert explain_linen(Encoder(), variables, x, options={"residual": 0.0}).shape == (2, 5)
