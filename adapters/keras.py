@@ -18,12 +18,17 @@ Everything is restored when the block ends, also when the call raises.
 
 The model must be called eagerly (``model(x)``), not through ``model.predict`` or a
 compiled function: traced calls record symbolic tensors, which cannot be read.
+
+:func:`attention_gradients` differentiates a scalar of the model's output with respect
+to the attention weights (each backend's own autodiff, through zero "delta" tensors
+added to the weights that multiply the values), aligned with the captured attentions.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal, Self
 
@@ -31,7 +36,7 @@ import keras
 
 import attnflow
 
-__all__ = ["Capture", "capture", "explain"]
+__all__ = ["Capture", "attention_gradients", "capture", "explain"]
 
 HeadReduction = Literal["mean", "max", "min"]
 
@@ -130,18 +135,7 @@ class Capture:
         if not scores:
             msg = "Nothing was captured: read `attentions` after calling the model in the block."
             raise RuntimeError(msg)
-        shapes = {tuple(s.shape) for s in scores}
-        if len(shapes) > 1:
-            msg = (
-                f"The {len(scores)} attention calls have different shapes "
-                f"{sorted(shapes)} and cannot be stacked into one (*batch, layers, heads, "
-                "n, n) tensor. This happens with cross-attention (queries and keys of "
-                "different lengths) or when the model was called several times on inputs "
-                "of different lengths: read `records` and pick the calls of one stack."
-            )
-            raise ValueError(msg)
-        axis = -3 if self.heads is not None else -4
-        return keras.ops.stack(scores, axis=axis)
+        return _stack(scores, axis=-3 if self.heads is not None else -4)
 
     @property
     def mask(self) -> Any | None:
@@ -282,8 +276,8 @@ def capture(model: keras.Layer, *, heads: HeadReduction | None = None) -> Captur
     When the caller did not ask for scores, the layer runs as usual (its output comes
     from Keras' own, possibly fused, path) and the scores are computed a second time,
     explicitly: attention costs twice as much inside the block, and the recorded scores
-    are not on the autodiff path of the output. Gradients of the scores are not collected
-    by this adapter yet (no ``gradients=`` option).
+    are not on the autodiff path of the output. For gradients with respect to the
+    attention weights use :func:`attention_gradients`.
 
     Examples
     --------
@@ -369,6 +363,237 @@ def explain(
     attentions = keras.ops.stop_gradient(cap.attentions)
     function = attnflow.rollout if method == "rollout" else attnflow.flow
     return function(attentions, rows=rows, heads=None if fuse_now else heads, **options)
+
+
+def attention_gradients(
+    model: keras.Layer,
+    inputs: Mapping[str, Any] | Sequence[Any] | Any,
+    *,
+    target: Callable[[Any], Any],
+) -> tuple[Any, Any]:
+    """Gradients of a scalar of the model's output with respect to its attention weights.
+
+    Differentiates ``target(model(inputs))`` with the active backend's own autodiff
+    (``tf.GradientTape``, ``jax.grad`` or torch autograd) with respect to the attention
+    weights of every ``keras.layers.MultiHeadAttention`` call, layer by layer, aligned
+    with the attentions :func:`capture` records.
+
+    How: inside the call, each attention layer computes its weights explicitly (softmax of
+    the scaled dot products, as with ``return_attention_scores=True``) and a zero "delta"
+    tensor is added to them just before they multiply the values; the gradient is taken
+    with respect to the deltas, which is the gradient with respect to the weights that
+    multiply V, each layer's weights treated as an independent input. Because the
+    explicit path is used, a query row whose keys are all masked (a padded position) gets
+    zero weights, as with ``return_attention_scores=True``, where Keras' fused kernel would
+    give uniform ones: outputs on real tokens are unchanged, outputs on such padded rows
+    follow the explicit path. The model runs in inference mode (no dropout), called
+    eagerly twice: once to read the shapes and the attentions, once to differentiate.
+
+    Parameters
+    ----------
+    model : keras.Layer
+        The model (see :func:`capture`), called as ``model(inputs)``.
+    inputs : tensor, mapping or sequence
+        The model's inputs (a mapping, list or tuple is passed as one argument).
+    target : callable
+        Maps the model's outputs to a scalar (a 0-d tensor or one with a single element),
+        e.g. ``lambda y: y[:, 0, 3].sum()``. Samples of a batch do not interact, so a sum
+        over the batch gives each sample's own gradients.
+
+    Returns
+    -------
+    attentions : tensor
+        ``(*batch, layers, heads, n, n)``, as ``cap.attentions`` of :func:`capture`.
+    gradients : tensor
+        The same shape: ``d target / d attentions``, in the active backend's tensors.
+        Zero for a layer whose weights do not reach the target.
+
+    Raises
+    ------
+    TypeError
+        If `model` is not a Keras layer or `target` is not callable.
+    ValueError
+        If `model` contains no ``MultiHeadAttention`` layer, the attention calls cannot
+        be stacked, or `target` does not give a scalar.
+
+    Examples
+    --------
+    >>> import keras
+    >>> from attnflow.adapters.keras import attention_gradients
+    >>> tokens = keras.Input((5, 8))
+    >>> hidden = keras.layers.MultiHeadAttention(2, 4)(tokens, tokens)
+    >>> model = keras.Model(tokens, keras.layers.MultiHeadAttention(2, 4)(hidden, hidden))
+    >>> x = keras.random.normal((1, 5, 8), seed=0)
+    >>> attentions, gradients = attention_gradients(
+    ...     model, x, target=lambda y: keras.ops.sum(y[:, 0])
+    ... )
+    >>> tuple(gradients.shape) == tuple(attentions.shape) == (1, 2, 2, 5, 5)
+    True
+    """
+    given: object = model
+    if not isinstance(given, keras.Layer):
+        msg = f"attention_gradients() expects a Keras model or layer; got {type(given).__name__}."
+        raise TypeError(msg)
+    given_target: object = target
+    if not callable(given_target):
+        msg = f"`target` must be a callable mapping the outputs to a scalar; got {target!r}."
+        raise TypeError(msg)
+    layers = list(_attention_layers(model))
+    if not layers:
+        msg = (
+            f"{type(model).__name__} contains no keras.layers.MultiHeadAttention layer "
+            "(nor a layer built on it): there are no attention weights to differentiate."
+        )
+        raise ValueError(msg)
+    with _deltas_installed(layers) as state:
+        model(inputs)
+        records = [keras.ops.stop_gradient(r) for r in state.records]
+        if not records:
+            msg = f"No attention layer of {type(model).__name__} ran in model(inputs)."
+            raise RuntimeError(msg)
+        attentions = _stack(records, axis=-4)
+        zeros = [keras.ops.zeros_like(r) for r in records]
+
+        def objective(deltas: list[Any]) -> Any:
+            state.deltas = deltas
+            state.records = []
+            try:
+                value = target(model(inputs))
+            finally:
+                state.deltas = None
+            if len(state.records) != len(deltas):
+                msg = (
+                    f"The model ran {len(state.records)} attention calls while "
+                    f"differentiating and {len(deltas)} before: it must run the same calls."
+                )
+                raise RuntimeError(msg)
+            return _scalar(value)
+
+        gradients = _differentiate(objective, zeros)
+    return attentions, _stack(gradients, axis=-4)
+
+
+class _DeltaState:
+    """What the layers patched by :func:`_deltas_installed` share during one model call."""
+
+    def __init__(self) -> None:
+        self.deltas: list[Any] | None = None
+        self.records: list[Any] = []
+
+
+@contextmanager
+def _deltas_installed(layers: list[keras.layers.MultiHeadAttention]) -> Iterator[_DeltaState]:
+    """Patch the layers to add ``state.deltas[k]`` to the k-th call's weights.
+
+    Each layer computes its weights explicitly and records them; the delta is added
+    before they multiply V.
+    """
+    state = _DeltaState()
+    saved_flash: dict[int, Any] = {}
+    installed: list[keras.layers.MultiHeadAttention] = []
+
+    def patch(layer: keras.layers.MultiHeadAttention) -> None:
+        if "_compute_attention" in vars(layer) or "_masked_softmax" in vars(layer):
+            msg = (
+                f"The MultiHeadAttention layer {layer.name!r} is already being captured: "
+                "attention_gradients() cannot run inside capture() of the same model."
+            )
+            raise RuntimeError(msg)
+        compute: Callable[..., Any] = layer._compute_attention
+        softmax: Callable[..., Any] = layer._masked_softmax
+        signature = inspect.signature(compute)
+
+        def _compute_attention(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            wanted = bound.arguments.get("return_attention_scores", False)
+            bound.arguments["return_attention_scores"] = True  # the explicit path
+            output, scores = compute(*bound.args, **bound.kwargs)
+            return output, scores if wanted else None
+
+        def _masked_softmax(*args: Any, **kwargs: Any) -> Any:
+            weights = softmax(*args, **kwargs)
+            if state.deltas is not None:
+                weights = weights + state.deltas[len(state.records)]
+            state.records.append(weights)
+            return weights
+
+        saved_flash[id(layer)] = getattr(layer, "_flash_attention", None)
+        installed.append(layer)
+        if hasattr(layer, "_flash_attention"):
+            layer._flash_attention = False
+        layer._compute_attention = _compute_attention
+        layer._masked_softmax = _masked_softmax
+
+    try:
+        for layer in layers:
+            patch(layer)
+        yield state
+    finally:
+        for layer in installed:
+            for name in ("_compute_attention", "_masked_softmax"):
+                if name in vars(layer):
+                    delattr(layer, name)
+            if hasattr(layer, "_flash_attention"):
+                layer._flash_attention = saved_flash[id(layer)]
+
+
+def _differentiate(objective: Callable[[list[Any]], Any], zeros: list[Any]) -> list[Any]:
+    """Differentiate ``objective(deltas)`` at `zeros` with the backend's autodiff."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            tape.watch(zeros)
+            value = objective(zeros)
+        found = tape.gradient(value, zeros)
+        return [tf.zeros_like(z) if g is None else g for z, g in zip(zeros, found, strict=True)]
+    if backend == "jax":
+        import jax
+
+        return list(jax.grad(objective)(zeros))
+    if backend == "torch":
+        import torch
+
+        deltas = [z.detach().requires_grad_(True) for z in zeros]
+        with torch.enable_grad():
+            value = objective(deltas)
+            # None for a delta that does not reach the target (typed as never None).
+        grads: Sequence[Any] = torch.autograd.grad(value, deltas, allow_unused=True)
+        return [torch.zeros_like(d) if g is None else g for d, g in zip(deltas, grads, strict=True)]
+    msg = f"attention_gradients() does not support the {backend!r} Keras backend."
+    raise NotImplementedError(msg)
+
+
+def _scalar(value: Any) -> Any:
+    """`value` as a 0-d tensor, or a ValueError if it has more than one element."""
+    value = keras.ops.convert_to_tensor(value)
+    size = 1
+    for dim in value.shape:
+        size *= int(dim)
+    if size != 1:
+        msg = (
+            "`target` must map the model's outputs to a scalar; got shape "
+            f"{tuple(value.shape)} (e.g. sum over the batch: samples do not interact)."
+        )
+        raise ValueError(msg)
+    return keras.ops.reshape(value, ())
+
+
+def _stack(scores: list[Any], *, axis: int) -> Any:
+    """Stack the per-call scores along the layer axis, or explain why they cannot be."""
+    shapes = {tuple(s.shape) for s in scores}
+    if len(shapes) > 1:
+        msg = (
+            f"The {len(scores)} attention calls have different shapes "
+            f"{sorted(shapes)} and cannot be stacked into one (*batch, layers, heads, "
+            "n, n) tensor. This happens with cross-attention (queries and keys of "
+            "different lengths) or when the model was called several times on inputs "
+            "of different lengths: read `records` and pick the calls of one stack."
+        )
+        raise ValueError(msg)
+    return keras.ops.stack(scores, axis=axis)
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -28,6 +28,28 @@ How the weights are captured, inside :func:`capture`:
   forward hook hands back the recorded ones (head-averaged if ``average_attn_weights``),
   so the caller sees what it would have seen, and the weights are on the autograd path.
 
+Encoder-decoder models (a Hugging Face model whose config has ``is_encoder_decoder=True``,
+e.g. BART, or an ``nn.Transformer``) run three kinds of attention, kept apart as
+``cap.encoder_attentions``, ``cap.decoder_attentions`` and ``cap.cross_attentions``. Each
+attention call is classified from the module that made it, the innermost module running
+when the weights are recorded (every submodule gets a pre-hook and a hook that keep a
+stack of the running modules with their qualified names from ``model.named_modules()``):
+
+* cross-attention if that module was called with a ``key_value_states`` /
+  ``encoder_hidden_states`` (Hugging Face) or ``memory`` argument that is not None, has a
+  true ``is_cross_attention`` attribute, or is named ``encoder_attn``, ``crossattention``,
+  ``cross_attn``, ``EncDecAttention`` or ``multihead_attn`` (``nn.TransformerDecoderLayer``);
+* otherwise decoder self-attention if the first component of its qualified name that ends
+  with ``encoder`` or ``decoder`` ends with ``decoder`` (``decoder.layers.0.self_attn``,
+  ``model.decoder.layers.0.self_attn``), or, without such a component, if it has a true
+  ``is_decoder`` attribute;
+* otherwise encoder self-attention (``encoder.layers.0.self_attn``).
+
+For HF BART in transformers 5.23 the attention module is ``BartAttention`` for all three
+(``is_decoder`` is True for both decoder kinds; cross-attention is told by the
+``key_value_states`` argument, there is no ``is_cross_attention`` attribute), so the
+arguments and the names decide.
+
 Everything is restored when the block ends, also when the forward raises.
 """
 
@@ -50,6 +72,20 @@ import attnflow
 __all__ = ["Capture", "capture", "explain", "sdpa_with_weights"]
 
 HeadReduction = Literal["mean", "max", "min"]
+Role = Literal["encoder", "decoder", "cross"]
+
+#: Arguments of an attention module that carry the encoder's states in cross-attention.
+_CROSS_ARGUMENTS = ("key_value_states", "encoder_hidden_states", "memory")
+#: Names of attention modules that do cross-attention (HF BART/Marian/..., BERT, T5, ViT-GPT2
+#: style decoders, ``nn.TransformerDecoderLayer``).
+_CROSS_NAMES = frozenset(
+    {"encoder_attn", "crossattention", "cross_attn", "encdecattention", "multihead_attn"}
+)
+_ROLE_ATTRIBUTES: dict[Role, str] = {
+    "encoder": "encoder_attentions",
+    "decoder": "decoder_attentions",
+    "cross": "cross_attentions",
+}
 
 #: Attention implementations of Hugging Face models that the adapter can read.
 _READABLE_IMPLEMENTATIONS = frozenset({"eager", "sdpa"})
@@ -71,6 +107,7 @@ class _Record:
 
     weights: torch.Tensor
     tracked: bool = False
+    role: Role | None = None
 
 
 def sdpa_with_weights(
@@ -169,11 +206,22 @@ class Capture:
     ----------
     attentions : Tensor
         ``(*batch, layers, heads, n, n)`` (``(*batch, layers, n, n)`` when heads were
-        fused while capturing), layers in the order the model ran them.
+        fused while capturing), layers in the order the model ran them. Raises for an
+        encoder-decoder model, which has the three below instead.
+    encoder_attentions : Tensor
+        Encoder-decoder models: ``(*batch, L_enc, heads, n_src, n_src)``.
+    decoder_attentions : Tensor
+        Encoder-decoder models: ``(*batch, L_dec, heads, n_tgt, n_tgt)``.
+    cross_attentions : Tensor
+        Encoder-decoder models: ``(*batch, L_dec, heads, n_tgt, n_src)``.
     mask : Tensor or None
-        ``(*batch, n)`` bool, True for real tokens, or None.
+        ``(*batch, n)`` bool, True for real tokens (the encoder's for an encoder-decoder
+        model), or None.
+    decoder_mask : Tensor or None
+        ``(*batch, n_tgt)`` bool from ``decoder_attention_mask``, or None.
     gradients : Tensor
-        Gradients of the attention weights, same shape as `attentions`.
+        Gradients of the attention weights, same shape as `attentions` (and
+        ``encoder_gradients``, ``decoder_gradients``, ``cross_gradients``).
     records : list of Tensor
         The weights of each attention call, in call order, not stacked.
     """
@@ -207,6 +255,9 @@ class Capture:
         self.track_gradients = gradients
         self._records: list[_Record] = []
         self._mask: torch.Tensor | None = None
+        self._decoder_mask: torch.Tensor | None = None
+        self._seq2seq = False
+        self._running: list[tuple[str, nn.Module, tuple[Any, ...], dict[str, Any]]] = []
         self._undo: list[Callable[[], None]] = []
         self._mha_calls: dict[int, tuple[int, bool, bool, bool]] = {}
         self._last_weights: torch.Tensor | None = None
@@ -263,6 +314,15 @@ class Capture:
         if not weights:
             msg = "Nothing was captured: read `attentions` after calling the model in the block."
             raise RuntimeError(msg)
+        if any(record.role in ("decoder", "cross") for record in self._records):
+            msg = (
+                f"{type(self.model).__name__} is an encoder-decoder model: its encoder "
+                "self-attention, decoder self-attention and cross-attention have different "
+                "shapes and are kept apart. Read `encoder_attentions` (*batch, L_enc, heads, "
+                "n_src, n_src), `decoder_attentions` (*batch, L_dec, heads, n_tgt, n_tgt) "
+                "and `cross_attentions` (*batch, L_dec, heads, n_tgt, n_src)."
+            )
+            raise ValueError(msg)
         shapes = {tuple(w.shape) for w in weights}
         if len(shapes) > 1:
             msg = (
@@ -278,34 +338,120 @@ class Capture:
         return torch.stack(weights, dim=axis)
 
     @property
+    def encoder_attentions(self) -> torch.Tensor:
+        """Encoder self-attention ``(*batch, L_enc, [heads,] n_src, n_src)``."""
+        return self._stack_role("encoder")
+
+    @property
+    def decoder_attentions(self) -> torch.Tensor:
+        """Decoder self-attention ``(*batch, L_dec, [heads,] n_tgt, n_tgt)``."""
+        return self._stack_role("decoder")
+
+    @property
+    def cross_attentions(self) -> torch.Tensor:
+        """Cross-attention ``(*batch, L_dec, [heads,] n_tgt, n_src)``."""
+        return self._stack_role("cross")
+
+    @property
     def mask(self) -> torch.Tensor | None:
-        """``(*batch, n)`` bool padding mask (True = real token), or None."""
-        mask = self._mask
-        if mask is None or not self._records:
+        """``(*batch, n)`` bool padding mask (True = real token), or None.
+
+        For an encoder-decoder model: the encoder's (source) mask.
+        """
+        records = [r for r in self._records if r.role in (None, "encoder")]
+        return self._checked_mask(self._mask, records)
+
+    @property
+    def decoder_mask(self) -> torch.Tensor | None:
+        """``(*batch, n_tgt)`` bool mask of the decoder (``decoder_attention_mask``), or None."""
+        records = [r for r in self._records if r.role == "decoder"]
+        if not records:
+            return None
+        return self._checked_mask(self._decoder_mask, records)
+
+    def _checked_mask(
+        self, mask: torch.Tensor | None, records: list[_Record]
+    ) -> torch.Tensor | None:
+        if mask is None or not records:
             return mask
-        sample = self._records[0].weights
+        sample = records[0].weights
         batch = tuple(sample.shape[: sample.ndim - (2 if self.heads is not None else 3)])
         if tuple(mask.shape) != (*batch, sample.shape[-1]):
             return None
         return mask
 
-    @property
-    def gradients(self) -> torch.Tensor:
-        """Gradients of the output of the backward pass with respect to the weights."""
-        if not self.track_gradients:
-            msg = "Gradients were not recorded: use capture(model, gradients=True)."
-            raise RuntimeError(msg)
+    def _of_role(self, role: Role) -> list[_Record]:
         if not self._records:
             msg = "Nothing was captured: call the model inside the `with` block."
             raise RuntimeError(msg)
-        if not all(record.tracked for record in self._records):
+        if not self._seq2seq:
+            msg = (
+                f"{type(self.model).__name__} is not an encoder-decoder model: read "
+                "`attentions` (and `gradients`)."
+            )
+            raise ValueError(msg)
+        records = [r for r in self._records if r.role == role]
+        if not records:
+            msg = (
+                f"No {role} attention was captured: {_ROLE_ATTRIBUTES[role]} needs a call "
+                "that runs "
+                + ("the encoder." if role == "encoder" else "the decoder (decoder inputs).")
+            )
+            raise ValueError(msg)
+        return records
+
+    def _stack_role(self, role: Role) -> torch.Tensor:
+        weights = [r.weights for r in self._of_role(role)]
+        shapes = {tuple(w.shape) for w in weights}
+        if len(shapes) > 1:
+            msg = (
+                f"The {role} attention calls have different shapes {sorted(shapes)}: run "
+                "a single forward pass over whole sequences (not incremental decoding)."
+            )
+            raise ValueError(msg)
+        return torch.stack(weights, dim=-3 if self.heads is not None else -4)
+
+    @property
+    def gradients(self) -> torch.Tensor:
+        """Gradients of the output of the backward pass with respect to the weights."""
+        if any(record.role in ("decoder", "cross") for record in self._records):
+            msg = (
+                "An encoder-decoder model: read `encoder_gradients`, `decoder_gradients` "
+                "and `cross_gradients`."
+            )
+            raise ValueError(msg)
+        return self._gradients(self._records)
+
+    @property
+    def encoder_gradients(self) -> torch.Tensor:
+        """Gradients of `encoder_attentions`."""
+        return self._gradients(self._of_role("encoder"))
+
+    @property
+    def decoder_gradients(self) -> torch.Tensor:
+        """Gradients of `decoder_attentions`."""
+        return self._gradients(self._of_role("decoder"))
+
+    @property
+    def cross_gradients(self) -> torch.Tensor:
+        """Gradients of `cross_attentions`."""
+        return self._gradients(self._of_role("cross"))
+
+    def _gradients(self, records: list[_Record]) -> torch.Tensor:
+        if not self.track_gradients:
+            msg = "Gradients were not recorded: use capture(model, gradients=True)."
+            raise RuntimeError(msg)
+        if not records:
+            msg = "Nothing was captured: call the model inside the `with` block."
+            raise RuntimeError(msg)
+        if not all(record.tracked for record in records):
             msg = (
                 "The attention weights did not require grad, so no gradient can reach "
                 "them: run the forward pass with autograd on (not under torch.no_grad() or "
                 "torch.inference_mode()) and with parameters or inputs that require grad."
             )
             raise RuntimeError(msg)
-        grads = [record.weights.grad for record in self._records]
+        grads = [record.weights.grad for record in records]
         if any(grad is None for grad in grads):
             msg = (
                 "No gradient has reached the attention weights yet: call .backward() on a "
@@ -318,7 +464,10 @@ class Capture:
     def _record(self, weights: torch.Tensor) -> None:
         if not self._active:
             return
-        self._last_weights = weights
+        # Kept only while an nn.MultiheadAttention call runs (its hook hands the weights
+        # back to the caller), so per-head weights never outlive their layer.
+        self._last_weights = weights if self._mha_calls else None
+        role = self._role()
         if self.heads is not None:
             if weights.ndim < 3:
                 msg = (
@@ -326,14 +475,34 @@ class Capture:
                     "expected (..., heads, n, n)."
                 )
                 raise ValueError(msg)
-            fused = attnflow.fuse_heads(weights.detach(), heads=self.heads, validate=False)
-            self._records.append(_Record(fused))
+            fused = _fuse(weights.detach(), self.heads)
+            self._records.append(_Record(fused, role=role))
             return
         tracked = False
         if self.track_gradients and weights.requires_grad:
             weights.retain_grad()
             tracked = True
-        self._records.append(_Record(weights, tracked=tracked))
+        self._records.append(_Record(weights, tracked=tracked, role=role))
+
+    def _role(self) -> Role | None:
+        """Classify the attention call being recorded (encoder-decoder models only)."""
+        if not self._seq2seq or not self._running:
+            return None
+        name, module, args, kwargs = self._running[-1]
+        parts = name.split(".") if name else []
+        arguments = _bind(module, args, kwargs)
+        if (
+            any(arguments.get(key) is not None for key in _CROSS_ARGUMENTS)
+            or getattr(module, "is_cross_attention", False) is True
+            or (parts and parts[-1].lower() in _CROSS_NAMES)
+        ):
+            return "cross"
+        for part in parts:
+            if part.endswith("decoder"):
+                return "decoder"
+            if part.endswith("encoder"):
+                return "encoder"
+        return "decoder" if getattr(module, "is_decoder", False) is True else "encoder"
 
     def _sdpa(
         self,
@@ -402,6 +571,16 @@ class Capture:
 
         handle = self.model.register_forward_pre_hook(self._on_model_call, with_kwargs=True)
         self._undo.append(handle.remove)
+        self._seq2seq = _is_encoder_decoder(self.model)
+        if self._seq2seq:
+            for name, module in self.model.named_modules():
+                if module is self.model:
+                    continue
+                enter = module.register_forward_pre_hook(
+                    self._entering(name), with_kwargs=True, prepend=True
+                )
+                leave = module.register_forward_hook(self._leaving, always_call=True)
+                self._undo.extend([enter.remove, leave.remove])
         for module in self.model.modules():
             if isinstance(module, nn.MultiheadAttention):
                 pre = module.register_forward_pre_hook(self._before_mha, with_kwargs=True)
@@ -417,6 +596,7 @@ class Capture:
             except Exception as error:  # noqa: BLE001 - restore everything we can
                 errors.append(error)
         self._mha_calls.clear()
+        self._running.clear()
         self._last_weights = None
         if errors:
             msg = "attnflow could not restore the model after capturing"
@@ -428,7 +608,19 @@ class Capture:
     ) -> None:
         # Each call of the model starts afresh: the capture holds the last call.
         self._records.clear()
+        self._running.clear()
         self._mask = _padding_mask(module, args, kwargs)
+        self._decoder_mask = _decoder_mask(module, args, kwargs)
+
+    def _entering(self, name: str) -> Callable[[nn.Module, tuple[Any, ...], dict[str, Any]], None]:
+        def enter(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            self._running.append((name, module, args, kwargs))
+
+        return enter
+
+    def _leaving(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:  # noqa: ARG002
+        if self._running and self._running[-1][1] is module:
+            self._running.pop()
 
     def _before_mha(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -453,6 +645,7 @@ class Capture:
         if not need or not isinstance(output, tuple):
             return None
         weights = self._last_weights
+        self._last_weights = None
         if len(self._records) != start + 1 or weights is None:
             return None
         if average:
@@ -657,6 +850,42 @@ def _model_namespaces(model: nn.Module) -> list[ModuleType]:
         if isinstance(namespace, ModuleType):
             namespaces.append(namespace)
     return namespaces
+
+
+def _fuse(weights: torch.Tensor, heads: HeadReduction) -> torch.Tensor:
+    """Fuse axis -3 as :func:`attnflow.fuse_heads` does; also for cross-attention (n != s)."""
+    if weights.shape[-1] == weights.shape[-2]:
+        return attnflow.fuse_heads(weights, heads=heads, validate=False)
+    if heads == "mean":
+        return weights.mean(dim=-3)
+    fused = weights.amax(dim=-3) if heads == "max" else weights.amin(dim=-3)
+    total = fused.sum(dim=-1, keepdim=True)  # renormalised rows, as fuse_heads does
+    return torch.where(total > 0, fused / total.clamp_min(torch.finfo(fused.dtype).tiny), 0.0)
+
+
+def _is_encoder_decoder(model: nn.Module) -> bool:
+    """Whether the model has encoder, decoder and cross-attention (classified per call)."""
+    if any(isinstance(module, nn.Transformer) for module in model.modules()):
+        return True
+    return any(getattr(config, "is_encoder_decoder", False) is True for config in _configs(model))
+
+
+def _decoder_mask(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> torch.Tensor | None:
+    """Read the decoder's ``(*batch, n_tgt)`` bool mask of a model call, if any."""
+    arguments = _bind(module, args, kwargs)
+    for name, real_value in (
+        ("decoder_attention_mask", True),
+        ("tgt_key_padding_mask", False),
+    ):
+        value = arguments.get(name)
+        if isinstance(value, torch.Tensor) and value.ndim >= 1:
+            real = value.bool() if real_value else ~value.bool()
+            if not real_value and value.is_floating_point():
+                real = value == 0
+            return real.detach()
+    return None
 
 
 def _bind(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ def to_numpy(x):
 def assert_restored(model):
     for layer in adapter._attention_layers(model):
         assert "_compute_attention" not in vars(layer)
+        assert "_masked_softmax" not in vars(layer)
         assert layer._flash_attention is None  # the Keras default ("auto")
 
 
@@ -194,6 +195,106 @@ def test_sequential_nested_and_causal(sequential, batch):
     causal = to_numpy(cap.attentions)[:, 1]
     assert np.all(np.triu(causal, k=1) == 0)
     assert cap.mask is None or np.all(to_numpy(cap.mask))
+    assert_restored(sequential)
+
+
+# -- gradients with respect to the attention weights -------------------------------------------
+def real_rows_target(y):
+    """A scalar of the outputs of real tokens only (the second sequence pads rows 4 and 5)."""
+    return keras.ops.sum(keras.ops.sin(3.0 * y[:, :4]))
+
+
+def target_with_deltas(model, inputs, target, deltas):
+    """``target(model(inputs))`` with `deltas` added to the attention weights, as a float."""
+    layers = list(adapter._attention_layers(model))
+    with adapter._deltas_installed(layers) as state:
+        state.deltas = [keras.ops.convert_to_tensor(d) for d in deltas]
+        value = target(model(inputs))
+    assert len(state.records) == len(deltas)
+    return float(to_numpy(value))
+
+
+def test_attention_gradients_match_finite_differences(functional, batch):
+    model, _ = functional
+    attentions, gradients = adapter.attention_gradients(model, batch, target=real_rows_target)
+    assert keras.ops.is_tensor(gradients)
+    assert type(gradients).__module__.split(".")[0] == type(attentions).__module__.split(".")[0]
+    assert tuple(attentions.shape) == tuple(gradients.shape) == (2, 2, HEADS, N, N)
+    with adapter.capture(model) as cap:
+        y = model(batch)
+    np.testing.assert_allclose(to_numpy(attentions), to_numpy(cap.attentions), rtol=1e-5, atol=1e-6)
+    assert_restored(model)
+
+    grads = to_numpy(gradients)
+    assert np.all(np.isfinite(grads))
+    assert np.abs(grads[:, 0]).max() > 0
+    assert np.abs(grads[:, 1]).max() > 0
+    zeros = [np.zeros((2, HEADS, N, N), "float32") for _ in range(2)]
+    # Zero deltas leave the outputs of real tokens unchanged.
+    base = target_with_deltas(model, batch, real_rows_target, zeros)
+    assert base == pytest.approx(float(to_numpy(real_rows_target(y))), rel=1e-5, abs=1e-5)
+
+    eps = 3e-3
+    scale = float(np.abs(grads).max())
+
+    def central(direction):
+        plus = [z + eps * d for z, d in zip(zeros, direction, strict=True)]
+        minus = [z - eps * d for z, d in zip(zeros, direction, strict=True)]
+        high = target_with_deltas(model, batch, real_rows_target, plus)
+        low = target_with_deltas(model, batch, real_rows_target, minus)
+        return (high - low) / (2 * eps)
+
+    # Single entries of both layers (a padded key column and a padded query row included).
+    entries = [(0, 0, 0, 0, 2), (0, 1, 1, 3, 5), (1, 0, 1, 2, 1), (1, 1, 0, 5, 4)]
+    entries += [(1, 1, 1, 1, 5), (1, 0, 0, 4, 0)]
+    for b, layer, head, i, j in entries:
+        direction = [np.zeros_like(z) for z in zeros]
+        direction[layer][b, head, i, j] = 1.0
+        expected = central(direction)
+        assert grads[b, layer, head, i, j] == pytest.approx(expected, rel=1e-2, abs=1e-3 * scale)
+    # A random direction through every entry of both layers at once.
+    rng = np.random.default_rng(1)
+    direction = [rng.normal(size=z.shape).astype("float32") for z in zeros]
+    analytic = sum(float(np.sum(grads[:, k] * direction[k])) for k in range(2))
+    assert analytic == pytest.approx(central(direction), rel=1e-2, abs=1e-3 * scale)
+
+
+def test_attention_gradients_of_one_layer(sequential, batch):
+    """The target reads the first block's output only: the second layer gets zeros."""
+    first = sequential.layers[0]
+    attentions, gradients = adapter.attention_gradients(
+        first, batch[0], target=lambda y: keras.ops.sum(y[:, 0])
+    )
+    assert tuple(attentions.shape) == tuple(gradients.shape) == (2, 1, HEADS, N, N)
+    assert np.abs(to_numpy(gradients)).max() > 0
+    _, gradients = adapter.attention_gradients(
+        sequential, batch[0], target=lambda y: keras.ops.sum(y[:, 0])
+    )
+    grads = to_numpy(gradients)
+    assert grads.shape == (2, 2, HEADS, N, N)
+    # Causal second layer: query 0 attends to key 0 only, but the gradient says how the
+    # output would move if it attended elsewhere, so it is not masked.
+    assert np.abs(grads[:, 1, :, 0, 1:]).max() > 0
+    assert_restored(sequential)
+
+
+def test_attention_gradients_errors(sequential, batch):
+    with pytest.raises(ValueError, match="scalar"):
+        adapter.attention_gradients(sequential, batch[0], target=lambda y: y)
+    assert_restored(sequential)
+    with pytest.raises(TypeError, match="Keras model"):
+        adapter.attention_gradients(object(), batch[0], target=keras.ops.sum)
+    with pytest.raises(TypeError, match="callable"):
+        adapter.attention_gradients(sequential, batch[0], target=None)
+    dense = keras.Sequential([keras.Input((N, D)), keras.layers.Dense(3)])
+    with pytest.raises(ValueError, match=r"no keras\.layers\.MultiHeadAttention"):
+        adapter.attention_gradients(dense, batch[0], target=keras.ops.sum)
+    with (  # noqa: PT012
+        pytest.raises(RuntimeError, match="already being captured"),
+        adapter.capture(sequential),
+    ):
+        sequential(batch[0])
+        adapter.attention_gradients(sequential, batch[0], target=keras.ops.sum)
     assert_restored(sequential)
 
 

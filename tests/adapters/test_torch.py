@@ -434,3 +434,252 @@ def test_sdpa_semantics_match_pytorch():
     out, weights = adapter.sdpa_with_weights(q, k4, v4, is_causal=True)
     torch.testing.assert_close(out, ORIGINAL_SDPA(q, k4, v4, is_causal=True), atol=1e-5, rtol=0)
     assert bool((weights.triu(1) == 0).all())
+
+
+# -- encoder-decoder (BART) ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bart(transformers):
+    config = transformers.BartConfig(
+        vocab_size=100,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+    )
+    models = {}
+    for name in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        models[name] = transformers.BartForConditionalGeneration._from_config(
+            copy.deepcopy(config), attn_implementation=name
+        ).eval()
+        assert models[name].config._attn_implementation == name
+    return models
+
+
+@pytest.fixture(scope="module")
+def bart_batch():
+    generator = torch.Generator().manual_seed(0)
+    attention_mask = torch.ones(2, 7, dtype=torch.long)
+    attention_mask[0, 5:] = 0
+    decoder_attention_mask = torch.ones(2, 5, dtype=torch.long)
+    decoder_attention_mask[1, 4:] = 0
+    return {
+        "input_ids": torch.randint(3, 100, (2, 7), generator=generator),
+        "attention_mask": attention_mask,
+        "decoder_input_ids": torch.randint(3, 100, (2, 5), generator=generator),
+        "decoder_attention_mask": decoder_attention_mask,
+    }
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_bart_encoder_decoder_and_cross_attentions(bart, bart_batch, implementation):
+    model = bart[implementation]
+    with torch.no_grad():
+        reference = bart["eager"](**bart_batch, output_attentions=True)
+        plain = model(**bart_batch).logits
+        with adapter.capture(model) as cap:
+            out = model(**bart_batch)
+    expected = {
+        "encoder_attentions": ((2, 2, 4, 7, 7), reference.encoder_attentions),
+        "decoder_attentions": ((2, 2, 4, 5, 5), reference.decoder_attentions),
+        "cross_attentions": ((2, 2, 4, 5, 7), reference.cross_attentions),
+    }
+    for name, (shape, layers) in expected.items():
+        weights = getattr(cap, name)
+        assert weights.shape == shape, name
+        torch.testing.assert_close(weights, torch.stack(layers, dim=1), atol=1e-5, rtol=0)
+    assert bool((cap.decoder_attentions.triu(1) == 0).all())  # causal
+    torch.testing.assert_close(out.logits, plain, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.logits, reference.logits, atol=1e-4, rtol=0)
+    assert torch.equal(cap.mask, bart_batch["attention_mask"].bool())
+    assert torch.equal(cap.decoder_mask, bart_batch["decoder_attention_mask"].bool())
+    with pytest.raises(
+        ValueError, match=r"encoder_attentions.*decoder_attentions.*cross_attentions"
+    ):
+        _ = cap.attentions
+    assert_restored(model)
+    assert not count_globals(model)
+
+
+def test_bart_fused_heads_gradients_and_encoder_alone(bart, bart_batch):
+    model = bart["sdpa"]
+    with torch.no_grad():
+        reference = bart["eager"](**bart_batch, output_attentions=True)
+        with adapter.capture(model, heads="mean") as cap:
+            model(**bart_batch)
+    assert cap.cross_attentions.shape == (2, 2, 5, 7)
+    expected = torch.stack(reference.cross_attentions, dim=1).mean(dim=2)
+    torch.testing.assert_close(cap.cross_attentions, expected, atol=1e-5, rtol=0)
+    with torch.no_grad(), adapter.capture(model, heads="max") as cap:
+        model(**bart_batch)
+    torch.testing.assert_close(cap.cross_attentions.sum(-1), torch.ones(2, 2, 5))
+    expected = attnflow.fuse_heads(torch.stack(reference.decoder_attentions, dim=1), heads="max")
+    torch.testing.assert_close(cap.decoder_attentions, expected, atol=1e-5, rtol=0)
+
+    with adapter.capture(model, gradients=True) as cap:
+        out = model(**bart_batch)
+    out.logits[:, -1].sum().backward()
+    model.zero_grad(set_to_none=True)
+    for role in ("encoder", "decoder", "cross"):
+        grads = getattr(cap, f"{role}_gradients")
+        assert grads.shape == getattr(cap, f"{role}_attentions").shape
+        assert bool(grads.abs().sum() > 0), role
+    with pytest.raises(ValueError, match="encoder_gradients"):
+        _ = cap.gradients
+
+    # Only the encoder runs: a single stack, readable as `attentions` too.
+    encoder = model.get_encoder()
+    with torch.no_grad(), adapter.capture(model) as cap:
+        model.model.encoder(bart_batch["input_ids"], attention_mask=bart_batch["attention_mask"])
+    assert len(cap.records) == 2
+    torch.testing.assert_close(cap.attentions, cap.encoder_attentions)
+    with torch.no_grad(), adapter.capture(encoder) as cap:
+        encoder(bart_batch["input_ids"], attention_mask=bart_batch["attention_mask"])
+    torch.testing.assert_close(cap.attentions, cap.encoder_attentions)
+    torch.testing.assert_close(
+        cap.attentions, torch.stack(reference.encoder_attentions, dim=1), atol=1e-5, rtol=0
+    )
+    with pytest.raises(ValueError, match="No decoder attention"):
+        _ = cap.decoder_attentions
+
+
+def test_not_encoder_decoder_has_no_roles(encoder):
+    with torch.no_grad(), adapter.capture(encoder) as cap:
+        encoder(torch.randn(1, 4, 16))
+    with pytest.raises(ValueError, match="not an encoder-decoder"):
+        _ = cap.cross_attentions
+    assert cap.decoder_mask is None
+
+
+def test_torch_transformer_encoder_decoder():
+    torch.manual_seed(0)
+    model = torch.nn.Transformer(
+        d_model=16,
+        nhead=4,
+        num_encoder_layers=2,
+        num_decoder_layers=3,
+        dim_feedforward=32,
+        batch_first=True,
+    ).eval()
+    src, tgt = torch.randn(2, 7, 16), torch.randn(2, 5, 16)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(5)
+    with torch.no_grad():
+        plain = model(src, tgt, tgt_mask=causal)
+        with adapter.capture(model) as cap:
+            out = model(src, tgt, tgt_mask=causal)
+    assert cap.encoder_attentions.shape == (2, 2, 4, 7, 7)
+    assert cap.decoder_attentions.shape == (2, 3, 4, 5, 5)
+    assert cap.cross_attentions.shape == (2, 3, 4, 5, 7)
+    assert bool((cap.decoder_attentions.triu(1) == 0).all())
+    torch.testing.assert_close(out, plain, atol=1e-5, rtol=0)
+    assert_restored(model)
+
+
+# -- ViT ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_vit_weights_equal_eager_output_attentions(transformers, implementation):
+    config = transformers.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        hidden_size=32,
+        intermediate_size=64,
+    )
+    models = {}
+    for name in ("eager", implementation):
+        torch.manual_seed(0)
+        models[name] = transformers.ViTModel._from_config(
+            copy.deepcopy(config), attn_implementation=name
+        ).eval()
+    model = models[implementation]
+    pixel_values = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        reference = models["eager"](pixel_values=pixel_values, output_attentions=True)
+        with adapter.capture(model) as cap:
+            out = model(pixel_values=pixel_values)
+    assert cap.attentions.shape == (2, 2, 4, 17, 17)
+    torch.testing.assert_close(
+        cap.attentions, torch.stack(reference.attentions, dim=1), atol=1e-5, rtol=0
+    )
+    torch.testing.assert_close(
+        out.last_hidden_state, reference.last_hidden_state, atol=1e-4, rtol=0
+    )
+    assert cap.mask is None
+    assert_restored(model)
+
+
+# -- memory with fused heads ---------------------------------------------------------------------
+def kept_bytes(cap):
+    """Bytes of the distinct storages behind what the capture keeps."""
+    storages = {}
+    for weights in cap.records:
+        storage = weights.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def test_fused_heads_keep_one_head_of_memory(minilm, batch, monkeypatch):
+    import gc
+    import weakref
+
+    model = minilm["sdpa"]
+    with torch.no_grad(), adapter.capture(model) as cap:
+        model(**batch)
+    unfused = kept_bytes(cap)
+    assert unfused == cap.attentions.nbytes
+
+    alive = []  # per-head weights of the previous attention calls, by weak reference
+    original = adapter.sdpa_with_weights
+
+    def watched(*args, **kwargs):
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in refs))
+        output, weights = original(*args, **kwargs)
+        refs.append(weakref.ref(weights))
+        return output, weights
+
+    refs = []
+    monkeypatch.setattr(adapter, "sdpa_with_weights", watched)
+    with torch.no_grad(), adapter.capture(model, heads="mean") as cap:
+        model(**batch)
+    gc.collect()
+    fused = kept_bytes(cap)
+    assert unfused / fused >= 8  # 12 heads: 12
+    assert alive == [0] * 6  # no layer's per-head weights outlive it
+    assert all(ref() is None for ref in refs)
+
+
+def test_timm_vit_fused_attention_is_captured() -> None:
+    timm = pytest.importorskip(
+        "timm",
+        reason="timm needs a torchvision built for this torch: CPU test machines lack one, "
+        "GPU machines have it",
+    )
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64).eval()
+    images = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        expected = model(images)
+        with adapter.capture(model) as cap:  # timm's fused path calls SDPA
+            outputs = model(images)
+    torch.testing.assert_close(outputs, expected)
+    assert tuple(cap.attentions.shape) == (2, 12, 3, 17, 17)
+    # Reference: timm's explicit path, whose weights are the output of attn_drop.
+    reference: list[torch.Tensor] = []
+    hooks = []
+    for block in model.blocks:
+        block.attn.fused_attn = False
+        hooks.append(
+            block.attn.attn_drop.register_forward_hook(
+                lambda module, args, output: reference.append(output)
+            )
+        )
+    with torch.no_grad():
+        model(images)
+    for hook in hooks:
+        hook.remove()
+    torch.testing.assert_close(cap.attentions, torch.stack(reference, dim=1), atol=1e-5, rtol=1e-5)
