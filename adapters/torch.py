@@ -853,14 +853,8 @@ def _model_namespaces(model: nn.Module) -> list[ModuleType]:
 
 
 def _fuse(weights: torch.Tensor, heads: HeadReduction) -> torch.Tensor:
-    """Fuse axis -3 as :func:`attnflow.fuse_heads` does; also for cross-attention (n != s)."""
-    if weights.shape[-1] == weights.shape[-2]:
-        return attnflow.fuse_heads(weights, heads=heads, validate=False)
-    if heads == "mean":
-        return weights.mean(dim=-3)
-    fused = weights.amax(dim=-3) if heads == "max" else weights.amin(dim=-3)
-    total = fused.sum(dim=-1, keepdim=True)  # renormalised rows, as fuse_heads does
-    return torch.where(total > 0, fused / total.clamp_min(torch.finfo(fused.dtype).tiny), 0.0)
+    """Fuse axis -3 with :func:`attnflow.fuse_heads` (cross-attention included)."""
+    return attnflow.fuse_heads(weights, heads=heads, validate=False)
 
 
 def _is_encoder_decoder(model: nn.Module) -> bool:

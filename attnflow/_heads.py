@@ -13,7 +13,6 @@ from ._typing import ArrayT, HeadFusion, Namespace
 from ._validation import (
     AttentionLayout,
     HeadFusionSpec,
-    check_attention_layout,
     check_attention_values,
     check_floating,
     check_head_fusion,
@@ -90,12 +89,13 @@ def fuse_heads(
     element-wise maximum or minimum over heads; weights :math:`w_{l,h}` give
     :math:`A_l = \sum_h w_{l,h} W_{l,h} / \sum_h w_{l,h}`. After max, min or a callable,
     rows are renormalised to sum to one; a row left with no mass becomes a self-attention
-    row.
+    row (in cross-attention, where there is no self, it stays zero).
 
     Parameters
     ----------
     attentions : array, shape (..., heads, n, n)
         Attention probabilities; rows (axis -2) are queries, columns (axis -1) keys.
+        Queries and keys may differ in number (cross-attention, ``(..., heads, q, k)``).
         Weights of shape ``(layers, heads)`` need the layer axis at -4:
         ``(..., layers, heads, n, n)``.
     heads : {"mean", "max", "min"}, callable or array_like, default "mean"
@@ -146,11 +146,14 @@ def fuse_heads(
     (array,), boundary = enter_boundary([attentions], ["attentions"])
     namespace = resolve_namespace(array, xp=xp, names=["attentions"])
     shape = tuple(array.shape)
-    if len(shape) < 3:
-        msg = f"`attentions` must have shape (..., heads, n, n); got shape {shape}."
+    if len(shape) < 3 or 0 in shape[-3:]:
+        msg = (
+            "`attentions` must have shape (..., heads, queries, keys) with at least one "
+            f"head, query and key; got shape {shape}."
+        )
         raise ValueError(msg)
-    fake_layers = shape if len(shape) >= 4 else (1, *shape)
-    layout: AttentionLayout = check_attention_layout(fake_layers, fused=False)
+    # Queries and keys may differ here (cross-attention): fusion works matrix by matrix.
+    layout = AttentionLayout(shape[:-4], shape[-4] if len(shape) >= 4 else 1, shape[-3], shape[-1])
     check_floating(array, namespace)
     do_validate = check_validate(validate)
     spec = check_head_fusion(

@@ -34,6 +34,8 @@ def normalize_rows(attention: Array, xp: Namespace, *, valid_rows: Array | None 
     # Divide by 1 where the row is empty so that no 0/0 NaN is ever produced.
     safe = xp.where(has_mass, sums, xp.ones_like(sums))
     normalised = attention / safe
+    if attention.shape[-1] != attention.shape[-2]:
+        return normalised  # cross-attention has no self to fall back on: empty rows stay 0
     empty = ~has_mass if valid_rows is None else (~has_mass & valid_rows)
     n = attention.shape[-1]
     eye = xp.eye(n, dtype=attention.dtype, device=_device(attention))

@@ -239,3 +239,17 @@ def test_torch_tensor_requiring_grad_is_differentiable_and_silent(weights: np.nd
     assert data.grad is not None
     assert torch.all(torch.isfinite(data.grad))
     assert float(data.grad.abs().sum()) > 0
+
+
+def test_fuse_heads_of_cross_attention() -> None:
+    # Queries and keys differ in number (a decoder attending to an encoder): fusion works
+    # matrix by matrix, and a row left empty by min stays empty (there is no self).
+    rng = np.random.default_rng(5)
+    weights = softmax_attention(rng, (2, 3, 4, 6))
+    np.testing.assert_allclose(attnflow.fuse_heads(weights), weights.mean(axis=-3))
+    fused_max = attnflow.fuse_heads(weights, heads="max")
+    expected = weights.max(axis=-3)
+    np.testing.assert_allclose(fused_max, expected / expected.sum(axis=-1, keepdims=True))
+    disjoint = np.zeros((2, 1, 3))
+    disjoint[0, 0, 0] = disjoint[1, 0, 2] = 1.0
+    np.testing.assert_array_equal(attnflow.fuse_heads(disjoint, heads="min"), np.zeros((1, 3)))

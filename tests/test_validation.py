@@ -143,7 +143,9 @@ def test_building_block_errors() -> None:
         attnflow.add_residual(np.ones((2, 3)) / 3)
     with pytest.raises(ValueError, match="`residual`"):
         attnflow.add_residual(np.eye(3), residual=2.0)
-    with pytest.raises(ValueError, match=r"`attentions` must have shape \(\.\.\., heads, n, n\)"):
+    with pytest.raises(
+        ValueError, match=r"`attentions` must have shape \(\.\.\., heads, queries, keys\)"
+    ):
         attnflow.fuse_heads(np.eye(3))
     with pytest.raises(ValueError, match="need a layer axis"):
         attnflow.fuse_heads(np.ones((2, 3, 3)) / 3, heads=[[1.0, 1.0]])
