@@ -15,16 +15,32 @@ from ._flow import FlowCost, flow, flow_cost
 from ._heads import fuse_heads
 from ._residual import add_residual
 from ._rollout import raw, rollout
+from .evaluate import (
+    PerturbationCurve,
+    blank_out,
+    comprehensiveness,
+    deletion,
+    insertion,
+    rank_correlation,
+    sufficiency,
+)
 
 __all__ = [
     "FlowCost",
+    "PerturbationCurve",
     "__version__",
     "add_residual",
+    "blank_out",
+    "comprehensiveness",
+    "deletion",
     "flow",
     "flow_cost",
     "fuse_heads",
+    "insertion",
+    "rank_correlation",
     "raw",
     "rollout",
+    "sufficiency",
 ]
 
 __version__ = "0.1.0.dev0"

@@ -1,11 +1,13 @@
 """The one place where arrays cross between their device and the host.
 
-Attention flow solves max-flow problems with igraph, which runs on the CPU on NumPy data.
-Only `attnflow.flow` calls this module: rollout never leaves the caller's device.
+Attention flow solves max-flow problems with igraph, which runs on the CPU on NumPy data;
+the evaluation (`attnflow.evaluate`) builds perturbed inputs and reads model outputs on
+the host. Rollout never leaves the caller's device.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import array_api_compat
@@ -17,8 +19,10 @@ from ._typing import Array, Namespace
 __all__ = ["from_host", "to_host"]
 
 
-def to_host(x: Array, *, name: str = "attentions") -> np.ndarray:
+def to_host(x: Array, *, name: str = "attentions", keep_dtype: bool = False) -> np.ndarray:
     """Copy `x` to a float64 NumPy array on the host (Dask graphs are computed).
+
+    With `keep_dtype`, the array keeps its dtype (token ids, masks) instead.
 
     Raises
     ------
@@ -29,16 +33,19 @@ def to_host(x: Array, *, name: str = "attentions") -> np.ndarray:
         host = np.asarray(x)  # computes the graph: flow needs the values
     elif not values_are_inspectable(x):
         msg = (
-            f"`{name}` has no values here (it is traced, e.g. inside `jax.jit`); attention "
-            "flow solves max-flow problems on the host and cannot be traced. Call "
-            "`attnflow.flow` outside `jax.jit`."
+            f"`{name}` has no values here (it is traced, e.g. inside `jax.jit`); this "
+            "attnflow function works on the host and cannot be traced (attention flow "
+            "solves max-flow problems; the evaluation calls a model). Call it outside "
+            "`jax.jit`."
         )
         raise TypeError(msg)
     elif array_api_compat.is_numpy_array(x):
         host = x
     elif array_api_compat.is_torch_array(x):
-        # Flow is not differentiable: the graph is detached on purpose.
-        host = x.detach().cpu().numpy()
+        # Flow is not differentiable: the graph is detached on purpose. NumPy has no
+        # bfloat16: such tensors are widened to float32, which holds them exactly.
+        x = x.detach().cpu()
+        host = (x.float() if x.dtype == sys.modules["torch"].bfloat16 else x).numpy()
     elif array_api_compat.is_cupy_array(x):
         host = x.get()
     elif array_api_compat.is_jax_array(x):
@@ -48,7 +55,7 @@ def to_host(x: Array, *, name: str = "attentions") -> np.ndarray:
         host = np.asarray(strict.asarray(x, device=strict.Device("CPU_DEVICE")))
     else:
         host = np.from_dlpack(array_api_compat.to_device(x, "cpu"))
-    return np.asarray(host, dtype=np.float64)
+    return np.asarray(host) if keep_dtype else np.asarray(host, dtype=np.float64)
 
 
 def from_host(values: np.ndarray, *, like: Array, xp: Namespace) -> Any:

@@ -67,6 +67,16 @@ def test_signatures_follow_the_conventions() -> None:
         assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters[1:])
         assert parameters[-1].name == "xp"
         assert parameters[-1].default is None
+    # The evaluation takes a model and its arrays positionally, options by keyword.
+    arrays = {"blank_out": 2, "rank_correlation": 2, "comprehensiveness": 3}
+    arrays |= {"sufficiency": 3, "deletion": 3, "insertion": 3}
+    for name, count in arrays.items():
+        parameters = list(inspect.signature(getattr(attnflow, name)).parameters.values())
+        kinds = [p.kind for p in parameters]
+        assert kinds[:count] == [inspect.Parameter.POSITIONAL_ONLY] * count, name
+        assert all(kind is inspect.Parameter.KEYWORD_ONLY for kind in kinds[count:]), name
+        assert parameters[-1].name == "xp", name
+        assert parameters[-1].default is None, name
 
 
 def test_adapters_are_installed_as_a_subpackage() -> None:

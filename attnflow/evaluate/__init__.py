@@ -1,0 +1,34 @@
+"""Measure how faithful an explanation is: the paper's protocol and the field's metrics.
+
+Abnar & Zuidema (2020) judge raw attention, rollout and flow by their rank correlation with
+two independent importance scores of the input tokens, blank-out and input gradients
+(Tables 1-3). This package computes those scores and correlations, the standard erasure
+metrics (ERASER comprehensiveness and sufficiency with AOPC, deletion and insertion curves
+for images), and runs all of it over whole datasets. Models are plain callables, so the
+package imports no deep-learning framework; the adapters build the callables for PyTorch,
+JAX and Keras models.
+"""
+
+from __future__ import annotations
+
+from ._blank_out import blank_out
+from ._correlation import rank_correlation
+from ._erasure import (
+    ERASER_FRACTIONS,
+    PerturbationCurve,
+    comprehensiveness,
+    deletion,
+    insertion,
+    sufficiency,
+)
+
+__all__ = [
+    "ERASER_FRACTIONS",
+    "PerturbationCurve",
+    "blank_out",
+    "comprehensiveness",
+    "deletion",
+    "insertion",
+    "rank_correlation",
+    "sufficiency",
+]

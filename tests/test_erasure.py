@@ -1,0 +1,237 @@
+"""Comprehensiveness, sufficiency, deletion and insertion against hand-written loops."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from backends import Variant
+from evaluation_models import TokenClassifier, predict_for
+
+import attnflow
+
+VOCABULARY, BATCH, LAYERS, N, MASK_ID = 12, 3, 2, 8, 0
+FRACTIONS = (0.1, 0.25, 0.5, 1.0)
+
+
+@pytest.fixture(scope="module")
+def model() -> TokenClassifier:
+    return TokenClassifier(vocabulary=VOCABULARY, seed=6)
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    ids = rng.integers(1, VOCABULARY, size=(BATCH, N))
+    scores = rng.random((BATCH, LAYERS, N))
+    scores[0, 0, 2] = scores[0, 0, 5]  # a tie: the earlier position goes first
+    return ids, scores
+
+
+def loop_erasure(
+    model: TokenClassifier,
+    ids: np.ndarray,
+    scores: np.ndarray,
+    kind: str,
+    eligible: np.ndarray,
+) -> np.ndarray:
+    """The ERASER definitions, one sequence, explanation and fraction at a time."""
+    out = np.full((*scores.shape[:-1], len(FRACTIONS)), np.nan)
+    for b in range(ids.shape[0]):
+        mask = eligible[b]
+        p = model.probabilities(ids[b : b + 1])[0]
+        t = int(np.argmax(p))
+        candidates = [i for i in range(N) if mask[i]]
+        for e in range(scores.shape[1]):
+            ranked = sorted(candidates, key=lambda i: (-scores[b, e, i], i))
+            for j, f in enumerate(FRACTIONS):
+                k = max(1, math.ceil(f * len(candidates)))
+                rationale = set(ranked[:k])
+                copy = ids[b].copy()
+                for i in candidates:
+                    removed = i in rationale if kind == "comprehensiveness" else i not in rationale
+                    if removed:
+                        copy[i] = MASK_ID
+                out[b, e, j] = p[t] - model.probabilities(copy[None])[0, t]
+    return out
+
+
+@pytest.mark.parametrize("kind", ["comprehensiveness", "sufficiency"])
+def test_equals_definition(
+    backend: Variant,
+    dtype_name: str,
+    model: TokenClassifier,
+    data: tuple[np.ndarray, np.ndarray],
+    kind: str,
+) -> None:
+    ids, scores = data
+    function = getattr(attnflow, kind)
+    predict = predict_for(backend, model, dtype_name)
+    result = function(
+        predict,
+        backend.asarray(ids),
+        backend.asarray(scores),
+        replacement=MASK_ID,
+        fractions=FRACTIONS,
+    )
+    values = backend.check(result, dtype_name=dtype_name, shape=(BATCH, LAYERS, len(FRACTIONS)))
+    expected = loop_erasure(model, ids, scores, kind, np.ones((BATCH, N), dtype=bool))
+    tol = 1e-10 if dtype_name == "float64" else 2e-5
+    np.testing.assert_allclose(values, expected, rtol=0, atol=tol)
+    assert np.abs(expected).max() > 1e-2
+
+
+def test_where_and_mask_limit_what_is_removed(
+    model: TokenClassifier, data: tuple[np.ndarray, np.ndarray]
+) -> None:
+    ids, scores = data
+    mask = np.arange(N)[None, :] < np.array([8, 5, 3])[:, None]
+    where = np.ones(N, dtype=bool)
+    where[0] = False  # [CLS] stays
+    seen: list[np.ndarray] = []
+
+    def predict(batch: np.ndarray, batch_mask: np.ndarray) -> np.ndarray:
+        seen.append(batch[~batch_mask])
+        return model.probabilities(batch)  # the test model ignores padding differently
+
+    result = attnflow.comprehensiveness(
+        predict, ids, scores, replacement=MASK_ID, fractions=FRACTIONS, mask=mask, where=where
+    )
+    expected = loop_erasure(model, ids, scores, "comprehensiveness", mask & where)
+    np.testing.assert_allclose(result, expected, rtol=0, atol=1e-12)
+    # Padding is never replaced.
+    assert all((padded != MASK_ID).all() for padded in seen)
+
+
+def test_short_sequences_reuse_model_calls(model: TokenClassifier) -> None:
+    ids = np.array([[3, 4, 5]])
+    rows: list[int] = []
+
+    def predict(batch: np.ndarray) -> np.ndarray:
+        rows.append(len(batch))
+        return model.probabilities(batch)
+
+    attnflow.comprehensiveness(predict, ids, np.array([[0.3, 0.2, 0.1]]), replacement=MASK_ID)
+    # ERASER's 1, 5, 10 and 20 % all round up to one token of three; 50 % to two.
+    assert rows == [1, 2]
+
+
+def loop_curve(
+    model: TokenClassifier, images: np.ndarray, scores: np.ndarray, kind: str
+) -> np.ndarray:
+    out = []
+    for b in range(images.shape[0]):
+        order = sorted(range(scores.shape[1]), key=lambda i: (-scores[b, i], i))
+        p = model_image_probabilities(model, images[b : b + 1])
+        t = int(np.argmax(p))
+        curve = []
+        for k in range(len(order) + 1):
+            image = images[b].copy() if kind == "deletion" else np.full_like(images[b], 0.25)
+            for patch in order[:k]:
+                r, c = divmod(patch, 3)
+                source = (
+                    0.25
+                    if kind == "deletion"
+                    else images[b, :, 2 * r : 2 * r + 2, 2 * c : 2 * c + 2]
+                )
+                image[:, 2 * r : 2 * r + 2, 2 * c : 2 * c + 2] = source
+            curve.append(model_image_probabilities(model, image[None])[0, t])
+        out.append(curve)
+    return np.array(out)
+
+
+def model_image_probabilities(model: TokenClassifier, images: np.ndarray) -> np.ndarray:
+    """A fixed classifier of 2-channel 4x6 images (flattened into the token model's states)."""
+    flat = images.reshape(images.shape[0], -1)
+    logits = np.tanh(flat @ np.resize(model.embeddings.ravel(), (flat.shape[1], 3)))
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("kind", ["deletion", "insertion"])
+def test_image_curves_equal_definition(model: TokenClassifier, kind: str) -> None:
+    rng = np.random.default_rng(2)
+    images = rng.random((2, 2, 4, 6))  # channels first; 2x2 patches: a 2x3 grid
+    scores = rng.random((2, 6))
+    curve = getattr(attnflow, kind)(
+        lambda x: model_image_probabilities(model, x),
+        images,
+        scores,
+        replacement=0.25,
+        patch_size=2,
+    )
+    expected = loop_curve(model, images, scores, kind)
+    np.testing.assert_allclose(curve.probabilities, expected, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(curve.fractions, np.arange(7) / 6)
+    areas = [np.sum((e[1:] + e[:-1]) / 2) / 6 for e in expected]
+    np.testing.assert_allclose(curve.area, areas, rtol=0, atol=1e-12)
+    # Channels last gives the same curve.
+    last = getattr(attnflow, kind)(
+        lambda x: model_image_probabilities(model, np.moveaxis(x, -1, 1)),
+        np.moveaxis(images, 1, -1),
+        scores,
+        replacement=0.25,
+        patch_size=(2, 2),
+        channels="last",
+    )
+    np.testing.assert_allclose(last.probabilities, expected, rtol=0, atol=1e-12)
+
+
+def test_token_deletion_in_steps(backend: Variant, model: TokenClassifier) -> None:
+    ids = np.random.default_rng(4).integers(1, VOCABULARY, size=(2, 6))
+    scores = np.random.default_rng(5).random((2, 6))
+    predict = predict_for(backend, model, "float64")
+    curve = attnflow.deletion(
+        predict, backend.asarray(ids), backend.asarray(scores), replacement=MASK_ID, steps=3
+    )
+    values = backend.check(curve.probabilities, dtype_name="float64", shape=(2, 4))
+    for b in range(2):
+        order = np.argsort(-scores[b], kind="stable")
+        p = model.probabilities(ids[b : b + 1])[0]
+        t = int(np.argmax(p))
+        for step, k in enumerate([0, 2, 4, 6]):
+            copy = ids[b].copy()
+            copy[order[:k]] = MASK_ID
+            assert values[b, step] == pytest.approx(
+                model.probabilities(copy[None])[0, t], abs=1e-10
+            )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"fractions": [0.0]}, ValueError, r"numbers in \(0, 1\]"),
+        ({"fractions": []}, TypeError, "non-empty sequence"),
+        ({"scores": np.zeros((BATCH, N + 1))}, ValueError, "one score per unit"),
+        ({"where": np.ones(N)}, TypeError, "`where` must be a boolean"),
+    ],
+)
+def test_bad_arguments(
+    model: TokenClassifier,
+    data: tuple[np.ndarray, np.ndarray],
+    kwargs: dict[str, Any],
+    error: type[Exception],
+    match: str,
+) -> None:
+    ids, scores = data
+    options = {"replacement": MASK_ID, **kwargs}
+    given_scores = options.pop("scores", scores)
+    with pytest.raises(error, match=match):
+        attnflow.comprehensiveness(model.probabilities, ids, given_scores, **options)
+
+
+def test_bad_curve_arguments(model: TokenClassifier) -> None:
+    images = np.zeros((1, 2, 4, 6))
+    predict = lambda x: model_image_probabilities(model, x)
+    with pytest.raises(ValueError, match="must divide the image size"):
+        attnflow.deletion(predict, images, np.zeros((1, 6)), replacement=0.0, patch_size=4)
+    with pytest.raises(ValueError, match="`channels` must be"):
+        attnflow.insertion(
+            predict, images, np.zeros((1, 6)), replacement=0.0, patch_size=2, channels="middle"
+        )  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`steps` must be"):
+        attnflow.deletion(predict, images, np.zeros((1, 6)), replacement=0.0, patch_size=2, steps=0)
+    with pytest.raises(ValueError, match="one score per unit"):
+        attnflow.deletion(predict, images, np.zeros((1, 7)), replacement=0.0, patch_size=2)
