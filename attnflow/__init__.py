@@ -16,23 +16,29 @@ from ._heads import fuse_heads
 from ._residual import add_residual
 from ._rollout import raw, rollout
 from .evaluate import (
+    FaithfulnessReport,
+    ModelFunctions,
     PerturbationCurve,
     blank_out,
     comprehensiveness,
     deletion,
+    faithfulness,
     insertion,
     rank_correlation,
     sufficiency,
 )
 
 __all__ = [
+    "FaithfulnessReport",
     "FlowCost",
+    "ModelFunctions",
     "PerturbationCurve",
     "__version__",
     "add_residual",
     "blank_out",
     "comprehensiveness",
     "deletion",
+    "faithfulness",
     "flow",
     "flow_cost",
     "fuse_heads",

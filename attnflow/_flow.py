@@ -19,7 +19,7 @@ from ._pipeline import PreparedAttention, prepare_attention
 from ._residual import mix_residual
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 
-__all__ = ["FlowCost", "flow", "flow_cost"]
+__all__ = ["FlowCost", "WorkersLostError", "flow", "flow_cost"]
 
 SECONDS_PER_EDGE_VISIT = 1.0e-7
 """Cost of one edge in one igraph max-flow (measured on a 2-core x86-64 machine)."""
@@ -29,6 +29,10 @@ SECONDS_PER_BOUND_TERM = 1.0e-9
 
 DEFAULT_MAX_WORK = 2.5e10
 """Edge visits (max-flows x edges) above which `flow` refuses to start by default."""
+
+
+class WorkersLostError(RuntimeError):
+    """Attention flow's worker processes died (killed, or out of memory) before finishing."""
 
 
 @dataclass(frozen=True)
@@ -272,7 +276,7 @@ def _run(
                     'script, call it under `if __name__ == "__main__":` (the workers import '
                     "the script), or pass `n_jobs=1` to run in this process."
                 )
-                raise RuntimeError(msg) from None
+                raise WorkersLostError(msg) from None
             yield task, result
     finally:
         if own:

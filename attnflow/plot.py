@@ -15,6 +15,8 @@ when a function is called, never when this module is imported.
   attention, rollout and flow side by side for one output position).
 - :func:`image_overlay`: a vision transformer's patch scores upsampled onto its image.
 - :func:`attention_graph`: the layered attention graph, the paper's Figure 1.
+- :func:`faithfulness_by_layer`: an evaluation's correlations and AOPC by layer, one line
+  per method (the paper's Tables 1 and 2 as a figure).
 """
 
 from __future__ import annotations
@@ -35,7 +37,13 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     from matplotlib.image import AxesImage
 
-__all__ = ["attention_graph", "image_overlay", "layer_token_map", "token_heatmap"]
+__all__ = [
+    "attention_graph",
+    "faithfulness_by_layer",
+    "image_overlay",
+    "layer_token_map",
+    "token_heatmap",
+]
 
 FloatArray = NDArray[np.float64]
 
@@ -780,4 +788,149 @@ def attention_graph(
         spine.set_visible(False)
     if title is not None:
         axes.set_title(title)
+    return figure
+
+
+# -- faithfulness_by_layer -----------------------------------------------------------------
+
+#: Okabe-Ito colours (distinguishable with colour-vision deficiencies) for method lines.
+_METHOD_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")
+_METHOD_STYLES = {"raw": ("#000000", "--")}
+
+
+def faithfulness_by_layer(
+    report: Any,
+    /,
+    *,
+    references: Sequence[str] | None = None,
+    aopc: bool = True,
+    band: Literal["sem", "sd", "none"] = "sem",
+    paper: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
+    figsize: tuple[float, float] | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Draw faithfulness by layer, one line per method (the paper's Tables 1-2 as a figure).
+
+    One panel per reference score (the mean rank correlation of each method's explanation
+    with blank-out, with input gradients) and, when the report has them, one per ERASER
+    metric (AOPC of comprehensiveness and sufficiency), with layers on the x axis.
+
+    Parameters
+    ----------
+    report : FaithfulnessReport
+        From :func:`attnflow.faithfulness`.
+    references : sequence of str, optional
+        The reference panels to draw; by default all of the report's.
+    aopc : bool, default True
+        Add the comprehensiveness and sufficiency panels (when the report has them).
+    band : {"sem", "sd", "none"}, default "sem"
+        The shaded band: ± the standard error of the mean, ± one standard deviation
+        over samples, or none.
+    paper : mapping, optional
+        Published numbers drawn as dotted lines for comparison:
+        ``{reference: {method: per-layer means}}``, e.g. the paper's Table 1 as
+        ``{"blank_out": {"rollout": [0.32, 0.38, ...]}}``.
+    figsize : (float, float), optional
+        Figure size in inches; by default 3.2 inches per panel by 3 inches.
+    title : str, optional
+        A title over the panels.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        One axes per panel; each method's mean is one line (``Line2D`` labelled with the
+        method's name), in the same colour in every panel.
+
+    Raises
+    ------
+    ValueError
+        On an unknown reference or band.
+
+    See Also
+    --------
+    attnflow.faithfulness : Produces the report.
+
+    References
+    ----------
+    .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
+       ACL 2020, https://arxiv.org/abs/2005.00928
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnflow.evaluate import FaithfulnessReport
+    >>> from attnflow.plot import faithfulness_by_layer
+    >>> rng = np.random.default_rng(0)
+    >>> samples = {
+    ...     f"correlation.{m}.blank_out": rng.normal(shift, 0.2, (50, 6))
+    ...     for m, shift in (("raw", 0.1), ("rollout", 0.5), ("flow", 0.6))
+    ... }
+    >>> report = FaithfulnessReport(
+    ...     samples, ("raw", "rollout", "flow"), ("blank_out",), "spearman", "drop", 0
+    ... )
+    >>> figure = faithfulness_by_layer(report)
+    >>> [line.get_label() for line in figure.axes[0].get_lines()][:3]
+    ['raw', 'rollout', 'flow']
+    """
+    chosen = list(report.references if references is None else references)
+    unknown = [r for r in chosen if r not in report.references]
+    if unknown or not chosen:
+        msg = f"`references` must be drawn from {list(report.references)}; got {chosen}."
+        raise ValueError(msg)
+    if band not in ("sem", "sd", "none"):
+        msg = f'`band` must be "sem", "sd" or "none"; got {band!r}.'
+        raise ValueError(msg)
+    metrics = ["comprehensiveness", "sufficiency"] if aopc and report.fractions else []
+    panels = [("correlation", r) for r in chosen] + [("aopc", m) for m in metrics]
+    width = 3.2 * len(panels)
+    figure = _new_figure(figsize or (width, 3.0))
+    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    layers = np.arange(1, report.n_layers + 1)
+    name = report.correlation.capitalize()
+    for ax, (kind, which) in zip(axes, panels, strict=True):
+        for index, method in enumerate(report.methods):
+            colour, style = _METHOD_STYLES.get(
+                method, (_METHOD_COLOURS[index % len(_METHOD_COLOURS)], "-")
+            )
+            if kind == "correlation":
+                values = report.samples[f"correlation.{method}.{which}"]
+            else:
+                values = np.nanmean(report.samples[f"{which}.{method}"], axis=-1)
+            count = np.isfinite(values).sum(axis=0)
+            mean = np.nanmean(values, axis=0)
+            spread = np.nanstd(values, axis=0)
+            if band == "sem":
+                spread = spread / np.sqrt(np.maximum(count, 1))
+            ax.plot(layers, mean, style, color=colour, marker="o", markersize=3.5, label=method)
+            if band != "none":
+                ax.fill_between(
+                    layers, mean - spread, mean + spread, color=colour, alpha=0.15, lw=0
+                )
+            published = (paper or {}).get(which, {}).get(method)
+            if published is not None:
+                ax.plot(
+                    layers[: len(published)],
+                    published,
+                    ":",
+                    color=colour,
+                    linewidth=1.2,
+                    label=f"{method} (paper)",
+                )
+        if kind == "correlation":
+            label = {"blank_out": "blank-out", "input_gradients": "input gradients"}.get(
+                which, which
+            )
+            ax.set_title(f"vs {label}")
+            ax.set_ylabel(f"{name} ρ (mean)")
+            ax.axhline(0.0, color="0.7", linewidth=0.8, zorder=0)
+        else:
+            arrow = "↑" if which == "comprehensiveness" else "↓"
+            ax.set_title(f"{which} AOPC {arrow}")
+            ax.set_ylabel("AOPC (mean)")
+        ax.set_xlabel("layer")
+        ax.set_xticks(layers)
+        ax.grid(axis="y", color="0.9", linewidth=0.6)
+    axes[0].legend(frameon=False, fontsize="small")
+    if title is not None:
+        figure.suptitle(title)
     return figure

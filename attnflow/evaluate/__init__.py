@@ -21,13 +21,20 @@ from ._erasure import (
     insertion,
     sufficiency,
 )
+from ._faithfulness import ModelFunctions, faithfulness
+from ._report import FaithfulnessReport
+from ._store import EvaluationFolderError
 
 __all__ = [
     "ERASER_FRACTIONS",
+    "EvaluationFolderError",
+    "FaithfulnessReport",
+    "ModelFunctions",
     "PerturbationCurve",
     "blank_out",
     "comprehensiveness",
     "deletion",
+    "faithfulness",
     "insertion",
     "rank_correlation",
     "sufficiency",

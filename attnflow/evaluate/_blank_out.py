@@ -64,7 +64,7 @@ def blank_out(
         device of `inputs`) to class probabilities ``(B, C)``, of any array library.
         With `mask`, it is called as ``predict(ids, mask)`` with the matching rows of the
         mask. The copies of all sequences go through it in batches of `batch_size`.
-    inputs : integer array of shape (B, n)
+    inputs : array of int, shape (B, n)
         Token ids.
     replacement : int
         The id of the token that replaces each blanked token (UNK, or the mask token).

@@ -149,14 +149,12 @@ def _read_scores(scores: Any, batch: int, units: int, name: str = "scores") -> n
     return to_host(converted, name=name)
 
 
-def _eligible(
-    where: Any, mask: np.ndarray | None, batch: int, units: int, xp: Namespace
-) -> np.ndarray:
+def _eligible(where: Any, mask: np.ndarray | None, batch: int, units: int) -> np.ndarray:
     eligible = np.ones((batch, units), dtype=bool) if mask is None else mask.copy()
     if where is None:
         return eligible
     (converted,), _ = enter_boundary([where], ["where"])
-    if getattr(converted, "shape", None) is None or not xp.isdtype(converted.dtype, "bool"):
+    if getattr(converted, "shape", None) is None or not _is_bool(converted):
         msg = f"`where` must be a boolean array of shape ({batch}, {units}); got {describe(where)}."
         raise TypeError(msg)
     host = to_host(converted, name="where", keep_dtype=True).astype(bool)
@@ -166,6 +164,15 @@ def _eligible(
         msg = f"`where` must broadcast to ({batch}, {units}); got shape {host.shape}."
         raise ValueError(msg) from None
     return allowed
+
+
+def _is_bool(x: Any) -> bool:
+    import array_api_compat
+
+    try:
+        return bool(array_api_compat.array_namespace(x).isdtype(x.dtype, "bool"))
+    except TypeError:
+        return False
 
 
 def _orders(scores: np.ndarray, eligible: np.ndarray) -> np.ndarray:
@@ -262,7 +269,7 @@ def _erasure(
     host_scores = _read_scores(scores, batch, n)
     extra = host_scores.shape[1:-1]
     flat = host_scores.reshape(batch, -1, n)
-    eligible = _eligible(where, model_inputs.mask, batch, n, model_inputs.xp)
+    eligible = _eligible(where, model_inputs.mask, batch, n)
     orders = _orders(flat, eligible)
     counts = eligible.sum(axis=1)
     units = _Units(model_inputs, replacement=replacement, patch_size=None, channels="first")
@@ -314,7 +321,7 @@ _ERASURE_DOC_PARAMETERS = """
         ``predict(ids)`` (or ``predict(ids, mask)`` with `mask`) maps a batch of token ids
         ``(B, n)``, arrays of the library and device of `inputs`, to class probabilities
         ``(B, C)``, as for :func:`blank_out`.
-    inputs : integer array of shape (B, n)
+    inputs : array of int, shape (B, n)
         Token ids.
     scores : array of shape (B, ..., n)
         The explanation: one importance per token (higher = more important), e.g. one
@@ -510,9 +517,7 @@ def _curve(
     if host_scores.ndim != 2:
         msg = f"`scores` must have shape (B, units) = ({batch}, {units.count}); got {host_scores.shape}."
         raise ValueError(msg)
-    eligible = _eligible(
-        None, model_inputs.mask if tokens else None, batch, units.count, model_inputs.xp
-    )
+    eligible = _eligible(None, model_inputs.mask if tokens else None, batch, units.count)
     orders = _orders(host_scores[:, None, :], eligible)[:, 0]
     counts = eligible.sum(axis=1)
     n_steps = int(counts.max()) if steps is None else steps

@@ -1,0 +1,715 @@
+"""The paper's faithfulness protocol over a whole dataset, in resumable chunks.
+
+For every sample: the model's prediction, its attention, the explanations of every
+method at every layer, the reference importance scores (blank-out, input gradients), the
+rank correlation of each explanation with each reference, and the erasure metrics
+(comprehensiveness and sufficiency). Samples are processed in chunks; with an output
+folder each chunk's results are written as it finishes, and a rerun skips them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from attnflow._flow import WorkersLostError, flow
+from attnflow._flow import _check_flow_options as check_flow_options
+from attnflow._host import to_host
+from attnflow._namespace import enter_boundary
+from attnflow._rollout import raw, rollout
+from attnflow._typing import Array, Namespace
+from attnflow._validation import describe
+
+from ._blank_out import BlankOutScore, blank_out
+from ._correlation import rank_correlation
+from ._erasure import ERASER_FRACTIONS, comprehensiveness, sufficiency
+from ._predict import (
+    ModelInputs,
+    call_model,
+    check_batch_size,
+    check_replacement,
+    read_inputs,
+    resolve_targets,
+    row_batches,
+)
+from ._report import FaithfulnessReport
+from ._store import ChunkStore, fingerprint
+
+__all__ = ["ModelFunctions", "faithfulness"]
+
+logger = logging.getLogger("attnflow.evaluate")
+
+Method = Callable[..., Any]
+"""``method(attentions, *, rows, layers, mask)``, as :func:`attnflow.rollout`."""
+
+_REFERENCES = ("blank_out", "input_gradients")
+_ROW_AGGREGATIONS = ("max", "mean")
+_NAME = "abcdefghijklmnopqrstuvwxyz0123456789_"
+
+
+@dataclass(frozen=True)
+class ModelFunctions:
+    """A classifier as the evaluation calls it: three functions of a batch.
+
+    Each function receives arrays of the library and device of the dataset's `inputs`
+    (what the adapters' builders expect), and may return arrays of any library.
+
+    Parameters
+    ----------
+    predict : callable
+        ``predict(ids, mask)`` maps token ids ``(B, n)`` and the padding mask ``(B, n)``
+        (True = real token; None when the dataset has none) to class probabilities
+        ``(B, C)``.
+    attentions : callable
+        ``attentions(ids, mask)`` returns the attention probabilities of the same call:
+        ``(B, layers, heads, n, n)``, or one ``(B, heads, n, n)`` array per layer.
+    input_gradients : callable, optional
+        ``input_gradients(ids, mask, targets)`` returns one importance per token
+        ``(B, n)`` for the classes ``targets`` ``(B,)`` (e.g. the norm of the gradient of
+        the target's probability with respect to the input embeddings). None leaves the
+        gradient reference out.
+
+    See Also
+    --------
+    faithfulness : Uses it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> def predict(ids, mask):  # class 1 when token 3 is present
+    ...     p = np.where((ids == 3).any(axis=1), 0.9, 0.1)
+    ...     return np.stack([1 - p, p], axis=1)
+    >>> def attentions(ids, mask):  # two layers, one head, uniform attention
+    ...     n = ids.shape[1]
+    ...     return np.full((len(ids), 2, 1, n, n), 1 / n)
+    >>> model = attnflow.ModelFunctions(predict, attentions)
+    >>> model.predict(np.array([[1, 3]]), None)
+    array([[0.1, 0.9]])
+    """
+
+    predict: Callable[..., Any]
+    attentions: Callable[..., Any]
+    input_gradients: Callable[..., Any] | None = None
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """Everything that decides the numbers, recorded in the output folder's manifest."""
+
+    methods: tuple[str, ...]
+    references: tuple[str, ...]
+    rows: int | str
+    replacement: int
+    blank_out_score: str
+    correlation: str
+    nan: str
+    fractions: tuple[float, ...] | None
+    chunk_size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "methods": list(self.methods),
+            "references": list(self.references),
+            "rows": self.rows,
+            "replacement": self.replacement,
+            "blank_out_score": self.blank_out_score,
+            "correlation": self.correlation,
+            "nan": self.nan,
+            "fractions": None if self.fractions is None else list(self.fractions),
+            "chunk_size": self.chunk_size,
+        }
+
+
+def faithfulness(
+    model: ModelFunctions,
+    inputs: Array,
+    /,
+    *,
+    replacement: int,
+    targets: Array | Sequence[int] | None = None,
+    mask: Array | None = None,
+    where: Array | None = None,
+    methods: Sequence[str] | Mapping[str, Method] = ("raw", "rollout", "flow"),
+    rows: int | Literal["max", "mean"] = 0,
+    references: Sequence[str] = _REFERENCES,
+    blank_out_score: BlankOutScore = "drop",
+    correlation: Literal["spearman", "kendall"] = "spearman",
+    nan: Literal["zero", "omit"] = "zero",
+    fractions: Sequence[float] | None = ERASER_FRACTIONS,
+    chunk_size: int = 64,
+    batch_size: int | None = None,
+    output: str | Path | None = None,
+    n_jobs: int | None = None,
+    executor: Executor | None = None,
+    progress: bool = False,
+    xp: Namespace | None = None,
+) -> FaithfulnessReport:
+    r"""Measure how faithful attention explanations are, layer by layer, over a dataset.
+
+    The protocol of Abnar & Zuidema (2020, Tables 1-3), with the standard erasure
+    metrics beside it. For every sample :math:`x` with target class :math:`t` and every
+    method :math:`M` (raw attention, rollout, flow, or your own) at every layer
+    :math:`l`, the explanation :math:`e_{M,l}(x)` (one output row, or the maximum or mean
+    over rows, as the paper's code) is compared with
+
+    * **blank-out** (:func:`blank_out`): the change of :math:`p_t` when one token is
+      replaced by `replacement`;
+    * **input gradients**: the model's ``input_gradients`` for :math:`t`,
+
+    by their per-sample rank correlation :math:`\rho(e_{M,l}(x), r(x))`
+    (:func:`rank_correlation`), reported as mean and standard deviation over samples.
+    The explanations are also scored by ERASER comprehensiveness and sufficiency (AOPC
+    over `fractions`, :func:`comprehensiveness`).
+
+    Samples are processed in chunks of `chunk_size`. With `output`, each chunk's results
+    are written to that folder as soon as it is done (``chunk-NNNNNN.npz``, no pickle,
+    with the settings in ``evaluation.json``); a rerun with the same settings and data
+    skips finished chunks and returns the identical report, so an interrupted run loses
+    at most the chunk in progress. Attention flow, the costly part, runs on `n_jobs`
+    processes or on `executor` (a Dask cluster's, for example).
+
+    Parameters
+    ----------
+    model : ModelFunctions
+        The classifier's ``predict``, ``attentions`` and (optionally) ``input_gradients``;
+        the adapters build it (e.g. ``attnflow.adapters.torch.model_functions``).
+    inputs : array of int, shape (N, n)
+        Token ids of the whole dataset (padded), of any array library.
+    replacement : int
+        The token id that blank-out and the erasure metrics put in place of a token (the
+        paper: UNK; BERT-like models: the mask token).
+    targets : array or sequence of int, shape (N,), optional
+        The class to explain for each sample, typically the gold label; None takes the
+        predicted class. With targets, the report gives the model's accuracy.
+    mask : bool array of shape (N, n), optional
+        True = real token; padding is never evaluated.
+    where : bool array of shape (N, n) or (n,), optional
+        The positions that take part in the correlations and may be removed by the
+        erasure metrics (e.g. everything but ``[CLS]``); by default every real token.
+    methods : sequence of str or mapping, default ("raw", "rollout", "flow")
+        Names of attnflow's methods, or a mapping from a name (lowercase letters, digits
+        and ``_``) to a function with :func:`attnflow.rollout`'s signature, e.g.
+        ``{"rollout_03": functools.partial(attnflow.rollout, residual=0.3)}``. Every
+        method is evaluated at every layer (``layers="all"``).
+    rows : int or {"max", "mean"}, default 0
+        The output row that explains the prediction: 0 for a ``[CLS]`` classifier (the
+        paper's Tables 1-2), or the maximum or mean over the rows of real tokens (the
+        paper's code for DistilBERT).
+    references : sequence of str, default ("blank_out", "input_gradients")
+        The reference scores to correlate with.
+    blank_out_score : {"drop", "abs", "margin", "abs_margin"}, default "drop"
+        The blank-out score (:func:`blank_out`): "drop" is the paper's text, "abs_margin"
+        its code.
+    correlation : {"spearman", "kendall"}, default "spearman"
+        The rank correlation.
+    nan : {"zero", "omit"}, default "zero"
+        What an undefined correlation (a constant explanation or reference) counts as:
+        0 (the paper's code) or left out of the mean.
+    fractions : sequence of float or None, default (0.01, 0.05, 0.1, 0.2, 0.5)
+        The ERASER bins for comprehensiveness and sufficiency; None skips them (they
+        call the model ``2 x methods x layers x bins`` times per sample, at most).
+    chunk_size : int, default 64
+        Samples per chunk: the unit of progress, of saved results and of lost work.
+    batch_size : int, optional
+        Sequences per call of ``predict`` (blank-out and erasure); None makes one call
+        per chunk and metric.
+    output : path, optional
+        A folder for the per-chunk results (created if missing; it must be empty or hold
+        this evaluation's earlier results). None keeps them in memory.
+    n_jobs : int, optional
+        Processes for attention flow, as for :func:`attnflow.flow`.
+    executor : concurrent.futures.Executor, optional
+        Runs attention flow's tasks instead (e.g. ``distributed.Client().get_executor()``).
+    progress : bool, default False
+        Show a progress bar over samples (tqdm).
+    xp : namespace, optional
+        The array namespace of `inputs`; inferred by default.
+
+    Returns
+    -------
+    FaithfulnessReport
+        Mean and standard deviation of each correlation and AOPC per method and layer,
+        the accuracy, and the per-sample values (``report.samples``).
+
+    Raises
+    ------
+    ValueError, TypeError
+        On bad arguments, before the model is called.
+    EvaluationFolderError
+        If `output` holds another evaluation or another run is writing to it.
+
+    See Also
+    --------
+    rank_correlation, blank_out, comprehensiveness, sufficiency : The pieces.
+
+    Notes
+    -----
+    The standard deviation is the population one (``ddof=0``), as in the paper's code.
+    Blank-out positions where the model was not evaluated (padding) and NaN gradients
+    are left out of that sample's correlation.
+
+    References
+    ----------
+    .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
+       ACL 2020, https://arxiv.org/abs/2005.00928
+    .. [2] J. DeYoung et al., "ERASER: A Benchmark to Evaluate Rationalized NLP Models",
+       ACL 2020, https://arxiv.org/abs/1911.03429
+
+    Examples
+    --------
+    A model whose class rests on token 3, and whose (made-up) attention looks at it:
+
+    >>> import numpy as np
+    >>> import attnflow
+    >>> def predict(ids, mask):
+    ...     p = np.where((ids == 3).any(axis=1), 0.9, 0.1)
+    ...     return np.stack([1 - p, p], axis=1)
+    >>> def attentions(ids, mask):
+    ...     w = np.full((len(ids), 2, 1, 4, 4), 0.1) + 0.6 * (ids == 3)[:, None, None, None, :]
+    ...     return w / w.sum(axis=-1, keepdims=True)
+    >>> ids = np.array([[1, 3, 2, 2], [3, 1, 1, 2], [2, 2, 3, 1]])
+    >>> report = attnflow.faithfulness(
+    ...     attnflow.ModelFunctions(predict, attentions),
+    ...     ids,
+    ...     replacement=0,
+    ...     references=["blank_out"],
+    ...     fractions=[0.25],
+    ... )
+    >>> report.correlation_mean("rollout", "blank_out").round(2)
+    array([0.51, 0.88])
+    >>> print(report.to_markdown(aopc=False))
+    Spearman correlation with blank-out (mean ± sd over 3 samples)
+    <BLANKLINE>
+    | method  | L1          | L2          |
+    |---------|-------------|-------------|
+    | raw     | 1.00 ± 0.00 | 1.00 ± 0.00 |
+    | rollout | 0.51 ± 0.34 | 0.88 ± 0.09 |
+    | flow    | 0.51 ± 0.34 | 0.88 ± 0.09 |
+    """
+    started = time.perf_counter()
+    _check_model(model)
+    functions = _check_methods(methods)
+    settings = _Settings(
+        methods=tuple(functions),
+        references=_check_references(references, model),
+        rows=_check_rows(rows),
+        replacement=check_replacement(replacement, integer=True),
+        blank_out_score=_check_choice(
+            "blank_out_score", blank_out_score, ("drop", "abs", "margin", "abs_margin")
+        ),
+        correlation=_check_choice("correlation", correlation, ("spearman", "kendall")),
+        nan=_check_choice("nan", nan, ("zero", "omit")),
+        fractions=None if fractions is None else _fractions(fractions),
+        chunk_size=_check_positive("chunk_size", chunk_size),
+    )
+    batch_size = check_batch_size(batch_size)
+    given_progress: object = progress
+    if not isinstance(given_progress, bool):
+        msg = f"`progress` must be True or False; got {progress!r}."
+        raise TypeError(msg)
+    dataset = read_inputs(
+        inputs, mask, xp=xp, min_ndim=2, integer=True, expected="(samples, tokens)"
+    )
+    if dataset.host.ndim != 2:
+        msg = f"`inputs` must have shape (samples, tokens); got shape {dataset.host.shape}."
+        raise ValueError(msg)
+    n_samples, n_tokens = dataset.host.shape
+    host_targets = _check_targets(targets, n_samples)
+    host_where = _check_where(where, n_samples, n_tokens)
+    flow_options = {"n_jobs": n_jobs, "executor": executor}
+    check_flow_options(n_jobs, executor, False, True, None)  # flow's own checks, up front
+    bar = _progress_bar(progress, n_samples)
+
+    chunks = [
+        (start, min(n_samples, start + settings.chunk_size))
+        for start in range(0, n_samples, settings.chunk_size)
+    ]
+    run = functools.partial(
+        _evaluate_chunk,
+        model=model,
+        functions=functions,
+        dataset=dataset,
+        targets=host_targets,
+        where=host_where,
+        settings=settings,
+        batch_size=batch_size,
+        flow_options=flow_options,
+    )
+    run = functools.partial(_retrying, run)
+    results: dict[int, dict[str, np.ndarray]] = {}
+    try:
+        if output is None:
+            for number, (start, stop) in enumerate(chunks):
+                results[number] = run(start, stop)
+                if bar is not None:
+                    bar.update(stop - start)
+        else:
+            recorded = {
+                **settings.to_dict(),
+                "samples": n_samples,
+                "tokens": n_tokens,
+                "data": fingerprint(dataset.host, dataset.mask, host_targets, host_where),
+            }
+            with ChunkStore(output, recorded).open() as store:
+                done = store.done()
+                if bar is not None:
+                    bar.update(
+                        sum(
+                            stop - start
+                            for number, (start, stop) in enumerate(chunks)
+                            if number in done
+                        )
+                    )
+                for number, (start, stop) in enumerate(chunks):
+                    if number not in done:
+                        store.write(number, run(start, stop))
+                        if bar is not None:
+                            bar.update(stop - start)
+                # The report is built from what is on disk, so a resumed run and a
+                # fresh one give the identical table.
+                results = {number: store.read(number) for number in range(len(chunks))}
+    finally:
+        if bar is not None:
+            bar.close()
+    samples = {
+        name: np.concatenate([results[i][name] for i in range(len(chunks))]) for name in results[0]
+    }
+    return FaithfulnessReport(
+        samples=samples,
+        methods=settings.methods,
+        references=settings.references,
+        correlation=settings.correlation,
+        blank_out_score=settings.blank_out_score,
+        rows=settings.rows,
+        fractions=settings.fractions,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _evaluate_chunk(
+    start: int,
+    stop: int,
+    *,
+    model: ModelFunctions,
+    functions: Mapping[str, Method],
+    dataset: ModelInputs,
+    targets: np.ndarray | None,
+    where: np.ndarray | None,
+    settings: _Settings,
+    batch_size: int | None,
+    flow_options: Mapping[str, Any],
+) -> dict[str, np.ndarray]:
+    """Every result of samples ``start:stop``, as host arrays keyed by name."""
+    host_ids = dataset.host[start:stop]
+    host_mask = None if dataset.mask is None else dataset.mask[start:stop]
+    ids = dataset.to_model(host_ids)
+    mask = None if host_mask is None else dataset.to_model(host_mask)
+    predict = _with_mask(model.predict, has_mask=mask is not None)
+
+    def originals(begin: int, end: int) -> tuple[np.ndarray, np.ndarray | None]:
+        return host_ids[begin:end], None if host_mask is None else host_mask[begin:end]
+
+    chunk_inputs = ModelInputs(
+        host_ids, host_mask, dataset.xp, dataset.device, dataset.boundary, dataset.like
+    )
+    probabilities, _ = call_model(
+        predict, row_batches(len(host_ids), batch_size, originals), chunk_inputs, len(host_ids)
+    )
+    predicted = np.argmax(probabilities, axis=1)
+    chosen = resolve_targets(
+        None if targets is None else targets[start:stop], predicted, probabilities.shape[1]
+    )
+    out: dict[str, np.ndarray] = {
+        "index": np.arange(start, stop),
+        "predicted": predicted,
+        "target": chosen,
+        "probability": probabilities[np.arange(len(chosen)), chosen],
+    }
+    if targets is not None:
+        out["label"] = targets[start:stop]
+
+    real = np.ones(host_ids.shape, dtype=bool) if host_mask is None else host_mask
+    included = real if where is None else real & where[start:stop]
+    attentions = model.attentions(ids, mask)
+    for name, method in functions.items():
+        explanation = _explain(method, name, attentions, host_mask, settings.rows, flow_options)
+        out[f"scores.{name}"] = explanation
+    reference_scores: dict[str, np.ndarray] = {}
+    if "blank_out" in settings.references:
+        reference_scores["blank_out"] = to_host(
+            blank_out(
+                predict,
+                ids,
+                replacement=settings.replacement,
+                target=chosen,
+                score=settings.blank_out_score,  # type: ignore[arg-type]
+                mask=mask,
+                batch_size=batch_size,
+            ),
+            name="blank_out",
+        )
+    if "input_gradients" in settings.references:
+        assert model.input_gradients is not None  # checked with the arguments
+        gradients = model.input_gradients(ids, mask, dataset.to_model(chosen))
+        reference_scores["input_gradients"] = _read_per_token(gradients, host_ids.shape)
+    for reference, values in reference_scores.items():
+        out[f"reference.{reference}"] = values
+        usable = included & np.isfinite(values)
+        for name in functions:
+            out[f"correlation.{name}.{reference}"] = to_host(
+                rank_correlation(
+                    out[f"scores.{name}"],
+                    values[:, None, :],
+                    where=usable[:, None, :],
+                    method=settings.correlation,  # type: ignore[arg-type]
+                    nan=settings.nan,  # type: ignore[arg-type]
+                )
+            )
+    if settings.fractions is not None:
+        for name in functions:
+            for metric, function in (
+                ("comprehensiveness", comprehensiveness),
+                ("sufficiency", sufficiency),
+            ):
+                out[f"{metric}.{name}"] = to_host(
+                    function(
+                        predict,
+                        ids,
+                        out[f"scores.{name}"],
+                        replacement=settings.replacement,
+                        target=chosen,
+                        fractions=settings.fractions,
+                        mask=mask,
+                        where=included,
+                        batch_size=batch_size,
+                    )
+                )
+    return out
+
+
+def _retrying(
+    run: Callable[[int, int], dict[str, np.ndarray]], start: int, stop: int
+) -> dict[str, np.ndarray]:
+    """Run one chunk; if flow's workers die (killed, out of memory), run it once more."""
+    try:
+        return run(start, stop)
+    except Exception as error:
+        if not _workers_lost(error):
+            raise
+        logger.warning(
+            "workers died while evaluating samples %d-%d; running them again", start, stop - 1
+        )
+        return run(start, stop)
+
+
+def _workers_lost(error: BaseException) -> bool:
+    # Dask's distributed.KilledWorker is matched by name: distributed is optional.
+    return isinstance(error, WorkersLostError) or type(error).__name__ == "KilledWorker"
+
+
+def _with_mask(predict: Callable[..., Any], *, has_mask: bool) -> Callable[..., Any]:
+    """``predict`` as the metrics call it: with the mask when there is one, else None."""
+    if has_mask:
+        return predict
+    return lambda ids: predict(ids, None)
+
+
+def _explain(
+    method: Method,
+    name: str,
+    attentions: Any,
+    host_mask: np.ndarray | None,
+    rows: int | str,
+    flow_options: Mapping[str, Any],
+) -> np.ndarray:
+    """One method at every layer, reduced to one row per sample: ``(B, layers, n)``."""
+    first = attentions[0] if isinstance(attentions, list | tuple) else attentions
+    mask = None
+    if host_mask is not None:
+        (converted,), _ = enter_boundary([first], ["attentions"])
+        import array_api_compat
+
+        xp = array_api_compat.array_namespace(converted)
+        mask = xp.asarray(host_mask, device=array_api_compat.device(converted))
+    options: dict[str, Any] = {"layers": "all", "mask": mask}
+    if method is flow:
+        options.update({k: v for k, v in flow_options.items() if v is not None})
+    options["rows"] = rows if isinstance(rows, int) else None
+    values = to_host(method(attentions, **options), name=f"the {name} explanation")
+    if isinstance(rows, str):
+        # (B, L, n, n): reduce over the output rows of real tokens (padded rows are 0).
+        if values.ndim != 4:
+            msg = f"method {name!r} returned shape {values.shape} for rows=None; expected (B, layers, n, n)."
+            raise ValueError(msg)
+        if rows == "max":
+            values = values.max(axis=-2)
+        else:
+            real = values.shape[-1] if host_mask is None else host_mask.sum(axis=1)[:, None, None]
+            values = values.sum(axis=-2) / real
+    if values.ndim != 3:
+        msg = f"method {name!r} returned shape {values.shape}; expected (batch, layers, tokens)."
+        raise ValueError(msg)
+    return values
+
+
+def _read_per_token(values: Any, shape: tuple[int, ...]) -> np.ndarray:
+    (converted,), _ = enter_boundary([values], ["input_gradients(...)"])
+    if getattr(converted, "shape", None) is None or tuple(converted.shape) != tuple(shape):
+        msg = (
+            f"`model.input_gradients` must return one value per token, shape {tuple(shape)}; "
+            f"got {describe(values)}."
+        )
+        raise ValueError(msg)
+    return to_host(converted, name="input_gradients(...)")
+
+
+_KNOWN_METHODS: dict[str, Method] = {"raw": raw, "rollout": rollout, "flow": flow}
+
+
+def _check_model(model: object) -> None:
+    if not isinstance(model, ModelFunctions):
+        msg = (
+            "`model` must be an attnflow.ModelFunctions (predict, attentions, "
+            f"input_gradients), e.g. from attnflow.adapters.torch.model_functions; got "
+            f"{type(model).__name__}."
+        )
+        raise TypeError(msg)
+    for field in ("predict", "attentions"):
+        if not callable(getattr(model, field)):
+            msg = f"`model.{field}` must be callable; got {getattr(model, field)!r}."
+            raise TypeError(msg)
+
+
+def _check_methods(methods: object) -> dict[str, Method]:
+    known = _KNOWN_METHODS
+    if isinstance(methods, Mapping):
+        chosen = dict(methods)
+    elif isinstance(methods, Sequence) and not isinstance(methods, str):
+        unknown = [m for m in methods if m not in known]
+        if unknown:
+            msg = (
+                f"`methods` names unknown methods {unknown}; known: {sorted(known)}. Pass a "
+                "mapping from a name to a function for others."
+            )
+            raise ValueError(msg)
+        chosen = {m: known[m] for m in methods}
+    else:
+        msg = (
+            f"`methods` must be a sequence of names or a mapping name -> function; got {methods!r}."
+        )
+        raise TypeError(msg)
+    if not chosen:
+        msg = "`methods` must name at least one method."
+        raise ValueError(msg)
+    for name, function in chosen.items():
+        if not isinstance(name, str) or not name or set(name) - set(_NAME):
+            msg = f"method names must be lowercase letters, digits and '_' (they name files); got {name!r}."
+            raise ValueError(msg)
+        if not callable(function):
+            msg = f"method {name!r} must be a function like attnflow.rollout; got {function!r}."
+            raise TypeError(msg)
+    return chosen
+
+
+def _check_references(references: object, model: ModelFunctions) -> tuple[str, ...]:
+    if isinstance(references, str) or not isinstance(references, Sequence):
+        msg = f"`references` must be a sequence drawn from {_REFERENCES}; got {references!r}."
+        raise TypeError(msg)
+    unknown = [r for r in references if r not in _REFERENCES]
+    if unknown or len(set(references)) != len(references):
+        msg = f"`references` must be distinct names from {_REFERENCES}; got {list(references)}."
+        raise ValueError(msg)
+    if "input_gradients" in references and model.input_gradients is None:
+        msg = (
+            "`references` includes 'input_gradients' but `model.input_gradients` is None; "
+            "build the model with an adapter (which takes gradients) or pass "
+            "references=['blank_out']."
+        )
+        raise ValueError(msg)
+    return tuple(references)
+
+
+def _check_rows(rows: object) -> int | str:
+    if isinstance(rows, str):
+        return _check_choice("rows", rows, _ROW_AGGREGATIONS)
+    if isinstance(rows, bool) or not isinstance(rows, int):
+        msg = f'`rows` must be an output position (int) or "max" or "mean"; got {rows!r}.'
+        raise TypeError(msg)
+    return rows
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        msg = f"`{name}` must be one of {choices}; got {value!r}."
+        raise ValueError(msg)
+    return str(value)
+
+
+def _check_positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        msg = f"`{name}` must be a positive int; got {value!r}."
+        raise ValueError(msg)
+    return value
+
+
+def _fractions(fractions: object) -> tuple[float, ...]:
+    from ._erasure import _check_fractions
+
+    return _check_fractions(fractions)
+
+
+def _check_targets(targets: object, n_samples: int) -> np.ndarray | None:
+    if targets is None:
+        return None
+    if isinstance(targets, Sequence):
+        host = np.asarray(targets)
+    else:
+        (converted,), _ = enter_boundary([targets], ["targets"])
+        if getattr(converted, "shape", None) is None:
+            msg = f"`targets` must be an array of class indices, shape ({n_samples},); got {describe(targets)}."
+            raise TypeError(msg)
+        host = to_host(converted, name="targets", keep_dtype=True)
+    if host.shape != (n_samples,) or host.dtype.kind not in "iu" or (host < 0).any():
+        msg = (
+            f"`targets` must hold one non-negative integer class per sample, shape "
+            f"({n_samples},); got shape {host.shape} and dtype {host.dtype}."
+        )
+        raise ValueError(msg)
+    return host.astype(np.int64)
+
+
+def _check_where(where: object, n_samples: int, n_tokens: int) -> np.ndarray | None:
+    if where is None:
+        return None
+    (converted,), _ = enter_boundary([where], ["where"])
+    if getattr(converted, "shape", None) is None:
+        msg = f"`where` must be a boolean array of shape ({n_samples}, {n_tokens}) or ({n_tokens},); got {describe(where)}."
+        raise TypeError(msg)
+    host = to_host(converted, name="where", keep_dtype=True)
+    if host.dtype != np.bool_ or host.shape not in ((n_tokens,), (n_samples, n_tokens)):
+        msg = (
+            f"`where` must be a boolean array of shape ({n_samples}, {n_tokens}) or "
+            f"({n_tokens},); got shape {host.shape} and dtype {host.dtype}."
+        )
+        raise ValueError(msg)
+    return np.broadcast_to(host, (n_samples, n_tokens)).copy()
+
+
+def _progress_bar(enabled: bool, total: int) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        msg = "`progress=True` needs tqdm: `pip install tqdm` (or `attnflow[progress]`)."
+        raise ImportError(msg) from None
+    return tqdm(total=total, unit="sample", desc="faithfulness")

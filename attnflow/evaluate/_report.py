@@ -1,0 +1,283 @@
+"""The result of a faithfulness evaluation: per-sample values and their summary tables."""
+
+from __future__ import annotations
+
+import html
+import json
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["FaithfulnessReport"]
+
+_REFERENCE_LABELS = {"blank_out": "blank-out", "input_gradients": "input gradients"}
+_METRIC_LABELS = {
+    "comprehensiveness": "comprehensiveness AOPC (higher is more faithful)",
+    "sufficiency": "sufficiency AOPC (lower is more faithful)",
+}
+
+
+def _summary(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, population standard deviation and count over samples (axis 0), NaN left out."""
+    finite = np.isfinite(values)
+    count = finite.sum(axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns give NaN
+        return np.nanmean(values, axis=0), np.nanstd(values, axis=0), count
+
+
+@dataclass(frozen=True)
+class FaithfulnessReport:
+    """What :func:`faithfulness` measured: per-sample values and their summaries.
+
+    Parameters
+    ----------
+    samples : mapping of str to ndarray
+        Per-sample arrays: ``index``, ``predicted``, ``target``, ``probability`` (of the
+        target), ``label`` (with targets), ``scores.<method>`` ``(N, layers, n)``,
+        ``reference.<reference>`` ``(N, n)``, ``correlation.<method>.<reference>``
+        ``(N, layers)``, ``comprehensiveness.<method>`` and ``sufficiency.<method>``
+        ``(N, layers, bins)``.
+    methods, references : tuple of str
+        What was compared with what.
+    correlation : str
+        ``"spearman"`` or ``"kendall"``.
+    blank_out_score : str
+        The blank-out score used.
+    rows : int or str
+        The explained output row, or ``"max"``/``"mean"`` over rows.
+    fractions : tuple of float or None
+        The erasure bins, or None when they were skipped.
+    seconds : float
+        Wall time of the evaluation (of this run, when resumed).
+
+    See Also
+    --------
+    faithfulness : Produces it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnflow.evaluate import FaithfulnessReport
+    >>> samples = {"correlation.rollout.blank_out": np.array([[0.5, 0.7], [0.3, 0.9]])}
+    >>> report = FaithfulnessReport(samples, ("rollout",), ("blank_out",), "spearman", "drop", 0)
+    >>> report.correlation_mean("rollout", "blank_out")
+    array([0.4, 0.8])
+    >>> report.n_layers
+    2
+    """
+
+    samples: Mapping[str, np.ndarray]
+    methods: tuple[str, ...]
+    references: tuple[str, ...]
+    correlation: str
+    blank_out_score: str
+    rows: int | str
+    fractions: tuple[float, ...] | None = None
+    seconds: float = field(default=0.0, compare=False)
+
+    # -- numbers ------------------------------------------------------------------------
+    @property
+    def n_samples(self) -> int:
+        """The number of samples evaluated."""
+        return len(next(iter(self.samples.values())))
+
+    @property
+    def n_layers(self) -> int:
+        """The number of layers of the model."""
+        method, reference = self.methods[0], self.references[0] if self.references else ""
+        key = f"correlation.{method}.{reference}"
+        if key in self.samples:
+            return int(self.samples[key].shape[1])
+        return int(self.samples[f"scores.{method}"].shape[1])
+
+    @property
+    def accuracy(self) -> float | None:
+        """The share of samples whose predicted class is their label (None without labels)."""
+        if "label" not in self.samples:
+            return None
+        return float(np.mean(self.samples["predicted"] == self.samples["label"]))
+
+    def _correlations(self, method: str, reference: str) -> np.ndarray:
+        key = f"correlation.{method}.{reference}"
+        if key not in self.samples:
+            msg = (
+                f"no correlation of {method!r} with {reference!r} in this report; it has "
+                f"methods {list(self.methods)} and references {list(self.references)}."
+            )
+            raise KeyError(msg)
+        return self.samples[key]
+
+    def correlation_mean(self, method: str, reference: str) -> np.ndarray:
+        """Return the mean correlation of `method` with `reference` at each layer, ``(layers,)``."""
+        return _summary(self._correlations(method, reference))[0]
+
+    def correlation_std(self, method: str, reference: str) -> np.ndarray:
+        """Return the standard deviation over samples (``ddof=0``) at each layer, ``(layers,)``."""
+        return _summary(self._correlations(method, reference))[1]
+
+    def aopc(self, method: str, metric: str = "comprehensiveness") -> tuple[np.ndarray, np.ndarray]:
+        """Return the mean and standard deviation over samples of the AOPC at each layer.
+
+        The AOPC of a sample is its `metric` (``"comprehensiveness"`` or
+        ``"sufficiency"``) averaged over the fractions.
+        """
+        key = f"{metric}.{method}"
+        if key not in self.samples:
+            msg = f"no {metric!r} for {method!r} in this report (were `fractions` None?)."
+            raise KeyError(msg)
+        values = self.samples[key]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            per_sample = np.nanmean(values, axis=-1)
+        mean, std, _ = _summary(per_sample)
+        return mean, std
+
+    # -- tables ---------------------------------------------------------------------------
+    def records(self) -> list[dict[str, Any]]:
+        """Return the summary in long form: one dict per method, layer and measure."""
+        rows: list[dict[str, Any]] = []
+        for method in self.methods:
+            for reference in self.references:
+                mean, std, count = _summary(self._correlations(method, reference))
+                for layer in range(len(mean)):
+                    rows.append(
+                        {
+                            "method": method,
+                            "layer": layer + 1,
+                            "measure": f"{self.correlation}:{reference}",
+                            "mean": float(mean[layer]),
+                            "std": float(std[layer]),
+                            "samples": int(count[layer]),
+                        }
+                    )
+            if self.fractions is None:
+                continue
+            for metric in ("comprehensiveness", "sufficiency"):
+                values = self.samples[f"{metric}.{method}"]
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    per_sample = np.nanmean(values, axis=-1)
+                mean, std, count = _summary(per_sample)
+                for layer in range(len(mean)):
+                    rows.append(
+                        {
+                            "method": method,
+                            "layer": layer + 1,
+                            "measure": f"aopc:{metric}",
+                            "mean": float(mean[layer]),
+                            "std": float(std[layer]),
+                            "samples": int(count[layer]),
+                        }
+                    )
+        return rows
+
+    def to_frame(self) -> Any:
+        """Return the summary as a pandas DataFrame in long form (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError:
+            msg = "to_frame() needs pandas (`pip install pandas`); records() gives the same rows."
+            raise ImportError(msg) from None
+        return pd.DataFrame.from_records(self.records())
+
+    def _tables(self, *, aopc: bool) -> list[tuple[str, list[str], list[list[str]]]]:
+        """(title, header, rows) of each table: one per reference, then the AOPCs."""
+        layers = [f"L{layer + 1}" for layer in range(self.n_layers)]
+        tables = []
+        name = self.correlation.capitalize()
+        for reference in self.references:
+            body = []
+            for method in self.methods:
+                mean = self.correlation_mean(method, reference)
+                std = self.correlation_std(method, reference)
+                body.append(
+                    [method, *(f"{m:.2f} ± {s:.2f}" for m, s in zip(mean, std, strict=True))]
+                )
+            label = _REFERENCE_LABELS.get(reference, reference)
+            title = f"{name} correlation with {label} (mean ± sd over {self.n_samples} samples)"
+            tables.append((title, ["method", *layers], body))
+        if aopc and self.fractions is not None:
+            bins = ", ".join(f"{f:g}" for f in self.fractions)
+            for metric in ("comprehensiveness", "sufficiency"):
+                body = []
+                for method in self.methods:
+                    mean, std = self.aopc(method, metric)
+                    body.append(
+                        [method, *(f"{m:.3f} ± {s:.3f}" for m, s in zip(mean, std, strict=True))]
+                    )
+                title = f"ERASER {_METRIC_LABELS[metric]}, fractions {bins}"
+                tables.append((title, ["method", *layers], body))
+        return tables
+
+    def to_markdown(self, *, aopc: bool = True) -> str:
+        """Return the summary tables in Markdown, as in the paper's Tables 1 and 2."""
+        parts = []
+        for title, header, body in self._tables(aopc=aopc):
+            widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+
+            def line(cells: list[str], widths: list[int] = widths) -> str:
+                return (
+                    "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+                )
+
+            rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+            parts.append("\n".join([title, "", line(header), rule, *(line(r) for r in body)]))
+        return "\n\n".join(parts)
+
+    def to_html(self) -> str:
+        """Return the summary tables as an HTML fragment (no scripts, no external resources)."""
+        pieces = []
+        for title, header, body in self._tables(aopc=True):
+            head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+            rows = "".join(
+                "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                for row in body
+            )
+            pieces.append(
+                f"<table><caption>{html.escape(title)}</caption>"
+                f"<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+            )
+        accuracy = "" if self.accuracy is None else f"<p>Accuracy: {self.accuracy:.4f}</p>"
+        return f'<div class="attnflow-faithfulness">{accuracy}{"".join(pieces)}</div>'
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the settings and summaries as JSON-serialisable values."""
+        return {
+            "methods": list(self.methods),
+            "references": list(self.references),
+            "correlation": self.correlation,
+            "blank_out_score": self.blank_out_score,
+            "rows": self.rows,
+            "fractions": None if self.fractions is None else list(self.fractions),
+            "samples": self.n_samples,
+            "layers": self.n_layers,
+            "accuracy": self.accuracy,
+            "seconds": self.seconds,
+            "summary": [
+                {
+                    k: (None if isinstance(v, float) and not np.isfinite(v) else v)
+                    for k, v in r.items()
+                }
+                for r in self.records()
+            ],
+        }
+
+    def to_json(self) -> str:
+        """Return :meth:`to_dict` as JSON text."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def plot(self, **options: Any) -> Figure:
+        """Draw correlations (and AOPC) by layer: :func:`attnflow.plot.faithfulness_by_layer`."""
+        from attnflow.plot import faithfulness_by_layer
+
+        return faithfulness_by_layer(self, **options)

@@ -1,0 +1,489 @@
+"""faithfulness(): the composition of the pieces, chunked, resumable and parallel."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from backends import Variant, selected_variants
+from evaluation_models import TokenClassifier, predict_for
+
+import attnflow
+from attnflow.evaluate import EvaluationFolderError
+
+VOCABULARY, SAMPLES, N, LAYERS, HEADS, UNK = 12, 7, 6, 3, 2, 0
+
+
+class ToyModel:
+    """A classifier with attention derived from its embeddings, and token gradients."""
+
+    def __init__(self, seed: int = 2) -> None:
+        self.classifier = TokenClassifier(vocabulary=VOCABULARY, seed=seed)
+        rng = np.random.default_rng(seed + 1)
+        self.queries = rng.normal(size=(LAYERS, HEADS, 5, 5))
+        self.calls = 0
+
+    def predict(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        return self.classifier.probabilities(
+            np.asarray(ids), None if mask is None else np.asarray(mask)
+        )
+
+    def attentions(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        self.calls += 1
+        states = self.classifier.embeddings[np.asarray(ids)]  # (B, n, d)
+        logits = np.einsum("bid,lhde,bje->blhij", states, self.queries, states)
+        if mask is not None:
+            logits = np.where(np.asarray(mask)[:, None, None, None, :], logits, -np.inf)
+        logits -= logits.max(axis=-1, keepdims=True)
+        weights = np.exp(logits)
+        return weights / weights.sum(axis=-1, keepdims=True)
+
+    def input_gradients(self, ids: np.ndarray, mask: Any, targets: Any) -> np.ndarray:
+        # Not a real gradient: any per-token score works as a reference for the runner.
+        states = self.classifier.embeddings[np.asarray(ids)]
+        return np.abs(states @ self.classifier.output[:, 0]) + np.asarray(targets)[:, None]
+
+    def functions(self) -> attnflow.ModelFunctions:
+        return attnflow.ModelFunctions(self.predict, self.attentions, self.input_gradients)
+
+
+@pytest.fixture(scope="module")
+def dataset() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, VOCABULARY, size=(SAMPLES, N))
+    lengths = np.array([6, 5, 6, 3, 4, 6, 2])
+    mask = np.arange(N)[None, :] < lengths[:, None]
+    ids = np.where(mask, ids, 0)
+    labels = rng.integers(0, 3, size=SAMPLES)
+    return ids, mask, labels
+
+
+@pytest.mark.parametrize("rows", [0, "max", "mean"])
+def test_report_equals_the_pieces(
+    dataset: tuple[np.ndarray, np.ndarray, np.ndarray], rows: Any
+) -> None:
+    ids, mask, labels = dataset
+    model = ToyModel()
+    where = np.ones(N, dtype=bool)
+    where[0] = False  # [CLS] takes no part
+    report = attnflow.faithfulness(
+        model.functions(),
+        ids,
+        replacement=UNK,
+        targets=labels,
+        mask=mask,
+        where=where,
+        rows=rows,
+        fractions=(0.2, 0.5),
+        chunk_size=3,
+    )
+    attentions = model.attentions(ids, mask)
+    predict = functools.partial(model.predict)
+    blank = attnflow.blank_out(predict, ids, replacement=UNK, target=labels, mask=mask)
+    gradients = model.input_gradients(ids, mask, labels)
+    included = mask & where
+    for name, method in (
+        ("raw", attnflow.raw),
+        ("rollout", attnflow.rollout),
+        ("flow", attnflow.flow),
+    ):
+        explained = method(
+            attentions, rows=rows if isinstance(rows, int) else None, layers="all", mask=mask
+        )
+        if rows == "max":
+            explained = explained.max(axis=-2)
+        elif rows == "mean":
+            explained = explained.sum(axis=-2) / mask.sum(axis=1)[:, None, None]
+        np.testing.assert_allclose(report.samples[f"scores.{name}"], explained, rtol=0, atol=1e-12)
+        for reference, values in (("blank_out", blank), ("input_gradients", gradients)):
+            usable = included & np.isfinite(values)
+            expected = attnflow.rank_correlation(
+                explained, values[:, None, :], where=usable[:, None, :]
+            )
+            got = report.samples[f"correlation.{name}.{reference}"]
+            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+            np.testing.assert_allclose(
+                report.correlation_mean(name, reference), expected.mean(axis=0)
+            )
+            np.testing.assert_allclose(
+                report.correlation_std(name, reference), expected.std(axis=0)
+            )
+        for metric in ("comprehensiveness", "sufficiency"):
+            expected = getattr(attnflow, metric)(
+                predict,
+                ids,
+                explained,
+                replacement=UNK,
+                target=labels,
+                fractions=(0.2, 0.5),
+                mask=mask,
+                where=included,
+            )
+            np.testing.assert_allclose(
+                report.samples[f"{metric}.{name}"], expected, rtol=0, atol=1e-12
+            )
+            mean, std = report.aopc(name, metric)
+            np.testing.assert_allclose(mean, expected.mean(axis=-1).mean(axis=0))
+            np.testing.assert_allclose(std, expected.mean(axis=-1).std(axis=0))
+    predicted = np.argmax(model.predict(ids, mask), axis=1)
+    assert report.accuracy == pytest.approx(np.mean(predicted == labels))
+    np.testing.assert_array_equal(report.samples["index"], np.arange(SAMPLES))
+    assert report.n_layers == LAYERS
+    assert report.n_samples == SAMPLES
+
+
+def test_chunking_does_not_change_the_numbers(
+    dataset: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    ids, mask, _ = dataset
+    one = attnflow.faithfulness(
+        ToyModel().functions(), ids, replacement=UNK, mask=mask, chunk_size=100
+    )
+    many = attnflow.faithfulness(
+        ToyModel().functions(), ids, replacement=UNK, mask=mask, chunk_size=2
+    )
+    assert one.samples.keys() == many.samples.keys()
+    for key in one.samples:
+        np.testing.assert_allclose(
+            many.samples[key], one.samples[key], rtol=0, atol=1e-12, err_msg=key
+        )
+    assert one.accuracy is None  # no labels given
+
+
+def test_any_backend_reaches_the_model_in_its_own_arrays(
+    backend: Variant, dataset: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> None:
+    ids, mask, labels = dataset
+    toy = ToyModel()
+    predict = predict_for(backend, toy.classifier, "float64")
+
+    def attentions(batch: Any, batch_mask: Any) -> Any:
+        return backend.asarray(
+            toy.attentions(backend.to_numpy(batch), backend.to_numpy(batch_mask))
+        )
+
+    functions = attnflow.ModelFunctions(predict, attentions)
+    report = attnflow.faithfulness(
+        functions,
+        backend.asarray(ids),
+        replacement=UNK,
+        mask=backend.asarray(mask),
+        targets=backend.asarray(labels),
+        references=["blank_out"],
+        methods=["raw", "rollout"],
+        fractions=(0.5,),
+        chunk_size=4,
+    )
+    host = attnflow.faithfulness(
+        attnflow.ModelFunctions(toy.predict, toy.attentions),
+        ids,
+        replacement=UNK,
+        mask=mask,
+        targets=labels,
+        references=["blank_out"],
+        methods=["raw", "rollout"],
+        fractions=(0.5,),
+        chunk_size=4,
+    )
+    for key in host.samples:
+        np.testing.assert_allclose(
+            report.samples[key], host.samples[key], rtol=0, atol=1e-9, err_msg=key
+        )
+
+
+def test_resumed_run_gives_the_identical_report(
+    tmp_path: Path, dataset: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> None:
+    ids, mask, labels = dataset
+    options: dict[str, Any] = {"replacement": UNK, "mask": mask, "targets": labels, "chunk_size": 2}
+    fresh = attnflow.faithfulness(ToyModel().functions(), ids, **options)
+
+    class Interrupted(Exception):
+        pass
+
+    failing = ToyModel()
+    original = failing.attentions
+
+    def attentions(batch: np.ndarray, batch_mask: np.ndarray) -> np.ndarray:
+        if failing.calls == 2:  # the third chunk
+            raise Interrupted
+        return original(batch, batch_mask)
+
+    failing.attentions = attentions  # type: ignore[method-assign]
+    with pytest.raises(Interrupted):
+        attnflow.faithfulness(failing.functions(), ids, output=tmp_path, **options)
+    assert sorted(p.name for p in tmp_path.glob("chunk-*.npz")) == [
+        "chunk-000000.npz",
+        "chunk-000001.npz",
+    ]
+
+    resumed_model = ToyModel()
+    resumed = attnflow.faithfulness(resumed_model.functions(), ids, output=tmp_path, **options)
+    assert resumed_model.calls == 2  # chunks 2 and 3 of 4 only
+    assert resumed.to_markdown() == fresh.to_markdown()
+    for key in fresh.samples:
+        np.testing.assert_array_equal(resumed.samples[key], fresh.samples[key], err_msg=key)
+    # A third run computes nothing and gives the same report again.
+    idle = ToyModel()
+    again = attnflow.faithfulness(idle.functions(), ids, output=tmp_path, **options)
+    assert idle.calls == 0
+    assert again.to_markdown() == fresh.to_markdown()
+    manifest = json.loads((tmp_path / "evaluation.json").read_text())
+    assert manifest["samples"] == SAMPLES
+    assert manifest["methods"] == ["raw", "rollout", "flow"]
+
+
+def test_killed_process_resumes_to_the_identical_table(tmp_path: Path) -> None:
+    # A run in another process is killed with SIGKILL after its second chunk; the rerun
+    # finishes the rest and prints the table of an uninterrupted run.
+    script = tmp_path / "evaluate.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys, time
+            import numpy as np
+            import attnflow
+
+            rng = np.random.default_rng(5)
+            ids = rng.integers(1, 9, size=(12, 5))
+            table = rng.normal(size=(9, 4))
+
+            def predict(batch, mask):
+                logits = np.tanh(table[batch].sum(axis=1))[:, :2] * 3
+                e = np.exp(logits - logits.max(axis=1, keepdims=True))
+                return e / e.sum(axis=1, keepdims=True)
+
+            def attentions(batch, mask):
+                if sys.argv[2] == "slow":
+                    time.sleep(0.4)
+                s = table[batch]
+                w = np.exp(np.einsum("bid,bjd->bij", s, s))[:, None, None]
+                w = np.repeat(w, 3, axis=1)
+                return w / w.sum(axis=-1, keepdims=True)
+
+            report = attnflow.faithfulness(
+                attnflow.ModelFunctions(predict, attentions), ids, replacement=0,
+                references=["blank_out"], chunk_size=2, output=sys.argv[1] or None,
+            )
+            print(report.to_markdown())
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    folder = tmp_path / "results"
+    process = subprocess.Popen([sys.executable, str(script), str(folder), "slow"], env=env)
+    deadline = time.monotonic() + 60
+    while len(list(folder.glob("chunk-*.npz"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.kill()
+    process.wait()
+    written = len(list(folder.glob("chunk-*.npz")))
+    assert 2 <= written < 6, written
+    run = functools.partial(subprocess.run, capture_output=True, text=True, check=True, env=env)
+    resumed = run([sys.executable, str(script), str(folder), "fast"]).stdout
+    fresh = run([sys.executable, str(script), "", "fast"]).stdout
+    assert resumed == fresh
+    assert "Spearman correlation with blank-out" in fresh
+    assert not list(folder.glob(".chunk-*"))  # no temporary file left behind
+
+
+def test_flow_workers_lost_costs_one_retry_of_that_chunk(
+    dataset: tuple[np.ndarray, np.ndarray, np.ndarray], caplog: pytest.LogCaptureFixture
+) -> None:
+    ids, mask, _ = dataset
+
+    class DiesOnce(ThreadPoolExecutor):
+        """Its first task fails as a process pool does when a worker is killed."""
+
+        died = False
+
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+            if not DiesOnce.died:
+                DiesOnce.died = True
+                future: Future[Any] = Future()
+                future.set_exception(BrokenProcessPool("a worker was killed"))
+                return future
+            return super().submit(fn, *args, **kwargs)
+
+    options: dict[str, Any] = {
+        "replacement": UNK,
+        "mask": mask,
+        "references": ["blank_out"],
+        "fractions": None,
+    }
+    serial = attnflow.faithfulness(ToyModel().functions(), ids, **options)
+    with DiesOnce(max_workers=2) as executor:
+        retried = attnflow.faithfulness(ToyModel().functions(), ids, executor=executor, **options)
+    for key in serial.samples:
+        np.testing.assert_array_equal(retried.samples[key], serial.samples[key], err_msg=key)
+    assert "running them again" in caplog.text
+
+
+def test_dask_local_cluster_equals_serial(
+    dataset: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    if "dask" in {v.library for v in selected_variants()}:
+        import distributed  # requested with dask: it must be installed
+    else:
+        distributed = pytest.importorskip(
+            "distributed", reason="the Dask cluster test runs in the dask session"
+        )
+    ids, mask, labels = dataset
+    options: dict[str, Any] = {"replacement": UNK, "mask": mask, "targets": labels, "chunk_size": 3}
+    serial = attnflow.faithfulness(ToyModel().functions(), ids, **options)
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        clustered = attnflow.faithfulness(
+            ToyModel().functions(), ids, executor=client.get_executor(), **options
+        )
+    for key in serial.samples:
+        np.testing.assert_array_equal(clustered.samples[key], serial.samples[key], err_msg=key)
+
+
+def test_two_processes_with_n_jobs_equal_serial(
+    dataset: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    ids, mask, labels = dataset
+    options: dict[str, Any] = {
+        "replacement": UNK,
+        "mask": mask,
+        "targets": labels,
+        "methods": ["flow"],
+    }
+    serial = attnflow.faithfulness(ToyModel().functions(), ids, n_jobs=1, **options)
+    parallel = attnflow.faithfulness(ToyModel().functions(), ids, n_jobs=2, **options)
+    for key in serial.samples:
+        np.testing.assert_array_equal(parallel.samples[key], serial.samples[key], err_msg=key)
+
+
+def test_folder_of_another_evaluation_is_refused(
+    tmp_path: Path, dataset: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> None:
+    ids, mask, _ = dataset
+    options: dict[str, Any] = {
+        "replacement": UNK,
+        "mask": mask,
+        "fractions": None,
+        "references": ["blank_out"],
+    }
+    attnflow.faithfulness(ToyModel().functions(), ids, output=tmp_path, **options)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(EvaluationFolderError, match="differs in rows"):
+        attnflow.faithfulness(ToyModel().functions(), ids, output=tmp_path, rows="max", **options)
+    with pytest.raises(EvaluationFolderError, match="differs in data"):
+        attnflow.faithfulness(ToyModel().functions(), ids[::-1].copy(), output=tmp_path, **options)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing touched
+
+    unrelated = tmp_path / "unrelated"
+    unrelated.mkdir()
+    (unrelated / "notes.txt").write_text("mine")
+    with pytest.raises(EvaluationFolderError, match="is not empty"):
+        attnflow.faithfulness(ToyModel().functions(), ids, output=unrelated, **options)
+    assert (unrelated / "notes.txt").read_text() == "mine"
+
+
+def test_a_second_run_on_the_same_folder_is_refused_while_the_first_runs(tmp_path: Path) -> None:
+    from attnflow.evaluate._store import ChunkStore
+
+    settings = {"methods": ["rollout"]}
+    with (
+        ChunkStore(tmp_path, settings).open(),
+        pytest.raises(EvaluationFolderError, match="another evaluation is writing"),
+        ChunkStore(tmp_path, settings).open(),
+    ):
+        pass
+    with ChunkStore(tmp_path, settings).open() as store:  # released: usable again
+        store.write(0, {"x": np.arange(3)})
+        with pytest.raises(EvaluationFolderError, match="appeared while"):
+            store.write(0, {"x": np.arange(4)})
+        np.testing.assert_array_equal(store.read(0)["x"], np.arange(3))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"methods": ["rollout", "shapley"]}, ValueError, "unknown methods"),
+        ({"methods": {"Roll out": attnflow.rollout}}, ValueError, "method names must be"),
+        ({"rows": "first"}, ValueError, "`rows` must be one of"),
+        ({"references": ["saliency"]}, ValueError, "`references` must be distinct names"),
+        ({"chunk_size": 0}, ValueError, "`chunk_size` must be a positive int"),
+        ({"targets": [0, 1]}, ValueError, "one non-negative integer class per sample"),
+        ({"where": np.ones(N + 1, dtype=bool)}, ValueError, "`where` must be a boolean array"),
+        ({"n_jobs": 0}, ValueError, "`n_jobs` must be None"),
+        ({"correlation": "pearson"}, ValueError, "`correlation` must be one of"),
+        ({"fractions": [2.0]}, ValueError, r"numbers in \(0, 1\]"),
+    ],
+)
+def test_bad_arguments_fail_before_the_model_runs(
+    dataset: tuple[np.ndarray, np.ndarray, np.ndarray],
+    kwargs: dict[str, Any],
+    error: type[Exception],
+    match: str,
+) -> None:
+    ids, mask, _ = dataset
+    model = ToyModel()
+    with pytest.raises(error, match=match):
+        attnflow.faithfulness(model.functions(), ids, replacement=UNK, mask=mask, **kwargs)
+    assert model.calls == 0
+
+
+def test_gradients_reference_needs_a_gradient_function(
+    dataset: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    ids, _, _ = dataset
+    model = ToyModel()
+    functions = attnflow.ModelFunctions(model.predict, model.attentions)
+    with pytest.raises(ValueError, match=r"`model\.input_gradients` is None"):
+        attnflow.faithfulness(functions, ids, replacement=UNK)
+    with pytest.raises(TypeError, match=r"must be an attnflow\.ModelFunctions"):
+        attnflow.faithfulness(model, ids, replacement=UNK)  # type: ignore[arg-type]
+
+
+def test_report_tables_and_figure(dataset: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+    ids, mask, labels = dataset
+    report = attnflow.faithfulness(
+        ToyModel().functions(), ids, replacement=UNK, mask=mask, targets=labels
+    )
+    text = report.to_markdown()
+    for expected in (
+        "with blank-out",
+        "with input gradients",
+        "comprehensiveness AOPC",
+        "| rollout |",
+    ):
+        assert expected in text
+    rows = report.records()
+    assert len(rows) == 3 * LAYERS * 4  # methods x layers x (2 correlations + 2 AOPCs)
+    assert json.loads(report.to_json())["accuracy"] == report.accuracy
+    assert "<table>" in report._repr_html_()
+
+
+def test_report_figure(dataset: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+    if "numpy" not in {v.library for v in selected_variants()}:
+        pytest.importorskip("matplotlib", reason="the figures are tested in the numpy session")
+    ids, mask, labels = dataset
+    report = attnflow.faithfulness(
+        ToyModel().functions(), ids, replacement=UNK, mask=mask, targets=labels
+    )
+    figure = report.plot()
+    assert len(figure.axes) == 4  # two references, two AOPC panels
+    first = figure.axes[0]
+    lines = {line.get_label(): line for line in first.get_lines()}
+    np.testing.assert_allclose(
+        lines["flow"].get_ydata(), report.correlation_mean("flow", "blank_out")
+    )
