@@ -487,3 +487,47 @@ def test_report_figure(dataset: tuple[np.ndarray, np.ndarray, np.ndarray]) -> No
     np.testing.assert_allclose(
         lines["flow"].get_ydata(), report.correlation_mean("flow", "blank_out")
     )
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_saved_outputs_give_the_same_correlations(
+    tmp_path: Path, dataset: tuple[np.ndarray, np.ndarray, np.ndarray], fused: bool
+) -> None:
+    ids, mask, labels = dataset
+    model = ToyModel()
+    report = attnflow.faithfulness(
+        model.functions(),
+        ids,
+        replacement=UNK,
+        mask=mask,
+        targets=labels,
+        fractions=None,
+        rows="max",
+    )
+    attentions = model.attentions(ids, mask)
+    if fused:
+        attentions = attnflow.fuse_heads(attentions)
+    references = {r: report.samples[f"reference.{r}"] for r in ("blank_out", "input_gradients")}
+    saved = attnflow.evaluate.faithfulness_from_outputs(
+        attentions,
+        references,
+        mask=mask,
+        predictions=report.samples["predicted"],
+        labels=labels,
+        rows="max",
+        chunk_size=3,
+        output=tmp_path,
+    )
+    assert saved.accuracy == report.accuracy
+    # Fusing first changes the last bits of the scores, which can reorder near-ties:
+    # correlations are compared exactly for the per-head input only.
+    compared = ("scores.",) if fused else ("correlation.", "scores.")
+    for key in report.samples:
+        if key.startswith(compared):
+            np.testing.assert_allclose(
+                saved.samples[key], report.samples[key], rtol=0, atol=1e-12, err_msg=key
+            )
+    with pytest.raises(ValueError, match="one value per token"):
+        attnflow.evaluate.faithfulness_from_outputs(
+            attentions, {"blank_out": references["blank_out"][:, :3]}
+        )

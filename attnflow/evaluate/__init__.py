@@ -21,7 +21,7 @@ from ._erasure import (
     insertion,
     sufficiency,
 )
-from ._faithfulness import ModelFunctions, faithfulness
+from ._faithfulness import ModelFunctions, faithfulness, faithfulness_from_outputs
 from ._report import FaithfulnessReport
 from ._store import EvaluationFolderError
 
@@ -35,6 +35,7 @@ __all__ = [
     "comprehensiveness",
     "deletion",
     "faithfulness",
+    "faithfulness_from_outputs",
     "insertion",
     "rank_correlation",
     "sufficiency",

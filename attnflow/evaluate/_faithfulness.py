@@ -327,12 +327,6 @@ def faithfulness(
     host_where = _check_where(where, n_samples, n_tokens)
     flow_options = {"n_jobs": n_jobs, "executor": executor}
     check_flow_options(n_jobs, executor, False, True, None)  # flow's own checks, up front
-    bar = _progress_bar(progress, n_samples)
-
-    chunks = [
-        (start, min(n_samples, start + settings.chunk_size))
-        for start in range(0, n_samples, settings.chunk_size)
-    ]
     run = functools.partial(
         _evaluate_chunk,
         model=model,
@@ -344,7 +338,39 @@ def faithfulness(
         batch_size=batch_size,
         flow_options=flow_options,
     )
+    recorded = {
+        **settings.to_dict(),
+        "samples": n_samples,
+        "tokens": n_tokens,
+        "data": fingerprint(dataset.host, dataset.mask, host_targets, host_where),
+    }
+    samples = _run_chunks(run, n_samples, settings.chunk_size, output, recorded, progress)
+    return FaithfulnessReport(
+        samples=samples,
+        methods=settings.methods,
+        references=settings.references,
+        correlation=settings.correlation,
+        blank_out_score=settings.blank_out_score,
+        rows=settings.rows,
+        fractions=settings.fractions,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _run_chunks(
+    run: Callable[[int, int], dict[str, np.ndarray]],
+    n_samples: int,
+    chunk_size: int,
+    output: str | Path | None,
+    recorded: Mapping[str, Any],
+    progress: bool,
+) -> dict[str, np.ndarray]:
+    """Evaluate every chunk (skipping those already in `output`) and join the results."""
+    chunks = [
+        (start, min(n_samples, start + chunk_size)) for start in range(0, n_samples, chunk_size)
+    ]
     run = functools.partial(_retrying, run)
+    bar = _progress_bar(progress, n_samples)
     results: dict[int, dict[str, np.ndarray]] = {}
     try:
         if output is None:
@@ -353,22 +379,10 @@ def faithfulness(
                 if bar is not None:
                     bar.update(stop - start)
         else:
-            recorded = {
-                **settings.to_dict(),
-                "samples": n_samples,
-                "tokens": n_tokens,
-                "data": fingerprint(dataset.host, dataset.mask, host_targets, host_where),
-            }
             with ChunkStore(output, recorded).open() as store:
                 done = store.done()
                 if bar is not None:
-                    bar.update(
-                        sum(
-                            stop - start
-                            for number, (start, stop) in enumerate(chunks)
-                            if number in done
-                        )
-                    )
+                    bar.update(sum(b - a for i, (a, b) in enumerate(chunks) if i in done))
                 for number, (start, stop) in enumerate(chunks):
                     if number not in done:
                         store.write(number, run(start, stop))
@@ -380,19 +394,9 @@ def faithfulness(
     finally:
         if bar is not None:
             bar.close()
-    samples = {
+    return {
         name: np.concatenate([results[i][name] for i in range(len(chunks))]) for name in results[0]
     }
-    return FaithfulnessReport(
-        samples=samples,
-        methods=settings.methods,
-        references=settings.references,
-        correlation=settings.correlation,
-        blank_out_score=settings.blank_out_score,
-        rows=settings.rows,
-        fractions=settings.fractions,
-        seconds=time.perf_counter() - started,
-    )
 
 
 def _evaluate_chunk(
@@ -461,19 +465,7 @@ def _evaluate_chunk(
         assert model.input_gradients is not None  # checked with the arguments
         gradients = model.input_gradients(ids, mask, dataset.to_model(chosen))
         reference_scores["input_gradients"] = _read_per_token(gradients, host_ids.shape)
-    for reference, values in reference_scores.items():
-        out[f"reference.{reference}"] = values
-        usable = included & np.isfinite(values)
-        for name in functions:
-            out[f"correlation.{name}.{reference}"] = to_host(
-                rank_correlation(
-                    out[f"scores.{name}"],
-                    values[:, None, :],
-                    where=usable[:, None, :],
-                    method=settings.correlation,  # type: ignore[arg-type]
-                    nan=settings.nan,  # type: ignore[arg-type]
-                )
-            )
+    _correlate(out, reference_scores, included, functions, settings.correlation, settings.nan)
     if settings.fractions is not None:
         for name in functions:
             for metric, function in (
@@ -494,6 +486,188 @@ def _evaluate_chunk(
                     )
                 )
     return out
+
+
+def _correlate(
+    out: dict[str, np.ndarray],
+    reference_scores: Mapping[str, np.ndarray],
+    included: np.ndarray,
+    functions: Mapping[str, Method],
+    correlation: str,
+    nan: str,
+) -> None:
+    """Add each method's per-layer rank correlation with each reference to `out`."""
+    for reference, values in reference_scores.items():
+        out[f"reference.{reference}"] = values
+        usable = included & np.isfinite(values)
+        for name in functions:
+            out[f"correlation.{name}.{reference}"] = to_host(
+                rank_correlation(
+                    out[f"scores.{name}"],
+                    values[:, None, :],
+                    where=usable[:, None, :],
+                    method=correlation,  # type: ignore[arg-type]
+                    nan=nan,  # type: ignore[arg-type]
+                )
+            )
+
+
+def faithfulness_from_outputs(
+    attentions: Array,
+    references: Mapping[str, Array],
+    /,
+    *,
+    mask: Array | None = None,
+    where: Array | None = None,
+    predictions: Array | None = None,
+    labels: Array | None = None,
+    methods: Sequence[str] | Mapping[str, Method] = ("raw", "rollout", "flow"),
+    rows: int | Literal["max", "mean"] = 0,
+    correlation: Literal["spearman", "kendall"] = "spearman",
+    nan: Literal["zero", "omit"] = "zero",
+    chunk_size: int = 64,
+    output: str | Path | None = None,
+    n_jobs: int | None = None,
+    executor: Executor | None = None,
+    progress: bool = False,
+) -> FaithfulnessReport:
+    """Correlate explanations with reference scores already computed from a model.
+
+    The correlation half of :func:`faithfulness`, for model outputs saved earlier (or
+    computed by other tools): each method's explanation at every layer is compared with
+    each reference by its per-sample rank correlation, in chunks, resumable with
+    `output`. Erasure metrics need the model and are not computed.
+
+    Parameters
+    ----------
+    attentions : array of shape (N, layers, heads, n, n) or (N, layers, n, n)
+        The attention of every sample; a 4-d array is taken as already head-fused.
+    references : mapping of str to array of shape (N, n)
+        Reference importance per token, e.g. ``{"blank_out": ..., "input_gradients":
+        ...}``; NaN marks positions that were not evaluated.
+    mask : bool array of shape (N, n), optional
+        True = real token.
+    where : bool array of shape (N, n) or (n,), optional
+        The positions that take part in the correlations (e.g. all but ``[CLS]``).
+    predictions, labels : int array of shape (N,), optional
+        The model's predicted classes and the gold labels, for the accuracy.
+    methods, rows, correlation, nan, chunk_size, output, n_jobs, executor, progress
+        As for :func:`faithfulness`.
+
+    Returns
+    -------
+    FaithfulnessReport
+        Correlations per method, reference and layer (no AOPC).
+
+    Raises
+    ------
+    ValueError, TypeError
+        On arrays whose shapes do not agree, or bad options.
+
+    See Also
+    --------
+    faithfulness : The whole protocol, calling the model.
+
+    References
+    ----------
+    .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
+       ACL 2020, https://arxiv.org/abs/2005.00928
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> rng = np.random.default_rng(0)
+    >>> attentions = rng.dirichlet(np.ones(5), size=(8, 3, 5))  # 8 samples, 3 fused layers
+    >>> blank = rng.random((8, 5))
+    >>> report = attnflow.evaluate.faithfulness_from_outputs(attentions, {"blank_out": blank})
+    >>> report.correlation_mean("flow", "blank_out").shape
+    (3,)
+    """
+    functions = _check_methods(methods)
+    row_choice = _check_rows(rows)
+    correlation = _check_choice("correlation", correlation, ("spearman", "kendall"))  # type: ignore[assignment]
+    nan = _check_choice("nan", nan, ("zero", "omit"))  # type: ignore[assignment]
+    chunk_size = _check_positive("chunk_size", chunk_size)
+    check_flow_options(n_jobs, executor, False, True, None)
+    host = to_host(attentions, name="attentions")
+    if host.ndim not in (4, 5) or host.shape[-1] != host.shape[-2]:
+        msg = (
+            "`attentions` must have shape (N, layers, heads, n, n), or (N, layers, n, n) "
+            f"with the heads fused; got shape {host.shape}."
+        )
+        raise ValueError(msg)
+    n_samples, n_tokens = host.shape[0], host.shape[-1]
+    given_references: object = references
+    if not isinstance(given_references, Mapping) or not given_references:
+        msg = "`references` must be a non-empty mapping from a name to an (N, n) array."
+        raise TypeError(msg)
+    reference_scores = {}
+    for name, values in given_references.items():
+        if not isinstance(name, str) or not name or set(name) - set(_NAME):
+            msg = f"reference names must be lowercase letters, digits and '_'; got {name!r}."
+            raise ValueError(msg)
+        reference_scores[name] = _read_per_token(values, (n_samples, n_tokens))
+    host_mask = None
+    if mask is not None:
+        host_mask = to_host(mask, name="mask", keep_dtype=True)
+        if host_mask.dtype != np.bool_ or host_mask.shape != (n_samples, n_tokens):
+            msg = f"`mask` must be a boolean array of shape ({n_samples}, {n_tokens}); got {describe(mask)}."
+            raise ValueError(msg)
+    host_where = _check_where(where, n_samples, n_tokens)
+    known: dict[str, np.ndarray] = {}
+    for name, given in (("predictions", predictions), ("labels", labels)):
+        checked = _check_targets(given, n_samples)
+        if checked is not None:
+            known[name] = checked
+    heads = None if host.ndim == 4 else "mean"
+    recorded = {
+        "methods": list(functions),
+        "references": sorted(reference_scores),
+        "rows": row_choice,
+        "correlation": correlation,
+        "nan": nan,
+        "chunk_size": chunk_size,
+        "samples": n_samples,
+        "tokens": n_tokens,
+        "data": fingerprint(
+            host, host_mask, host_where, *(reference_scores[k] for k in sorted(reference_scores))
+        ),
+    }
+    flow_options = {"n_jobs": n_jobs, "executor": executor}
+
+    def run(start: int, stop: int) -> dict[str, np.ndarray]:
+        chunk_mask = None if host_mask is None else host_mask[start:stop]
+        out: dict[str, np.ndarray] = {"index": np.arange(start, stop)}
+        for name, values in known.items():
+            out["predicted" if name == "predictions" else "label"] = values[start:stop]
+        for name, method in functions.items():
+            method_with_heads = functools.partial(method, heads=heads)
+            out[f"scores.{name}"] = _explain(
+                method_with_heads,
+                name,
+                host[start:stop],
+                chunk_mask,
+                row_choice,
+                flow_options,
+                flow_like=method is flow,
+            )
+        real = np.ones((stop - start, n_tokens), dtype=bool) if chunk_mask is None else chunk_mask
+        included = real if host_where is None else real & host_where[start:stop]
+        chunk_references = {k: v[start:stop] for k, v in reference_scores.items()}
+        _correlate(out, chunk_references, included, functions, correlation, nan)
+        return out
+
+    samples = _run_chunks(run, n_samples, chunk_size, output, recorded, progress)
+    return FaithfulnessReport(
+        samples=samples,
+        methods=tuple(functions),
+        references=tuple(reference_scores),
+        correlation=correlation,
+        blank_out_score="given",
+        rows=row_choice,
+        fractions=None,
+    )
 
 
 def _retrying(
@@ -530,6 +704,8 @@ def _explain(
     host_mask: np.ndarray | None,
     rows: int | str,
     flow_options: Mapping[str, Any],
+    *,
+    flow_like: bool | None = None,
 ) -> np.ndarray:
     """One method at every layer, reduced to one row per sample: ``(B, layers, n)``."""
     first = attentions[0] if isinstance(attentions, list | tuple) else attentions
@@ -541,7 +717,7 @@ def _explain(
         xp = array_api_compat.array_namespace(converted)
         mask = xp.asarray(host_mask, device=array_api_compat.device(converted))
     options: dict[str, Any] = {"layers": "all", "mask": mask}
-    if method is flow:
+    if (method is flow) if flow_like is None else flow_like:
         options.update({k: v for k, v in flow_options.items() if v is not None})
     options["rows"] = rows if isinstance(rows, int) else None
     values = to_host(method(attentions, **options), name=f"the {name} explanation")
