@@ -13,7 +13,7 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
-from ._namespace import values_are_inspectable
+from ._namespace import _tensorflow_to_numpy, is_tensorflow_tensor, values_are_inspectable
 from ._typing import Array, Namespace
 
 __all__ = ["from_host", "to_host"]
@@ -29,7 +29,9 @@ def to_host(x: Array, *, name: str = "attentions", keep_dtype: bool = False) -> 
     TypeError
         For arrays without values (traced inside ``jax.jit``).
     """
-    if array_api_compat.is_dask_array(x):
+    if is_tensorflow_tensor(x):
+        host = _tensorflow_to_numpy(x, name)
+    elif array_api_compat.is_dask_array(x):
         host = np.asarray(x)  # computes the graph: flow needs the values
     elif not values_are_inspectable(x):
         msg = (
