@@ -85,12 +85,48 @@ class FaithfulnessReport:
     # -- numbers ------------------------------------------------------------------------
     @property
     def n_samples(self) -> int:
-        """The number of samples evaluated."""
+        """The number of samples evaluated.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.evaluate import FaithfulnessReport
+        >>> samples = {
+        ...     "correlation.flow.blank_out": np.array([[0.5, 0.7], [0.3, 0.9]]),
+        ...     "comprehensiveness.flow": np.array([[[0.2, 0.4], [0.1, 0.3]], [[0.0, 0.2], [0.3, 0.5]]]),
+        ...     "sufficiency.flow": np.zeros((2, 2, 2)),
+        ...     "predicted": np.array([1, 0]),
+        ...     "label": np.array([1, 1]),
+        ... }
+        >>> report = FaithfulnessReport(
+        ...     samples, ("flow",), ("blank_out",), "spearman", "drop", 0, fractions=(0.1, 0.5)
+        ... )
+        >>> report.n_samples
+        2
+        """
         return len(next(iter(self.samples.values())))
 
     @property
     def n_layers(self) -> int:
-        """The number of layers of the model."""
+        """The number of layers of the model.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.evaluate import FaithfulnessReport
+        >>> samples = {
+        ...     "correlation.flow.blank_out": np.array([[0.5, 0.7], [0.3, 0.9]]),
+        ...     "comprehensiveness.flow": np.array([[[0.2, 0.4], [0.1, 0.3]], [[0.0, 0.2], [0.3, 0.5]]]),
+        ...     "sufficiency.flow": np.zeros((2, 2, 2)),
+        ...     "predicted": np.array([1, 0]),
+        ...     "label": np.array([1, 1]),
+        ... }
+        >>> report = FaithfulnessReport(
+        ...     samples, ("flow",), ("blank_out",), "spearman", "drop", 0, fractions=(0.1, 0.5)
+        ... )
+        >>> report.n_layers
+        2
+        """
         method, reference = self.methods[0], self.references[0] if self.references else ""
         key = f"correlation.{method}.{reference}"
         if key in self.samples:
@@ -99,7 +135,25 @@ class FaithfulnessReport:
 
     @property
     def accuracy(self) -> float | None:
-        """The share of samples whose predicted class is their label (None without labels)."""
+        """The share of samples whose predicted class is their label (None without labels).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.evaluate import FaithfulnessReport
+        >>> samples = {
+        ...     "correlation.flow.blank_out": np.array([[0.5, 0.7], [0.3, 0.9]]),
+        ...     "comprehensiveness.flow": np.array([[[0.2, 0.4], [0.1, 0.3]], [[0.0, 0.2], [0.3, 0.5]]]),
+        ...     "sufficiency.flow": np.zeros((2, 2, 2)),
+        ...     "predicted": np.array([1, 0]),
+        ...     "label": np.array([1, 1]),
+        ... }
+        >>> report = FaithfulnessReport(
+        ...     samples, ("flow",), ("blank_out",), "spearman", "drop", 0, fractions=(0.1, 0.5)
+        ... )
+        >>> report.accuracy
+        0.5
+        """
         if "label" not in self.samples:
             return None
         return float(np.mean(self.samples["predicted"] == self.samples["label"]))
@@ -115,18 +169,103 @@ class FaithfulnessReport:
         return self.samples[key]
 
     def correlation_mean(self, method: str, reference: str) -> np.ndarray:
-        """Return the mean correlation of `method` with `reference` at each layer, ``(layers,)``."""
+        """Return the mean correlation of `method` with `reference` at each layer.
+
+        Parameters
+        ----------
+        method, reference : str
+            A method and a reference score of the report.
+
+        Returns
+        -------
+        ndarray of shape (layers,)
+            The mean over samples (NaN, from ``nan="omit"``, left out).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.evaluate import FaithfulnessReport
+        >>> samples = {
+        ...     "correlation.flow.blank_out": np.array([[0.5, 0.7], [0.3, 0.9]]),
+        ...     "comprehensiveness.flow": np.array([[[0.2, 0.4], [0.1, 0.3]], [[0.0, 0.2], [0.3, 0.5]]]),
+        ...     "sufficiency.flow": np.zeros((2, 2, 2)),
+        ...     "predicted": np.array([1, 0]),
+        ...     "label": np.array([1, 1]),
+        ... }
+        >>> report = FaithfulnessReport(
+        ...     samples, ("flow",), ("blank_out",), "spearman", "drop", 0, fractions=(0.1, 0.5)
+        ... )
+        >>> report.correlation_mean("flow", "blank_out")
+        array([0.4, 0.8])
+        """
         return _summary(self._correlations(method, reference))[0]
 
     def correlation_std(self, method: str, reference: str) -> np.ndarray:
-        """Return the standard deviation over samples (``ddof=0``) at each layer, ``(layers,)``."""
+        """Return the standard deviation of the correlation over samples at each layer.
+
+        Parameters
+        ----------
+        method, reference : str
+            A method and a reference score of the report.
+
+        Returns
+        -------
+        ndarray of shape (layers,)
+            The population standard deviation (``ddof=0``, as the paper's code).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.evaluate import FaithfulnessReport
+        >>> samples = {
+        ...     "correlation.flow.blank_out": np.array([[0.5, 0.7], [0.3, 0.9]]),
+        ...     "comprehensiveness.flow": np.array([[[0.2, 0.4], [0.1, 0.3]], [[0.0, 0.2], [0.3, 0.5]]]),
+        ...     "sufficiency.flow": np.zeros((2, 2, 2)),
+        ...     "predicted": np.array([1, 0]),
+        ...     "label": np.array([1, 1]),
+        ... }
+        >>> report = FaithfulnessReport(
+        ...     samples, ("flow",), ("blank_out",), "spearman", "drop", 0, fractions=(0.1, 0.5)
+        ... )
+        >>> report.correlation_std("flow", "blank_out")
+        array([0.1, 0.1])
+        """
         return _summary(self._correlations(method, reference))[1]
 
     def aopc(self, method: str, metric: str = "comprehensiveness") -> tuple[np.ndarray, np.ndarray]:
         """Return the mean and standard deviation over samples of the AOPC at each layer.
 
-        The AOPC of a sample is its `metric` (``"comprehensiveness"`` or
-        ``"sufficiency"``) averaged over the fractions.
+        Parameters
+        ----------
+        method : str
+            A method of the report.
+        metric : {"comprehensiveness", "sufficiency"}, default "comprehensiveness"
+            The erasure metric; a sample's AOPC is its average over the fractions.
+
+        Returns
+        -------
+        mean : ndarray of shape (layers,)
+            The mean AOPC over samples.
+        std : ndarray of shape (layers,)
+            Its standard deviation over samples (``ddof=0``).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.evaluate import FaithfulnessReport
+        >>> samples = {
+        ...     "correlation.flow.blank_out": np.array([[0.5, 0.7], [0.3, 0.9]]),
+        ...     "comprehensiveness.flow": np.array([[[0.2, 0.4], [0.1, 0.3]], [[0.0, 0.2], [0.3, 0.5]]]),
+        ...     "sufficiency.flow": np.zeros((2, 2, 2)),
+        ...     "predicted": np.array([1, 0]),
+        ...     "label": np.array([1, 1]),
+        ... }
+        >>> report = FaithfulnessReport(
+        ...     samples, ("flow",), ("blank_out",), "spearman", "drop", 0, fractions=(0.1, 0.5)
+        ... )
+        >>> mean, std = report.aopc("flow")
+        >>> mean
+        array([0.2, 0.3])
         """
         key = f"{metric}.{method}"
         if key not in self.samples:
@@ -141,7 +280,31 @@ class FaithfulnessReport:
 
     # -- tables ---------------------------------------------------------------------------
     def records(self) -> list[dict[str, Any]]:
-        """Return the summary in long form: one dict per method, layer and measure."""
+        """Return the summary in long form: one dict per method, layer and measure.
+
+        Returns
+        -------
+        list of dict
+            Keys ``method``, ``layer`` (from 1), ``measure`` (``"spearman:blank_out"``,
+            ``"aopc:comprehensiveness"``, ...), ``mean``, ``std`` and ``samples``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.evaluate import FaithfulnessReport
+        >>> samples = {
+        ...     "correlation.flow.blank_out": np.array([[0.5, 0.7], [0.3, 0.9]]),
+        ...     "comprehensiveness.flow": np.array([[[0.2, 0.4], [0.1, 0.3]], [[0.0, 0.2], [0.3, 0.5]]]),
+        ...     "sufficiency.flow": np.zeros((2, 2, 2)),
+        ...     "predicted": np.array([1, 0]),
+        ...     "label": np.array([1, 1]),
+        ... }
+        >>> report = FaithfulnessReport(
+        ...     samples, ("flow",), ("blank_out",), "spearman", "drop", 0, fractions=(0.1, 0.5)
+        ... )
+        >>> report.records()[0]
+        {'method': 'flow', 'layer': 1, 'measure': 'spearman:blank_out', 'mean': 0.4, 'std': 0.1, 'samples': 2}
+        """
         rows: list[dict[str, Any]] = []
         for method in self.methods:
             for reference in self.references:
@@ -179,7 +342,35 @@ class FaithfulnessReport:
         return rows
 
     def to_frame(self) -> Any:
-        """Return the summary as a pandas DataFrame in long form (needs pandas)."""
+        """Return the summary as a pandas DataFrame in long form (needs pandas).
+
+        Returns
+        -------
+        pandas.DataFrame
+            The rows of :meth:`records`.
+
+        Raises
+        ------
+        ImportError
+            Without pandas.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.evaluate import FaithfulnessReport
+        >>> samples = {
+        ...     "correlation.flow.blank_out": np.array([[0.5, 0.7], [0.3, 0.9]]),
+        ...     "comprehensiveness.flow": np.array([[[0.2, 0.4], [0.1, 0.3]], [[0.0, 0.2], [0.3, 0.5]]]),
+        ...     "sufficiency.flow": np.zeros((2, 2, 2)),
+        ...     "predicted": np.array([1, 0]),
+        ...     "label": np.array([1, 1]),
+        ... }
+        >>> report = FaithfulnessReport(
+        ...     samples, ("flow",), ("blank_out",), "spearman", "drop", 0, fractions=(0.1, 0.5)
+        ... )
+        >>> report.to_frame().shape  # doctest: +SKIP
+        (6, 6)
+        """
         try:
             import pandas as pd
         except ImportError:
@@ -217,7 +408,39 @@ class FaithfulnessReport:
         return tables
 
     def to_markdown(self, *, aopc: bool = True) -> str:
-        """Return the summary tables in Markdown, as in the paper's Tables 1 and 2."""
+        """Return the summary tables in Markdown, as in the paper's Tables 1 and 2.
+
+        Parameters
+        ----------
+        aopc : bool, default True
+            Add the comprehensiveness and sufficiency tables.
+
+        Returns
+        -------
+        str
+            One table per reference (methods x layers, mean ± sd), then the AOPCs.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.evaluate import FaithfulnessReport
+        >>> samples = {
+        ...     "correlation.flow.blank_out": np.array([[0.5, 0.7], [0.3, 0.9]]),
+        ...     "comprehensiveness.flow": np.array([[[0.2, 0.4], [0.1, 0.3]], [[0.0, 0.2], [0.3, 0.5]]]),
+        ...     "sufficiency.flow": np.zeros((2, 2, 2)),
+        ...     "predicted": np.array([1, 0]),
+        ...     "label": np.array([1, 1]),
+        ... }
+        >>> report = FaithfulnessReport(
+        ...     samples, ("flow",), ("blank_out",), "spearman", "drop", 0, fractions=(0.1, 0.5)
+        ... )
+        >>> print(report.to_markdown(aopc=False))
+        Spearman correlation with blank-out (mean ± sd over 2 samples)
+        <BLANKLINE>
+        | method | L1          | L2          |
+        |--------|-------------|-------------|
+        | flow   | 0.40 ± 0.10 | 0.80 ± 0.10 |
+        """
         parts = []
         for title, header, body in self._tables(aopc=aopc):
             widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
@@ -232,7 +455,30 @@ class FaithfulnessReport:
         return "\n\n".join(parts)
 
     def to_html(self) -> str:
-        """Return the summary tables as an HTML fragment (no scripts, no external resources)."""
+        """Return the summary tables as an HTML fragment (no scripts, no external resources).
+
+        Returns
+        -------
+        str
+            The accuracy and one ``<table>`` per table of :meth:`to_markdown`.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.evaluate import FaithfulnessReport
+        >>> samples = {
+        ...     "correlation.flow.blank_out": np.array([[0.5, 0.7], [0.3, 0.9]]),
+        ...     "comprehensiveness.flow": np.array([[[0.2, 0.4], [0.1, 0.3]], [[0.0, 0.2], [0.3, 0.5]]]),
+        ...     "sufficiency.flow": np.zeros((2, 2, 2)),
+        ...     "predicted": np.array([1, 0]),
+        ...     "label": np.array([1, 1]),
+        ... }
+        >>> report = FaithfulnessReport(
+        ...     samples, ("flow",), ("blank_out",), "spearman", "drop", 0, fractions=(0.1, 0.5)
+        ... )
+        >>> report.to_html().count("<table>")
+        3
+        """
         pieces = []
         for title, header, body in self._tables(aopc=True):
             head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
@@ -251,7 +497,31 @@ class FaithfulnessReport:
         return self.to_html()
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the settings and summaries as JSON-serialisable values."""
+        """Return the settings and summaries as JSON-serialisable values.
+
+        Returns
+        -------
+        dict
+            The settings, ``samples``, ``layers``, ``accuracy`` and the ``summary``
+            (:meth:`records`, with NaN as None).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.evaluate import FaithfulnessReport
+        >>> samples = {
+        ...     "correlation.flow.blank_out": np.array([[0.5, 0.7], [0.3, 0.9]]),
+        ...     "comprehensiveness.flow": np.array([[[0.2, 0.4], [0.1, 0.3]], [[0.0, 0.2], [0.3, 0.5]]]),
+        ...     "sufficiency.flow": np.zeros((2, 2, 2)),
+        ...     "predicted": np.array([1, 0]),
+        ...     "label": np.array([1, 1]),
+        ... }
+        >>> report = FaithfulnessReport(
+        ...     samples, ("flow",), ("blank_out",), "spearman", "drop", 0, fractions=(0.1, 0.5)
+        ... )
+        >>> report.to_dict()["accuracy"]
+        0.5
+        """
         return {
             "methods": list(self.methods),
             "references": list(self.references),
@@ -273,11 +543,63 @@ class FaithfulnessReport:
         }
 
     def to_json(self) -> str:
-        """Return :meth:`to_dict` as JSON text."""
+        """Return :meth:`to_dict` as JSON text.
+
+        Returns
+        -------
+        str
+            Indented JSON, ending with a newline.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.evaluate import FaithfulnessReport
+        >>> samples = {
+        ...     "correlation.flow.blank_out": np.array([[0.5, 0.7], [0.3, 0.9]]),
+        ...     "comprehensiveness.flow": np.array([[[0.2, 0.4], [0.1, 0.3]], [[0.0, 0.2], [0.3, 0.5]]]),
+        ...     "sufficiency.flow": np.zeros((2, 2, 2)),
+        ...     "predicted": np.array([1, 0]),
+        ...     "label": np.array([1, 1]),
+        ... }
+        >>> report = FaithfulnessReport(
+        ...     samples, ("flow",), ("blank_out",), "spearman", "drop", 0, fractions=(0.1, 0.5)
+        ... )
+        >>> import json
+        >>> json.loads(report.to_json())["layers"]
+        2
+        """
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
     def plot(self, **options: Any) -> Figure:
-        """Draw correlations (and AOPC) by layer: :func:`attnflow.plot.faithfulness_by_layer`."""
+        """Draw correlations (and AOPC) by layer, one line per method.
+
+        Parameters
+        ----------
+        **options
+            Passed to :func:`attnflow.plot.faithfulness_by_layer`.
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+            One panel per reference and erasure metric.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.evaluate import FaithfulnessReport
+        >>> samples = {
+        ...     "correlation.flow.blank_out": np.array([[0.5, 0.7], [0.3, 0.9]]),
+        ...     "comprehensiveness.flow": np.array([[[0.2, 0.4], [0.1, 0.3]], [[0.0, 0.2], [0.3, 0.5]]]),
+        ...     "sufficiency.flow": np.zeros((2, 2, 2)),
+        ...     "predicted": np.array([1, 0]),
+        ...     "label": np.array([1, 1]),
+        ... }
+        >>> report = FaithfulnessReport(
+        ...     samples, ("flow",), ("blank_out",), "spearman", "drop", 0, fractions=(0.1, 0.5)
+        ... )
+        >>> len(report.plot().axes)
+        3
+        """
         from attnflow.plot import faithfulness_by_layer
 
         return faithfulness_by_layer(self, **options)
