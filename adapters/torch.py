@@ -70,7 +70,14 @@ from torch import nn
 
 import attnflow
 
-__all__ = ["Capture", "capture", "explain", "input_gradients", "sdpa_with_weights"]
+__all__ = [
+    "Capture",
+    "capture",
+    "explain",
+    "input_gradients",
+    "model_functions",
+    "sdpa_with_weights",
+]
 
 HeadReduction = Literal["mean", "max", "min"]
 Role = Literal["encoder", "decoder", "cross"]
@@ -1031,6 +1038,152 @@ def input_gradients(
         )
         raise RuntimeError(msg)
     return _reduce_hidden(grad, embedded, reduce).detach()
+
+
+def model_functions(
+    model: nn.Module,
+    *,
+    input_name: str = "input_ids",
+    mask_name: str | None = "attention_mask",
+    heads: HeadReduction | None = "mean",
+    embeddings: nn.Module | None = None,
+    reduce: Reduction = "l2",
+    output: Score = "probability",
+) -> attnflow.ModelFunctions:
+    """Wrap a PyTorch classifier for :func:`attnflow.faithfulness`.
+
+    Builds the three functions the evaluation calls on a batch of token ids ``(B, n)``
+    and its padding mask (arrays of any library; they are moved to the model's device):
+
+    * ``predict(ids, mask)``: the softmax of the model's logits, under ``torch.no_grad()``;
+    * ``attentions(ids, mask)``: the attention weights of the same call, captured with
+      :func:`capture`;
+    * ``input_gradients(ids, mask, targets)``: :func:`input_gradients` for the target
+      classes.
+
+    The model is called as ``model(**{input_name: ids, mask_name: mask})`` (the mask as
+    ``0``/``1`` integers, as Hugging Face models take it), or ``model(ids)`` with
+    ``mask_name=None``. It must return logits ``(B, C)``, as a tensor or as the
+    ``logits`` attribute of its output.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The classifier, in eval mode (the functions do not change its mode).
+    input_name : str, default "input_ids"
+        The keyword of the token ids.
+    mask_name : str or None, default "attention_mask"
+        The keyword of the padding mask; None calls ``model(ids)`` without one.
+    heads : {"mean", "max", "min"} or None, default "mean"
+        Fuse the heads while capturing, so that each layer keeps ``n x n`` values; the
+        attentions are then returned with a heads axis of length one ``(B, L, 1, n, n)``,
+        which every head fusion leaves as it is. None returns every head.
+    embeddings : torch.nn.Module, optional
+        Where input gradients are taken, as for :func:`input_gradients` (by default
+        ``model.get_input_embeddings()``).
+    reduce : {"l2", "sum_abs", "x_input"}, default "l2"
+        The reduction of the gradient over the hidden axis, as for
+        :func:`input_gradients`.
+    output : {"probability", "logit"}, default "probability"
+        Differentiate the target's probability or its logit.
+
+    Returns
+    -------
+    attnflow.ModelFunctions
+        ``predict``, ``attentions`` and ``input_gradients``, returning torch tensors.
+
+    Raises
+    ------
+    TypeError
+        If `model` is not a module.
+    ValueError
+        On a bad `heads`, `reduce` or `output`.
+
+    See Also
+    --------
+    attnflow.faithfulness : Runs the evaluation.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import torch
+    >>> import attnflow
+    >>> from attnflow.adapters.torch import model_functions
+    >>> class Classifier(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.embed = torch.nn.Embedding(10, 8)
+    ...         layer = torch.nn.TransformerEncoderLayer(8, nhead=2, batch_first=True)
+    ...         self.encoder = torch.nn.TransformerEncoder(
+    ...             layer, num_layers=2, enable_nested_tensor=False
+    ...         )
+    ...         self.head = torch.nn.Linear(8, 2)
+    ...
+    ...     def get_input_embeddings(self):
+    ...         return self.embed
+    ...
+    ...     def forward(self, input_ids):
+    ...         return self.head(self.encoder(self.embed(input_ids))[:, 0])
+    >>> functions = model_functions(Classifier().eval(), mask_name=None)
+    >>> ids = np.array([[1, 4, 2, 7], [3, 3, 5, 9]])
+    >>> functions.predict(ids, None).shape
+    torch.Size([2, 2])
+    >>> functions.attentions(ids, None).shape
+    torch.Size([2, 2, 1, 4, 4])
+    >>> report = attnflow.faithfulness(functions, ids, replacement=0, fractions=None)
+    >>> report.n_layers
+    2
+    """
+    given: object = model
+    if not isinstance(given, nn.Module):
+        msg = f"model_functions() expects a torch.nn.Module; got {type(given).__name__}."
+        raise TypeError(msg)
+    if heads is not None and heads not in ("mean", "max", "min"):
+        msg = f'`heads` must be "mean", "max", "min" or None; got {heads!r}.'
+        raise ValueError(msg)
+    _check_reduce_output(reduce, output)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+
+    def arguments(ids: Any, mask: Any) -> dict[str, Any] | torch.Tensor:
+        tokens = _as_tensor(ids, device)
+        if mask_name is None:
+            return tokens
+        keep = torch.ones_like(tokens) if mask is None else _as_tensor(mask, device).long()
+        return {input_name: tokens, mask_name: keep}
+
+    def call(given: dict[str, Any] | torch.Tensor) -> Any:
+        return model(given) if isinstance(given, torch.Tensor) else model(**given)
+
+    def predict(ids: Any, mask: Any = None) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.softmax(_logits(call(arguments(ids, mask))), dim=-1)
+
+    def attentions(ids: Any, mask: Any = None) -> torch.Tensor:
+        with torch.no_grad(), capture(model, heads=heads) as cap:
+            call(arguments(ids, mask))
+        weights = cap.attentions
+        return weights if heads is None else weights[..., None, :, :]
+
+    def gradients(ids: Any, mask: Any, targets: Any) -> torch.Tensor:
+        return input_gradients(
+            model,
+            arguments(ids, mask),
+            target=_as_tensor(targets, device),
+            embeddings=embeddings,
+            reduce=reduce,
+            output=output,
+        )
+
+    return attnflow.ModelFunctions(predict, attentions, gradients)
+
+
+def _as_tensor(values: Any, device: torch.device) -> torch.Tensor:
+    """Any library's array as a torch tensor on `device` (torch tensors are not copied)."""
+    if isinstance(values, torch.Tensor):
+        return values.to(device)
+    import numpy as np
+
+    return torch.as_tensor(np.asarray(values), device=device)
 
 
 # -- helpers ---------------------------------------------------------------------------------

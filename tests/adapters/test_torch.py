@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the torch adapter needs PyTorch")
@@ -1008,3 +1009,93 @@ def test_input_gradients_errors(tiny):
         with pytest.raises(RuntimeError, match=match):
             adapter.input_gradients(probed, (IDS, MASK), embeddings=module)
     assert hook_counts(tiny) == [(0, 0)] * len(hook_counts(tiny))
+
+
+# -- model_functions: a classifier for attnflow.faithfulness -------------------------------------
+@pytest.fixture(scope="module")
+def bert_classifier(transformers):
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=32,
+        num_labels=3,
+        attn_implementation="eager",
+    )
+    return transformers.BertForSequenceClassification(config).eval().double()
+
+
+@pytest.fixture(scope="module")
+def padded_ids():
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 50, (4, 7), generator=generator)
+    mask = torch.arange(7)[None, :] < torch.tensor([7, 5, 3, 6])[:, None]
+    return torch.where(mask, ids, 0), mask
+
+
+@pytest.mark.parametrize("heads", ["mean", None])
+def test_model_functions_call_the_model_as_hugging_face_does(bert_classifier, padded_ids, heads):
+    ids, mask = padded_ids
+    functions = adapter.model_functions(bert_classifier, heads=heads)
+    with torch.no_grad():
+        out = bert_classifier(input_ids=ids, attention_mask=mask.long(), output_attentions=True)
+    torch.testing.assert_close(
+        functions.predict(ids.numpy(), mask.numpy()), torch.softmax(out.logits, -1)
+    )
+    expected = torch.stack(out.attentions, dim=1)
+    if heads == "mean":
+        expected = expected.mean(dim=2, keepdim=True)
+    got = functions.attentions(ids, mask)
+    real = (mask[:, None, None, :, None] & mask[:, None, None, None, :]).expand_as(got)
+    torch.testing.assert_close(got[real], expected[real])  # padded rows differ by design
+    targets = torch.tensor([0, 2, 1, 1])
+    torch.testing.assert_close(
+        functions.input_gradients(ids, mask, targets),
+        adapter.input_gradients(
+            bert_classifier, {"input_ids": ids, "attention_mask": mask.long()}, target=targets
+        ),
+    )
+    assert_restored(bert_classifier)
+
+
+def test_blank_out_of_a_torch_model_equals_a_loop(bert_classifier, padded_ids):
+    ids, mask = padded_ids
+    functions = adapter.model_functions(bert_classifier)
+    scores = attnflow.blank_out(functions.predict, ids, replacement=3, mask=mask, batch_size=6)
+    assert isinstance(scores, torch.Tensor)
+    expected = torch.full(ids.shape, float("nan"), dtype=torch.float64)
+    with torch.no_grad():
+        for b in range(len(ids)):
+            n = int(mask[b].sum())
+            row = ids[b : b + 1, :n]
+            p = torch.softmax(bert_classifier(input_ids=row).logits, -1)[0]
+            t = int(p.argmax())
+            for i in range(n):
+                copy = row.clone()
+                copy[0, i] = 3
+                q = torch.softmax(bert_classifier(input_ids=copy).logits, -1)[0]
+                expected[b, i] = p[t] - q[t]
+    torch.testing.assert_close(scores, expected, rtol=0, atol=1e-6, equal_nan=True)
+
+
+def test_faithfulness_on_a_torch_model(bert_classifier, padded_ids):
+    ids, mask = padded_ids
+    labels = torch.tensor([0, 1, 2, 0])
+    report = attnflow.faithfulness(
+        adapter.model_functions(bert_classifier),
+        ids,
+        replacement=3,
+        mask=mask,
+        targets=labels,
+        fractions=(0.5,),
+        chunk_size=3,
+    )
+    assert report.n_layers == 3
+    assert report.samples["scores.flow"].shape == (4, 3, 7)
+    correlations = report.samples["correlation.rollout.input_gradients"]
+    assert np.isfinite(correlations).all()
+    with torch.no_grad():
+        logits = bert_classifier(input_ids=ids, attention_mask=mask.long()).logits
+    assert report.accuracy == pytest.approx(float((logits.argmax(-1) == labels).double().mean()))
