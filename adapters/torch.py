@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -69,10 +70,14 @@ from torch import nn
 
 import attnflow
 
-__all__ = ["Capture", "capture", "explain", "sdpa_with_weights"]
+__all__ = ["Capture", "capture", "explain", "input_gradients", "sdpa_with_weights"]
 
 HeadReduction = Literal["mean", "max", "min"]
 Role = Literal["encoder", "decoder", "cross"]
+#: How input_gradients() reduces the hidden axis of the gradient.
+Reduction = Literal["l2", "sum_abs", "x_input"]
+#: What input_gradients() differentiates: the target class's probability or its logit.
+Score = Literal["probability", "logit"]
 
 #: Arguments of an attention module that carry the encoder's states in cross-attention.
 _CROSS_ARGUMENTS = ("key_value_states", "encoder_hidden_states", "memory")
@@ -810,6 +815,224 @@ def explain(
     return function(cap.attentions, rows=rows, heads=None if fuse_now else heads, **options)
 
 
+def input_gradients(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+    *,
+    target: int | Sequence[int] | torch.Tensor | None = None,
+    embeddings: nn.Module | None = None,
+    reduce: Reduction = "l2",
+    output: Score = "probability",
+) -> torch.Tensor:
+    r"""Input-gradient importance of each token for a classifier's prediction.
+
+    The gradient of the target class's score with respect to the output of the
+    embedding module, reduced over the hidden axis to one number per token: the
+    input-gradient attribution that Abnar & Zuidema (2020) compare attention rollout and
+    attention flow with. For sample :math:`b` with target class :math:`t_b`, logits
+    :math:`z_b` and token embeddings :math:`e_{b,i} \in \mathbb{R}^d` (the embedding
+    module's output),
+
+    .. math::
+
+        s_b = \operatorname{softmax}(z_b)_{t_b} \ \text{(or } z_{b,t_b}\text{)}, \qquad
+        g_{b,i} = \frac{\partial s_b}{\partial e_{b,i}},
+
+    and the importance of token :math:`i` is :math:`\lVert g_{b,i} \rVert_2`
+    (``"l2"``), :math:`\lvert \sum_k g_{b,i,k} \rvert` (``"sum_abs"``, as in the paper's
+    code) or :math:`\lvert \sum_k g_{b,i,k}\, e_{b,i,k} \rvert` (``"x_input"``,
+    gradient times input).
+
+    The model runs once on the whole batch and is differentiated once, with respect to
+    a zero tensor that a forward hook adds to the embedding module's output (so the
+    gradient exists even when no parameter requires grad); the hook is removed when the
+    call ends, also when it raises. Samples of a batch are independent, so the gradient
+    of the sum of their scores is each sample's own gradient. Autograd is switched on
+    inside (it works under an outer ``torch.no_grad()``, not under
+    ``torch.inference_mode()``); parameters' ``.grad`` are left untouched.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A classifier: it returns logits of shape ``(batch, classes)``, as a tensor or as
+        the ``logits`` attribute of its output (a Hugging Face ``ModelOutput``, e.g. of
+        ``BertForSequenceClassification``). Put it in eval mode first (dropout would
+        make the gradient random); this function does not change its mode.
+    inputs : mapping, sequence or Tensor
+        The model's inputs: ``model(**inputs)`` for a mapping (a tokenizer's output),
+        ``model(*inputs)`` for a tuple or list, ``model(inputs)`` for a tensor, as for
+        :func:`explain`.
+    target : int, sequence of int, 1-d integer Tensor or None, default None
+        The class to explain: None for each sample's predicted class (argmax of its
+        logits), an int for the same class in every sample, or one class per sample.
+    embeddings : torch.nn.Module, optional
+        The submodule of `model` whose output is differentiated, ``(batch, n, d)``;
+        by default ``model.get_input_embeddings()`` (the Hugging Face convention: the
+        token embedding table, before position embeddings and normalisation). It must
+        run exactly once per model call.
+    reduce : {"l2", "sum_abs", "x_input"}, default "l2"
+        How the hidden axis is reduced (see above).
+    output : {"probability", "logit"}, default "probability"
+        Differentiate the softmax probability of the target class or its logit.
+
+    Returns
+    -------
+    Tensor
+        ``(batch, n)`` importances, detached, on the model's device, in the floating
+        dtype of the embeddings.
+
+    Raises
+    ------
+    TypeError
+        If `model` or `embeddings` is not a module, `target` has the wrong type, the
+        model does not return ``(batch, classes)`` logits, or the embedding output is not
+        a floating tensor.
+    ValueError
+        On a bad `reduce` or `output`, a target class out of range or a target of the
+        wrong length, an `embeddings` module that is not part of `model` or whose output
+        is not ``(batch, n, d)``, or a model without ``get_input_embeddings()`` when
+        `embeddings` is not given.
+    RuntimeError
+        Under ``torch.inference_mode()``, when the embedding module did not run exactly
+        once, or when the output does not depend on it.
+
+    See Also
+    --------
+    explain : Attention rollout or flow of the same model, to compare with.
+
+    Notes
+    -----
+    ``"sum_abs"`` is zero, up to rounding, when the embedding output reaches the rest of
+    the model only through a LayerNorm of a sum, as in BERT, DistilBERT and MiniLM (word
+    + position (+ type) embeddings, then LayerNorm): LayerNorm ignores a shift of all
+    coordinates, so :math:`\sum_k g_{b,i,k} = 0`. Use ``"l2"`` or ``"x_input"`` there.
+
+    Padded tokens may get a gradient too (through padded query rows): mask them with the
+    attention mask before comparing with attention-based scores.
+
+    References
+    ----------
+    .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
+       ACL 2020, https://arxiv.org/abs/2005.00928
+    .. [2] K. Simonyan, A. Vedaldi and A. Zisserman, "Deep Inside Convolutional Networks:
+       Visualising Image Classification Models and Saliency Maps", ICLR Workshop 2014,
+       https://arxiv.org/abs/1312.6034
+
+    Examples
+    --------
+    >>> import torch
+    >>> from attnflow.adapters.torch import input_gradients
+    >>> class Classifier(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.embed = torch.nn.Embedding(10, 8)
+    ...         layer = torch.nn.TransformerEncoderLayer(8, nhead=2, batch_first=True)
+    ...         self.encoder = torch.nn.TransformerEncoder(
+    ...             layer, num_layers=2, enable_nested_tensor=False
+    ...         )
+    ...         self.head = torch.nn.Linear(8, 3)
+    ...
+    ...     def get_input_embeddings(self):
+    ...         return self.embed
+    ...
+    ...     def forward(self, input_ids):
+    ...         return self.head(self.encoder(self.embed(input_ids))[:, 0])
+    >>> model = Classifier().eval()
+    >>> ids = torch.tensor([[1, 4, 2, 7, 5], [3, 3, 5, 9, 8]])
+    >>> input_gradients(model, ids).shape
+    torch.Size([2, 5])
+    >>> input_gradients(model, ids, target=[0, 2], reduce="x_input", output="logit").shape
+    torch.Size([2, 5])
+    """
+    given: object = model  # checked at run time: callers may not be type-checked
+    if not isinstance(given, nn.Module):
+        msg = (
+            "input_gradients() expects a torch.nn.Module (the classifier); got "
+            f"{type(given).__name__}."
+        )
+        raise TypeError(msg)
+    _check_reduce_output(reduce, output)
+    _check_target_type(target)
+    if torch.is_inference_mode_enabled():
+        msg = (
+            "input_gradients() needs autograd, which torch.inference_mode() switches off for "
+            "good (tensors made inside cannot be differentiated); call it outside the "
+            "inference_mode block (an outer torch.no_grad() is fine)."
+        )
+        raise RuntimeError(msg)
+    layer = _embedding_module(model, embeddings)
+
+    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def add_zero(module: nn.Module, args: tuple[Any, ...], out: Any) -> torch.Tensor:  # noqa: ARG001
+        if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+            found = type(out).__name__
+            if isinstance(out, torch.Tensor):
+                found = f"a {out.dtype} tensor"
+            msg = (
+                f"The embedding module {type(module).__name__} returned {found}; "
+                "input_gradients() differentiates a floating tensor (batch, n, d). Pass "
+                "`embeddings=` the module that returns the token embeddings."
+            )
+            raise TypeError(msg)
+        # A zero added to the output puts it on the autograd graph even when nothing
+        # upstream requires grad, and the gradient w.r.t. the zero is the gradient w.r.t.
+        # the embeddings; the model's own tensors are left as they are.
+        zero = torch.zeros_like(out, requires_grad=True)
+        calls.append((out.detach(), zero))
+        return out + zero
+
+    handle = layer.register_forward_hook(add_zero)
+    try:
+        with torch.enable_grad():
+            if isinstance(inputs, torch.Tensor):
+                result = model(inputs)
+            elif isinstance(inputs, Mapping):
+                result = model(**inputs)
+            else:
+                result = model(*inputs)
+    finally:
+        handle.remove()
+
+    logits = _logits(result)
+    if len(calls) != 1:
+        msg = (
+            f"The embedding module {type(layer).__name__} ran {len(calls)} times in one model "
+            "call; input_gradients() needs it to run exactly once. "
+            + (
+                "Pass token ids (not inputs_embeds), or pass `embeddings=` the module that "
+                "embeds them."
+                if not calls
+                else "Pass `embeddings=` a module that runs once (e.g. the encoder's own)."
+            )
+        )
+        raise RuntimeError(msg)
+    embedded, zero = calls[0]
+    if embedded.ndim != 3 or embedded.shape[0] != logits.shape[0]:
+        msg = (
+            f"The embedding output has shape {tuple(embedded.shape)}; input_gradients() "
+            f"needs (batch, n, d) with batch = {logits.shape[0]} as in the logits. Pass "
+            "`embeddings=` the batch-first token embedding module."
+        )
+        raise ValueError(msg)
+    classes = _target_classes(target, logits.shape[0], logits.shape[1], logits.detach())
+    with torch.enable_grad():
+        scores = torch.softmax(logits, dim=-1) if output == "probability" else logits
+        chosen = scores.gather(-1, classes.to(scores.device)[:, None]).sum()
+        grads: Sequence[torch.Tensor | None] = (
+            torch.autograd.grad(chosen, zero, allow_unused=True) if chosen.requires_grad else [None]
+        )
+    grad = grads[0]
+    if grad is None:
+        msg = (
+            f"The model's logits do not depend on the output of {type(layer).__name__}, so "
+            "there is no input gradient: pass `embeddings=` the module that embeds the "
+            "tokens the classifier reads, and do not detach its output inside the model."
+        )
+        raise RuntimeError(msg)
+    return _reduce_hidden(grad, embedded, reduce).detach()
+
+
 # -- helpers ---------------------------------------------------------------------------------
 def _configs(model: nn.Module) -> Iterator[Any]:
     seen: set[int] = set()
@@ -914,3 +1137,145 @@ def _padding_mask(
             mask = value == 0
         return mask.detach()
     return None
+
+
+# -- input gradients ---------------------------------------------------------------------------
+def _check_reduce_output(reduce: object, output: object) -> None:
+    if reduce not in ("l2", "sum_abs", "x_input"):
+        msg = (
+            '`reduce` must be "l2" (norm of the gradient), "sum_abs" (|sum of the gradient|, '
+            f'the paper\'s code) or "x_input" (|gradient . embedding|); got {reduce!r}.'
+        )
+        raise ValueError(msg)
+    if output not in ("probability", "logit"):
+        msg = (
+            '`output` must be "probability" (softmax of the logits at the target class) or '
+            f'"logit" (the target logit); got {output!r}.'
+        )
+        raise ValueError(msg)
+
+
+def _is_class_index(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_target_type(target: object) -> None:
+    """Check the kind of `target` before any work (its values are checked once C is known)."""
+    if target is None or _is_class_index(target):
+        return
+    if isinstance(target, torch.Tensor):
+        if target.ndim <= 1 and not (
+            target.is_floating_point() or target.is_complex() or target.dtype == torch.bool
+        ):
+            return
+        found = f"a {target.dtype} tensor of shape {tuple(target.shape)}"
+    elif isinstance(target, Sequence) and not isinstance(target, str | bytes):
+        if all(_is_class_index(value) for value in target):
+            return
+        found = f"a sequence holding {sorted({type(v).__name__ for v in target})}"
+    else:
+        found = repr(target)
+    msg = (
+        "`target` must be None (each sample's predicted class), an int (one class for every "
+        "sample), or a sequence of ints / a 1-d integer tensor with one class per sample; "
+        f"got {found}."
+    )
+    raise TypeError(msg)
+
+
+def _target_classes(
+    target: int | Sequence[int] | torch.Tensor | None,
+    batch: int,
+    classes: int,
+    logits: torch.Tensor,
+) -> torch.Tensor:
+    """Resolve `target` to ``(batch,)`` classes, validated against the logits' shape."""
+    if target is None:
+        return logits.argmax(dim=-1)
+    if isinstance(target, torch.Tensor):
+        values = [int(v) for v in target.detach().reshape(-1).tolist()]
+        if target.ndim == 0:
+            values = values * batch
+    elif isinstance(target, Sequence):
+        values = [int(v) for v in target]
+    else:
+        values = [int(target)] * batch
+    if len(values) != batch:
+        msg = (
+            f"`target` has {len(values)} classes for a batch of {batch} samples; give one "
+            "class per sample, or an int for the same class in all of them."
+        )
+        raise ValueError(msg)
+    wrong = [v for v in values if not 0 <= v < classes]
+    if wrong:
+        msg = (
+            f"`target` classes must lie in [0, {classes}) for logits of shape "
+            f"({batch}, {classes}); got {wrong[:5]}."
+        )
+        raise ValueError(msg)
+    return torch.tensor(values, dtype=torch.long, device=logits.device)
+
+
+def _embedding_module(model: nn.Module, embeddings: nn.Module | None) -> nn.Module:
+    """Find the module whose output input_gradients() differentiates (part of `model`)."""
+    if embeddings is None:
+        getter = getattr(model, "get_input_embeddings", None)
+        found: object = None
+        if callable(getter):
+            try:
+                found = getter()
+            except NotImplementedError:
+                found = None
+        if not isinstance(found, nn.Module):
+            msg = (
+                f"{type(model).__name__} has no get_input_embeddings() returning a module "
+                "(the Hugging Face convention), so input_gradients() does not know where the "
+                "token embeddings are: pass `embeddings=` the module that returns them, e.g. "
+                "embeddings=model.embed."
+            )
+            raise ValueError(msg)
+        return found
+    given: object = embeddings
+    if not isinstance(given, nn.Module):
+        msg = (
+            "`embeddings` must be the torch.nn.Module of the model that returns the token "
+            f"embeddings (e.g. model.embed); got {type(given).__name__}."
+        )
+        raise TypeError(msg)
+    if not any(module is embeddings for module in model.modules()):
+        msg = (
+            f"`embeddings` ({type(embeddings).__name__}) is not a submodule of "
+            f"{type(model).__name__}, so it never runs in the model call: pass one of "
+            "model.modules(), e.g. embeddings=model.embed."
+        )
+        raise ValueError(msg)
+    return embeddings
+
+
+def _logits(result: Any) -> torch.Tensor:
+    """Read the ``(batch, classes)`` logits of a model call: a tensor or ``result.logits``."""
+    logits = result if isinstance(result, torch.Tensor) else getattr(result, "logits", None)
+    if isinstance(logits, torch.Tensor) and logits.ndim == 2 and logits.is_floating_point():
+        return logits
+    if isinstance(logits, torch.Tensor):
+        what = "a tensor" if logits is result else "logits"
+        found = f"{what} of shape {tuple(logits.shape)} ({logits.dtype})"
+    else:
+        found = f"a {type(result).__name__} without a `logits` tensor"
+    msg = (
+        "input_gradients() needs a classifier: a model returning floating logits of shape "
+        "(batch, classes), as a tensor or as `.logits` (a Hugging Face ModelOutput); got "
+        f"{found}. Wrap the model in a module that returns them, e.g. a linear head on the "
+        "[CLS] state."
+    )
+    raise TypeError(msg)
+
+
+def _reduce_hidden(grad: torch.Tensor, embedded: torch.Tensor, reduce: Reduction) -> torch.Tensor:
+    """Reduce ``(batch, n, d)`` gradients over the hidden axis to ``(batch, n)``."""
+    if reduce == "l2":
+        norm: torch.Tensor = torch.linalg.vector_norm(grad, dim=-1)
+        return norm
+    if reduce == "sum_abs":
+        return grad.sum(dim=-1).abs()
+    return (grad * embedded).sum(dim=-1).abs()

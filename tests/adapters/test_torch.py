@@ -683,3 +683,328 @@ def test_timm_vit_fused_attention_is_captured() -> None:
     for hook in hooks:
         hook.remove()
     torch.testing.assert_close(cap.attentions, torch.stack(reference, dim=1), atol=1e-5, rtol=1e-5)
+
+
+# -- input gradients -----------------------------------------------------------------------------
+class TinyClassifier(torch.nn.Module):
+    """Token ids -> embedding -> two attention layers -> [CLS] -> linear logits.
+
+    ``classify`` is everything after the embedding module, so finite differences can
+    perturb the embedding output directly.
+    """
+
+    def __init__(self, vocab=20, dim=8, heads=2, layers=2, classes=3):
+        super().__init__()
+        self.heads = heads
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.position = torch.nn.Parameter(0.5 * torch.randn(16, dim))
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(dim, 3 * dim) for _ in range(layers))
+        self.mix = torch.nn.ModuleList(torch.nn.Linear(dim, dim) for _ in range(layers))
+        self.head = torch.nn.Linear(dim, classes)
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.classify(self.embed(input_ids), attention_mask)
+
+    def classify(self, embedded, attention_mask=None):
+        x = embedded + self.position[: embedded.shape[1]]
+        keep = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        for qkv, mix in zip(self.qkv, self.mix, strict=True):
+            q, k, v = (
+                t.unflatten(-1, (self.heads, -1)).transpose(1, 2) for t in qkv(x).chunk(3, -1)
+            )
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+            x = x + torch.tanh(mix(y.transpose(1, 2).flatten(-2)))
+        return self.head(x[:, 0])
+
+
+class NoEmbeddingsGetter(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids):
+        return self.inner(input_ids)
+
+
+IDS = torch.tensor([[1, 5, 7, 2, 9, 4], [3, 8, 8, 6, 0, 0]])
+MASK = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+REDUCTIONS = ("l2", "sum_abs", "x_input")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return TinyClassifier().double().eval()
+
+
+def class_scores(logits, classes, output):
+    scores = logits.softmax(-1) if output == "probability" else logits
+    return scores[torch.arange(logits.shape[0]), classes]
+
+
+def finite_difference_gradients(classify, embedded, classes, output, eps=1e-6):
+    """Central differences of each sample's score w.r.t. each coordinate of `embedded`.
+
+    The same coordinate is moved in every sample at once: samples do not interact, so
+    each sample's score sees only its own move.
+    """
+    grads = torch.zeros_like(embedded)
+    with torch.no_grad():
+        for i in range(embedded.shape[1]):
+            for k in range(embedded.shape[2]):
+                step = torch.zeros_like(embedded)
+                step[:, i, k] = eps
+                high = class_scores(classify(embedded + step), classes, output)
+                low = class_scores(classify(embedded - step), classes, output)
+                grads[:, i, k] = (high - low) / (2 * eps)
+    return grads
+
+
+def reduce_reference(grads, embedded, reduce):
+    if reduce == "l2":
+        return grads.norm(dim=-1)
+    if reduce == "sum_abs":
+        return grads.sum(-1).abs()
+    return (grads * embedded).sum(-1).abs()
+
+
+def hook_counts(model):
+    return [(len(m._forward_pre_hooks), len(m._forward_hooks)) for m in model.modules()]
+
+
+@pytest.mark.parametrize("output", ["probability", "logit"])
+@pytest.mark.parametrize("target_kind", ["predicted", "int", "list", "tensor"])
+def test_input_gradients_match_finite_differences(tiny, output, target_kind):
+    with torch.no_grad():
+        logits = tiny(IDS, MASK)
+        embedded = tiny.embed(IDS)
+    predicted = logits.argmax(-1)
+    target, classes = {
+        "predicted": (None, predicted),
+        "int": (2, torch.tensor([2, 2])),
+        "list": ([1, 0], torch.tensor([1, 0])),
+        "tensor": (torch.tensor([0, 2]), torch.tensor([0, 2])),
+    }[target_kind]
+    numeric = finite_difference_gradients(
+        lambda e: tiny.classify(e, MASK), embedded, classes, output
+    )
+    assert numeric.abs().max() > 1e-3  # the test can fail: the gradient is not trivially 0
+    hooks = hook_counts(tiny)
+    for reduce in REDUCTIONS:
+        got = adapter.input_gradients(
+            tiny,
+            {"input_ids": IDS, "attention_mask": MASK},
+            target=target,
+            reduce=reduce,
+            output=output,
+        )
+        assert got.shape == (2, 6)
+        assert got.dtype == torch.float64
+        assert not got.requires_grad
+        expected = reduce_reference(numeric, embedded, reduce)
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-9)
+        # Padded keys are masked out, so padded tokens do not reach [CLS] at all.
+        assert bool((got[1, 4:] == 0).all())
+    assert hook_counts(tiny) == hooks
+    assert all(p.grad is None for p in tiny.parameters())
+
+
+def test_input_gradients_inputs_forms_and_no_grad(tiny):
+    expected = adapter.input_gradients(tiny, {"input_ids": IDS, "attention_mask": MASK})
+    torch.testing.assert_close(adapter.input_gradients(tiny, (IDS, MASK)), expected)
+    with torch.no_grad():  # autograd is switched on inside
+        torch.testing.assert_close(adapter.input_gradients(tiny, [IDS, MASK]), expected)
+    unpadded = adapter.input_gradients(tiny, IDS[:1], embeddings=tiny.embed)
+    torch.testing.assert_close(unpadded, expected[:1])
+    # Frozen parameters: the gradient still reaches the embeddings.
+    frozen = copy.deepcopy(tiny).requires_grad_(False)
+    torch.testing.assert_close(adapter.input_gradients(frozen, (IDS, MASK)), expected)
+    assert all(not p.requires_grad for p in frozen.parameters())
+    # The mode is the caller's: a model in train mode stays so.
+    trained = copy.deepcopy(tiny).train()
+    adapter.input_gradients(trained, (IDS, MASK))
+    assert trained.training
+
+
+def test_input_gradients_float32_and_hf_logits_output(tiny):
+    transformers = pytest.importorskip("transformers")
+    model = copy.deepcopy(tiny).float()
+
+    class WithModelOutput(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def get_input_embeddings(self):
+            return self.model.embed
+
+        def forward(self, input_ids, attention_mask):
+            logits = self.model(input_ids, attention_mask)
+            return transformers.modeling_outputs.SequenceClassifierOutput(logits=logits)
+
+    got = adapter.input_gradients(WithModelOutput(), {"input_ids": IDS, "attention_mask": MASK})
+    assert got.dtype == torch.float32
+    expected = adapter.input_gradients(tiny, (IDS, MASK))
+    torch.testing.assert_close(got, expected.float(), rtol=1e-4, atol=1e-6)
+
+
+class MiniLMClassifier(torch.nn.Module):
+    """The pretrained MiniLM with a small linear classification head on [CLS]."""
+
+    def __init__(self, encoder, classes=3):
+        super().__init__()
+        self.encoder = encoder
+        self.head = torch.nn.Linear(encoder.config.hidden_size, classes)
+
+    def get_input_embeddings(self):
+        return self.encoder.get_input_embeddings()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, inputs_embeds=None):
+        from transformers.modeling_outputs import SequenceClassifierOutput
+
+        hidden = self.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            inputs_embeds=inputs_embeds,
+        ).last_hidden_state
+        return SequenceClassifierOutput(logits=self.head(hidden[:, 0]))
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_input_gradients_minilm_restored(minilm, batch, implementation):
+    torch.manual_seed(0)
+    model = MiniLMClassifier(minilm[implementation]).eval()
+    hooks = hook_counts(model)
+    with torch.no_grad():
+        before = model(**batch).logits
+    scores = adapter.input_gradients(model, batch, reduce="l2")
+    assert scores.shape == batch["input_ids"].shape == (2, 12)
+    assert scores.dtype == torch.float32
+    assert bool(torch.isfinite(scores).all())
+    assert bool((scores[batch["attention_mask"].bool()] > 0).all())
+    with torch.no_grad():
+        after = model(**batch).logits
+    assert torch.equal(before, after)
+    assert hook_counts(model) == hooks
+    assert all(p.grad is None for p in model.parameters())
+    assert not model.training
+    assert_restored(model)
+
+
+def test_input_gradients_minilm_float64_finite_differences(minilm, batch):
+    """The real MiniLM in float64, against finite differences and an autograd reference.
+
+    Moving token i's word embedding along itself gives sum_k g_ik e_ik (x_input). The full
+    gradient is checked against autograd through Hugging Face's own ``inputs_embeds``
+    path. BERT adds position and type embeddings to the word embeddings and applies
+    LayerNorm, which ignores a shift of all coordinates: sum_k g_ik is 0, so "sum_abs"
+    is zero up to rounding, by finite differences too.
+    """
+    torch.manual_seed(0)
+    model = MiniLMClassifier(copy.deepcopy(minilm["sdpa"])).double().eval()
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    types = batch["token_type_ids"]
+    embedding = model.get_input_embeddings()
+    with torch.no_grad():
+        embedded = embedding(ids)
+        logits = model(ids, mask, types).logits
+    classes = logits.argmax(-1)
+
+    def scores_at(e):
+        logits = model(None, mask, types, inputs_embeds=e).logits
+        return class_scores(logits, classes, "probability")
+
+    got = {r: adapter.input_gradients(model, batch, reduce=r) for r in REDUCTIONS}
+    eps = 1e-6
+    numeric = {r: torch.zeros(ids.shape, dtype=torch.float64) for r in ("sum_abs", "x_input")}
+    for i in range(ids.shape[1]):
+        for reduce, values in numeric.items():
+            direction = torch.zeros_like(embedded)
+            direction[:, i] = embedded[:, i] if reduce == "x_input" else 1.0
+            with torch.no_grad():
+                high = scores_at(embedded + eps * direction)
+                low = scores_at(embedded - eps * direction)
+            values[:, i] = ((high - low) / (2 * eps)).abs()
+    assert numeric["x_input"].max() > 1e-3
+    torch.testing.assert_close(got["x_input"], numeric["x_input"], rtol=1e-6, atol=1e-9)
+    assert numeric["sum_abs"].max() < 1e-9  # LayerNorm's shift invariance
+    assert got["sum_abs"].max() < 1e-12 * got["l2"].max()
+
+    leaf = embedded.clone().requires_grad_(True)
+    scores_at(leaf).sum().backward()
+    model.zero_grad(set_to_none=True)
+    for reduce in REDUCTIONS:
+        expected = reduce_reference(leaf.grad, embedded, reduce)
+        torch.testing.assert_close(got[reduce], expected, rtol=1e-9, atol=1e-15)
+
+
+def test_input_gradients_errors(tiny):
+    calls = []
+    handle = tiny.register_forward_pre_hook(lambda *args: calls.append(1))
+    try:
+        for kwargs, error, match in [
+            ({"reduce": "abs"}, ValueError, "`reduce`"),
+            ({"output": "log_probability"}, ValueError, "`output`"),
+            ({"target": 1.5}, TypeError, "`target`"),
+            ({"target": True}, TypeError, "`target`"),
+            ({"target": [0.0, 1.0]}, TypeError, "`target`"),
+            ({"target": torch.tensor([[0, 1]])}, TypeError, "`target`"),
+            ({"embeddings": "embed"}, TypeError, "`embeddings`"),
+            ({"embeddings": torch.nn.Embedding(20, 8)}, ValueError, "not a submodule"),
+        ]:
+            with pytest.raises(error, match=match):
+                adapter.input_gradients(tiny, (IDS, MASK), **kwargs)
+        with pytest.raises(TypeError, match=r"torch\.nn\.Module"):
+            adapter.input_gradients(lambda x: x, IDS)
+        with pytest.raises(ValueError, match="get_input_embeddings"):
+            adapter.input_gradients(NoEmbeddingsGetter(tiny), IDS)
+        with torch.inference_mode(), pytest.raises(RuntimeError, match="inference_mode"):
+            adapter.input_gradients(tiny, (IDS, MASK))
+        assert not calls  # all of the above are refused before the model runs
+
+        for target, match in [
+            (3, r"\[0, 3\).*\[3, 3\]"),
+            (-1, r"\[0, 3\)"),
+            ([0, 5], r"\[5\]"),
+            ([0], "1 classes for a batch of 2"),
+            (torch.tensor([0, 1, 2]), "3 classes for a batch of 2"),
+        ]:
+            with pytest.raises(ValueError, match=match):
+                adapter.input_gradients(tiny, (IDS, MASK), target=target)
+        # Not a classifier: hidden states (batch, n, d) instead of logits.
+        with pytest.raises(TypeError, match=r"\(batch, classes\).*\(2, 6, 8\)"):
+            adapter.input_gradients(torch.nn.Sequential(tiny.embed), IDS, embeddings=tiny.embed)
+        # An "embedding" output that is not (batch, n, d).
+        with pytest.raises(ValueError, match=r"\(batch, n, d\)"):
+            adapter.input_gradients(tiny, (IDS, MASK), embeddings=tiny.head)
+    finally:
+        handle.remove()
+
+    class Probed(torch.nn.Module):
+        """Embeds twice, feeds a probe whose output is dropped, has an unused module."""
+
+        def __init__(self):
+            super().__init__()
+            self.tiny = tiny
+            self.probe = torch.nn.Identity()
+            self.unused = torch.nn.Identity()
+
+        def forward(self, input_ids, attention_mask):
+            embedded = self.tiny.embed(input_ids)
+            self.probe(embedded)
+            again = self.tiny.embed(input_ids)
+            return self.tiny.classify(0.5 * (embedded + again), attention_mask)
+
+    probed = Probed()
+    for module, match in [
+        (probed.unused, "ran 0 times"),
+        (tiny.embed, "ran 2 times"),
+        (probed.probe, "do not depend"),
+    ]:
+        with pytest.raises(RuntimeError, match=match):
+            adapter.input_gradients(probed, (IDS, MASK), embeddings=module)
+    assert hook_counts(tiny) == [(0, 0)] * len(hook_counts(tiny))
