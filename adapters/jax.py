@@ -23,6 +23,12 @@ JAX is functional, so the adapter is a set of functions that call the model and 
   :func:`jax.nn.dot_product_attention`, which never materialises them) and, for
   gradients, adds a zero perturbation to them.
 
+* Input gradients (:func:`input_gradients_linen`, :func:`input_gradients_nnx`): a zero
+  array is added to the output of the embedding module (linen: through
+  :func:`flax.linen.intercept_methods`; NNX: its class's ``__call__`` is wrapped for the
+  call, acting on that instance only) and :func:`jax.grad` of the classifier's target
+  score is taken with respect to it.
+
 Everything is restored when the call returns, also when it raises. The patches are
 process-wide while a call runs: do not capture from several threads at once.
 """

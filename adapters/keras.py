@@ -22,6 +22,8 @@ compiled function: traced calls record symbolic tensors, which cannot be read.
 :func:`attention_gradients` differentiates a scalar of the model's output with respect
 to the attention weights (each backend's own autodiff, through zero "delta" tensors
 added to the weights that multiply the values), aligned with the captured attentions.
+:func:`input_gradients` differentiates a classifier's target score with respect to the
+output of its embedding layer, the same way, for input-gradient token importances.
 """
 
 from __future__ import annotations
