@@ -23,6 +23,12 @@ JAX is functional, so the adapter is a set of functions that call the model and 
   :func:`jax.nn.dot_product_attention`, which never materialises them) and, for
   gradients, adds a zero perturbation to them.
 
+* Input gradients (:func:`input_gradients_linen`, :func:`input_gradients_nnx`): a zero
+  array is added to the output of the embedding module (linen: through
+  :func:`flax.linen.intercept_methods`; NNX: its class's ``__call__`` is wrapped for the
+  call, acting on that instance only) and :func:`jax.grad` of the classifier's target
+  score is taken with respect to it.
+
 Everything is restored when the call returns, also when it raises. The patches are
 process-wide while a call runs: do not capture from several threads at once.
 """
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import numbers
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
@@ -38,6 +45,7 @@ from typing import Any, Literal, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from flax.linen import attention as linen_attention
 from flax.nnx.nn import attention as nnx_attention
@@ -53,6 +61,8 @@ __all__ = [
     "explain_nnx",
     "gradients_linen",
     "gradients_nnx",
+    "input_gradients_linen",
+    "input_gradients_nnx",
 ]
 
 HeadReduction = Literal["mean", "max", "min"]
@@ -803,3 +813,603 @@ def explain_nnx(
     _check_method(method)
     _, cap = capture_nnx(model, *args, heads=heads, **kwargs)
     return _explain(cap, method, rows, options)
+
+
+# -- input gradients ----------------------------------------------------------------------------
+#: How the input gradients are reduced over the hidden axis.
+Reduction = Literal["l2", "sum_abs", "x_input"]
+#: What is differentiated: the target class's probability or its logit.
+Score = Literal["probability", "logit"]
+
+
+def _check_reduce_output(reduce: object, output: object) -> None:
+    if reduce not in ("l2", "sum_abs", "x_input"):
+        msg = (
+            '`reduce` must be "l2" (norm of the gradient), "sum_abs" (|sum of the gradient|, '
+            f'the paper\'s code) or "x_input" (|gradient . embedding|); got {reduce!r}.'
+        )
+        raise ValueError(msg)
+    if output not in ("probability", "logit"):
+        msg = (
+            '`output` must be "probability" (softmax of the logits at the target class) or '
+            f'"logit" (the target logit); got {output!r}.'
+        )
+        raise ValueError(msg)
+
+
+def _is_class_index(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_integer_array(value: object) -> bool:
+    dtype = getattr(value, "dtype", None)
+    return (
+        isinstance(value, jax.Array | np.ndarray)
+        and dtype is not None
+        and bool(jnp.issubdtype(dtype, jnp.integer))
+        and np.ndim(value) <= 1
+    )
+
+
+def _check_target_type(target: object) -> None:
+    """Check the kind of `target` before any work (its values are checked once C is known)."""
+    if target is None or _is_class_index(target) or _is_integer_array(target):
+        return
+    if isinstance(target, Sequence) and not isinstance(target, str | bytes):
+        if all(_is_class_index(value) for value in target):
+            return
+        found = f"a sequence holding {sorted({type(v).__name__ for v in target})}"
+    elif isinstance(target, jax.Array | np.ndarray):
+        found = f"a {target.dtype} array of shape {tuple(target.shape)}"
+    else:
+        found = repr(target)
+    msg = (
+        "`target` must be None (each sample's predicted class), an int (one class for every "
+        "sample), or a sequence of ints / a 0-d or 1-d integer array with one class per "
+        f"sample; got {found}."
+    )
+    raise TypeError(msg)
+
+
+def _target_classes(target: Any, batch: int, classes: int) -> tuple[Any, Any]:
+    """Resolve `target` to ``(batch,)`` classes and, for a traced array, validity flags.
+
+    Python ints and concrete arrays are checked here, before the backward pass; a traced
+    array (under ``jax.jit``) cannot be, so its out-of-range entries are flagged and their
+    rows of the result become NaN. None stays None (the argmax is taken on the logits).
+    """
+    if target is None:
+        return None, None
+    traced = isinstance(target, jax.core.Tracer)
+    if _is_class_index(target):
+        values: Any = [int(target)] * batch
+    elif isinstance(target, jax.Array | np.ndarray):
+        if target.ndim == 1 and target.shape[0] != batch:
+            values = [0] * int(target.shape[0])  # reported as a wrong length below
+        elif traced:
+            flags = jnp.broadcast_to((target >= 0) & (target < classes), (batch,))
+            return jnp.broadcast_to(target, (batch,)), flags
+        else:
+            values = [int(v) for v in np.broadcast_to(np.asarray(target), (batch,))]
+    else:
+        values = [int(v) for v in target]
+    if len(values) != batch:
+        msg = (
+            f"`target` has {len(values)} classes for a batch of {batch} samples; give one "
+            "class per sample, or an int for the same class in all of them."
+        )
+        raise ValueError(msg)
+    wrong = [v for v in values if not 0 <= v < classes]
+    if wrong:
+        msg = (
+            f"`target` classes must lie in [0, {classes}) for logits of shape "
+            f"({batch}, {classes}); got {wrong[:5]}."
+        )
+        raise ValueError(msg)
+    return jnp.asarray(values, dtype=jnp.int32), None
+
+
+def _logits_of(outputs: Any) -> jax.Array:
+    """Read the ``(batch, classes)`` logits of a model call: an array or ``outputs.logits``."""
+    logits = outputs if isinstance(outputs, jax.Array) else getattr(outputs, "logits", None)
+    if (
+        isinstance(logits, jax.Array)
+        and logits.ndim == 2
+        and jnp.issubdtype(logits.dtype, jnp.floating)
+    ):
+        return logits
+    if isinstance(logits, jax.Array):
+        found = f"an array of shape {tuple(logits.shape)} ({logits.dtype})"
+    else:
+        found = f"a {type(outputs).__name__} without a `logits` array"
+    msg = (
+        "Input gradients need a classifier: a model returning floating logits of shape "
+        f"(batch, classes), as an array or as `.logits`; got {found}. Wrap the model so that "
+        "it returns them, e.g. a Dense head on the first token's state."
+    )
+    raise TypeError(msg)
+
+
+def _target_score(logits: jax.Array, classes: jax.Array | None, output: Score) -> jax.Array:
+    """Sum over the batch of each sample's target probability (or logit)."""
+    if classes is None:
+        classes = jnp.argmax(jax.lax.stop_gradient(logits), axis=-1)
+    scores = jax.nn.softmax(logits, axis=-1) if output == "probability" else logits
+    index = jnp.clip(classes, 0, logits.shape[-1] - 1).astype(jnp.int32)
+    return jnp.sum(jnp.take_along_axis(scores, index[:, None], axis=-1))
+
+
+def _reduce_hidden(grads: jax.Array, embedded: jax.Array, reduce: Reduction) -> jax.Array:
+    """Reduce ``(batch, n, d)`` gradients over the hidden axis to ``(batch, n)``."""
+    if reduce == "l2":
+        norm: jax.Array = jnp.linalg.norm(grads, axis=-1)
+        return norm
+    if reduce == "sum_abs":
+        return jnp.abs(jnp.sum(grads, axis=-1))
+    return jnp.abs(jnp.sum(grads * embedded, axis=-1))
+
+
+class _EmbeddingRecorder:
+    """Records the outputs of the embedding site and adds `delta` to the first one."""
+
+    def __init__(self, delta: jax.Array | None, name: str) -> None:
+        self.delta = delta
+        self.name = name
+        self.outputs: list[jax.Array] = []
+
+    def record(self, output: Any) -> Any:
+        if not isinstance(output, jax.Array) or not jnp.issubdtype(output.dtype, jnp.floating):
+            found = type(output).__name__
+            if isinstance(output, jax.Array):
+                found = f"a {output.dtype} array"
+            msg = (
+                f"The embedding module {self.name} returned {found}; input gradients need a "
+                "floating array (batch, n, d): name the module that returns the token "
+                "embeddings in `embeddings`."
+            )
+            raise TypeError(msg)
+        self.outputs.append(output)
+        if self.delta is not None and len(self.outputs) == 1:
+            # The gradient w.r.t. this zero is the gradient w.r.t. the embeddings.
+            return output + self.delta
+        return output
+
+
+def _input_gradients(
+    run: Callable[[jax.Array | None], tuple[Any, _EmbeddingRecorder]],
+    target: Any,
+    reduce: Reduction,
+    output: Score,
+) -> jax.Array:
+    """Shape pass, checks, then one differentiated pass (shared by linen and NNX)."""
+    found: list[_EmbeddingRecorder] = []
+
+    def shapes() -> tuple[jax.Array, list[jax.Array]]:
+        outputs, recorder = run(None)
+        found.append(recorder)
+        return _logits_of(outputs), recorder.outputs
+
+    logits, embedded = jax.eval_shape(shapes)
+    name = found[0].name
+    if len(embedded) != 1:
+        msg = (
+            f"The embedding module {name} ran {len(embedded)} times in one model call; input "
+            "gradients need it to run exactly once: name in `embeddings` the module that "
+            "embeds the input tokens, once."
+        )
+        raise RuntimeError(msg)
+    batch, classes = logits.shape
+    if len(embedded[0].shape) != 3 or embedded[0].shape[0] != batch:
+        msg = (
+            f"The output of the embedding module {name} has shape {tuple(embedded[0].shape)}; "
+            f"input gradients need (batch, n, d) with batch = {batch} as in the logits: name "
+            "the batch-first token embedding module in `embeddings`."
+        )
+        raise ValueError(msg)
+    indices, valid = _target_classes(target, batch, classes)
+
+    def score(delta: jax.Array) -> tuple[jax.Array, jax.Array]:
+        outputs, recorder = run(delta)
+        if len(recorder.outputs) != 1:
+            msg = f"The embedding module {name} ran {len(recorder.outputs)} times, not once."
+            raise RuntimeError(msg)
+        value = _target_score(_logits_of(outputs), indices, output)
+        return value, jax.lax.stop_gradient(recorder.outputs[0])
+
+    zeros = jnp.zeros(embedded[0].shape, embedded[0].dtype)
+    grads, values = jax.grad(score, has_aux=True)(zeros)
+    result = _reduce_hidden(grads, values, reduce)
+    if valid is not None:  # a traced target: out-of-range classes give NaN rows
+        result = jnp.where(valid[:, None], result, jnp.nan)
+    return result
+
+
+class _LinenEmbeddingSite:
+    """Interceptor that finds the embedding module's call and perturbs its output."""
+
+    def __init__(self, path: tuple[str, ...] | None, delta: jax.Array | None) -> None:
+        self.path = path
+        self.delta = delta
+        self.recorder = _EmbeddingRecorder(delta, "?" if path is None else repr("/".join(path)))
+        self.embeds: list[tuple[str, ...]] = []  # paths of the nn.Embed calls, in order
+        self.ran: set[tuple[str, ...]] = set()  # paths of every module called
+
+    def intercept(
+        self,
+        next_fun: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        context: Any,
+    ) -> Any:
+        if context.method_name != "__call__":
+            return next_fun(*args, **kwargs)
+        module = context.module
+        path = tuple(module.scope.path) if module.scope is not None else ()
+        self.ran.add(path)
+        if isinstance(module, nn.Embed):
+            self.embeds.append(path)
+        if self.path is None or path != self.path:
+            return next_fun(*args, **kwargs)
+        return self.recorder.record(next_fun(*args, **kwargs))
+
+
+def _linen_path(embeddings: object) -> tuple[str, ...] | None:
+    if embeddings is None:
+        return None
+    if isinstance(embeddings, str) and embeddings and all(embeddings.split("/")):
+        return tuple(embeddings.split("/"))
+    msg = (
+        "`embeddings` must be the path of the linen submodule whose output is "
+        'differentiated, its names joined by "/" as in the params tree (e.g. "embed" or '
+        f'"encoder/embed"), or None for the model\'s only nn.Embed; got {embeddings!r}.'
+    )
+    raise TypeError(msg)
+
+
+def _default_linen_path(
+    module: nn.Module, variables: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[str, ...]:
+    """Find the path of the only nn.Embed that runs (a shape-only trace)."""
+    seen: list[_LinenEmbeddingSite] = []
+
+    def trace() -> None:
+        site = _LinenEmbeddingSite(None, None)
+        seen.append(site)
+        with _LOCK, nn.intercept_methods(site.intercept):
+            module.apply(variables, *args, **kwargs)
+
+    jax.eval_shape(trace)
+    paths = sorted(set(seen[0].embeds))
+    if len(paths) == 1:
+        return paths[0]
+    names = ", ".join(repr("/".join(p)) for p in paths)
+    msg = (
+        f"{type(module).__name__} runs {'no' if not paths else 'several'} flax.linen.Embed "
+        f"modules{': ' + names if paths else ''}, so the token embeddings are not known: pass "
+        '`embeddings=` the path of the one to differentiate (e.g. embeddings="embed").'
+    )
+    raise ValueError(msg)
+
+
+def input_gradients_linen(
+    module: nn.Module,
+    variables: Any,
+    /,
+    *args: Any,
+    target: int | Sequence[int] | jax.Array | None = None,
+    embeddings: str | None = None,
+    reduce: Reduction = "l2",
+    output: Score = "probability",
+    **kwargs: Any,
+) -> jax.Array:
+    r"""Input-gradient importance of each token for a linen classifier's prediction.
+
+    The gradient of the target class's score with respect to the output of the
+    embedding module, reduced over the hidden axis to one number per token: the
+    input-gradient attribution that Abnar & Zuidema (2020) compare attention rollout and
+    attention flow with. For sample :math:`b` with target class :math:`t_b`, logits
+    :math:`z_b` and token embeddings :math:`e_{b,i} \in \mathbb{R}^d` (the embedding
+    module's output),
+
+    .. math::
+
+        s_b = \operatorname{softmax}(z_b)_{t_b} \ \text{(or } z_{b,t_b}\text{)}, \qquad
+        g_{b,i} = \frac{\partial s_b}{\partial e_{b,i}},
+
+    and the importance of token :math:`i` is :math:`\lVert g_{b,i} \rVert_2`
+    (``"l2"``), :math:`\lvert \sum_k g_{b,i,k} \rvert` (``"sum_abs"``, as in the paper's
+    code) or :math:`\lvert \sum_k g_{b,i,k}\, e_{b,i,k} \rvert` (``"x_input"``,
+    gradient times input).
+
+    How: :func:`flax.linen.intercept_methods` adds a zero array to the output of the
+    embedding module's ``__call__``, and :func:`jax.grad` of the summed target scores
+    with respect to that zero gives the gradient with respect to the embeddings (samples
+    are independent, so each sample gets its own gradient). A shape-only trace
+    (:func:`jax.eval_shape`) first finds the module and the shapes. Traceable: wrap it
+    in :func:`jax.jit`.
+
+    Parameters
+    ----------
+    module : flax.linen.Module
+        A classifier: ``module.apply(variables, *args, **kwargs)`` returns logits of
+        shape ``(batch, classes)``, as an array or as ``.logits``. Run it
+        deterministically (no dropout).
+    variables : mapping
+        Its variables, e.g. ``{"params": params}``.
+    *args
+        Positional arguments of the model call (the token ids).
+    target : int, sequence of int, integer array or None, default None
+        The class to explain: None for each sample's predicted class (argmax of its
+        logits), an int for every sample, or one class per sample. Python ints and
+        concrete arrays are checked against the number of classes; under
+        :func:`jax.jit` a traced array cannot be, and a sample whose class is out of
+        range gets a row of NaN.
+    embeddings : str, optional
+        The path of the submodule whose output is differentiated, its names joined by
+        ``"/"`` as in the params tree (``"embed"``, ``"encoder/embed"``); by default
+        the only ``flax.linen.Embed`` that runs. Its ``__call__`` must run exactly
+        once and return ``(batch, n, d)``.
+    reduce : {"l2", "sum_abs", "x_input"}, default "l2"
+        How the hidden axis is reduced (see above).
+    output : {"probability", "logit"}, default "probability"
+        Differentiate the softmax probability of the target class or its logit.
+    **kwargs
+        Keyword arguments of ``module.apply`` (model keywords, ``rngs``, ``method``);
+        not ``mutable``.
+
+    Returns
+    -------
+    jax.Array
+        ``(batch, n)`` importances, in the floating dtype of the embeddings.
+
+    Raises
+    ------
+    TypeError
+        If `module` is not a linen module, `target` or `embeddings` has the wrong type,
+        or the model does not return ``(batch, classes)`` logits.
+    ValueError
+        On a bad `reduce` or `output`, a target out of range or of the wrong length, a
+        ``mutable`` keyword, an embedding output that is not ``(batch, n, d)``, or, with
+        `embeddings` not given, no or several ``nn.Embed`` modules.
+    RuntimeError
+        If the embedding module does not run exactly once.
+
+    Notes
+    -----
+    ``"sum_abs"`` is zero, up to rounding, when the embedding output reaches the rest of
+    the model only through a LayerNorm of a sum (BERT-like models: word + position
+    embeddings, then LayerNorm), since LayerNorm ignores a shift of all coordinates;
+    use ``"l2"`` or ``"x_input"`` there.
+
+    References
+    ----------
+    .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
+       ACL 2020, https://arxiv.org/abs/2005.00928
+    .. [2] K. Simonyan, A. Vedaldi and A. Zisserman, "Deep Inside Convolutional Networks:
+       Visualising Image Classification Models and Saliency Maps", ICLR Workshop 2014,
+       https://arxiv.org/abs/1312.6034
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import flax.linen as nn
+    >>> from attnflow.adapters.jax import input_gradients_linen
+    >>> class Classifier(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, ids):
+    ...         x = nn.Embed(10, 8, name="embed")(ids)
+    ...         for _ in range(2):
+    ...             x = x + nn.MultiHeadDotProductAttention(num_heads=2)(x)
+    ...         return nn.Dense(3)(x[:, 0])
+    >>> ids = jnp.array([[1, 4, 2, 7], [3, 3, 5, 9]])
+    >>> model = Classifier()
+    >>> variables = model.init(jax.random.key(0), ids)
+    >>> input_gradients_linen(model, variables, ids).shape
+    (2, 4)
+    >>> explain = jax.jit(
+    ...     lambda v, i: input_gradients_linen(model, v, i, target=2, reduce="x_input")
+    ... )
+    >>> explain(variables, ids).shape
+    (2, 4)
+    """
+    given: object = module
+    if not isinstance(given, nn.Module):
+        msg = (
+            "input_gradients_linen() expects a flax.linen.Module (the classifier); got "
+            f"{type(given).__name__}."
+        )
+        raise TypeError(msg)
+    _check_reduce_output(reduce, output)
+    _check_target_type(target)
+    path = _linen_path(embeddings)
+    if "mutable" in kwargs:
+        msg = (
+            "input_gradients_linen() differentiates a pure call: `mutable` is not supported. "
+            "Run the model in inference mode (e.g. BatchNorm with use_running_average=True)."
+        )
+        raise ValueError(msg)
+    if path is None:
+        path = _default_linen_path(module, variables, args, kwargs)
+    chosen = path
+
+    def run(delta: jax.Array | None) -> tuple[Any, _EmbeddingRecorder]:
+        site = _LinenEmbeddingSite(chosen, delta)
+        with _LOCK, nn.intercept_methods(site.intercept):
+            outputs = module.apply(variables, *args, **kwargs)
+        if not site.recorder.outputs and chosen not in site.ran:
+            ran = ", ".join(repr("/".join(p)) for p in sorted(site.ran) if p)
+            msg = (
+                f"No submodule at {'/'.join(chosen)!r} ran in the model call; `embeddings` "
+                f"names one by its path, e.g. one of {ran or 'none ran'}."
+            )
+            raise ValueError(msg)
+        return outputs, site.recorder
+
+    return _input_gradients(run, target, reduce, output)
+
+
+# -- input gradients, NNX -----------------------------------------------------------------------
+def _nnx_embedding(model: nnx.Module, embeddings: object) -> tuple[nnx.Module, str]:
+    """Find the module whose output is differentiated, with its path for messages."""
+    modules: dict[int, tuple[nnx.Module, str]] = {}
+    for path, sub in nnx.iter_modules(model):
+        modules.setdefault(id(sub), (sub, "/".join(str(p) for p in path) or "<model>"))
+    if embeddings is not None:
+        if not isinstance(embeddings, nnx.Module):
+            msg = (
+                "`embeddings` must be the flax.nnx.Module of the model that returns the token "
+                f"embeddings (e.g. model.embed); got {type(embeddings).__name__}."
+            )
+            raise TypeError(msg)
+        if id(embeddings) not in modules:
+            msg = (
+                f"`embeddings` ({type(embeddings).__name__}) is not a submodule of "
+                f"{type(model).__name__}: pass one of its modules, e.g. model.embed (inside "
+                "nnx.jit, the module of the traced model)."
+            )
+            raise ValueError(msg)
+        return modules[id(embeddings)]
+    found = [(m, p) for m, p in modules.values() if isinstance(m, nnx.Embed)]
+    if len(found) == 1:
+        return found[0]
+    names = ", ".join(repr(p) for _, p in found)
+    msg = (
+        f"{type(model).__name__} has {'no' if not found else 'several'} flax.nnx.Embed "
+        f"modules{': ' + names if found else ''}, so the token embeddings are not known: "
+        "pass `embeddings=` the module to differentiate (e.g. embeddings=model.embed)."
+    )
+    raise ValueError(msg)
+
+
+@contextlib.contextmanager
+def _output_hooked(site: nnx.Module, recorder: _EmbeddingRecorder) -> Iterator[None]:
+    """Route the output of ``site.__call__`` through `recorder` (this instance only).
+
+    Python looks ``__call__`` up on the class, so the class method is wrapped for the
+    duration and the wrapper acts on `site` alone; other instances run as usual.
+    """
+    cls = type(site)
+    own = cls.__dict__.get("__call__")
+    original: Callable[..., Any] = cls.__call__
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        return recorder.record(result) if self is site else result
+
+    cls.__call__ = __call__  # type: ignore[method-assign, assignment, unused-ignore]
+    try:
+        yield
+    finally:
+        if own is not None:
+            cls.__call__ = own  # type: ignore[method-assign, unused-ignore]
+        else:
+            del cls.__call__
+
+
+def input_gradients_nnx(
+    model: nnx.Module,
+    /,
+    *args: Any,
+    target: int | Sequence[int] | jax.Array | None = None,
+    embeddings: nnx.Module | None = None,
+    reduce: Reduction = "l2",
+    output: Score = "probability",
+    **kwargs: Any,
+) -> jax.Array:
+    r"""Input-gradient importance of each token for an NNX classifier's prediction.
+
+    As :func:`input_gradients_linen`: with :math:`s_b` the target class's probability
+    (or logit) of sample :math:`b` and :math:`g_{b,i} = \partial s_b / \partial e_{b,i}`
+    the gradient with respect to the embedding module's output, the importance of token
+    :math:`i` is :math:`\lVert g_{b,i} \rVert_2` (``"l2"``),
+    :math:`\lvert \sum_k g_{b,i,k} \rvert` (``"sum_abs"``) or
+    :math:`\lvert \sum_k g_{b,i,k}\, e_{b,i,k} \rvert` (``"x_input"``).
+
+    How: while the model runs, the embedding module's output gets a zero array added
+    (its class's ``__call__`` is wrapped for the duration of the call, acting on that
+    instance only, and restored afterwards), and :func:`jax.grad` of the summed target
+    scores with respect to the zero gives the gradient. Run the model deterministically
+    (no state updates during the call). Traceable: call it inside :func:`jax.jit` or
+    :func:`flax.nnx.jit`.
+
+    Parameters
+    ----------
+    model : flax.nnx.Module
+        A classifier: ``model(*args, **kwargs)`` returns logits ``(batch, classes)``, as
+        an array or as ``.logits``.
+    *args
+        Positional arguments of the model call (the token ids).
+    target : int, sequence of int, integer array or None, default None
+        The class to explain, as for :func:`input_gradients_linen`.
+    embeddings : flax.nnx.Module, optional
+        The submodule whose output is differentiated; by default the model's only
+        ``flax.nnx.Embed``. It must run exactly once and return ``(batch, n, d)``.
+    reduce : {"l2", "sum_abs", "x_input"}, default "l2"
+        How the hidden axis is reduced.
+    output : {"probability", "logit"}, default "probability"
+        Differentiate the softmax probability of the target class or its logit.
+    **kwargs
+        Keyword arguments of the model call.
+
+    Returns
+    -------
+    jax.Array
+        ``(batch, n)`` importances, in the floating dtype of the embeddings.
+
+    Raises
+    ------
+    TypeError
+        If `model` or `embeddings` is not an NNX module, `target` has the wrong type, or
+        the model does not return ``(batch, classes)`` logits.
+    ValueError
+        On a bad `reduce` or `output`, a target out of range or of the wrong length, an
+        `embeddings` module that is not part of `model`, an embedding output that is not
+        ``(batch, n, d)``, or, with `embeddings` not given, no or several ``nnx.Embed``.
+    RuntimeError
+        If the embedding module does not run exactly once.
+
+    References
+    ----------
+    .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
+       ACL 2020, https://arxiv.org/abs/2005.00928
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from attnflow.adapters.jax import input_gradients_nnx
+    >>> class Classifier(nnx.Module):
+    ...     def __init__(self, rngs):
+    ...         self.embed = nnx.Embed(10, 8, rngs=rngs)
+    ...         self.attention = nnx.MultiHeadAttention(
+    ...             num_heads=2, in_features=8, decode=False, rngs=rngs
+    ...         )
+    ...         self.head = nnx.Linear(8, 3, rngs=rngs)
+    ...
+    ...     def __call__(self, ids):
+    ...         x = self.embed(ids)
+    ...         x = x + self.attention(x)
+    ...         return self.head(x[:, 0])
+    >>> model = Classifier(nnx.Rngs(0))
+    >>> ids = jnp.array([[1, 4, 2, 7], [3, 3, 5, 9]])
+    >>> input_gradients_nnx(model, ids, target=[0, 2], output="logit").shape
+    (2, 4)
+    """
+    given: object = model
+    if not isinstance(given, nnx.Module):
+        msg = (
+            "input_gradients_nnx() expects a flax.nnx.Module (the classifier); got "
+            f"{type(given).__name__}."
+        )
+        raise TypeError(msg)
+    _check_reduce_output(reduce, output)
+    _check_target_type(target)
+    site, name = _nnx_embedding(model, embeddings)
+
+    def run(delta: jax.Array | None) -> tuple[Any, _EmbeddingRecorder]:
+        recorder = _EmbeddingRecorder(delta, repr(name))
+        with _LOCK, _output_hooked(site, recorder):
+            outputs = model(*args, **kwargs)
+        return outputs, recorder
+
+    return _input_gradients(run, target, reduce, output)

@@ -22,21 +22,26 @@ compiled function: traced calls record symbolic tensors, which cannot be read.
 :func:`attention_gradients` differentiates a scalar of the model's output with respect
 to the attention weights (each backend's own autodiff, through zero "delta" tensors
 added to the weights that multiply the values), aligned with the captured attentions.
+:func:`input_gradients` differentiates a classifier's target score with respect to the
+output of its embedding layer, the same way, for input-gradient token importances.
 """
 
 from __future__ import annotations
 
 import inspect
+import numbers
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Literal, Self
 
 import keras
+import numpy as np
 
 import attnflow
 
-__all__ = ["Capture", "attention_gradients", "capture", "explain"]
+__all__ = ["Capture", "attention_gradients", "capture", "explain", "input_gradients"]
 
 HeadReduction = Literal["mean", "max", "min"]
 
@@ -620,3 +625,386 @@ def _is_concrete(x: Any) -> bool:
 
         return not isinstance(x, jax.core.Tracer)
     return True
+
+
+# -- input gradients ---------------------------------------------------------------------------
+#: How input_gradients() reduces the hidden axis of the gradient.
+Reduction = Literal["l2", "sum_abs", "x_input"]
+#: What input_gradients() differentiates: the target class's probability or its logit.
+Score = Literal["probability", "logit"]
+
+
+def input_gradients(
+    model: keras.Layer,
+    inputs: Mapping[str, Any] | Sequence[Any] | Any,
+    *,
+    target: int | Sequence[int] | Any | None = None,
+    embeddings: keras.Layer | None = None,
+    reduce: Reduction = "l2",
+    output: Score = "probability",
+) -> Any:
+    r"""Input-gradient importance of each token for a Keras classifier's prediction.
+
+    The gradient of the target class's score with respect to the output of the
+    embedding layer, reduced over the hidden axis to one number per token: the
+    input-gradient attribution that Abnar & Zuidema (2020) compare attention rollout and
+    attention flow with. For sample :math:`b` with target class :math:`t_b`, model
+    outputs :math:`z_b` (taken as logits) and token embeddings
+    :math:`e_{b,i} \in \mathbb{R}^d` (the embedding layer's output),
+
+    .. math::
+
+        s_b = \operatorname{softmax}(z_b)_{t_b} \ \text{(or } z_{b,t_b}\text{)}, \qquad
+        g_{b,i} = \frac{\partial s_b}{\partial e_{b,i}},
+
+    and the importance of token :math:`i` is :math:`\lVert g_{b,i} \rVert_2`
+    (``"l2"``), :math:`\lvert \sum_k g_{b,i,k} \rvert` (``"sum_abs"``, as in the paper's
+    code) or :math:`\lvert \sum_k g_{b,i,k}\, e_{b,i,k} \rvert` (``"x_input"``,
+    gradient times input).
+
+    How: while the model runs, the embedding layer's ``call`` is wrapped (on that
+    instance, restored afterwards, also when the call raises) so that a zero tensor is
+    added to its output, and the active backend's own autodiff (``tf.GradientTape``,
+    ``jax.grad`` or ``torch.autograd.grad``) differentiates the summed target scores
+    with respect to that zero, as :func:`attention_gradients` does. Samples of a batch
+    are independent, so each gets its own gradient. The model is called eagerly twice:
+    once for the shapes and the predicted classes, once to differentiate.
+
+    Parameters
+    ----------
+    model : keras.Layer
+        A classifier whose output is ``(batch, classes)``, called as ``model(inputs)``
+        in inference mode (no dropout). **Its output is taken as logits**: with
+        ``output="probability"`` a softmax is applied to it. A model that already ends
+        with a softmax gives probabilities: pass ``output="logit"`` to differentiate
+        them as they are (a warning says so when the outputs look like probabilities).
+    inputs : tensor, mapping or sequence
+        The model's inputs (a mapping, list or tuple is passed as one argument), e.g.
+        token ids ``(batch, n)``.
+    target : int, sequence of int, 1-d integer tensor or None, default None
+        The class to explain: None for each sample's predicted class (argmax of the
+        outputs), an int for every sample, or one class per sample.
+    embeddings : keras.Layer, optional
+        The layer of `model` whose output is differentiated; by default the model's
+        only ``keras.layers.Embedding``. It must run exactly once and return
+        ``(batch, n, d)``.
+    reduce : {"l2", "sum_abs", "x_input"}, default "l2"
+        How the hidden axis is reduced (see above).
+    output : {"probability", "logit"}, default "probability"
+        Differentiate the softmax of the outputs at the target class, or the output at
+        the target class as it is.
+
+    Returns
+    -------
+    tensor
+        ``(batch, n)`` importances, a tensor of the active backend in the floating dtype
+        of the embeddings. Zero where the outputs do not depend on the embeddings.
+
+    Raises
+    ------
+    TypeError
+        If `model` or `embeddings` is not a Keras layer, `target` has the wrong type, or
+        the model does not return ``(batch, classes)`` outputs.
+    ValueError
+        On a bad `reduce` or `output`, a target out of range or of the wrong length, an
+        `embeddings` layer that is not part of `model` or whose output is not
+        ``(batch, n, d)``, or, with `embeddings` not given, no or several ``Embedding``
+        layers.
+    RuntimeError
+        If the embedding layer does not run exactly once, or the model ran in a traced
+        function.
+
+    Warns
+    -----
+    UserWarning
+        With ``output="probability"``, when the outputs look like probabilities (every
+        row in [0, 1], summing to 1).
+
+    Notes
+    -----
+    ``"sum_abs"`` is zero, up to rounding, when the embedding output reaches the rest of
+    the model only through a LayerNorm of a sum (BERT-like models: token + position
+    embeddings, then LayerNorm), since LayerNorm ignores a shift of all coordinates;
+    use ``"l2"`` or ``"x_input"`` there.
+
+    References
+    ----------
+    .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
+       ACL 2020, https://arxiv.org/abs/2005.00928
+    .. [2] K. Simonyan, A. Vedaldi and A. Zisserman, "Deep Inside Convolutional Networks:
+       Visualising Image Classification Models and Saliency Maps", ICLR Workshop 2014,
+       https://arxiv.org/abs/1312.6034
+
+    Examples
+    --------
+    >>> import keras
+    >>> import numpy as np
+    >>> from attnflow.adapters.keras import input_gradients
+    >>> ids = keras.Input((5,), dtype="int32")
+    >>> x = keras.layers.Embedding(10, 8)(ids)
+    >>> x = x + keras.layers.MultiHeadAttention(2, 4)(x, x)
+    >>> logits = keras.layers.Dense(3)(x[:, 0])
+    >>> model = keras.Model(ids, logits)
+    >>> tokens = np.array([[1, 4, 2, 7, 5], [3, 3, 5, 9, 8]])
+    >>> tuple(input_gradients(model, tokens).shape)
+    (2, 5)
+    >>> tuple(input_gradients(model, tokens, target=[0, 2], reduce="x_input").shape)
+    (2, 5)
+    """
+    given: object = model
+    if not isinstance(given, keras.Layer):
+        msg = f"input_gradients() expects a Keras model or layer; got {type(given).__name__}."
+        raise TypeError(msg)
+    _check_reduce_output(reduce, output)
+    _check_target_type(target)
+    layer = _embedding_layer(model, embeddings)
+    with _output_perturbed(layer) as state:
+        logits = _logits(model(inputs))
+        found = list(state.outputs)
+        if len(found) != 1:
+            msg = (
+                f"The embedding layer {layer.name!r} ran {len(found)} times in model(inputs); "
+                "input_gradients() needs it to run exactly once: pass `embeddings=` the "
+                "layer that embeds the input tokens."
+            )
+            raise RuntimeError(msg)
+        embedded = keras.ops.stop_gradient(found[0])
+        if not _is_concrete(embedded):
+            msg = (
+                "input_gradients() saw symbolic tensors: the model ran in a traced function. "
+                "Call it with eager inputs (not inside tf.function, jax.jit or predict())."
+            )
+            raise RuntimeError(msg)
+        batch, classes = (int(d) for d in logits.shape)
+        if len(embedded.shape) != 3 or int(embedded.shape[0]) != batch:
+            msg = (
+                f"The output of the embedding layer {layer.name!r} has shape "
+                f"{tuple(embedded.shape)}; input_gradients() needs (batch, n, d) with batch = "
+                f"{batch} as in the outputs: pass `embeddings=` the token embedding layer."
+            )
+            raise ValueError(msg)
+        values = _to_numpy(logits)
+        if output == "probability":
+            _warn_if_probabilities(values)
+        indices = keras.ops.convert_to_tensor(
+            _target_classes(target, batch, classes, values), dtype="int32"
+        )
+
+        def objective(deltas: list[Any]) -> Any:
+            state.delta = deltas[0]
+            state.outputs = []
+            try:
+                value = _target_score(_logits(model(inputs)), indices, output)
+            finally:
+                state.delta = None
+            if len(state.outputs) != 1:
+                msg = (
+                    f"The embedding layer {layer.name!r} ran {len(state.outputs)} times while "
+                    "differentiating and once before: the model must run the same way."
+                )
+                raise RuntimeError(msg)
+            return value
+
+        (grad,) = _differentiate(objective, [keras.ops.zeros_like(embedded)])
+    return _reduce_hidden(grad, embedded, reduce)
+
+
+class _OutputState:
+    """What the wrapped embedding layer shares with input_gradients() during a call."""
+
+    def __init__(self) -> None:
+        self.delta: Any | None = None
+        self.outputs: list[Any] = []
+
+
+@contextmanager
+def _output_perturbed(layer: keras.Layer) -> Iterator[_OutputState]:
+    """Record the outputs of `layer` and add ``state.delta`` to them (this instance only)."""
+    # Keras runs `quantized_call` instead of `call` for a quantized layer.
+    name = "quantized_call" if getattr(layer, "quantization_mode", None) is not None else "call"
+    if name in vars(layer):
+        msg = (
+            f"The layer {layer.name!r} already has its own `{name}` attribute (is it being "
+            "explained already?): input_gradients() cannot wrap it."
+        )
+        raise RuntimeError(msg)
+    original: Callable[..., Any] = getattr(layer, name)
+    state = _OutputState()
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        state.outputs.append(result)
+        if state.delta is not None and len(state.outputs) == 1:
+            return result + state.delta
+        return result
+
+    wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+    # An instance attribute shadows the class method; Keras looks `call` up on the
+    # instance when the layer is called (the signature was read at construction).
+    setattr(layer, name, wrapped)
+    try:
+        yield state
+    finally:
+        delattr(layer, name)
+
+
+def _check_reduce_output(reduce: object, output: object) -> None:
+    if reduce not in ("l2", "sum_abs", "x_input"):
+        msg = (
+            '`reduce` must be "l2" (norm of the gradient), "sum_abs" (|sum of the gradient|, '
+            f'the paper\'s code) or "x_input" (|gradient . embedding|); got {reduce!r}.'
+        )
+        raise ValueError(msg)
+    if output not in ("probability", "logit"):
+        msg = (
+            '`output` must be "probability" (softmax of the outputs at the target class) or '
+            f'"logit" (the output at the target class as it is); got {output!r}.'
+        )
+        raise ValueError(msg)
+
+
+def _is_class_index(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_target_type(target: object) -> None:
+    """Check the kind of `target` before any work (its values are checked once C is known)."""
+    if target is None or _is_class_index(target):
+        return
+    if isinstance(target, np.ndarray) or keras.ops.is_tensor(target):
+        tensor: Any = target
+        dtype = keras.backend.standardize_dtype(tensor.dtype)
+        if "int" in dtype and len(tensor.shape) <= 1:
+            return
+        found = f"a {dtype} tensor of shape {tuple(tensor.shape)}"
+    elif isinstance(target, Sequence) and not isinstance(target, str | bytes):
+        if all(_is_class_index(value) for value in target):
+            return
+        found = f"a sequence holding {sorted({type(v).__name__ for v in target})}"
+    else:
+        found = repr(target)
+    msg = (
+        "`target` must be None (each sample's predicted class), an int (one class for every "
+        "sample), or a sequence of ints / a 1-d integer tensor with one class per sample; "
+        f"got {found}."
+    )
+    raise TypeError(msg)
+
+
+def _target_classes(target: Any, batch: int, classes: int, logits: np.ndarray) -> np.ndarray:
+    """Resolve `target` to ``(batch,)`` classes, validated against the outputs' shape."""
+    if target is None:
+        predicted: np.ndarray = np.argmax(logits, axis=-1).astype("int32")
+        return predicted
+    if _is_class_index(target):
+        values = [int(target)] * batch
+    elif isinstance(target, Sequence):
+        values = [int(v) for v in target]
+    else:
+        array = _to_numpy(target)
+        values = [int(v) for v in (np.full(batch, array) if array.ndim == 0 else array)]
+    if len(values) != batch:
+        msg = (
+            f"`target` has {len(values)} classes for a batch of {batch} samples; give one "
+            "class per sample, or an int for the same class in all of them."
+        )
+        raise ValueError(msg)
+    wrong = [v for v in values if not 0 <= v < classes]
+    if wrong:
+        msg = (
+            f"`target` classes must lie in [0, {classes}) for outputs of shape "
+            f"({batch}, {classes}); got {wrong[:5]}."
+        )
+        raise ValueError(msg)
+    return np.asarray(values, dtype="int32")
+
+
+def _embedding_layer(model: keras.Layer, embeddings: object) -> keras.Layer:
+    """Find the layer whose output input_gradients() differentiates (part of `model`)."""
+    layers = list(model._flatten_layers(include_self=True, recursive=True))
+    if embeddings is not None:
+        if not isinstance(embeddings, keras.Layer):
+            msg = (
+                "`embeddings` must be the Keras layer of the model that returns the token "
+                f"embeddings (e.g. a keras.layers.Embedding); got {type(embeddings).__name__}."
+            )
+            raise TypeError(msg)
+        if not any(layer is embeddings for layer in layers):
+            msg = (
+                f"`embeddings` (layer {embeddings.name!r}) is not a layer of "
+                f"{type(model).__name__}, so it never runs in model(inputs): pass one of its "
+                "layers, e.g. model.get_layer(name)."
+            )
+            raise ValueError(msg)
+        return embeddings
+    found: list[keras.Layer] = []
+    for layer in layers:
+        if isinstance(layer, keras.layers.Embedding) and all(layer is not f for f in found):
+            found.append(layer)
+    if len(found) == 1:
+        return found[0]
+    names = ", ".join(repr(layer.name) for layer in found)
+    msg = (
+        f"{type(model).__name__} has {'no' if not found else 'several'} "
+        f"keras.layers.Embedding layers{': ' + names if found else ''}, so the token "
+        "embeddings are not known: pass `embeddings=` the layer to differentiate (e.g. "
+        "embeddings=model.get_layer(name))."
+    )
+    raise ValueError(msg)
+
+
+def _logits(outputs: Any) -> Any:
+    """Check that a model call gave ``(batch, classes)`` floating outputs."""
+    if keras.ops.is_tensor(outputs) and len(outputs.shape) == 2:
+        dtype = keras.backend.standardize_dtype(outputs.dtype)
+        if "float" in dtype:
+            return outputs
+    if keras.ops.is_tensor(outputs):
+        found = f"a tensor of shape {tuple(outputs.shape)} ({outputs.dtype})"
+    else:
+        found = f"a {type(outputs).__name__}"
+    msg = (
+        "input_gradients() needs a classifier: a model returning floating outputs of shape "
+        f"(batch, classes); got {found}. Build a model that returns them, e.g. a Dense head "
+        "on the first token's state."
+    )
+    raise TypeError(msg)
+
+
+def _warn_if_probabilities(values: np.ndarray) -> None:
+    if (
+        values.shape[-1] >= 2
+        and np.all((values >= 0) & (values <= 1))
+        and np.allclose(values.sum(axis=-1), 1.0, rtol=0, atol=1e-5)
+    ):
+        warnings.warn(
+            "The model's outputs look like probabilities (every row in [0, 1], summing to "
+            "1); input_gradients() takes them as logits and applies a softmax for output="
+            '"probability". If the model ends with a softmax, pass output="logit" to '
+            "differentiate its probabilities as they are.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _target_score(logits: Any, classes: Any, output: Score) -> Any:
+    """Sum over the batch of each sample's target probability (or logit)."""
+    scores = keras.ops.softmax(logits, axis=-1) if output == "probability" else logits
+    picked = keras.ops.take_along_axis(scores, keras.ops.expand_dims(classes, -1), axis=-1)
+    return keras.ops.sum(picked)
+
+
+def _reduce_hidden(grad: Any, embedded: Any, reduce: Reduction) -> Any:
+    """Reduce ``(batch, n, d)`` gradients over the hidden axis to ``(batch, n)``."""
+    if reduce == "l2":
+        return keras.ops.sqrt(keras.ops.sum(keras.ops.square(grad), axis=-1))
+    if reduce == "sum_abs":
+        return keras.ops.abs(keras.ops.sum(grad, axis=-1))
+    return keras.ops.abs(keras.ops.sum(grad * embedded, axis=-1))
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    """Copy a backend tensor to a host NumPy array (a torch tensor is detached first)."""
+    if hasattr(x, "detach"):
+        return np.asarray(x.detach().cpu().numpy())
+    return np.asarray(keras.ops.convert_to_numpy(x))

@@ -51,6 +51,10 @@ For HF BART in transformers 5.23 the attention module is ``BartAttention`` for a
 arguments and the names decide.
 
 Everything is restored when the block ends, also when the forward raises.
+
+:func:`input_gradients` gives the token importances that attention rollout and flow are
+compared with in the paper: the gradient of a classifier's target score with respect to
+the output of its embedding module, through a forward hook removed after the call.
 """
 
 from __future__ import annotations

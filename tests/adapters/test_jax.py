@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx.nn import attention as nnx_attention
 
 import attnflow
 from attnflow.adapters import jax as adapter
@@ -248,3 +249,333 @@ def test_explain_in_one_call_equals_capture_then_rollout() -> None:
 
     variables = Encoder().init(jax.random.key(1), x)
     assert explain_linen(Encoder(), variables, x, options={"residual": 0.0}).shape == (2, 5)
+
+
+# -- input gradients -----------------------------------------------------------------------------
+VOCAB, CLASSES = 20, 3
+IDS = jnp.array([[1, 5, 7, 2, 9], [3, 8, 8, 0, 0]])
+REDUCTIONS = ("l2", "sum_abs", "x_input")
+x64 = jax.enable_x64  # float64 for finite differences (this module runs in float32 otherwise)
+
+
+class LinenClassifier(nn.Module):
+    """Token ids -> nn.Embed -> two attention layers -> first token -> Dense logits.
+
+    ``classify`` is everything after the embedding, for finite differences.
+    """
+
+    def setup(self):
+        self.embed = nn.Embed(VOCAB, D)
+        self.position = self.param("position", nn.initializers.normal(0.5), (N, D))
+        self.attention = [nn.MultiHeadDotProductAttention(num_heads=H) for _ in range(2)]
+        self.mix = [nn.Dense(D) for _ in range(2)]
+        self.head = nn.Dense(CLASSES)
+
+    def __call__(self, ids, mask=None):
+        return self.classify(self.embed(ids), mask)
+
+    def classify(self, embedded, mask=None):
+        x = embedded + self.position[: embedded.shape[1]]
+        for attention, mix in zip(self.attention, self.mix, strict=True):
+            x = x + jnp.tanh(mix(attention(x, mask=mask)))
+        return self.head(x[:, 0])
+
+
+def explicit_attention(query, key, value, bias=None, mask=None, **kwargs):
+    """softmax(QK^T/sqrt(d)) V in the inputs' dtype.
+
+    NNX's default goes through jax.nn.dot_product_attention, whose softmax runs in float32
+    even for float64 inputs: too coarse for finite differences with eps = 1e-6.
+    """
+    weights = nnx_attention.dot_product_attention_weights(query, key, bias, mask)
+    return jnp.einsum("...hqk,...khd->...qhd", weights, value)
+
+
+class NNXClassifier(nnx.Module):
+    """As LinenClassifier, in NNX."""
+
+    def __init__(self, rngs, dtype=jnp.float64):
+        self.embed = nnx.Embed(VOCAB, D, param_dtype=dtype, rngs=rngs)
+        self.position = nnx.Param(0.5 * jax.random.normal(rngs.params(), (N, D), dtype))
+        self.attention = nnx.List(
+            [
+                nnx.MultiHeadAttention(
+                    num_heads=H,
+                    in_features=D,
+                    decode=False,
+                    param_dtype=dtype,
+                    attention_fn=explicit_attention,
+                    rngs=rngs,
+                )
+                for _ in range(2)
+            ]
+        )
+        self.mix = nnx.List([nnx.Linear(D, D, param_dtype=dtype, rngs=rngs) for _ in range(2)])
+        self.head = nnx.Linear(D, CLASSES, param_dtype=dtype, rngs=rngs)
+
+    def __call__(self, ids, mask=None):
+        return self.classify(self.embed(ids), mask)
+
+    def classify(self, embedded, mask=None):
+        x = embedded + self.position[...][: embedded.shape[1]]
+        for attention, mix in zip(self.attention, self.mix, strict=True):
+            x = x + jnp.tanh(mix(attention(x, mask=mask)))
+        return self.head(x[:, 0])
+
+
+@pytest.fixture(scope="module")
+def linen_classifier():
+    with x64(True):
+        mask = nn.make_attention_mask(VALID, VALID)
+        model = LinenClassifier()
+        variables = model.init(jax.random.key(0), IDS, mask)
+        variables = jax.tree.map(lambda p: p.astype(jnp.float64), variables)
+    return model, variables, mask
+
+
+@pytest.fixture(scope="module")
+def nnx_classifier():
+    with x64(True):
+        return NNXClassifier(nnx.Rngs(3)), nn.make_attention_mask(VALID, VALID)
+
+
+@pytest.fixture
+def in_x64():
+    """Run the test with 64-bit types on (the classifiers above are float64)."""
+    with x64(True):
+        yield
+
+
+def class_scores(logits, classes, output):
+    scores = jax.nn.softmax(logits, axis=-1) if output == "probability" else logits
+    return scores[jnp.arange(logits.shape[0]), classes]
+
+
+def finite_difference_gradients(classify, embedded, classes, output, eps=1e-6):
+    """Central differences of each sample's score w.r.t. each coordinate of `embedded`.
+
+    The same coordinate moves in every sample at once: samples do not interact.
+    """
+    scores = jax.jit(lambda e: class_scores(classify(e), classes, output))
+    grads = np.zeros(embedded.shape)
+    for i in range(embedded.shape[1]):
+        for k in range(embedded.shape[2]):
+            step = jnp.zeros_like(embedded).at[:, i, k].set(eps)
+            high, low = scores(embedded + step), scores(embedded - step)
+            grads[:, i, k] = (np.asarray(high) - np.asarray(low)) / (2 * eps)
+    return grads
+
+
+def reduce_reference(grads, embedded, reduce):
+    if reduce == "l2":
+        return np.linalg.norm(grads, axis=-1)
+    if reduce == "sum_abs":
+        return np.abs(grads.sum(-1))
+    return np.abs((grads * np.asarray(embedded)).sum(-1))
+
+
+TARGETS = {
+    "predicted": None,
+    "int": 2,
+    "list": [1, 0],
+    "array": np.array([0, 2]),
+}
+
+
+def resolve(target, logits):
+    if target is None:
+        return jnp.argmax(logits, axis=-1)
+    return jnp.broadcast_to(jnp.asarray(target), (logits.shape[0],))
+
+
+@pytest.mark.parametrize("output", ["probability", "logit"])
+@pytest.mark.parametrize("target_kind", list(TARGETS))
+def test_input_gradients_linen_match_finite_differences(linen_classifier, output, target_kind):
+    model, variables, mask = linen_classifier
+    target = TARGETS[target_kind]
+    with x64(True):
+        logits = model.apply(variables, IDS, mask)
+        embedded = model.apply(variables, IDS, method=lambda m, ids: m.embed(ids))
+        assert embedded.dtype == jnp.float64
+        numeric = finite_difference_gradients(
+            lambda e: model.apply(variables, e, mask, method=LinenClassifier.classify),
+            embedded,
+            resolve(target, logits),
+            output,
+        )
+        assert np.abs(numeric).max() > 1e-3
+        for reduce in REDUCTIONS:
+            got = adapter.input_gradients_linen(
+                model, variables, IDS, mask, target=target, reduce=reduce, output=output
+            )
+            assert got.shape == (B, N)
+            assert got.dtype == jnp.float64
+            expected = reduce_reference(numeric, embedded, reduce)
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-9)
+        jitted = jax.jit(
+            lambda v, ids, m: adapter.input_gradients_linen(
+                model, v, ids, m, target=target, reduce="x_input", output=output
+            )
+        )(variables, IDS, mask)
+        np.testing.assert_allclose(jitted, got, rtol=1e-12)
+    assert not (variables.keys() - {"params"})  # the caller's variables are untouched
+
+
+@pytest.mark.parametrize("output", ["probability", "logit"])
+@pytest.mark.parametrize("target_kind", list(TARGETS))
+def test_input_gradients_nnx_match_finite_differences(nnx_classifier, output, target_kind):
+    model, mask = nnx_classifier
+    target = TARGETS[target_kind]
+    original_call = nnx.Embed.__dict__["__call__"]
+    with x64(True):
+        logits = model(IDS, mask)
+        embedded = model.embed(IDS)
+        assert embedded.dtype == jnp.float64
+        numeric = finite_difference_gradients(
+            lambda e: model.classify(e, mask), embedded, resolve(target, logits), output
+        )
+        assert np.abs(numeric).max() > 1e-3
+        for reduce in REDUCTIONS:
+            got = adapter.input_gradients_nnx(
+                model, IDS, mask, target=target, reduce=reduce, output=output
+            )
+            assert got.shape == (B, N)
+            assert got.dtype == jnp.float64
+            expected = reduce_reference(numeric, embedded, reduce)
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-9)
+        jitted = jax.jit(
+            lambda ids, m: adapter.input_gradients_nnx(
+                model, ids, m, target=target, reduce="x_input", output=output
+            )
+        )(IDS, mask)
+        np.testing.assert_allclose(jitted, got, rtol=1e-12)
+        via_nnx_jit = nnx.jit(
+            lambda model, ids, m: adapter.input_gradients_nnx(
+                model, ids, m, target=target, reduce="x_input", output=output
+            )
+        )(model, IDS, mask)
+        np.testing.assert_allclose(via_nnx_jit, got, rtol=1e-12)
+    assert nnx.Embed.__dict__["__call__"] is original_call  # restored
+
+
+def test_input_gradients_float32_and_keywords(linen_classifier):
+    model, variables, mask = linen_classifier
+    single = jax.tree.map(lambda p: p.astype(jnp.float32), variables)
+    got = adapter.input_gradients_linen(model, single, IDS, mask=mask)
+    assert got.dtype == jnp.float32
+    with x64(True):
+        expected = adapter.input_gradients_linen(model, variables, IDS, mask=mask)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-7)
+    single = adapter.input_gradients_nnx(NNXClassifier(nnx.Rngs(3), jnp.float32), IDS, mask=mask)
+    assert single.dtype == jnp.float32
+    assert single.shape == (B, N)
+    assert np.all(np.isfinite(single))
+
+
+class TwoEmbeddings(nn.Module):
+    """Token and position embeddings, both nn.Embed."""
+
+    @nn.compact
+    def __call__(self, ids):
+        x = nn.Embed(VOCAB, D, name="tokens")(ids) + nn.Embed(N, D, name="positions")(
+            jnp.arange(ids.shape[1])
+        )
+        x = x + nn.MultiHeadDotProductAttention(num_heads=H)(x)
+        return nn.Dense(CLASSES)(x[:, 0])
+
+
+def test_input_gradients_linen_named_site_and_errors(linen_classifier, in_x64):
+    model, variables, mask = linen_classifier
+    two = TwoEmbeddings()
+    two_variables = two.init(jax.random.key(0), IDS)
+    with pytest.raises(ValueError, match=r"several flax\.linen\.Embed.*'positions', 'tokens'"):
+        adapter.input_gradients_linen(two, two_variables, IDS)
+    by_name = adapter.input_gradients_linen(two, two_variables, IDS, embeddings="tokens")
+    assert by_name.shape == (B, N)
+    with pytest.raises(ValueError, match=r"No submodule at 'token'.*'tokens'"):
+        adapter.input_gradients_linen(two, two_variables, IDS, embeddings="token")
+    dense = nn.Dense(CLASSES)
+    x = jnp.ones((B, N))
+    with pytest.raises(ValueError, match=r"no flax\.linen\.Embed"):
+        adapter.input_gradients_linen(dense, dense.init(jax.random.key(0), x), x)
+
+    def call(**kwargs):
+        return adapter.input_gradients_linen(model, variables, IDS, mask, **kwargs)
+
+    for kwargs, error, match in [
+        ({"reduce": "abs"}, ValueError, "`reduce`"),
+        ({"output": "log_probability"}, ValueError, "`output`"),
+        ({"target": 1.5}, TypeError, "`target`"),
+        ({"target": True}, TypeError, "`target`"),
+        ({"target": jnp.array([0.0, 1.0])}, TypeError, "`target`"),
+        ({"target": jnp.array([[0, 1]])}, TypeError, "`target`"),
+        ({"embeddings": ("embed",)}, TypeError, "`embeddings`"),
+        ({"embeddings": "encoder//embed"}, TypeError, "`embeddings`"),
+        ({"mutable": ["intermediates"]}, ValueError, "mutable"),
+        ({"target": 3}, ValueError, r"\[0, 3\)"),
+        ({"target": -1}, ValueError, r"\[0, 3\)"),
+        ({"target": [0, 5]}, ValueError, r"\[5\]"),
+        ({"target": np.array([0, 7])}, ValueError, r"\[7\]"),
+        ({"target": [0]}, ValueError, "1 classes for a batch of 2"),
+        ({"target": jnp.array([0, 1, 2])}, ValueError, "3 classes for a batch of 2"),
+        ({"embeddings": "head"}, ValueError, r"\(batch, n, d\)"),
+    ]:
+        with pytest.raises(error, match=match):
+            call(**kwargs)
+    with pytest.raises(TypeError, match=r"flax\.linen\.Module"):
+        adapter.input_gradients_linen(lambda x: x, variables, IDS)
+    # Not a classifier: the hidden states of every token.
+    with pytest.raises(TypeError, match=r"\(batch, classes\).*\(2, 5, 8\)"):
+        adapter.input_gradients_linen(
+            model, variables, IDS, method=lambda m, ids: m.embed(ids) + 0.0
+        )
+    # Under jit a traced target cannot be checked: its out-of-range samples give NaN rows.
+    result = jax.jit(
+        lambda t: adapter.input_gradients_linen(
+            model, jax.tree.map(lambda p: p.astype(jnp.float32), variables), IDS, mask, target=t
+        )
+    )(jnp.array([1, 9]))
+    assert np.all(np.isfinite(result[0]))
+    assert np.all(np.isnan(result[1]))
+
+
+def test_input_gradients_nnx_errors(nnx_classifier):
+    model, mask = nnx_classifier
+    original_call = nnx.Embed.__dict__["__call__"]
+
+    class Twice(nnx.Module):
+        def __init__(self, inner):
+            self.inner = inner
+            self.position = nnx.Embed(N, D, rngs=nnx.Rngs(0))
+
+        def __call__(self, ids, mask=None):
+            embedded = self.inner.embed(ids) + self.inner.embed(ids)
+            return self.inner.classify(embedded, mask)
+
+    twice = Twice(model)
+    with pytest.raises(ValueError, match=r"several flax\.nnx\.Embed.*'inner/embed', 'position'"):
+        adapter.input_gradients_nnx(twice, IDS)
+    with x64(True), pytest.raises(RuntimeError, match="ran 2 times"):
+        adapter.input_gradients_nnx(twice, IDS, embeddings=model.embed)
+    assert nnx.Embed.__dict__["__call__"] is original_call  # restored after raising
+    with pytest.raises(ValueError, match="not a submodule"):
+        adapter.input_gradients_nnx(model, IDS, embeddings=nnx.Embed(3, 2, rngs=nnx.Rngs(0)))
+    with pytest.raises(TypeError, match="`embeddings`"):
+        adapter.input_gradients_nnx(model, IDS, embeddings="embed")
+    with pytest.raises(ValueError, match=r"no flax\.nnx\.Embed"):
+        adapter.input_gradients_nnx(nnx.Linear(3, 3, rngs=nnx.Rngs(0)), jnp.ones((1, 3)))
+    with pytest.raises(TypeError, match=r"flax\.nnx\.Module"):
+        adapter.input_gradients_nnx(lambda x: x, IDS)
+    with x64(True):
+        for kwargs, error, match in [
+            ({"reduce": "abs"}, ValueError, "`reduce`"),
+            ({"output": "log_probability"}, ValueError, "`output`"),
+            ({"target": [0.5, 1]}, TypeError, "`target`"),
+            ({"target": 3}, ValueError, r"\[0, 3\)"),
+            ({"target": [0, 1, 2]}, ValueError, "3 classes for a batch of 2"),
+        ]:
+            with pytest.raises(error, match=match):
+                adapter.input_gradients_nnx(model, IDS, mask, **kwargs)
+        with pytest.raises(TypeError, match=r"\(batch, classes\).*\(2, 5, 8\)"):
+            adapter.input_gradients_nnx(model.embed, IDS)
+    assert nnx.Embed.__dict__["__call__"] is original_call

@@ -6,6 +6,8 @@ by calling the same layer instances (same weights) with scores requested.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 
@@ -332,3 +334,220 @@ def test_bad_arguments(sequential):
         sequential(np.zeros((1, N, D), "float32"))
     with pytest.raises(RuntimeError, match="one `with` block"), cap:
         pass
+
+
+# -- input gradients -------------------------------------------------------------------------
+VOCAB, CLASSES = 20, 3
+TOKENS = np.array([[1, 5, 7, 2, 9, 4], [3, 8, 8, 6, 11, 2]], dtype="int32")
+REDUCTIONS = ("l2", "sum_abs", "x_input")
+
+
+@contextmanager
+def float64():
+    """Build and run in float64 (for finite differences), with 64-bit types on in JAX."""
+    previous = keras.config.floatx(), keras.config.dtype_policy()
+    # The global dtype policy, once read, no longer follows floatx: set both.
+    keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
+    try:
+        if BACKEND == "jax":
+            import jax
+
+            with jax.enable_x64(True):
+                yield
+        else:
+            yield
+    finally:
+        keras.config.set_dtype_policy(previous[1])
+        keras.config.set_floatx(previous[0])
+
+
+def make_classifier(seed=0):
+    """Token ids -> Embedding -> two attention layers -> first token -> linear logits.
+
+    ``body`` is everything after the embedding, for finite differences. Its layers keep
+    float64 exact on every backend (Keras 3.15 computes ``Dense``'s matmul in float32 on
+    torch, and ``tanh`` / ``sin`` lose float64 precision on JAX: too coarse for finite
+    differences with eps = 1e-6), hence EinsumDense, sigmoid and requested scores.
+    """
+    keras.utils.set_random_seed(seed)
+    tokens = keras.Input((N,), dtype="int32", name="tokens")
+    embed = keras.layers.Embedding(VOCAB, D, name="embed")
+    hidden = keras.Input((N, D), name="hidden")
+    x = hidden
+    for i in range(2):
+        # Scores requested: Keras' explicit softmax path. The fused kernel it takes otherwise
+        # (jax.nn.dot_product_attention, torch SDPA) loses float64 precision as well.
+        attended, _ = keras.layers.MultiHeadAttention(HEADS, 4, name=f"attention{i}")(
+            x, x, return_attention_scores=True
+        )
+        mix = keras.layers.EinsumDense(
+            "bnd,de->bne", (N, D), bias_axes="e", activation="sigmoid", name=f"mix{i}"
+        )
+        x = x + mix(attended)
+    head = keras.layers.EinsumDense("bd,dc->bc", (CLASSES,), bias_axes="c", name="head")
+    body = keras.Model(hidden, head(x[:, 0]), name="body")
+    model = keras.Model(tokens, body(embed(tokens)), name="classifier")
+    return model, body, embed
+
+
+@pytest.fixture(scope="module")
+def classifier():
+    """A float64 classifier and central finite differences of all its scores.
+
+    Each embedding coordinate is moved in every sample at once (samples do not
+    interact); one pass gives the derivative of every class's logit and probability.
+    """
+    with float64():
+        model, body, embed = make_classifier()
+        embedded = to_numpy(embed(TOKENS))
+        assert embedded.dtype == np.float64
+        eps = 1e-6
+        jacobians = {
+            "logit": np.zeros((2, CLASSES, N, D)),
+            "probability": np.zeros((2, CLASSES, N, D)),
+        }
+        for i in range(N):
+            for k in range(D):
+                step = np.zeros_like(embedded)
+                step[:, i, k] = eps
+                high = to_numpy(body(embedded + step))
+                low = to_numpy(body(embedded - step))
+                jacobians["logit"][:, :, i, k] = (high - low) / (2 * eps)
+                high = to_numpy(keras.ops.softmax(high))
+                low = to_numpy(keras.ops.softmax(low))
+                jacobians["probability"][:, :, i, k] = (high - low) / (2 * eps)
+        logits = to_numpy(model(TOKENS))
+    return model, embed, embedded, logits, jacobians
+
+
+@pytest.fixture
+def in_float64():
+    with float64():
+        yield
+
+
+def reduce_reference(grads, embedded, reduce):
+    if reduce == "l2":
+        return np.linalg.norm(grads, axis=-1)
+    if reduce == "sum_abs":
+        return np.abs(grads.sum(-1))
+    return np.abs((grads * embedded).sum(-1))
+
+
+TARGETS = {
+    "predicted": lambda: None,
+    "int": lambda: 2,
+    "list": lambda: [1, 0],
+    "numpy": lambda: np.array([0, 2]),
+    "tensor": lambda: keras.ops.convert_to_tensor([2, 1], dtype="int32"),
+}
+
+
+@pytest.mark.parametrize("output", ["probability", "logit"])
+@pytest.mark.parametrize("target_kind", list(TARGETS))
+def test_input_gradients_match_finite_differences(classifier, in_float64, output, target_kind):
+    model, embed, embedded, logits, jacobians = classifier
+    target = TARGETS[target_kind]()
+    if target is None:
+        classes = logits.argmax(-1)
+    else:
+        classes = np.broadcast_to(
+            np.asarray(to_numpy(target) if keras.ops.is_tensor(target) else target), (2,)
+        )
+    numeric = jacobians[output][np.arange(2), classes]  # (batch, n, d)
+    assert np.abs(numeric).max() > 1e-3
+    for reduce in REDUCTIONS:
+        got = adapter.input_gradients(model, TOKENS, target=target, reduce=reduce, output=output)
+        assert keras.ops.is_tensor(got)
+        assert type(got).__module__.split(".")[0] == type(model(TOKENS)).__module__.split(".")[0]
+        assert keras.backend.standardize_dtype(got.dtype) == "float64"
+        assert tuple(got.shape) == (2, N)
+        expected = reduce_reference(numeric, embedded, reduce)
+        np.testing.assert_allclose(to_numpy(got), expected, rtol=1e-6, atol=1e-9)
+    assert "call" not in vars(embed)
+    np.testing.assert_array_equal(to_numpy(model(TOKENS)), logits)  # the model is unchanged
+
+
+def test_input_gradients_of_a_softmax_model(classifier, in_float64):
+    """A model ending with a softmax: output="logit" differentiates its probabilities."""
+    model, embed, *_ = classifier
+    probabilities = keras.Model(model.inputs[0], keras.layers.Softmax()(model.outputs[0]))
+    expected = to_numpy(adapter.input_gradients(model, TOKENS, output="probability"))
+    got = to_numpy(adapter.input_gradients(probabilities, TOKENS, output="logit"))
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-14)
+    with pytest.warns(UserWarning, match='look like probabilities.*output="logit"'):
+        adapter.input_gradients(probabilities, TOKENS)
+    assert "call" not in vars(embed)
+
+
+def test_input_gradients_float32():
+    model, _, embed = make_classifier(seed=3)
+    got = adapter.input_gradients(model, TOKENS, reduce="x_input")
+    assert keras.backend.standardize_dtype(got.dtype) == "float32"
+    assert tuple(got.shape) == (2, N)
+    assert np.all(np.isfinite(to_numpy(got)))
+    assert "call" not in vars(embed)
+
+
+def test_input_gradients_errors(classifier, in_float64):
+    model, embed, *_ = classifier
+    for kwargs, error, match in [
+        ({"reduce": "abs"}, ValueError, "`reduce`"),
+        ({"output": "log_probability"}, ValueError, "`output`"),
+        ({"target": 1.5}, TypeError, "`target`"),
+        ({"target": True}, TypeError, "`target`"),
+        ({"target": np.array([0.0, 1.0])}, TypeError, "`target`"),
+        ({"target": np.array([[0, 1]])}, TypeError, "`target`"),
+        ({"embeddings": "embed"}, TypeError, "`embeddings`"),
+        ({"embeddings": keras.layers.Embedding(VOCAB, D)}, ValueError, "not a layer of"),
+        ({"target": 3}, ValueError, r"\[0, 3\).*\[3, 3\]"),
+        ({"target": -1}, ValueError, r"\[0, 3\)"),
+        ({"target": [0, 5]}, ValueError, r"\[5\]"),
+        ({"target": [0]}, ValueError, "1 classes for a batch of 2"),
+        ({"target": np.array([0, 1, 2])}, ValueError, "3 classes for a batch of 2"),
+        ({"embeddings": model.get_layer("body").get_layer("head")}, ValueError, "batch, n, d"),
+    ]:
+        with pytest.raises(error, match=match):
+            adapter.input_gradients(model, TOKENS, **kwargs)
+        assert "call" not in vars(embed)
+    with pytest.raises(TypeError, match="Keras model"):
+        adapter.input_gradients(object(), TOKENS)
+    # Not a classifier: the states of every token.
+    states = keras.Model(model.inputs[0], embed(model.inputs[0]))
+    with pytest.raises(TypeError, match=r"\(batch, classes\).*\(2, 6, 8\)"):
+        adapter.input_gradients(states, TOKENS)
+    no_embedding = keras.Sequential([keras.Input((N, D)), keras.layers.Dense(3)])
+    with pytest.raises(ValueError, match=r"no keras\.layers\.Embedding"):
+        adapter.input_gradients(no_embedding, np.zeros((2, N, D)))
+    tokens = keras.Input((N,), dtype="int32")
+    two = keras.layers.Embedding(VOCAB, D, name="words")(tokens) + keras.layers.Embedding(
+        VOCAB, D, name="tags"
+    )(tokens)
+    two = keras.Model(tokens, keras.layers.Dense(CLASSES)(two[:, 0]))
+    with pytest.raises(ValueError, match=r"several keras\.layers\.Embedding.*'words', 'tags'"):
+        adapter.input_gradients(two, TOKENS)
+    assert tuple(adapter.input_gradients(two, TOKENS, embeddings=two.get_layer("tags")).shape) == (
+        2,
+        N,
+    )
+
+    # A layer that does not run.
+    class WithSpare(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.classifier = model
+            self.spare = keras.layers.Embedding(VOCAB, D)
+            self.spare.build((None, N))
+
+        def call(self, tokens):
+            return self.classifier(tokens)
+
+    with_spare = WithSpare()
+    with pytest.raises(RuntimeError, match="ran 0 times"):
+        adapter.input_gradients(with_spare, TOKENS, embeddings=with_spare.spare)
+    # Embedded twice (a shared layer): which call to differentiate is ambiguous.
+    twice = keras.Model(tokens, model.get_layer("body")(embed(tokens) + embed(tokens)))
+    with pytest.raises(RuntimeError, match="ran 2 times"):
+        adapter.input_gradients(twice, TOKENS, embeddings=embed)
+    assert "call" not in vars(embed)
