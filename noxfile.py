@@ -63,10 +63,21 @@ def tests(session: nox.Session, backend: str) -> None:
             silent=True,
             env=env,
         )
-        adapters = Path(str(installed).strip()) / "adapters"
-        # The adapters need their frameworks: their examples run in the adapters sessions.
+        package = Path(str(installed).strip())
+        # The adapters and the torch experiments need their frameworks: their examples run
+        # in the adapters sessions.
+        needs_torch = [
+            package / "adapters",
+            package / "experiments" / "agreement_torch.py",
+            package / "experiments" / "reproduction.py",
+        ]
         session.run(
-            "pytest", "--doctest-modules", "--pyargs", "attnflow", f"--ignore={adapters}", env=env
+            "pytest",
+            "--doctest-modules",
+            "--pyargs",
+            "attnflow",
+            *(f"--ignore={path}" for path in needs_torch),
+            env=env,
         )
 
 
@@ -79,7 +90,15 @@ def adapters_torch(session: nox.Session) -> None:
     session.install(".")
     env = {**ENV, "HF_HUB_OFFLINE": "1", "ATTNFLOW_TEST_BACKENDS": "torch"}
     session.run("pytest", "tests/adapters/test_torch.py", *session.posargs, env=env)
-    session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.torch", env=env)
+    session.run(
+        "pytest",
+        "--doctest-modules",
+        "--pyargs",
+        "attnflow.adapters.torch",
+        "attnflow.experiments.agreement_torch",
+        "attnflow.experiments.reproduction",
+        env=env,
+    )
 
 
 @nox.session(name="adapters-jax")

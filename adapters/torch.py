@@ -1187,7 +1187,10 @@ def _as_tensor(values: Any, device: torch.device) -> torch.Tensor:
         return values.to(device)
     import numpy as np
 
-    return torch.as_tensor(np.asarray(values), device=device)
+    array = np.asarray(values)
+    if not array.flags.writeable:  # torch warns on read-only memory (e.g. frozen datasets)
+        array = array.copy()
+    return torch.as_tensor(array, device=device)
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-__all__ = ["ArrayFileError", "read_array", "write_atomically", "write_npz"]
+__all__ = ["ArrayFileError", "read_array", "read_arrays", "write_atomically", "write_npz"]
 
 _SAFETENSORS_DTYPES: dict[str, np.dtype[np.generic]] = {
     "F64": np.dtype("<f8"),
@@ -92,6 +92,56 @@ def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
+def read_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Read every array of a ``.npz`` or ``.safetensors`` file (``.npy``: one, "array").
+
+    Parameters
+    ----------
+    path : path
+        The file.
+
+    Returns
+    -------
+    dict of str to ndarray
+
+    Raises
+    ------
+    ArrayFileError
+        On a missing, unreadable or pickled file.
+    """
+    file = Path(path)
+    if not file.is_file():
+        msg = f"{file} does not exist or is not a file"
+        raise ArrayFileError(msg)
+    suffix = file.suffix.lower()
+    try:
+        if suffix == ".safetensors":
+            return _read_safetensors(file)
+        if suffix in {".npy", ".npz"}:
+            loaded = np.load(file, allow_pickle=False)
+            if isinstance(loaded, np.ndarray):
+                return {"array": loaded}
+            with loaded:
+                return {name: np.asarray(loaded[name]) for name in loaded.files}
+    except ValueError as error:
+        if isinstance(error, ArrayFileError):
+            raise
+        text = str(error)
+        if "pickle" in text.lower():
+            msg = (
+                f"{file} is not a plain NumPy array file: it holds pickled data or is no "
+                "NumPy file at all; attnflow never unpickles (it can run code)"
+            )
+            raise ArrayFileError(msg) from None
+        msg = f"{file} is not a readable {suffix} file ({text})"
+        raise ArrayFileError(msg) from None
+    except (OSError, EOFError) as error:
+        msg = f"{file} is not a readable {suffix} file ({error})"
+        raise ArrayFileError(msg) from None
+    msg = f"{file}: unknown format {suffix!r}; use .npy, .npz or .safetensors"
+    raise ArrayFileError(msg)
+
+
 def read_array(path: str | os.PathLike[str], *, key: str | None, default: str) -> np.ndarray:
     """Read one array from a ``.npy``, ``.npz`` or ``.safetensors`` file, never unpickling.
 
@@ -115,41 +165,13 @@ def read_array(path: str | os.PathLike[str], *, key: str | None, default: str) -
         On a missing, unreadable, pickled or ambiguous file.
     """
     file = Path(path)
-    if not file.is_file():
-        msg = f"{file} does not exist or is not a file"
-        raise ArrayFileError(msg)
-    suffix = file.suffix.lower()
-    try:
-        if suffix == ".safetensors":
-            arrays = _read_safetensors(file)
-            return arrays[_pick(arrays, key, file, default)]
-        if suffix in {".npy", ".npz"}:
-            loaded = np.load(file, allow_pickle=False)
-            if isinstance(loaded, np.ndarray):
-                if key is not None:
-                    msg = f"{file} holds one array: --key applies to .npz and .safetensors"
-                    raise ArrayFileError(msg)
-                return loaded
-            with loaded:
-                name = _pick(loaded, key, file, default)
-                return np.asarray(loaded[name])
-    except ValueError as error:
-        if isinstance(error, ArrayFileError):
-            raise
-        text = str(error)
-        if "pickle" in text.lower():
-            msg = (
-                f"{file} is not a plain NumPy array file: it holds pickled data or is no "
-                "NumPy file at all; attnflow never unpickles (it can run code)"
-            )
-            raise ArrayFileError(msg) from None
-        msg = f"{file} is not a readable {suffix} file ({text})"
-        raise ArrayFileError(msg) from None
-    except (OSError, EOFError) as error:
-        msg = f"{file} is not a readable {suffix} file ({error})"
-        raise ArrayFileError(msg) from None
-    msg = f"{file}: unknown format {suffix!r}; use .npy, .npz or .safetensors"
-    raise ArrayFileError(msg)
+    arrays = read_arrays(file)
+    if file.suffix.lower() == ".npy":
+        if key is not None:
+            msg = f"{file} holds one array: --key applies to .npz and .safetensors"
+            raise ArrayFileError(msg)
+        return arrays["array"]
+    return arrays[_pick(arrays, key, file, default)]
 
 
 def write_atomically(

@@ -584,6 +584,12 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+def _evaluate() -> Any:
+    from . import _cli_evaluate
+
+    return _cli_evaluate
+
+
 def _method_command(method: str, help_line: str, description: str) -> Command:
     return Command(
         name=method,
@@ -736,6 +742,19 @@ COMMANDS: tuple[Command, ...] = (
         "head-fused raw attention of attention weights in a file",
         "The head-fused raw attention, the paper's baseline; writes an .npz and prints the "
         "top input tokens. Options mirror attnflow.raw.",
+    ),
+    Command(
+        name="evaluate",
+        help="faithfulness tables: the paper's Tables 1-2 reproduced, or your saved outputs",
+        description=(
+            "Measure how faithful raw attention, rollout and flow are, layer by layer: rank "
+            "correlation with blank-out and input gradients (Abnar & Zuidema 2020, Tables "
+            "1-2) and ERASER AOPC. 'agreement' reproduces the paper's experiment offline "
+            "(needs torch); a file evaluates saved model outputs. Shows progress; a rerun "
+            "with the same folder resumes."
+        ),
+        configure=lambda parser: _evaluate().configure_evaluate(parser),
+        run=lambda args: _evaluate().run_evaluate(args),
     ),
     Command(
         name="plot",

@@ -831,7 +831,7 @@ def faithfulness_by_layer(
         ``{reference: {method: per-layer means}}``, e.g. the paper's Table 1 as
         ``{"blank_out": {"rollout": [0.32, 0.38, ...]}}``.
     figsize : (float, float), optional
-        Figure size in inches; by default 3.2 inches per panel by 3 inches.
+        Figure size in inches; by default 3.2 inches per panel by 3.4 inches.
     title : str, optional
         A title over the panels.
 
@@ -883,7 +883,7 @@ def faithfulness_by_layer(
     metrics = ["comprehensiveness", "sufficiency"] if aopc and report.fractions else []
     panels = [("correlation", r) for r in chosen] + [("aopc", m) for m in metrics]
     width = 3.2 * len(panels)
-    figure = _new_figure(figsize or (width, 3.0))
+    figure = _new_figure(figsize or (width, 3.4))
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
     layers = np.arange(1, report.n_layers + 1)
     name = report.correlation.capitalize()
@@ -930,7 +930,11 @@ def faithfulness_by_layer(
         ax.set_xlabel("layer")
         ax.set_xticks(layers)
         ax.grid(axis="y", color="0.9", linewidth=0.6)
-    axes[0].legend(frameon=False, fontsize="small")
+    # One legend for all panels, below them, so that it never hides a line.
+    handles, labels = axes[0].get_legend_handles_labels()
+    figure.legend(
+        handles, labels, loc="outside lower center", ncols=min(len(labels), 6), frameon=False
+    )
     if title is not None:
         figure.suptitle(title)
     return figure

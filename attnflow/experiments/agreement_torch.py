@@ -649,7 +649,7 @@ def save_agreement_model(
 
     Examples
     --------
-    >>> import secrets
+    >>> import tempfile
     >>> from attnflow.experiments.agreement_torch import (
     ...     AgreementConfig, AgreementTransformer, load_agreement_model, save_agreement_model)
     >>> model = AgreementTransformer(AgreementConfig(vocab_size=10, n_layers=1, hidden=16))
@@ -726,7 +726,7 @@ def load_agreement_model(
 
     Examples
     --------
-    >>> import secrets
+    >>> import tempfile
     >>> import torch
     >>> from attnflow.experiments.agreement_torch import (
     ...     AgreementConfig, AgreementTransformer, load_agreement_model, save_agreement_model)

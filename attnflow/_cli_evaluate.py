@@ -1,0 +1,311 @@
+"""``attnflow evaluate``: faithfulness tables and figures, resumable, from the command line.
+
+Two sources:
+
+* ``attnflow evaluate agreement -o FOLDER``: the paper's Tables 1 and 2 reproduced offline
+  (a synthetic subject-verb agreement task, the paper's 6-layer model trained on it, then
+  raw attention, rollout and flow against blank-out and input gradients at every layer).
+  Needs PyTorch (``attnflow[torch]``).
+* ``attnflow evaluate FILE -o FOLDER``: model outputs saved earlier (``.npz`` or
+  ``.safetensors``, never unpickled): ``attentions`` ``(N, layers, [heads,] n, n)`` and
+  reference scores ``blank_out`` and/or ``input_gradients`` ``(N, n)``; optionally
+  ``mask``, ``where`` ``(N, n)``, ``predictions`` and ``labels`` ``(N,)``.
+
+Both write per-chunk results into FOLDER (a rerun resumes), then ``report.md``,
+``report.json``, ``report.html`` and one ``faithfulness-<rows>.png`` per explained row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["configure_evaluate", "run_evaluate"]
+
+_SAVED_REFERENCES = ("blank_out", "input_gradients")
+_OWN_NAMES = ("report.md", "report.json", "report.html", "model", "training.json")
+
+
+def configure_evaluate(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``attnflow evaluate``."""
+    parser.add_argument(
+        "source",
+        help='"agreement" (the paper\'s Tables 1-2, reproduced; needs torch) or a file of '
+        "saved model outputs (.npz/.safetensors with attentions and blank_out and/or "
+        "input_gradients)",
+    )
+    parser.add_argument(
+        "-o", "--output", required=True, help="folder for the results; a rerun resumes from it"
+    )
+    parser.add_argument(
+        "--methods", default="raw,rollout,flow", help="comma-separated (default: raw,rollout,flow)"
+    )
+    parser.add_argument(
+        "--rows",
+        default=None,
+        help='the explained output row(s), comma-separated: an int, "max" or "mean" '
+        "(default: \"0,max\" for agreement: the paper's [CLS] row and its code's maximum "
+        'over rows; "0" for a file)',
+    )
+    parser.add_argument(
+        "--correlation",
+        choices=("spearman", "kendall"),
+        default="spearman",
+        help="rank correlation",
+    )
+    parser.add_argument("--jobs", type=int, default=None, help="processes for attention flow")
+    parser.add_argument("--chunk-size", type=int, default=64, help="samples per saved chunk")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    group = parser.add_argument_group("agreement")
+    group.add_argument(
+        "--sentences", type=int, default=2000, help="test sentences evaluated (default: 2000)"
+    )
+    group.add_argument("--seed", type=int, default=0, help="seed of data and training")
+    group.add_argument(
+        "--train-sentences",
+        type=int,
+        default=None,
+        help="training sentences (default: the reproduction's)",
+    )
+    group.add_argument(
+        "--fractions",
+        default="0.01,0.05,0.1,0.2,0.5",
+        help='ERASER bins for comprehensiveness/sufficiency, or "none"',
+    )
+
+
+def _parse_rows(text: str) -> list[int | str]:
+    from ._cli import UsageError
+
+    rows: list[int | str] = []
+    for raw_item in text.split(","):
+        item = raw_item.strip()
+        if item in ("max", "mean"):
+            rows.append(item)
+            continue
+        try:
+            rows.append(int(item))
+        except ValueError:
+            msg = f'--rows takes ints, "max" or "mean", comma-separated; got {item!r}'
+            raise UsageError(msg) from None
+    return rows
+
+
+def _parse_fractions(text: str) -> tuple[float, ...] | None:
+    from ._cli import UsageError
+
+    if text.strip().lower() == "none":
+        return None
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        msg = f'--fractions takes numbers in (0, 1], comma-separated, or "none"; got {text!r}'
+        raise UsageError(msg) from None
+    return values
+
+
+def _check_folder(folder: Path) -> None:
+    """Refuse a folder holding anything but an earlier run of this command."""
+    from ._cli import UsageError
+
+    if folder.exists() and not folder.is_dir():
+        msg = f"{folder} exists and is not a folder"
+        raise UsageError(msg)
+    if not folder.exists():
+        return
+    foreign = sorted(
+        p.name
+        for p in folder.iterdir()
+        if not p.name.startswith((".", "rows-", "faithfulness-")) and p.name not in _OWN_NAMES
+    )
+    if foreign:
+        msg = (
+            f"{folder} holds files that attnflow evaluate did not write ({', '.join(foreign[:3])}); "
+            "choose a new or empty folder"
+        )
+        raise UsageError(msg)
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Replace one of this command's own report files atomically."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    temporary.replace(path)
+
+
+def _row_name(row: int | str) -> str:
+    return f"rows-{row}"
+
+
+def _row_title(row: int | str) -> str:
+    if row == "max":
+        return "maximum over output rows (the paper's code)"
+    if row == "mean":
+        return "mean over output rows"
+    return f"output row {row}" + (" ([CLS], the paper's Tables 1-2)" if row == 0 else "")
+
+
+def write_reports(
+    folder: Path,
+    reports: Mapping[int | str, Any],
+    *,
+    heading: str,
+    preamble: str = "",
+    comparison: Mapping[str, Any] | None = None,
+    appendix: str = "",
+) -> list[Path]:
+    """Write the Markdown, JSON and HTML reports and one figure per explained row."""
+    import importlib.util
+
+    markdown = [f"# {heading}", ""]
+    if preamble:
+        markdown += [preamble, ""]
+    pages = []
+    figures: list[Path] = []
+    for row, report in reports.items():
+        markdown += [f"## {_row_title(row)}", "", report.to_markdown(), ""]
+        pages.append(f"<h2>{html.escape(_row_title(row))}</h2>{report.to_html()}")
+        if importlib.util.find_spec("matplotlib") is not None:
+            figure = report.plot(
+                paper=comparison if row == 0 else None,
+                title=f"{heading}: {_row_title(row)}",
+            )
+            path = folder / f"faithfulness-{row}.png"
+            temporary = path.with_name(f".{path.name}.tmp.png")
+            figure.savefig(temporary, dpi=150)
+            temporary.replace(path)
+            figures.append(path)
+            pages.append(f'<img src="{html.escape(path.name)}" alt="faithfulness by layer">')
+    if appendix:
+        markdown += [appendix, ""]
+    summary = {str(row): report.to_dict() for row, report in reports.items()}
+    _write_text(folder / "report.md", "\n".join(markdown))
+    _write_text(folder / "report.json", json.dumps(summary, indent=2) + "\n")
+    page = (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(heading)}</title><style>"
+        "body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem}"
+        "table{border-collapse:collapse;margin:1rem 0}caption{text-align:left;font-weight:600;"
+        "padding:.3rem 0}td,th{border:1px solid #ccc;padding:.25rem .6rem;text-align:right}"
+        "td:first-child,th:first-child{text-align:left}img{max-width:100%}</style></head>"
+        f"<body><h1>{html.escape(heading)}</h1><p>{html.escape(preamble)}</p>{''.join(pages)}"
+        "</body></html>\n"
+    )
+    _write_text(folder / "report.html", page)
+    return [folder / "report.md", folder / "report.json", folder / "report.html", *figures]
+
+
+def _run_saved(args: argparse.Namespace, folder: Path, rows: list[int | str]) -> dict[Any, Any]:
+    from ._arrayio import read_arrays
+    from ._cli import UsageError
+    from .evaluate import faithfulness_from_outputs
+
+    arrays = read_arrays(args.source)
+    if "attentions" not in arrays:
+        msg = f"{args.source} has no array named 'attentions'; it holds {sorted(arrays)}"
+        raise UsageError(msg)
+    references = {name: arrays[name] for name in _SAVED_REFERENCES if name in arrays}
+    if not references:
+        msg = (
+            f"{args.source} holds no reference scores: add 'blank_out' and/or "
+            f"'input_gradients' arrays (N, n); it holds {sorted(arrays)}"
+        )
+        raise UsageError(msg)
+    mask = arrays.get("mask")
+    reports = {}
+    for row in rows:
+        reports[row] = faithfulness_from_outputs(
+            arrays["attentions"],
+            references,
+            mask=None if mask is None else mask.astype(bool),
+            where=None if "where" not in arrays else arrays["where"].astype(bool),
+            predictions=arrays.get("predictions"),
+            labels=arrays.get("labels"),
+            methods=args.methods.split(","),
+            rows=row,  # type: ignore[arg-type]  # checked by faithfulness_from_outputs
+            correlation=args.correlation,
+            chunk_size=args.chunk_size,
+            output=folder / _row_name(row),
+            n_jobs=args.jobs,
+            progress=not args.quiet,
+        )
+    write_reports(folder, reports, heading=f"Faithfulness of {Path(args.source).name}")
+    return reports
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    """Run ``attnflow evaluate``; print the tables and where the files went."""
+    from ._cli import UsageError
+
+    folder = Path(args.output)
+    _check_folder(folder)
+    if args.jobs is not None and args.jobs < 1 and args.jobs != -1:
+        msg = f"--jobs must be a positive number of processes or -1; got {args.jobs}"
+        raise UsageError(msg)
+    if args.source == "agreement":
+        rows = _parse_rows(args.rows or "0,max")
+        fractions = _parse_fractions(args.fractions)
+        try:
+            from .experiments import reproduction
+        except ImportError as error:
+            msg = (
+                f'the agreement reproduction needs PyTorch ({error}): pip install "attnflow[torch]"'
+            )
+            raise UsageError(msg) from None
+        folder.mkdir(parents=True, exist_ok=True)
+        reports, record = reproduction.reproduce_agreement(
+            folder,
+            sentences=args.sentences,
+            train_sentences=args.train_sentences,
+            seed=args.seed,
+            rows=rows,  # type: ignore[arg-type]  # checked by faithfulness
+            methods=args.methods.split(","),
+            correlation=args.correlation,
+            fractions=fractions,
+            chunk_size=args.chunk_size,
+            n_jobs=args.jobs,
+            progress=not args.quiet,
+        )
+        preamble = (
+            f"Synthetic subject-verb agreement: the paper's model (6 layers, 8 heads, hidden "
+            f"128) trained on {record['train_sentences']:,} sentences (seed {record['seed']}, "
+            f"{record['train_seconds']:.0f} s), test accuracy {record['test_accuracy']:.3f} on "
+            f"{args.sentences:,} test sentences; evaluation {record['evaluation_seconds']:.0f} s "
+            "in this run."
+        )
+        comparison = {r: reproduction.paper_means(r) for r in reproduction.PAPER_TABLES}
+        tables = [
+            f"## Beside the paper: ours (paper), {label}\n\n"
+            + reproduction.comparison_markdown(reports[0], reference)
+            for reference, label in (
+                ("blank_out", "Table 1, blank-out"),
+                ("input_gradients", "Table 2, input gradients"),
+            )
+            if 0 in reports and reference in reports[0].references
+        ]
+        files = write_reports(
+            folder,
+            reports,
+            heading="Abnar & Zuidema (2020), Tables 1-2, reproduced",
+            preamble=preamble,
+            comparison=comparison,
+            appendix="\n\n".join(tables),
+        )
+    else:
+        if not Path(args.source).is_file():
+            msg = f'{args.source} is neither "agreement" nor a file of saved model outputs'
+            raise UsageError(msg)
+        rows = _parse_rows(args.rows or "0")
+        folder.mkdir(parents=True, exist_ok=True)
+        reports = _run_saved(args, folder, rows)
+        files = sorted(folder.glob("report.*")) + sorted(folder.glob("faithfulness-*.png"))
+    for row, report in reports.items():
+        print(f"\n{_row_title(row)}\n")
+        print(report.to_markdown())
+    print(f"\nwrote {', '.join(str(f) for f in files)}", file=sys.stderr)
+    return 0

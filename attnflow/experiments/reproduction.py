@@ -1,0 +1,307 @@
+"""The paper's Tables 1 and 2, reproduced offline on the synthetic agreement task.
+
+Abnar & Zuidema (2020, §2 and Tables 1-2) train a 6-layer, 8-head Transformer encoder
+(GPT-2 blocks without masking, hidden size 128, a ``[CLS]`` classifier) to predict the
+number of a verb from the sentence before it (Linzen et al. 2016), and correlate raw
+attention, rollout and flow of the ``[CLS]`` token at every layer with blank-out and
+input-gradient importance on 2,000 test sentences. :func:`reproduce_agreement` does the
+same on :mod:`attnflow.experiments.agreement`'s synthetic data, with the paper's model
+trained from scratch (:mod:`attnflow.experiments.agreement_torch`), and
+:data:`PAPER_TABLES` holds the published numbers to compare with.
+
+This module imports PyTorch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from attnflow.evaluate import ERASER_FRACTIONS, FaithfulnessReport, faithfulness
+from attnflow.experiments.agreement import AgreementData, agreement_split
+from attnflow.experiments.agreement_torch import (
+    accuracy,
+    load_agreement_model,
+    predict,
+    save_agreement_model,
+    train_agreement_model,
+)
+
+__all__ = [
+    "DEFAULT_TRAIN_SENTENCES",
+    "PAPER_TABLES",
+    "comparison_markdown",
+    "reproduce_agreement",
+]
+
+DEFAULT_TRAIN_SENTENCES = 20_000
+"""Training sentences of the reproduction's model (the test set is disjoint)."""
+
+PAPER_TABLES: dict[str, dict[str, tuple[tuple[float, float], ...]]] = {
+    "blank_out": {  # Table 1: Spearman correlation with blank-out, 2,000 test sentences
+        "raw": (
+            (0.69, 0.27),
+            (0.10, 0.43),
+            (-0.11, 0.49),
+            (-0.09, 0.52),
+            (0.20, 0.45),
+            (0.29, 0.39),
+        ),
+        "rollout": (
+            (0.32, 0.26),
+            (0.38, 0.27),
+            (0.51, 0.26),
+            (0.62, 0.26),
+            (0.70, 0.25),
+            (0.71, 0.24),
+        ),
+        "flow": (
+            (0.32, 0.26),
+            (0.44, 0.29),
+            (0.70, 0.25),
+            (0.70, 0.22),
+            (0.71, 0.22),
+            (0.70, 0.22),
+        ),
+    },
+    "input_gradients": {  # Table 2: Spearman correlation with input gradients
+        "raw": (
+            (0.53, 0.33),
+            (0.16, 0.38),
+            (-0.06, 0.42),
+            (0.00, 0.47),
+            (0.24, 0.40),
+            (0.46, 0.35),
+        ),
+        "rollout": (
+            (0.22, 0.31),
+            (0.27, 0.32),
+            (0.39, 0.32),
+            (0.47, 0.32),
+            (0.53, 0.32),
+            (0.54, 0.31),
+        ),
+        "flow": (
+            (0.22, 0.31),
+            (0.31, 0.34),
+            (0.54, 0.32),
+            (0.61, 0.28),
+            (0.60, 0.28),
+            (0.61, 0.28),
+        ),
+    },
+}
+"""Abnar & Zuidema (2020), Tables 1 and 2: (mean, sd) per method and layer L1-L6."""
+
+
+def _training_record(folder: Path) -> dict[str, Any] | None:
+    path = folder / "training.json"
+    if not path.exists():
+        return None
+    return dict(json.loads(path.read_text()))
+
+
+def _model(
+    folder: Path, train: AgreementData, test: AgreementData, *, seed: int, progress: bool
+) -> tuple[Any, dict[str, Any]]:
+    """Load the model trained by an earlier run in `folder`, or train and save it."""
+    model_folder = folder / "model"
+    record = _training_record(folder)
+    wanted = {"seed": seed, "train_sentences": len(train)}
+    if record is not None and model_folder.exists():
+        if {k: record.get(k) for k in wanted} != wanted:
+            msg = (
+                f"{folder} holds a model trained with {record.get('train_sentences')} "
+                f"sentences and seed {record.get('seed')}; this run asks for "
+                f"{len(train)} and {seed}. Use a new folder."
+            )
+            raise ValueError(msg)
+        return load_agreement_model(model_folder), record
+    started = time.perf_counter()
+    cpu = time.process_time()
+    model = train_agreement_model(train, seed=seed, progress=progress)
+    seconds = time.perf_counter() - started
+    cpu_seconds = time.process_time() - cpu
+    save_agreement_model(model, model_folder)
+    predicted = predict(model, test)
+    by_attractors = {
+        str(k): float(np.mean(predicted[test.attractors == k] == test.labels[test.attractors == k]))
+        for k in np.unique(test.attractors)
+    }
+    record = {
+        **wanted,
+        "test_sentences": len(test),
+        "train_seconds": seconds,
+        "train_cpu_seconds": cpu_seconds,
+        "test_accuracy": accuracy(model, test),
+        "test_accuracy_by_attractors": by_attractors,
+        "test_sentences_by_attractors": {
+            str(k): int(np.sum(test.attractors == k)) for k in np.unique(test.attractors)
+        },
+    }
+    temporary = folder / ".training.json.tmp"
+    temporary.write_text(json.dumps(record, indent=2) + "\n")
+    temporary.replace(folder / "training.json")
+    return model, record
+
+
+def reproduce_agreement(
+    folder: str | Path,
+    /,
+    *,
+    sentences: int = 2000,
+    train_sentences: int | None = None,
+    seed: int = 0,
+    rows: Sequence[int | Literal["max", "mean"]] = (0, "max"),
+    methods: Sequence[str] = ("raw", "rollout", "flow"),
+    correlation: Literal["spearman", "kendall"] = "spearman",
+    fractions: Sequence[float] | None = ERASER_FRACTIONS,
+    chunk_size: int = 64,
+    n_jobs: int | None = None,
+    progress: bool = True,
+) -> tuple[dict[int | str, FaithfulnessReport], dict[str, Any]]:
+    r"""Reproduce Tables 1 and 2 of Abnar & Zuidema (2020) on synthetic agreement data.
+
+    Generates disjoint training and test sets (:func:`~attnflow.experiments.agreement.
+    agreement_split`), trains the paper's model on the first (or loads the one an
+    earlier run saved in ``folder/model``), and evaluates raw attention, rollout and
+    flow at every layer on the test sentences with :func:`attnflow.faithfulness`:
+    blank-out replaces a token by ``[UNK]`` and takes the drop of the probability of the
+    correct class (the paper's text), input gradients are
+    :math:`\lvert \sum_d \partial p_\text{correct} / \partial e_{i,d} \rvert` at the
+    token embeddings (the paper's code). Every correlation is taken over all tokens,
+    ``[CLS]`` included, as in the paper's code. Each explained row is evaluated into
+    ``folder/rows-<row>`` in resumable chunks.
+
+    Parameters
+    ----------
+    folder : path
+        Where the model, the training record and the per-chunk results go.
+    sentences : int, default 2000
+        Test sentences (the paper: 2,000).
+    train_sentences : int, optional
+        Training sentences; :data:`DEFAULT_TRAIN_SENTENCES` by default.
+    seed : int, default 0
+        Seed of the data and of the training.
+    rows : sequence, default (0, "max")
+        The explained output rows: 0 is ``[CLS]`` (the paper's Tables 1-2), ``"max"`` the
+        maximum over rows (the paper's code for DistilBERT).
+    methods, correlation, fractions, chunk_size, n_jobs, progress
+        As for :func:`attnflow.faithfulness`.
+
+    Returns
+    -------
+    reports : dict
+        One :class:`~attnflow.evaluate.FaithfulnessReport` per row.
+    record : dict
+        The training record (seed, sizes, training time, test accuracy overall and by
+        number of agreement attractors) and the evaluation time.
+
+    Raises
+    ------
+    ValueError
+        If `folder` holds a model trained with another seed or size.
+
+    References
+    ----------
+    .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
+       ACL 2020, https://arxiv.org/abs/2005.00928
+    .. [2] T. Linzen, E. Dupoux and Y. Goldberg, "Assessing the Ability of LSTMs to Learn
+       Syntax-Sensitive Dependencies", TACL 4, 2016.
+
+    Examples
+    --------
+    >>> from attnflow.experiments.reproduction import reproduce_agreement
+    >>> reports, record = reproduce_agreement("runs/agreement")  # doctest: +SKIP
+    >>> print(reports[0].to_markdown())  # doctest: +SKIP
+    """
+    # The adapters install as attnflow.adapters (setuptools package-dir), which mypy
+    # checks as the top-level package `adapters`.
+    from attnflow.adapters.torch import (  # type: ignore[import-not-found,unused-ignore]
+        model_functions,
+    )
+
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    n_train = DEFAULT_TRAIN_SENTENCES if train_sentences is None else train_sentences
+    train, test = agreement_split(n_train, sentences, seed=seed)
+    model, record = _model(root, train, test, seed=seed, progress=progress)
+    functions = model_functions(model, heads="mean", reduce="sum_abs", output="probability")
+    reports: dict[int | str, FaithfulnessReport] = {}
+    started = time.perf_counter()
+    for row in rows:
+        reports[row] = faithfulness(
+            functions,
+            test.ids,
+            replacement=test.replacement,
+            targets=test.labels,
+            mask=test.mask,
+            methods=methods,
+            rows=row,
+            correlation=correlation,
+            fractions=fractions,
+            chunk_size=chunk_size,
+            output=root / f"rows-{row}",
+            n_jobs=n_jobs,
+            progress=progress,
+        )
+    record = {**record, "evaluation_seconds": time.perf_counter() - started}
+    return reports, record
+
+
+def comparison_markdown(report: FaithfulnessReport, reference: str) -> str:
+    """Return a Markdown table of `report`'s correlations beside the paper's.
+
+    Parameters
+    ----------
+    report : FaithfulnessReport
+        A report of the ``[CLS]`` row (``rows=0``) on the agreement task.
+    reference : {"blank_out", "input_gradients"}
+        Table 1 or Table 2.
+
+    Returns
+    -------
+    str
+        One row per method present in both, one column per layer: ``ours (paper)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnflow.evaluate import FaithfulnessReport
+    >>> from attnflow.experiments.reproduction import comparison_markdown
+    >>> samples = {"correlation.flow.blank_out": np.full((4, 6), 0.5)}
+    >>> report = FaithfulnessReport(samples, ("flow",), ("blank_out",), "spearman", "drop", 0)
+    >>> print(comparison_markdown(report, "blank_out").splitlines()[2])
+    | flow   | 0.50 ± 0.00 (0.32 ± 0.26) | 0.50 ± 0.00 (0.44 ± 0.29) | 0.50 ± 0.00 (0.70 ± 0.25) | 0.50 ± 0.00 (0.70 ± 0.22) | 0.50 ± 0.00 (0.71 ± 0.22) | 0.50 ± 0.00 (0.70 ± 0.22) |
+    """
+    paper = PAPER_TABLES[reference]
+    layers = report.n_layers
+    header = ["method", *(f"L{layer + 1}" for layer in range(layers))]
+    body = []
+    for method in report.methods:
+        if method not in paper:
+            continue
+        mean = report.correlation_mean(method, reference)
+        std = report.correlation_std(method, reference)
+        cells = [
+            f"{m:.2f} ± {s:.2f} ({p:.2f} ± {q:.2f})"
+            for m, s, (p, q) in zip(mean, std, paper[method][:layers], strict=False)
+        ]
+        body.append([method, *cells])
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), rule, *(line(r) for r in body)])
+
+
+def paper_means(reference: str) -> Mapping[str, list[float]]:
+    """Return the paper's per-layer means for `reference`, for the figures."""
+    return {method: [m for m, _ in values] for method, values in PAPER_TABLES[reference].items()}
