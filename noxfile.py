@@ -152,6 +152,8 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on the package and the adapters."""
+    # torch's own types check the torch adapter and the models subclassing nn.Module.
+    session.install(TORCH)
     _install_group(session, "typing")
     session.install("-e", ".")
     session.run("mypy", env=ENV)
