@@ -237,12 +237,13 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def benchmark(session: nox.Session) -> None:
-    """Print rollout and flow timings against their baselines, measured in the same run."""
+    """Print rollout, flow and evaluation timings against baselines measured in the same run."""
     session.install(TORCH)
     session.install(".")
     session.install("networkx")  # the paper's max-flow, measured against attnflow's
     session.run("python", "benchmarks/bench_rollout.py", *session.posargs, env=ENV)
     session.run("python", "benchmarks/bench_flow.py", *session.posargs, env=ENV)
+    session.run("python", "benchmarks/bench_evaluate.py", *session.posargs, env=ENV)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,12 @@ def configure_evaluate(parser: argparse.ArgumentParser) -> None:
         help="training sentences (default: the reproduction's)",
     )
     group.add_argument(
+        "--model",
+        default=None,
+        help="a model folder saved by scripts/train_agreement.py (same seed and training "
+        "size) instead of training one",
+    )
+    group.add_argument(
         "--fractions",
         default="0.01,0.05,0.1,0.2,0.5",
         help='ERASER bins for comprehensiveness/sufficiency, or "none"',
@@ -270,6 +276,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             chunk_size=args.chunk_size,
             n_jobs=args.jobs,
             progress=not args.quiet,
+            model=args.model,
         )
         preamble = (
             f"Synthetic subject-verb agreement: the paper's model (6 layers, 8 heads, hidden "

@@ -39,7 +39,7 @@ __all__ = [
     "reproduce_agreement",
 ]
 
-DEFAULT_TRAIN_SENTENCES = 20_000
+DEFAULT_TRAIN_SENTENCES = 30_000
 """Training sentences of the reproduction's model (the test set is disjoint)."""
 
 PAPER_TABLES: dict[str, dict[str, tuple[tuple[float, float], ...]]] = {
@@ -106,6 +106,42 @@ def _training_record(folder: Path) -> dict[str, Any] | None:
     return dict(json.loads(path.read_text()))
 
 
+def _given_model(
+    model_folder: Path, test: AgreementData, *, seed: int, n_train: int
+) -> tuple[Any, dict[str, Any]]:
+    """Load a model saved by ``scripts/train_agreement.py``, checking its training data."""
+    config = json.loads((model_folder / "config.json").read_text())
+    data = config.get("metadata", {}).get("data", {})
+    if (data.get("seed"), data.get("n_train")) != (seed, n_train):
+        msg = (
+            f"the model in {model_folder} was trained on {data.get('n_train')} sentences "
+            f"with seed {data.get('seed')}; this run's test set is disjoint from {n_train} "
+            f"training sentences of seed {seed}. Pass the matching --seed and "
+            "--train-sentences, or let the run train its own model."
+        )
+        raise ValueError(msg)
+    model = load_agreement_model(model_folder)
+    training = config.get("metadata", {}).get("training", {})
+    predicted = predict(model, test)
+    record = {
+        "seed": seed,
+        "train_sentences": n_train,
+        "model": str(model_folder),
+        "test_sentences": len(test),
+        "train_seconds": training.get("seconds", float("nan")),
+        "test_accuracy": float(np.mean(predicted == test.labels)),
+        "test_accuracy_by_attractors": _by_attractors(predicted, test),
+    }
+    return model, record
+
+
+def _by_attractors(predicted: np.ndarray, test: AgreementData) -> dict[str, float]:
+    return {
+        str(k): float(np.mean(predicted[test.attractors == k] == test.labels[test.attractors == k]))
+        for k in np.unique(test.attractors)
+    }
+
+
 def _model(
     folder: Path, train: AgreementData, test: AgreementData, *, seed: int, progress: bool
 ) -> tuple[Any, dict[str, Any]]:
@@ -128,11 +164,7 @@ def _model(
     seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu
     save_agreement_model(model, model_folder)
-    predicted = predict(model, test)
-    by_attractors = {
-        str(k): float(np.mean(predicted[test.attractors == k] == test.labels[test.attractors == k]))
-        for k in np.unique(test.attractors)
-    }
+    by_attractors = _by_attractors(predict(model, test), test)
     record = {
         **wanted,
         "test_sentences": len(test),
@@ -164,6 +196,7 @@ def reproduce_agreement(
     chunk_size: int = 64,
     n_jobs: int | None = None,
     progress: bool = True,
+    model: str | Path | None = None,
 ) -> tuple[dict[int | str, FaithfulnessReport], dict[str, Any]]:
     r"""Reproduce Tables 1 and 2 of Abnar & Zuidema (2020) on synthetic agreement data.
 
@@ -193,6 +226,9 @@ def reproduce_agreement(
         maximum over rows (the paper's code for DistilBERT).
     methods, correlation, fractions, chunk_size, n_jobs, progress
         As for :func:`attnflow.faithfulness`.
+    model : path, optional
+        A model folder saved by ``scripts/train_agreement.py`` with the same seed and
+        training size, used instead of training one.
 
     Returns
     -------
@@ -205,7 +241,7 @@ def reproduce_agreement(
     Raises
     ------
     ValueError
-        If `folder` holds a model trained with another seed or size.
+        If `folder` (or `model`) holds a model trained with another seed or size.
 
     References
     ----------
@@ -230,8 +266,11 @@ def reproduce_agreement(
     root.mkdir(parents=True, exist_ok=True)
     n_train = DEFAULT_TRAIN_SENTENCES if train_sentences is None else train_sentences
     train, test = agreement_split(n_train, sentences, seed=seed)
-    model, record = _model(root, train, test, seed=seed, progress=progress)
-    functions = model_functions(model, heads="mean", reduce="sum_abs", output="probability")
+    if model is None:
+        classifier, record = _model(root, train, test, seed=seed, progress=progress)
+    else:
+        classifier, record = _given_model(Path(model), test, seed=seed, n_train=n_train)
+    functions = model_functions(classifier, heads="mean", reduce="sum_abs", output="probability")
     reports: dict[int | str, FaithfulnessReport] = {}
     started = time.perf_counter()
     for row in rows:
