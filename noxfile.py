@@ -70,6 +70,7 @@ def tests(session: nox.Session, backend: str) -> None:
             package / "adapters",
             package / "experiments" / "agreement_torch.py",
             package / "experiments" / "reproduction.py",
+            package / "experiments" / "sentiment_torch.py",
         ]
         session.run(
             "pytest",
@@ -89,7 +90,10 @@ def adapters_torch(session: nox.Session) -> None:
     _install_group(session, "test")
     session.install(".")
     env = {**ENV, "HF_HUB_OFFLINE": "1", "ATTNFLOW_TEST_BACKENDS": "torch"}
-    session.run("pytest", "tests/adapters/test_torch.py", *session.posargs, env=env)
+    # The sentiment experiment fine-tunes the shipped MiniLM: it needs transformers, which
+    # only this session installs.
+    tests = ["tests/adapters/test_torch.py", "tests/experiments/test_sentiment_torch.py"]
+    session.run("pytest", *tests, *session.posargs, env=env)
     session.run(
         "pytest",
         "--doctest-modules",
@@ -97,6 +101,7 @@ def adapters_torch(session: nox.Session) -> None:
         "attnflow.adapters.torch",
         "attnflow.experiments.agreement_torch",
         "attnflow.experiments.reproduction",
+        "attnflow.experiments.sentiment_torch",
         env=env,
     )
 

@@ -6,8 +6,14 @@
 * :mod:`attnflow.experiments.agreement_torch`: the paper's model (a 6-layer, 8-head
   encoder of GPT-2 blocks without causal masking, classifying from ``[CLS]``), its
   training, and saving and loading it without pickle. Imports PyTorch.
+* :mod:`attnflow.experiments.reproduction`: the paper's Tables 1-2 on the agreement task.
+* :mod:`attnflow.experiments.sentiment`: a seeded generator of English-like review
+  sentences with negation, contrast and concession (the paper's Table 3 analogue, SST-2
+  being out of reach offline).
+* :mod:`attnflow.experiments.sentiment_torch`: the shipped pretrained MiniLM fine-tuned
+  on that task. Imports PyTorch and transformers.
 
-Importing this package imports neither submodule.
+Importing this package imports none of its submodules.
 """
 
 from __future__ import annotations
