@@ -71,6 +71,7 @@ def tests(session: nox.Session, backend: str) -> None:
             package / "experiments" / "agreement_torch.py",
             package / "experiments" / "reproduction.py",
             package / "experiments" / "sentiment_torch.py",
+            package / "experiments" / "reproduction_sentiment.py",
         ]
         session.run(
             "pytest",
@@ -89,10 +90,19 @@ def adapters_torch(session: nox.Session) -> None:
     _install_group(session, "adapters-torch")
     _install_group(session, "test")
     session.install(".")
-    env = {**ENV, "HF_HUB_OFFLINE": "1", "ATTNFLOW_TEST_BACKENDS": "torch"}
+    env = {
+        **ENV,
+        "HF_HUB_OFFLINE": "1",
+        "ATTNFLOW_TEST_BACKENDS": "torch",
+        "ATTNFLOW_FORBID_SKIPS": "1",  # this session installs all these tests need
+    }
     # The sentiment experiment fine-tunes the shipped MiniLM: it needs transformers, which
     # only this session installs.
-    tests = ["tests/adapters/test_torch.py", "tests/experiments/test_sentiment_torch.py"]
+    tests = [
+        "tests/adapters/test_torch.py",
+        "tests/experiments/test_sentiment_torch.py",
+        "tests/experiments/test_reproduction_sentiment.py",
+    ]
     session.run("pytest", *tests, *session.posargs, env=env)
     session.run(
         "pytest",
@@ -102,6 +112,7 @@ def adapters_torch(session: nox.Session) -> None:
         "attnflow.experiments.agreement_torch",
         "attnflow.experiments.reproduction",
         "attnflow.experiments.sentiment_torch",
+        "attnflow.experiments.reproduction_sentiment",
         env=env,
     )
 

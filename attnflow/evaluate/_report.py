@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._markdown import markdown_table
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -443,15 +445,7 @@ class FaithfulnessReport:
         """
         parts = []
         for title, header, body in self._tables(aopc=aopc):
-            widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-
-            def line(cells: list[str], widths: list[int] = widths) -> str:
-                return (
-                    "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-                )
-
-            rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-            parts.append("\n".join([title, "", line(header), rule, *(line(r) for r in body)]))
+            parts.append(f"{title}\n\n{markdown_table(header, body)}")
         return "\n\n".join(parts)
 
     def to_html(self) -> str:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from attnflow.evaluate import ERASER_FRACTIONS, FaithfulnessReport, faithfulness
+from attnflow.evaluate._markdown import markdown_table
 from attnflow.experiments.agreement import AgreementData, agreement_split
 from attnflow.experiments.agreement_torch import (
     accuracy,
@@ -332,13 +333,7 @@ def comparison_markdown(report: FaithfulnessReport, reference: str) -> str:
             for m, s, (p, q) in zip(mean, std, paper[method][:layers], strict=False)
         ]
         body.append([method, *cells])
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-
-    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(header), rule, *(line(r) for r in body)])
+    return markdown_table(header, body)
 
 
 def paper_means(reference: str) -> Mapping[str, list[float]]:
