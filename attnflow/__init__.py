@@ -12,6 +12,7 @@ Importing attnflow imports no deep-learning framework and no plotting library.
 from __future__ import annotations
 
 from ._flow import FlowCost, flow, flow_cost
+from ._gradient_rollout import gradient_rollout
 from ._heads import fuse_heads
 from ._residual import add_residual
 from ._rollout import raw, rollout
@@ -42,6 +43,7 @@ __all__ = [
     "flow",
     "flow_cost",
     "fuse_heads",
+    "gradient_rollout",
     "insertion",
     "rank_correlation",
     "raw",

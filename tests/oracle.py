@@ -12,7 +12,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["oracle_flow", "oracle_fuse", "oracle_raw", "oracle_rollout", "softmax_attention"]
+__all__ = [
+    "oracle_flow",
+    "oracle_fuse",
+    "oracle_gradient_rollout",
+    "oracle_raw",
+    "oracle_rollout",
+    "softmax_attention",
+]
 
 
 def softmax_attention(
@@ -206,3 +213,56 @@ def oracle_flow(
 
     per_layer = _per_item(attentions, mask, fused_input, compute)
     return _select(per_layer, rows, layers)
+
+
+def oracle_gradient_rollout(
+    attentions: np.ndarray,
+    gradients: np.ndarray,
+    *,
+    rule: str = "gae",
+    normalize: bool = False,
+    residual: float = 0.5,
+    rows: int | Sequence[int] | None = None,
+    layers: object = "last",
+    mask: np.ndarray | None = None,
+    exclude_self: bool = False,
+) -> np.ndarray:
+    """Gradient-weighted rollout from Chefer et al. (2021), eqs. 5-6, with explicit loops.
+
+    Per layer ``Ā = (1/H) Σ_h max(G_h * A_h, 0)`` element by element. GAE: ``R = I``, then
+    ``R = R + Ā @ R`` for each layer. "weighted": rows of ``Ā`` divided by their sum (an
+    all-zero row becomes the identity row), then rollout with ``(1 - a) Â + a I``. Masks
+    crop the sequence (attention rows renormalised over real keys) and pad back with zeros.
+    """
+    n_layers, n_heads, n = attentions.shape[-4], attentions.shape[-3], attentions.shape[-1]
+    batch_shape = attentions.shape[:-4]
+    out = np.zeros((*batch_shape, n_layers, n, n))
+    for index in np.ndindex(*batch_shape):
+        keep = np.ones(n, dtype=bool) if mask is None else mask[index]
+        kept = np.flatnonzero(keep)
+        size = kept.size
+        relevance = np.eye(size)
+        for layer in range(n_layers):
+            weighted = np.zeros((size, size))
+            for head in range(n_heads):
+                a = attentions[(*index, layer, head)].astype(np.float64)[np.ix_(kept, kept)]
+                g = gradients[(*index, layer, head)].astype(np.float64)[np.ix_(kept, kept)]
+                if mask is not None:
+                    a = _renormalise(a)
+                for i in range(size):
+                    for j in range(size):
+                        weighted[i, j] += max(g[i, j] * a[i, j], 0.0) / n_heads
+            if rule == "gae":
+                relevance = relevance + weighted @ relevance
+            else:
+                mixed = (1 - residual) * _renormalise(weighted) + residual * np.eye(size)
+                relevance = mixed @ relevance
+            result = relevance.copy()
+            if exclude_self:
+                np.fill_diagonal(result, 0.0)
+            if normalize:
+                for i in range(size):
+                    if result[i].sum() > 0:
+                        result[i] = result[i] / result[i].sum()
+            out[(*index, layer, *np.ix_(kept, kept))] = result
+    return _select(out, rows, layers)

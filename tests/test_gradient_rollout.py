@@ -1,0 +1,333 @@
+"""Gradient-weighted rollout (GAE and gradient-weighted rollout) against the NumPy oracle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from backends import Variant, tolerance
+from oracle import oracle_gradient_rollout, oracle_rollout, softmax_attention
+
+import attnflow
+
+SHAPE = (3, 4, 3, 7, 7)  # batch, layers, heads, n, n
+LENGTHS = [7, 5, 2]
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(20261123)
+    weights = softmax_attention(rng, SHAPE)
+    # Gradients of both signs and of the scale of a class score's gradient (~1/n).
+    gradients = rng.normal(scale=2.0, size=SHAPE)
+    return weights, gradients
+
+
+def _run(backend: Variant, weights: Any, gradients: Any, **options: Any) -> Any:
+    """Call gradient_rollout the way this variant's users would (jit: both arrays traced)."""
+    if backend.jit:
+        jax = backend.modules["jax"]
+        mask = options.pop("mask", None)
+
+        def call(a: Any, g: Any, m: Any) -> Any:
+            return attnflow.gradient_rollout(a, g, mask=m, **options)
+
+        return jax.jit(call)(weights, gradients, mask)
+    return backend.run(
+        lambda a, **o: attnflow.gradient_rollout(a, gradients, **o), weights, **options
+    )
+
+
+def _expected_shape(options: dict[str, Any]) -> tuple[int, ...]:
+    shape: tuple[int, ...] = (SHAPE[0],)
+    if options.get("layers") == "all":
+        shape += (SHAPE[1],)
+    rows = options.get("rows")
+    if rows is None:
+        shape += (SHAPE[-1], SHAPE[-1])
+    elif isinstance(rows, int):
+        shape += (SHAPE[-1],)
+    else:
+        shape += (len(rows), SHAPE[-1])
+    return shape
+
+
+CASES: dict[str, dict[str, Any]] = {
+    "gae": {},
+    "gae,normalize": {"normalize": True},
+    "gae,rows=0": {"rows": 0},
+    "gae,rows=0,exclude_self,normalize": {"rows": 0, "exclude_self": True, "normalize": True},
+    "gae,rows=[0,3],layers=all": {"rows": [0, 3], "layers": "all"},
+    "gae,rows=[0,3,5,1,2,6],layers=all": {"rows": [0, 3, 5, 1, 2, 6], "layers": "all"},
+    "gae,layers=all": {"layers": "all"},
+    "gae,rows=-1,layers=all,exclude_self": {"rows": -1, "layers": "all", "exclude_self": True},
+    "gae,layers=1,rows=2": {"layers": 1, "rows": 2},
+    "weighted": {"rule": "weighted"},
+    "weighted,rows=0,layers=all": {"rule": "weighted", "rows": 0, "layers": "all"},
+    "weighted,residual=0": {"rule": "weighted", "residual": 0.0},
+    "weighted,residual=0.3,rows=[1,4]": {"rule": "weighted", "residual": 0.3, "rows": [1, 4]},
+    "weighted,layers=-2,exclude_self,normalize": {
+        "rule": "weighted",
+        "layers": -2,
+        "exclude_self": True,
+        "normalize": True,
+    },
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_oracle(
+    backend: Variant, dtype_name: str, data: tuple[np.ndarray, np.ndarray], case: str
+) -> None:
+    options = CASES[case]
+    weights, gradients = (x.astype(dtype_name) for x in data)
+    result = _run(backend, backend.asarray(weights), backend.asarray(gradients), **dict(options))
+    values = backend.check(result, dtype_name=dtype_name, shape=_expected_shape(options))
+    expected = oracle_gradient_rollout(weights, gradients, **options)
+    tol = tolerance(dtype_name)
+    # GAE relevance grows with depth (entries up to ~10 here): compare relative to scale.
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol * scale)
+
+
+def _padded(
+    data: tuple[np.ndarray, np.ndarray], fill: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sequences of lengths 7, 5 and 2, padded as frameworks pad them (gradients too)."""
+    weights, gradients = data
+    rng = np.random.default_rng(11)
+    mask = np.arange(SHAPE[-1])[None, :] < np.array(LENGTHS)[:, None]
+    padded = np.where(mask[:, None, None, None, :], weights, 0.0)
+    padded /= padded.sum(axis=-1, keepdims=True)
+    padded_rows = ~mask[:, None, None, :, None]
+    fills = {
+        "zeros": np.zeros_like(padded),
+        "uniform": np.full_like(padded, 1.0 / SHAPE[-1]),
+        "nan": np.full_like(padded, np.nan),
+        "normal": softmax_attention(rng, SHAPE),
+    }
+    padded = np.where(padded_rows, fills[fill], padded)
+    # Gradients at padded keys and queries are whatever the framework computed.
+    junk = np.full_like(gradients, np.nan) if fill == "nan" else rng.normal(size=SHAPE)
+    grads = np.where(padded_rows | ~mask[:, None, None, None, :], junk, gradients)
+    return padded, grads, mask
+
+
+@pytest.mark.parametrize("fill", ["zeros", "uniform", "nan", "normal"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"rows": 0, "layers": "all", "exclude_self": True}, {"rule": "weighted", "rows": [0, 4]}],
+    ids=["gae-full", "gae-cls-all-layers", "weighted-rows"],
+)
+def test_mask_equals_cropped_sequence(
+    backend: Variant,
+    dtype_name: str,
+    data: tuple[np.ndarray, np.ndarray],
+    fill: str,
+    options: dict[str, Any],
+) -> None:
+    weights, gradients, mask = _padded(data, fill)
+    weights, gradients = weights.astype(dtype_name), gradients.astype(dtype_name)
+    result = _run(
+        backend,
+        backend.asarray(weights),
+        backend.asarray(gradients),
+        mask=backend.asarray(mask),
+        **options,
+    )
+    values = backend.check(result, dtype_name=dtype_name, shape=_expected_shape(options))
+    expected = oracle_gradient_rollout(weights, gradients, mask=mask, **options)
+    tol = tolerance(dtype_name)
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol * scale)
+    for item, length in enumerate(LENGTHS):
+        assert np.all(values[item, ..., length:] == 0)
+        if "rows" not in options:
+            assert np.all(values[item, ..., length:, :] == 0)
+    assert np.all(np.isfinite(values))
+
+
+@pytest.mark.parametrize("rule", ["gae", "weighted"])
+def test_per_layer_sequences_equal_stacked(
+    backend: Variant, data: tuple[np.ndarray, np.ndarray], rule: str
+) -> None:
+    # (A Python list of arrays is no jit argument: the jit variant runs this eagerly.)
+    weights, gradients = data
+    sequence_a = [backend.asarray(weights[:, layer]) for layer in range(SHAPE[1])]
+    sequence_g = [backend.asarray(gradients[:, layer]) for layer in range(SHAPE[1])]
+    result = attnflow.gradient_rollout(sequence_a, sequence_g, rule=rule, rows=[0, 2])
+    values = backend.check(result, dtype_name="float64", shape=(3, 2, 7))
+    expected = oracle_gradient_rollout(weights, gradients, rule=rule, rows=[0, 2])
+    np.testing.assert_allclose(values, expected, rtol=1e-10, atol=1e-10)
+
+
+# -- properties ----------------------------------------------------------------------------
+def test_gae_with_zero_gradients_is_identity(
+    backend: Variant, dtype_name: str, data: tuple[np.ndarray, np.ndarray]
+) -> None:
+    weights = data[0].astype(dtype_name)
+    zeros = np.zeros_like(weights)
+    result = _run(backend, backend.asarray(weights), backend.asarray(zeros), layers="all")
+    values = backend.check(result, dtype_name=dtype_name, shape=(3, 4, 7, 7))
+    np.testing.assert_array_equal(values, np.broadcast_to(np.eye(7), values.shape))
+
+
+@pytest.mark.parametrize("residual", [0.0, 0.5, 0.8])
+def test_weighted_with_unit_gradients_is_rollout(
+    backend: Variant, dtype_name: str, data: tuple[np.ndarray, np.ndarray], residual: float
+) -> None:
+    weights = data[0].astype(dtype_name)
+    ones = np.ones_like(weights)
+    options = {"rule": "weighted", "residual": residual, "rows": [0, 5], "layers": "all"}
+    result = _run(backend, backend.asarray(weights), backend.asarray(ones), **options)
+    values = backend.check(result, dtype_name=dtype_name, shape=(3, 4, 2, 7))
+    expected = oracle_rollout(weights, residual=residual, rows=[0, 5], layers="all")
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol)
+    plain = attnflow.rollout(weights, residual=residual, rows=[0, 5], layers="all")
+    np.testing.assert_allclose(values, plain, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("rule", ["gae", "weighted"])
+def test_head_order_does_not_matter(data: tuple[np.ndarray, np.ndarray], rule: str) -> None:
+    weights, gradients = data
+    order = [2, 0, 1]
+    permuted = attnflow.gradient_rollout(
+        weights[:, :, order], gradients[:, :, order], rule=rule, layers="all"
+    )
+    np.testing.assert_allclose(
+        permuted,
+        attnflow.gradient_rollout(weights, gradients, rule=rule, layers="all"),
+        rtol=1e-12,
+        atol=1e-12,
+    )
+
+
+def test_gradients_are_paired_with_their_own_layer(data: tuple[np.ndarray, np.ndarray]) -> None:
+    # vit-explain#6: the gradient list was reversed against the attention list. With a
+    # gradient only at layer k, the exact GAE result is I + Ā_k, Ā_k from layer k alone,
+    # so pairing gradients with any other layer gives a different map.
+    weights, gradients = data
+    n_layers = SHAPE[1]
+    for k in range(n_layers):
+        only_k = np.zeros_like(gradients)
+        only_k[:, k] = gradients[:, k]
+        fused = np.clip(gradients[:, k] * weights[:, k], 0, None).mean(axis=1)
+        expected = np.eye(7) + fused @ np.eye(7)
+        result = attnflow.gradient_rollout(weights, only_k)
+        np.testing.assert_allclose(result, expected, rtol=1e-12, atol=1e-12)
+        per_layer = [only_k[:, i] for i in range(n_layers)]
+        reversed_pairing = attnflow.gradient_rollout(
+            [weights[:, i] for i in range(n_layers)], per_layer[::-1]
+        )
+        assert not np.allclose(reversed_pairing, expected, atol=1e-3)
+    # The full chain against the oracle, and the reversed one is not it.
+    reference = oracle_gradient_rollout(weights, gradients)
+    np.testing.assert_allclose(
+        attnflow.gradient_rollout(weights, gradients), reference, rtol=1e-12, atol=1e-12
+    )
+    reversed_result = attnflow.gradient_rollout(weights, gradients[:, ::-1])
+    assert not np.allclose(reversed_result, reference, atol=1e-3)
+
+
+def test_weighted_rows_that_clip_to_zero_become_identity_rows() -> None:
+    # One layer, one head; row 1's gradient is negative everywhere: no positive relevance.
+    weights = np.array([[[[0.5, 0.5, 0.0], [0.2, 0.3, 0.5], [1 / 3, 1 / 3, 1 / 3]]]])
+    gradients = np.array([[[[1.0, 3.0, 1.0], [-1.0, -1.0, -1.0], [0.0, 1.0, 2.0]]]])
+    result = attnflow.gradient_rollout(weights, gradients, rule="weighted", residual=0.0)
+    np.testing.assert_allclose(
+        result, [[0.25, 0.75, 0.0], [0.0, 1.0, 0.0], [0.0, 1 / 3, 2 / 3]], rtol=1e-14
+    )
+    # GAE leaves such a row at the identity too (nothing is added to it).
+    gae = attnflow.gradient_rollout(weights, gradients)
+    np.testing.assert_allclose(gae[1], [0.0, 1.0, 0.0])
+
+
+def test_gae_equals_the_recurrence_by_hand() -> None:
+    rng = np.random.default_rng(3)
+    weights = softmax_attention(rng, (5, 2, 6, 6))
+    gradients = rng.normal(size=(5, 2, 6, 6))
+    relevance = np.eye(6)
+    for a, g in zip(weights, gradients, strict=True):
+        relevance = relevance + np.maximum(g * a, 0).mean(axis=0) @ relevance
+    np.testing.assert_allclose(
+        attnflow.gradient_rollout(weights, gradients), relevance, rtol=1e-12, atol=1e-12
+    )
+    cls = attnflow.gradient_rollout(weights, gradients, rows=0, exclude_self=True)
+    np.testing.assert_allclose(cls[1:], relevance[0, 1:], rtol=1e-12)
+    assert cls[0] == 0
+
+
+def test_float32_stays_float32(data: tuple[np.ndarray, np.ndarray]) -> None:
+    weights, gradients = (x.astype(np.float32) for x in data)
+    for options in ({}, {"rule": "weighted", "residual": 0.3}, {"layers": "all", "rows": 0}):
+        assert attnflow.gradient_rollout(weights, gradients, **options).dtype == np.float32
+
+
+def test_differentiable_in_torch(data: tuple[np.ndarray, np.ndarray]) -> None:
+    torch = pytest.importorskip("torch")
+    weights = torch.asarray(data[0], requires_grad=True)
+    result = attnflow.gradient_rollout(weights, torch.asarray(data[1]), rows=0)
+    result[:, 3].sum().backward()
+    assert weights.grad is not None
+    assert bool(torch.all(torch.isfinite(weights.grad)))
+
+
+# -- validation ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("make_gradients", "match"),
+    [
+        (
+            lambda g: g[:, :3],
+            r"`gradients` must have the shape of `attentions`.*4 layers.*3 layers",
+        ),
+        (lambda g: g[:, :, :2], r"3 heads.*2 heads"),
+        (lambda g: g[:2], r"batch \(3,\).*batch \(2,\)"),
+        (lambda g: g[..., :6, :6], r"7 tokens.*6 tokens"),
+        (lambda g: g[0, 0], r"`gradients` must have shape .* at least 4 dimensions"),
+    ],
+    ids=["layers", "heads", "batch", "tokens", "ndim"],
+)
+def test_gradients_must_line_up(
+    data: tuple[np.ndarray, np.ndarray], make_gradients: Any, match: str
+) -> None:
+    weights, gradients = data
+    with pytest.raises(ValueError, match=match):
+        attnflow.gradient_rollout(weights, make_gradients(gradients))
+
+
+def test_gradient_sequence_of_wrong_length(data: tuple[np.ndarray, np.ndarray]) -> None:
+    weights, gradients = data
+    with pytest.raises(ValueError, match=r"4 layers.*3 layers"):
+        attnflow.gradient_rollout(weights, [gradients[:, i] for i in range(3)])
+
+
+def test_bad_values_and_options(data: tuple[np.ndarray, np.ndarray]) -> None:
+    weights, gradients = data
+    bad = gradients.copy()
+    bad[0, 1, 2, 3, 4] = np.nan
+    with pytest.raises(ValueError, match="`gradients` must be finite; found 1 NaN"):
+        attnflow.gradient_rollout(weights, bad)
+    attnflow.gradient_rollout(weights, bad, validate=False)  # no check, no error
+    with pytest.raises(ValueError, match="`attentions` rows must sum to 1"):
+        attnflow.gradient_rollout(weights * 2, gradients)
+    with pytest.raises(TypeError, match="`gradients` must have the dtype of `attentions`"):
+        attnflow.gradient_rollout(weights, gradients.astype(np.float32))
+    with pytest.raises(TypeError, match="`gradients` must have a real floating dtype"):
+        attnflow.gradient_rollout(weights, gradients.astype(np.int64))
+    with pytest.raises(ValueError, match=r"`rule` must be 'gae'.*or 'weighted'"):
+        attnflow.gradient_rollout(weights, gradients, rule="chefer")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="`exclude_self` must be True or False"):
+        attnflow.gradient_rollout(weights, gradients, exclude_self=1)  # type: ignore[arg-type]
+    with pytest.raises(IndexError, match="`rows`"):
+        attnflow.gradient_rollout(weights, gradients, rows=7)
+    with pytest.raises(ValueError, match="`mask` must have shape"):
+        attnflow.gradient_rollout(weights, gradients, mask=np.ones((3, 6), dtype=bool))
+
+
+def test_mixed_libraries_are_refused(data: tuple[np.ndarray, np.ndarray]) -> None:
+    torch = pytest.importorskip("torch")
+    weights, gradients = data
+    with pytest.raises(TypeError, match="all arrays must come from one array library"):
+        attnflow.gradient_rollout(weights, torch.asarray(gradients))
