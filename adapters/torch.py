@@ -758,44 +758,66 @@ def explain(
     model: nn.Module,
     inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
     *,
-    method: Literal["rollout", "flow"] = "rollout",
+    method: Literal["rollout", "flow", "gradient_rollout"] = "rollout",
     rows: int | Sequence[int] | None = 0,
+    target: int | Sequence[int] | torch.Tensor | None = None,
     **options: Any,
 ) -> torch.Tensor:
-    """Capture a model's attention on `inputs` and return rollout or flow maps.
+    """Capture a model's attention on `inputs` and return rollout, flow or GAE maps.
 
     Runs ``model(**inputs)`` (a mapping, e.g. a tokenizer's output), ``model(*inputs)``
-    (a tuple or list) or ``model(inputs)`` (a tensor) under ``torch.no_grad()`` inside
-    :func:`capture`, then applies :func:`attnflow.rollout` or :func:`attnflow.flow` with
-    the captured padding mask.
+    (a tuple or list) or ``model(inputs)`` (a tensor) inside :func:`capture`, then applies
+    :func:`attnflow.rollout`, :func:`attnflow.flow` or :func:`attnflow.gradient_rollout`
+    with the captured padding mask. Rollout and flow run the model under
+    ``torch.no_grad()``. ``method="gradient_rollout"`` runs it with autograd on, then
+    differentiates the logit of the `target` class of each sample (summed over the batch:
+    samples are independent) with respect to the attention weights of every layer, in
+    the order the layers ran, and passes weights and gradients, paired layer by layer, to
+    :func:`attnflow.gradient_rollout`. The gradients are taken with
+    ``torch.autograd.grad``, so the parameters' ``.grad`` are left untouched.
 
     Parameters
     ----------
     model : torch.nn.Module
-        The model (see :func:`capture`).
+        The model (see :func:`capture`). For ``"gradient_rollout"`` a classifier: it
+        returns logits ``(batch, classes)``, as a tensor or as ``.logits`` (a Hugging Face
+        ``ModelOutput``), and is in eval mode (dropout would make the gradients random;
+        its mode is not changed here).
     inputs : mapping, sequence or Tensor
         The model's inputs.
-    method : {"rollout", "flow"}, default "rollout"
+    method : {"rollout", "flow", "gradient_rollout"}, default "rollout"
         The attribution method.
     rows : int, sequence of int or None, default 0
         Output positions to explain; 0 is the first token (``[CLS]`` for BERT-like
         models), None gives the full ``n x n`` map.
+    target : int, sequence of int, 1-d integer Tensor or None, default None
+        ``"gradient_rollout"`` only: the class whose logit is explained, None for each
+        sample's predicted class (argmax of its logits), an int for the same class in
+        every sample, or one class per sample.
     **options
-        Passed on to :func:`attnflow.rollout` or :func:`attnflow.flow` (``heads``,
-        ``residual``, ``layers``, ``mask``, ``normalize``...). A string `heads`
-        (``"mean"``, ``"max"``, ``"min"``) is applied while capturing, to save memory.
-        ``mask`` overrides the captured mask (pass ``mask=None`` to ignore padding).
+        Passed on to the method (``heads``, ``residual``, ``layers``, ``mask``,
+        ``normalize``, ``rule``, ``exclude_self``...). For rollout and flow a string
+        `heads` (``"mean"``, ``"max"``, ``"min"``) is applied while capturing, to save
+        memory. ``mask`` overrides the captured mask (pass ``mask=None`` to ignore
+        padding).
 
     Returns
     -------
     Tensor
         ``(*batch, [layers,] n)`` for an int row, ``(*batch, [layers,] r, n)`` for ``r``
-        rows, ``(*batch, [layers,] n, n)`` for all rows, on the device of the weights.
+        rows, ``(*batch, [layers,] n, n)`` for all rows, on the device of the weights
+        (detached for ``"gradient_rollout"``).
 
     Raises
     ------
     ValueError
-        On an unknown `method` or as raised by :func:`capture` and the method.
+        On an unknown `method`, a `target` with rollout or flow, or as raised by
+        :func:`capture` and the method.
+    TypeError
+        For ``"gradient_rollout"``: a bad `target` or a model that returns no logits.
+    RuntimeError
+        For ``"gradient_rollout"``: under ``torch.inference_mode()``, or when the
+        attention weights are not on the autograd graph (every parameter frozen).
 
     Examples
     --------
@@ -808,22 +830,97 @@ def explain(
     torch.Size([2, 6])
     >>> torch.allclose(scores.sum(-1), torch.ones(2))
     True
+
+    Chefer et al.'s GAE for the predicted class of a classifier, the [CLS] row without
+    [CLS]:
+
+    >>> class Classifier(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.encoder, self.head = model, torch.nn.Linear(8, 3)
+    ...
+    ...     def forward(self, x):
+    ...         return self.head(self.encoder(x)[:, 0])
+    >>> relevance = explain(
+    ...     Classifier().eval(), torch.randn(2, 6, 8), method="gradient_rollout",
+    ...     exclude_self=True,
+    ... )
+    >>> relevance.shape
+    torch.Size([2, 6])
+    >>> bool((relevance[:, 0] == 0).all())
+    True
     """
-    if method not in ("rollout", "flow"):
-        msg = f'`method` must be "rollout" or "flow"; got {method!r}.'
+    if method not in ("rollout", "flow", "gradient_rollout"):
+        msg = f'`method` must be "rollout", "flow" or "gradient_rollout"; got {method!r}.'
+        raise ValueError(msg)
+    if method == "gradient_rollout":
+        return _explain_gradient_rollout(model, inputs, rows=rows, target=target, **options)
+    if target is not None:
+        msg = (
+            f'`target` selects the class explained by method="gradient_rollout"; {method} '
+            "does not use gradients. Drop `target`, or pass method='gradient_rollout'."
+        )
         raise ValueError(msg)
     heads = options.pop("heads", "mean")
     fuse_now = isinstance(heads, str) and heads in ("mean", "max", "min")
     with torch.no_grad(), capture(model, heads=heads if fuse_now else None) as cap:
-        if isinstance(inputs, torch.Tensor):
-            model(inputs)
-        elif isinstance(inputs, Mapping):
-            model(**inputs)
-        else:
-            model(*inputs)
+        _call(model, inputs)
     options.setdefault("mask", cap.mask)
     function = attnflow.rollout if method == "rollout" else attnflow.flow
     return function(cap.attentions, rows=rows, heads=None if fuse_now else heads, **options)
+
+
+def _call(model: nn.Module, inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor) -> Any:
+    if isinstance(inputs, torch.Tensor):
+        return model(inputs)
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    return model(*inputs)
+
+
+def _explain_gradient_rollout(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+    *,
+    rows: int | Sequence[int] | None,
+    target: int | Sequence[int] | torch.Tensor | None,
+    **options: Any,
+) -> torch.Tensor:
+    """explain(method="gradient_rollout"): forward with capture, d logit / d A, then GAE."""
+    _check_target_type(target)
+    if torch.is_inference_mode_enabled():
+        msg = (
+            'explain(method="gradient_rollout") needs autograd, which '
+            "torch.inference_mode() switches off for good; call it outside the "
+            "inference_mode block (an outer torch.no_grad() is fine)."
+        )
+        raise RuntimeError(msg)
+    with torch.enable_grad():
+        with capture(model) as cap:
+            result = _call(model, inputs)
+        logits = _logits(result)
+        weights = cap.attentions  # checks that one stack of layers was captured
+        records = cap.records
+        classes = _target_classes(target, logits.shape[0], logits.shape[1], logits.detach())
+        score = logits.gather(-1, classes.to(logits.device)[:, None]).sum()
+        if not score.requires_grad or not all(w.requires_grad for w in records):
+            msg = (
+                "The attention weights are not on the autograd graph, so no gradient can "
+                'reach them: explain(method="gradient_rollout") needs parameters (or inputs) '
+                "that require grad upstream of the attention; unfreeze the model "
+                "(model.requires_grad_(True)) for the call."
+            )
+            raise RuntimeError(msg)
+        # A layer the logits do not depend on gets None (allow_unused): its gradient is 0.
+        grads: Sequence[torch.Tensor | None] = torch.autograd.grad(
+            score, records, allow_unused=True
+        )
+    gradients = torch.stack(
+        [torch.zeros_like(w) if g is None else g for w, g in zip(records, grads, strict=True)],
+        dim=-4,
+    )
+    options.setdefault("mask", cap.mask)
+    return attnflow.gradient_rollout(weights.detach(), gradients, rows=rows, **options)
 
 
 def input_gradients(

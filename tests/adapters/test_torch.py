@@ -1099,3 +1099,97 @@ def test_faithfulness_on_a_torch_model(bert_classifier, padded_ids):
     with torch.no_grad():
         logits = bert_classifier(input_ids=ids, attention_mask=mask.long()).logits
     assert report.accuracy == pytest.approx(float((logits.argmax(-1) == labels).double().mean()))
+
+
+# -- gradient-weighted rollout (Chefer et al. 2021, GAE) -----------------------------------------
+class CLSClassifier(torch.nn.Module):
+    """The pretrained MiniLM with a seeded linear head on the [CLS] state."""
+
+    def __init__(self, encoder, classes=3):
+        super().__init__()
+        self.encoder = encoder
+        generator = torch.Generator().manual_seed(1234)
+        self.head = torch.nn.Linear(encoder.config.hidden_size, classes)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.randn(self.head.weight.shape, generator=generator))
+            self.head.bias.zero_()
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, **kwargs):
+        hidden = self.encoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            **kwargs,
+        )
+        return self.head(hidden.last_hidden_state[:, 0])
+
+
+def chefer_gae(classifier, batch, target=None):
+    """Chefer et al.'s loop: retain_grad on eager output_attentions, R += Ā R per sample."""
+    out = classifier.encoder(**batch, output_attentions=True)
+    for weights in out.attentions:
+        weights.retain_grad()
+    logits = classifier.head(out.last_hidden_state[:, 0])
+    classes = logits.argmax(-1) if target is None else torch.as_tensor(target)
+    one_hot = torch.zeros_like(logits)
+    one_hot[torch.arange(logits.shape[0]), classes] = 1
+    (one_hot * logits).sum().backward()
+    classifier.zero_grad(set_to_none=True)
+    relevances = []
+    for sample in range(logits.shape[0]):
+        n = out.attentions[0].shape[-1]
+        relevance = torch.eye(n, dtype=torch.float64)
+        for weights in out.attentions:
+            cam = weights[sample].detach().double()
+            grad = weights.grad[sample].double()
+            cam = (grad * cam).clamp(min=0).mean(dim=0)
+            relevance = relevance + cam @ relevance
+        relevances.append(relevance)
+    return torch.stack(relevances), classes
+
+
+@pytest.mark.parametrize("target", [None, 2])
+def test_minilm_gae_through_explain_equals_chefer_loop(minilm, batch, target):
+    classifier = CLSClassifier(minilm["eager"]).eval()
+    expected, classes = chefer_gae(classifier, batch, target)
+    assert expected[:, 0, 1:].abs().max() > 1e-3  # gradients reach the attention
+    assert all(p.grad is None for p in classifier.parameters())
+    got = adapter.explain(
+        classifier, batch, method="gradient_rollout", target=target, rows=None, mask=None
+    )
+    assert all(p.grad is None for p in classifier.parameters())  # .grad left untouched
+    assert got.shape == (2, 12, 12)
+    assert not got.requires_grad
+    torch.testing.assert_close(got.double(), expected, atol=1e-6, rtol=1e-6)
+    # The [CLS] row without [CLS], as Chefer et al. report it; with the captured mask the
+    # padded tokens get exactly zero and real tokens keep Chefer's values.
+    cls = adapter.explain(
+        classifier, batch, method="gradient_rollout", target=target, exclude_self=True
+    )
+    mask = batch["attention_mask"].bool()
+    torch.testing.assert_close(cls[:, 1:].double(), expected[:, 0, 1:], atol=1e-6, rtol=1e-6)
+    assert bool((cls[:, 0] == 0).all())
+    assert bool((cls[~mask] == 0).all())
+    # The SDPA path captures the same weights and gradients (within float32 rounding).
+    sdpa = CLSClassifier(minilm["sdpa"]).eval()
+    got_sdpa = adapter.explain(sdpa, batch, method="gradient_rollout", target=target)
+    torch.testing.assert_close(got_sdpa.double(), expected[:, 0], atol=1e-4, rtol=1e-4)
+    if target is None:
+        with torch.no_grad():
+            assert torch.equal(classes, classifier(**batch).argmax(-1))
+
+
+def test_explain_gradient_rollout_errors(minilm, batch):
+    classifier = CLSClassifier(minilm["eager"]).eval()
+    with pytest.raises(ValueError, match="`target` selects the class"):
+        adapter.explain(classifier, batch, target=1)
+    with pytest.raises(ValueError, match=r"`target` classes must lie in \[0, 3\)"):
+        adapter.explain(classifier, batch, method="gradient_rollout", target=5)
+    with pytest.raises(TypeError, match="needs a classifier"):
+        adapter.explain(minilm["eager"], batch, method="gradient_rollout")
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="needs autograd"):
+        adapter.explain(classifier, batch, method="gradient_rollout")
+    frozen = copy.deepcopy(classifier).requires_grad_(False)
+    with pytest.raises(RuntimeError, match="not on the autograd graph"):
+        adapter.explain(frozen, batch, method="gradient_rollout")
+    assert_restored(classifier)
