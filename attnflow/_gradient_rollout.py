@@ -109,7 +109,7 @@ def gradient_rollout(
 
         \bar A_l = \operatorname{mean}_h \big( (\nabla_{A_{l,h}} y \odot A_{l,h})^+ \big).
 
-    ``rule="gae"`` (Chefer et al. 2021, eq. 5-6, "GAE") accumulates relevance additively,
+    ``rule="gae"`` (Chefer et al. 2021, "GAE", the rules for self-attention) accumulates relevance additively,
     starting from the identity:
 
     .. math::

@@ -227,7 +227,7 @@ def oracle_gradient_rollout(
     mask: np.ndarray | None = None,
     exclude_self: bool = False,
 ) -> np.ndarray:
-    """Gradient-weighted rollout from Chefer et al. (2021), eqs. 5-6, with explicit loops.
+    """Gradient-weighted rollout, Chefer et al. (2021) self-attention rules, with explicit loops.
 
     Per layer ``Ā = (1/H) Σ_h max(G_h * A_h, 0)`` element by element. GAE: ``R = I``, then
     ``R = R + Ā @ R`` for each layer. "weighted": rows of ``Ā`` divided by their sum (an
