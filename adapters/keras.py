@@ -308,15 +308,20 @@ def explain(
     model: keras.Layer,
     inputs: Mapping[str, Any] | Sequence[Any] | Any,
     *,
-    method: Literal["rollout", "flow"] = "rollout",
+    method: Literal["rollout", "flow", "gradient_rollout"] = "rollout",
     rows: int | Sequence[int] | None = 0,
+    target: Any = None,
     **options: Any,
 ) -> Any:
-    """Capture a Keras model's attention on `inputs` and return rollout or flow maps.
+    """Capture a Keras model's attention on `inputs` and return rollout, flow or GAE maps.
 
     Calls ``model(inputs)`` eagerly inside :func:`capture` (a mapping, list or tuple is
     passed as one argument, as Keras models take their inputs), then applies
     :func:`attnflow.rollout` or :func:`attnflow.flow` with the captured padding mask.
+    ``method="gradient_rollout"`` also differentiates the logit of the `target` class of
+    each sample (summed over the batch) with respect to every layer's attention weights
+    (:func:`attention_gradients`, the backend's own autodiff) and applies
+    :func:`attnflow.gradient_rollout` to the weights and gradients, paired layer by layer.
 
     Parameters
     ----------
@@ -324,14 +329,18 @@ def explain(
         The model (see :func:`capture`).
     inputs : tensor, mapping or sequence
         The model's inputs.
-    method : {"rollout", "flow"}, default "rollout"
+    method : {"rollout", "flow", "gradient_rollout"}, default "rollout"
         The attribution method.
     rows : int, sequence of int or None, default 0
         Output positions to explain; 0 is the first token, None gives the full ``n x n``
         map.
+    target : int, sequence of int, 1-d integer tensor or None, default None
+        ``"gradient_rollout"`` only: the class whose logit is explained (the model returns
+        ``(batch, classes)`` logits), None for each sample's predicted class.
     **options
-        Passed on to :func:`attnflow.rollout` or :func:`attnflow.flow` (``heads``,
-        ``residual``, ``layers``, ``mask``, ``normalize``...). A string `heads`
+        Passed on to :func:`attnflow.rollout`, :func:`attnflow.flow` or
+        :func:`attnflow.gradient_rollout` (``heads``, ``residual``, ``layers``, ``mask``,
+        ``normalize``, ``rule``, ``exclude_self``...). A string `heads`
         (``"mean"``, ``"max"``, ``"min"``) is applied while capturing, to save memory.
         ``mask`` overrides the captured mask (pass ``mask=None`` to ignore padding).
 
@@ -357,8 +366,27 @@ def explain(
     >>> tuple(scores.shape)
     (2, 6)
     """
-    if method not in ("rollout", "flow"):
-        msg = f'`method` must be "rollout" or "flow"; got {method!r}.'
+    if method not in ("rollout", "flow", "gradient_rollout"):
+        msg = f'`method` must be "rollout", "flow" or "gradient_rollout"; got {method!r}.'
+        raise ValueError(msg)
+    if method == "gradient_rollout":
+        _check_target_type(target)
+        with capture(model) as cap:
+            logits = _logits(model(inputs))
+        batch, n_classes = (int(d) for d in logits.shape)
+        classes = keras.ops.convert_to_tensor(
+            _target_classes(target, batch, n_classes, _to_numpy(logits))
+        )
+        attentions, gradients = attention_gradients(
+            model, inputs, target=lambda y: _target_score(_logits(y), classes, "logit")
+        )
+        options.setdefault("mask", cap.mask)
+        return attnflow.gradient_rollout(attentions, gradients, rows=rows, **options)
+    if target is not None:
+        msg = (
+            f'`target` selects the class explained by method="gradient_rollout"; {method} '
+            "does not use gradients. Drop `target`, or pass method='gradient_rollout'."
+        )
         raise ValueError(msg)
     heads = options.pop("heads", "mean")
     fuse_now = isinstance(heads, str) and heads in ("mean", "max", "min")

@@ -551,3 +551,41 @@ def test_input_gradients_errors(classifier, in_float64):
     with pytest.raises(RuntimeError, match="ran 2 times"):
         adapter.input_gradients(twice, TOKENS, embeddings=embed)
     assert "call" not in vars(embed)
+
+
+# -- gradient-weighted rollout (Chefer et al. 2021, GAE) -----------------------------------------
+@pytest.mark.parametrize("target", [None, 1])
+def test_explain_gradient_rollout_equals_chefer_loop(in_float64, target):
+    model, _, _ = make_classifier(seed=3)
+    logits = to_numpy(model(TOKENS))
+    classes = logits.argmax(-1) if target is None else np.full(2, target)
+    attentions, gradients = adapter.attention_gradients(
+        model,
+        TOKENS,
+        target=lambda y: keras.ops.sum(y * keras.ops.one_hot(classes, CLASSES, dtype=y.dtype)),
+    )
+    weights, grads = to_numpy(attentions), to_numpy(gradients)
+    assert np.abs(grads).max() > 1e-6
+    expected = []
+    for sample in range(2):  # Chefer's loop: R = I; R += mean_h((G * A)^+) @ R per layer
+        relevance = np.eye(N)
+        for layer in range(weights.shape[1]):
+            cam = np.clip(grads[sample, layer] * weights[sample, layer], 0, None).mean(0)
+            relevance = relevance + cam @ relevance
+        expected.append(relevance)
+    got = adapter.explain(model, TOKENS, method="gradient_rollout", target=target, rows=None)
+    assert keras.ops.is_tensor(got) or isinstance(got, np.ndarray)
+    np.testing.assert_allclose(to_numpy(got), np.stack(expected), rtol=1e-10, atol=1e-10)
+    cls = adapter.explain(
+        model, TOKENS, method="gradient_rollout", target=target, exclude_self=True
+    )
+    np.testing.assert_allclose(to_numpy(cls)[:, 1:], np.stack(expected)[:, 0, 1:], rtol=1e-10)
+    assert np.all(to_numpy(cls)[:, 0] == 0)
+
+
+def test_explain_gradient_rollout_errors(functional, batch):
+    model, _ = functional
+    with pytest.raises(ValueError, match="`target` selects the class"):
+        adapter.explain(model, batch, target=1)
+    with pytest.raises(TypeError, match="needs a classifier"):
+        adapter.explain(model, batch, method="gradient_rollout")
