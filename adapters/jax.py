@@ -697,10 +697,40 @@ def _explain(
     return function(cap.attentions, rows=rows, heads=None, **settings)  # type: ignore[no-any-return, unused-ignore]
 
 
-def _check_method(method: object) -> None:
-    if method not in ("rollout", "flow"):
-        msg = f'`method` must be "rollout" or "flow"; got {method!r}.'
+def _check_method(method: object, target: object) -> None:
+    if method not in ("rollout", "flow", "gradient_rollout"):
+        msg = f'`method` must be "rollout", "flow" or "gradient_rollout"; got {method!r}.'
         raise ValueError(msg)
+    if method != "gradient_rollout" and target is not None:
+        msg = (
+            f'`target` selects the class explained by method="gradient_rollout"; {method} '
+            "does not use gradients. Drop `target`, or pass method='gradient_rollout'."
+        )
+        raise ValueError(msg)
+    _check_target_type(target)
+
+
+def _class_logit(target: Any) -> Callable[[Any], jax.Array]:
+    """Return the scalar that gradient_rollout differentiates: target logits summed over the batch."""
+
+    def score(outputs: Any) -> jax.Array:
+        logits = _logits_of(outputs)
+        classes, _ = _target_classes(target, int(logits.shape[0]), int(logits.shape[1]))
+        return _target_score(logits, classes, "logit")
+
+    return score
+
+
+def _explain_gradients(
+    cap: Capture, rows: int | Sequence[int] | None, options: Mapping[str, Any] | None
+) -> jax.Array:
+    """Run gradient_rollout on a capture with per-head weights and their gradients."""
+    assert cap.gradients is not None  # gradients_linen / gradients_nnx fill them
+    settings = {"mask": cap.mask, **(options or {})}
+    result: jax.Array = attnflow.gradient_rollout(
+        cap.attentions, cap.gradients, rows=rows, **settings
+    )
+    return result
 
 
 def explain_linen(
@@ -708,9 +738,10 @@ def explain_linen(
     variables: Any,
     /,
     *args: Any,
-    method: Literal["rollout", "flow"] = "rollout",
+    method: Literal["rollout", "flow", "gradient_rollout"] = "rollout",
     rows: int | Sequence[int] | None = 0,
     heads: HeadReduction = "mean",
+    target: Any = None,
     options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> jax.Array:
@@ -727,14 +758,24 @@ def explain_linen(
         Its variables, as for ``module.apply``.
     *args
         The model's positional inputs.
-    method : {"rollout", "flow"}, default "rollout"
+    method : {"rollout", "flow", "gradient_rollout"}, default "rollout"
         The attribution method. Flow runs on the host and cannot be traced.
+        ``"gradient_rollout"`` (Chefer et al.'s GAE, :func:`attnflow.gradient_rollout`)
+        differentiates the logit of the `target` class of each sample, summed over the
+        batch, with respect to every layer's attention weights (:func:`gradients_linen`)
+        and pairs weights and gradients layer by layer; it is traceable.
     rows : int, sequence of int or None, default 0
         Output positions to explain.
     heads : {"mean", "max", "min"}, default "mean"
-        Head fusion, applied while capturing.
+        Head fusion, applied while capturing (rollout and flow; gradient rollout needs
+        every head and ignores it).
+    target : int, sequence of int, integer array or None, default None
+        ``"gradient_rollout"`` only: the class whose logit is explained (the model returns
+        ``(batch, classes)`` logits, or an output with ``.logits``); None for each
+        sample's predicted class.
     options : mapping, optional
-        More options for the method (``residual``, ``layers``, ``mask``...).
+        More options for the method (``residual``, ``layers``, ``mask``, ``rule``,
+        ``normalize``, ``exclude_self``...).
     **kwargs
         The model's keyword inputs, as for ``module.apply``.
 
@@ -758,7 +799,10 @@ def explain_linen(
     >>> explain_linen(Encoder(), variables, x, rows=0).shape
     (1, 5)
     """
-    _check_method(method)
+    _check_method(method, target)
+    if method == "gradient_rollout":
+        _, cap = gradients_linen(module, variables, *args, target=_class_logit(target), **kwargs)
+        return _explain_gradients(cap, rows, options)
     _, cap = capture_linen(module, variables, *args, heads=heads, **kwargs)
     return _explain(cap, method, rows, options)
 
@@ -767,9 +811,10 @@ def explain_nnx(
     model: nnx.Module,
     /,
     *args: Any,
-    method: Literal["rollout", "flow"] = "rollout",
+    method: Literal["rollout", "flow", "gradient_rollout"] = "rollout",
     rows: int | Sequence[int] | None = 0,
     heads: HeadReduction = "mean",
+    target: Any = None,
     options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> jax.Array:
@@ -783,14 +828,19 @@ def explain_nnx(
         The model.
     *args
         Its positional inputs.
-    method : {"rollout", "flow"}, default "rollout"
-        The attribution method.
+    method : {"rollout", "flow", "gradient_rollout"}, default "rollout"
+        The attribution method; ``"gradient_rollout"`` as for :func:`explain_linen`,
+        with :func:`gradients_nnx`.
     rows : int, sequence of int or None, default 0
         Output positions to explain.
     heads : {"mean", "max", "min"}, default "mean"
-        Head fusion, applied while capturing.
+        Head fusion, applied while capturing (rollout and flow only).
+    target : int, sequence of int, integer array or None, default None
+        ``"gradient_rollout"`` only: the class whose logit is explained; None for each
+        sample's predicted class.
     options : mapping, optional
-        More options for the method (``residual``, ``layers``, ``mask``...).
+        More options for the method (``residual``, ``layers``, ``mask``, ``rule``,
+        ``normalize``, ``exclude_self``...).
     **kwargs
         Its keyword inputs.
 
@@ -810,7 +860,10 @@ def explain_nnx(
     >>> explain_nnx(attention, x, method="flow", rows=[0, 1]).shape
     (1, 2, 5)
     """
-    _check_method(method)
+    _check_method(method, target)
+    if method == "gradient_rollout":
+        _, cap = gradients_nnx(model, *args, target=_class_logit(target), **kwargs)
+        return _explain_gradients(cap, rows, options)
     _, cap = capture_nnx(model, *args, heads=heads, **kwargs)
     return _explain(cap, method, rows, options)
 

@@ -579,3 +579,88 @@ def test_input_gradients_nnx_errors(nnx_classifier):
         with pytest.raises(TypeError, match=r"\(batch, classes\).*\(2, 5, 8\)"):
             adapter.input_gradients_nnx(model.embed, IDS)
     assert nnx.Embed.__dict__["__call__"] is original_call
+
+
+# -- gradient-weighted rollout (Chefer et al. 2021, GAE) -----------------------------------------
+def chefer_loop(weights, grads):
+    """Chefer's loop per sample: R = I; R += mean_h((G * A)^+) @ R, layer by layer."""
+    weights, grads = np.asarray(weights, np.float64), np.asarray(grads, np.float64)
+    out = []
+    for sample in range(weights.shape[0]):
+        relevance = np.eye(weights.shape[-1])
+        for layer in range(weights.shape[1]):
+            cam = np.clip(grads[sample, layer] * weights[sample, layer], 0, None).mean(0)
+            relevance = relevance + cam @ relevance
+        out.append(relevance)
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("target", [None, 1])
+def test_explain_gradient_rollout_linen_equals_chefer_loop(linen_classifier, in_x64, target):
+    model, variables, mask = linen_classifier
+    logits = model.apply(variables, IDS, mask)
+    classes = resolve(target, logits)
+    _, cap = adapter.gradients_linen(
+        model,
+        variables,
+        IDS,
+        mask,
+        target=lambda y: jnp.sum(y * jax.nn.one_hot(classes, CLASSES, dtype=y.dtype)),
+    )
+    expected = chefer_loop(cap.attentions, cap.gradients)
+    assert np.abs(np.asarray(cap.gradients)).max() > 1e-6
+    got = adapter.explain_linen(
+        model,
+        variables,
+        IDS,
+        mask,
+        method="gradient_rollout",
+        target=target,
+        rows=None,
+        options={"mask": None},
+    )
+    assert got.dtype == jnp.float64
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10)
+    # The [CLS] row without [CLS], under jit, with the captured padding mask.
+    cls = jax.jit(
+        lambda v: adapter.explain_linen(
+            model,
+            v,
+            IDS,
+            mask,
+            method="gradient_rollout",
+            target=target,
+            options={"exclude_self": True},
+        )
+    )(variables)
+    real = np.asarray(VALID, bool)
+    np.testing.assert_allclose(
+        np.where(real, cls, 0.0)[:, 1:], np.where(real, expected[:, 0], 0.0)[:, 1:], rtol=1e-10
+    )
+    assert np.all(np.asarray(cls)[:, 0] == 0)
+    assert np.all(np.asarray(cls)[~real] == 0)
+
+
+def test_explain_gradient_rollout_nnx_equals_chefer_loop(nnx_classifier):
+    _, mask = nnx_classifier
+    model = NNXClassifier(nnx.Rngs(3), dtype=jnp.float32)
+    for attention in model.attention:  # the default attention, which the adapter sees
+        attention.attention_fn = nnx.dot_product_attention
+    logits = model(IDS, mask)
+    classes = jnp.argmax(logits, axis=-1)
+    _, cap = adapter.gradients_nnx(
+        model,
+        IDS,
+        mask,
+        target=lambda y: jnp.sum(y * jax.nn.one_hot(classes, CLASSES, dtype=y.dtype)),
+    )
+    expected = chefer_loop(cap.attentions, cap.gradients)
+    got = adapter.explain_nnx(
+        model, IDS, mask, method="gradient_rollout", rows=None, options={"mask": None}
+    )
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="`target` selects the class"):
+        adapter.explain_nnx(model, IDS, mask, target=1)
+    with pytest.raises(ValueError, match=r"`target` classes must lie in \[0, 3\)"):
+        adapter.explain_nnx(model, IDS, mask, method="gradient_rollout", target=7)
