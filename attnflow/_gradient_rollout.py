@@ -71,9 +71,13 @@ def _layout(first: Any, arrays: list[Any] | None, name: str) -> AttentionLayout:
 def _check_gradients_finite(gradients: Any, keep: Any | None, xp: Namespace) -> None:
     if not values_are_inspectable(gradients):
         return
-    finite = xp.isfinite(gradients)
     if keep is not None:
-        finite = finite | ~keep
+        zero = xp.zeros((), dtype=gradients.dtype, device=array_device(gradients))
+        gradients = xp.where(keep, gradients, zero)
+    # One reduction decides (NaN and infinities reach the sum); count only to word an error.
+    if bool(xp.isfinite(xp.sum(gradients))):
+        return
+    finite = xp.isfinite(gradients)
     if not bool(xp.all(finite)):
         count = int(xp.count_nonzero(~finite))
         msg = (
@@ -297,13 +301,14 @@ def gradient_rollout(
         check_attention_values(weights, namespace, valid_rows=valid_rows)
         _check_gradients_finite(grads, keep, namespace)
 
-    zeros = namespace.zeros_like(weights)
+    zeros = namespace.zeros((), dtype=weights.dtype, device=array_device(weights))
     if mask is not None:
         weights = namespace.where(keep, weights, zeros)
         weights = normalize_rows(weights, namespace, valid_rows=valid_rows)
         grads = namespace.where(keep, grads, zeros)
     product = grads * weights
-    fused = namespace.mean(namespace.where(product > 0, product, zeros), axis=-3)
+    # (·)^+ as a maximum with a 0-d zero: one pass (a `where` on a comparison takes ~5x).
+    fused = namespace.mean(namespace.maximum(product, zeros), axis=-3)
     if mask is not None:
         valid_rows, valid_keys = valid_rows[..., 0, :, :], valid_keys[..., 0, :, :]
 
