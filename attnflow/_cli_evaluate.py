@@ -70,7 +70,7 @@ def configure_evaluate(parser: argparse.ArgumentParser) -> None:
         "--sentences",
         type=int,
         default=None,
-        help="test sentences evaluated (default: 2000 for agreement, 1000 for sentiment)",
+        help="test sentences evaluated (default: 2000 for agreement, 500 for sentiment)",
     )
     group.add_argument("--seed", type=int, default=0, help="seed of data and training")
     group.add_argument(
@@ -272,7 +272,7 @@ def _run_sentiment(
     folder.mkdir(parents=True, exist_ok=True)
     reports, record = table3.reproduce_sentiment(
         folder,
-        sentences=args.sentences or 1000,
+        sentences=args.sentences or 500,
         train_sentences=args.train_sentences,
         seed=args.seed,
         rows=rows,  # type: ignore[arg-type]  # checked by faithfulness
