@@ -8,10 +8,11 @@ from typing import Any, Literal
 from array_api_compat import device as array_device
 
 from ._pipeline import PreparedAttention, prepare_attention, select_rows
+from ._pruning import prune
 from ._residual import mix_residual
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 
-__all__ = ["raw", "rollout", "rollout_products"]
+__all__ = ["head_products", "raw", "rollout", "rollout_products"]
 
 
 def _identity_rows(fused: Any, rows: tuple[int, ...], valid_keys: Any | None, xp: Namespace) -> Any:
@@ -96,6 +97,121 @@ def rollout_products(
     return chains[..., 0, :] if isinstance(rows, int) else chains
 
 
+def head_products(
+    heads: Any,
+    fused: Any,
+    *,
+    residual: float,
+    rows: int | tuple[int, ...] | None,
+    all_layers: bool,
+    valid_keys: Any | None,
+    xp: Namespace,
+) -> Any:
+    """Head-specific rollout (Abnar & Zuidema 2020, Appendix A.1).
+
+    The map of head ``k`` at layer ``i`` is ``Ã_{i,k} R̄_{i-1}``, with
+    ``Ã_{i,k} = (1 - α) W_{i,k} + α I`` and ``R̄`` the rollout of the head-fused layers
+    below (``R̄_0 = I``). `heads` holds the reported layers' heads,
+    ``(*batch, L or 1, H, n, n)``; `fused` every used layer, ``(*batch, L, n, n)``. Returns
+    ``(*batch, [L,] H, ...)`` with the row selection of :func:`rollout_products`.
+    """
+    alpha = residual
+    n_layers, n = fused.shape[-3], fused.shape[-1]
+    index = None if rows is None else (rows,) if isinstance(rows, int) else rows
+
+    def times_heads(below: Any, top: Any) -> Any:
+        """``Ã_{i,k} R̄`` (rows `index`) for head matrices `top` ``(..., H, n, n)``."""
+        below = below[..., None, :, :]
+        product = xp.matmul(select_rows(top, index, xp), below)
+        if alpha == 0.0:
+            return product
+        return (1.0 - alpha) * product + alpha * select_rows(below, index, xp)
+
+    def identity() -> Any:
+        """``R̄_0``: the identity on real tokens, ``(*batch | 1, 1, n, n)``."""
+        eye = xp.eye(n, dtype=fused.dtype, device=array_device(fused))
+        if valid_keys is None:
+            return eye[None, :, :]
+        return xp.where(valid_keys, eye, xp.zeros_like(eye))[..., :1, :, :]
+
+    if all_layers:
+        below = identity()
+        if n_layers > 1:
+            rolled = rollout_products(
+                fused[..., :-1, :, :],
+                residual=alpha,
+                rows=None,
+                all_layers=True,
+                valid_keys=valid_keys,
+                xp=xp,
+            )
+            below = xp.concat(
+                [xp.broadcast_to(below, (*rolled.shape[:-3], 1, n, n)), rolled], axis=-3
+            )
+        maps = times_heads(below, heads)
+    elif index is not None:
+        # Rows of the top layer's heads, then vector-matrix chains down the fused layers.
+        top = heads[..., 0, :, :, :]
+        vectors = select_rows(top, index, xp)
+        if alpha != 0.0:
+            units = _identity_rows(fused, index, valid_keys, xp)[..., None, :, :]
+            vectors = (1.0 - alpha) * vectors + alpha * units
+        for i in range(n_layers - 2, -1, -1):
+            product = xp.matmul(vectors, fused[..., i, None, :, :])
+            vectors = product if alpha == 0.0 else (1.0 - alpha) * product + alpha * vectors
+        maps = vectors
+    else:
+        below = identity()[..., 0, :, :]
+        if n_layers > 1:
+            below = rollout_products(
+                fused[..., :-1, :, :],
+                residual=alpha,
+                rows=None,
+                all_layers=False,
+                valid_keys=valid_keys,
+                xp=xp,
+            )
+        maps = times_heads(below, heads[..., 0, :, :, :])
+    return maps[..., 0, :] if isinstance(rows, int) else maps
+
+
+def _compose(prepared: PreparedAttention) -> Any:
+    """Rollout of prepared attention: pruned if asked, fused or head by head."""
+    xp = prepared.xp
+    fused, alpha = prune(
+        prepared.fused,
+        prepared.pruning,
+        xp,
+        residual=prepared.residual,
+        valid_keys=prepared.valid_keys,
+    )
+    if prepared.per_head is None:
+        return rollout_products(
+            fused,
+            residual=alpha,
+            rows=prepared.rows,
+            all_layers=prepared.all_layers,
+            valid_keys=prepared.valid_keys,
+            xp=xp,
+        )
+    heads, _ = prune(
+        prepared.per_head,
+        prepared.pruning,
+        xp,
+        residual=prepared.residual,
+        valid_keys=prepared.head_keys,
+    )
+    return head_products(
+        heads,
+        fused,
+        residual=alpha,
+        rows=prepared.rows,
+        all_layers=prepared.all_layers,
+        valid_keys=prepared.valid_keys,
+        xp=xp,
+    )
+
+
 def _select(prepared: PreparedAttention, per_layer: Any) -> Any:
     """Rows of the reported layer(s) of per-layer matrices ``(*batch, L, n, n)``."""
     xp = prepared.xp
@@ -112,6 +228,9 @@ def rollout(
     rows: RowSelection = None,
     layers: LayerSelection = "last",
     mask: Any | None = None,
+    threshold: float | None = None,
+    top_k: int | None = None,
+    discard: float | None = None,
     validate: bool | Literal["heads"] = True,
     xp: Namespace | None = None,
 ) -> ArrayT:
@@ -223,16 +342,12 @@ def rollout(
         mask=mask,
         validate=validate,
         xp=xp,
+        allow_each=True,
+        threshold=threshold,
+        top_k=top_k,
+        discard=discard,
     )
-    result = rollout_products(
-        prepared.fused,
-        residual=prepared.residual,
-        rows=prepared.rows,
-        all_layers=prepared.all_layers,
-        valid_keys=prepared.valid_keys,
-        xp=prepared.xp,
-    )
-    return prepared.boundary.restore(result)  # type: ignore[no-any-return]
+    return prepared.boundary.restore(_compose(prepared))  # type: ignore[no-any-return]
 
 
 def raw(
