@@ -402,12 +402,25 @@ def flow(
     With ``normalize=True`` (the paper's code) each output row is divided by its sum. At
     the first layer flow equals rollout equals :math:`\tilde A_1`.
 
+    With ``heads="each"`` (Abnar & Zuidema 2020, Appendix A.1) head :math:`k` of layer
+    :math:`i` gets its own graph: layers :math:`1 .. i-1` are the head-fused (mean) layers
+    :math:`\tilde A_l`, layer :math:`i` is :math:`\tilde A_{i,k} = (1 - \alpha) W_{i,k} +
+    \alpha I` alone. Max-flow is concave in the capacities (a minimum over cuts of
+    capacity sums), so the mean over heads of the raw head flows is at most the fused raw
+    flow, with equality at the first layer, where each head's flow is
+    :math:`\tilde A_{1,k}`.
+
+    `threshold`, `top_k` and `discard` prune the capacities exactly as :func:`rollout`
+    prunes its layers (rows renormalised, so every row of capacities still sums to one);
+    pruned edges leave the graph.
+
     Parameters
     ----------
     attentions : array or sequence of arrays
         Attention probabilities, as for :func:`rollout`.
-    heads : {"mean", "max", "min"}, callable, array_like or None, default "mean"
-        Head fusion, as for :func:`rollout`.
+    heads : {"mean", "max", "min", "each"}, callable, array_like or None, default "mean"
+        Head fusion, as for :func:`rollout`; ``"each"`` gives one flow per head of the
+        reported layer(s), the layers below fused by the mean (see above).
     residual : float, default 0.5
         The weight :math:`\alpha` of the identity, as for :func:`rollout`.
     rows : int, sequence of int or None, default None
@@ -419,6 +432,15 @@ def flow(
     mask : bool array of shape ``(*batch, n)``, optional
         Padding mask, as for :func:`rollout`: padded tokens are removed from the graph and
         get exactly zero flow.
+    threshold : float, optional
+        Drop fused attention weights below this value, as for :func:`rollout`.
+    top_k : int, optional
+        Keep the `top_k` largest capacities of each row of every layer, as for
+        :func:`rollout`.
+    discard : float, optional
+        Drop this fraction of each fused layer's lowest eligible weights (never column 0,
+        never padding), as for :func:`rollout`. At most one of `threshold`, `top_k` and
+        `discard`.
     normalize : bool, default True
         Divide each output row by its sum (as the paper's code does). False returns the
         raw max-flow values, each at most 1.
@@ -444,7 +466,8 @@ def flow(
     Returns
     -------
     array
-        Same shapes as :func:`rollout`, in the library, dtype and device of `attentions`.
+        Same shapes as :func:`rollout` (a heads axis after the layers axis with
+        ``heads="each"``), in the library, dtype and device of `attentions`.
 
     Raises
     ------
@@ -471,12 +494,15 @@ def flow(
     then certified instead of solved on the whole graph: the max-flow on a subgraph of
     the strongest edges (a lower bound) matches the max-flow of the graph unfolded into
     trees (an upper bound) to within 1e-12; the other pairs are solved on the whole
-    graph. Every value is therefore exact to floating-point rounding.
+    graph. Every value is therefore exact to floating-point rounding. Pruning runs on the
+    host too, in float64, after the one copy.
 
     References
     ----------
     .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
-       ACL 2020, https://arxiv.org/abs/2005.00928
+       ACL 2020, https://arxiv.org/abs/2005.00928; Appendix A.1 for head-specific maps.
+    .. [2] J. Gildenblat, "Explainability for Vision Transformers" (vit-explain),
+       https://github.com/jacobgil/vit-explain: ``discard_ratio``.
 
     Examples
     --------
@@ -489,6 +515,15 @@ def flow(
     >>> attnflow.flow(w)
     array([[0.75, 0.25],
            [0.2 , 0.8 ]])
+
+    One flow per head of the top layer (here one head: the fused flow itself), and
+    capacities pruned to the largest of each row:
+
+    >>> attnflow.flow(w, heads="each", rows=1)
+    array([[0.2, 0.8]])
+    >>> attnflow.flow(w, top_k=1)
+    array([[1., 0.],
+           [0., 1.]])
     """
     _check_flow_options(n_jobs, executor, progress, normalize, max_work)
     prepared = prepare_attention(
