@@ -86,7 +86,7 @@ def prune(
     return normalize_rows(kept, xp, valid_rows=valid_rows), 0.0
 
 
-def discard_counts(n_real: int, first_is_real: bool, fraction: float) -> int:
+def _discard_count(n_real: int, first_is_real: bool, fraction: float) -> int:
     """How many eligible entries `discard` drops from one layer of `n_real` real tokens.
 
     Eligible are the ``m`` entries whose query and key are real and whose key is not
@@ -112,7 +112,7 @@ def _discard(attention: Any, fraction: float, xp: Namespace, *, valid_keys: Any 
     ascending = xp.sort(flat, axis=-1)
     if valid_keys is None:
         # The (c+1)-th smallest eligible weight: entries strictly below it are dropped.
-        c = discard_counts(n, True, fraction)
+        c = _discard_count(n, True, fraction)
         if c == 0:
             return attention
         cutoff = ascending[..., c]
@@ -124,12 +124,12 @@ def _discard(attention: Any, fraction: float, xp: Namespace, *, valid_keys: Any 
         real = xp.sum(xp.astype(valid_keys, index_dtype), axis=-1)[..., 0]  # (...) like batch
         first_real = valid_keys[..., 0, 0]
         with_first = xp.asarray(
-            [discard_counts(r, True, fraction) for r in range(n + 1)],
+            [_discard_count(r, True, fraction) for r in range(n + 1)],
             dtype=index_dtype,
             device=device,
         )
         without_first = xp.asarray(
-            [discard_counts(r, False, fraction) for r in range(n + 1)],
+            [_discard_count(r, False, fraction) for r in range(n + 1)],
             dtype=index_dtype,
             device=device,
         )

@@ -259,6 +259,19 @@ def test_ties_at_a_cutoff_are_kept() -> None:
     np.testing.assert_array_equal(attnflow.rollout(uniform, threshold=0.3), np.eye(4))
 
 
+@pytest.mark.parametrize("options", [{"heads": "each"}, {"heads": "each", "discard": 0.5}])
+def test_per_layer_sequence_equals_stacked(backend: Variant, options: dict[str, Any]) -> None:
+    # What Hugging Face returns: one (*batch, heads, n, n) array per layer. (Eager in the
+    # jax-jit cell too: a Python list of arrays is not a jit argument.)
+    data = _weights("float64")
+    sequence = [backend.asarray(data[:, layer]) for layer in range(SHAPE[1])]
+    mask = backend.asarray(MASK)
+    run = attnflow.rollout if backend.jit else functools.partial(backend.run, attnflow.rollout)
+    stacked = run(backend.asarray(data), mask=mask, **options)
+    listed = run(sequence, mask=mask, **options)
+    np.testing.assert_array_equal(backend.to_numpy(listed), backend.to_numpy(stacked))
+
+
 def test_flow_cost_counts_every_head() -> None:
     weights = _weights("float64")
     fused = attnflow.flow_cost(weights, rows=0, layers="all", mask=MASK)
