@@ -423,8 +423,14 @@ def _parse_layers(text: str) -> str | int:
         raise UsageError(msg) from None
 
 
-def _parse_heads(text: str) -> str | list[float] | None:
+def _parse_heads(text: str, *, method: str) -> str | list[float] | None:
     """``--heads``: ``mean``, ``max``, ``min``, ``each``, ``none`` (already fused) or weights."""
+    if text == "each" and method == "raw":
+        msg = (
+            "--heads each (one map per head) is an option of 'attnflow rollout' and "
+            "'attnflow flow'; raw attention per head is the input itself"
+        )
+        raise UsageError(msg)
     if text in {"mean", "max", "min", "each"}:
         return text
     if text == "none":
@@ -495,7 +501,7 @@ def _configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
             "--top-k",
             type=int,
             default=None,
-            help="keep the K largest entries of each row of every mixed layer",
+            help="keep the TOP_K largest entries of each row of every mixed layer",
         )
         pruning.add_argument(
             "--discard",
@@ -558,7 +564,7 @@ def _run_method(args: argparse.Namespace, *, method: str) -> int:
     try:
         rows = _parse_rows(args.rows)
         layers = _parse_layers(args.layers)
-        heads = _parse_heads(args.heads)
+        heads = _parse_heads(args.heads, method=method)
         pruning = _pruning_options(args) if method != "raw" else {}
         source = Path(args.input)
         output = (

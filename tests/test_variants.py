@@ -418,4 +418,15 @@ def test_cli_bad_pruning_options_fail_in_one_line_and_write_nothing(
 
 def test_cli_raw_has_no_pruning_options(source: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["raw", str(source), "--top-k", "2"]) == EXIT_USAGE
-    assert "--top-k" in capsys.readouterr().err
+    assert "unrecognized arguments: --top-k" in capsys.readouterr().err
+
+
+def test_cli_raw_refuses_heads_each(
+    tmp_path: Path, source: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out.npz"
+    assert main(["raw", str(source), "--heads", "each", "-o", str(out)]) == EXIT_USAGE
+    assert "--heads each (one map per head) is an option of 'attnflow rollout'" in (
+        capsys.readouterr().err
+    )
+    assert not out.exists()
