@@ -12,7 +12,16 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["oracle_flow", "oracle_fuse", "oracle_raw", "oracle_rollout", "softmax_attention"]
+__all__ = [
+    "oracle_flow",
+    "oracle_flow_variant",
+    "oracle_fuse",
+    "oracle_mixed_layer",
+    "oracle_raw",
+    "oracle_rollout",
+    "oracle_rollout_variant",
+    "softmax_attention",
+]
 
 
 def softmax_attention(
@@ -206,3 +215,239 @@ def oracle_flow(
 
     per_layer = _per_item(attentions, mask, fused_input, compute)
     return _select(per_layer, rows, layers)
+
+
+# -- variants: pruned / top-k layers and head-specific maps (issue 9, items 2 and 3) ------
+
+
+def oracle_mixed_layer(
+    attention: np.ndarray,
+    *,
+    residual: float,
+    threshold: float | None = None,
+    top_k: int | None = None,
+    discard: float | None = None,
+    first_is_real: bool = True,
+) -> np.ndarray:
+    """``Ã`` of one cropped layer ``(n, n)``, pruned the documented way, rows renormalised.
+
+    threshold and discard act on the attention before the identity is mixed in; top-k on
+    the mixed matrix. Ties at a cut-off are kept. Plain Python sorting, entry by entry.
+    """
+    n = attention.shape[0]
+    a = np.array(attention, dtype=np.float64)
+    if threshold is not None:
+        for i in range(n):
+            for j in range(n):
+                if a[i, j] < threshold:
+                    a[i, j] = 0.0
+        a = _renormalise(a)
+    if discard is not None:
+        # Eligible: every entry of the (real, cropped) matrix except the first column, when
+        # that column is the sequence's position 0.
+        eligible = [(i, j) for i in range(n) for j in range(n) if not (first_is_real and j == 0)]
+        count = int(np.floor(discard * len(eligible)))
+        if count > 0:
+            ordered = sorted(a[i, j] for i, j in eligible)
+            cutoff = ordered[count]  # the (count+1)-th smallest survives, with its ties
+            for i, j in eligible:
+                if a[i, j] < cutoff:
+                    a[i, j] = 0.0
+            a = _renormalise(a)
+    mixed = (1 - residual) * a + residual * np.eye(n)
+    if top_k is not None:
+        for i in range(n):
+            ordered = sorted(mixed[i], reverse=True)
+            cutoff = ordered[min(top_k, n) - 1]
+            mixed[i] = [v if v >= cutoff else 0.0 for v in mixed[i]]
+        mixed = _renormalise(mixed)
+    return mixed
+
+
+def _variant_layers(
+    item: np.ndarray, keep: np.ndarray, *, masked: bool, fused_input: bool, each: bool
+) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
+    """Cropped mean-fused layers of one item, and each layer's cropped heads (if `each`)."""
+    fused = _layer_matrices(item, None if fused_input else "mean", keep, masked=masked)
+    heads: list[list[np.ndarray]] = []
+    if each:
+        for layer in item:
+            cropped = [h[np.ix_(keep, keep)] for h in layer]
+            heads.append([_renormalise(h) if masked else h for h in cropped])
+    return fused, heads
+
+
+def _pad_heads(
+    attentions: np.ndarray,
+    mask: np.ndarray | None,
+    compute: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    *,
+    fused_input: bool,
+    n_heads: int | None,
+) -> np.ndarray:
+    """``compute(item, keep)`` -> ``(L, [H,] k, k)`` per item, padded back to ``n``."""
+    core = 3 if fused_input else 4
+    batch_shape = attentions.shape[:-core]
+    n_layers, n = attentions.shape[-core], attentions.shape[-1]
+    head_shape = () if n_heads is None else (n_heads,)
+    out = np.zeros((*batch_shape, n_layers, *head_shape, n, n))
+    for index in np.ndindex(*batch_shape):
+        keep = np.ones(n, dtype=bool) if mask is None else mask[index]
+        kept = np.flatnonzero(keep)
+        result = compute(attentions[index].astype(np.float64), keep)
+        for position in np.ndindex(n_layers, *head_shape):
+            out[(*index, *position, *np.ix_(kept, kept))] = result[position]
+    return out
+
+
+def _select_variant(
+    per_layer: np.ndarray, rows: int | Sequence[int] | None, layers: object, *, each: bool
+) -> np.ndarray:
+    """Select layers (axis -4 with heads, -3 without) and rows of the oracle's output."""
+    if not each:
+        return _select(per_layer, rows, layers)
+    if layers == "last":
+        chosen = per_layer[..., -1, :, :, :]
+    elif layers == "all":
+        chosen = per_layer
+    else:
+        chosen = per_layer[..., layers, :, :, :]
+    if rows is None:
+        return chosen
+    if isinstance(rows, int):
+        return chosen[..., rows, :]
+    return chosen[..., list(rows), :]
+
+
+def oracle_rollout_variant(
+    attentions: np.ndarray,
+    *,
+    heads: object = "mean",
+    residual: float = 0.5,
+    rows: int | Sequence[int] | None = None,
+    layers: object = "last",
+    mask: np.ndarray | None = None,
+    threshold: float | None = None,
+    top_k: int | None = None,
+    discard: float | None = None,
+) -> np.ndarray:
+    """Pruned and/or head-specific rollout, full products per cropped item.
+
+    ``heads="each"``: head k at layer i is ``Ã_{i,k} R̄_{i-1}`` with ``R̄`` the rollout of
+    the mean-fused layers below (Abnar & Zuidema 2020, Appendix A.1); otherwise ``heads``
+    is "mean" or None (fused input).
+    """
+    each = heads == "each"
+    fused_input = heads is None
+    pruning = {"threshold": threshold, "top_k": top_k, "discard": discard}
+
+    def compute(item: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        fused, per_head = _variant_layers(
+            item, keep, masked=mask is not None, fused_input=fused_input, each=each
+        )
+        size = int(keep.sum())
+
+        def mixed(matrix: np.ndarray) -> np.ndarray:
+            return oracle_mixed_layer(
+                matrix, residual=residual, first_is_real=bool(keep[0]), **pruning
+            )
+
+        below = np.eye(size)
+        results = []
+        for layer, matrix in enumerate(fused):
+            if each:
+                results.append(np.stack([mixed(h) @ below for h in per_head[layer]]))
+            below = mixed(matrix) @ below
+            if not each:
+                results.append(below)
+        return np.stack(results)
+
+    n_heads = attentions.shape[-3] if each else None
+    per_layer = _pad_heads(attentions, mask, compute, fused_input=fused_input, n_heads=n_heads)
+    return _select_variant(per_layer, rows, layers, each=each)
+
+
+def oracle_flow_variant(
+    attentions: np.ndarray,
+    *,
+    heads: object = "mean",
+    residual: float = 0.5,
+    rows: int | Sequence[int] | None = None,
+    layers: object = "last",
+    mask: np.ndarray | None = None,
+    normalize: bool = True,
+    threshold: float | None = None,
+    top_k: int | None = None,
+    discard: float | None = None,
+) -> np.ndarray:
+    """Pruned and/or head-specific flow: networkx Edmonds-Karp on the paper's full graph.
+
+    With ``heads="each"`` the graph of head k at layer i has the mean-fused (pruned) layers
+    1 .. i-1 and head k's (pruned) matrix at layer i.
+    """
+    import networkx as nx
+    from networkx.algorithms.flow import edmonds_karp
+
+    each = heads == "each"
+    fused_input = heads is None
+    pruning = {"threshold": threshold, "top_k": top_k, "discard": discard}
+
+    def max_flows(stack: list[np.ndarray], wanted: Sequence[int]) -> np.ndarray:
+        size = stack[0].shape[0]
+        graph = nx.DiGraph()
+        graph.add_nodes_from((layer, k) for layer in range(len(stack) + 1) for k in range(size))
+        for layer, matrix in enumerate(stack, start=1):
+            for k in range(size):
+                for m in range(size):
+                    if matrix[k, m] > 0:
+                        graph.add_edge((layer, k), (layer - 1, m), capacity=matrix[k, m])
+        top = len(stack)
+        out = np.zeros((size, size))
+        for k in wanted:
+            for m in range(size):
+                out[k, m] = nx.maximum_flow_value(graph, (top, k), (0, m), flow_func=edmonds_karp)
+            if normalize and out[k].sum() > 0:
+                out[k] /= out[k].sum()
+        return out
+
+    def compute(item: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        fused, per_head = _variant_layers(
+            item, keep, masked=mask is not None, fused_input=fused_input, each=each
+        )
+        size = int(keep.sum())
+
+        def mixed(matrix: np.ndarray) -> np.ndarray:
+            return oracle_mixed_layer(
+                matrix, residual=residual, first_is_real=bool(keep[0]), **pruning
+            )
+
+        n_layers = len(fused)
+        if layers == "all":
+            reported = list(range(n_layers))
+        else:
+            reported = [n_layers - 1 if layers == "last" else int(layers) % n_layers]
+        kept = np.flatnonzero(keep)
+        wanted = (
+            range(size)
+            if rows is None
+            else [
+                int(np.searchsorted(kept, r % keep.size))
+                for r in ([rows] if isinstance(rows, int) else rows)
+                if keep[r % keep.size]
+            ]
+        )
+        below = [mixed(matrix) for matrix in fused]
+        shape = (n_layers, len(per_head[0])) if each else (n_layers,)
+        out = np.zeros((*shape, size, size))
+        for layer in reported:
+            if each:
+                for head, matrix in enumerate(per_head[layer]):
+                    stack = [*below[:layer], mixed(matrix)]
+                    out[layer, head] = max_flows(stack, wanted)
+            else:
+                out[layer] = max_flows(below[: layer + 1], wanted)
+        return out
+
+    n_heads = attentions.shape[-3] if each else None
+    per_layer = _pad_heads(attentions, mask, compute, fused_input=fused_input, n_heads=n_heads)
+    return _select_variant(per_layer, rows, layers, each=each)
