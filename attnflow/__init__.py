@@ -11,6 +11,7 @@ Importing attnflow imports no deep-learning framework and no plotting library.
 
 from __future__ import annotations
 
+from ._encoder_decoder import EncoderDecoderAttribution, encoder_decoder_rollout
 from ._flow import FlowCost, flow, flow_cost
 from ._heads import fuse_heads
 from ._residual import add_residual
@@ -29,6 +30,7 @@ from .evaluate import (
 )
 
 __all__ = [
+    "EncoderDecoderAttribution",
     "FaithfulnessReport",
     "FlowCost",
     "ModelFunctions",
@@ -37,6 +39,7 @@ __all__ = [
     "add_residual",
     "blank_out",
     "comprehensiveness",
+    "encoder_decoder_rollout",
     "deletion",
     "faithfulness",
     "flow",

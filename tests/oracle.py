@@ -451,3 +451,146 @@ def oracle_flow_variant(
     n_heads = attentions.shape[-3] if each else None
     per_layer = _pad_heads(attentions, mask, compute, fused_input=fused_input, n_heads=n_heads)
     return _select_variant(per_layer, rows, layers, each=each)
+
+
+# -- Encoder-decoder composition (issue 9, item 4) -----------------------------------------
+# Self-contained: plain float64 loops over batch items, layers, rows and columns, written
+# from the formulas in docs/maths.md ("Encoder-decoder models"), sharing nothing above.
+
+
+def _ed_rows_renormalised(matrix: np.ndarray, rows_real: np.ndarray, keys_real: np.ndarray) -> np.ndarray:
+    """Zero padded rows/keys; divide each real row by its sum over real keys (0 stays 0,
+    except a square matrix, whose empty real row becomes its own unit row)."""
+    out = np.zeros(matrix.shape)
+    for i in range(matrix.shape[0]):
+        if not rows_real[i]:
+            continue
+        total = 0.0
+        for j in range(matrix.shape[1]):
+            if keys_real[j]:
+                total += float(matrix[i, j])
+        for j in range(matrix.shape[1]):
+            if keys_real[j]:
+                out[i, j] = matrix[i, j] / total if total > 0 else 0.0
+        if total == 0 and matrix.shape[0] == matrix.shape[1]:
+            out[i, i] = 1.0
+    return out
+
+
+def _ed_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out = np.zeros((a.shape[0], b.shape[1]))
+    for i in range(a.shape[0]):
+        for j in range(b.shape[1]):
+            total = 0.0
+            for k in range(a.shape[1]):
+                total += float(a[i, k]) * float(b[k, j])
+            out[i, j] = total
+    return out
+
+
+def _ed_unit(real: np.ndarray) -> np.ndarray:
+    out = np.zeros((real.size, real.size))
+    for i in range(real.size):
+        out[i, i] = 1.0 if real[i] else 0.0
+    return out
+
+
+def oracle_encoder_decoder(
+    encoder: np.ndarray,
+    decoder: np.ndarray,
+    cross: np.ndarray,
+    *,
+    rule: str = "rollout",
+    gradients: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    residual: float = 0.5,
+    rows: int | Sequence[int] | None = None,
+    layers: object = "last",
+    source_mask: np.ndarray | None = None,
+    target_mask: np.ndarray | None = None,
+    normalize: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Encoder-decoder rollout (rule "rollout") or Chefer's GAE rules (rule "gae").
+
+    Inputs per head ``(*batch, L, H, q, k)``; heads fused by the mean (rollout) or by
+    ``mean_h((g * a)^+)`` (gae). Returns ``(source, target)`` as the library does.
+    """
+    a = 1.0 - residual
+    batch = encoder.shape[:-4]
+    n_dec, n_src, n_tgt = decoder.shape[-4], encoder.shape[-1], decoder.shape[-1]
+    out_s = np.zeros((*batch, n_dec, n_tgt, n_src))
+    out_t = np.zeros((*batch, n_dec, n_tgt, n_tgt))
+    for index in np.ndindex(*batch):
+        src = np.ones(n_src, bool) if source_mask is None else source_mask[index]
+        tgt = np.ones(n_tgt, bool) if target_mask is None else target_mask[index]
+
+        def fused(stack: np.ndarray, grads: np.ndarray | None, q: np.ndarray, k: np.ndarray) -> list[np.ndarray]:
+            layers_out = []
+            for layer in range(stack.shape[0]):
+                heads = stack.shape[1]
+                total = np.zeros(stack.shape[-2:])
+                for h in range(heads):
+                    w = _ed_rows_renormalised(stack[layer, h].astype(np.float64), q, k)
+                    if grads is not None:
+                        g = grads[layer, h].astype(np.float64)
+                        for i in range(w.shape[0]):
+                            for j in range(w.shape[1]):
+                                value = g[i, j] * w[i, j] if (q[i] and k[j]) else 0.0
+                                w[i, j] = value if value > 0 else 0.0
+                    total = total + w
+                layers_out.append(total / heads)
+            return layers_out
+
+        g = (None, None, None) if gradients is None else tuple(x[index] for x in gradients)
+        enc = fused(encoder[index], g[0], src, src)
+        dec = fused(decoder[index], g[1], tgt, tgt)
+        crs = fused(cross[index], g[2], tgt, src)
+        eye_s, eye_t = _ed_unit(src), _ed_unit(tgt)
+        if rule == "rollout":
+            r_enc = eye_s.copy()
+            for e in enc:
+                r_enc = _ed_matmul(a * e + residual * eye_s, r_enc)
+            xs, xt = np.zeros((n_tgt, n_src)), eye_t.copy()
+            for layer in range(n_dec):
+                mixed = a * dec[layer] + residual * eye_t
+                ys, yt = _ed_matmul(mixed, xs), _ed_matmul(mixed, xt)
+                xs = residual * ys + a * _ed_matmul(crs[layer], r_enc)
+                xt = residual * yt
+                out_s[(*index, layer)], out_t[(*index, layer)] = xs, xt
+        else:
+
+            def bar(r: np.ndarray, eye: np.ndarray) -> np.ndarray:
+                hat = r - eye
+                out = eye.copy()
+                for i in range(hat.shape[0]):
+                    total = hat[i].sum()
+                    if total != 0:
+                        out[i] += hat[i] / total
+                return out
+
+            r_ss = eye_s.copy()
+            for e in enc:
+                r_ss = r_ss + _ed_matmul(e, r_ss)
+            r_tt, r_ts = eye_t.copy(), np.zeros((n_tgt, n_src))
+            for layer in range(n_dec):
+                r_tt, r_ts = r_tt + _ed_matmul(dec[layer], r_tt), r_ts + _ed_matmul(dec[layer], r_ts)
+                r_ts = r_ts + _ed_matmul(bar(r_tt, eye_t).T, _ed_matmul(crs[layer], bar(r_ss, eye_s)))
+                out_s[(*index, layer)], out_t[(*index, layer)] = r_ts, r_tt
+    if normalize:
+        total = out_s.sum(-1, keepdims=True) + out_t.sum(-1, keepdims=True)
+        total[total == 0] = 1.0
+        out_s, out_t = out_s / total, out_t / total
+    picked = []
+    for part in (out_s, out_t):
+        if layers == "last":
+            part = part[..., -1, :, :]
+        elif layers != "all":
+            part = part[..., int(layers), :, :]  # type: ignore[call-overload]
+        if isinstance(rows, int):
+            part = part[..., rows, :]
+        elif rows is not None:
+            part = part[..., list(rows), :]
+        picked.append(part)
+    return picked[0], picked[1]
+
+
+__all__ += ["oracle_encoder_decoder"]
