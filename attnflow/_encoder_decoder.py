@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, NoReturn
 
 from array_api_compat import device as array_device
 
@@ -42,7 +42,7 @@ class EncoderDecoderAttribution(NamedTuple):
     ``(*batch, [layers,] T, T)``."""
 
 
-def _fail(parameter: str, expected: str, got: str, fix: str, kind: type[Exception]) -> None:
+def _fail(parameter: str, expected: str, got: str, fix: str, kind: type[Exception]) -> NoReturn:
     msg = f"`{parameter}` must {expected}; got {got}. {fix}"
     raise kind(msg)
 
@@ -66,46 +66,89 @@ def _check_shapes(
         label = f"{what}{name}" if what else name
         shape = getattr(array, "shape", None)
         if shape is None:
-            _fail(label, f"be an array {layouts[name]}", describe(array), "Pass an array.", TypeError)
+            _fail(
+                label, f"be an array {layouts[name]}", describe(array), "Pass an array.", TypeError
+            )
         if any(d is None for d in shape):
-            _fail(label, "have a known shape", str(tuple(shape)),
-                  "Give Dask arrays known chunk sizes.", ValueError)  # fmt: skip
+            _fail(
+                label,
+                "have a known shape",
+                str(tuple(shape)),
+                "Give Dask arrays known chunk sizes.",
+                ValueError,
+            )
         if len(shape) < core or 0 in tuple(shape)[-core:]:
-            _fail(label, f"have shape {layouts[name]}{hint}, with no empty axis",
-                  f"shape {tuple(shape)}", "Check the axis order.", ValueError)  # fmt: skip
+            _fail(
+                label,
+                f"have shape {layouts[name]}{hint}, with no empty axis",
+                f"shape {tuple(shape)}",
+                "Check the axis order.",
+                ValueError,
+            )
         shapes[name] = tuple(int(d) for d in shape)
     enc, dec, crs = shapes["encoder"], shapes["decoder"], shapes["cross"]
     batch = enc[:-core]
     for name in ("decoder", "cross"):
         if shapes[name][:-core] != batch:
-            _fail(f"{what}{name}", f"have the batch shape {batch} of `{what}encoder`",
-                  f"batch shape {shapes[name][:-core]} (shape {shapes[name]})",
-                  "Pass the three attentions of one model call.", ValueError)  # fmt: skip
+            _fail(
+                f"{what}{name}",
+                f"have the batch shape {batch} of `{what}encoder`",
+                f"batch shape {shapes[name][:-core]} (shape {shapes[name]})",
+                "Pass the three attentions of one model call.",
+                ValueError,
+            )
     if enc[-1] != enc[-2]:
-        _fail(f"{what}encoder", f"be square, {layouts['encoder']}", f"shape {enc}",
-              "Encoder self-attention has S queries and S keys.", ValueError)  # fmt: skip
+        _fail(
+            f"{what}encoder",
+            f"be square, {layouts['encoder']}",
+            f"shape {enc}",
+            "Encoder self-attention has S queries and S keys.",
+            ValueError,
+        )
     if dec[-1] != dec[-2]:
-        _fail(f"{what}decoder", f"be square, {layouts['decoder']}", f"shape {dec}",
-              "Decoder self-attention has T queries and T keys.", ValueError)  # fmt: skip
+        _fail(
+            f"{what}decoder",
+            f"be square, {layouts['decoder']}",
+            f"shape {dec}",
+            "Decoder self-attention has T queries and T keys.",
+            ValueError,
+        )
     n_src, n_tgt = enc[-1], dec[-1]
     if crs[-core] != dec[-core]:
-        _fail(f"{what}cross", f"have one layer per decoder layer (L_d = {dec[-core]})",
-              f"{crs[-core]} layers (shape {crs})",
-              "Pass the cross-attention of every decoder layer, in order.", ValueError)  # fmt: skip
+        _fail(
+            f"{what}cross",
+            f"have one layer per decoder layer (L_d = {dec[-core]})",
+            f"{crs[-core]} layers (shape {crs})",
+            "Pass the cross-attention of every decoder layer, in order.",
+            ValueError,
+        )
     if crs[-2] != n_tgt:
-        _fail(f"{what}cross", f"have T = {n_tgt} query rows (decoder positions), {layouts['cross']}",
-              f"{crs[-2]} rows (shape {crs})",
-              "Rows are decoder queries, columns encoder keys.", ValueError)  # fmt: skip
+        _fail(
+            f"{what}cross",
+            f"have T = {n_tgt} query rows (decoder positions), {layouts['cross']}",
+            f"{crs[-2]} rows (shape {crs})",
+            "Rows are decoder queries, columns encoder keys.",
+            ValueError,
+        )
     if crs[-1] != n_src:
-        _fail(f"{what}cross", f"have S = {n_src} key columns (source tokens), {layouts['cross']}",
-              f"{crs[-1]} columns (shape {crs})",
-              "Rows are decoder queries, columns encoder keys.", ValueError)  # fmt: skip
+        _fail(
+            f"{what}cross",
+            f"have S = {n_src} key columns (source tokens), {layouts['cross']}",
+            f"{crs[-1]} columns (shape {crs})",
+            "Rows are decoder queries, columns encoder keys.",
+            ValueError,
+        )
     n_heads = None
     if not fused:
         heads = {name: shape[-3] for name, shape in shapes.items()}
         if len(set(heads.values())) > 1:
-            _fail(f"{what}encoder, decoder, cross", "have the same number of heads",
-                  str(heads), "Pass heads=None with heads fused per family.", ValueError)  # fmt: skip
+            _fail(
+                f"{what}encoder, decoder, cross",
+                "have the same number of heads",
+                str(heads),
+                "Pass heads=None with heads fused per family.",
+                ValueError,
+            )
         n_heads = enc[-3]
     return batch, enc[-core], dec[-core], n_heads, n_src, n_tgt
 
@@ -115,18 +158,37 @@ def _check_mask(mask: Any, name: str, batch: tuple[int, ...], n: int, xp: Namesp
         return
     expected = (*batch, n)
     if getattr(mask, "shape", None) is None or getattr(mask, "dtype", None) is None:
-        _fail(name, f"be a boolean array of shape {expected}", describe(mask),
-              "True marks a real token.", TypeError)  # fmt: skip
+        _fail(
+            name,
+            f"be a boolean array of shape {expected}",
+            describe(mask),
+            "True marks a real token.",
+            TypeError,
+        )
     if not xp.isdtype(mask.dtype, "bool"):
-        _fail(name, "have a boolean dtype (True = real token)", str(mask.dtype),
-              f"Convert an integer attention mask with `{name} == 1`.", TypeError)  # fmt: skip
+        _fail(
+            name,
+            "have a boolean dtype (True = real token)",
+            str(mask.dtype),
+            f"Convert an integer attention mask with `{name} == 1`.",
+            TypeError,
+        )
     if tuple(mask.shape) != expected:
-        _fail(name, f"have shape {expected}", f"shape {tuple(mask.shape)}",
-              "One entry per token of each sequence.", ValueError)  # fmt: skip
+        _fail(
+            name,
+            f"have shape {expected}",
+            f"shape {tuple(mask.shape)}",
+            "One entry per token of each sequence.",
+            ValueError,
+        )
     if values_are_inspectable(mask) and not bool(xp.all(xp.any(mask, axis=-1))):
-        _fail(name, "keep at least one real token (True) in each sequence",
-              "a sequence with every token masked", "Drop that sequence from the batch.",
-              ValueError)  # fmt: skip
+        _fail(
+            name,
+            "keep at least one real token (True) in each sequence",
+            "a sequence with every token masked",
+            "Drop that sequence from the batch.",
+            ValueError,
+        )
 
 
 def _check_gradients_finite(gradients: Any, keep: Any | None, name: str, xp: Namespace) -> None:
@@ -136,10 +198,13 @@ def _check_gradients_finite(gradients: Any, keep: Any | None, name: str, xp: Nam
     if keep is not None:
         finite = finite | ~keep
     if not bool(xp.all(finite)):
-        _fail(name, "be finite between real tokens",
-              f"{int(xp.count_nonzero(~finite))} NaN or infinite value(s)",
-              "Check the backward pass, and pass the masks if these are padded positions.",
-              ValueError)  # fmt: skip
+        _fail(
+            name,
+            "be finite between real tokens",
+            f"{int(xp.count_nonzero(~finite))} NaN or infinite value(s)",
+            "Check the backward pass, and pass the masks if these are padded positions.",
+            ValueError,
+        )
 
 
 def _keep(rows_mask: Any | None, keys_mask: Any | None, extra: int, xp: Namespace) -> Any | None:
@@ -368,56 +433,96 @@ def encoder_decoder_rollout(
     """
     families = [encoder, decoder, cross]
     grads = None
-    if gradients is not None:
-        if not isinstance(gradients, tuple | list) or len(gradients) != 3:
-            _fail("gradients", "be a tuple (encoder, decoder, cross) of three arrays",
-                  describe(gradients), "Pass the gradient of each attention family.",
-                  TypeError)  # fmt: skip
-        grads = list(gradients)
+    given: object = gradients  # checked at run time: callers may not be type-checked
+    if given is not None:
+        if not isinstance(given, tuple | list) or len(given) != 3:
+            _fail(
+                "gradients",
+                "be a tuple (encoder, decoder, cross) of three arrays",
+                describe(gradients),
+                "Pass the gradient of each attention family.",
+                TypeError,
+            )
+        grads = list(given)
     converted, boundary = enter_boundary(
         [*families, *(grads or []), source_mask, target_mask],
-        [*_NAMES, *(f"gradients[{i}]" for i in range(len(grads or []))), "source_mask",
-         "target_mask"],
-    )  # fmt: skip
+        [
+            *_NAMES,
+            *(f"gradients[{i}]" for i in range(len(grads or []))),
+            "source_mask",
+            "target_mask",
+        ],
+    )
     *arrays, source_mask, target_mask = converted
     families, grads = arrays[:3], (arrays[3:] or None)
     names = [*_NAMES, *(f"gradients[{i}]" for i in range(len(grads or [])))]
     namespace = resolve_namespace(
-        *families, *(grads or []), source_mask, target_mask, xp=xp,
+        *families,
+        *(grads or []),
+        source_mask,
+        target_mask,
+        xp=xp,
         names=[*names, "source_mask", "target_mask"],
-    )  # fmt: skip
+    )
 
     if rule not in RULES:
-        _fail("rule", "be 'rollout' or 'gae'", repr(rule),
-              "'gae' needs gradients=(encoder, decoder, cross).", ValueError)  # fmt: skip
+        _fail(
+            "rule",
+            "be 'rollout' or 'gae'",
+            repr(rule),
+            "'gae' needs gradients=(encoder, decoder, cross).",
+            ValueError,
+        )
     fused_input = heads is None
     batch, n_enc, n_dec, n_heads, n_src, n_tgt = _check_shapes(
         dict(zip(_NAMES, families, strict=True)), fused=fused_input
     )
     if rule == "gae":
         if grads is None:
-            _fail("gradients", "be given for rule='gae'", "None",
-                  "Pass gradients=(encoder_gradients, decoder_gradients, cross_gradients).",
-                  ValueError)  # fmt: skip
+            _fail(
+                "gradients",
+                "be given for rule='gae'",
+                "None",
+                "Pass gradients=(encoder_gradients, decoder_gradients, cross_gradients).",
+                ValueError,
+            )
         if heads != "mean":
-            _fail("heads", "be 'mean' for rule='gae' (Chefer's rule averages "
-                  "gradient-weighted heads)", repr(heads), "Drop `heads`.", ValueError)  # fmt: skip
+            _fail(
+                "heads",
+                "be 'mean' for rule='gae' (Chefer's rule averages gradient-weighted heads)",
+                repr(heads),
+                "Drop `heads`.",
+                ValueError,
+            )
     elif grads is not None:
-        _fail("gradients", "be None for rule='rollout'", "three arrays",
-              "Pass rule='gae' to use gradients.", ValueError)  # fmt: skip
+        _fail(
+            "gradients",
+            "be None for rule='rollout'",
+            "three arrays",
+            "Pass rule='gae' to use gradients.",
+            ValueError,
+        )
     dtype = families[0].dtype
     for name, array in zip(names, [*families, *(grads or [])], strict=True):
         check_floating(array, namespace, name=name)
         if array.dtype != dtype:
-            _fail(name, f"have the dtype of `encoder` ({dtype})", str(array.dtype),
-                  "Cast all inputs to one dtype.", TypeError)  # fmt: skip
+            _fail(
+                name,
+                f"have the dtype of `encoder` ({dtype})",
+                str(array.dtype),
+                "Cast all inputs to one dtype.",
+                TypeError,
+            )
     if grads is not None:
         for name, array, grad in zip(_NAMES, families, grads, strict=True):
             if tuple(grad.shape) != tuple(array.shape):
-                _fail(f"gradients[{_NAMES.index(name)}]",
-                      f"have the shape of `{name}` {tuple(array.shape)} (same layer order)",
-                      f"shape {tuple(grad.shape)}",
-                      f"Pass cap.{name}_gradients for `{name}`.", ValueError)  # fmt: skip
+                _fail(
+                    f"gradients[{_NAMES.index(name)}]",
+                    f"have the shape of `{name}` {tuple(array.shape)} (same layer order)",
+                    f"shape {tuple(grad.shape)}",
+                    f"Pass cap.{name}_gradients for `{name}`.",
+                    ValueError,
+                )
     alpha = check_residual(residual)
     selected_rows = check_rows(rows, n_tgt)
     used_layers, all_layers = check_layers(layers, n_dec)
@@ -431,9 +536,13 @@ def encoder_decoder_rollout(
         layout = AttentionLayout(batch, 0, n_heads, n_src)  # no (layers, heads) weights
     spec = check_head_fusion(heads, layout, namespace, dtype=dtype, device=device)
     if spec.weights is not None and spec.weights.ndim != 1:
-        _fail("heads", f"be per-head weights of shape ({n_heads},) (one set for all families)",
-              f"shape {tuple(spec.weights.shape)}",
-              "Fuse per family yourself and pass heads=None.", ValueError)  # fmt: skip
+        _fail(
+            "heads",
+            f"be per-head weights of shape ({n_heads},) (one set for all families)",
+            f"shape {tuple(spec.weights.shape)}",
+            "Fuse per family yourself and pass heads=None.",
+            ValueError,
+        )
     _check_mask(source_mask, "source_mask", batch, n_src, namespace)
     _check_mask(target_mask, "target_mask", batch, n_tgt, namespace)
 
@@ -442,7 +551,11 @@ def encoder_decoder_rollout(
     dec = dec[..., :used_layers, :, :] if fused_input else dec[..., :used_layers, :, :, :]
     crs = crs[..., :used_layers, :, :] if fused_input else crs[..., :used_layers, :, :, :]
     if grads is not None:
-        grads = [grads[0], grads[1][..., :used_layers, :, :, :], grads[2][..., :used_layers, :, :, :]]
+        grads = [
+            grads[0],
+            grads[1][..., :used_layers, :, :, :],
+            grads[2][..., :used_layers, :, :, :],
+        ]
     extra = 1 if fused_input else 2
     keeps = [
         _keep(source_mask, source_mask, extra, xp_),
@@ -477,7 +590,8 @@ def encoder_decoder_rollout(
         if not fused_input:
             valid = [None if v is None else v[..., 0, :, :] for v in valid]
         fused = [
-            apply_head_fusion(a, spec, xp_, valid_rows=v) for a, v in zip(inputs, valid, strict=True)
+            apply_head_fusion(a, spec, xp_, valid_rows=v)
+            for a, v in zip(inputs, valid, strict=True)
         ]
         if do_validate and not every_head:
             for name, array in zip(_NAMES, fused, strict=True):
@@ -497,10 +611,13 @@ def encoder_decoder_rollout(
 
 
 def _rollout(
-    fused: list[Any], alpha: float, source_mask: Any | None, target_mask: Any | None,
+    fused: list[Any],
+    alpha: float,
+    source_mask: Any | None,
+    target_mask: Any | None,
     xp: Namespace,
-) -> tuple[Any, Any]:  # fmt: skip
-    """The rollout composition; returns every decoder layer's ``(X^s, X^t)``."""
+) -> tuple[Any, Any]:
+    """Compose by the rollout model; return every decoder layer's ``(X^s, X^t)``."""
     enc, dec, crs = fused
     valid_keys = None if source_mask is None else source_mask[..., None, None, :]
     r_enc = rollout_products(
@@ -525,7 +642,7 @@ def _rollout(
 def _gae(
     fused: list[Any], source_mask: Any | None, target_mask: Any | None, xp: Namespace
 ) -> tuple[Any, Any]:
-    """Chefer's encoder-decoder rules; returns every decoder layer's ``(R^ts, R^tt)``."""
+    """Run Chefer's encoder-decoder rules; return every decoder layer's ``(R^ts, R^tt)``."""
     enc, dec, crs = fused
     n_tgt, n_src = crs.shape[-2], crs.shape[-1]
     eye_s = _eye(n_src, source_mask, enc, xp)

@@ -458,7 +458,9 @@ def oracle_flow_variant(
 # from the formulas in docs/maths.md ("Encoder-decoder models"), sharing nothing above.
 
 
-def _ed_rows_renormalised(matrix: np.ndarray, rows_real: np.ndarray, keys_real: np.ndarray) -> np.ndarray:
+def _ed_rows_renormalised(
+    matrix: np.ndarray, rows_real: np.ndarray, keys_real: np.ndarray
+) -> np.ndarray:
     """Zero padded rows/keys; divide each real row by its sum over real keys (0 stays 0,
     except a square matrix, whose empty real row becomes its own unit row)."""
     out = np.zeros(matrix.shape)
@@ -523,7 +525,9 @@ def oracle_encoder_decoder(
         src = np.ones(n_src, bool) if source_mask is None else source_mask[index]
         tgt = np.ones(n_tgt, bool) if target_mask is None else target_mask[index]
 
-        def fused(stack: np.ndarray, grads: np.ndarray | None, q: np.ndarray, k: np.ndarray) -> list[np.ndarray]:
+        def fused(
+            stack: np.ndarray, grads: np.ndarray | None, q: np.ndarray, k: np.ndarray
+        ) -> list[np.ndarray]:
             layers_out = []
             for layer in range(stack.shape[0]):
                 heads = stack.shape[1]
@@ -572,24 +576,31 @@ def oracle_encoder_decoder(
                 r_ss = r_ss + _ed_matmul(e, r_ss)
             r_tt, r_ts = eye_t.copy(), np.zeros((n_tgt, n_src))
             for layer in range(n_dec):
-                r_tt, r_ts = r_tt + _ed_matmul(dec[layer], r_tt), r_ts + _ed_matmul(dec[layer], r_ts)
-                r_ts = r_ts + _ed_matmul(bar(r_tt, eye_t).T, _ed_matmul(crs[layer], bar(r_ss, eye_s)))
+                r_tt, r_ts = (
+                    r_tt + _ed_matmul(dec[layer], r_tt),
+                    r_ts + _ed_matmul(dec[layer], r_ts),
+                )
+                r_ts = r_ts + _ed_matmul(
+                    bar(r_tt, eye_t).T, _ed_matmul(crs[layer], bar(r_ss, eye_s))
+                )
                 out_s[(*index, layer)], out_t[(*index, layer)] = r_ts, r_tt
     if normalize:
         total = out_s.sum(-1, keepdims=True) + out_t.sum(-1, keepdims=True)
         total[total == 0] = 1.0
         out_s, out_t = out_s / total, out_t / total
     picked = []
-    for part in (out_s, out_t):
+    for per_layer in (out_s, out_t):
         if layers == "last":
-            part = part[..., -1, :, :]
-        elif layers != "all":
-            part = part[..., int(layers), :, :]  # type: ignore[call-overload]
+            chosen = per_layer[..., -1, :, :]
+        elif layers == "all":
+            chosen = per_layer
+        else:
+            chosen = per_layer[..., int(layers), :, :]  # type: ignore[call-overload]
         if isinstance(rows, int):
-            part = part[..., rows, :]
+            chosen = chosen[..., rows, :]
         elif rows is not None:
-            part = part[..., list(rows), :]
-        picked.append(part)
+            chosen = chosen[..., list(rows), :]
+        picked.append(chosen)
     return picked[0], picked[1]
 
 

@@ -45,17 +45,21 @@ def _call(backend: Variant, arrays: list[Any], options: dict[str, Any]) -> Any:
         grads = (kw["g0"], kw["g1"], kw["g2"]) if "g0" in kw else None
         extra = {"gradients": grads} if grads is not None else {}
         return attnflow.encoder_decoder_rollout(
-            kw["encoder"], kw["decoder"], kw["cross"], **extra,
-            source_mask=kw.get("source_mask"), target_mask=kw.get("target_mask"), **options,
-        )  # fmt: skip
+            kw["encoder"],
+            kw["decoder"],
+            kw["cross"],
+            **extra,
+            source_mask=kw.get("source_mask"),
+            target_mask=kw.get("target_mask"),
+            **options,
+        )
 
     if backend.jit:
         jax = backend.modules["jax"]
         return tuple(jax.jit(lambda kw: tuple(function(**kw)))(given))
     if backend.library == "dask":
         import dask
-
-        from backends import _forbid_compute  # noqa: PLC2701
+        from backends import _forbid_compute
 
         with dask.config.set(scheduler=_forbid_compute):
             return function(**given)
@@ -65,7 +69,9 @@ def _call(backend: Variant, arrays: list[Any], options: dict[str, Any]) -> Any:
 def _shapes(options: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     lead: tuple[int, ...] = (BATCH, L_D) if options.get("layers") == "all" else (BATCH,)
     rows = options.get("rows")
-    middle: tuple[int, ...] = (T,) if rows is None else () if isinstance(rows, int) else (len(rows),)
+    middle: tuple[int, ...] = (
+        (T,) if rows is None else () if isinstance(rows, int) else (len(rows),)
+    )
     return (*lead, *middle, S), (*lead, *middle, T)
 
 
@@ -106,8 +112,10 @@ def test_matches_the_oracle(backend: Variant, dtype_name: str, case: str, masked
     np.testing.assert_allclose(got_s, want_s, rtol=tol, atol=tol * scale)
     np.testing.assert_allclose(got_t, want_t, rtol=tol, atol=tol * scale)
     if masked and "rows" not in options:  # padding gets nothing and carries nothing
-        assert np.all(got_s[1, ..., 4:] == 0) and np.all(got_s[2, ..., 0] == 0)
-        assert np.all(got_s[1, ..., 3:, :] == 0) and np.all(got_t[1, ..., 3:, :] == 0)
+        assert np.all(got_s[1, ..., 4:] == 0)
+        assert np.all(got_s[2, ..., 0] == 0)
+        assert np.all(got_s[1, ..., 3:, :] == 0)
+        assert np.all(got_t[1, ..., 3:, :] == 0)
         assert np.all(got_t[1, ..., 3:] == 0)
 
 
@@ -209,12 +217,21 @@ ERRORS: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
     "gae without gradients": ({"rule": "gae"}, ValueError, "`gradients` must be given"),
     "gradients for rollout": ({"gradients": "three"}, TypeError, "`gradients` must be a tuple"),
     "gradient shape": (
-        {"rule": "gae", "gradients": (np.ones((L_E, H, S, S)), np.ones((L_D, H, T, T)),
-                                      np.ones((L_D, H, T, S - 1)))},
-        ValueError, "shape of `cross`",
-    ),  # fmt: skip
+        {
+            "rule": "gae",
+            "gradients": (
+                np.ones((L_E, H, S, S)),
+                np.ones((L_D, H, T, T)),
+                np.ones((L_D, H, T, S - 1)),
+            ),
+        },
+        ValueError,
+        "shape of `cross`",
+    ),
     "gae heads": (
-        {"rule": "gae", "heads": "max", "gradients": "zeros"}, ValueError, "`heads` must be 'mean'"
+        {"rule": "gae", "heads": "max", "gradients": "zeros"},
+        ValueError,
+        "`heads` must be 'mean'",
     ),
     "source mask": ({"source_mask": np.ones(T, bool)}, ValueError, "`source_mask` must have shape"),
     "target mask": ({"target_mask": np.ones(T)}, TypeError, "`target_mask` must have a boolean"),
