@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, NamedTuple, NoReturn
 
+import numpy as np
 from array_api_compat import device as array_device
 
 from ._heads import apply_head_fusion
@@ -32,14 +33,31 @@ _NAMES = ("encoder", "decoder", "cross")
 
 
 class EncoderDecoderAttribution(NamedTuple):
-    """What :func:`encoder_decoder_rollout` returns: a ``(source, target)`` pair."""
+    """What :func:`encoder_decoder_rollout` returns: a named ``(source, target)`` pair.
+
+    It unpacks like a tuple, ``source, target = encoder_decoder_rollout(...)``.
+
+    Parameters
+    ----------
+    source : array
+        Attribution of each decoder position to the source (encoder input) tokens,
+        ``(*batch, [layers,] T, S)`` (rows as selected by ``rows``).
+    target : array
+        Attribution of each decoder position to the target-prefix (decoder input)
+        tokens, ``(*batch, [layers,] T, T)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> one = np.ones((1, 1, 1, 1))  # one layer, one head, S = T = 1
+    >>> result = attnflow.encoder_decoder_rollout(one, one, one)
+    >>> result.source, result.target
+    (array([[0.5]]), array([[0.5]]))
+    """
 
     source: Any
-    """Attribution of each decoder position to the source (encoder input) tokens,
-    ``(*batch, [layers,] T, S)``."""
     target: Any
-    """Attribution of each decoder position to the target-prefix (decoder input) tokens,
-    ``(*batch, [layers,] T, T)``."""
 
 
 def _fail(parameter: str, expected: str, got: str, fix: str, kind: type[Exception]) -> NoReturn:
@@ -530,19 +548,19 @@ def encoder_decoder_rollout(
     if not isinstance(normalize, bool):
         _fail("normalize", "be True or False", repr(normalize), "Pass a bool.", TypeError)
     device = array_device(families[0])
-    if isinstance(heads, str) or heads is None or callable(heads):
-        layout = AttentionLayout(batch, n_enc, n_heads, n_src)
-    else:
-        layout = AttentionLayout(batch, 0, n_heads, n_src)  # no (layers, heads) weights
-    spec = check_head_fusion(heads, layout, namespace, dtype=dtype, device=device)
-    if spec.weights is not None and spec.weights.ndim != 1:
+    layout = AttentionLayout(batch, n_enc, n_heads, n_src)
+    named = isinstance(heads, str) or heads is None or callable(heads)
+    # (layers, heads) weights cannot fit both L_e and L_d: only (heads,) is accepted.
+    weights_shape = None if named else getattr(heads, "shape", None) or np.shape(heads)
+    if weights_shape is not None and len(tuple(weights_shape)) != 1:
         _fail(
             "heads",
             f"be per-head weights of shape ({n_heads},) (one set for all families)",
-            f"shape {tuple(spec.weights.shape)}",
-            "Fuse per family yourself and pass heads=None.",
+            f"shape {tuple(weights_shape)}",
+            "Fuse each family yourself and pass heads=None.",
             ValueError,
         )
+    spec = check_head_fusion(heads, layout, namespace, dtype=dtype, device=device)
     _check_mask(source_mask, "source_mask", batch, n_src, namespace)
     _check_mask(target_mask, "target_mask", batch, n_tgt, namespace)
 

@@ -252,3 +252,20 @@ def test_validation_messages(case: str) -> None:
         options["gradients"] = tuple(grads)
     with pytest.raises(error, match=match):
         attnflow.encoder_decoder_rollout(*arrays.values(), **options)
+
+
+def test_fused_input_and_head_weights() -> None:
+    encoder, decoder, cross, *_ = _inputs("float64")
+    masks = {"source_mask": SOURCE_MASK, "target_mask": TARGET_MASK}
+    want = attnflow.encoder_decoder_rollout(encoder, decoder, cross, **masks)
+    fused = attnflow.encoder_decoder_rollout(
+        *(x.mean(axis=-3) for x in (encoder, decoder, cross)), heads=None
+    )
+    plain = attnflow.encoder_decoder_rollout(encoder, decoder, cross)
+    for got, expected in zip(fused, plain, strict=True):
+        np.testing.assert_allclose(got, expected, atol=1e-14)
+    weighted = attnflow.encoder_decoder_rollout(encoder, decoder, cross, heads=[1.0, 1.0], **masks)
+    for got, expected in zip(weighted, want, strict=True):
+        np.testing.assert_allclose(got, expected, atol=1e-14)
+    with pytest.raises(ValueError, match=r"shape \(2,\) \(one set for all families\)"):
+        attnflow.encoder_decoder_rollout(encoder, decoder, cross, heads=np.ones((L_D, H)))
