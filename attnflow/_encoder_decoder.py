@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple, NoReturn
+from typing import Any, Literal, NamedTuple, NoReturn, cast
 
 import numpy as np
 from array_api_compat import device as array_device
@@ -551,7 +551,7 @@ def encoder_decoder_rollout(
     layout = AttentionLayout(batch, n_enc, n_heads, n_src)
     named = isinstance(heads, str) or heads is None or callable(heads)
     # (layers, heads) weights cannot fit both L_e and L_d: only (heads,) is accepted.
-    weights_shape = None if named else getattr(heads, "shape", None) or np.shape(heads)
+    weights_shape = None if named else getattr(heads, "shape", None) or np.shape(cast("Any", heads))
     if weights_shape is not None and len(tuple(weights_shape)) != 1:
         _fail(
             "heads",
