@@ -504,7 +504,7 @@ def encoder_decoder_rollout(
                 "Pass gradients=(encoder_gradients, decoder_gradients, cross_gradients).",
                 ValueError,
             )
-        if heads != "mean":
+        if not (isinstance(heads, str) and heads == "mean"):
             _fail(
                 "heads",
                 "be 'mean' for rule='gae' (Chefer's rule averages gradient-weighted heads)",

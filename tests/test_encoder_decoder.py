@@ -269,3 +269,11 @@ def test_fused_input_and_head_weights() -> None:
         np.testing.assert_allclose(got, expected, atol=1e-14)
     with pytest.raises(ValueError, match=r"shape \(2,\) \(one set for all families\)"):
         attnflow.encoder_decoder_rollout(encoder, decoder, cross, heads=np.ones((L_D, H)))
+
+
+def test_gae_refuses_head_weights_clearly() -> None:
+    encoder, decoder, cross, *grads = (x[0] for x in _inputs("float64"))
+    with pytest.raises(ValueError, match="`heads` must be 'mean' for rule='gae'"):
+        attnflow.encoder_decoder_rollout(
+            encoder, decoder, cross, rule="gae", gradients=tuple(grads), heads=np.ones(H)
+        )
