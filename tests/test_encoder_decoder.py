@@ -108,9 +108,10 @@ def test_matches_the_oracle(backend: Variant, dtype_name: str, case: str, masked
         encoder, decoder, cross, gradients=tuple(grads) if gae else None, **masks, **options
     )
     tol = tolerance(dtype_name)
-    scale = 1.0 if not gae or options.get("normalize") else max(1.0, float(np.abs(want_s).max()))
-    np.testing.assert_allclose(got_s, want_s, rtol=tol, atol=tol * scale)
-    np.testing.assert_allclose(got_t, want_t, rtol=tol, atol=tol * scale)
+    for got, want in ((got_s, want_s), (got_t, want_t)):
+        # GAE relevance is not bounded by one: the absolute tolerance scales with it.
+        scale = max(float(np.abs(want).max()), 1e-3)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale)
     if masked and "rows" not in options:  # padding gets nothing and carries nothing
         assert np.all(got_s[1, ..., 4:] == 0)
         assert np.all(got_s[2, ..., 0] == 0)

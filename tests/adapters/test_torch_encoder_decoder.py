@@ -79,9 +79,10 @@ def _check_against_oracle(cap, *, grads=None, **options):
         rule="rollout" if grads is None else "gae",
         **options,
     )
-    scale = max(1.0, float(np.abs(want_s).max()), float(np.abs(want_t).max()))
-    np.testing.assert_allclose(_numpy(source), want_s, rtol=1e-5, atol=1e-5 * scale)
-    np.testing.assert_allclose(_numpy(target), want_t, rtol=1e-5, atol=1e-5 * scale)
+    for got, want in ((source, want_s), (target, want_t)):
+        # Relative to the magnitude: GAE relevance of a random model is ~1e-4.
+        scale = max(float(np.abs(want).max()), 1e-3)
+        np.testing.assert_allclose(_numpy(got), want, rtol=1e-5, atol=1e-5 * scale)
     return source, target
 
 
