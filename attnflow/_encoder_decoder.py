@@ -66,7 +66,7 @@ def _fail(parameter: str, expected: str, got: str, fix: str, kind: type[Exceptio
 
 
 def _check_shapes(
-    arrays: dict[str, Any], *, fused: bool, what: str = ""
+    arrays: dict[str, Any], *, fused: bool
 ) -> tuple[tuple[int, ...], int, int, int | None, int, int]:
     """Check the three attention families against each other.
 
@@ -81,15 +81,14 @@ def _check_shapes(
     hint = " (heads=None: heads already fused)" if fused else " (pass heads=None for fused input)"
     shapes: dict[str, tuple[int, ...]] = {}
     for name, array in arrays.items():
-        label = f"{what}{name}" if what else name
         shape = getattr(array, "shape", None)
         if shape is None:
             _fail(
-                label, f"be an array {layouts[name]}", describe(array), "Pass an array.", TypeError
+                name, f"be an array {layouts[name]}", describe(array), "Pass an array.", TypeError
             )
         if any(d is None for d in shape):
             _fail(
-                label,
+                name,
                 "have a known shape",
                 str(tuple(shape)),
                 "Give Dask arrays known chunk sizes.",
@@ -97,7 +96,7 @@ def _check_shapes(
             )
         if len(shape) < core or 0 in tuple(shape)[-core:]:
             _fail(
-                label,
+                name,
                 f"have shape {layouts[name]}{hint}, with no empty axis",
                 f"shape {tuple(shape)}",
                 "Check the axis order.",
@@ -109,15 +108,15 @@ def _check_shapes(
     for name in ("decoder", "cross"):
         if shapes[name][:-core] != batch:
             _fail(
-                f"{what}{name}",
-                f"have the batch shape {batch} of `{what}encoder`",
+                name,
+                f"have the batch shape {batch} of `encoder`",
                 f"batch shape {shapes[name][:-core]} (shape {shapes[name]})",
                 "Pass the three attentions of one model call.",
                 ValueError,
             )
     if enc[-1] != enc[-2]:
         _fail(
-            f"{what}encoder",
+            "encoder",
             f"be square, {layouts['encoder']}",
             f"shape {enc}",
             "Encoder self-attention has S queries and S keys.",
@@ -125,7 +124,7 @@ def _check_shapes(
         )
     if dec[-1] != dec[-2]:
         _fail(
-            f"{what}decoder",
+            "decoder",
             f"be square, {layouts['decoder']}",
             f"shape {dec}",
             "Decoder self-attention has T queries and T keys.",
@@ -134,7 +133,7 @@ def _check_shapes(
     n_src, n_tgt = enc[-1], dec[-1]
     if crs[-core] != dec[-core]:
         _fail(
-            f"{what}cross",
+            "cross",
             f"have one layer per decoder layer (L_d = {dec[-core]})",
             f"{crs[-core]} layers (shape {crs})",
             "Pass the cross-attention of every decoder layer, in order.",
@@ -142,7 +141,7 @@ def _check_shapes(
         )
     if crs[-2] != n_tgt:
         _fail(
-            f"{what}cross",
+            "cross",
             f"have T = {n_tgt} query rows (decoder positions), {layouts['cross']}",
             f"{crs[-2]} rows (shape {crs})",
             "Rows are decoder queries, columns encoder keys.",
@@ -150,7 +149,7 @@ def _check_shapes(
         )
     if crs[-1] != n_src:
         _fail(
-            f"{what}cross",
+            "cross",
             f"have S = {n_src} key columns (source tokens), {layouts['cross']}",
             f"{crs[-1]} columns (shape {crs})",
             "Rows are decoder queries, columns encoder keys.",
@@ -161,7 +160,7 @@ def _check_shapes(
         heads = {name: shape[-3] for name, shape in shapes.items()}
         if len(set(heads.values())) > 1:
             _fail(
-                f"{what}encoder, decoder, cross",
+                "encoder, decoder, cross",
                 "have the same number of heads",
                 str(heads),
                 "Pass heads=None with heads fused per family.",
