@@ -294,9 +294,9 @@ def _run_sentiment(
         f"|sum_d g_d| is rounding noise behind the embedding LayerNorm: |sum_d g_d| / ||g|| "
         f"has median {ratio['median']:.1e} and maximum {ratio['max']:.1e} over the test tokens."
     )
-    labels = {"l2": "gradient norm (l2)", "sum_abs": "the paper's |Σ_d g_d| (sum_abs)"}
+    labels = {"l2": "the gradient norm (l2)", "sum_abs": "the paper's |Σ_d g_d| (sum_abs)"}
     titles = {
-        key: f"{'[CLS] row' if row == '0' else _row_title(row)}, input gradients as the "
+        key: f"{'[CLS] row' if row == '0' else _row_title(row)}, input gradients as "
         f"{labels.get(reduction, reduction)}"
         for key in reports
         for row, reduction in [key.rsplit("-", 1)]

@@ -934,7 +934,12 @@ def faithfulness_by_layer(
         ax.set_xticks(layers)
         ax.grid(axis="y", color="0.9", linewidth=0.6)
     # One legend for all panels, below them, so that it never hides a line.
-    handles, labels = axes[0].get_legend_handles_labels()
+    # Each label once, from whichever panel has it (the paper's lines may be on some only).
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    handles, labels = list(entries.values()), list(entries)
     figure.legend(
         handles, labels, loc="outside lower center", ncols=min(len(labels), 6), frameon=False
     )
