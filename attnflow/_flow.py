@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -17,6 +17,7 @@ from ._host import from_host, to_host
 from ._maxflow import STRONGEST_EDGES, FlowTask, solve_flow_task
 from ._pipeline import PreparedAttention, prepare_attention
 from ._pruning import prune
+from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 
@@ -377,6 +378,8 @@ def flow(
     threshold: float | None = None,
     top_k: int | None = None,
     discard: float | None = None,
+    receptive_field: bool = False,
+    exclude: int | Sequence[int] | None = None,
     normalize: bool = True,
     n_jobs: int | None = None,
     executor: Executor | None = None,
@@ -539,6 +542,8 @@ def flow(
         threshold=threshold,
         top_k=top_k,
         discard=discard,
+        receptive_field=receptive_field,
+        exclude=exclude,
     )
     estimate = _plan(prepared, None, _host_mask(prepared)).cost
     if max_work is not None and estimate.edge_visits > max_work:
@@ -569,7 +574,18 @@ def flow(
     finally:
         if bar is not None:
             bar.close()
-    if normalize:
+    if prepared.receptive_field or prepared.exclude:
+        baseline = None
+        if prepared.receptive_field:
+            baseline = _causal_baseline(prepared, valid)
+            if prepared.per_head is not None:
+                baseline = baseline[..., None, :, :]  # every head of uniform attention alike
+        values = np.asarray(
+            normalize_attribution(
+                values, baseline=baseline, exclude=prepared.exclude, xp=_numpy_namespace()
+            )
+        )
+    elif normalize:
         totals = values.sum(axis=-1, keepdims=True)
         values = np.divide(values, totals, out=np.zeros_like(values), where=totals > 0)
     if isinstance(prepared.rows, int):
@@ -589,6 +605,43 @@ def _capacities(
     xp = _numpy_namespace()
     pruned, alpha = prune(host, prepared.pruning, xp, residual=prepared.residual, valid_keys=keys)
     return np.asarray(mix_residual(pruned, alpha, xp, valid_keys=keys))
+
+
+def _causal_baseline(prepared: PreparedAttention, valid: np.ndarray | None) -> np.ndarray:
+    """Raw flow of uniform causal attention, ``(*batch, [L,] r, n)``, for `receptive_field`.
+
+    Same residual, rows, layers and pruning as the call; solved once per distinct mask
+    pattern of the batch (once in all without a mask), serially, then spread back.
+    """
+    layout = prepared.layout
+    n = layout.n_tokens
+    if valid is None:
+        patterns = np.ones((1, n), dtype=bool)
+        inverse = np.zeros(layout.batch_shape, dtype=np.int64)
+    else:
+        patterns, inverse = np.unique(valid.reshape(-1, n), axis=0, return_inverse=True)
+        inverse = inverse.reshape(layout.batch_shape)
+    count = len(patterns)
+    keys = patterns.reshape(count, 1, 1, n)
+    uniform = np.asarray(
+        uniform_causal_attention(
+            n, valid_keys=keys, dtype=np.float64, device="cpu", xp=_numpy_namespace()
+        )
+    )
+    uniform = np.broadcast_to(uniform, (count, prepared.fused.shape[-3], n, n))
+    plain = replace(
+        prepared,
+        layout=replace(layout, batch_shape=(count,)),
+        fused=uniform,
+        per_head=None,
+        valid_keys=keys,
+    )
+    host_valid = None if valid is None else patterns
+    mixed = _capacities(plain, uniform, host_valid, head_axis=False)
+    plan = _plan(plain, mixed, host_valid)
+    values = np.zeros(plan.output_shape)
+    _collect(values, _run(plan.tasks, 1, None, None))
+    return values[inverse]  # type: ignore[no-any-return]
 
 
 def _host_mask(prepared: PreparedAttention) -> np.ndarray | None:

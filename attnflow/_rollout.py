@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from array_api_compat import device as array_device
 
 from ._pipeline import PreparedAttention, prepare_attention, select_rows
 from ._pruning import prune
+from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 
@@ -212,6 +214,29 @@ def _compose(prepared: PreparedAttention) -> Any:
     )
 
 
+def _decoder_normalise(prepared: PreparedAttention, result: Any) -> Any:
+    """`receptive_field` and `exclude`: divide by the rollout of uniform causal attention
+    (same residual, mask, rows, layers and pruning), drop sink columns, renormalise rows."""
+    xp = prepared.xp
+    baseline = None
+    if prepared.receptive_field:
+        fused = prepared.fused
+        uniform = uniform_causal_attention(
+            fused.shape[-1],
+            valid_keys=prepared.valid_keys,
+            dtype=fused.dtype,
+            device=array_device(fused),
+            xp=xp,
+        )
+        uniform = xp.broadcast_to(uniform, tuple(fused.shape))
+        # Every head of uniform attention is the same matrix: the fused baseline serves
+        # each head's map (heads="each") once a head axis is added.
+        baseline = _compose(replace(prepared, fused=uniform, per_head=None))
+        if prepared.per_head is not None:
+            baseline = xp.expand_dims(baseline, axis=-2 if isinstance(prepared.rows, int) else -3)
+    return normalize_attribution(result, baseline=baseline, exclude=prepared.exclude, xp=xp)
+
+
 def _select(prepared: PreparedAttention, per_layer: Any) -> Any:
     """Rows of the reported layer(s) of per-layer matrices ``(*batch, L, n, n)``."""
     xp = prepared.xp
@@ -231,6 +256,8 @@ def rollout(
     threshold: float | None = None,
     top_k: int | None = None,
     discard: float | None = None,
+    receptive_field: bool = False,
+    exclude: int | Sequence[int] | None = None,
     validate: bool | Literal["heads"] = True,
     xp: Namespace | None = None,
 ) -> ArrayT:
@@ -424,8 +451,13 @@ def rollout(
         threshold=threshold,
         top_k=top_k,
         discard=discard,
+        receptive_field=receptive_field,
+        exclude=exclude,
     )
-    return prepared.boundary.restore(_compose(prepared))  # type: ignore[no-any-return]
+    result = _compose(prepared)
+    if prepared.receptive_field or prepared.exclude:
+        result = _decoder_normalise(prepared, result)
+    return prepared.boundary.restore(result)  # type: ignore[no-any-return]
 
 
 def raw(
