@@ -1,4 +1,4 @@
-"""Decoders: receptive-field normalisation and attention sinks (issue 9, item 5).
+r"""Decoders: receptive-field normalisation and attention sinks (issue 9, item 5).
 
 Causal attention lets query ``i`` see keys ``0..i`` only, so every method that composes
 attention over layers piles mass onto early tokens even when nothing is learnt: rollout of
@@ -8,9 +8,9 @@ based on the receptive field of attention". attnflow defines it as
 
 .. math::
 
-    \\hat R[i, j] = \\frac{R[i, j] / B[i, j]}{\\sum_{j'} R[i, j'] / B[i, j']}, \\qquad
-    B = \\operatorname{method}(U), \\quad
-    U[i, j] = \\frac{[j \\le i]\\,[j \\text{ real}]}{\\#\\{j' \\le i : j' \\text{ real}\\}},
+    \hat R[i, j] = \frac{R[i, j] / B[i, j]}{\sum_{j'} R[i, j'] / B[i, j']}, \qquad
+    B = \operatorname{method}(U), \quad
+    U[i, j] = \frac{[j \le i]\,[j \text{ real}]}{\#\{j' \le i : j' \text{ real}\}},
 
 the attribution divided by what the *same* method (same residual, mask, rows, layers and
 pruning) gives to uniform causal attention ``U``, rows renormalised. Entries where ``B`` is
@@ -104,4 +104,6 @@ def normalize_attribution(
         values = xp.where(dropped, xp.zeros_like(values), values)
     sums = xp.sum(values, axis=-1, keepdims=True)
     has_mass = sums > 0
-    return xp.where(has_mass, values / xp.where(has_mass, sums, xp.ones_like(sums)), xp.zeros_like(values))
+    return xp.where(
+        has_mass, values / xp.where(has_mass, sums, xp.ones_like(sums)), xp.zeros_like(values)
+    )

@@ -215,8 +215,11 @@ def _compose(prepared: PreparedAttention) -> Any:
 
 
 def _decoder_normalise(prepared: PreparedAttention, result: Any) -> Any:
-    """`receptive_field` and `exclude`: divide by the rollout of uniform causal attention
-    (same residual, mask, rows, layers and pruning), drop sink columns, renormalise rows."""
+    """Apply `receptive_field` and `exclude` to a rollout result.
+
+    Divide by the rollout of uniform causal attention (same residual, mask, rows, layers
+    and pruning), drop the sink columns, renormalise rows.
+    """
     xp = prepared.xp
     baseline = None
     if prepared.receptive_field:
