@@ -417,6 +417,12 @@ def flow(
     prunes its layers (rows renormalised, so every row of capacities still sums to one);
     pruned edges leave the graph.
 
+    For decoders, ``receptive_field=True`` divides by the flow :math:`B` of uniform causal
+    attention (same residual, mask, rows, layers and pruning; solved once per distinct
+    mask pattern of the batch) and `exclude` drops attention-sink columns, rows then
+    renormalised, exactly as for :func:`rollout` (Abnar & Zuidema 2020, Conclusion):
+    :math:`\hat F[i, j] \propto [j \notin E] \, F[i, j] / B[i, j]`, with :math:`x / 0 := 0`.
+
     Parameters
     ----------
     attentions : array or sequence of arrays
@@ -444,9 +450,17 @@ def flow(
         Drop this fraction of each fused layer's lowest eligible weights (never column 0,
         never padding), as for :func:`rollout`. At most one of `threshold`, `top_k` and
         `discard`.
+    receptive_field : bool, default False
+        Decoders: divide by the flow of uniform causal attention, then renormalise rows,
+        as for :func:`rollout`. The baseline costs one more flow per distinct mask
+        pattern (not counted by `max_work`).
+    exclude : int or sequence of int, optional
+        Input positions left out of the attribution (attention sinks), rows renormalised,
+        as for :func:`rollout`; they stay in the graph.
     normalize : bool, default True
         Divide each output row by its sum (as the paper's code does). False returns the
-        raw max-flow values, each at most 1.
+        raw max-flow values, each at most 1. With `receptive_field` or `exclude` rows are
+        always renormalised (the row scale cancels in the division).
     n_jobs : int, optional
         Processes on this machine: None chooses (all cores when the work is estimated
         above about two seconds, else one), -1 is one per core, 1 runs serially. The
@@ -527,6 +541,18 @@ def flow(
     >>> attnflow.flow(w, top_k=1)
     array([[1., 0.],
            [0., 1.]])
+
+    Decoders: flow of uniform causal attention, divided by itself, is uniform over each
+    row's receptive field; a BOS sink is left out with ``exclude=0``:
+
+    >>> u = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    >>> causal = np.stack([u, u])[:, None]  # L=2, H=1
+    >>> attnflow.flow(causal, rows=-1).round(4)
+    array([0.3333, 0.2222, 0.4444])
+    >>> attnflow.flow(causal, rows=-1, receptive_field=True)
+    array([0.33333333, 0.33333333, 0.33333333])
+    >>> attnflow.flow(causal, rows=-1, receptive_field=True, exclude=0)
+    array([0. , 0.5, 0.5])
     """
     _check_flow_options(n_jobs, executor, progress, normalize, max_work)
     prepared = prepare_attention(
