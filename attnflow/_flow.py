@@ -603,7 +603,7 @@ def flow(
     if prepared.receptive_field or prepared.exclude:
         baseline = None
         if prepared.receptive_field:
-            baseline = _causal_baseline(prepared, valid)
+            baseline = _causal_baseline(prepared, valid, workers, executor)
             if prepared.per_head is not None:
                 baseline = baseline[..., None, :, :]  # every head of uniform attention alike
         values = np.asarray(
@@ -633,11 +633,17 @@ def _capacities(
     return np.asarray(mix_residual(pruned, alpha, xp, valid_keys=keys))
 
 
-def _causal_baseline(prepared: PreparedAttention, valid: np.ndarray | None) -> np.ndarray:
+def _causal_baseline(
+    prepared: PreparedAttention,
+    valid: np.ndarray | None,
+    workers: int,
+    executor: Executor | None,
+) -> np.ndarray:
     """Raw flow of uniform causal attention, ``(*batch, [L,] r, n)``, for `receptive_field`.
 
     Same residual, rows, layers and pruning as the call; solved once per distinct mask
-    pattern of the batch (once in all without a mask), serially, then spread back.
+    pattern of the batch (once in all without a mask), on the call's workers, then spread
+    back.
     """
     layout = prepared.layout
     n = layout.n_tokens
@@ -664,9 +670,9 @@ def _causal_baseline(prepared: PreparedAttention, valid: np.ndarray | None) -> n
     )
     host_valid = None if valid is None else patterns
     mixed = _capacities(plain, uniform, host_valid, head_axis=False)
-    plan = _plan(plain, mixed, host_valid)
+    plan = _plan(plain, mixed, host_valid, workers=workers)
     values = np.zeros(plan.output_shape)
-    _collect(values, _run(plan.tasks, 1, None, None))
+    _collect(values, _run(plan.tasks, workers, executor, None))
     return values[inverse]
 
 

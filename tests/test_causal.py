@@ -346,3 +346,11 @@ def test_cli_raw_has_no_decoder_options(tmp_path: Path, capsys: pytest.CaptureFi
     source = tmp_path / "x.npy"
     np.save(source, _weights("float32"))
     assert main(["raw", str(source), "--receptive-field"]) == EXIT_USAGE
+
+
+def test_flow_baseline_on_worker_processes_equals_serial() -> None:
+    weights = _weights("float64")
+    options = {"mask": MASK, "rows": [6, 4], "receptive_field": True, "exclude": 0}
+    np.testing.assert_array_equal(
+        attnflow.flow(weights, n_jobs=2, **options), attnflow.flow(weights, n_jobs=1, **options)
+    )
