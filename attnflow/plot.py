@@ -327,6 +327,7 @@ def layer_token_map(
     vmax: float | None = None,
     title: str | None = None,
     figsize: tuple[float, float] | None = None,
+    ylabel: str = "layer",
 ) -> Figure:
     """Draw layer x input-token maps side by side (Abnar & Zuidema 2020, Figures 2-3).
 
@@ -361,6 +362,8 @@ def layer_token_map(
         Title above all panels.
     figsize : tuple of float, optional
         Figure size in inches; by default it grows with the number of tokens and layers.
+    ylabel : str, default "layer"
+        What the rows are: ``"head"`` for the maps of ``heads="each"`` at one layer.
 
     Returns
     -------
@@ -432,7 +435,7 @@ def layer_token_map(
         ax.set_yticks(range(layers))
         ax.set_yticklabels([str(layer + 1) for layer in range(layers)])
         if index == 0:
-            ax.set_ylabel("layer")
+            ax.set_ylabel(ylabel)
         _label_tokens(ax, labels)
         if panel_title is not None:
             ax.set_title(panel_title)
