@@ -89,12 +89,14 @@ def adapters_torch(session: nox.Session) -> None:
     session.install(TORCH)  # first, so that nothing pulls a CUDA build of torch
     _install_group(session, "adapters-torch")
     _install_group(session, "test")
-    session.install(".")
+    session.install(".[plot]")  # the reproductions' figures
     env = {
         **ENV,
         "HF_HUB_OFFLINE": "1",
         "ATTNFLOW_TEST_BACKENDS": "torch",
-        "ATTNFLOW_FORBID_SKIPS": "1",  # this session installs all these tests need
+        # This session installs all the experiments' tests need: none may skip (the
+        # adapter's timm test may: no CPU torchvision).
+        "ATTNFLOW_FORBID_SKIPS": "tests/experiments",
     }
     # The sentiment experiment fine-tunes the shipped MiniLM: it needs transformers, which
     # only this session installs.

@@ -445,6 +445,32 @@ def _parse_heads(text: str, *, method: str) -> str | list[float] | None:
         raise UsageError(msg) from None
 
 
+def _parse_exclude(text: str | None) -> int | list[int] | None:
+    """``--exclude``: one input position or a comma-separated list (attention sinks)."""
+    if text is None:
+        return None
+    try:
+        positions = [int(part) for part in text.split(",")]
+    except ValueError:
+        msg = (
+            "--exclude must be an integer token position or a comma-separated list of them "
+            f"(for example 0 for a BOS sink); got {text!r}"
+        )
+        raise UsageError(msg) from None
+    return positions[0] if len(positions) == 1 and "," not in text else positions
+
+
+def _decoder_options(args: argparse.Namespace) -> dict[str, object]:
+    """``--receptive-field`` and ``--exclude`` (rollout and flow): parsed before any read."""
+    options: dict[str, object] = {}
+    if args.receptive_field:
+        options["receptive_field"] = True
+    exclude = _parse_exclude(args.exclude)
+    if exclude is not None:
+        options["exclude"] = exclude
+    return options
+
+
 def _pruning_options(args: argparse.Namespace) -> dict[str, object]:
     """``--threshold``, ``--top-k``, ``--discard``: checked before any file is read."""
     from ._validation import check_pruning
@@ -509,6 +535,18 @@ def _configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
             default=None,
             help="drop this fraction of each fused layer's lowest weights (never column 0)",
         )
+        parser.add_argument(
+            "--receptive-field",
+            action="store_true",
+            help="decoders: divide by the method's result on uniform causal attention, "
+            "then renormalise rows (paper, Conclusion)",
+        )
+        parser.add_argument(
+            "--exclude",
+            default=None,
+            help="input positions left out of the attribution, rows renormalised: an "
+            "integer or a list (0 for a BOS attention sink)",
+        )
     parser.add_argument("--mask", help="boolean padding mask (*batch, n): .npy/.npz/.safetensors")
     parser.add_argument("--mask-key", help="the array to read from the mask file")
     parser.add_argument("--tokens", help="a text file with one token per line, for the table")
@@ -566,6 +604,8 @@ def _run_method(args: argparse.Namespace, *, method: str) -> int:
         layers = _parse_layers(args.layers)
         heads = _parse_heads(args.heads, method=method)
         pruning = _pruning_options(args) if method != "raw" else {}
+        if method != "raw":
+            pruning |= _decoder_options(args)
         source = Path(args.input)
         output = (
             Path(args.output)

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -17,6 +17,7 @@ from ._host import from_host, to_host
 from ._maxflow import STRONGEST_EDGES, FlowTask, solve_flow_task
 from ._pipeline import PreparedAttention, prepare_attention
 from ._pruning import prune
+from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 
@@ -377,6 +378,8 @@ def flow(
     threshold: float | None = None,
     top_k: int | None = None,
     discard: float | None = None,
+    receptive_field: bool = False,
+    exclude: int | Sequence[int] | None = None,
     normalize: bool = True,
     n_jobs: int | None = None,
     executor: Executor | None = None,
@@ -414,6 +417,12 @@ def flow(
     prunes its layers (rows renormalised, so every row of capacities still sums to one);
     pruned edges leave the graph.
 
+    For decoders, ``receptive_field=True`` divides by the flow :math:`B` of uniform causal
+    attention (same residual, mask, rows, layers and pruning; solved once per distinct
+    mask pattern of the batch) and `exclude` drops attention-sink columns, rows then
+    renormalised, exactly as for :func:`rollout` (Abnar & Zuidema 2020, Conclusion):
+    :math:`\hat F[i, j] \propto [j \notin E] \, F[i, j] / B[i, j]`, with :math:`x / 0 := 0`.
+
     Parameters
     ----------
     attentions : array or sequence of arrays
@@ -441,9 +450,17 @@ def flow(
         Drop this fraction of each fused layer's lowest eligible weights (never column 0,
         never padding), as for :func:`rollout`. At most one of `threshold`, `top_k` and
         `discard`.
+    receptive_field : bool, default False
+        Decoders: divide by the flow of uniform causal attention, then renormalise rows,
+        as for :func:`rollout`. The baseline costs one more flow per distinct mask
+        pattern (not counted by `max_work`).
+    exclude : int or sequence of int, optional
+        Input positions left out of the attribution (attention sinks), rows renormalised,
+        as for :func:`rollout`; they stay in the graph.
     normalize : bool, default True
         Divide each output row by its sum (as the paper's code does). False returns the
-        raw max-flow values, each at most 1.
+        raw max-flow values, each at most 1. With `receptive_field` or `exclude` rows are
+        always renormalised (the row scale cancels in the division).
     n_jobs : int, optional
         Processes on this machine: None chooses (all cores when the work is estimated
         above about two seconds, else one), -1 is one per core, 1 runs serially. The
@@ -524,6 +541,18 @@ def flow(
     >>> attnflow.flow(w, top_k=1)
     array([[1., 0.],
            [0., 1.]])
+
+    Decoders: flow of uniform causal attention, divided by itself, is uniform over each
+    row's receptive field; a BOS sink is left out with ``exclude=0``:
+
+    >>> u = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    >>> causal = np.stack([u, u])[:, None]  # L=2, H=1
+    >>> attnflow.flow(causal, rows=-1).round(4)
+    array([0.3333, 0.2222, 0.4444])
+    >>> attnflow.flow(causal, rows=-1, receptive_field=True)
+    array([0.33333333, 0.33333333, 0.33333333])
+    >>> attnflow.flow(causal, rows=-1, receptive_field=True, exclude=0)
+    array([0. , 0.5, 0.5])
     """
     _check_flow_options(n_jobs, executor, progress, normalize, max_work)
     prepared = prepare_attention(
@@ -539,6 +568,8 @@ def flow(
         threshold=threshold,
         top_k=top_k,
         discard=discard,
+        receptive_field=receptive_field,
+        exclude=exclude,
     )
     estimate = _plan(prepared, None, _host_mask(prepared)).cost
     if max_work is not None and estimate.edge_visits > max_work:
@@ -569,7 +600,18 @@ def flow(
     finally:
         if bar is not None:
             bar.close()
-    if normalize:
+    if prepared.receptive_field or prepared.exclude:
+        baseline = None
+        if prepared.receptive_field:
+            baseline = _causal_baseline(prepared, valid, workers, executor)
+            if prepared.per_head is not None:
+                baseline = baseline[..., None, :, :]  # every head of uniform attention alike
+        values = np.asarray(
+            normalize_attribution(
+                values, baseline=baseline, exclude=prepared.exclude, xp=_numpy_namespace()
+            )
+        )
+    elif normalize:
         totals = values.sum(axis=-1, keepdims=True)
         values = np.divide(values, totals, out=np.zeros_like(values), where=totals > 0)
     if isinstance(prepared.rows, int):
@@ -589,6 +631,49 @@ def _capacities(
     xp = _numpy_namespace()
     pruned, alpha = prune(host, prepared.pruning, xp, residual=prepared.residual, valid_keys=keys)
     return np.asarray(mix_residual(pruned, alpha, xp, valid_keys=keys))
+
+
+def _causal_baseline(
+    prepared: PreparedAttention,
+    valid: np.ndarray | None,
+    workers: int,
+    executor: Executor | None,
+) -> np.ndarray:
+    """Raw flow of uniform causal attention, ``(*batch, [L,] r, n)``, for `receptive_field`.
+
+    Same residual, rows, layers and pruning as the call; solved once per distinct mask
+    pattern of the batch (once in all without a mask), on the call's workers, then spread
+    back.
+    """
+    layout = prepared.layout
+    n = layout.n_tokens
+    if valid is None:
+        patterns = np.ones((1, n), dtype=bool)
+        inverse = np.zeros(layout.batch_shape, dtype=np.int64)
+    else:
+        patterns, inverse = np.unique(valid.reshape(-1, n), axis=0, return_inverse=True)
+        inverse = inverse.reshape(layout.batch_shape)
+    count = len(patterns)
+    keys = patterns.reshape(count, 1, 1, n)
+    uniform = np.asarray(
+        uniform_causal_attention(
+            n, valid_keys=keys, dtype=np.float64, device="cpu", xp=_numpy_namespace()
+        )
+    )
+    uniform = np.broadcast_to(uniform, (count, prepared.fused.shape[-3], n, n))
+    plain = replace(
+        prepared,
+        layout=replace(layout, batch_shape=(count,)),
+        fused=uniform,
+        per_head=None,
+        valid_keys=keys,
+    )
+    host_valid = None if valid is None else patterns
+    mixed = _capacities(plain, uniform, host_valid, head_axis=False)
+    plan = _plan(plain, mixed, host_valid, workers=workers)
+    values = np.zeros(plan.output_shape)
+    _collect(values, _run(plan.tasks, workers, executor, None))
+    return values[inverse]
 
 
 def _host_mask(prepared: PreparedAttention) -> np.ndarray | None:

@@ -21,11 +21,14 @@ from ._validation import (
     PruningSpec,
     check_attention_layout,
     check_attention_values,
+    check_causal,
+    check_exclude,
     check_floating,
     check_head_fusion,
     check_layers,
     check_mask,
     check_pruning,
+    check_receptive_field,
     check_residual,
     check_rows,
     check_validate,
@@ -56,6 +59,10 @@ class PreparedAttention:
     the top one); None otherwise."""
     pruning: PruningSpec | None = None
     """The checked `threshold`/`top_k`/`discard` option, or None."""
+    receptive_field: bool = False
+    """Normalise by the method's result on uniform causal attention (decoders)."""
+    exclude: tuple[int, ...] = ()
+    """Input positions left out of the attribution (attention sinks), non-negative."""
 
     @property
     def head_keys(self) -> Any | None:
@@ -111,13 +118,16 @@ def prepare_attention(
     threshold: object = None,
     top_k: object = None,
     discard: object = None,
+    receptive_field: object = False,
+    exclude: object = None,
 ) -> PreparedAttention:
     """Check every argument, then mask, normalise and fuse the used layers.
 
     All checks on shapes, dtypes and options run before any arithmetic; value checks
     follow, on the layers that are used; only then is anything computed. `allow_each`
     admits ``heads="each"`` (rollout and flow), which also keeps the heads of the reported
-    layers; the pruning options are only checked here and applied by the method.
+    layers; the pruning, `receptive_field` and `exclude` options are only checked here
+    and applied by the method.
     """
     fused_input = heads is None
     if isinstance(attentions, list | tuple):
@@ -146,6 +156,8 @@ def prepare_attention(
         heads, layout, namespace, dtype=first.dtype, device=device, allow_each=allow_each
     )
     pruning = check_pruning(threshold, top_k, discard)
+    normalise_field = check_receptive_field(receptive_field)
+    excluded = check_exclude(exclude, layout.n_tokens)
     check_mask(mask, layout, namespace)
 
     # Layers above the requested one never influence it: they are neither stacked nor read.
@@ -187,6 +199,8 @@ def prepare_attention(
     if do_validate and not every_head:
         # What the method consumes, at 1/H of the cost; still before any of the method.
         check_attention_values(fused, namespace, valid_rows=None, heads_fused=not fused_input)
+    if do_validate and normalise_field:
+        check_causal(fused, namespace)
     return PreparedAttention(
         xp=namespace,
         boundary=boundary,
@@ -198,6 +212,8 @@ def prepare_attention(
         valid_keys=valid_keys,
         per_head=per_head,
         pruning=pruning,
+        receptive_field=normalise_field,
+        exclude=excluded,
     )
 
 

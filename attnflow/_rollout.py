@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from array_api_compat import device as array_device
 
 from ._pipeline import PreparedAttention, prepare_attention, select_rows
 from ._pruning import prune
+from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 
@@ -212,6 +214,32 @@ def _compose(prepared: PreparedAttention) -> Any:
     )
 
 
+def _decoder_normalise(prepared: PreparedAttention, result: Any) -> Any:
+    """Apply `receptive_field` and `exclude` to a rollout result.
+
+    Divide by the rollout of uniform causal attention (same residual, mask, rows, layers
+    and pruning), drop the sink columns, renormalise rows.
+    """
+    xp = prepared.xp
+    baseline = None
+    if prepared.receptive_field:
+        fused = prepared.fused
+        uniform = uniform_causal_attention(
+            fused.shape[-1],
+            valid_keys=prepared.valid_keys,
+            dtype=fused.dtype,
+            device=array_device(fused),
+            xp=xp,
+        )
+        uniform = xp.broadcast_to(uniform, tuple(fused.shape))
+        # Every head of uniform attention is the same matrix: the fused baseline serves
+        # each head's map (heads="each") once a head axis is added.
+        baseline = _compose(replace(prepared, fused=uniform, per_head=None))
+        if prepared.per_head is not None:
+            baseline = xp.expand_dims(baseline, axis=-2 if isinstance(prepared.rows, int) else -3)
+    return normalize_attribution(result, baseline=baseline, exclude=prepared.exclude, xp=xp)
+
+
 def _select(prepared: PreparedAttention, per_layer: Any) -> Any:
     """Rows of the reported layer(s) of per-layer matrices ``(*batch, L, n, n)``."""
     xp = prepared.xp
@@ -231,6 +259,8 @@ def rollout(
     threshold: float | None = None,
     top_k: int | None = None,
     discard: float | None = None,
+    receptive_field: bool = False,
+    exclude: int | Sequence[int] | None = None,
     validate: bool | Literal["heads"] = True,
     xp: Namespace | None = None,
 ) -> ArrayT:
@@ -282,6 +312,18 @@ def rollout(
     entries may be discarded and more than :math:`k` kept; the result does not depend on
     the sort. Threshold 0, discard 0 and ``k >= n`` return plain rollout exactly.
 
+    For decoders (causal attention), ``receptive_field=True`` divides by the rollout
+    :math:`B` of uniform causal attention (query :math:`i` attends equally to the real keys
+    :math:`0..i`) with the same residual, mask, rows, layers and pruning, then
+    renormalises rows (Abnar & Zuidema 2020, Conclusion: "we should first normalize based
+    on the receptive field of attention"); `exclude` drops attention-sink columns (BOS)
+    and renormalises rows over the remaining real tokens:
+
+    .. math::
+
+        \hat R[i, j] = \frac{[j \notin E] \, R[i, j] / B[i, j]}
+        {\sum_{j'} [j' \notin E] \, R[i, j'] / B[i, j']}, \qquad \frac{x}{0} := 0 .
+
     Parameters
     ----------
     attentions : array or sequence of arrays
@@ -320,6 +362,16 @@ def rollout(
         Drop this fraction, in [0, 1), of each fused layer's lowest eligible weights
         (never column 0, never padding), before the identity is mixed in, then
         renormalise rows. At most one of `threshold`, `top_k` and `discard`.
+    receptive_field : bool, default False
+        Decoders: divide by the rollout of uniform causal attention (see above), then
+        renormalise rows. Entries outside a position's receptive field (later or padded
+        tokens) are 0. Refuses attention with weight on later keys (an encoder) when
+        `validate` reads the values; otherwise the causal baseline is used as is.
+    exclude : int or sequence of int, optional
+        Input positions (negative counts from the end) left out of the attribution, such
+        as an attention sink at 0 (BOS): their column is zero and rows are renormalised
+        over the remaining real tokens. They still carry attention through the layers
+        (only the output changes). A row with nothing left is zero.
     validate : bool or "heads", default True
         Check the attention values before the rollout: finite, non-negative, rows summing
         to one within a dtype-aware tolerance. True checks what the method consumes: the
@@ -410,6 +462,20 @@ def rollout(
     array([[1., 0., 0.],
            [0., 0., 1.],
            [0., 0., 1.]])
+
+    Decoders: rollout of uniform causal attention is not uniform (the first token is seen
+    by every position, the query itself by the residual); divided by itself
+    (``receptive_field=True``) it is uniform over each row's receptive field. A BOS sink
+    is left out with ``exclude=0``:
+
+    >>> u = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    >>> causal = np.stack([u, u])[:, None]  # L=2, H=1
+    >>> attnflow.rollout(causal, rows=-1).round(4)
+    array([0.3194, 0.2361, 0.4444])
+    >>> attnflow.rollout(causal, rows=-1, receptive_field=True)
+    array([0.33333333, 0.33333333, 0.33333333])
+    >>> attnflow.rollout(causal, rows=-1, exclude=0).round(4)
+    array([0.    , 0.3469, 0.6531])
     """
     prepared = prepare_attention(
         attentions,
@@ -424,8 +490,13 @@ def rollout(
         threshold=threshold,
         top_k=top_k,
         discard=discard,
+        receptive_field=receptive_field,
+        exclude=exclude,
     )
-    return prepared.boundary.restore(_compose(prepared))  # type: ignore[no-any-return]
+    result = _compose(prepared)
+    if prepared.receptive_field or prepared.exclude:
+        result = _decoder_normalise(prepared, result)
+    return prepared.boundary.restore(result)  # type: ignore[no-any-return]
 
 
 def raw(

@@ -24,11 +24,14 @@ __all__ = [
     "PruningSpec",
     "check_attention_layout",
     "check_attention_values",
+    "check_causal",
+    "check_exclude",
     "check_floating",
     "check_head_fusion",
     "check_layers",
     "check_mask",
     "check_pruning",
+    "check_receptive_field",
     "check_residual",
     "check_rows",
     "check_validate",
@@ -176,6 +179,74 @@ def check_rows(rows: object, n_tokens: int) -> int | tuple[int, ...] | None:
             raise ValueError(msg)
         return tuple(normalise(_as_index(r, "rows")) for r in positions)
     return normalise(_as_index(rows, "rows"))
+
+
+def check_exclude(exclude: object, n_tokens: int) -> tuple[int, ...]:
+    """Check `exclude` (attention sinks); return sorted, distinct, non-negative positions."""
+    if exclude is None:
+        return ()
+
+    def normalise(position: int) -> int:
+        if not -n_tokens <= position < n_tokens:
+            msg = (
+                f"`exclude` must index the {n_tokens} input tokens (0 to {n_tokens - 1}, "
+                f"or negative from the end); got {position}."
+            )
+            raise IndexError(msg)
+        return position % n_tokens
+
+    if isinstance(exclude, str | bytes):
+        _as_index(exclude, "exclude")
+    if isinstance(exclude, Sequence) or getattr(exclude, "ndim", 0) == 1:
+        positions = list(exclude)  # type: ignore[call-overload]
+        if not positions:
+            msg = (
+                "`exclude` must name at least one token position (for example 0, a BOS "
+                "sink); got an empty sequence. Pass None to exclude nothing."
+            )
+            raise ValueError(msg)
+        return tuple(sorted({normalise(_as_index(p, "exclude")) for p in positions}))
+    return (normalise(_as_index(exclude, "exclude")),)
+
+
+def check_receptive_field(receptive_field: object) -> bool:
+    """Check the `receptive_field` switch."""
+    if not isinstance(receptive_field, bool):
+        msg = f"`receptive_field` must be True or False; got {receptive_field!r}."
+        raise TypeError(msg)
+    return receptive_field
+
+
+def check_causal(fused: Array, xp: Namespace) -> None:
+    """Refuse non-causal attention for ``receptive_field=True`` (values permitting).
+
+    `fused` is the masked, head-fused attention ``(..., n, n)``: padded rows and columns
+    are already zero. The weight a query puts on later keys (above the diagonal) must be
+    within the row-sum tolerance of zero. Skipped where values cannot be read cheaply.
+    """
+    if not values_are_inspectable(fused):
+        return
+    n = fused.shape[-1]
+    rows = xp.arange(n, device=_device_of(fused))
+    later = rows[None, :] > rows[:, None]
+    excess = xp.where(later, fused, xp.zeros_like(fused))
+    tolerance = row_sum_tolerance(xp, fused.dtype, n)
+    if bool(xp.any(xp.sum(excess, axis=-1) > tolerance)):
+        largest = float(xp.max(xp.sum(excess, axis=-1)))
+        msg = (
+            "`receptive_field=True` is for causal (decoder) attention, where query i sees "
+            f"keys 0..i only; this attention puts up to {largest:.3g} of a row on later "
+            "keys. Encoder attention has no causal bias to correct: drop "
+            "`receptive_field`, or pass `validate=False` to normalise by the causal "
+            "baseline anyway."
+        )
+        raise ValueError(msg)
+
+
+def _device_of(x: Array) -> Any:
+    from array_api_compat import device
+
+    return device(x)
 
 
 def check_layers(layers: object, n_layers: int) -> tuple[int, bool]:

@@ -453,6 +453,64 @@ def oracle_flow_variant(
     return _select_variant(per_layer, rows, layers, each=each)
 
 
+# -- Decoders: receptive-field normalisation and attention sinks (issue 9, item 5) ---------
+# Self-contained: the definitions written out with loops; the method on the uniform
+# causal baseline is the method's own oracle above, applied to a hand-built input.
+
+
+def oracle_uniform_causal(shape: tuple[int, ...]) -> np.ndarray:
+    """Uniform causal attention of `shape` ``(..., n, n)``: row i is 1/(i+1) on keys 0..i.
+
+    With a padding mask the method oracles renormalise every row over the real keys, which
+    makes it uniform over the real keys ``j <= i``: the receptive field of a real query.
+    """
+    n = shape[-1]
+    single = np.zeros((n, n))
+    for i in range(n):
+        for j in range(i + 1):
+            single[i, j] = 1.0 / (i + 1)
+    return np.broadcast_to(single, shape).copy()
+
+
+def oracle_decoder_normalise(
+    attribution: np.ndarray, baseline: np.ndarray | None, exclude: Sequence[int] = ()
+) -> np.ndarray:
+    """``R / B`` (0 where B = 0), excluded columns 0, rows (last axis) renormalised."""
+    out = np.zeros_like(attribution, dtype=np.float64)
+    n = attribution.shape[-1]
+    dropped = {e % n for e in exclude}
+    for index in np.ndindex(*attribution.shape[:-1]):
+        row = np.zeros(n)
+        for j in range(n):
+            if j in dropped:
+                continue
+            if baseline is None:
+                row[j] = attribution[index][j]
+            elif baseline[index][j] > 0:
+                row[j] = attribution[index][j] / baseline[index][j]
+        total = row.sum()
+        out[index] = row / total if total > 0 else 0.0
+    return out
+
+
+def oracle_decoder(
+    method: str,
+    attentions: np.ndarray,
+    *,
+    receptive_field: bool = False,
+    exclude: int | Sequence[int] | None = None,
+    **options: object,
+) -> np.ndarray:
+    """Rollout or flow with `receptive_field` and `exclude`, from the definitions."""
+    compute = oracle_rollout_variant if method == "rollout" else oracle_flow_variant
+    result = compute(attentions, **options)  # type: ignore[arg-type]
+    baseline = None
+    if receptive_field:
+        baseline = compute(oracle_uniform_causal(attentions.shape), **options)  # type: ignore[arg-type]
+    dropped = [] if exclude is None else [exclude] if isinstance(exclude, int) else list(exclude)
+    return oracle_decoder_normalise(result, baseline, dropped)
+
+
 # -- Encoder-decoder composition (issue 9, item 4) -----------------------------------------
 # Self-contained: plain float64 loops over batch items, layers, rows and columns, written
 # from the formulas in docs/maths.md ("Encoder-decoder models"), sharing nothing above.
