@@ -89,17 +89,20 @@ def adapters_torch(session: nox.Session) -> None:
     session.install(TORCH)  # first, so that nothing pulls a CUDA build of torch
     _install_group(session, "adapters-torch")
     _install_group(session, "test")
-    session.install(".")
+    session.install(".[plot]")  # the reproductions' figures
     env = {
         **ENV,
         "HF_HUB_OFFLINE": "1",
         "ATTNFLOW_TEST_BACKENDS": "torch",
-        "ATTNFLOW_FORBID_SKIPS": "1",  # this session installs all these tests need
+        # This session installs all that these tests need: none may skip (the adapter's
+        # timm test may: no CPU torchvision).
+        "ATTNFLOW_FORBID_SKIPS": "tests/experiments,tests/adapters/test_torch_encoder_decoder.py",
     }
     # The sentiment experiment fine-tunes the shipped MiniLM: it needs transformers, which
     # only this session installs.
     tests = [
         "tests/adapters/test_torch.py",
+        "tests/adapters/test_torch_encoder_decoder.py",
         "tests/experiments/test_sentiment_torch.py",
         "tests/experiments/test_reproduction_sentiment.py",
     ]

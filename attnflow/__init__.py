@@ -11,6 +11,7 @@ Importing attnflow imports no deep-learning framework and no plotting library.
 
 from __future__ import annotations
 
+from ._encoder_decoder import EncoderDecoderAttribution, encoder_decoder_rollout
 from ._flow import FlowCost, flow, flow_cost
 from ._gradient_rollout import gradient_rollout
 from ._heads import fuse_heads
@@ -30,6 +31,7 @@ from .evaluate import (
 )
 
 __all__ = [
+    "EncoderDecoderAttribution",
     "FaithfulnessReport",
     "FlowCost",
     "ModelFunctions",
@@ -39,6 +41,7 @@ __all__ = [
     "blank_out",
     "comprehensiveness",
     "deletion",
+    "encoder_decoder_rollout",
     "faithfulness",
     "flow",
     "flow_cost",

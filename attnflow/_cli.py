@@ -423,9 +423,15 @@ def _parse_layers(text: str) -> str | int:
         raise UsageError(msg) from None
 
 
-def _parse_heads(text: str) -> str | list[float] | None:
-    """``--heads``: ``mean``, ``max``, ``min``, ``none`` (already fused) or weights."""
-    if text in {"mean", "max", "min"}:
+def _parse_heads(text: str, *, method: str) -> str | list[float] | None:
+    """``--heads``: ``mean``, ``max``, ``min``, ``each``, ``none`` (already fused) or weights."""
+    if text == "each" and method == "raw":
+        msg = (
+            "--heads each (one map per head) is an option of 'attnflow rollout' and "
+            "'attnflow flow'; raw attention per head is the input itself"
+        )
+        raise UsageError(msg)
+    if text in {"mean", "max", "min", "each"}:
         return text
     if text == "none":
         return None
@@ -433,10 +439,55 @@ def _parse_heads(text: str) -> str | list[float] | None:
         return [float(part) for part in text.split(",")]
     except ValueError:
         msg = (
-            "--heads must be 'mean', 'max', 'min', 'none' (heads already fused) or "
-            f"comma-separated weights; got {text!r}"
+            "--heads must be 'mean', 'max', 'min', 'each' (one map per head; rollout and "
+            f"flow), 'none' (heads already fused) or comma-separated weights; got {text!r}"
         )
         raise UsageError(msg) from None
+
+
+def _parse_exclude(text: str | None) -> int | list[int] | None:
+    """``--exclude``: one input position or a comma-separated list (attention sinks)."""
+    if text is None:
+        return None
+    try:
+        positions = [int(part) for part in text.split(",")]
+    except ValueError:
+        msg = (
+            "--exclude must be an integer token position or a comma-separated list of them "
+            f"(for example 0 for a BOS sink); got {text!r}"
+        )
+        raise UsageError(msg) from None
+    return positions[0] if len(positions) == 1 and "," not in text else positions
+
+
+def _decoder_options(args: argparse.Namespace) -> dict[str, object]:
+    """``--receptive-field`` and ``--exclude`` (rollout and flow): parsed before any read."""
+    options: dict[str, object] = {}
+    if args.receptive_field:
+        options["receptive_field"] = True
+    exclude = _parse_exclude(args.exclude)
+    if exclude is not None:
+        options["exclude"] = exclude
+    return options
+
+
+def _pruning_options(args: argparse.Namespace) -> dict[str, object]:
+    """``--threshold``, ``--top-k``, ``--discard``: checked before any file is read."""
+    from ._validation import check_pruning
+
+    given = {"threshold": args.threshold, "top_k": args.top_k, "discard": args.discard}
+    try:
+        check_pruning(**given)
+    except (TypeError, ValueError) as error:
+        message = str(error)
+        for name, flag in (
+            ("threshold", "--threshold"),
+            ("top_k", "--top-k"),
+            ("discard", "--discard"),
+        ):
+            message = message.replace(f"`{name}", f"`{flag}")
+        raise UsageError(message) from None
+    return {name: value for name, value in given.items() if value is not None}
 
 
 def _configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
@@ -456,11 +507,45 @@ def _configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
     )
     parser.add_argument("--layers", default="last", help="'last', 'all' or a layer index")
     parser.add_argument(
-        "--heads", default="mean", help="'mean', 'max', 'min', 'none' or weights (h1,h2,...)"
+        "--heads",
+        default="mean",
+        help="'mean', 'max', 'min', 'none' or weights (h1,h2,...)"
+        + ("" if method == "raw" else "; 'each' for one map per head (App. A.1)"),
     )
     if method != "raw":
         parser.add_argument(
             "--residual", type=float, default=0.5, help="weight of the identity (default 0.5)"
+        )
+        pruning = parser.add_mutually_exclusive_group()
+        pruning.add_argument(
+            "--threshold",
+            type=float,
+            default=None,
+            help="drop fused attention weights below this value, then renormalise rows",
+        )
+        pruning.add_argument(
+            "--top-k",
+            type=int,
+            default=None,
+            help="keep the TOP_K largest entries of each row of every mixed layer",
+        )
+        pruning.add_argument(
+            "--discard",
+            type=float,
+            default=None,
+            help="drop this fraction of each fused layer's lowest weights (never column 0)",
+        )
+        parser.add_argument(
+            "--receptive-field",
+            action="store_true",
+            help="decoders: divide by the method's result on uniform causal attention, "
+            "then renormalise rows (paper, Conclusion)",
+        )
+        parser.add_argument(
+            "--exclude",
+            default=None,
+            help="input positions left out of the attribution, rows renormalised: an "
+            "integer or a list (0 for a BOS attention sink)",
         )
     parser.add_argument("--mask", help="boolean padding mask (*batch, n): .npy/.npz/.safetensors")
     parser.add_argument("--mask-key", help="the array to read from the mask file")
@@ -517,7 +602,10 @@ def _run_method(args: argparse.Namespace, *, method: str) -> int:
     try:
         rows = _parse_rows(args.rows)
         layers = _parse_layers(args.layers)
-        heads = _parse_heads(args.heads)
+        heads = _parse_heads(args.heads, method=method)
+        pruning = _pruning_options(args) if method != "raw" else {}
+        if method != "raw":
+            pruning |= _decoder_options(args)
         source = Path(args.input)
         output = (
             Path(args.output)
@@ -557,11 +645,13 @@ def _run_method(args: argparse.Namespace, *, method: str) -> int:
             "n_jobs": args.jobs,
             # The bar needs tqdm, an optional extra: without it the command runs quietly.
             "progress": not args.no_progress and _has_module("tqdm"),
+            **pruning,
         }
         if args.max_work is not None:
             options["max_work"] = args.max_work
         result = attnflow.flow(attentions, **options)  # type: ignore[arg-type]
     elif method == "rollout":
+        options |= pruning
         result = attnflow.rollout(attentions, residual=args.residual, **options)  # type: ignore[arg-type]
     else:
         result = attnflow.raw(attentions, **options)  # type: ignore[arg-type]

@@ -70,7 +70,7 @@ def configure_evaluate(parser: argparse.ArgumentParser) -> None:
         "--sentences",
         type=int,
         default=None,
-        help="test sentences evaluated (default: 2000 for agreement, 1000 for sentiment)",
+        help="test sentences evaluated (default: 2000 for agreement, 500 for sentiment)",
     )
     group.add_argument("--seed", type=int, default=0, help="seed of data and training")
     group.add_argument(
@@ -254,6 +254,22 @@ def _run_saved(args: argparse.Namespace, folder: Path, rows: list[int | str]) ->
     return reports
 
 
+def _reproduction_options(args: argparse.Namespace, rows: list[int | str]) -> dict[str, Any]:
+    """Return the options both reproductions take, from the command line."""
+    return {
+        "train_sentences": args.train_sentences,
+        "seed": args.seed,
+        "rows": rows,  # checked by faithfulness
+        "methods": args.methods.split(","),
+        "correlation": args.correlation,
+        "fractions": _parse_fractions(args.fractions),
+        "chunk_size": args.chunk_size,
+        "n_jobs": args.jobs,
+        "progress": not args.quiet,
+        "model": args.model,
+    }
+
+
 def _run_sentiment(
     args: argparse.Namespace, folder: Path
 ) -> tuple[list[Path], dict[Any, Any], dict[Any, str]]:
@@ -271,18 +287,7 @@ def _run_sentiment(
     rows = _parse_rows(args.rows or "0")
     folder.mkdir(parents=True, exist_ok=True)
     reports, record = table3.reproduce_sentiment(
-        folder,
-        sentences=args.sentences or 1000,
-        train_sentences=args.train_sentences,
-        seed=args.seed,
-        rows=rows,  # type: ignore[arg-type]  # checked by faithfulness
-        methods=args.methods.split(","),
-        correlation=args.correlation,
-        fractions=_parse_fractions(args.fractions),
-        chunk_size=args.chunk_size,
-        n_jobs=args.jobs,
-        progress=not args.quiet,
-        model=args.model,
+        folder, sentences=args.sentences or 500, **_reproduction_options(args, rows)
     )
     ratio = record["gradient_sum_ratio"]
     preamble = (
@@ -294,9 +299,9 @@ def _run_sentiment(
         f"|sum_d g_d| is rounding noise behind the embedding LayerNorm: |sum_d g_d| / ||g|| "
         f"has median {ratio['median']:.1e} and maximum {ratio['max']:.1e} over the test tokens."
     )
-    labels = {"l2": "gradient norm (l2)", "sum_abs": "the paper's |Σ_d g_d| (sum_abs)"}
+    labels = {"l2": "the gradient norm (l2)", "sum_abs": "the paper's |Σ_d g_d| (sum_abs)"}
     titles = {
-        key: f"{'[CLS] row' if row == '0' else _row_title(row)}, input gradients as the "
+        key: f"{'[CLS] row' if row == '0' else _row_title(row)}, input gradients as "
         f"{labels.get(reduction, reduction)}"
         for key in reports
         for row, reduction in [key.rsplit("-", 1)]
@@ -337,7 +342,6 @@ def run_evaluate(args: argparse.Namespace) -> int:
         files, reports, titles = _run_sentiment(args, folder)
     elif args.source == "agreement":
         rows = _parse_rows(args.rows or "0,max")
-        fractions = _parse_fractions(args.fractions)
         try:
             from .experiments import reproduction
         except ImportError as error:
@@ -347,18 +351,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
             raise UsageError(msg) from None
         folder.mkdir(parents=True, exist_ok=True)
         reports, record = reproduction.reproduce_agreement(
-            folder,
-            sentences=args.sentences or 2000,
-            train_sentences=args.train_sentences,
-            seed=args.seed,
-            rows=rows,  # type: ignore[arg-type]  # checked by faithfulness
-            methods=args.methods.split(","),
-            correlation=args.correlation,
-            fractions=fractions,
-            chunk_size=args.chunk_size,
-            n_jobs=args.jobs,
-            progress=not args.quiet,
-            model=args.model,
+            folder, sentences=args.sentences or 2000, **_reproduction_options(args, rows)
         )
         preamble = (
             f"Synthetic subject-verb agreement: the paper's model (6 layers, 8 heads, hidden "

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -16,6 +16,8 @@ import numpy as np
 from ._host import from_host, to_host
 from ._maxflow import STRONGEST_EDGES, FlowTask, solve_flow_task
 from ._pipeline import PreparedAttention, prepare_attention
+from ._pruning import prune
+from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 
@@ -123,13 +125,17 @@ def _plan(
     mixed: np.ndarray | None,
     valid: np.ndarray | None,
     *,
+    mixed_heads: np.ndarray | None = None,
     workers: int = 1,
 ) -> _Plan:
     """Split the call into tasks: one per sequence and top layer, sinks split in chunks.
 
-    With `workers` processes and fewer sequence-layer pairs than workers, the input tokens
-    of each pair are split so that every worker has work; each chunk builds its own graph,
-    so there are no more chunks than that.
+    With ``heads="each"`` there is one task per head as well: its graph is the fused
+    layers below the top layer and that head's matrix at the top (`mixed_heads`,
+    ``(*batch, reported_layers, H, n, n)``). With `workers` processes and fewer
+    sequence-layer pairs than workers, the input tokens of each pair are split so that
+    every worker has work; each chunk builds its own graph, so there are no more chunks
+    than that.
     """
     layout = prepared.layout
     n = layout.n_tokens
@@ -137,11 +143,14 @@ def _plan(
     rows = prepared.rows
     row_list = list(range(n)) if rows is None else [rows] if isinstance(rows, int) else list(rows)
     tops = list(range(1, n_used + 1)) if prepared.all_layers else [n_used]
-    n_pairs = math.prod(layout.batch_shape) * len(tops)
+    each_head = prepared.per_head is not None
+    head_list: list[int | None] = list(range(layout.n_heads or 1)) if each_head else [None]
+    n_pairs = math.prod(layout.batch_shape) * len(tops) * len(head_list)
     chunks = 1 if workers == 1 else max(1, math.ceil(2 * workers / n_pairs))
     out_shape: tuple[int, ...] = (
         *layout.batch_shape,
         *((n_used,) if prepared.all_layers else ()),
+        *((len(head_list),) if each_head else ()),
         len(row_list),
         n,
     )
@@ -156,18 +165,25 @@ def _plan(
         item_rows = np.array([r for r in row_list if keep[r]], dtype=np.int64)
         positions = np.array([i for i, r in enumerate(row_list) if keep[r]], dtype=np.int64)
         for top in tops:
-            edges = _graph_edges(top, len(item_rows), len(tokens))
-            pairs = len(item_rows) * len(tokens)
-            max_flows += pairs
-            largest = max(largest, edges)
-            visits += float(pairs) * edges
-            seconds += _solve_seconds(top, len(item_rows), len(tokens)) if pairs else 0.0
-            if mixed is None or pairs == 0:
-                continue
-            slot = (*item, top - 1) if prepared.all_layers else item
-            sequence = mixed[(*item, slice(0, top))]
-            for sinks in np.array_split(tokens, min(chunks, len(tokens))):
-                tasks.append(FlowTask(slot, sequence, item_rows, positions, sinks))
+            for head in head_list:
+                edges = _graph_edges(top, len(item_rows), len(tokens))
+                pairs = len(item_rows) * len(tokens)
+                max_flows += pairs
+                largest = max(largest, edges)
+                visits += float(pairs) * edges
+                seconds += _solve_seconds(top, len(item_rows), len(tokens)) if pairs else 0.0
+                if mixed is None or pairs == 0:
+                    continue
+                slot: tuple[int, ...] = (*item, top - 1) if prepared.all_layers else item
+                sequence = mixed[(*item, slice(0, top))]
+                if head is not None:
+                    assert mixed_heads is not None  # given with heads="each"
+                    slot = (*slot, head)
+                    reported = top - 1 if prepared.all_layers else 0
+                    top_matrix = mixed_heads[(*item, reported, head)]
+                    sequence = np.concatenate([sequence[:-1], top_matrix[None]])
+                for sinks in np.array_split(tokens, min(chunks, len(tokens))):
+                    tasks.append(FlowTask(slot, sequence, item_rows, positions, sinks))
     cost = FlowCost(max_flows, largest, visits, seconds)
     return _Plan(tasks, out_shape, cost)
 
@@ -305,8 +321,10 @@ def flow_cost(
         Reported layer(s), as for :func:`flow`.
     mask : bool array of shape ``(*batch, n)``, optional
         Padding mask, as for :func:`flow`: padded tokens need no max-flow.
-    heads : {"mean", "max", "min"}, callable, array_like or None, default "mean"
-        Head fusion, as for :func:`flow` (None for fused input, which changes the layout).
+    heads : {"mean", "max", "min", "each"}, callable, array_like or None, default "mean"
+        Head fusion, as for :func:`flow` (None for fused input, which changes the layout;
+        ``"each"`` solves every problem once per head). Pruning (`threshold`, `top_k`,
+        `discard` of :func:`flow`) only removes edges, so the estimate bounds it too.
     xp : namespace, optional
         The array namespace; inferred from `attentions` by default.
 
@@ -343,6 +361,7 @@ def flow_cost(
         mask=mask,
         validate=False,
         xp=xp,
+        allow_each=True,
     )
     return _plan(prepared, None, _host_mask(prepared)).cost
 
@@ -356,6 +375,11 @@ def flow(
     rows: RowSelection = None,
     layers: LayerSelection = "last",
     mask: Any | None = None,
+    threshold: float | None = None,
+    top_k: int | None = None,
+    discard: float | None = None,
+    receptive_field: bool = False,
+    exclude: int | Sequence[int] | None = None,
     normalize: bool = True,
     n_jobs: int | None = None,
     executor: Executor | None = None,
@@ -381,12 +405,31 @@ def flow(
     With ``normalize=True`` (the paper's code) each output row is divided by its sum. At
     the first layer flow equals rollout equals :math:`\tilde A_1`.
 
+    With ``heads="each"`` (Abnar & Zuidema 2020, Appendix A.1) head :math:`k` of layer
+    :math:`i` gets its own graph: layers :math:`1 .. i-1` are the head-fused (mean) layers
+    :math:`\tilde A_l`, layer :math:`i` is :math:`\tilde A_{i,k} = (1 - \alpha) W_{i,k} +
+    \alpha I` alone. Max-flow is concave in the capacities (a minimum over cuts of
+    capacity sums), so the mean over heads of the raw head flows is at most the fused raw
+    flow, with equality at the first layer, where each head's flow is
+    :math:`\tilde A_{1,k}`.
+
+    `threshold`, `top_k` and `discard` prune the capacities exactly as :func:`rollout`
+    prunes its layers (rows renormalised, so every row of capacities still sums to one);
+    pruned edges leave the graph.
+
+    For decoders, ``receptive_field=True`` divides by the flow :math:`B` of uniform causal
+    attention (same residual, mask, rows, layers and pruning; solved once per distinct
+    mask pattern of the batch) and `exclude` drops attention-sink columns, rows then
+    renormalised, exactly as for :func:`rollout` (Abnar & Zuidema 2020, Conclusion):
+    :math:`\hat F[i, j] \propto [j \notin E] \, F[i, j] / B[i, j]`, with :math:`x / 0 := 0`.
+
     Parameters
     ----------
     attentions : array or sequence of arrays
         Attention probabilities, as for :func:`rollout`.
-    heads : {"mean", "max", "min"}, callable, array_like or None, default "mean"
-        Head fusion, as for :func:`rollout`.
+    heads : {"mean", "max", "min", "each"}, callable, array_like or None, default "mean"
+        Head fusion, as for :func:`rollout`; ``"each"`` gives one flow per head of the
+        reported layer(s), the layers below fused by the mean (see above).
     residual : float, default 0.5
         The weight :math:`\alpha` of the identity, as for :func:`rollout`.
     rows : int, sequence of int or None, default None
@@ -398,9 +441,26 @@ def flow(
     mask : bool array of shape ``(*batch, n)``, optional
         Padding mask, as for :func:`rollout`: padded tokens are removed from the graph and
         get exactly zero flow.
+    threshold : float, optional
+        Drop fused attention weights below this value, as for :func:`rollout`.
+    top_k : int, optional
+        Keep the `top_k` largest capacities of each row of every layer, as for
+        :func:`rollout`.
+    discard : float, optional
+        Drop this fraction of each fused layer's lowest eligible weights (never column 0,
+        never padding), as for :func:`rollout`. At most one of `threshold`, `top_k` and
+        `discard`.
+    receptive_field : bool, default False
+        Decoders: divide by the flow of uniform causal attention, then renormalise rows,
+        as for :func:`rollout`. The baseline costs one more flow per distinct mask
+        pattern (not counted by `max_work`).
+    exclude : int or sequence of int, optional
+        Input positions left out of the attribution (attention sinks), rows renormalised,
+        as for :func:`rollout`; they stay in the graph.
     normalize : bool, default True
         Divide each output row by its sum (as the paper's code does). False returns the
-        raw max-flow values, each at most 1.
+        raw max-flow values, each at most 1. With `receptive_field` or `exclude` rows are
+        always renormalised (the row scale cancels in the division).
     n_jobs : int, optional
         Processes on this machine: None chooses (all cores when the work is estimated
         above about two seconds, else one), -1 is one per core, 1 runs serially. The
@@ -423,7 +483,8 @@ def flow(
     Returns
     -------
     array
-        Same shapes as :func:`rollout`, in the library, dtype and device of `attentions`.
+        Same shapes as :func:`rollout` (a heads axis after the layers axis with
+        ``heads="each"``), in the library, dtype and device of `attentions`.
 
     Raises
     ------
@@ -450,12 +511,15 @@ def flow(
     then certified instead of solved on the whole graph: the max-flow on a subgraph of
     the strongest edges (a lower bound) matches the max-flow of the graph unfolded into
     trees (an upper bound) to within 1e-12; the other pairs are solved on the whole
-    graph. Every value is therefore exact to floating-point rounding.
+    graph. Every value is therefore exact to floating-point rounding. Pruning runs on the
+    host too, in float64, after the one copy.
 
     References
     ----------
     .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
-       ACL 2020, https://arxiv.org/abs/2005.00928
+       ACL 2020, https://arxiv.org/abs/2005.00928; Appendix A.1 for head-specific maps.
+    .. [2] J. Gildenblat, "Explainability for Vision Transformers" (vit-explain),
+       https://github.com/jacobgil/vit-explain: ``discard_ratio``.
 
     Examples
     --------
@@ -468,6 +532,27 @@ def flow(
     >>> attnflow.flow(w)
     array([[0.75, 0.25],
            [0.2 , 0.8 ]])
+
+    One flow per head of the top layer (here one head: the fused flow itself), and
+    capacities pruned to the largest of each row:
+
+    >>> attnflow.flow(w, heads="each", rows=1)
+    array([[0.2, 0.8]])
+    >>> attnflow.flow(w, top_k=1)
+    array([[1., 0.],
+           [0., 1.]])
+
+    Decoders: flow of uniform causal attention, divided by itself, is uniform over each
+    row's receptive field; a BOS sink is left out with ``exclude=0``:
+
+    >>> u = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    >>> causal = np.stack([u, u])[:, None]  # L=2, H=1
+    >>> attnflow.flow(causal, rows=-1).round(4)
+    array([0.3333, 0.2222, 0.4444])
+    >>> attnflow.flow(causal, rows=-1, receptive_field=True)
+    array([0.33333333, 0.33333333, 0.33333333])
+    >>> attnflow.flow(causal, rows=-1, receptive_field=True, exclude=0)
+    array([0. , 0.5, 0.5])
     """
     _check_flow_options(n_jobs, executor, progress, normalize, max_work)
     prepared = prepare_attention(
@@ -479,6 +564,12 @@ def flow(
         mask=mask,
         validate=validate,
         xp=xp,
+        allow_each=True,
+        threshold=threshold,
+        top_k=top_k,
+        discard=discard,
+        receptive_field=receptive_field,
+        exclude=exclude,
     )
     estimate = _plan(prepared, None, _host_mask(prepared)).cost
     if max_work is not None and estimate.edge_visits > max_work:
@@ -490,16 +581,18 @@ def flow(
         )
         raise ValueError(msg)
 
-    # The one host hop: fused attention to float64 NumPy, results back at the end.
-    host_fused = to_host(prepared.fused)
+    # The one host hop: fused attention (and the reported heads) to float64 NumPy,
+    # pruned and mixed there; results back at the end.
     valid = _host_mask(prepared)
-    valid_keys = None if valid is None else valid.reshape(*valid.shape[:-1], 1, 1, valid.shape[-1])
-    mixed = mix_residual(host_fused, prepared.residual, _numpy_namespace(), valid_keys=valid_keys)
+    mixed = _capacities(prepared, to_host(prepared.fused), valid, head_axis=False)
+    mixed_heads = None
+    if prepared.per_head is not None:
+        mixed_heads = _capacities(prepared, to_host(prepared.per_head), valid, head_axis=True)
 
     workers = _worker_count(n_jobs, estimate)
     if executor is not None:
         workers = max(workers, 2)  # split work finely enough for the executor's workers
-    plan = _plan(prepared, mixed, valid, workers=workers)
+    plan = _plan(prepared, mixed, valid, mixed_heads=mixed_heads, workers=workers)
     values = np.zeros(plan.output_shape)
     bar = _progress_bar(progress, estimate.max_flows)
     try:
@@ -507,13 +600,80 @@ def flow(
     finally:
         if bar is not None:
             bar.close()
-    if normalize:
+    if prepared.receptive_field or prepared.exclude:
+        baseline = None
+        if prepared.receptive_field:
+            baseline = _causal_baseline(prepared, valid, workers, executor)
+            if prepared.per_head is not None:
+                baseline = baseline[..., None, :, :]  # every head of uniform attention alike
+        values = np.asarray(
+            normalize_attribution(
+                values, baseline=baseline, exclude=prepared.exclude, xp=_numpy_namespace()
+            )
+        )
+    elif normalize:
         totals = values.sum(axis=-1, keepdims=True)
         values = np.divide(values, totals, out=np.zeros_like(values), where=totals > 0)
     if isinstance(prepared.rows, int):
         values = values[..., 0, :]
     result = from_host(values, like=prepared.fused, xp=prepared.xp)
     return prepared.boundary.restore(result)  # type: ignore[no-any-return]
+
+
+def _capacities(
+    prepared: PreparedAttention, host: np.ndarray, valid: np.ndarray | None, *, head_axis: bool
+) -> np.ndarray:
+    """Edge capacities ``Ã_l`` on the host: pruned as asked, residual mixed in."""
+    keys = None
+    if valid is not None:
+        extra = (1, 1, 1) if head_axis else (1, 1)  # layers, [heads,] queries
+        keys = valid.reshape(*valid.shape[:-1], *extra, valid.shape[-1])
+    xp = _numpy_namespace()
+    pruned, alpha = prune(host, prepared.pruning, xp, residual=prepared.residual, valid_keys=keys)
+    return np.asarray(mix_residual(pruned, alpha, xp, valid_keys=keys))
+
+
+def _causal_baseline(
+    prepared: PreparedAttention,
+    valid: np.ndarray | None,
+    workers: int,
+    executor: Executor | None,
+) -> np.ndarray:
+    """Raw flow of uniform causal attention, ``(*batch, [L,] r, n)``, for `receptive_field`.
+
+    Same residual, rows, layers and pruning as the call; solved once per distinct mask
+    pattern of the batch (once in all without a mask), on the call's workers, then spread
+    back.
+    """
+    layout = prepared.layout
+    n = layout.n_tokens
+    if valid is None:
+        patterns = np.ones((1, n), dtype=bool)
+        inverse = np.zeros(layout.batch_shape, dtype=np.int64)
+    else:
+        patterns, inverse = np.unique(valid.reshape(-1, n), axis=0, return_inverse=True)
+        inverse = inverse.reshape(layout.batch_shape)
+    count = len(patterns)
+    keys = patterns.reshape(count, 1, 1, n)
+    uniform = np.asarray(
+        uniform_causal_attention(
+            n, valid_keys=keys, dtype=np.float64, device="cpu", xp=_numpy_namespace()
+        )
+    )
+    uniform = np.broadcast_to(uniform, (count, prepared.fused.shape[-3], n, n))
+    plain = replace(
+        prepared,
+        layout=replace(layout, batch_shape=(count,)),
+        fused=uniform,
+        per_head=None,
+        valid_keys=keys,
+    )
+    host_valid = None if valid is None else patterns
+    mixed = _capacities(plain, uniform, host_valid, head_axis=False)
+    plan = _plan(plain, mixed, host_valid, workers=workers)
+    values = np.zeros(plan.output_shape)
+    _collect(values, _run(plan.tasks, workers, executor, None))
+    return values[inverse]
 
 
 def _host_mask(prepared: PreparedAttention) -> np.ndarray | None:

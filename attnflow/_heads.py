@@ -37,7 +37,7 @@ def apply_head_fusion(
     """
     if spec.kind == "none":
         return attentions
-    if spec.kind == "mean":
+    if spec.kind in {"mean", "each"}:  # "each": the layers below the head are fused by the mean
         return xp.mean(attentions, axis=-3)
     if spec.kind == "weights":
         weights = spec.weights

@@ -18,12 +18,17 @@ from ._rows import normalize_rows
 from ._typing import Namespace
 from ._validation import (
     AttentionLayout,
+    PruningSpec,
     check_attention_layout,
     check_attention_values,
+    check_causal,
+    check_exclude,
     check_floating,
     check_head_fusion,
     check_layers,
     check_mask,
+    check_pruning,
+    check_receptive_field,
     check_residual,
     check_rows,
     check_validate,
@@ -48,6 +53,21 @@ class PreparedAttention:
     all_layers: bool
     valid_keys: Any | None
     """Mask broadcastable to ``(*batch, used_layers, 1, n)``, or None without a mask."""
+    per_head: Any | None = None
+    """With ``heads="each"``: the masked heads of the reported layers,
+    ``(*batch, reported_layers, heads, n, n)`` (every used layer with ``layers="all"``, else
+    the top one); None otherwise."""
+    pruning: PruningSpec | None = None
+    """The checked `threshold`/`top_k`/`discard` option, or None."""
+    receptive_field: bool = False
+    """Normalise by the method's result on uniform causal attention (decoders)."""
+    exclude: tuple[int, ...] = ()
+    """Input positions left out of the attribution (attention sinks), non-negative."""
+
+    @property
+    def head_keys(self) -> Any | None:
+        """`valid_keys` broadcastable against `per_head`: ``(*batch, 1, 1, 1, n)``."""
+        return None if self.valid_keys is None else self.valid_keys[..., None, :, :]
 
 
 def _stack_layers(
@@ -94,11 +114,20 @@ def prepare_attention(
     mask: Any,
     validate: object,
     xp: Namespace | None,
+    allow_each: bool = False,
+    threshold: object = None,
+    top_k: object = None,
+    discard: object = None,
+    receptive_field: object = False,
+    exclude: object = None,
 ) -> PreparedAttention:
     """Check every argument, then mask, normalise and fuse the used layers.
 
     All checks on shapes, dtypes and options run before any arithmetic; value checks
-    follow, on the layers that are used; only then is anything computed.
+    follow, on the layers that are used; only then is anything computed. `allow_each`
+    admits ``heads="each"`` (rollout and flow), which also keeps the heads of the reported
+    layers; the pruning, `receptive_field` and `exclude` options are only checked here
+    and applied by the method.
     """
     fused_input = heads is None
     if isinstance(attentions, list | tuple):
@@ -123,7 +152,12 @@ def prepare_attention(
     used_layers, all_layers = check_layers(layers, layout.n_layers)
     do_validate = check_validate(validate)
     device = array_device(first)
-    spec = check_head_fusion(heads, layout, namespace, dtype=first.dtype, device=device)
+    spec = check_head_fusion(
+        heads, layout, namespace, dtype=first.dtype, device=device, allow_each=allow_each
+    )
+    pruning = check_pruning(threshold, top_k, discard)
+    normalise_field = check_receptive_field(receptive_field)
+    excluded = check_exclude(exclude, layout.n_tokens)
     check_mask(mask, layout, namespace)
 
     # Layers above the requested one never influence it: they are neither stacked nor read.
@@ -156,12 +190,17 @@ def prepare_attention(
         stacked = namespace.where(keep, stacked, namespace.zeros_like(stacked))
         stacked = normalize_rows(stacked, namespace, valid_rows=valid_rows)
 
+    per_head = None
+    if spec.kind == "each":
+        per_head = stacked if all_layers else stacked[..., -1:, :, :, :]
     if mask is not None and not fused_input:  # the heads axis goes with the fusion
         valid_rows, valid_keys = valid_rows[..., 0, :, :], valid_keys[..., 0, :, :]
     fused = apply_head_fusion(stacked, spec, namespace, valid_rows=valid_rows)
     if do_validate and not every_head:
         # What the method consumes, at 1/H of the cost; still before any of the method.
         check_attention_values(fused, namespace, valid_rows=None, heads_fused=not fused_input)
+    if do_validate and normalise_field:
+        check_causal(fused, namespace)
     return PreparedAttention(
         xp=namespace,
         boundary=boundary,
@@ -171,6 +210,10 @@ def prepare_attention(
         rows=selected_rows,
         all_layers=all_layers,
         valid_keys=valid_keys,
+        per_head=per_head,
+        pruning=pruning,
+        receptive_field=normalise_field,
+        exclude=excluded,
     )
 
 

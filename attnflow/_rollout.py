@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from array_api_compat import device as array_device
 
 from ._pipeline import PreparedAttention, prepare_attention, select_rows
+from ._pruning import prune
+from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 
-__all__ = ["raw", "rollout", "rollout_products"]
+__all__ = ["head_products", "raw", "rollout", "rollout_products"]
 
 
 def _identity_rows(fused: Any, rows: tuple[int, ...], valid_keys: Any | None, xp: Namespace) -> Any:
@@ -96,6 +99,147 @@ def rollout_products(
     return chains[..., 0, :] if isinstance(rows, int) else chains
 
 
+def head_products(
+    heads: Any,
+    fused: Any,
+    *,
+    residual: float,
+    rows: int | tuple[int, ...] | None,
+    all_layers: bool,
+    valid_keys: Any | None,
+    xp: Namespace,
+) -> Any:
+    """Head-specific rollout (Abnar & Zuidema 2020, Appendix A.1).
+
+    The map of head ``k`` at layer ``i`` is ``Ã_{i,k} R̄_{i-1}``, with
+    ``Ã_{i,k} = (1 - α) W_{i,k} + α I`` and ``R̄`` the rollout of the head-fused layers
+    below (``R̄_0 = I``). `heads` holds the reported layers' heads,
+    ``(*batch, L or 1, H, n, n)``; `fused` every used layer, ``(*batch, L, n, n)``. Returns
+    ``(*batch, [L,] H, ...)`` with the row selection of :func:`rollout_products`.
+    """
+    alpha = residual
+    n_layers, n = fused.shape[-3], fused.shape[-1]
+    index = None if rows is None else (rows,) if isinstance(rows, int) else rows
+
+    def times_heads(below: Any, top: Any) -> Any:
+        """``Ã_{i,k} R̄`` (rows `index`) for head matrices `top` ``(..., H, n, n)``."""
+        below = below[..., None, :, :]
+        product = xp.matmul(select_rows(top, index, xp), below)
+        if alpha == 0.0:
+            return product
+        return (1.0 - alpha) * product + alpha * select_rows(below, index, xp)
+
+    def identity() -> Any:
+        """``R̄_0``: the identity on real tokens, ``(*batch | 1, 1, n, n)``."""
+        eye = xp.eye(n, dtype=fused.dtype, device=array_device(fused))
+        if valid_keys is None:
+            return eye[None, :, :]
+        return xp.where(valid_keys, eye, xp.zeros_like(eye))[..., :1, :, :]
+
+    if all_layers:
+        below = identity()
+        if n_layers > 1:
+            rolled = rollout_products(
+                fused[..., :-1, :, :],
+                residual=alpha,
+                rows=None,
+                all_layers=True,
+                valid_keys=valid_keys,
+                xp=xp,
+            )
+            below = xp.concat(
+                [xp.broadcast_to(below, (*rolled.shape[:-3], 1, n, n)), rolled], axis=-3
+            )
+        maps = times_heads(below, heads)
+    elif index is not None:
+        # Rows of the top layer's heads, then vector-matrix chains down the fused layers.
+        top = heads[..., 0, :, :, :]
+        vectors = select_rows(top, index, xp)
+        if alpha != 0.0:
+            units = _identity_rows(fused, index, valid_keys, xp)[..., None, :, :]
+            vectors = (1.0 - alpha) * vectors + alpha * units
+        for i in range(n_layers - 2, -1, -1):
+            product = xp.matmul(vectors, fused[..., i, None, :, :])
+            vectors = product if alpha == 0.0 else (1.0 - alpha) * product + alpha * vectors
+        maps = vectors
+    else:
+        below = identity()[..., 0, :, :]
+        if n_layers > 1:
+            below = rollout_products(
+                fused[..., :-1, :, :],
+                residual=alpha,
+                rows=None,
+                all_layers=False,
+                valid_keys=valid_keys,
+                xp=xp,
+            )
+        maps = times_heads(below, heads[..., 0, :, :, :])
+    return maps[..., 0, :] if isinstance(rows, int) else maps
+
+
+def _compose(prepared: PreparedAttention) -> Any:
+    """Rollout of prepared attention: pruned if asked, fused or head by head."""
+    xp = prepared.xp
+    fused, alpha = prune(
+        prepared.fused,
+        prepared.pruning,
+        xp,
+        residual=prepared.residual,
+        valid_keys=prepared.valid_keys,
+    )
+    if prepared.per_head is None:
+        return rollout_products(
+            fused,
+            residual=alpha,
+            rows=prepared.rows,
+            all_layers=prepared.all_layers,
+            valid_keys=prepared.valid_keys,
+            xp=xp,
+        )
+    heads, _ = prune(
+        prepared.per_head,
+        prepared.pruning,
+        xp,
+        residual=prepared.residual,
+        valid_keys=prepared.head_keys,
+    )
+    return head_products(
+        heads,
+        fused,
+        residual=alpha,
+        rows=prepared.rows,
+        all_layers=prepared.all_layers,
+        valid_keys=prepared.valid_keys,
+        xp=xp,
+    )
+
+
+def _decoder_normalise(prepared: PreparedAttention, result: Any) -> Any:
+    """Apply `receptive_field` and `exclude` to a rollout result.
+
+    Divide by the rollout of uniform causal attention (same residual, mask, rows, layers
+    and pruning), drop the sink columns, renormalise rows.
+    """
+    xp = prepared.xp
+    baseline = None
+    if prepared.receptive_field:
+        fused = prepared.fused
+        uniform = uniform_causal_attention(
+            fused.shape[-1],
+            valid_keys=prepared.valid_keys,
+            dtype=fused.dtype,
+            device=array_device(fused),
+            xp=xp,
+        )
+        uniform = xp.broadcast_to(uniform, tuple(fused.shape))
+        # Every head of uniform attention is the same matrix: the fused baseline serves
+        # each head's map (heads="each") once a head axis is added.
+        baseline = _compose(replace(prepared, fused=uniform, per_head=None))
+        if prepared.per_head is not None:
+            baseline = xp.expand_dims(baseline, axis=-2 if isinstance(prepared.rows, int) else -3)
+    return normalize_attribution(result, baseline=baseline, exclude=prepared.exclude, xp=xp)
+
+
 def _select(prepared: PreparedAttention, per_layer: Any) -> Any:
     """Rows of the reported layer(s) of per-layer matrices ``(*batch, L, n, n)``."""
     xp = prepared.xp
@@ -112,6 +256,11 @@ def rollout(
     rows: RowSelection = None,
     layers: LayerSelection = "last",
     mask: Any | None = None,
+    threshold: float | None = None,
+    top_k: int | None = None,
+    discard: float | None = None,
+    receptive_field: bool = False,
+    exclude: int | Sequence[int] | None = None,
     validate: bool | Literal["heads"] = True,
     xp: Namespace | None = None,
 ) -> ArrayT:
@@ -129,6 +278,52 @@ def rollout(
     columns = keys) and :math:`\tilde R_l[i, j]` is the share of input token :math:`j` in
     position :math:`i` at layer :math:`l`. Rows of :math:`\tilde R_l` sum to one.
 
+    With ``heads="each"`` every head of a reported layer gets its own map (Abnar & Zuidema
+    2020, Appendix A.1): head :math:`k` of layer :math:`i` is read through the head-fused
+    (mean) rollout of the layers below it, so that heads are not assumed to stay apart
+    below (they mix in the feed-forward network),
+
+    .. math::
+
+        \tilde R_{i,k} = \tilde A_{i,k} \, \bar R_{i-1}, \qquad
+        \tilde A_{i,k} = (1 - \alpha) W_{i,k} + \alpha I, \qquad
+        \bar R_{i-1} = \tilde A_{i-1} \cdots \tilde A_1, \; \bar R_0 = I .
+
+    ``residual=0`` gives the paper's literal :math:`W_{i,k} \bar R_{i-1}`. The mean over
+    heads of these maps is the rollout with ``heads="mean"``, exactly.
+
+    `threshold`, `top_k` and `discard` prune every composed layer (the head matrices of
+    ``heads="each"`` too) before the product, to follow the dominant paths; rows are then
+    renormalised (a row left empty becomes a self-attention row):
+
+    - ``threshold=t``: :math:`A_l[i, j] \mapsto A_l[i, j] \, [A_l[i, j] \ge t]`, on the
+      fused attention, before the identity is mixed in;
+    - ``discard=d`` (vit-explain's ``discard_ratio``): the :math:`\lfloor d \, m \rfloor`
+      smallest of the :math:`m` eligible entries of each :math:`A_l` are set to zero,
+      before the identity is mixed in. Eligible are the entries whose query and key are
+      real tokens (padding never counts) and whose key is not position 0 (the CLS
+      column, never discarded), for each sequence of the batch on its own:
+      :math:`m = r^2 - r` for :math:`r` real tokens, :math:`r^2` if position 0 is padding;
+    - ``top_k=k``: the :math:`k` largest entries of each row of the mixed
+      :math:`\tilde A_l` are kept (with ``residual=0.5`` the diagonal, at least 0.5, is
+      always one of them); ``k`` at or above ``n`` keeps every entry.
+
+    Entries tied with a cut-off are kept, so fewer than :math:`\lfloor d \, m \rfloor`
+    entries may be discarded and more than :math:`k` kept; the result does not depend on
+    the sort. Threshold 0, discard 0 and ``k >= n`` return plain rollout exactly.
+
+    For decoders (causal attention), ``receptive_field=True`` divides by the rollout
+    :math:`B` of uniform causal attention (query :math:`i` attends equally to the real keys
+    :math:`0..i`) with the same residual, mask, rows, layers and pruning, then
+    renormalises rows (Abnar & Zuidema 2020, Conclusion: "we should first normalize based
+    on the receptive field of attention"); `exclude` drops attention-sink columns (BOS)
+    and renormalises rows over the remaining real tokens:
+
+    .. math::
+
+        \hat R[i, j] = \frac{[j \notin E] \, R[i, j] / B[i, j]}
+        {\sum_{j'} [j' \notin E] \, R[i, j'] / B[i, j']}, \qquad \frac{x}{0} := 0 .
+
     Parameters
     ----------
     attentions : array or sequence of arrays
@@ -136,10 +331,11 @@ def rollout(
         ``(*batch, heads, n, n)`` array per layer (what Hugging Face returns with
         ``output_attentions=True``), first layer first. With ``heads=None`` the heads are
         already fused: ``(*batch, layers, n, n)`` or a sequence of ``(*batch, n, n)``.
-    heads : {"mean", "max", "min"}, callable, array_like or None, default "mean"
+    heads : {"mean", "max", "min", "each"}, callable, array_like or None, default "mean"
         Head fusion (see :func:`fuse_heads`): the paper's mean, the element-wise max or
         min (rows renormalised), weights of shape ``(heads,)`` or ``(layers, heads)``, a
-        callable reducing axis -3, or None for fused input.
+        callable reducing axis -3, or None for fused input. ``"each"`` returns one map per
+        head of the reported layer(s), the layers below fused by the mean (see above).
     residual : float, default 0.5
         The weight :math:`\alpha` of the identity; 0.5 is the paper's setting, 0 rolls out
         the attention alone.
@@ -156,6 +352,26 @@ def rollout(
         attribution and carry none; the block of real tokens equals the rollout of the
         cropped sequence, each head's rows renormalised over the real keys. Whatever the
         framework put in padded query rows (zeros, uniform rows, NaN) is ignored.
+    threshold : float, optional
+        Drop the fused attention weights below this value (finite, >= 0) before the
+        identity is mixed in, then renormalise rows.
+    top_k : int, optional
+        Keep the `top_k` (>= 1) largest entries of each row of every mixed layer
+        :math:`\tilde A_l`, then renormalise rows.
+    discard : float, optional
+        Drop this fraction, in [0, 1), of each fused layer's lowest eligible weights
+        (never column 0, never padding), before the identity is mixed in, then
+        renormalise rows. At most one of `threshold`, `top_k` and `discard`.
+    receptive_field : bool, default False
+        Decoders: divide by the rollout of uniform causal attention (see above), then
+        renormalise rows. Entries outside a position's receptive field (later or padded
+        tokens) are 0. Refuses attention with weight on later keys (an encoder) when
+        `validate` reads the values; otherwise the causal baseline is used as is.
+    exclude : int or sequence of int, optional
+        Input positions (negative counts from the end) left out of the attribution, such
+        as an attention sink at 0 (BOS): their column is zero and rows are renormalised
+        over the remaining real tokens. They still carry attention through the layers
+        (only the output changes). A row with nothing left is zero.
     validate : bool or "heads", default True
         Check the attention values before the rollout: finite, non-negative, rows summing
         to one within a dtype-aware tolerance. True checks what the method consumes: the
@@ -174,8 +390,9 @@ def rollout(
     array
         ``(*batch, [layers,] n, n)`` for ``rows=None``, ``(*batch, [layers,] n)`` for an
         int, ``(*batch, [layers,] r, n)`` for a sequence of ``r`` rows; the layers axis
-        only with ``layers="all"``. In the library, dtype and device of `attentions`
-        (TensorFlow tensors come back as TensorFlow tensors).
+        only with ``layers="all"``. With ``heads="each"`` a heads axis follows the layers
+        axis: ``(*batch, [layers,] heads, ...)``. In the library, dtype and device of
+        `attentions` (TensorFlow tensors come back as TensorFlow tensors).
 
     Raises
     ------
@@ -195,12 +412,21 @@ def rollout(
     -----
     Everything runs in the namespace of the input (array API standard), on its device,
     with no host transfer, and is differentiable where the library is. Batched over all
-    leading axes, with no Python loop over batch elements.
+    leading axes, with no Python loop over batch elements. Pruning uses sorts and
+    comparisons only (no data-dependent shapes), so it runs under ``jax.jit`` and on Dask
+    graphs.
+
+    Unlike vit-explain [2]_, which mixes the identity in first and then renormalises
+    (giving the identity the weight :math:`1 / (1 + s)` for a pruned row sum :math:`s`),
+    attnflow renormalises the pruned attention first, so the identity keeps the weight
+    :math:`\alpha`; and it discards in every sequence of a batch, over real tokens only.
 
     References
     ----------
     .. [1] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
-       ACL 2020, https://arxiv.org/abs/2005.00928
+       ACL 2020, https://arxiv.org/abs/2005.00928; Appendix A.1 for head-specific maps.
+    .. [2] J. Gildenblat, "Explainability for Vision Transformers" (vit-explain),
+       https://github.com/jacobgil/vit-explain: ``discard_ratio``.
 
     Examples
     --------
@@ -213,6 +439,43 @@ def rollout(
     >>> attnflow.rollout(w, rows=1, layers="all")
     array([[0.    , 1.    ],
            [0.1875, 0.8125]])
+
+    One map per head (Appendix A.1): the two heads of the top layer, each read through the
+    first layer; their mean is the fused rollout:
+
+    >>> w2 = np.array([[[[1.0, 0.0], [0.5, 0.5]], [[1.0, 0.0], [0.5, 0.5]]],
+    ...                [[[1.0, 0.0], [1.0, 0.0]], [[0.0, 1.0], [0.0, 1.0]]]])  # L=2, H=2
+    >>> attnflow.rollout(w2, heads="each", rows=0, residual=0.0)  # (heads, n)
+    array([[1. , 0. ],
+           [0.5, 0.5]])
+    >>> attnflow.rollout(w2, rows=0, residual=0.0)
+    array([0.75, 0.25])
+
+    Pruning: weights below 0.15 are dropped and rows renormalised (one layer, one head):
+
+    >>> w3 = np.array([[[[0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.1, 0.1, 0.8]]]])
+    >>> attnflow.rollout(w3, threshold=0.15, residual=0.0).round(4)
+    array([[0.6667, 0.3333, 0.    ],
+           [0.2   , 0.2   , 0.6   ],
+           [0.    , 0.    , 1.    ]])
+    >>> attnflow.rollout(w3, top_k=1, residual=0.0)
+    array([[1., 0., 0.],
+           [0., 0., 1.],
+           [0., 0., 1.]])
+
+    Decoders: rollout of uniform causal attention is not uniform (the first token is seen
+    by every position, the query itself by the residual); divided by itself
+    (``receptive_field=True``) it is uniform over each row's receptive field. A BOS sink
+    is left out with ``exclude=0``:
+
+    >>> u = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    >>> causal = np.stack([u, u])[:, None]  # L=2, H=1
+    >>> attnflow.rollout(causal, rows=-1).round(4)
+    array([0.3194, 0.2361, 0.4444])
+    >>> attnflow.rollout(causal, rows=-1, receptive_field=True)
+    array([0.33333333, 0.33333333, 0.33333333])
+    >>> attnflow.rollout(causal, rows=-1, exclude=0).round(4)
+    array([0.    , 0.3469, 0.6531])
     """
     prepared = prepare_attention(
         attentions,
@@ -223,15 +486,16 @@ def rollout(
         mask=mask,
         validate=validate,
         xp=xp,
+        allow_each=True,
+        threshold=threshold,
+        top_k=top_k,
+        discard=discard,
+        receptive_field=receptive_field,
+        exclude=exclude,
     )
-    result = rollout_products(
-        prepared.fused,
-        residual=prepared.residual,
-        rows=prepared.rows,
-        all_layers=prepared.all_layers,
-        valid_keys=prepared.valid_keys,
-        xp=prepared.xp,
-    )
+    result = _compose(prepared)
+    if prepared.receptive_field or prepared.exclude:
+        result = _decoder_normalise(prepared, result)
     return prepared.boundary.restore(result)  # type: ignore[no-any-return]
 
 

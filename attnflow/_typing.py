@@ -23,9 +23,11 @@ Namespace: TypeAlias = ModuleType
 """An array-API namespace, such as ``array_api_compat.numpy`` or ``jax.numpy``."""
 
 HeadFusion: TypeAlias = (
-    Literal["mean", "max", "min"] | Callable[[Any], Any] | Sequence[float] | Array | None
+    Literal["mean", "max", "min", "each"] | Callable[[Any], Any] | Sequence[float] | Array | None
 )
-"""How heads are fused: a name, a callable reducing axis -3, weights, or None (already fused)."""
+"""How heads are fused: a name, a callable reducing axis -3, weights, or None (already fused).
+
+``"each"`` (rollout and flow only) keeps every head of the reported layers."""
 
 RowSelection: TypeAlias = int | Sequence[int] | None
 """Which output positions to explain."""

@@ -21,12 +21,17 @@ from ._typing import Array, Namespace
 __all__ = [
     "AttentionLayout",
     "HeadFusionSpec",
+    "PruningSpec",
     "check_attention_layout",
     "check_attention_values",
+    "check_causal",
+    "check_exclude",
     "check_floating",
     "check_head_fusion",
     "check_layers",
     "check_mask",
+    "check_pruning",
+    "check_receptive_field",
     "check_residual",
     "check_rows",
     "check_validate",
@@ -176,6 +181,74 @@ def check_rows(rows: object, n_tokens: int) -> int | tuple[int, ...] | None:
     return normalise(_as_index(rows, "rows"))
 
 
+def check_exclude(exclude: object, n_tokens: int) -> tuple[int, ...]:
+    """Check `exclude` (attention sinks); return sorted, distinct, non-negative positions."""
+    if exclude is None:
+        return ()
+
+    def normalise(position: int) -> int:
+        if not -n_tokens <= position < n_tokens:
+            msg = (
+                f"`exclude` must index the {n_tokens} input tokens (0 to {n_tokens - 1}, "
+                f"or negative from the end); got {position}."
+            )
+            raise IndexError(msg)
+        return position % n_tokens
+
+    if isinstance(exclude, str | bytes):
+        _as_index(exclude, "exclude")
+    if isinstance(exclude, Sequence) or getattr(exclude, "ndim", 0) == 1:
+        positions = list(exclude)  # type: ignore[call-overload]
+        if not positions:
+            msg = (
+                "`exclude` must name at least one token position (for example 0, a BOS "
+                "sink); got an empty sequence. Pass None to exclude nothing."
+            )
+            raise ValueError(msg)
+        return tuple(sorted({normalise(_as_index(p, "exclude")) for p in positions}))
+    return (normalise(_as_index(exclude, "exclude")),)
+
+
+def check_receptive_field(receptive_field: object) -> bool:
+    """Check the `receptive_field` switch."""
+    if not isinstance(receptive_field, bool):
+        msg = f"`receptive_field` must be True or False; got {receptive_field!r}."
+        raise TypeError(msg)
+    return receptive_field
+
+
+def check_causal(fused: Array, xp: Namespace) -> None:
+    """Refuse non-causal attention for ``receptive_field=True`` (values permitting).
+
+    `fused` is the masked, head-fused attention ``(..., n, n)``: padded rows and columns
+    are already zero. The weight a query puts on later keys (above the diagonal) must be
+    within the row-sum tolerance of zero. Skipped where values cannot be read cheaply.
+    """
+    if not values_are_inspectable(fused):
+        return
+    n = fused.shape[-1]
+    rows = xp.arange(n, device=_device_of(fused))
+    later = rows[None, :] > rows[:, None]
+    excess = xp.where(later, fused, xp.zeros_like(fused))
+    tolerance = row_sum_tolerance(xp, fused.dtype, n)
+    if bool(xp.any(xp.sum(excess, axis=-1) > tolerance)):
+        largest = float(xp.max(xp.sum(excess, axis=-1)))
+        msg = (
+            "`receptive_field=True` is for causal (decoder) attention, where query i sees "
+            f"keys 0..i only; this attention puts up to {largest:.3g} of a row on later "
+            "keys. Encoder attention has no causal bias to correct: drop "
+            "`receptive_field`, or pass `validate=False` to normalise by the causal "
+            "baseline anyway."
+        )
+        raise ValueError(msg)
+
+
+def _device_of(x: Array) -> Any:
+    from array_api_compat import device
+
+    return device(x)
+
+
 def check_layers(layers: object, n_layers: int) -> tuple[int, bool]:
     """Check `layers`; return how many layers are used and whether every layer is reported."""
     if isinstance(layers, str):
@@ -225,28 +298,51 @@ def checks_every_head(validate: bool | Literal["heads"], fusion: str, *, masked:
     callable) and masks (each head renormalised over real keys) would hide bad rows, so
     those check every head, as does ``validate="heads"``.
     """
-    return validate == "heads" or masked or fusion in {"max", "min", "callable"}
+    return validate == "heads" or masked or fusion in {"max", "min", "callable", "each"}
 
 
 @dataclass(frozen=True)
 class HeadFusionSpec:
     """A checked head-fusion choice."""
 
-    kind: Literal["none", "mean", "max", "min", "weights", "callable"]
+    kind: Literal["none", "mean", "max", "min", "weights", "callable", "each"]
+    """``"each"`` keeps every head of the reported layers and fuses the layers below them
+    with the mean (head-specific rollout and flow)."""
     weights: Array | None = None
     function: Callable[[Any], Any] | None = None
 
 
 def check_head_fusion(
-    heads: object, layout: AttentionLayout, xp: Namespace, *, dtype: Any, device: Any
+    heads: object,
+    layout: AttentionLayout,
+    xp: Namespace,
+    *,
+    dtype: Any,
+    device: Any,
+    allow_each: bool = False,
 ) -> HeadFusionSpec:
-    """Check the `heads` option against the attention layout."""
+    """Check the `heads` option against the attention layout.
+
+    ``"each"`` (head-specific maps) is accepted only where `allow_each` says the method
+    supports it (rollout and flow).
+    """
     if heads is None:
         return HeadFusionSpec("none")
     if isinstance(heads, str):
-        if heads not in NAMED_FUSIONS:
+        if heads == "each" and allow_each:
+            return HeadFusionSpec("each")
+        if heads == "each":
             msg = (
-                f"`heads` must be one of {', '.join(repr(f) for f in NAMED_FUSIONS)}, a "
+                "`heads='each'` (one map per head, Abnar & Zuidema 2020, Appendix A.1) is an "
+                "option of `rollout` and `flow`; this function fuses heads. Pass 'mean', "
+                "'max', 'min', weights or a callable here, or index the heads axis (-3) of "
+                "the input for one head's own attention."
+            )
+            raise ValueError(msg)
+        named = (*NAMED_FUSIONS, "each") if allow_each else NAMED_FUSIONS
+        if heads not in named:
+            msg = (
+                f"`heads` must be one of {', '.join(repr(f) for f in named)}, a "
                 "callable, per-head weights of shape (heads,) or (layers, heads), or None "
                 f"for input whose heads are already fused; got {heads!r}."
             )
@@ -283,6 +379,87 @@ def check_head_fusion(
             )
             raise ValueError(msg)
     return HeadFusionSpec("weights", weights=weights)
+
+
+@dataclass(frozen=True)
+class PruningSpec:
+    """A checked pruning choice: at most one of threshold, top-k and discard."""
+
+    kind: Literal["threshold", "top_k", "discard"]
+    value: float | int
+
+
+def check_pruning(threshold: object, top_k: object, discard: object) -> PruningSpec | None:
+    """Check the pruning options of rollout and flow; None when nothing is pruned."""
+    given = {
+        name: value
+        for name, value in (("threshold", threshold), ("top_k", top_k), ("discard", discard))
+        if value is not None
+    }
+    if len(given) > 1:
+        listed = ", ".join(f"{name}={value!r}" for name, value in given.items())
+        msg = (
+            "pass at most one of `threshold`, `top_k` and `discard`: each prunes the "
+            f"attention its own way and their order would be arbitrary; got {listed}. "
+            "Keep the one you want and drop the others."
+        )
+        raise ValueError(msg)
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
+            msg = (
+                "`threshold` must be a real number, the smallest fused attention weight "
+                f"kept; got {threshold!r} of type {type(threshold).__name__}. Pass for "
+                "example `threshold=0.01`, or None to keep every weight."
+            )
+            raise TypeError(msg)
+        value = float(threshold)
+        if not (math.isfinite(value) and value >= 0.0):
+            msg = (
+                "`threshold` must be finite and non-negative, the smallest fused attention "
+                f"weight kept; got {threshold!r}. Pass for example `threshold=0.01` (0 "
+                "keeps every weight)."
+            )
+            raise ValueError(msg)
+        return PruningSpec("threshold", value)
+    if top_k is not None:
+        if isinstance(top_k, bool):
+            k: int | None = None
+        else:
+            try:
+                k = operator.index(top_k)  # type: ignore[arg-type]
+            except TypeError:
+                k = None
+        if k is None:
+            msg = (
+                "`top_k` must be an integer, the number of entries kept per row; got "
+                f"{top_k!r} of type {type(top_k).__name__}. Pass for example `top_k=5`."
+            )
+            raise TypeError(msg)
+        if k < 1:
+            msg = (
+                "`top_k` must be at least 1, the number of entries kept per row of each "
+                f"layer; got {k}. Pass for example `top_k=5`, or None to keep every entry."
+            )
+            raise ValueError(msg)
+        return PruningSpec("top_k", k)
+    if discard is not None:
+        if isinstance(discard, bool) or not isinstance(discard, numbers.Real):
+            msg = (
+                "`discard` must be a real number in [0, 1), the fraction of each layer's "
+                f"lowest attention weights dropped; got {discard!r} of type "
+                f"{type(discard).__name__}. Pass for example `discard=0.9`."
+            )
+            raise TypeError(msg)
+        fraction = float(discard)
+        if not 0.0 <= fraction < 1.0:
+            msg = (
+                "`discard` must be in [0, 1), the fraction of each layer's lowest attention "
+                f"weights dropped; got {discard!r}. Pass for example `discard=0.9` (0 drops "
+                "nothing; 1 would drop every weight but the first column)."
+            )
+            raise ValueError(msg)
+        return PruningSpec("discard", fraction)
+    return None
 
 
 def check_mask(

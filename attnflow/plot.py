@@ -327,6 +327,7 @@ def layer_token_map(
     vmax: float | None = None,
     title: str | None = None,
     figsize: tuple[float, float] | None = None,
+    ylabel: str = "layer",
 ) -> Figure:
     """Draw layer x input-token maps side by side (Abnar & Zuidema 2020, Figures 2-3).
 
@@ -361,6 +362,8 @@ def layer_token_map(
         Title above all panels.
     figsize : tuple of float, optional
         Figure size in inches; by default it grows with the number of tokens and layers.
+    ylabel : str, default "layer"
+        What the rows are: ``"head"`` for the maps of ``heads="each"`` at one layer.
 
     Returns
     -------
@@ -432,7 +435,7 @@ def layer_token_map(
         ax.set_yticks(range(layers))
         ax.set_yticklabels([str(layer + 1) for layer in range(layers)])
         if index == 0:
-            ax.set_ylabel("layer")
+            ax.set_ylabel(ylabel)
         _label_tokens(ax, labels)
         if panel_title is not None:
             ax.set_title(panel_title)
@@ -934,7 +937,12 @@ def faithfulness_by_layer(
         ax.set_xticks(layers)
         ax.grid(axis="y", color="0.9", linewidth=0.6)
     # One legend for all panels, below them, so that it never hides a line.
-    handles, labels = axes[0].get_legend_handles_labels()
+    # Each label once, from whichever panel has it (the paper's lines may be on some only).
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    handles, labels = list(entries.values()), list(entries)
     figure.legend(
         handles, labels, loc="outside lower center", ncols=min(len(labels), 6), frameon=False
     )

@@ -94,4 +94,8 @@ html_sidebars = {"**": []}
 html_show_sourcelink = True
 html_static_path: list[str] = []
 # The methods of attnflow.html.TokenView are shown in its class example.
-numpydoc_validation_exclude = {r"\.TokenView\.\w+$"}
+numpydoc_validation_exclude = {
+    r"\.TokenView\.\w+$",
+    # A NamedTuple: its fields and tuple methods (count, index) carry generated docstrings.
+    r"\.EncoderDecoderAttribution\.\w+$",
+}

@@ -14,10 +14,12 @@ import numpy as np
 
 __all__ = [
     "oracle_flow",
+    "oracle_flow_variant",
     "oracle_fuse",
-    "oracle_gradient_rollout",
+    "oracle_mixed_layer",
     "oracle_raw",
     "oracle_rollout",
+    "oracle_rollout_variant",
     "softmax_attention",
 ]
 
@@ -215,6 +217,454 @@ def oracle_flow(
     return _select(per_layer, rows, layers)
 
 
+# -- variants: pruned / top-k layers and head-specific maps (issue 9, items 2 and 3) ------
+
+
+def oracle_mixed_layer(
+    attention: np.ndarray,
+    *,
+    residual: float,
+    threshold: float | None = None,
+    top_k: int | None = None,
+    discard: float | None = None,
+    first_is_real: bool = True,
+) -> np.ndarray:
+    """``Ã`` of one cropped layer ``(n, n)``, pruned the documented way, rows renormalised.
+
+    threshold and discard act on the attention before the identity is mixed in; top-k on
+    the mixed matrix. Ties at a cut-off are kept. Plain Python sorting, entry by entry.
+    """
+    n = attention.shape[0]
+    a = np.array(attention, dtype=np.float64)
+    if threshold is not None:
+        for i in range(n):
+            for j in range(n):
+                if a[i, j] < threshold:
+                    a[i, j] = 0.0
+        a = _renormalise(a)
+    if discard is not None:
+        # Eligible: every entry of the (real, cropped) matrix except the first column, when
+        # that column is the sequence's position 0.
+        eligible = [(i, j) for i in range(n) for j in range(n) if not (first_is_real and j == 0)]
+        count = int(np.floor(discard * len(eligible)))
+        if count > 0:
+            ordered = sorted(a[i, j] for i, j in eligible)
+            cutoff = ordered[count]  # the (count+1)-th smallest survives, with its ties
+            for i, j in eligible:
+                if a[i, j] < cutoff:
+                    a[i, j] = 0.0
+            a = _renormalise(a)
+    mixed = (1 - residual) * a + residual * np.eye(n)
+    if top_k is not None:
+        for i in range(n):
+            ordered = sorted(mixed[i], reverse=True)
+            cutoff = ordered[min(top_k, n) - 1]
+            mixed[i] = [v if v >= cutoff else 0.0 for v in mixed[i]]
+        mixed = _renormalise(mixed)
+    return mixed
+
+
+def _variant_layers(
+    item: np.ndarray, keep: np.ndarray, *, masked: bool, fused_input: bool, each: bool
+) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
+    """Cropped mean-fused layers of one item, and each layer's cropped heads (if `each`)."""
+    fused = _layer_matrices(item, None if fused_input else "mean", keep, masked=masked)
+    heads: list[list[np.ndarray]] = []
+    if each:
+        for layer in item:
+            cropped = [h[np.ix_(keep, keep)] for h in layer]
+            heads.append([_renormalise(h) if masked else h for h in cropped])
+    return fused, heads
+
+
+def _pad_heads(
+    attentions: np.ndarray,
+    mask: np.ndarray | None,
+    compute: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    *,
+    fused_input: bool,
+    n_heads: int | None,
+) -> np.ndarray:
+    """``compute(item, keep)`` -> ``(L, [H,] k, k)`` per item, padded back to ``n``."""
+    core = 3 if fused_input else 4
+    batch_shape = attentions.shape[:-core]
+    n_layers, n = attentions.shape[-core], attentions.shape[-1]
+    head_shape = () if n_heads is None else (n_heads,)
+    out = np.zeros((*batch_shape, n_layers, *head_shape, n, n))
+    for index in np.ndindex(*batch_shape):
+        keep = np.ones(n, dtype=bool) if mask is None else mask[index]
+        kept = np.flatnonzero(keep)
+        result = compute(attentions[index].astype(np.float64), keep)
+        for position in np.ndindex(n_layers, *head_shape):
+            out[(*index, *position, *np.ix_(kept, kept))] = result[position]
+    return out
+
+
+def _select_variant(
+    per_layer: np.ndarray, rows: int | Sequence[int] | None, layers: object, *, each: bool
+) -> np.ndarray:
+    """Select layers (axis -4 with heads, -3 without) and rows of the oracle's output."""
+    if not each:
+        return _select(per_layer, rows, layers)
+    if layers == "last":
+        chosen = per_layer[..., -1, :, :, :]
+    elif layers == "all":
+        chosen = per_layer
+    else:
+        chosen = per_layer[..., layers, :, :, :]
+    if rows is None:
+        return chosen
+    if isinstance(rows, int):
+        return chosen[..., rows, :]
+    return chosen[..., list(rows), :]
+
+
+def oracle_rollout_variant(
+    attentions: np.ndarray,
+    *,
+    heads: object = "mean",
+    residual: float = 0.5,
+    rows: int | Sequence[int] | None = None,
+    layers: object = "last",
+    mask: np.ndarray | None = None,
+    threshold: float | None = None,
+    top_k: int | None = None,
+    discard: float | None = None,
+) -> np.ndarray:
+    """Pruned and/or head-specific rollout, full products per cropped item.
+
+    ``heads="each"``: head k at layer i is ``Ã_{i,k} R̄_{i-1}`` with ``R̄`` the rollout of
+    the mean-fused layers below (Abnar & Zuidema 2020, Appendix A.1); otherwise ``heads``
+    is "mean" or None (fused input).
+    """
+    each = heads == "each"
+    fused_input = heads is None
+    pruning = {"threshold": threshold, "top_k": top_k, "discard": discard}
+
+    def compute(item: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        fused, per_head = _variant_layers(
+            item, keep, masked=mask is not None, fused_input=fused_input, each=each
+        )
+        size = int(keep.sum())
+
+        def mixed(matrix: np.ndarray) -> np.ndarray:
+            return oracle_mixed_layer(
+                matrix, residual=residual, first_is_real=bool(keep[0]), **pruning
+            )
+
+        below = np.eye(size)
+        results = []
+        for layer, matrix in enumerate(fused):
+            if each:
+                results.append(np.stack([mixed(h) @ below for h in per_head[layer]]))
+            below = mixed(matrix) @ below
+            if not each:
+                results.append(below)
+        return np.stack(results)
+
+    n_heads = attentions.shape[-3] if each else None
+    per_layer = _pad_heads(attentions, mask, compute, fused_input=fused_input, n_heads=n_heads)
+    return _select_variant(per_layer, rows, layers, each=each)
+
+
+def oracle_flow_variant(
+    attentions: np.ndarray,
+    *,
+    heads: object = "mean",
+    residual: float = 0.5,
+    rows: int | Sequence[int] | None = None,
+    layers: object = "last",
+    mask: np.ndarray | None = None,
+    normalize: bool = True,
+    threshold: float | None = None,
+    top_k: int | None = None,
+    discard: float | None = None,
+) -> np.ndarray:
+    """Pruned and/or head-specific flow: networkx Edmonds-Karp on the paper's full graph.
+
+    With ``heads="each"`` the graph of head k at layer i has the mean-fused (pruned) layers
+    1 .. i-1 and head k's (pruned) matrix at layer i.
+    """
+    import networkx as nx
+    from networkx.algorithms.flow import edmonds_karp
+
+    each = heads == "each"
+    fused_input = heads is None
+    pruning = {"threshold": threshold, "top_k": top_k, "discard": discard}
+
+    def max_flows(stack: list[np.ndarray], wanted: Sequence[int]) -> np.ndarray:
+        size = stack[0].shape[0]
+        graph = nx.DiGraph()
+        graph.add_nodes_from((layer, k) for layer in range(len(stack) + 1) for k in range(size))
+        for layer, matrix in enumerate(stack, start=1):
+            for k in range(size):
+                for m in range(size):
+                    if matrix[k, m] > 0:
+                        graph.add_edge((layer, k), (layer - 1, m), capacity=matrix[k, m])
+        top = len(stack)
+        out = np.zeros((size, size))
+        for k in wanted:
+            for m in range(size):
+                out[k, m] = nx.maximum_flow_value(graph, (top, k), (0, m), flow_func=edmonds_karp)
+            if normalize and out[k].sum() > 0:
+                out[k] /= out[k].sum()
+        return out
+
+    def compute(item: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        fused, per_head = _variant_layers(
+            item, keep, masked=mask is not None, fused_input=fused_input, each=each
+        )
+        size = int(keep.sum())
+
+        def mixed(matrix: np.ndarray) -> np.ndarray:
+            return oracle_mixed_layer(
+                matrix, residual=residual, first_is_real=bool(keep[0]), **pruning
+            )
+
+        n_layers = len(fused)
+        if layers == "all":
+            reported = list(range(n_layers))
+        else:
+            reported = [n_layers - 1 if layers == "last" else int(layers) % n_layers]
+        kept = np.flatnonzero(keep)
+        wanted = (
+            range(size)
+            if rows is None
+            else [
+                int(np.searchsorted(kept, r % keep.size))
+                for r in ([rows] if isinstance(rows, int) else rows)
+                if keep[r % keep.size]
+            ]
+        )
+        below = [mixed(matrix) for matrix in fused]
+        shape = (n_layers, len(per_head[0])) if each else (n_layers,)
+        out = np.zeros((*shape, size, size))
+        for layer in reported:
+            if each:
+                for head, matrix in enumerate(per_head[layer]):
+                    stack = [*below[:layer], mixed(matrix)]
+                    out[layer, head] = max_flows(stack, wanted)
+            else:
+                out[layer] = max_flows(below[: layer + 1], wanted)
+        return out
+
+    n_heads = attentions.shape[-3] if each else None
+    per_layer = _pad_heads(attentions, mask, compute, fused_input=fused_input, n_heads=n_heads)
+    return _select_variant(per_layer, rows, layers, each=each)
+
+
+# -- Decoders: receptive-field normalisation and attention sinks (issue 9, item 5) ---------
+# Self-contained: the definitions written out with loops; the method on the uniform
+# causal baseline is the method's own oracle above, applied to a hand-built input.
+
+
+def oracle_uniform_causal(shape: tuple[int, ...]) -> np.ndarray:
+    """Uniform causal attention of `shape` ``(..., n, n)``: row i is 1/(i+1) on keys 0..i.
+
+    With a padding mask the method oracles renormalise every row over the real keys, which
+    makes it uniform over the real keys ``j <= i``: the receptive field of a real query.
+    """
+    n = shape[-1]
+    single = np.zeros((n, n))
+    for i in range(n):
+        for j in range(i + 1):
+            single[i, j] = 1.0 / (i + 1)
+    return np.broadcast_to(single, shape).copy()
+
+
+def oracle_decoder_normalise(
+    attribution: np.ndarray, baseline: np.ndarray | None, exclude: Sequence[int] = ()
+) -> np.ndarray:
+    """``R / B`` (0 where B = 0), excluded columns 0, rows (last axis) renormalised."""
+    out = np.zeros_like(attribution, dtype=np.float64)
+    n = attribution.shape[-1]
+    dropped = {e % n for e in exclude}
+    for index in np.ndindex(*attribution.shape[:-1]):
+        row = np.zeros(n)
+        for j in range(n):
+            if j in dropped:
+                continue
+            if baseline is None:
+                row[j] = attribution[index][j]
+            elif baseline[index][j] > 0:
+                row[j] = attribution[index][j] / baseline[index][j]
+        total = row.sum()
+        out[index] = row / total if total > 0 else 0.0
+    return out
+
+
+def oracle_decoder(
+    method: str,
+    attentions: np.ndarray,
+    *,
+    receptive_field: bool = False,
+    exclude: int | Sequence[int] | None = None,
+    **options: object,
+) -> np.ndarray:
+    """Rollout or flow with `receptive_field` and `exclude`, from the definitions."""
+    compute = oracle_rollout_variant if method == "rollout" else oracle_flow_variant
+    result = compute(attentions, **options)  # type: ignore[arg-type]
+    baseline = None
+    if receptive_field:
+        baseline = compute(oracle_uniform_causal(attentions.shape), **options)  # type: ignore[arg-type]
+    dropped = [] if exclude is None else [exclude] if isinstance(exclude, int) else list(exclude)
+    return oracle_decoder_normalise(result, baseline, dropped)
+
+
+# -- Encoder-decoder composition (issue 9, item 4) -----------------------------------------
+# Self-contained: plain float64 loops over batch items, layers, rows and columns, written
+# from the formulas in docs/maths.md ("Encoder-decoder models"), sharing nothing above.
+
+
+def _ed_rows_renormalised(
+    matrix: np.ndarray, rows_real: np.ndarray, keys_real: np.ndarray
+) -> np.ndarray:
+    """Zero padded rows/keys; divide each real row by its sum over real keys (0 stays 0,
+    except a square matrix, whose empty real row becomes its own unit row)."""
+    out = np.zeros(matrix.shape)
+    for i in range(matrix.shape[0]):
+        if not rows_real[i]:
+            continue
+        total = 0.0
+        for j in range(matrix.shape[1]):
+            if keys_real[j]:
+                total += float(matrix[i, j])
+        for j in range(matrix.shape[1]):
+            if keys_real[j]:
+                out[i, j] = matrix[i, j] / total if total > 0 else 0.0
+        if total == 0 and matrix.shape[0] == matrix.shape[1]:
+            out[i, i] = 1.0
+    return out
+
+
+def _ed_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out = np.zeros((a.shape[0], b.shape[1]))
+    for i in range(a.shape[0]):
+        for j in range(b.shape[1]):
+            total = 0.0
+            for k in range(a.shape[1]):
+                total += float(a[i, k]) * float(b[k, j])
+            out[i, j] = total
+    return out
+
+
+def _ed_unit(real: np.ndarray) -> np.ndarray:
+    out = np.zeros((real.size, real.size))
+    for i in range(real.size):
+        out[i, i] = 1.0 if real[i] else 0.0
+    return out
+
+
+def oracle_encoder_decoder(
+    encoder: np.ndarray,
+    decoder: np.ndarray,
+    cross: np.ndarray,
+    *,
+    rule: str = "rollout",
+    gradients: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    residual: float = 0.5,
+    rows: int | Sequence[int] | None = None,
+    layers: object = "last",
+    source_mask: np.ndarray | None = None,
+    target_mask: np.ndarray | None = None,
+    normalize: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Encoder-decoder rollout (rule "rollout") or Chefer's GAE rules (rule "gae").
+
+    Inputs per head ``(*batch, L, H, q, k)``; heads fused by the mean (rollout) or by
+    ``mean_h((g * a)^+)`` (gae). Returns ``(source, target)`` as the library does.
+    """
+    a = 1.0 - residual
+    batch = encoder.shape[:-4]
+    n_dec, n_src, n_tgt = decoder.shape[-4], encoder.shape[-1], decoder.shape[-1]
+    out_s = np.zeros((*batch, n_dec, n_tgt, n_src))
+    out_t = np.zeros((*batch, n_dec, n_tgt, n_tgt))
+    for index in np.ndindex(*batch):
+        src = np.ones(n_src, bool) if source_mask is None else source_mask[index]
+        tgt = np.ones(n_tgt, bool) if target_mask is None else target_mask[index]
+
+        def fused(
+            stack: np.ndarray, grads: np.ndarray | None, q: np.ndarray, k: np.ndarray
+        ) -> list[np.ndarray]:
+            layers_out = []
+            for layer in range(stack.shape[0]):
+                heads = stack.shape[1]
+                total = np.zeros(stack.shape[-2:])
+                for h in range(heads):
+                    w = _ed_rows_renormalised(stack[layer, h].astype(np.float64), q, k)
+                    if grads is not None:
+                        g = grads[layer, h].astype(np.float64)
+                        for i in range(w.shape[0]):
+                            for j in range(w.shape[1]):
+                                value = g[i, j] * w[i, j] if (q[i] and k[j]) else 0.0
+                                w[i, j] = value if value > 0 else 0.0
+                    total = total + w
+                layers_out.append(total / heads)
+            return layers_out
+
+        g = (None, None, None) if gradients is None else tuple(x[index] for x in gradients)
+        enc = fused(encoder[index], g[0], src, src)
+        dec = fused(decoder[index], g[1], tgt, tgt)
+        crs = fused(cross[index], g[2], tgt, src)
+        eye_s, eye_t = _ed_unit(src), _ed_unit(tgt)
+        if rule == "rollout":
+            r_enc = eye_s.copy()
+            for e in enc:
+                r_enc = _ed_matmul(a * e + residual * eye_s, r_enc)
+            xs, xt = np.zeros((n_tgt, n_src)), eye_t.copy()
+            for layer in range(n_dec):
+                mixed = a * dec[layer] + residual * eye_t
+                ys, yt = _ed_matmul(mixed, xs), _ed_matmul(mixed, xt)
+                xs = residual * ys + a * _ed_matmul(crs[layer], r_enc)
+                xt = residual * yt
+                out_s[(*index, layer)], out_t[(*index, layer)] = xs, xt
+        else:
+
+            def bar(r: np.ndarray, eye: np.ndarray) -> np.ndarray:
+                hat = r - eye
+                out = eye.copy()
+                for i in range(hat.shape[0]):
+                    total = hat[i].sum()
+                    if total != 0:
+                        out[i] += hat[i] / total
+                return out
+
+            r_ss = eye_s.copy()
+            for e in enc:
+                r_ss = r_ss + _ed_matmul(e, r_ss)
+            r_tt, r_ts = eye_t.copy(), np.zeros((n_tgt, n_src))
+            for layer in range(n_dec):
+                r_tt, r_ts = (
+                    r_tt + _ed_matmul(dec[layer], r_tt),
+                    r_ts + _ed_matmul(dec[layer], r_ts),
+                )
+                r_ts = r_ts + _ed_matmul(
+                    bar(r_tt, eye_t).T, _ed_matmul(crs[layer], bar(r_ss, eye_s))
+                )
+                out_s[(*index, layer)], out_t[(*index, layer)] = r_ts, r_tt
+    if normalize:
+        total = out_s.sum(-1, keepdims=True) + out_t.sum(-1, keepdims=True)
+        total[total == 0] = 1.0
+        out_s, out_t = out_s / total, out_t / total
+    picked = []
+    for per_layer in (out_s, out_t):
+        if layers == "last":
+            chosen = per_layer[..., -1, :, :]
+        elif layers == "all":
+            chosen = per_layer
+        else:
+            chosen = per_layer[..., int(layers), :, :]  # type: ignore[call-overload]
+        if isinstance(rows, int):
+            chosen = chosen[..., rows, :]
+        elif rows is not None:
+            chosen = chosen[..., list(rows), :]
+        picked.append(chosen)
+    return picked[0], picked[1]
+
+
+__all__ += ["oracle_encoder_decoder"]
+
+
 def oracle_gradient_rollout(
     attentions: np.ndarray,
     gradients: np.ndarray,
@@ -266,3 +716,6 @@ def oracle_gradient_rollout(
                         result[i] = result[i] / result[i].sum()
             out[(*index, layer, *np.ix_(kept, kept))] = result
     return _select(out, rows, layers)
+
+
+__all__ += ["oracle_gradient_rollout"]

@@ -118,6 +118,31 @@ def test_short_sequences_reuse_model_calls(model: TokenClassifier) -> None:
     assert rows == [1, 2]
 
 
+def test_repeated_perturbations_are_predicted_once(model: TokenClassifier) -> None:
+    # Three layers that rank the tokens alike remove the same tokens at every fraction:
+    # the model sees each perturbed sequence once, and the results are unchanged.
+    ids = np.array([[3, 4, 5, 6, 7, 8, 9, 10], [10, 9, 8, 7, 6, 5, 4, 3]])  # (2, N)
+    ranking = np.stack([np.linspace(0.8, 0.1, N), np.linspace(0.1, 0.8, N)])
+    scores = np.stack([ranking * scale for scale in (1.0, 2.0, 3.0)], axis=1)  # (2, 3, 6)
+
+    def counting(rows: list[int]):
+        def predict(batch: np.ndarray) -> np.ndarray:
+            rows.append(len(batch))
+            return model.probabilities(batch)
+
+        return predict
+
+    three: list[int] = []
+    one: list[int] = []
+    options = {"replacement": MASK_ID, "fractions": FRACTIONS}
+    result = attnflow.comprehensiveness(counting(three), ids, scores, **options)
+    single = attnflow.comprehensiveness(counting(one), ids, scores[:, :1], **options)
+    np.testing.assert_array_equal(result, np.repeat(single, 3, axis=1))
+    assert sum(three) == sum(one)
+    expected = loop_erasure(model, ids, scores, "comprehensiveness", np.ones(ids.shape, bool))
+    np.testing.assert_allclose(result, expected, rtol=0, atol=1e-12)
+
+
 def loop_curve(
     model: TokenClassifier, images: np.ndarray, scores: np.ndarray, kind: str
 ) -> np.ndarray:

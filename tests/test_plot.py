@@ -188,6 +188,8 @@ def test_layer_token_map_puts_layer_one_at_the_bottom(tmp_path: Path) -> None:
     bottom, top = ax.get_ylim()
     assert bottom < top
     saved(figure, tmp_path / "one.png")
+    # The maps of heads="each" at one layer: the rows are heads.
+    assert layer_token_map(maps, tokens=tokens, ylabel="head").axes[0].get_ylabel() == "head"
 
 
 def test_layer_token_map_shares_one_colour_scale(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ the caller's `inputs`, and read the class probabilities back to the host in floa
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 from collections.abc import Callable, Iterator, Sequence
@@ -136,27 +137,60 @@ def call_model(
     inputs: ModelInputs,
     total: int,
 ) -> tuple[np.ndarray, np.dtype[Any]]:
-    """Run `predict` on every host batch: probabilities ``(total, C)`` and their dtype."""
+    """Run `predict` on every host batch: probabilities ``(total, C)`` and their dtype.
+
+    A perturbed input that occurs more than once in one call (the same tokens removed for
+    two layers, two fractions or two positions) is predicted once: erasure curves repeat
+    most of their inputs, and the model calls are the cost. The batches are still made
+    one at a time, so lazily built image perturbations never all sit in memory.
+    """
     outputs: list[np.ndarray] = []
+    known: dict[bytes, np.ndarray] = {}  # digest of (row, mask row) -> its probabilities
     dtype: np.dtype[Any] = np.dtype(np.float64)
-    done = 0
+    classes: int | None = None
+    done = predicted = 0
     for batch, batch_mask in batches:
-        arguments = [inputs.to_model(batch)]
-        if batch_mask is not None:
-            arguments.append(inputs.to_model(batch_mask))
-        probabilities, dtype = _read_probabilities(predict(*arguments), len(batch), done)
-        if outputs and probabilities.shape[1] != outputs[0].shape[1]:
-            msg = (
-                f"`predict` returned {probabilities.shape[1]} classes for one batch and "
-                f"{outputs[0].shape[1]} for another; it must always return (batch, classes)."
-            )
-            raise ValueError(msg)
-        outputs.append(probabilities)
+        keys = _row_digests(batch, batch_mask)
+        fresh: dict[bytes, int] = {}
+        for index, key in enumerate(keys):
+            if key not in known and key not in fresh:
+                fresh[key] = index
+        if fresh:
+            pick = np.fromiter(fresh.values(), dtype=np.intp, count=len(fresh))
+            arguments = [inputs.to_model(batch[pick])]
+            if batch_mask is not None:
+                arguments.append(inputs.to_model(batch_mask[pick]))
+            probabilities, dtype = _read_probabilities(predict(*arguments), len(pick), predicted)
+            if classes is not None and probabilities.shape[1] != classes:
+                msg = (
+                    f"`predict` returned {probabilities.shape[1]} classes for one batch and "
+                    f"{classes} for another; it must always return (batch, classes)."
+                )
+                raise ValueError(msg)
+            classes = probabilities.shape[1]
+            known.update(zip(fresh, probabilities, strict=True))
+            predicted += len(pick)
+        outputs.append(np.stack([known[key] for key in keys]))
         done += len(batch)
     if done != total:  # pragma: no cover - the batch generators are internal
         msg = f"internal error: {done} rows predicted, {total} expected"
         raise AssertionError(msg)
     return np.concatenate(outputs, axis=0), dtype
+
+
+def _row_digests(batch: np.ndarray, mask: np.ndarray | None) -> list[bytes]:
+    """Return a 128-bit digest of each row and its mask row: equal rows, equal digests."""
+    rows = np.ascontiguousarray(batch).reshape(len(batch), -1)
+    masks = None if mask is None else np.ascontiguousarray(mask).reshape(len(mask), -1)
+    prefix = f"{rows.dtype.str}{rows.shape[1:]}".encode()
+    digests = []
+    for index in range(len(rows)):
+        digest = hashlib.blake2b(prefix, digest_size=16)
+        digest.update(rows[index].tobytes())
+        if masks is not None:
+            digest.update(masks[index].tobytes())
+        digests.append(digest.digest())
+    return digests
 
 
 def _read_probabilities(output: Any, rows: int, offset: int) -> tuple[np.ndarray, np.dtype[Any]]:

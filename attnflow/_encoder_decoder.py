@@ -1,0 +1,688 @@
+"""Encoder-decoder rollout: decoder positions attributed to source and target-prefix tokens."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NamedTuple, NoReturn, cast
+
+import numpy as np
+from array_api_compat import device as array_device
+
+from ._heads import apply_head_fusion
+from ._namespace import enter_boundary, resolve_namespace, values_are_inspectable
+from ._pipeline import select_rows
+from ._rollout import rollout_products
+from ._rows import normalize_rows
+from ._typing import Array, HeadFusion, LayerSelection, Namespace, RowSelection
+from ._validation import (
+    AttentionLayout,
+    check_attention_values,
+    check_floating,
+    check_head_fusion,
+    check_layers,
+    check_residual,
+    check_rows,
+    check_validate,
+    checks_every_head,
+    describe,
+)
+
+__all__ = ["EncoderDecoderAttribution", "encoder_decoder_rollout"]
+
+RULES = ("rollout", "gae")
+_NAMES = ("encoder", "decoder", "cross")
+
+
+class EncoderDecoderAttribution(NamedTuple):
+    """What :func:`encoder_decoder_rollout` returns: a named ``(source, target)`` pair.
+
+    It unpacks like a tuple, ``source, target = encoder_decoder_rollout(...)``.
+
+    Parameters
+    ----------
+    source : array
+        Attribution of each decoder position to the source (encoder input) tokens,
+        ``(*batch, [layers,] T, S)`` (rows as selected by ``rows``).
+    target : array
+        Attribution of each decoder position to the target-prefix (decoder input)
+        tokens, ``(*batch, [layers,] T, T)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> one = np.ones((1, 1, 1, 1))  # one layer, one head, S = T = 1
+    >>> result = attnflow.encoder_decoder_rollout(one, one, one)
+    >>> result.source, result.target
+    (array([[0.5]]), array([[0.5]]))
+    """
+
+    source: Any
+    target: Any
+
+
+def _fail(parameter: str, expected: str, got: str, fix: str, kind: type[Exception]) -> NoReturn:
+    msg = f"`{parameter}` must {expected}; got {got}. {fix}"
+    raise kind(msg)
+
+
+def _check_shapes(
+    arrays: dict[str, Any], *, fused: bool
+) -> tuple[tuple[int, ...], int, int, int | None, int, int]:
+    """Check the three attention families against each other.
+
+    Returns ``(batch, L_e, L_d, H, S, T)``.
+    """
+    core = 3 if fused else 4
+    layouts = {
+        "encoder": "(*batch, L_e, S, S)" if fused else "(*batch, L_e, heads, S, S)",
+        "decoder": "(*batch, L_d, T, T)" if fused else "(*batch, L_d, heads, T, T)",
+        "cross": "(*batch, L_d, T, S)" if fused else "(*batch, L_d, heads, T, S)",
+    }
+    hint = " (heads=None: heads already fused)" if fused else " (pass heads=None for fused input)"
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, array in arrays.items():
+        shape = getattr(array, "shape", None)
+        if shape is None:
+            _fail(
+                name, f"be an array {layouts[name]}", describe(array), "Pass an array.", TypeError
+            )
+        if any(d is None for d in shape):
+            _fail(
+                name,
+                "have a known shape",
+                str(tuple(shape)),
+                "Give Dask arrays known chunk sizes.",
+                ValueError,
+            )
+        if len(shape) < core or 0 in tuple(shape)[-core:]:
+            _fail(
+                name,
+                f"have shape {layouts[name]}{hint}, with no empty axis",
+                f"shape {tuple(shape)}",
+                "Check the axis order.",
+                ValueError,
+            )
+        shapes[name] = tuple(int(d) for d in shape)
+    enc, dec, crs = shapes["encoder"], shapes["decoder"], shapes["cross"]
+    batch = enc[:-core]
+    for name in ("decoder", "cross"):
+        if shapes[name][:-core] != batch:
+            _fail(
+                name,
+                f"have the batch shape {batch} of `encoder`",
+                f"batch shape {shapes[name][:-core]} (shape {shapes[name]})",
+                "Pass the three attentions of one model call.",
+                ValueError,
+            )
+    if enc[-1] != enc[-2]:
+        _fail(
+            "encoder",
+            f"be square, {layouts['encoder']}",
+            f"shape {enc}",
+            "Encoder self-attention has S queries and S keys.",
+            ValueError,
+        )
+    if dec[-1] != dec[-2]:
+        _fail(
+            "decoder",
+            f"be square, {layouts['decoder']}",
+            f"shape {dec}",
+            "Decoder self-attention has T queries and T keys.",
+            ValueError,
+        )
+    n_src, n_tgt = enc[-1], dec[-1]
+    if crs[-core] != dec[-core]:
+        _fail(
+            "cross",
+            f"have one layer per decoder layer (L_d = {dec[-core]})",
+            f"{crs[-core]} layers (shape {crs})",
+            "Pass the cross-attention of every decoder layer, in order.",
+            ValueError,
+        )
+    if crs[-2] != n_tgt:
+        _fail(
+            "cross",
+            f"have T = {n_tgt} query rows (decoder positions), {layouts['cross']}",
+            f"{crs[-2]} rows (shape {crs})",
+            "Rows are decoder queries, columns encoder keys.",
+            ValueError,
+        )
+    if crs[-1] != n_src:
+        _fail(
+            "cross",
+            f"have S = {n_src} key columns (source tokens), {layouts['cross']}",
+            f"{crs[-1]} columns (shape {crs})",
+            "Rows are decoder queries, columns encoder keys.",
+            ValueError,
+        )
+    n_heads = None
+    if not fused:
+        heads = {name: shape[-3] for name, shape in shapes.items()}
+        if len(set(heads.values())) > 1:
+            _fail(
+                "encoder, decoder, cross",
+                "have the same number of heads",
+                str(heads),
+                "Pass heads=None with heads fused per family.",
+                ValueError,
+            )
+        n_heads = enc[-3]
+    return batch, enc[-core], dec[-core], n_heads, n_src, n_tgt
+
+
+def _check_mask(mask: Any, name: str, batch: tuple[int, ...], n: int, xp: Namespace) -> None:
+    if mask is None:
+        return
+    expected = (*batch, n)
+    if getattr(mask, "shape", None) is None or getattr(mask, "dtype", None) is None:
+        _fail(
+            name,
+            f"be a boolean array of shape {expected}",
+            describe(mask),
+            "True marks a real token.",
+            TypeError,
+        )
+    if not xp.isdtype(mask.dtype, "bool"):
+        _fail(
+            name,
+            "have a boolean dtype (True = real token)",
+            str(mask.dtype),
+            f"Convert an integer attention mask with `{name} == 1`.",
+            TypeError,
+        )
+    if tuple(mask.shape) != expected:
+        _fail(
+            name,
+            f"have shape {expected}",
+            f"shape {tuple(mask.shape)}",
+            "One entry per token of each sequence.",
+            ValueError,
+        )
+    if values_are_inspectable(mask) and not bool(xp.all(xp.any(mask, axis=-1))):
+        _fail(
+            name,
+            "keep at least one real token (True) in each sequence",
+            "a sequence with every token masked",
+            "Drop that sequence from the batch.",
+            ValueError,
+        )
+
+
+def _check_gradients_finite(gradients: Any, keep: Any | None, name: str, xp: Namespace) -> None:
+    if not values_are_inspectable(gradients):
+        return
+    finite = xp.isfinite(gradients)
+    if keep is not None:
+        finite = finite | ~keep
+    if not bool(xp.all(finite)):
+        _fail(
+            name,
+            "be finite between real tokens",
+            f"{int(xp.count_nonzero(~finite))} NaN or infinite value(s)",
+            "Check the backward pass, and pass the masks if these are padded positions.",
+            ValueError,
+        )
+
+
+def _keep(rows_mask: Any | None, keys_mask: Any | None, extra: int, xp: Namespace) -> Any | None:
+    """``(*batch, [1]*extra, q, k)`` bool: query and key both real; None without masks."""
+    if rows_mask is None and keys_mask is None:
+        return None
+    keep = None
+    if rows_mask is not None:
+        shape = (*rows_mask.shape[:-1], *([1] * extra), rows_mask.shape[-1], 1)
+        keep = xp.reshape(rows_mask, shape)
+    if keys_mask is not None:
+        shape = (*keys_mask.shape[:-1], *([1] * extra), 1, keys_mask.shape[-1])
+        keys = xp.reshape(keys_mask, shape)
+        keep = keys if keep is None else keep & keys
+    return keep
+
+
+def _masked(attention: Any, keep: Any | None, valid_rows: Any | None, xp: Namespace) -> Any:
+    """Drop padded queries and keys, renormalise each row over the real keys."""
+    if keep is None:
+        return attention
+    attention = xp.where(keep, attention, xp.zeros_like(attention))
+    return normalize_rows(attention, xp, valid_rows=valid_rows)
+
+
+def _eye(n: int, mask: Any | None, like: Any, xp: Namespace) -> Any:
+    """``(*batch | (), n, n)`` identity, zero on padded tokens."""
+    eye = xp.eye(n, dtype=like.dtype, device=array_device(like))
+    if mask is None:
+        return eye
+    return xp.where(mask[..., None, :], eye, xp.zeros_like(eye))
+
+
+def _gae_heads(attention: Any, gradient: Any, xp: Namespace) -> Any:
+    """Chefer's rule 5: ``mean_h((∇A ⊙ A)^+)`` over axis -3."""
+    weighted = gradient * attention
+    return xp.mean(xp.where(weighted > 0, weighted, xp.zeros_like(weighted)), axis=-3)
+
+
+def _without_residual(hat: Any, eye: Any, xp: Namespace) -> Any:
+    """Chefer's eq. 8-9: ``R̄ = R̂ / rowsum(R̂) + I`` for ``R̂ = R - I`` (empty rows: ``I``)."""
+    sums = xp.sum(hat, axis=-1, keepdims=True)
+    safe = xp.where(sums != 0, sums, xp.ones_like(sums))
+    return hat / safe + eye
+
+
+def encoder_decoder_rollout(
+    encoder: Array,
+    decoder: Array,
+    cross: Array,
+    /,
+    *,
+    rule: Literal["rollout", "gae"] = "rollout",
+    gradients: tuple[Array, Array, Array] | None = None,
+    heads: HeadFusion = "mean",
+    residual: float = 0.5,
+    rows: RowSelection = None,
+    layers: LayerSelection = "last",
+    source_mask: Any | None = None,
+    target_mask: Any | None = None,
+    normalize: bool = False,
+    validate: bool | Literal["heads"] = True,
+    xp: Namespace | None = None,
+) -> EncoderDecoderAttribution:
+    r"""Attribute each decoder position to the source tokens and to the target prefix.
+
+    The encoder self-attention chain, the cross-attention layers and the decoder
+    self-attention chain of an encoder-decoder transformer (BART, T5, Marian,
+    ``nn.Transformer``) are rolled out separately and composed end-to-end [1]_.
+
+    ``rule="rollout"`` (the rollout model of Abnar & Zuidema [2]_: heads fused, a residual
+    of weight :math:`\alpha` in every sub-layer, feed-forward layers ignored). With
+    :math:`E_k`, :math:`D_l` and :math:`C_l` the head-fused encoder self-, decoder self-
+    and cross-attention (rows = queries),
+
+    .. math::
+
+        R_\text{enc} = \tilde E_{L_e} \cdots \tilde E_1, \qquad
+        \tilde E_k = (1-\alpha) E_k + \alpha I_S
+
+    is the share of each source token in each encoder output (``S x S``). The state of
+    decoder position :math:`t` is a row of :math:`X = [X^s \mid X^t]`, ``T x (S + T)``,
+    its share of every source and every target-prefix token, starting from
+    :math:`X_0 = [\,0 \mid I_T\,]`. Decoder layer :math:`l` applies its two sub-layers:
+
+    .. math::
+
+        \text{self-attention:}\quad & Y = \tilde D_l X_{l-1}, \qquad
+            \tilde D_l = (1-\alpha) D_l + \alpha I_T, \\
+        \text{cross-attention:}\quad & X_l = \alpha \, Y
+            + (1-\alpha) \, [\, C_l R_\text{enc} \mid 0 \,],
+
+    i.e. :math:`X^s_l = \alpha \tilde D_l X^s_{l-1} + (1-\alpha) C_l R_\text{enc}` and
+    :math:`X^t_l = \alpha \tilde D_l X^t_{l-1}`. The cross-attention reads the encoder's
+    final output, whose attribution is :math:`[R_\text{enc} \mid 0]`; its residual keeps
+    :math:`\alpha` of the decoder state. Every factor is row-stochastic, so each row of
+    :math:`[X^s_l \mid X^t_l]` sums to one; the result is :math:`(X^s, X^t)` of the top
+    (or each) decoder layer.
+
+    ``rule="gae"`` (Chefer et al. [3]_, eqs. 5-13, as their DETR code runs them), with
+    :math:`\bar A = \operatorname{mean}_h\big((\nabla_A y \odot A)^+\big)` for each family:
+
+    .. math::
+
+        R^{ss} &\leftarrow R^{ss} + \bar A^{ss}_k R^{ss}
+            \quad (\text{encoder layers}, R^{ss} = I), \\
+        R^{tt} &\leftarrow R^{tt} + \bar A^{tt}_l R^{tt}, \quad
+        R^{ts} \leftarrow R^{ts} + \bar A^{tt}_l R^{ts}
+            \quad (\text{decoder self-attention}, R^{tt} = I, R^{ts} = 0), \\
+        R^{ts} &\leftarrow R^{ts} + (\bar R^{tt})^\top \bar A^{ts}_l \bar R^{ss}
+            \quad (\text{cross-attention, after the self-attention of layer } l),
+
+    where :math:`\bar R^{xx} = \hat R^{xx} / (\hat R^{xx} \mathbf 1) + I` with
+    :math:`\hat R^{xx} = R^{xx} - I` (eqs. 8-9: the self-attention aggregation without
+    its identity, rows normalised). The result is :math:`(R^{ts}, R^{tt})`. Note the
+    transpose: for a causal decoder, :math:`(\bar R^{tt})^\top` is upper triangular, so
+    Chefer's rule lets later positions' cross-attention reach earlier rows.
+
+    Parameters
+    ----------
+    encoder : array
+        Encoder self-attention ``(*batch, L_e, heads, S, S)`` (``(*batch, L_e, S, S)``
+        with ``heads=None``), first layer first.
+    decoder : array
+        Decoder self-attention ``(*batch, L_d, heads, T, T)`` (causal or not).
+    cross : array
+        Cross-attention ``(*batch, L_d, heads, T, S)``: rows = decoder queries, columns =
+        encoder keys, one per decoder layer. ``attnflow.adapters.torch.capture`` returns
+        the three as ``cap.encoder_attentions``, ``cap.decoder_attentions`` and
+        ``cap.cross_attentions``.
+    rule : {"rollout", "gae"}, default "rollout"
+        The composition above.
+    gradients : tuple of three arrays, optional
+        ``rule="gae"`` only, required there: :math:`\partial y / \partial A` for
+        ``(encoder, decoder, cross)``, each of its attention's shape (every head).
+    heads : {"mean", "max", "min"}, callable, array_like or None, default "mean"
+        Head fusion for ``rule="rollout"``, the same for the three families (see
+        :func:`fuse_heads`; weights of shape ``(heads,)`` only). ``rule="gae"`` averages
+        the gradient-weighted heads and needs ``"mean"``.
+    residual : float, default 0.5
+        :math:`\alpha` of every sub-layer (``rule="rollout"``; ignored by ``"gae"``).
+    rows : int, sequence of int or None, default None
+        Decoder positions to explain, as for :func:`rollout`.
+    layers : {"last", "all"} or int, default "last"
+        The decoder layer(s) to report (the encoder is always rolled out to its top).
+    source_mask, target_mask : bool array, optional
+        ``(*batch, S)`` and ``(*batch, T)``, True for real tokens. Padded tokens get
+        exactly zero attribution and carry none; padded decoder rows are zero. Each
+        head's rows are renormalised over the real keys before fusion.
+    normalize : bool, default False
+        Divide each output row of ``[source | target]`` by its sum (meant for ``"gae"``,
+        whose rows are not normalised; rollout rows already sum to one).
+    validate : bool or "heads", default True
+        Check attention values first (finite, non-negative, rows summing to one; the
+        gradients finite), where values can be read cheaply, as for :func:`rollout`.
+    xp : namespace, optional
+        The array namespace; inferred from the inputs by default.
+
+    Returns
+    -------
+    EncoderDecoderAttribution
+        A named ``(source, target)`` pair: ``source`` ``(*batch, [layers,] T, S)`` and
+        ``target`` ``(*batch, [layers,] T, T)`` for ``rows=None`` (the ``T`` axis is
+        dropped for an int, ``r`` for a sequence), in the library, dtype and device of
+        `encoder`. A pair rather than one ``T x (S + T)`` array because seq2seq
+        explainers (inseq's ``source_attributions`` / ``target_attributions``) keep the
+        two apart; note inseq stores them transposed, tokens x generated steps.
+
+    Raises
+    ------
+    ValueError
+        On inconsistent shapes (layer counts, ``S``, ``T``, heads, batch), a bad option
+        or (with `validate`) bad values.
+    TypeError
+        On a non-floating dtype, mixed libraries, a non-boolean mask.
+    IndexError
+        If `rows` or `layers` is out of range.
+
+    See Also
+    --------
+    rollout : Rollout of one self-attention stack.
+
+    Notes
+    -----
+    Under the rollout model the total source share of every decoder position after
+    :math:`l` decoder layers is :math:`1 - \alpha^l`, whatever the attention (each
+    cross-attention sub-layer brings :math:`1-\alpha` of new source mass); the attention
+    decides how the mass is spread within the source and within the target.
+
+    For ``rule="gae"`` a row of :math:`\hat R^{xx}` summing to zero (a token no layer
+    has added relevance to) is left as the identity row; Chefer's code divides 0/0 and
+    then zeroes every NaN of the product, which drops that layer's whole cross-attention
+    term. The two agree whenever no such row exists, and both give
+    :math:`R^{ts} = 0`, :math:`R^{tt} = I` for zero gradients. :math:`\hat R = R - I` is
+    carried through the recurrence rather than formed by subtraction: gradient-weighted
+    attention is often tiny beside the identity (about 1e-4 on a small BART), and
+    :math:`R - I` in float32 would cancel most of its digits (a 2% error measured).
+
+    References
+    ----------
+    .. [1] "Attention rollout" explainer (seed 001): "Encoder-decoder rollout ... computed
+       separately along the encoder self-attention chain, the cross-attention layers, and
+       the decoder self-attention chain, and the matrices are composed end-to-end".
+    .. [2] S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers",
+       ACL 2020, https://arxiv.org/abs/2005.00928
+    .. [3] H. Chefer, S. Gur and L. Wolf, "Generic Attention-model Explainability for
+       Interpreting Bi-Modal and Encoder-Decoder Transformers", ICCV 2021,
+       https://arxiv.org/abs/2103.15679
+
+    Examples
+    --------
+    One encoder layer, one decoder layer, one head, S = T = 2:
+
+    >>> import numpy as np
+    >>> import attnflow
+    >>> enc = np.array([[[[0.5, 0.5], [0.0, 1.0]]]])   # (L_e, H, S, S)
+    >>> dec = np.array([[[[1.0, 0.0], [0.5, 0.5]]]])   # (L_d, H, T, T), causal
+    >>> crs = np.array([[[[1.0, 0.0], [0.0, 1.0]]]])   # (L_d, H, T, S)
+    >>> source, target = attnflow.encoder_decoder_rollout(enc, dec, crs)
+    >>> source
+    array([[0.375, 0.125],
+           [0.   , 0.5  ]])
+    >>> target
+    array([[0.5  , 0.   ],
+           [0.125, 0.375]])
+    >>> (source.sum(-1) + target.sum(-1)).tolist()
+    [1.0, 1.0]
+    """
+    families = [encoder, decoder, cross]
+    grads = None
+    given: object = gradients  # checked at run time: callers may not be type-checked
+    if given is not None:
+        if not isinstance(given, tuple | list) or len(given) != 3:
+            _fail(
+                "gradients",
+                "be a tuple (encoder, decoder, cross) of three arrays",
+                describe(gradients),
+                "Pass the gradient of each attention family.",
+                TypeError,
+            )
+        grads = list(given)
+    converted, boundary = enter_boundary(
+        [*families, *(grads or []), source_mask, target_mask],
+        [
+            *_NAMES,
+            *(f"gradients[{i}]" for i in range(len(grads or []))),
+            "source_mask",
+            "target_mask",
+        ],
+    )
+    *arrays, source_mask, target_mask = converted
+    families, grads = arrays[:3], (arrays[3:] or None)
+    names = [*_NAMES, *(f"gradients[{i}]" for i in range(len(grads or [])))]
+    namespace = resolve_namespace(
+        *families,
+        *(grads or []),
+        source_mask,
+        target_mask,
+        xp=xp,
+        names=[*names, "source_mask", "target_mask"],
+    )
+
+    if rule not in RULES:
+        _fail(
+            "rule",
+            "be 'rollout' or 'gae'",
+            repr(rule),
+            "'gae' needs gradients=(encoder, decoder, cross).",
+            ValueError,
+        )
+    fused_input = heads is None
+    batch, n_enc, n_dec, n_heads, n_src, n_tgt = _check_shapes(
+        dict(zip(_NAMES, families, strict=True)), fused=fused_input
+    )
+    if rule == "gae":
+        if grads is None:
+            _fail(
+                "gradients",
+                "be given for rule='gae'",
+                "None",
+                "Pass gradients=(encoder_gradients, decoder_gradients, cross_gradients).",
+                ValueError,
+            )
+        if not (isinstance(heads, str) and heads == "mean"):
+            _fail(
+                "heads",
+                "be 'mean' for rule='gae' (Chefer's rule averages gradient-weighted heads)",
+                repr(heads),
+                "Drop `heads`.",
+                ValueError,
+            )
+    elif grads is not None:
+        _fail(
+            "gradients",
+            "be None for rule='rollout'",
+            "three arrays",
+            "Pass rule='gae' to use gradients.",
+            ValueError,
+        )
+    dtype = families[0].dtype
+    for name, array in zip(names, [*families, *(grads or [])], strict=True):
+        check_floating(array, namespace, name=name)
+        if array.dtype != dtype:
+            _fail(
+                name,
+                f"have the dtype of `encoder` ({dtype})",
+                str(array.dtype),
+                "Cast all inputs to one dtype.",
+                TypeError,
+            )
+    if grads is not None:
+        for name, array, grad in zip(_NAMES, families, grads, strict=True):
+            if tuple(grad.shape) != tuple(array.shape):
+                _fail(
+                    f"gradients[{_NAMES.index(name)}]",
+                    f"have the shape of `{name}` {tuple(array.shape)} (same layer order)",
+                    f"shape {tuple(grad.shape)}",
+                    f"Pass cap.{name}_gradients for `{name}`.",
+                    ValueError,
+                )
+    alpha = check_residual(residual)
+    selected_rows = check_rows(rows, n_tgt)
+    used_layers, all_layers = check_layers(layers, n_dec)
+    do_validate = check_validate(validate)
+    if not isinstance(normalize, bool):
+        _fail("normalize", "be True or False", repr(normalize), "Pass a bool.", TypeError)
+    device = array_device(families[0])
+    layout = AttentionLayout(batch, n_enc, n_heads, n_src)
+    named = isinstance(heads, str) or heads is None or callable(heads)
+    # (layers, heads) weights cannot fit both L_e and L_d: only (heads,) is accepted.
+    weights_shape = None if named else getattr(heads, "shape", None) or np.shape(cast("Any", heads))
+    if weights_shape is not None and len(tuple(weights_shape)) != 1:
+        _fail(
+            "heads",
+            f"be per-head weights of shape ({n_heads},) (one set for all families)",
+            f"shape {tuple(weights_shape)}",
+            "Fuse each family yourself and pass heads=None.",
+            ValueError,
+        )
+    spec = check_head_fusion(heads, layout, namespace, dtype=dtype, device=device)
+    _check_mask(source_mask, "source_mask", batch, n_src, namespace)
+    _check_mask(target_mask, "target_mask", batch, n_tgt, namespace)
+
+    xp_ = namespace
+    enc, dec, crs = families
+    dec = dec[..., :used_layers, :, :] if fused_input else dec[..., :used_layers, :, :, :]
+    crs = crs[..., :used_layers, :, :] if fused_input else crs[..., :used_layers, :, :, :]
+    if grads is not None:
+        grads = [
+            grads[0],
+            grads[1][..., :used_layers, :, :, :],
+            grads[2][..., :used_layers, :, :, :],
+        ]
+    extra = 1 if fused_input else 2
+    keeps = [
+        _keep(source_mask, source_mask, extra, xp_),
+        _keep(target_mask, target_mask, extra, xp_),
+        _keep(target_mask, source_mask, extra, xp_),
+    ]
+    row_masks = [source_mask, target_mask, target_mask]
+    valid = [
+        None if m is None else xp_.reshape(m, (*m.shape[:-1], *([1] * extra), m.shape[-1], 1))
+        for m in row_masks
+    ]
+    masked_any = source_mask is not None or target_mask is not None
+    every_head = checks_every_head(do_validate, spec.kind, masked=masked_any) or rule == "gae"
+    inputs = [enc, dec, crs]
+    if do_validate and every_head:
+        for name, array, rows_ok in zip(_NAMES, inputs, valid, strict=True):
+            check_attention_values(array, xp_, valid_rows=rows_ok, name=name)
+    if grads is not None and do_validate:
+        for i, (grad, keep) in enumerate(zip(grads, keeps, strict=True)):
+            _check_gradients_finite(grad, keep, f"gradients[{i}]", xp_)
+    inputs = [_masked(a, k, v, xp_) for a, k, v in zip(inputs, keeps, valid, strict=True)]
+
+    if rule == "gae":
+        assert grads is not None
+        grads = [
+            g if k is None else xp_.where(k, g, xp_.zeros_like(g))
+            for g, k in zip(grads, keeps, strict=True)
+        ]
+        fused = [_gae_heads(a, g, xp_) for a, g in zip(inputs, grads, strict=True)]
+        per_layer = _gae(fused, source_mask, target_mask, xp_)
+    else:
+        if not fused_input:
+            valid = [None if v is None else v[..., 0, :, :] for v in valid]
+        fused = [
+            apply_head_fusion(a, spec, xp_, valid_rows=v)
+            for a, v in zip(inputs, valid, strict=True)
+        ]
+        if do_validate and not every_head:
+            for name, array in zip(_NAMES, fused, strict=True):
+                check_attention_values(array, xp_, valid_rows=None, name=name, heads_fused=True)
+        per_layer = _rollout(fused, alpha, source_mask, target_mask, xp_)
+
+    source, target = per_layer  # (*batch, L_d, T, S) and (*batch, L_d, T, T)
+    if normalize:
+        total = xp_.sum(source, axis=-1, keepdims=True) + xp_.sum(target, axis=-1, keepdims=True)
+        safe = xp_.where(total > 0, total, xp_.ones_like(total))
+        source, target = source / safe, target / safe
+    if not all_layers:
+        source, target = source[..., -1, :, :], target[..., -1, :, :]
+    source = select_rows(source, selected_rows, xp_)
+    target = select_rows(target, selected_rows, xp_)
+    return EncoderDecoderAttribution(boundary.restore(source), boundary.restore(target))
+
+
+def _rollout(
+    fused: list[Any],
+    alpha: float,
+    source_mask: Any | None,
+    target_mask: Any | None,
+    xp: Namespace,
+) -> tuple[Any, Any]:
+    """Compose by the rollout model; return every decoder layer's ``(X^s, X^t)``."""
+    enc, dec, crs = fused
+    valid_keys = None if source_mask is None else source_mask[..., None, None, :]
+    r_enc = rollout_products(
+        enc, residual=alpha, rows=None, all_layers=False, valid_keys=valid_keys, xp=xp
+    )
+    n_tgt, n_src = crs.shape[-2], crs.shape[-1]
+    state_t = _eye(n_tgt, target_mask, crs, xp)
+    state_s = xp.zeros((*crs.shape[:-3], n_tgt, n_src), dtype=crs.dtype, device=array_device(crs))
+    sources, targets = [], []
+    for layer in range(dec.shape[-3]):
+        d = dec[..., layer, :, :]
+        state_t = (1.0 - alpha) * xp.matmul(d, state_t) + alpha * state_t
+        state_s = (1.0 - alpha) * xp.matmul(d, state_s) + alpha * state_s
+        read = xp.matmul(crs[..., layer, :, :], r_enc)
+        state_s = alpha * state_s + (1.0 - alpha) * read
+        state_t = alpha * state_t
+        sources.append(state_s)
+        targets.append(state_t)
+    return xp.stack(sources, axis=-3), xp.stack(targets, axis=-3)
+
+
+def _gae(
+    fused: list[Any], source_mask: Any | None, target_mask: Any | None, xp: Namespace
+) -> tuple[Any, Any]:
+    """Run Chefer's encoder-decoder rules; return every decoder layer's ``(R^ts, R^tt)``."""
+    enc, dec, crs = fused
+    n_tgt, n_src = crs.shape[-2], crs.shape[-1]
+    eye_s = _eye(n_src, source_mask, enc, xp)
+    eye_t = _eye(n_tgt, target_mask, dec, xp)
+    # R = I + R̂ is carried as R̂: gradient-weighted attention is often tiny next to the
+    # identity, and forming R - I in float32 would cancel most of its digits. The
+    # updates R ← R + Ā R read R̂ ← R̂ + Ā + Ā R̂.
+    hat_ss = xp.zeros_like(enc[..., 0, :, :]) + xp.zeros_like(eye_s)
+    for layer in range(enc.shape[-3]):
+        e = enc[..., layer, :, :]
+        hat_ss = hat_ss + e + xp.matmul(e, hat_ss)
+    r_ss_bar = _without_residual(hat_ss, eye_s, xp)
+    hat_tt = xp.zeros_like(dec[..., 0, :, :]) + xp.zeros_like(eye_t)
+    r_ts = xp.zeros_like(crs[..., 0, :, :])
+    sources, targets = [], []
+    for layer in range(dec.shape[-3]):
+        d = dec[..., layer, :, :]
+        hat_tt, r_ts = hat_tt + d + xp.matmul(d, hat_tt), r_ts + xp.matmul(d, r_ts)
+        r_tt_bar = _without_residual(hat_tt, eye_t, xp)
+        term = xp.matmul(xp.matrix_transpose(r_tt_bar), xp.matmul(crs[..., layer, :, :], r_ss_bar))
+        r_ts = r_ts + term
+        sources.append(r_ts)
+        targets.append(eye_t + hat_tt)
+    return xp.stack(sources, axis=-3), xp.stack(targets, axis=-3)
