@@ -263,6 +263,7 @@ def benchmark(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_rollout.py", *session.posargs, env=ENV)
     session.run("python", "benchmarks/bench_flow.py", *session.posargs, env=ENV)
     session.run("python", "benchmarks/bench_evaluate.py", *session.posargs, env=ENV)
+    session.run("python", "benchmarks/bench_gradient_rollout.py", *session.posargs, env=ENV)
 
 
 if __name__ == "__main__":

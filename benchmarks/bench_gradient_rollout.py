@@ -38,7 +38,10 @@ def main() -> None:
     parser.add_argument("--backend", choices=["numpy", "torch"], default="numpy")
     parser.add_argument("--shape", type=int, nargs=4, default=[8, 12, 12, 197])
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    # `nox -s benchmark -- ...` hands the same options to every script.
+    args, unknown = parser.parse_known_args()
+    if unknown:
+        print(f"note: ignoring options this script does not take: {' '.join(unknown)}")
     batch, layers, heads, n = args.shape
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(batch, layers, heads, n, n)).astype(np.float32)
