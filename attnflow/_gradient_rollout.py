@@ -9,6 +9,7 @@ from array_api_compat import device as array_device
 
 from ._namespace import Boundary, enter_boundary, resolve_namespace, values_are_inspectable
 from ._pipeline import select_rows
+from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._rollout import rollout_products
 from ._rows import normalize_rows
 from ._typing import ArrayT, LayerSelection, Namespace, RowSelection
@@ -16,9 +17,12 @@ from ._validation import (
     AttentionLayout,
     check_attention_layout,
     check_attention_values,
+    check_causal,
+    check_exclude,
     check_floating,
     check_layers,
     check_mask,
+    check_receptive_field,
     check_residual,
     check_rows,
     check_validate,
@@ -100,6 +104,8 @@ def gradient_rollout(
     layers: LayerSelection = "last",
     mask: Any | None = None,
     exclude_self: bool = False,
+    receptive_field: bool = False,
+    exclude: int | Sequence[int] | None = None,
     validate: bool | Literal["heads"] = True,
     xp: Namespace | None = None,
 ) -> ArrayT:
@@ -165,6 +171,17 @@ def gradient_rollout(
         Set each output row's entry for its own position to zero (before `normalize`).
         With ``rows=0`` this is the [CLS] row without [CLS] that Chefer et al. report,
         ``R[0, 1:]``, at its token positions (the entry at 0 is zero).
+    receptive_field : bool, default False
+        For decoders (causal attention; Abnar & Zuidema 2020, Conclusion): divide by what
+        the same rule gives to uniform causal attention with unit gradients (every weight
+        equally relevant; same mask, residual, rows and layers), as for
+        :func:`attnflow.rollout`, then renormalise rows; 0 outside each position's
+        receptive field. Non-causal attention is refused (values permitting). Rows then
+        sum to one whatever `normalize` says.
+    exclude : int or sequence of int, optional
+        Input positions left out of the attribution (attention sinks such as BOS; negative
+        from the end), rows renormalised over the remaining real tokens, as for
+        :func:`attnflow.rollout`.
     validate : bool or "heads", default True
         Check the values first: attention finite, non-negative, rows summing to one
         (every head); gradients finite. Skipped where values cannot be read cheaply
@@ -275,6 +292,8 @@ def gradient_rollout(
         raise TypeError(msg)
     alpha = check_residual(residual)
     selected_rows = check_rows(rows, layout.n_tokens)
+    normalise_field = check_receptive_field(receptive_field)
+    excluded = check_exclude(exclude, layout.n_tokens)
     used_layers, all_layers = check_layers(layers, layout.n_layers)
     do_validate = check_validate(validate)
     check_mask(mask, layout, namespace)
@@ -300,6 +319,13 @@ def gradient_rollout(
     if do_validate:
         check_attention_values(weights, namespace, valid_rows=valid_rows)
         _check_gradients_finite(grads, keep, namespace)
+        if normalise_field:
+            fused_attention = namespace.mean(weights, axis=-3)
+            if keep is not None:
+                fused_attention = namespace.where(
+                    keep[..., 0, :, :], fused_attention, namespace.zeros_like(fused_attention)
+                )
+            check_causal(fused_attention, namespace)
 
     zeros = namespace.zeros((), dtype=weights.dtype, device=array_device(weights))
     if mask is not None:
@@ -312,20 +338,20 @@ def gradient_rollout(
     if mask is not None:
         valid_rows, valid_keys = valid_rows[..., 0, :, :], valid_keys[..., 0, :, :]
 
-    if rule == "weighted":
-        fused = normalize_rows(fused, namespace, valid_rows=valid_rows)
-        result = rollout_products(
-            fused,
-            residual=alpha,
-            rows=selected_rows,
-            all_layers=all_layers,
-            valid_keys=valid_keys,
-            xp=namespace,
-        )
-    else:
+    def compose(fused: Any) -> Any:
+        if rule == "weighted":
+            fused = normalize_rows(fused, namespace, valid_rows=valid_rows)
+            return rollout_products(
+                fused,
+                residual=alpha,
+                rows=selected_rows,
+                all_layers=all_layers,
+                valid_keys=valid_keys,
+                xp=namespace,
+            )
         # R_l = (I + Ā_l) R_{l-1} = 2^l · ((Ā_l + I)/2) ··· ((Ā_1 + I)/2): rollout with
         # α = 0.5, scaled by a power of two (exact in floating point).
-        result = rollout_products(
+        rolled = rollout_products(
             fused,
             residual=0.5,
             rows=selected_rows,
@@ -333,10 +359,26 @@ def gradient_rollout(
             valid_keys=valid_keys,
             xp=namespace,
         )
-        result = _scale_by_depth(result, used_layers, all_layers, selected_rows, namespace)
+        return _scale_by_depth(rolled, used_layers, all_layers, selected_rows, namespace)
 
+    result = compose(fused)
     if exclude_self:
         result = _drop_self(result, selected_rows, all_layers, layout.n_tokens, namespace)
+    if normalise_field or excluded:
+        baseline = None
+        if normalise_field:
+            # The same rule on uniform causal attention with unit gradients (every weight
+            # equally relevant): what composing causal layers alone gives each token.
+            uniform = uniform_causal_attention(
+                layout.n_tokens,
+                valid_keys=valid_keys,
+                dtype=fused.dtype,
+                device=array_device(fused),
+                xp=namespace,
+            )
+            baseline = compose(namespace.broadcast_to(uniform, tuple(fused.shape)))
+        result = normalize_attribution(result, baseline=baseline, exclude=excluded, xp=namespace)
+        return boundary.restore(result)  # type: ignore[no-any-return]
     if normalize:
         sums = namespace.sum(result, axis=-1, keepdims=True)
         result = result / namespace.where(sums > 0, sums, namespace.ones_like(sums))

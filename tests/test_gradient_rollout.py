@@ -7,7 +7,13 @@ from typing import Any
 import numpy as np
 import pytest
 from backends import Variant, tolerance
-from oracle import oracle_gradient_rollout, oracle_rollout, softmax_attention
+from oracle import (
+    oracle_decoder_normalise,
+    oracle_gradient_rollout,
+    oracle_rollout,
+    oracle_uniform_causal,
+    softmax_attention,
+)
 
 import attnflow
 
@@ -331,3 +337,100 @@ def test_mixed_libraries_are_refused(data: tuple[np.ndarray, np.ndarray]) -> Non
     weights, gradients = data
     with pytest.raises(TypeError, match="all arrays must come from one array library"):
         attnflow.gradient_rollout(weights, torch.asarray(gradients))
+
+
+# -- decoders: receptive field and attention sinks ------------------------------------------
+def _causal(data: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """The fixture's attention made causal (rows renormalised over keys 0..i)."""
+    weights = np.tril(data[0])
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+DECODER_CASES: dict[str, dict[str, Any]] = {
+    "gae,receptive_field": {"receptive_field": True},
+    "gae,rows=-1,layers=all,receptive_field,exclude=0": {
+        "rows": -1,
+        "layers": "all",
+        "receptive_field": True,
+        "exclude": 0,
+    },
+    "weighted,rows=[2,6],receptive_field": {
+        "rule": "weighted",
+        "rows": [2, 6],
+        "receptive_field": True,
+    },
+    "gae,rows=[0,3],exclude=[0,-1]": {"rows": [0, 3], "exclude": [0, -1]},
+}
+
+
+@pytest.mark.parametrize("case", list(DECODER_CASES))
+@pytest.mark.parametrize("masked", [False, True], ids=["full", "padded"])
+def test_receptive_field_and_exclude_match_oracle(
+    backend: Variant,
+    dtype_name: str,
+    data: tuple[np.ndarray, np.ndarray],
+    case: str,
+    masked: bool,
+) -> None:
+    # The definition: the same rule on uniform causal attention with unit gradients is the
+    # baseline, R / B (0 where B = 0), excluded columns zero, rows renormalised.
+    options = dict(DECODER_CASES[case])
+    receptive_field = bool(options.pop("receptive_field", False))
+    exclude = options.pop("exclude", None)
+    weights = _causal(data).astype(dtype_name)
+    gradients = data[1].astype(dtype_name)
+    mask = np.arange(SHAPE[-1])[None, :] < np.array(LENGTHS)[:, None] if masked else None
+    if mask is not None:
+        options["mask"] = mask
+    result = _run(
+        backend,
+        backend.asarray(weights),
+        backend.asarray(gradients),
+        **{
+            **options,
+            "mask": None if mask is None else backend.asarray(mask),
+            "receptive_field": receptive_field,
+            "exclude": exclude,
+        },
+    )
+    values = backend.check(result, dtype_name=dtype_name, shape=_expected_shape(options))
+    attribution = oracle_gradient_rollout(weights, gradients, **options)
+    baseline = None
+    if receptive_field:
+        uniform = oracle_uniform_causal(SHAPE)
+        baseline = oracle_gradient_rollout(uniform, np.ones(SHAPE), **options)
+    dropped = [] if exclude is None else [exclude] if isinstance(exclude, int) else exclude
+    expected = oracle_decoder_normalise(attribution, baseline, dropped)
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("rule", ["gae", "weighted"])
+def test_receptive_field_of_uniform_causal_attention_is_uniform(rule: str) -> None:
+    # Uniform causal attention with unit gradients is the baseline itself: every row ends
+    # uniform over the real keys 0..i (its receptive field), at every layer.
+    mask = np.arange(SHAPE[-1])[None, :] < np.array(LENGTHS)[:, None]
+    uniform = oracle_uniform_causal(SHAPE)
+    result = attnflow.gradient_rollout(
+        uniform, np.ones(SHAPE), rule=rule, mask=mask, layers="all", receptive_field=True
+    )
+    for b, length in enumerate(LENGTHS):
+        for i in range(SHAPE[-1]):
+            expected = np.zeros(SHAPE[-1])
+            if i < length:
+                expected[: i + 1] = 1.0 / (i + 1)
+            np.testing.assert_allclose(
+                result[b, :, i], np.broadcast_to(expected, (4, 7)), atol=1e-12
+            )
+    # ... while without it the composition favours the first tokens.
+    plain = attnflow.gradient_rollout(uniform, np.ones(SHAPE), rule=rule, rows=-1, normalize=True)
+    assert plain[0, 0] > 1.5 / SHAPE[-1]
+
+
+def test_receptive_field_refuses_encoder_attention(data: tuple[np.ndarray, np.ndarray]) -> None:
+    with pytest.raises(ValueError, match="is for causal"):
+        attnflow.gradient_rollout(*data, receptive_field=True)
+    with pytest.raises(TypeError, match="receptive_field"):
+        attnflow.gradient_rollout(*data, receptive_field=1)  # type: ignore[arg-type]
+    with pytest.raises(IndexError, match="`exclude` must index"):
+        attnflow.gradient_rollout(*data, exclude=7)
