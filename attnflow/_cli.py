@@ -17,6 +17,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 import numpy as np
@@ -597,7 +598,7 @@ def _run_method(args: argparse.Namespace, *, method: str) -> int:
 
     import attnflow
 
-    from ._arrayio import ArrayFileError, read_array, write_npz
+    from ._arrayio import ArrayFileError, read_array
 
     try:
         rows = _parse_rows(args.rows)
@@ -607,27 +608,12 @@ def _run_method(args: argparse.Namespace, *, method: str) -> int:
         if method != "raw":
             pruning |= _decoder_options(args)
         source = Path(args.input)
-        output = (
-            Path(args.output)
-            if args.output
-            else source.with_name(f"{source.name.split('.')[0]}.{method}.npz")
-        )
-        if output.exists() and not args.force:
-            msg = f"{output} exists; pass --force to replace it"
-            raise ArrayFileError(msg)
+        output = _output_path(source, args.output, method, force=args.force)
         attentions = read_array(source, key=args.key, default="attentions")
         mask = None
         if args.mask:
             mask = read_array(args.mask, key=args.mask_key, default="mask")
-        tokens = None
-        if args.tokens:
-            tokens = Path(args.tokens).read_text(encoding="utf-8").splitlines()
-            if attentions.ndim and len(tokens) != attentions.shape[-1]:
-                msg = (
-                    f"--tokens has {len(tokens)} lines but the attention has "
-                    f"{attentions.shape[-1]} tokens"
-                )
-                raise UsageError(msg)
+        tokens = _read_tokens(args.tokens, attentions, option="--tokens")
     except (ArrayFileError, OSError) as error:
         raise UsageError(str(error)) from None
 
@@ -656,16 +642,51 @@ def _run_method(args: argparse.Namespace, *, method: str) -> int:
     else:
         result = attnflow.raw(attentions, **options)  # type: ignore[arg-type]
     values = np.asarray(result)
+    written = _write_output(output, {method: values}, force=args.force)
+    print(f"{method}: {source} -> {written}, shape {tuple(values.shape)}, dtype {values.dtype}")
+    print("\n".join(_first_row_table(values, tokens, top=args.top)))
+    return 0
+
+
+def _output_path(source: Path, output: str | None, name: str, *, force: bool) -> Path:
+    """``-o``, else ``INPUT_STEM.NAME.npz`` beside the input; an existing one needs --force."""
+    from ._arrayio import ArrayFileError
+
+    path = Path(output) if output else source.with_name(f"{source.name.split('.')[0]}.{name}.npz")
+    if path.exists() and not force:
+        msg = f"{path} exists; pass --force to replace it"
+        raise ArrayFileError(msg)
+    return path
+
+
+def _read_tokens(path: str | None, values: NDArray[Any], *, option: str) -> list[str] | None:
+    """Read a token file (one per line) and check it labels the last axis of `values`."""
+    if not path:
+        return None
+    tokens = Path(path).read_text(encoding="utf-8").splitlines()
+    if values.ndim and len(tokens) != values.shape[-1]:
+        msg = f"{option} has {len(tokens)} lines but the attention has {values.shape[-1]} tokens"
+        raise UsageError(msg)
+    return tokens
+
+
+def _write_output(output: Path, arrays: dict[str, NDArray[Any]], *, force: bool) -> Path:
+    """Write the result's ``.npz`` atomically; a refused write is a usage error."""
+    from ._arrayio import ArrayFileError, write_npz
+
     try:
-        written = write_npz(output, {method: values}, force=args.force)
+        return write_npz(output, arrays, force=force)
     except ArrayFileError as error:
         raise UsageError(str(error)) from None
 
-    print(f"{method}: {source} -> {written}, shape {tuple(values.shape)}, dtype {values.dtype}")
+
+def _first_row_table(
+    values: NDArray[np.floating], tokens: Sequence[str] | None, *, top: int, what: str = "tokens"
+) -> list[str]:
+    """Lay out the top-tokens table of the first row of `values` (first sequence)."""
     first = values.reshape(-1, values.shape[-1])[0]
     where = "the first row of the first sequence" if values.ndim > 1 else "the requested row"
-    print("\n".join(_top_table(first, tokens, top=args.top, title=f"top tokens of {where}:")))
-    return 0
+    return _top_table(first, tokens, top=top, title=f"top {what} of {where}:")
 
 
 def _has_module(name: str) -> bool:
@@ -678,6 +699,12 @@ def _evaluate() -> Any:
     from . import _cli_evaluate
 
     return _cli_evaluate
+
+
+def _variants() -> Any:
+    from . import _cli_variants
+
+    return _cli_variants
 
 
 def _method_command(method: str, help_line: str, description: str) -> Command:
@@ -832,6 +859,30 @@ COMMANDS: tuple[Command, ...] = (
         "head-fused raw attention of attention weights in a file",
         "The head-fused raw attention, the paper's baseline; writes an .npz and prints the "
         "top input tokens. Options mirror attnflow.raw.",
+    ),
+    Command(
+        name="gradient-rollout",
+        help="gradient-weighted rollout (Chefer's GAE or weighted) of attention and gradients",
+        description=(
+            "Gradient-weighted rollout (Chefer et al. 2021) of attention weights and their "
+            "gradients dy/dA, from two files or from one .npz/.safetensors holding "
+            "'attentions' and 'gradients'; writes an .npz and prints the top input tokens. "
+            "Options mirror attnflow.gradient_rollout."
+        ),
+        configure=lambda parser: _variants().configure_gradient_rollout(parser),
+        run=lambda args: _variants().run_gradient_rollout(args),
+    ),
+    Command(
+        name="encoder-decoder",
+        help="encoder-decoder rollout: decoder positions over source and target tokens",
+        description=(
+            "Encoder-decoder rollout (or Chefer's encoder-decoder GAE rules) of the encoder, "
+            "decoder and cross attentions in one .npz/.safetensors file; writes an .npz "
+            "holding 'source' and 'target' and prints the top tokens of each. Options mirror "
+            "attnflow.encoder_decoder_rollout."
+        ),
+        configure=lambda parser: _variants().configure_encoder_decoder(parser),
+        run=lambda args: _variants().run_encoder_decoder(args),
     ),
     Command(
         name="evaluate",

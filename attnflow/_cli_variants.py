@@ -1,0 +1,289 @@
+"""``attnflow gradient-rollout`` and ``attnflow encoder-decoder``: the variants' commands.
+
+Imported by :mod:`attnflow._cli` when one of these commands runs or is configured; the
+input reading, output naming, atomic writing and the top-tokens table are ``_cli``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from ._arrayio import ArrayFileError, read_array, read_arrays
+from ._cli import (
+    UsageError,
+    _decoder_options,
+    _first_row_table,
+    _output_path,
+    _parse_heads,
+    _parse_layers,
+    _parse_rows,
+    _read_tokens,
+    _write_output,
+)
+
+__all__ = [
+    "configure_encoder_decoder",
+    "configure_gradient_rollout",
+    "run_encoder_decoder",
+    "run_gradient_rollout",
+]
+
+_ENCODER_DECODER_ARRAYS = ("encoder", "decoder", "cross")
+_ENCODER_DECODER_GRADIENTS = tuple(f"{name}_gradients" for name in _ENCODER_DECODER_ARRAYS)
+
+
+def _shared_options(parser: argparse.ArgumentParser, *, name: str) -> None:
+    parser.add_argument(
+        "-o", "--output", help=f"the .npz to write (default: INPUT_STEM.{name}.npz)"
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing output")
+    parser.add_argument(
+        "--rows", default="all", help="output positions: 'all', an integer or a list (0,4)"
+    )
+    parser.add_argument("--layers", default="last", help="'last', 'all' or a layer index")
+    parser.add_argument(
+        "--residual",
+        type=float,
+        default=None,
+        help="weight of the identity (default 0.5); only for --rule "
+        + ("weighted" if name == "gradient_rollout" else "rollout"),
+    )
+    parser.add_argument(
+        "--normalize", action="store_true", help="divide each output row by its sum"
+    )
+    parser.add_argument(
+        "--top", type=int, default=10, help="tokens to show in the table (default 10)"
+    )
+    parser.add_argument(
+        "--no-validate", action="store_true", help="skip the checks on the attention values"
+    )
+
+
+def _check_residual_rule(args: argparse.Namespace, *, applies_to: str) -> dict[str, float]:
+    """``--residual``: refused with a rule that ignores it, checked in [0, 1]."""
+    from ._validation import check_residual
+
+    if args.residual is None:
+        return {}
+    if args.rule != applies_to:
+        msg = (
+            f"--residual applies to --rule {applies_to} only (--rule {args.rule} adds the "
+            f"identity itself); got --residual {args.residual} with --rule {args.rule}"
+        )
+        raise UsageError(msg)
+    try:
+        return {"residual": check_residual(args.residual)}
+    except (TypeError, ValueError):
+        msg = f"--residual must be a number in [0, 1]; got {args.residual}"
+        raise UsageError(msg) from None
+
+
+def _named(arrays: dict[str, np.ndarray], name: str, path: Path, why: str) -> np.ndarray:
+    """Return the array `name` of a file; refuse its absence, listing what it holds."""
+    if name not in arrays:
+        msg = f"{path} has no array named {name!r} ({why}); it holds {sorted(arrays)}"
+        raise ArrayFileError(msg)
+    return arrays[name]
+
+
+# -- attnflow gradient-rollout ------------------------------------------------------------
+
+
+def configure_gradient_rollout(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``attnflow gradient-rollout``."""
+    parser.add_argument(
+        "input",
+        help="attention weights (*batch, layers, heads, n, n): .npy, .npz or .safetensors; "
+        "without --gradients an .npz/.safetensors holding arrays 'attentions' and 'gradients'",
+    )
+    parser.add_argument(
+        "--gradients",
+        help="the gradients dy/dA, shaped like the attentions, same layer order (.npy, .npz "
+        "or .safetensors); default: the array 'gradients' of INPUT",
+    )
+    parser.add_argument("--key", help="the attention array to read (default 'attentions')")
+    parser.add_argument("--gradients-key", help="the gradient array to read (default 'gradients')")
+    parser.add_argument(
+        "--rule",
+        choices=("gae", "weighted"),
+        default="gae",
+        help="gae: Chefer et al.'s additive rule (default); weighted: rollout of the "
+        "gradient-weighted attention",
+    )
+    _shared_options(parser, name="gradient_rollout")
+    parser.add_argument(
+        "--exclude-self",
+        action="store_true",
+        help="zero each row's own position (with --rows 0: Chefer's [CLS] row without [CLS])",
+    )
+    parser.add_argument(
+        "--receptive-field",
+        action="store_true",
+        help="decoders: divide by the rule's result on uniform causal attention with unit "
+        "gradients, then renormalise rows",
+    )
+    parser.add_argument(
+        "--exclude",
+        default=None,
+        help="input positions left out of the attribution, rows renormalised: an integer "
+        "or a list (0 for a BOS attention sink)",
+    )
+    parser.add_argument("--mask", help="boolean padding mask (*batch, n): .npy/.npz/.safetensors")
+    parser.add_argument("--mask-key", help="the array to read from the mask file")
+    parser.add_argument("--tokens", help="a text file with one token per line, for the table")
+
+
+def run_gradient_rollout(args: argparse.Namespace) -> int:
+    """Read attentions and gradients, run :func:`attnflow.gradient_rollout`, write, report."""
+    import attnflow
+
+    method = "gradient_rollout"
+    try:
+        rows = _parse_rows(args.rows)
+        layers = _parse_layers(args.layers)
+        options: dict[str, object] = _decoder_options(args)
+        options |= _check_residual_rule(args, applies_to="weighted")
+        source = Path(args.input)
+        if args.gradients is None and source.suffix.lower() == ".npy":
+            msg = (
+                f"{source} is an .npy file, which holds one array: pass --gradients GRADS, or "
+                "an .npz/.safetensors holding 'attentions' and 'gradients'"
+            )
+            raise UsageError(msg)
+        output = _output_path(source, args.output, method, force=args.force)
+        if args.gradients is None:
+            arrays = read_arrays(source)
+            key = args.key or "attentions"
+            attentions = _named(arrays, key, source, "the attention weights")
+            gradients = _named(arrays, args.gradients_key or "gradients", source, "dy/dA")
+        else:
+            attentions = read_array(source, key=args.key, default="attentions")
+            gradients = read_array(args.gradients, key=args.gradients_key, default="gradients")
+        mask = None
+        if args.mask:
+            mask = read_array(args.mask, key=args.mask_key, default="mask")
+        tokens = _read_tokens(args.tokens, attentions, option="--tokens")
+    except (ArrayFileError, OSError) as error:
+        raise UsageError(str(error)) from None
+
+    result = attnflow.gradient_rollout(
+        attentions,
+        gradients,
+        rule=args.rule,
+        normalize=args.normalize,
+        rows=rows,
+        layers=layers,  # type: ignore[arg-type]
+        mask=mask,
+        exclude_self=args.exclude_self,
+        validate=not args.no_validate,
+        **options,  # type: ignore[arg-type]
+    )
+    values = np.asarray(result)
+    written = _write_output(output, {method: values}, force=args.force)
+    print(f"{method}: {source} -> {written}, shape {tuple(values.shape)}, dtype {values.dtype}")
+    print("\n".join(_first_row_table(values, tokens, top=args.top)))
+    return 0
+
+
+# -- attnflow encoder-decoder -------------------------------------------------------------
+
+
+def configure_encoder_decoder(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``attnflow encoder-decoder``."""
+    parser.add_argument(
+        "input",
+        help="an .npz or .safetensors holding 'encoder' (*batch, L_e, heads, S, S), 'decoder' "
+        "(*batch, L_d, heads, T, T) and 'cross' (*batch, L_d, heads, T, S); optionally "
+        "'source_mask', 'target_mask' and, for --rule gae, 'encoder_gradients', "
+        "'decoder_gradients', 'cross_gradients'",
+    )
+    parser.add_argument(
+        "--rule",
+        choices=("rollout", "gae"),
+        default="rollout",
+        help="rollout: residual in every sub-layer (default); gae: Chefer et al.'s "
+        "encoder-decoder rules (needs the gradients)",
+    )
+    _shared_options(parser, name="encoder_decoder")
+    parser.add_argument(
+        "--heads",
+        default="mean",
+        help="'mean', 'max', 'min', 'none' (heads already fused) or weights (h1,h2,...); "
+        "--rule gae needs 'mean'",
+    )
+    parser.add_argument("--source-tokens", help="a text file with one source token per line")
+    parser.add_argument("--target-tokens", help="a text file with one target token per line")
+
+
+def run_encoder_decoder(args: argparse.Namespace) -> int:
+    """Read the three attention families, run :func:`attnflow.encoder_decoder_rollout`."""
+    import attnflow
+
+    try:
+        rows = _parse_rows(args.rows)
+        layers = _parse_layers(args.layers)
+        if args.heads == "each":
+            msg = (
+                "--heads must be 'mean', 'max', 'min', 'none' or weights for "
+                "'attnflow encoder-decoder' (no per-head maps); got 'each'"
+            )
+            raise UsageError(msg)
+        heads = _parse_heads(args.heads, method="encoder-decoder")
+        if args.rule == "gae" and heads != "mean":
+            msg = (
+                "--heads must be 'mean' with --rule gae (Chefer's rule averages the "
+                f"gradient-weighted heads); got --heads {args.heads}"
+            )
+            raise UsageError(msg)
+        options: dict[str, object] = {**_check_residual_rule(args, applies_to="rollout")}
+        source = Path(args.input)
+        if source.suffix.lower() not in {".npz", ".safetensors"}:
+            msg = (
+                "INPUT must be an .npz or .safetensors file holding 'encoder', 'decoder' and "
+                f"'cross'; got {source.name!r}"
+            )
+            raise UsageError(msg)
+        output = _output_path(source, args.output, "encoder_decoder", force=args.force)
+        arrays = read_arrays(source)
+        encoder, decoder, cross = (
+            _named(arrays, name, source, "needed by every rule") for name in _ENCODER_DECODER_ARRAYS
+        )
+        if args.rule == "gae":
+            options["gradients"] = tuple(
+                _named(arrays, name, source, "needed by --rule gae")
+                for name in _ENCODER_DECODER_GRADIENTS
+            )
+        source_tokens = _read_tokens(args.source_tokens, encoder, option="--source-tokens")
+        target_tokens = _read_tokens(args.target_tokens, decoder, option="--target-tokens")
+    except (ArrayFileError, OSError) as error:
+        raise UsageError(str(error)) from None
+
+    result = attnflow.encoder_decoder_rollout(
+        encoder,
+        decoder,
+        cross,
+        rule=args.rule,
+        heads=heads,
+        rows=rows,
+        layers=layers,  # type: ignore[arg-type]
+        source_mask=arrays.get("source_mask"),
+        target_mask=arrays.get("target_mask"),
+        normalize=args.normalize,
+        validate=not args.no_validate,
+        **options,  # type: ignore[arg-type]
+    )
+    values = {"source": np.asarray(result.source), "target": np.asarray(result.target)}
+    written = _write_output(output, values, force=args.force)
+    shapes = ", ".join(f"{name} {tuple(value.shape)}" for name, value in values.items())
+    print(f"encoder-decoder: {source} -> {written}, {shapes}, dtype {values['source'].dtype}")
+    top = args.top
+    print(
+        "\n".join(_first_row_table(values["source"], source_tokens, top=top, what="source tokens"))
+    )
+    print(
+        "\n".join(_first_row_table(values["target"], target_tokens, top=top, what="target tokens"))
+    )
+    return 0
