@@ -2,7 +2,7 @@
 """Task runner: the cross-backend test matrix, property tests, lint, types, docs, build.
 
 ``nox`` runs every default session (what CI runs); ``nox -s tests`` the backend matrix,
-``nox -s "tests(torch)"`` one cell, ``nox -s benchmark`` the benchmarks. Sessions use
+``nox -s "tests(backend='torch')"`` one cell, ``nox -s benchmark`` the benchmarks. Sessions use
 pip-based virtual environments (the CPU build of PyTorch is visible to pip here).
 """
 
