@@ -12,6 +12,7 @@ Importing attnflow imports no deep-learning framework and no plotting library.
 from __future__ import annotations
 
 from ._encoder_decoder import EncoderDecoderAttribution, encoder_decoder_rollout
+from ._encoder_decoder_flow import encoder_decoder_flow
 from ._flow import FlowCost, flow, flow_cost
 from ._gradient_rollout import gradient_rollout
 from ._heads import fuse_heads
@@ -41,6 +42,7 @@ __all__ = [
     "blank_out",
     "comprehensiveness",
     "deletion",
+    "encoder_decoder_flow",
     "encoder_decoder_rollout",
     "faithfulness",
     "flow",

@@ -16,6 +16,7 @@ from ._cli import (
     UsageError,
     _decoder_options,
     _first_row_table,
+    _has_module,
     _output_path,
     _parse_heads,
     _parse_layers,
@@ -62,15 +63,18 @@ def _shared_options(parser: argparse.ArgumentParser, *, name: str) -> None:
     )
 
 
-def _check_residual_rule(args: argparse.Namespace, *, applies_to: str) -> dict[str, float]:
+def _check_residual_rule(
+    args: argparse.Namespace, *, applies_to: tuple[str, ...]
+) -> dict[str, float]:
     """``--residual``: refused with a rule that ignores it, checked in [0, 1]."""
     from ._validation import check_residual
 
     if args.residual is None:
         return {}
-    if args.rule != applies_to:
+    if args.rule not in applies_to:
+        rules = " or ".join(f"--rule {rule}" for rule in applies_to)
         msg = (
-            f"--residual applies to --rule {applies_to} only (--rule {args.rule} adds the "
+            f"--residual applies to {rules} only (--rule {args.rule} adds the "
             f"identity itself); got --residual {args.residual} with --rule {args.rule}"
         )
         raise UsageError(msg)
@@ -145,7 +149,7 @@ def run_gradient_rollout(args: argparse.Namespace) -> int:
         rows = _parse_rows(args.rows)
         layers = _parse_layers(args.layers)
         options: dict[str, object] = _decoder_options(args)
-        options |= _check_residual_rule(args, applies_to="weighted")
+        options |= _check_residual_rule(args, applies_to=("weighted",))
         source = Path(args.input)
         if args.gradients is None and source.suffix.lower() == ".npy":
             msg = (
@@ -202,10 +206,19 @@ def configure_encoder_decoder(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rule",
-        choices=("rollout", "gae"),
+        choices=("rollout", "gae", "flow"),
         default="rollout",
         help="rollout: residual in every sub-layer (default); gae: Chefer et al.'s "
-        "encoder-decoder rules (needs the gradients)",
+        "encoder-decoder rules (needs the gradients); flow: max-flow on the rollout "
+        "model's graph (rows normalised unless --raw-values)",
+    )
+    parser.add_argument(
+        "--raw-values",
+        action="store_true",
+        help="--rule flow: raw max-flow values, rows not normalised",
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="--rule flow: hide the progress bar"
     )
     _shared_options(parser, name="encoder_decoder")
     parser.add_argument(
@@ -219,7 +232,7 @@ def configure_encoder_decoder(parser: argparse.ArgumentParser) -> None:
 
 
 def run_encoder_decoder(args: argparse.Namespace) -> int:
-    """Read the three attention families, run :func:`attnflow.encoder_decoder_rollout`."""
+    """Read the three attention families and compose them (rollout, GAE or flow)."""
     import attnflow
 
     try:
@@ -238,7 +251,26 @@ def run_encoder_decoder(args: argparse.Namespace) -> int:
                 f"gradient-weighted heads); got --heads {args.heads}"
             )
             raise UsageError(msg)
-        options: dict[str, object] = {**_check_residual_rule(args, applies_to="rollout")}
+        options: dict[str, object] = {**_check_residual_rule(args, applies_to=("rollout", "flow"))}
+        if args.rule == "flow":
+            if args.normalize:
+                msg = (
+                    "--normalize applies to --rule rollout or gae (--rule flow normalises "
+                    "rows unless --raw-values); got --normalize with --rule flow"
+                )
+                raise UsageError(msg)
+            options["normalize"] = not args.raw_values
+            options["progress"] = not args.no_progress and _has_module("tqdm")
+        else:
+            for flag, given in (
+                ("--raw-values", args.raw_values),
+                ("--no-progress", args.no_progress),
+            ):
+                if given:
+                    msg = f"{flag} applies to --rule flow only; got {flag} with --rule {args.rule}"
+                    raise UsageError(msg)
+            options["rule"] = args.rule
+            options["normalize"] = args.normalize
         source = Path(args.input)
         if source.suffix.lower() not in {".npz", ".safetensors"}:
             msg = (
@@ -261,17 +293,18 @@ def run_encoder_decoder(args: argparse.Namespace) -> int:
     except (ArrayFileError, OSError) as error:
         raise UsageError(str(error)) from None
 
-    result = attnflow.encoder_decoder_rollout(
+    compose = (
+        attnflow.encoder_decoder_flow if args.rule == "flow" else attnflow.encoder_decoder_rollout
+    )
+    result = compose(
         encoder,
         decoder,
         cross,
-        rule=args.rule,
         heads=heads,
         rows=rows,
         layers=layers,  # type: ignore[arg-type]
         source_mask=arrays.get("source_mask"),
         target_mask=arrays.get("target_mask"),
-        normalize=args.normalize,
         validate=not args.no_validate,
         **options,  # type: ignore[arg-type]
     )

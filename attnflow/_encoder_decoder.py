@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, NoReturn, cast
 
 import numpy as np
 from array_api_compat import device as array_device
 
 from ._heads import apply_head_fusion
-from ._namespace import enter_boundary, resolve_namespace, values_are_inspectable
+from ._namespace import Boundary, enter_boundary, resolve_namespace, values_are_inspectable
 from ._pipeline import select_rows
 from ._rollout import rollout_products
 from ._rows import normalize_rows
@@ -450,6 +451,78 @@ def encoder_decoder_rollout(
     >>> (source.sum(-1) + target.sum(-1)).tolist()
     [1.0, 1.0]
     """
+    prepared = prepare_encoder_decoder(
+        encoder,
+        decoder,
+        cross,
+        rule=rule,
+        gradients=gradients,
+        heads=heads,
+        residual=residual,
+        rows=rows,
+        layers=layers,
+        source_mask=source_mask,
+        target_mask=target_mask,
+        normalize=normalize,
+        validate=validate,
+        xp=xp,
+    )
+    xp_ = prepared.xp
+    if rule == "gae":
+        per_layer = _gae(prepared.fused, prepared.source_mask, prepared.target_mask, xp_)
+    else:
+        per_layer = _rollout(
+            prepared.fused, prepared.alpha, prepared.source_mask, prepared.target_mask, xp_
+        )
+    source, target = per_layer  # (*batch, L_d, T, S) and (*batch, L_d, T, T)
+    if normalize:
+        total = xp_.sum(source, axis=-1, keepdims=True) + xp_.sum(target, axis=-1, keepdims=True)
+        safe = xp_.where(total > 0, total, xp_.ones_like(total))
+        source, target = source / safe, target / safe
+    if not prepared.all_layers:
+        source, target = source[..., -1, :, :], target[..., -1, :, :]
+    source = select_rows(source, prepared.rows, xp_)
+    target = select_rows(target, prepared.rows, xp_)
+    return EncoderDecoderAttribution(
+        prepared.boundary.restore(source), prepared.boundary.restore(target)
+    )
+
+
+@dataclass(frozen=True)
+class PreparedEncoderDecoder:
+    """The three attention families of one call, checked, masked and head-fused."""
+
+    fused: list[Any]
+    """``[encoder, decoder, cross]``, ``(*batch, L, q, k)``: head-fused (the rollout
+    model) or gradient-weighted (``rule="gae"``); padded queries and keys zeroed, rows
+    renormalised over the real keys; decoder layers above the reported one dropped."""
+    alpha: float
+    source_mask: Any | None
+    target_mask: Any | None
+    rows: int | tuple[int, ...] | None
+    all_layers: bool
+    boundary: Boundary
+    xp: Namespace
+
+
+def prepare_encoder_decoder(
+    encoder: Array,
+    decoder: Array,
+    cross: Array,
+    *,
+    rule: str,
+    gradients: object,
+    heads: HeadFusion,
+    residual: float,
+    rows: RowSelection,
+    layers: LayerSelection,
+    source_mask: Any | None,
+    target_mask: Any | None,
+    normalize: object,
+    validate: bool | Literal["heads"],
+    xp: Namespace | None,
+) -> PreparedEncoderDecoder:
+    """Check every argument (before any work), mask and fuse the three families."""
     families = [encoder, decoder, cross]
     grads = None
     given: object = gradients  # checked at run time: callers may not be type-checked
@@ -604,7 +677,6 @@ def encoder_decoder_rollout(
             for g, k in zip(grads, keeps, strict=True)
         ]
         fused = [_gae_heads(a, g, xp_) for a, g in zip(inputs, grads, strict=True)]
-        per_layer = _gae(fused, source_mask, target_mask, xp_)
     else:
         if not fused_input:
             valid = [None if v is None else v[..., 0, :, :] for v in valid]
@@ -615,18 +687,16 @@ def encoder_decoder_rollout(
         if do_validate and not every_head:
             for name, array in zip(_NAMES, fused, strict=True):
                 check_attention_values(array, xp_, valid_rows=None, name=name, heads_fused=True)
-        per_layer = _rollout(fused, alpha, source_mask, target_mask, xp_)
-
-    source, target = per_layer  # (*batch, L_d, T, S) and (*batch, L_d, T, T)
-    if normalize:
-        total = xp_.sum(source, axis=-1, keepdims=True) + xp_.sum(target, axis=-1, keepdims=True)
-        safe = xp_.where(total > 0, total, xp_.ones_like(total))
-        source, target = source / safe, target / safe
-    if not all_layers:
-        source, target = source[..., -1, :, :], target[..., -1, :, :]
-    source = select_rows(source, selected_rows, xp_)
-    target = select_rows(target, selected_rows, xp_)
-    return EncoderDecoderAttribution(boundary.restore(source), boundary.restore(target))
+    return PreparedEncoderDecoder(
+        fused=fused,
+        alpha=alpha,
+        source_mask=source_mask,
+        target_mask=target_mask,
+        rows=selected_rows,
+        all_layers=all_layers,
+        boundary=boundary,
+        xp=xp_,
+    )
 
 
 def _rollout(

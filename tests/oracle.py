@@ -719,3 +719,115 @@ def oracle_gradient_rollout(
 
 
 __all__ += ["oracle_gradient_rollout"]
+
+
+def oracle_encoder_decoder_flow(
+    encoder: np.ndarray,
+    decoder: np.ndarray,
+    cross: np.ndarray,
+    *,
+    residual: float = 0.5,
+    rows: int | Sequence[int] | None = None,
+    layers: object = "last",
+    source_mask: np.ndarray | None = None,
+    target_mask: np.ndarray | None = None,
+    normalize: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Encoder-decoder flow the paper's way: networkx Edmonds-Karp per pair.
+
+    Heads fused by the mean over real keys; one networkx graph per sequence with a node
+    per (family, layer, token) and the edges of docs/maths.md ("Encoder-decoder flow"),
+    written from the formulas with plain loops.
+    """
+    import networkx as nx
+    from networkx.algorithms.flow import edmonds_karp
+
+    a = 1.0 - residual
+    batch = encoder.shape[:-4]
+    n_enc, n_dec = encoder.shape[-4], decoder.shape[-4]
+    n_src, n_tgt = encoder.shape[-1], decoder.shape[-1]
+    out_s = np.zeros((*batch, n_dec, n_tgt, n_src))
+    out_t = np.zeros((*batch, n_dec, n_tgt, n_tgt))
+    for index in np.ndindex(*batch):
+        src = np.ones(n_src, bool) if source_mask is None else source_mask[index]
+        tgt = np.ones(n_tgt, bool) if target_mask is None else target_mask[index]
+
+        def fused(stack: np.ndarray, q: np.ndarray, k: np.ndarray) -> list[np.ndarray]:
+            return [
+                sum(
+                    _ed_rows_renormalised(stack[layer, h].astype(np.float64), q, k)
+                    for h in range(stack.shape[1])
+                )
+                / stack.shape[1]
+                for layer in range(stack.shape[0])
+            ]
+
+        enc = fused(encoder[index], src, src)
+        dec = fused(decoder[index], tgt, tgt)
+        crs = fused(cross[index], tgt, src)
+        graph = nx.DiGraph()
+        for layer in range(n_enc + 1):
+            graph.add_nodes_from(("e", layer, s) for s in range(n_src))
+        for layer in range(n_dec + 1):
+            graph.add_nodes_from(("x", layer, t) for t in range(n_tgt))
+
+        def edge(
+            graph: nx.DiGraph, tail: tuple[object, ...], head: tuple[object, ...], cap: float
+        ) -> None:
+            if cap > 0:
+                graph.add_edge(tail, head, capacity=cap)
+
+        for layer in range(1, n_enc + 1):
+            for i in range(n_src):
+                for j in range(n_src):
+                    unit = 1.0 if (i == j and src[i]) else 0.0
+                    edge(
+                        graph,
+                        ("e", layer, i),
+                        ("e", layer - 1, j),
+                        a * enc[layer - 1][i, j] + residual * unit,
+                    )
+        for layer in range(1, n_dec + 1):
+            for t in range(n_tgt):
+                for u in range(n_tgt):
+                    unit = 1.0 if (t == u and tgt[t]) else 0.0
+                    mixed = a * dec[layer - 1][t, u] + residual * unit
+                    edge(graph, ("x", layer, t), ("x", layer - 1, u), residual * mixed)
+                for s in range(n_src):
+                    edge(graph, ("x", layer, t), ("e", n_enc, s), a * crs[layer - 1][t, s])
+        for layer in range(1, n_dec + 1):
+            for t in range(n_tgt):
+                if not tgt[t]:
+                    continue
+                top = ("x", layer, t)
+                for s in range(n_src):
+                    if src[s]:
+                        out_s[(*index, layer - 1, t, s)] = nx.maximum_flow_value(
+                            graph, top, ("e", 0, s), flow_func=edmonds_karp
+                        )
+                for u in range(n_tgt):
+                    if tgt[u]:
+                        out_t[(*index, layer - 1, t, u)] = nx.maximum_flow_value(
+                            graph, top, ("x", 0, u), flow_func=edmonds_karp
+                        )
+    if normalize:
+        total = out_s.sum(-1, keepdims=True) + out_t.sum(-1, keepdims=True)
+        total[total == 0] = 1.0
+        out_s, out_t = out_s / total, out_t / total
+    picked = []
+    for per_layer in (out_s, out_t):
+        if layers == "last":
+            chosen = per_layer[..., -1, :, :]
+        elif layers == "all":
+            chosen = per_layer
+        else:
+            chosen = per_layer[..., int(layers), :, :]  # type: ignore[call-overload]
+        if isinstance(rows, int):
+            chosen = chosen[..., rows, :]
+        elif rows is not None:
+            chosen = chosen[..., list(rows), :]
+        picked.append(chosen)
+    return picked[0], picked[1]
+
+
+__all__ += ["oracle_encoder_decoder_flow"]

@@ -252,6 +252,16 @@ def test_gradient_rollout_shape_mismatch_is_one_line(
 
 
 def _api(arrays: dict[str, np.ndarray], **options: Any) -> Any:
+    if options.get("rule") == "flow":
+        del options["rule"]
+        return attnflow.encoder_decoder_flow(
+            arrays["encoder"],
+            arrays["decoder"],
+            arrays["cross"],
+            source_mask=arrays.get("source_mask"),
+            target_mask=arrays.get("target_mask"),
+            **options,
+        )
     if options.get("rule") == "gae":
         options["gradients"] = tuple(
             arrays[f"{n}_gradients"] for n in ("encoder", "decoder", "cross")
@@ -274,6 +284,11 @@ ENCODER_DECODER_OPTIONS: dict[str, tuple[list[str], dict[str, Any]]] = {
         {"rule": "gae", "normalize": True, "layers": "all"},
     ),
     "residual": (["--residual", "0.2", "--rows", "1"], {"residual": 0.2, "rows": 1}),
+    "flow": (["--rule", "flow", "--rows", "0,3"], {"rule": "flow", "rows": [0, 3]}),
+    "flow-raw": (
+        ["--rule", "flow", "--raw-values", "--residual", "0.3", "--layers", "all", "--rows", "2"],
+        {"rule": "flow", "normalize": False, "residual": 0.3, "layers": "all", "rows": 2},
+    ),
     "heads-max": (["--heads", "max", "--rows", "0,2"], {"heads": "max", "rows": [0, 2]}),
     "head-weights": (
         ["--heads", "0.2,0.3,0.5", "--layers", "1"],
@@ -381,9 +396,14 @@ def test_encoder_decoder_keeps_an_existing_output_unless_forced(
         ),
         (
             ["--rule", "gae", "--residual", "0.3"],
-            ["--residual applies to --rule rollout", "--rule gae"],
+            ["--residual applies to --rule rollout or --rule flow only", "--rule gae"],
         ),
         (["--residual", "-1"], ["--residual must be a number in [0, 1]", "-1.0"]),
+        (
+            ["--rule", "flow", "--normalize"],
+            ["--normalize applies to --rule rollout or gae", "unless --raw-values"],
+        ),
+        (["--raw-values"], ["--raw-values applies to --rule flow only", "--rule rollout"]),
     ],
     ids=[
         "rule",
@@ -394,6 +414,8 @@ def test_encoder_decoder_keeps_an_existing_output_unless_forced(
         "gae-heads",
         "gae-residual",
         "residual-range",
+        "flow-normalize",
+        "raw-values",
     ],
 )
 def test_encoder_decoder_bad_options_fail_before_reading(

@@ -1,4 +1,4 @@
-"""encoder_decoder_rollout on attention captured by attnflow.adapters.torch from real
+"""encoder_decoder_rollout and encoder_decoder_flow on attention captured by attnflow.adapters.torch from real
 encoder-decoder models (a small random BART built from its config, ``nn.Transformer``),
 against the independent oracle run on the same captured tensors. Offline."""
 
@@ -17,7 +17,7 @@ import attnflow
 from attnflow.adapters import torch as adapter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from oracle import oracle_encoder_decoder
+from oracle import oracle_encoder_decoder, oracle_encoder_decoder_flow
 
 
 def _numpy(x: torch.Tensor) -> np.ndarray:
@@ -99,6 +99,37 @@ def test_bart_rollout_matches_the_oracle_and_rows_sum_to_one(bart, bart_batch):
     _check_against_oracle(cap, rows=[4, 0], residual=0.3)
 
 
+def _check_flow_against_oracle(cap, **options):
+    source_mask, target_mask = cap.mask, cap.decoder_mask
+    attentions = (cap.encoder_attentions, cap.decoder_attentions, cap.cross_attentions)
+    source, target = attnflow.encoder_decoder_flow(
+        *(a.detach() for a in attentions),
+        source_mask=source_mask,
+        target_mask=target_mask,
+        **options,
+    )
+    assert source.dtype == torch.float32
+    assert isinstance(source, torch.Tensor)
+    want_s, want_t = oracle_encoder_decoder_flow(
+        *(_numpy(a) for a in attentions),
+        source_mask=source_mask.numpy(),
+        target_mask=target_mask.numpy(),
+        **options,
+    )
+    np.testing.assert_allclose(_numpy(source), want_s, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_numpy(target), want_t, rtol=1e-5, atol=1e-5)
+    return source, target
+
+
+def test_bart_flow_matches_the_networkx_oracle(bart, bart_batch):
+    with torch.no_grad(), adapter.capture(bart) as cap:
+        bart(**bart_batch)
+    source, target = _check_flow_against_oracle(cap, rows=[4, 0], layers="all")
+    assert bool((source[0, ..., 5:] == 0).all())  # padded source tokens get nothing
+    assert bool((target[1, ..., 4:] == 0).all())  # nor padded target tokens
+    _check_flow_against_oracle(cap, rows=2, residual=0.3, normalize=False)
+
+
 def test_bart_gae_matches_the_oracle(bart, bart_batch):
     with adapter.capture(bart, gradients=True) as cap:
         out = bart(**bart_batch)
@@ -140,4 +171,5 @@ def test_torch_transformer_rollout_matches_the_oracle():
     source, target = _check_against_oracle(cap)
     totals = source.sum(-1) + target.sum(-1)
     torch.testing.assert_close(totals[~tgt_pad], torch.ones(9), atol=1e-5, rtol=0)
+    _check_flow_against_oracle(cap, rows=[0, 3])
     assert bool((totals[tgt_pad] == 0).all())
