@@ -206,6 +206,8 @@ def docs(session: nox.Session) -> None:
     session.run(
         "sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html", env=ENV
     )
+    # The site must work offline: no CDN, and the maths typeset by its own MathJax.
+    session.run("python", "scripts/check_docs_offline.py", "docs/_build/html", env=ENV)
 
 
 @nox.session

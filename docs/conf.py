@@ -6,7 +6,8 @@ Build from the repository root, against the installed package:
 
 The API pages are generated from the docstrings of the installed ``attnflow``; this file
 does not put the repository on ``sys.path``. No extension reaches the network at build
-time (no intersphinx); MathJax is loaded by the browser when a page is viewed.
+time (no intersphinx), and none is needed to read the site: MathJax is served from the
+site itself (``sphinx-mathjax-offline`` copies MathJax 3.2.2 into ``_static/mathjax``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
     "sphinx.ext.mathjax",
+    "sphinx-mathjax-offline",  # sets mathjax_path to the copy it puts in _static
     "matplotlib.sphinxext.plot_directive",  # the gallery's figures are drawn at build time
 ]
 
