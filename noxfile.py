@@ -96,13 +96,17 @@ def adapters_torch(session: nox.Session) -> None:
         "ATTNFLOW_TEST_BACKENDS": "torch",
         # This session installs all that these tests need: none may skip (the adapter's
         # timm test may: no CPU torchvision).
-        "ATTNFLOW_FORBID_SKIPS": "tests/experiments,tests/adapters/test_torch_encoder_decoder.py",
+        "ATTNFLOW_FORBID_SKIPS": (
+            "tests/experiments,tests/adapters/test_torch_encoder_decoder.py,"
+            "tests/adapters/test_flow_minilm.py"
+        ),
     }
     # The sentiment experiment fine-tunes the shipped MiniLM: it needs transformers, which
     # only this session installs.
     tests = [
         "tests/adapters/test_torch.py",
         "tests/adapters/test_torch_encoder_decoder.py",
+        "tests/adapters/test_flow_minilm.py",
         "tests/experiments/test_sentiment_torch.py",
         "tests/experiments/test_reproduction_sentiment.py",
     ]
