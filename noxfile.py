@@ -264,8 +264,15 @@ def benchmark(session: nox.Session) -> None:
     session.install(TORCH)
     session.install(".")
     session.install("networkx")  # the paper's max-flow, measured against attnflow's
+    _install_group(session, "adapters-torch")  # the real MiniLM and GPT-2 of bench_flow_real
     session.run("python", "benchmarks/bench_rollout.py", *session.posargs, env=ENV)
     session.run("python", "benchmarks/bench_flow.py", *session.posargs, env=ENV)
+    session.run(
+        "python",
+        "benchmarks/bench_flow_real.py",
+        *session.posargs,
+        env={**ENV, "HF_HUB_OFFLINE": "1"},
+    )
     session.run("python", "benchmarks/bench_evaluate.py", *session.posargs, env=ENV)
     session.run("python", "benchmarks/bench_gradient_rollout.py", *session.posargs, env=ENV)
 
