@@ -132,8 +132,10 @@ def _solve_with_kernel(
     assert _kernel_solve is not None  # the caller checked
     mixed = np.ascontiguousarray(mixed, dtype=np.float64)
     middle = mixed[1:-1]
-    forward, forward_count = _strongest_first(middle)
-    backward, backward_count = _strongest_first(np.ascontiguousarray(middle.transpose(0, 2, 1)))
+    # Rows (forward arcs) and columns (backward arcs) of the middle layers in one sort.
+    both, both_count = _strongest_first(np.concatenate([middle, middle.transpose(0, 2, 1)]))
+    forward, backward = both[: len(middle)], both[len(middle) :]
+    forward_count, backward_count = both_count[: len(middle)], both_count[len(middle) :]
     from_source, source_count = _strongest_first(mixed[-1][rows])
     values = np.zeros((rows.shape[0], sinks.shape[0]))
     status = np.zeros(values.shape, dtype=np.int8)

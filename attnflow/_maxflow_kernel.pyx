@@ -122,6 +122,69 @@ cdef int _log_edge(Work* w, long long edge) noexcept nogil:
     return 0
 
 
+cdef inline int _admissible_arc(
+    Work* w, int u, bint backward, long long* edge, char* forward
+) noexcept nogil:
+    """Advance `u`'s current arc to the next admissible one; its head, or -1 if none is left."""
+    cdef int n = w.n, a, j, k, i, nf, degree, v
+    cdef int want = w.level[u] + 1
+    cdef long long nn = <long long>n * n, base
+    cdef const int* order
+    i = w.cur[u]
+    if u == w.source:
+        # Arcs into layer T-1, strongest first.
+        base = <long long>(w.n_layers - 2) * n
+        while i < w.src_count:
+            k = w.src_order[i]
+            if w.level[base + k] == want and w.res[w.middle + k] > 0.0:
+                w.cur[u] = i
+                edge[0] = w.middle + k
+                forward[0] = 1
+                return <int>(base + k)
+            i += 1
+        w.cur[u] = i
+        return -1
+    a = u // n + 1
+    j = u - (a - 1) * n
+    if a == 1:
+        nf = 1
+        if i == 0:
+            if w.level[w.sink] == want and w.res[w.middle + n + j] > 0.0:
+                edge[0] = w.middle + n + j
+                forward[0] = 1
+                return w.sink
+            i = 1
+    else:
+        nf = w.fwd_count[(a - 2) * n + j]
+        order = w.fwd_order + ((a - 2) * n + j) * <long long>n
+        base = (a - 2) * nn + <long long>j * n
+        while i < nf:
+            k = order[i]
+            v = (a - 2) * n + k
+            if w.level[v] == want and w.res[base + k] > 0.0:
+                w.cur[u] = i
+                edge[0] = base + k
+                forward[0] = 1
+                return v
+            i += 1
+    if backward and a <= w.n_layers - 2:
+        # Arcs back up: the edges from tokens k of layer a + 1 into token j.
+        degree = nf + w.bwd_count[(a - 1) * n + j]
+        order = w.bwd_order + ((a - 1) * n + j) * <long long>n
+        while i < degree:
+            k = order[i - nf]
+            v = a * n + k
+            base = (a - 1) * nn + <long long>k * n + j
+            if w.level[v] == want and w.flow[base] > 0.0:
+                w.cur[u] = i
+                edge[0] = base
+                forward[0] = 0
+                return v
+            i += 1
+    w.cur[u] = i
+    return -1
+
+
 cdef int _blocking_flow(
     Work* w, bint backward, double target, double* total
 ) noexcept nogil:
@@ -159,14 +222,7 @@ cdef int _blocking_flow(
                 return 0
             depth = cut  # retreat to the tail of the first saturated arc
             continue
-        v = -1
-        while w.cur[u] < _degree(w, u, backward):
-            i = w.cur[u]
-            v = _arc(w, u, i, &edge, &forward)
-            if w.level[v] == w.level[u] + 1 and _residual(w, edge, forward) > 0.0:
-                break
-            v = -1
-            w.cur[u] += 1
+        v = _admissible_arc(w, u, backward, &edge, &forward)
         if v >= 0:
             w.path_edge[depth] = edge
             w.path_forward[depth] = forward
