@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -229,13 +230,25 @@ def build(session: nox.Session) -> None:
             "attnflow/data/minilm_sample.npz",
         }
         missing = sorted(required - names)
+        if not any(
+            name.startswith("attnflow/_maxflow_kernel.") and name.endswith((".so", ".pyd"))
+            for name in names
+        ):
+            missing.append("the compiled attnflow/_maxflow_kernel")
         if missing:
             session.error(f"wheel {wheel.name} lacks {missing}")
+        sdist = next(p for p in dist if p.name.endswith(".tar.gz"))
+        with tarfile.open(sdist) as archive:
+            if not any(n.endswith("attnflow/_maxflow_kernel.pyx") for n in archive.getnames()):
+                session.error(f"sdist {sdist.name} lacks attnflow/_maxflow_kernel.pyx")
         if any(name.startswith(("adapters/", "tests/")) for name in names):
             session.error(f"wheel {wheel.name} ships top-level adapters/ or tests/")
         session.log(f"wheel {wheel.name}: {len(names)} files, includes {sorted(required)}")
         session.install(str(wheel))
         session.run("python", "-c", "import attnflow.adapters as a; print(a.__file__)", env=ENV)
+        session.run(
+            "python", "-c", "import attnflow._maxflow as m; assert m.KERNEL_AVAILABLE", env=ENV
+        )
     # Editable installs must map adapters/ to attnflow.adapters too (setuptools package-dir).
     session.install("-e", ".")
     session.run(

@@ -35,6 +35,10 @@ SECONDS_PER_SORTED_ENTRY = 4.0e-8
 SECONDS_PER_BOUND_TERM = 1.0e-9
 """Cost of one ``min`` term of the vectorised upper bounds (same machine)."""
 
+SECONDS_PER_TASK = 1.5e-4
+"""Fixed cost of one sequence-layer task: bounds, arc ordering and solver set-up calls
+(same machine); what dominates at the paper's scale and below."""
+
 DEFAULT_MAX_WORK = 2.5e10
 """Edge visits (max-flows x edges) above which `flow` refuses to start by default."""
 
@@ -123,7 +127,7 @@ def _solve_seconds(n_layers: int, n_rows: int, n_valid: int) -> float:
         return pairs * n_valid * SECONDS_PER_BOUND_TERM  # closed forms
     ordering = 2 * (n_layers - 2) * squared * SECONDS_PER_SORTED_ENTRY
     bounds = n_layers * n_rows * squared * SECONDS_PER_BOUND_TERM  # top-down, all sinks
-    return pairs * squared * SECONDS_PER_PAIR_TOKEN + ordering + bounds
+    return SECONDS_PER_TASK + pairs * squared * SECONDS_PER_PAIR_TOKEN + ordering + bounds
 
 
 def _plan(
