@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
@@ -98,7 +99,7 @@ def adapters_torch(session: nox.Session) -> None:
         # timm test may: no CPU torchvision).
         "ATTNFLOW_FORBID_SKIPS": (
             "tests/experiments,tests/adapters/test_torch_encoder_decoder.py,"
-            "tests/adapters/test_readme.py"
+            "tests/adapters/test_readme.py,tests/adapters/test_flow_minilm.py"
         ),
     }
     # The sentiment experiment fine-tunes the shipped MiniLM: it needs transformers, which
@@ -107,6 +108,7 @@ def adapters_torch(session: nox.Session) -> None:
         "tests/adapters/test_torch.py",
         "tests/adapters/test_torch_encoder_decoder.py",
         "tests/adapters/test_readme.py",
+        "tests/adapters/test_flow_minilm.py",
         "tests/experiments/test_sentiment_torch.py",
         "tests/experiments/test_reproduction_sentiment.py",
     ]
@@ -231,13 +233,25 @@ def build(session: nox.Session) -> None:
             "attnflow/data/minilm_sample.npz",
         }
         missing = sorted(required - names)
+        if not any(
+            name.startswith("attnflow/_maxflow_kernel.") and name.endswith((".so", ".pyd"))
+            for name in names
+        ):
+            missing.append("the compiled attnflow/_maxflow_kernel")
         if missing:
             session.error(f"wheel {wheel.name} lacks {missing}")
+        sdist = next(p for p in dist if p.name.endswith(".tar.gz"))
+        with tarfile.open(sdist) as archive:
+            if not any(n.endswith("attnflow/_maxflow_kernel.pyx") for n in archive.getnames()):
+                session.error(f"sdist {sdist.name} lacks attnflow/_maxflow_kernel.pyx")
         if any(name.startswith(("adapters/", "tests/")) for name in names):
             session.error(f"wheel {wheel.name} ships top-level adapters/ or tests/")
         session.log(f"wheel {wheel.name}: {len(names)} files, includes {sorted(required)}")
         session.install(str(wheel))
         session.run("python", "-c", "import attnflow.adapters as a; print(a.__file__)", env=ENV)
+        session.run(
+            "python", "-c", "import attnflow._maxflow as m; assert m.KERNEL_AVAILABLE", env=ENV
+        )
     # Editable installs must map adapters/ to attnflow.adapters too (setuptools package-dir).
     session.install("-e", ".")
     session.run(
@@ -266,8 +280,15 @@ def benchmark(session: nox.Session) -> None:
     session.install(TORCH)
     session.install(".")
     session.install("networkx")  # the paper's max-flow, measured against attnflow's
+    _install_group(session, "adapters-torch")  # the real MiniLM and GPT-2 of bench_flow_real
     session.run("python", "benchmarks/bench_rollout.py", *session.posargs, env=ENV)
     session.run("python", "benchmarks/bench_flow.py", *session.posargs, env=ENV)
+    session.run(
+        "python",
+        "benchmarks/bench_flow_real.py",
+        *session.posargs,
+        env={**ENV, "HF_HUB_OFFLINE": "1"},
+    )
     session.run("python", "benchmarks/bench_evaluate.py", *session.posargs, env=ENV)
     session.run("python", "benchmarks/bench_gradient_rollout.py", *session.posargs, env=ENV)
 

@@ -6,7 +6,7 @@ import importlib.util
 import math
 import os
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -14,7 +14,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ._host import from_host, to_host
-from ._maxflow import STRONGEST_EDGES, FlowTask, solve_flow_task
+from ._maxflow import FlowTask, solve_flow_task
 from ._pipeline import PreparedAttention, prepare_attention
 from ._pruning import prune
 from ._receptive_field import normalize_attribution, uniform_causal_attention
@@ -23,11 +23,21 @@ from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 
 __all__ = ["FlowCost", "WorkersLostError", "flow", "flow_cost"]
 
-SECONDS_PER_EDGE_VISIT = 1.0e-7
-"""Cost of one edge in one igraph max-flow (measured on a 2-core x86-64 machine)."""
+SECONDS_PER_PAIR_TOKEN = 1.0e-8
+"""Cost of one max-flow of the compiled solver, per squared token count: on attention of
+MiniLM (real text, n = 64 to 512) and ViT-B/16 size (sinks, low rank, random logits) the
+solver's flow reaches the upper bound in one blocking flow that costs 0.8 to 1.1e-8 s x n²,
+nearly independent of depth (measured on a 2-core x86-64 machine)."""
+
+SECONDS_PER_SORTED_ENTRY = 4.0e-8
+"""Cost per capacity of ordering every node's arcs, once per task (same machine)."""
 
 SECONDS_PER_BOUND_TERM = 1.0e-9
 """Cost of one ``min`` term of the vectorised upper bounds (same machine)."""
+
+SECONDS_PER_TASK = 1.5e-4
+"""Fixed cost of one sequence-layer task: bounds, arc ordering and solver set-up calls
+(same machine); what dominates at the paper's scale and below."""
 
 DEFAULT_MAX_WORK = 2.5e10
 """Edge visits (max-flows x edges) above which `flow` refuses to start by default."""
@@ -52,10 +62,12 @@ class FlowCost:
     edge_visits : float
         The sum over max-flows of the edges of their graph: the work.
     estimated_seconds : float
-        A rough single-core estimate of what the engine will do: about 1e-7 s per edge
-        of each max-flow it solves (on the certifying subgraph for sequences of more
-        than 64 tokens), measured on a 2-core x86-64 machine; divide by the number of
-        workers.
+        A rough single-core estimate of what the engine will do, from shapes alone: about
+        1e-8 s x n² per max-flow on n tokens, plus ordering each graph's arcs, measured on
+        a 2-core x86-64 machine on real and synthetic attention where the solver's flow
+        reaches its upper bound (nearly every pair we measured); pairs where it does not
+        (strongly local attention) are solved to completion and can cost up to about
+        1e-7 s per edge each. Divide by the number of workers.
 
     See Also
     --------
@@ -110,14 +122,12 @@ def _graph_edges(n_layers: int, n_rows: int, n_valid: int) -> int:
 def _solve_seconds(n_layers: int, n_rows: int, n_valid: int) -> float:
     """Rough single-core time of one sequence-layer task, following the engine's path."""
     pairs = n_rows * n_valid
+    squared = n_valid * n_valid
     if n_layers <= 2:
         return pairs * n_valid * SECONDS_PER_BOUND_TERM  # closed forms
-    if n_valid <= 4 * STRONGEST_EDGES[0]:
-        return pairs * _graph_edges(n_layers, n_rows, n_valid) * SECONDS_PER_EDGE_VISIT
-    kept = min(n_valid, 2 * STRONGEST_EDGES[0]) * n_valid
-    subgraph = n_valid + n_rows * n_valid + (n_layers - 2) * kept
-    bounds = n_layers * n_valid * n_valid * n_valid  # the tree-unfolding bound, all sinks
-    return pairs * subgraph * SECONDS_PER_EDGE_VISIT + bounds * SECONDS_PER_BOUND_TERM
+    ordering = 2 * (n_layers - 2) * squared * SECONDS_PER_SORTED_ENTRY
+    bounds = n_layers * n_rows * squared * SECONDS_PER_BOUND_TERM  # top-down, all sinks
+    return SECONDS_PER_TASK + pairs * squared * SECONDS_PER_PAIR_TOKEN + ordering + bounds
 
 
 def _plan(
@@ -132,10 +142,9 @@ def _plan(
 
     With ``heads="each"`` there is one task per head as well: its graph is the fused
     layers below the top layer and that head's matrix at the top (`mixed_heads`,
-    ``(*batch, reported_layers, H, n, n)``). With `workers` processes and fewer
-    sequence-layer pairs than workers, the input tokens of each pair are split so that
-    every worker has work; each chunk builds its own graph, so there are no more chunks
-    than that.
+    ``(*batch, reported_layers, H, n, n)``). With `workers` and fewer sequence-layer pairs
+    than workers, the input tokens of each pair are split so that every worker has work;
+    each chunk orders its graph's arcs again, so there are no more chunks than that.
     """
     layout = prepared.layout
     n = layout.n_tokens
@@ -216,7 +225,7 @@ def _check_flow_options(
         isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or (n_jobs < 1 and n_jobs != -1)
     ):
         msg = (
-            "`n_jobs` must be None (automatic), a positive number of processes or -1 (one "
+            "`n_jobs` must be None (automatic), a positive number of threads or -1 (one "
             f"per CPU core); got {n_jobs!r}."
         )
         raise ValueError(msg)
@@ -233,9 +242,9 @@ def _worker_count(n_jobs: int | None, cost: FlowCost) -> int:
     if n_jobs == -1:
         return cores
     if n_jobs is None:
-        # Processes take about a second to start and receive their data: worth it only
-        # for work that takes longer than that on one core.
-        return cores if cost.estimated_seconds > 2.0 else 1
+        # Threads start in microseconds, but splitting a task repeats its arc ordering:
+        # worth it from a few tens of milliseconds of work.
+        return cores if cost.estimated_seconds > 0.05 else 1
     return n_jobs
 
 
@@ -267,15 +276,10 @@ def _run(
         return
     own = executor is None
     if executor is None:
-        import multiprocessing
-
-        # Never fork the caller: JAX, PyTorch and BLAS run threads, and a forked copy of
-        # a threaded process can deadlock. Workers fork from a clean server process that
-        # has imported the engine once. As with any such pool, scripts must guard their
-        # entry point with `if __name__ == "__main__":`.
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["attnflow._maxflow"])
-        executor = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+        # The compiled solver releases the GIL: threads share the work without starting
+        # processes or copying the attention (the igraph fallback holds the GIL, so it
+        # gains nothing from them, and loses nothing either).
+        executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnflow")
     try:
         futures: dict[Future[np.ndarray], FlowTask] = {
             executor.submit(solve_flow_task, task): task for task in tasks
@@ -290,7 +294,8 @@ def _run(
                 msg = (
                     "attention flow's worker processes stopped before finishing. In a "
                     'script, call it under `if __name__ == "__main__":` (the workers import '
-                    "the script), or pass `n_jobs=1` to run in this process."
+                    "the script), or pass `n_jobs` instead of a process pool to run in "
+                    "threads of this process."
                 )
                 raise WorkersLostError(msg) from None
             yield task, result
@@ -462,14 +467,15 @@ def flow(
         raw max-flow values, each at most 1. With `receptive_field` or `exclude` rows are
         always renormalised (the row scale cancels in the division).
     n_jobs : int, optional
-        Processes on this machine: None chooses (all cores when the work is estimated
-        above about two seconds, else one), -1 is one per core, 1 runs serially. The
-        processes start from a clean server process, never by forking the caller (which
-        may run JAX, PyTorch or BLAS threads): in scripts, call flow under
-        ``if __name__ == "__main__":``, as for any process pool.
+        Threads on this machine: None chooses (all cores when the work is estimated
+        above about 0.05 s, else one), -1 is one per core, 1 runs serially. The compiled
+        solver releases the GIL, so threads run side by side with no process to start
+        and nothing to copy.
     executor : concurrent.futures.Executor, optional
         Run the max-flow tasks on this executor instead, for example a Dask cluster's
-        (``distributed.Client(...).get_executor()``). Tasks hold one sequence each.
+        (``distributed.Client(...).get_executor()``) or a ``ProcessPoolExecutor`` (in
+        scripts, call flow under ``if __name__ == "__main__":``, as for any process
+        pool). Tasks hold one sequence each.
     progress : bool, default False
         Show a progress bar (tqdm) counting max-flows.
     max_work : float or None, default 2.5e10
@@ -501,18 +507,19 @@ def flow(
     Notes
     -----
     Flow runs on the host: the head-fused attention is copied to the CPU once (float64),
-    the max-flow problems are solved with igraph, and the result is copied back to the
-    caller's library, dtype and device. It is not differentiable (torch tensors are
+    the max-flow problems are solved by attnflow's compiled solver (igraph where it was
+    not built), and the result is copied back to the caller's library, dtype and device. It is not differentiable (torch tensors are
     detached) and cannot run inside ``jax.jit``.
 
     The graph is reduced exactly: layers above the requested one are never built, and
     for a given input token the other input tokens (dead ends) collapse into one sink,
-    so one graph per sequence and layer serves every (source, sink) pair. Most pairs are
-    then certified instead of solved on the whole graph: the max-flow on a subgraph of
-    the strongest edges (a lower bound) matches the max-flow of the graph unfolded into
-    trees (an upper bound) to within 1e-12; the other pairs are solved on the whole
-    graph. Every value is therefore exact to floating-point rounding. Pruning runs on the
-    host too, in float64, after the one copy.
+    so one graph per sequence and layer serves every (source, sink) pair. Each max-flow
+    is found by augmenting paths (Dinic's blocking flows, strongest arcs first) that stop
+    as soon as the flow reaches an upper bound from the graph unfolded into trees, within
+    1e-13: the bound is then the max-flow. Where the bound is not reached the solver runs
+    to completion, and its flow is the max-flow. Every value is therefore exact to
+    floating-point rounding; on real attention nearly every pair stops at the bound after
+    one blocking flow. Pruning runs on the host too, in float64, after the one copy.
 
     References
     ----------

@@ -1,66 +1,77 @@
-"""Solving the max-flow problems of attention flow with igraph (host only).
+"""Solving the max-flow problems of attention flow (host only).
 
 A `FlowTask` is one sequence, one top layer, some output positions and some input tokens:
 everything one worker needs, small enough to pickle to another process or a Dask worker.
 
-Every value returned is exact (to floating-point rounding): it is either a closed form
-(one or two layers), or a flow value certified by a matching upper bound, or the max-flow
-of the whole reduced graph. The certified path is what makes flow fast:
+Every value returned is exact (to floating-point rounding). One or two layers have closed
+forms. Deeper graphs go to the compiled solver of ``attnflow._maxflow_kernel``, which knows
+its target: each (source, sink) pair comes with an upper bound ``U`` on its max-flow,
+computed here for all pairs at once from unfolding the graph into trees (where nothing is
+shared, max-flow is a sum of minima):
 
-1. A lower bound: the max-flow on the subgraph that keeps, in every layer strictly
-   between source and sink, only the strongest edges of each row and of each column.
-   Any flow on a subgraph is a flow on the graph.
-2. Upper bounds, vectorised over all pairs, from unfolding the graph into trees (where
-   nothing is shared, max-flow is a sum of minima):
+- top-down, what each token can receive from the source:
+  ``u_{T-1}[j] = Ã_T[s, j]``, ``u_{l-1}[k] = min(1, Σ_j min(u_l[j], Ã_l[j, k]))``, and the
+  bound ``Σ_k min(u_1[k], Ã_1[k, m])``; O(T n²) per source;
+- the capacity into the sink, ``Σ_k Ã_1[k, m]``.
 
-   - top-down, what each token can receive from the source:
-     ``u_{T-1}[j] = Ã_T[s, j]``, ``u_{l-1}[k] = min(1, Σ_j min(u_l[j], Ã_l[j, k]))``,
-     and the bound ``Σ_k min(u_1[k], Ã_1[k, m])``; cheap, O(T n²) per source;
-   - bottom-up, what each token can deliver to the sink:
-     ``d_1[k] = Ã_1[k, m]``, ``d_l[j] = Σ_k min(Ã_l[j, k], d_{l-1}[k])``, and the bound
-     ``d_T[s]``; tighter in our measurements, O(T n²) per sink, so only computed for the
-     sinks the first bound leaves open;
-   - the capacity into the sink, ``Σ_k Ã_1[k, m]``.
-3. Where a lower and an upper bound agree (within `CERTIFY_TOLERANCE`) the max-flow is
-   known. Elsewhere the whole graph is solved.
+The solver (Dinic's blocking flows) stops as soon as its flow reaches ``U`` within
+`TARGET_TOLERANCE`, so that ``U`` is the max-flow; otherwise it tightens ``U`` with the
+bottom-up tree bound of the sink and, failing that, runs to completion, when its flow is the
+max-flow. On attention from real models (MiniLM, attention sinks, low-rank patterns) and on
+random softmax attention we measured the bound to be reached for nearly every pair, by the
+first blocking flow, which touches a small part of the graph.
 
-On softmax attention of ViT-B/16 size the subgraph holds about a twentieth of the edges,
-and the bounds certified every pair we measured.
+Without the compiled solver (a source checkout that was not built) every pair is solved
+with igraph on the whole reduced graph: the reference, slower by one to two orders of
+magnitude. ``ENGINE = "igraph"`` selects it explicitly (the tests do).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from ._graph import LayeredGraph, build_layered_graph
 
-__all__ = ["FlowTask", "solve_flow_task"]
 
-STRONGEST_EDGES = (8, 16, 32)
-"""Edges kept per row and per column of each middle layer in the certifying subgraphs,
-tried in turn on the pairs still open.
+def _load_kernel() -> Callable[..., None] | None:
+    try:
+        from ._maxflow_kernel import solve
+    except ImportError:  # pragma: no cover - a source checkout without the compiled kernel
+        return None
+    return solve
 
-Measured on softmax attention (L=12, n=197): with logits of standard deviation 2 or more,
-8 edges certified every pair; with standard deviation 1 (flatter rows), 8 certified 3%
-of pairs and 16 all of them. A subgraph of 8 costs about a twentieth of the whole graph,
-one of 32 about a third; pairs that no subgraph certifies are solved on the whole graph.
-"""
 
-CERTIFY_TOLERANCE = 1e-12
-"""Largest gap between the bounds taken as equal (flows are at most 1; the gap on
-certified pairs is a few units of rounding, about 1e-15)."""
+_kernel_solve = _load_kernel()
+
+__all__ = ["KERNEL_AVAILABLE", "FlowTask", "solve_flow_task", "solve_flow_task_with_status"]
+
+KERNEL_AVAILABLE = _kernel_solve is not None
+"""Whether the compiled solver was built (it is in every wheel and ``pip install``)."""
+
+ENGINE: Literal["kernel", "igraph"] = "kernel" if KERNEL_AVAILABLE else "igraph"
+"""Which solver deep graphs go to: the compiled one, or igraph on the whole graph."""
+
+TARGET_TOLERANCE = 1e-13
+"""How close the flow must come to the upper bound for the bound to be reported (flows are
+at most 1; rounding in either is a few units of 1e-16, so certified values are within this
+of the max-flow, and a pair that misses it by rounding alone is solved to completion)."""
 
 DENSE_GRAPH_ZEROS = 0.25
-"""Up to this share of zero capacities, the whole graph keeps its zero edges and reuses
-an igraph graph built once per shape (building one costs about 0.6 µs an edge); sparser
-attention (causal, heavy padding) gets a graph of its non-zero edges."""
+"""Up to this share of zero capacities, the igraph path keeps zero edges and reuses an igraph
+graph built once per shape (building one costs about 0.6 µs an edge); sparser attention
+(causal, heavy padding) gets a graph of its non-zero edges."""
 
 BOUND_BLOCK_ELEMENTS = 4_000_000
 """Elements of the ``rows x n x sinks`` temporary of one vectorised upper-bound step."""
+
+CLOSED_FORM, CERTIFIED, SOLVED = 0, 1, 2
+"""Status of a pair: closed form (or nothing to carry), flow reached the bound, or solved
+to completion (by the kernel, or by igraph)."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +106,8 @@ def _parallel_paths(upper: np.ndarray, lower: np.ndarray) -> np.ndarray:
     return out
 
 
-def _top_down_bounds(mixed: np.ndarray, rows: np.ndarray, sinks: np.ndarray) -> np.ndarray:
-    """Upper bounds ``(rows, sinks)`` from what each token can receive from the source."""
+def _upper_bounds(mixed: np.ndarray, rows: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """Upper bounds ``(rows, sinks)``: the top-down tree bound and the capacity into the sink."""
     inflow = mixed[-1][rows]
     for layer in range(mixed.shape[0] - 2, 0, -1):
         # A token forwards at most its out-capacity, 1 (rows of Ã sum to 1 or 0).
@@ -105,28 +116,45 @@ def _top_down_bounds(mixed: np.ndarray, rows: np.ndarray, sinks: np.ndarray) -> 
     return np.asarray(np.minimum(bound, mixed[0][:, sinks].sum(axis=0)[None, :]))
 
 
-def _bottom_up_bounds(mixed: np.ndarray, rows: np.ndarray, sinks: np.ndarray) -> np.ndarray:
-    """Upper bounds ``(rows, sinks)`` from what each token can deliver to the sink."""
-    deliverable = mixed[0][:, sinks]  # what each layer-1 token can pass to each sink
-    for layer in range(1, mixed.shape[0] - 1):
-        deliverable = _parallel_paths(mixed[layer], deliverable)
-    bound = _parallel_paths(mixed[-1][rows], deliverable)
-    return np.asarray(np.minimum(bound, mixed[0][:, sinks].sum(axis=0)[None, :]))
+def _strongest_first(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Column indices of each row, largest capacity first, and each row's non-zero count."""
+    # The solver tries a node's arcs in this order: wide arcs first carry most of the flow
+    # in few augmentations, and zero arcs (sorted last) are never looked at.
+    order = np.argsort(-matrices, axis=-1, kind="stable").astype(np.int32)
+    count = np.count_nonzero(matrices > 0, axis=-1).astype(np.int32)
+    return order, count
 
 
-def _strongest_edges(mixed: np.ndarray, keep: int) -> np.ndarray:
-    """`mixed` with only the `keep` strongest edges per row and column of middle layers."""
-    sparse = mixed.copy()
+def _solve_with_kernel(
+    mixed: np.ndarray, rows: np.ndarray, sinks: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Max-flows and statuses ``(rows, sinks)`` from the compiled solver (``T >= 3``)."""
+    assert _kernel_solve is not None  # the caller checked
+    mixed = np.ascontiguousarray(mixed, dtype=np.float64)
     middle = mixed[1:-1]
-    if middle.shape[0] == 0:
-        return sparse
-    by_row = np.argpartition(-middle, keep - 1, axis=-1)[..., :keep]
-    by_column = np.argpartition(-middle, keep - 1, axis=-2)[..., :keep, :]
-    chosen = np.zeros(middle.shape, dtype=bool)
-    np.put_along_axis(chosen, by_row, True, axis=-1)
-    np.put_along_axis(chosen, by_column, True, axis=-2)
-    sparse[1:-1] = np.where(chosen, middle, 0.0)
-    return sparse
+    # Rows (forward arcs) and columns (backward arcs) of the middle layers in one sort.
+    both, both_count = _strongest_first(np.concatenate([middle, middle.transpose(0, 2, 1)]))
+    forward, backward = both[: len(middle)], both[len(middle) :]
+    forward_count, backward_count = both_count[: len(middle)], both_count[len(middle) :]
+    from_source, source_count = _strongest_first(mixed[-1][rows])
+    values = np.zeros((rows.shape[0], sinks.shape[0]))
+    status = np.zeros(values.shape, dtype=np.int8)
+    _kernel_solve(
+        mixed,
+        np.ascontiguousarray(rows, dtype=np.int64),
+        np.ascontiguousarray(sinks, dtype=np.int64),
+        np.ascontiguousarray(_upper_bounds(mixed, rows, sinks)),
+        forward,
+        forward_count,
+        backward,
+        backward_count,
+        from_source,
+        source_count,
+        TARGET_TOLERANCE,
+        values,
+        status,
+    )
+    return values, status
 
 
 @functools.lru_cache(maxsize=4)
@@ -167,58 +195,44 @@ def _solve_pairs(
     return values
 
 
-def _solve_on_whole_graph(
-    mixed: np.ndarray, rows: np.ndarray, pairs: list[tuple[int, int]], sinks: np.ndarray
-) -> dict[tuple[int, int], float]:
-    """Max-flow values of `pairs` on the whole reduced graph."""
+def _solve_with_igraph(
+    mixed: np.ndarray, rows: np.ndarray, sinks: np.ndarray, reachable: np.ndarray
+) -> np.ndarray:
+    """Max-flows ``(rows, sinks)`` of the `reachable` pairs, each on the whole reduced graph."""
     dense = bool(np.count_nonzero(mixed == 0) <= DENSE_GRAPH_ZEROS * mixed.size)
     graph = build_layered_graph(mixed, rows, keep_zero_edges=dense)
     solver = _dense_solver(*mixed.shape[:2], rows.shape[0]) if dense else None
-    return _solve_pairs(graph, mixed, pairs, sinks, solver)
+    pairs = [(int(i), int(j)) for i, j in zip(*np.nonzero(reachable), strict=True)]
+    flows = np.zeros(reachable.shape)
+    for (i, j), value in _solve_pairs(graph, mixed, pairs, sinks, solver).items():
+        flows[i, j] = value
+    return flows
 
 
-def solve_flow_task(task: FlowTask) -> np.ndarray:
-    """Max-flow values ``(len(rows), len(sinks))`` for one task (runs in any process)."""
+def solve_flow_task_with_status(task: FlowTask) -> tuple[np.ndarray, np.ndarray]:
+    """Max-flows ``(len(rows), len(sinks))`` of one task, and how each was found.
+
+    The status is `CLOSED_FORM` (one or two layers, or a padded row or token), `CERTIFIED`
+    (the solver's flow reached the upper bound) or `SOLVED` (solved to completion).
+    """
     mixed, rows, sinks = task.mixed, task.rows, task.sinks
-    n_layers, n = mixed.shape[0], mixed.shape[-1]
+    n_layers = mixed.shape[0]
+    status = np.zeros((rows.shape[0], sinks.shape[0]), dtype=np.int8)
     if n_layers == 1:
         # The only path from row r to input m is the edge Ã_1[r, m].
-        return np.asarray(mixed[0][np.ix_(rows, sinks)])
+        return np.asarray(mixed[0][np.ix_(rows, sinks)]), status
     if n_layers == 2:
         # Paths r -> k -> m share no edge: the max-flow is their sum.
-        return _parallel_paths(mixed[1][rows], mixed[0][:, sinks])
-
-    flows = np.zeros((rows.shape[0], sinks.shape[0]))
+        return _parallel_paths(mixed[1][rows], mixed[0][:, sinks]), status
+    if ENGINE == "kernel" and KERNEL_AVAILABLE:
+        return _solve_with_kernel(mixed, rows, sinks)
     has_out = mixed[-1][rows].sum(axis=1) > 0  # padded rows send nothing
     has_in = mixed[0][:, sinks].sum(axis=0) > 0  # padded tokens receive nothing
     reachable = has_out[:, None] & has_in[None, :]
-    pending = [(int(i), int(j)) for i, j in zip(*np.nonzero(reachable), strict=True)]
-    upper: np.ndarray | None = None
-    refined = np.zeros(sinks.shape[0], dtype=bool)  # sinks with the bottom-up bound too
-    for keep in STRONGEST_EDGES:
-        if not pending or n <= 4 * keep:
-            break
-        subgraph = build_layered_graph(_strongest_edges(mixed, keep), rows)
-        lower = _solve_pairs(subgraph, mixed, pending, sinks)
-        if upper is None:
-            upper = _top_down_bounds(mixed, rows, sinks)
-        gaps = {pair: upper[pair] - value for pair, value in lower.items()}
-        open_sinks = np.unique(
-            np.array([j for (_, j), gap in gaps.items() if gap > CERTIFY_TOLERANCE], np.intp)
-        )
-        open_sinks = open_sinks[~refined[open_sinks]]
-        if open_sinks.size:  # the tighter, costlier bound, only where still needed
-            upper[:, open_sinks] = np.minimum(
-                upper[:, open_sinks], _bottom_up_bounds(mixed, rows, sinks[open_sinks])
-            )
-            refined[open_sinks] = True
-        pending = []
-        for pair, value in lower.items():
-            if upper[pair] - value <= CERTIFY_TOLERANCE:
-                flows[pair] = value
-            else:
-                pending.append(pair)
-    if pending:
-        for (i, j), value in _solve_on_whole_graph(mixed, rows, pending, sinks).items():
-            flows[i, j] = value
-    return flows
+    status[reachable] = SOLVED
+    return _solve_with_igraph(mixed, rows, sinks, reachable), status
+
+
+def solve_flow_task(task: FlowTask) -> np.ndarray:
+    """Max-flow values ``(len(rows), len(sinks))`` for one task (runs in any thread or process)."""
+    return solve_flow_task_with_status(task)[0]

@@ -175,7 +175,7 @@ def faithfulness(
     with the settings in ``evaluation.json``); a rerun with the same settings and data
     skips finished chunks and returns the identical report, so an interrupted run loses
     at most the chunk in progress. Attention flow, the costly part, runs on `n_jobs`
-    processes or on `executor` (a Dask cluster's, for example).
+    threads or on `executor` (a Dask cluster's, for example).
 
     Parameters
     ----------
@@ -226,7 +226,7 @@ def faithfulness(
         A folder for the per-chunk results (created if missing; it must be empty or hold
         this evaluation's earlier results). None keeps them in memory.
     n_jobs : int, optional
-        Processes for attention flow, as for :func:`attnflow.flow`.
+        Threads for attention flow, as for :func:`attnflow.flow`.
     executor : concurrent.futures.Executor, optional
         Runs attention flow's tasks instead (e.g. ``distributed.Client().get_executor()``).
     progress : bool, default False

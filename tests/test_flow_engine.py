@@ -1,0 +1,167 @@
+"""The compiled max-flow solver on the attention patterns of real models, against igraph.
+
+Every path of the engine (the flow stopped at its upper bound, the bound tightened, the
+solver run to completion, the closed forms) must equal igraph's max-flow on the whole
+reduced graph to 1e-12, and, on small graphs, the independent networkx oracle. The
+patterns: the real MiniLM attention shipped with attnflow, the real digits ViT sample,
+and synthetic attention sinks, low-rank, local-window and causal (GPT-2-like) attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from backends import selected_variants
+from oracle import oracle_flow
+
+import attnflow
+import attnflow._maxflow as engine
+from attnflow._maxflow import CERTIFIED, SOLVED, FlowTask, solve_flow_task_with_status
+from attnflow._sample import load_image_sample, load_sample
+
+EXACT = 1e-12
+
+
+def test_the_compiled_solver_is_built() -> None:
+    # Every install builds it (setup.py); without it flow falls back to igraph, exact but
+    # slow, and the tests below would not test the solver: fail, never skip.
+    assert engine.KERNEL_AVAILABLE, "attnflow._maxflow_kernel is missing from the install"
+    assert engine.ENGINE == "kernel"
+
+
+def _mixed(weights: np.ndarray, residual: float = 0.5) -> np.ndarray:
+    """``Ã_l = (1 - α) mean_h W_l + α I`` of one sequence ``(L, H, n, n)``."""
+    n = weights.shape[-1]
+    fused = weights.mean(axis=1)
+    fused = fused / fused.sum(axis=-1, keepdims=True)
+    return np.ascontiguousarray((1 - residual) * fused + residual * np.eye(n))
+
+
+def _both_engines(
+    mixed: np.ndarray, rows: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Kernel values, kernel statuses and igraph's whole-graph values of all sinks."""
+    task = FlowTask((), mixed, rows, np.arange(rows.shape[0]), np.arange(mixed.shape[-1]))
+    values, status = solve_flow_task_with_status(task)
+    with monkeypatch.context() as patch:
+        patch.setattr(engine, "ENGINE", "igraph")
+        reference, _ = solve_flow_task_with_status(task)
+    return values, status, reference
+
+
+def _sinks(rng: np.random.Generator, layers: int, n: int) -> np.ndarray:
+    logits = rng.normal(size=(layers, 4, n, n))
+    logits[..., 0] += 5.0  # most mass on token 0, as [CLS]/[SEP]/BOS sinks take it
+    return _softmax(logits)
+
+
+def _low_rank(rng: np.random.Generator, layers: int, n: int) -> np.ndarray:
+    queries, keys = rng.normal(size=(2, layers, 4, n, 3))
+    return _softmax(2.0 * queries @ keys.swapaxes(-1, -2))
+
+
+def _local(rng: np.random.Generator, layers: int, n: int) -> np.ndarray:
+    distance = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :])
+    return _softmax(rng.normal(size=(layers, 4, n, n)) - 0.7 * distance)
+
+
+def _causal(rng: np.random.Generator, layers: int, n: int) -> np.ndarray:
+    logits = rng.normal(scale=2.0, size=(layers, 4, n, n))
+    logits[..., 0] += 3.0  # BOS sink
+    future = np.triu(np.ones((n, n), dtype=bool), k=1)
+    return _softmax(np.where(future, -np.inf, logits))
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+PATTERNS: dict[str, Callable[[np.random.Generator, int, int], np.ndarray]] = {
+    "sinks": _sinks,
+    "low-rank": _low_rank,
+    "local-window": _local,
+    "causal": _causal,
+}
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_synthetic_patterns_equal_the_whole_graph_max_flow(
+    pattern: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    weights = PATTERNS[pattern](np.random.default_rng(7), 6, 40)
+    values, status, reference = _both_engines(_mixed(weights), np.arange(40), monkeypatch)
+    np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+    assert np.all(status[reference > 0] > 0)  # nothing carried (causal future): no solve
+
+
+def test_local_windows_take_the_solver_to_completion(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Strongly local attention has bottlenecks the tree bounds miss: the solver's flow
+    # falls short of the bound and it runs to completion (backward arcs, later phases).
+    weights = _local(np.random.default_rng(3), 8, 48)
+    values, status, reference = _both_engines(_mixed(weights), np.array([0, 20]), monkeypatch)
+    np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+    assert np.count_nonzero(status == SOLVED) > 0
+    assert np.count_nonzero(status == CERTIFIED) > 0
+
+
+def test_solver_run_to_completion_is_the_max_flow(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A target out of reach forces every pair through every phase of the solver (the
+    # bound tightened, then blocking flows on backward arcs until no path is left).
+    weights = _sinks(np.random.default_rng(5), 5, 30)
+    monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)
+    values, status, reference = _both_engines(_mixed(weights), np.arange(30), monkeypatch)
+    assert np.all(status == SOLVED)
+    np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+
+
+def test_tightened_bound_is_reported_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Top-down bounds made useless (too high): the solver tightens them with the bottom-up
+    # bound of each sink, and what it reports is still the max-flow.
+    weights = _low_rank(np.random.default_rng(5), 5, 30)
+    upper = engine._upper_bounds
+    monkeypatch.setattr(engine, "_upper_bounds", lambda *a: upper(*a) + 0.5)
+    values, status, reference = _both_engines(_mixed(weights), np.arange(30), monkeypatch)
+    assert np.count_nonzero(status == CERTIFIED) > 0
+    np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+
+
+def test_shipped_minilm_sample_every_row_every_layer() -> None:
+    # Real pretrained MiniLM attention on three padded sentences: all rows, all layers,
+    # against the independent networkx oracle and the igraph engine.
+    sample = load_sample()
+    weights = np.asarray(sample.attentions, dtype=np.float64)
+    weights = weights / weights.sum(axis=-1, keepdims=True)
+    got = attnflow.flow(weights, mask=sample.mask, layers="all", normalize=False, n_jobs=1)
+    expected = oracle_flow(weights, mask=sample.mask, layers="all", rows=[0, 4], normalize=False)
+    np.testing.assert_allclose(got[..., [0, 4], :], expected, atol=1e-10, rtol=0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine, "ENGINE", "igraph")
+        whole = attnflow.flow(weights, mask=sample.mask, layers="all", normalize=False, n_jobs=1)
+    np.testing.assert_allclose(got, whole, atol=EXACT, rtol=0)
+
+
+def test_shipped_vit_sample_cls_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    sample = load_image_sample()
+    for recorded in np.asarray(sample.attentions, dtype=np.float64)[:3]:
+        image = recorded / recorded.sum(axis=-1, keepdims=True)
+        values, _, reference = _both_engines(_mixed(image), np.array([0]), monkeypatch)
+        np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+
+
+def test_threads_equal_serial_on_sinks() -> None:
+    weights = _sinks(np.random.default_rng(11), 4, 50)
+    serial = attnflow.flow(weights, rows=[0, 3, 9], normalize=False, n_jobs=1)
+    threaded = attnflow.flow(weights, rows=[0, 3, 9], normalize=False, n_jobs=2)
+    np.testing.assert_array_equal(threaded, serial)
+
+
+def test_sinks_against_networkx() -> None:
+    if "numpy" not in {v.library for v in selected_variants()}:
+        pytest.skip("once per matrix run, in the numpy session")
+    weights = _sinks(np.random.default_rng(13), 5, 16)
+    got = attnflow.flow(weights, rows=[0, 11], normalize=False, n_jobs=1)
+    expected = oracle_flow(weights, rows=[0, 11], normalize=False)
+    np.testing.assert_allclose(got, expected, atol=1e-10, rtol=0)
