@@ -562,7 +562,7 @@ def _configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
             "--raw-values", action="store_true", help="raw max-flow values, rows not normalised"
         )
         parser.add_argument(
-            "--jobs", type=int, default=None, help="processes (default: automatic; -1 all cores)"
+            "--jobs", type=int, default=None, help="threads (default: automatic; -1 all cores)"
         )
         parser.add_argument(
             "--no-progress", action="store_true", help="hide the progress bar (shown with tqdm)"

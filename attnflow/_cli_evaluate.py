@@ -62,7 +62,7 @@ def configure_evaluate(parser: argparse.ArgumentParser) -> None:
         default="spearman",
         help="rank correlation",
     )
-    parser.add_argument("--jobs", type=int, default=None, help="processes for attention flow")
+    parser.add_argument("--jobs", type=int, default=None, help="threads for attention flow")
     parser.add_argument("--chunk-size", type=int, default=64, help="samples per saved chunk")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     group = parser.add_argument_group("agreement and sentiment")
@@ -332,7 +332,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     folder = Path(args.output)
     _check_folder(folder)
     if args.jobs is not None and args.jobs < 1 and args.jobs != -1:
-        msg = f"--jobs must be a positive number of processes or -1; got {args.jobs}"
+        msg = f"--jobs must be a positive number of threads or -1; got {args.jobs}"
         raise UsageError(msg)
     if args.sentences is not None and args.sentences < 1:
         msg = f"--sentences must be a positive number; got {args.sentences}"

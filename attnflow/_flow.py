@@ -39,6 +39,12 @@ SECONDS_PER_TASK = 1.5e-4
 """Fixed cost of one sequence-layer task: bounds, arc ordering and solver set-up calls
 (same machine); what dominates at the paper's scale and below."""
 
+TASK_SECONDS = 0.5
+"""Largest estimated single-core time of one task: longer sequence-layer problems are split
+over their input tokens, so that the progress bar moves and Ctrl-C takes effect within
+about a second (a task runs to its end once started: the compiled solver holds no Python
+frame to interrupt)."""
+
 DEFAULT_MAX_WORK = 2.5e10
 """Edge visits (max-flows x edges) above which `flow` refuses to start by default."""
 
@@ -144,7 +150,8 @@ def _plan(
     layers below the top layer and that head's matrix at the top (`mixed_heads`,
     ``(*batch, reported_layers, H, n, n)``). With `workers` and fewer sequence-layer pairs
     than workers, the input tokens of each pair are split so that every worker has work;
-    each chunk orders its graph's arcs again, so there are no more chunks than that.
+    each chunk orders its graph's arcs again, so there are no more chunks than that. A
+    problem estimated above `TASK_SECONDS` is split further, to about that size.
     """
     layout = prepared.layout
     n = layout.n_tokens
@@ -191,7 +198,9 @@ def _plan(
                     reported = top - 1 if prepared.all_layers else 0
                     top_matrix = mixed_heads[(*item, reported, head)]
                     sequence = np.concatenate([sequence[:-1], top_matrix[None]])
-                for sinks in np.array_split(tokens, min(chunks, len(tokens))):
+                task_seconds = _solve_seconds(top, len(item_rows), len(tokens))
+                pieces = max(chunks, math.ceil(task_seconds / TASK_SECONDS))
+                for sinks in np.array_split(tokens, min(pieces, len(tokens))):
                     tasks.append(FlowTask(slot, sequence, item_rows, positions, sinks))
     cost = FlowCost(max_flows, largest, visits, seconds)
     return _Plan(tasks, out_shape, cost)
@@ -245,7 +254,8 @@ def _worker_count(n_jobs: int | None, cost: FlowCost) -> int:
         # Threads start in microseconds, but splitting a task repeats its arc ordering:
         # worth it from a few tens of milliseconds of work.
         return cores if cost.estimated_seconds > 0.05 else 1
-    return n_jobs
+    # The work is CPU-bound: threads beyond the cores only compete for them.
+    return min(n_jobs, cores)
 
 
 def _progress_bar(enabled: bool, total: int) -> Any:
@@ -279,7 +289,9 @@ def _run(
         # The compiled solver releases the GIL: threads share the work without starting
         # processes or copying the attention (the igraph fallback holds the GIL, so it
         # gains nothing from them, and loses nothing either).
-        executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="attnflow")
+        executor = ThreadPoolExecutor(
+            max_workers=max(1, min(workers, len(tasks))), thread_name_prefix="attnflow"
+        )
     try:
         futures: dict[Future[np.ndarray], FlowTask] = {
             executor.submit(solve_flow_task, task): task for task in tasks
@@ -468,9 +480,11 @@ def flow(
         always renormalised (the row scale cancels in the division).
     n_jobs : int, optional
         Threads on this machine: None chooses (all cores when the work is estimated
-        above about 0.05 s, else one), -1 is one per core, 1 runs serially. The compiled
-        solver releases the GIL, so threads run side by side with no process to start
-        and nothing to copy.
+        above about 0.05 s, else one), -1 is one per core, 1 runs serially; more than the
+        cores is capped at the cores. The compiled solver releases the GIL, so threads
+        run side by side with no process to start and nothing to copy. Problems are cut
+        into tasks of about half a second at most, so the progress bar moves and Ctrl-C
+        stops a run within about a second.
     executor : concurrent.futures.Executor, optional
         Run the max-flow tasks on this executor instead, for example a Dask cluster's
         (``distributed.Client(...).get_executor()``) or a ``ProcessPoolExecutor`` (in
