@@ -1,9 +1,11 @@
 """Bridges to other explainability toolkits, each in its own submodule.
 
 * ``attnflow.integrations.inseq`` (extra ``attnflow[inseq]``): importing it registers the
-  inseq attribution methods ``"attention_rollout"`` and ``"attention_flow"``.
+  inseq attribution methods ``"attention_rollout"``, ``"attention_flow"`` and
+  ``"gradient_rollout"``.
 * ``attnflow.integrations.captum`` (extra ``attnflow[captum]``): captum-style
-  ``AttentionRollout(model).attribute(inputs, ...)`` and ``AttentionFlow``.
+  ``AttentionRollout(model).attribute(inputs, ...)``, ``AttentionFlow`` and
+  ``GradientRollout``.
 * ``attnflow.integrations.quantus`` (extra ``attnflow[quantus]``): a Quantus
   ``explain_func`` for vision transformers, patch maps upsampled to pixels.
 

@@ -34,7 +34,7 @@ def _ids(tokenizer: Any, text: str) -> Any:
 
 def test_methods_are_registered() -> None:
     methods = inseq.list_feature_attribution_methods()
-    assert {"attention_rollout", "attention_flow"} <= set(methods)
+    assert {"attention_rollout", "attention_flow", "gradient_rollout"} <= set(methods)
 
 
 @pytest.mark.parametrize("method", ["rollout", "flow"])
@@ -141,6 +141,66 @@ def test_padded_batch_equals_each_sequence(bart: Any, tokenizer: Any) -> None:
         torch.testing.assert_close(
             result.source_attributions, source[0, :steps].T, atol=ATOL, rtol=0
         )
+
+
+def _gae_next_token(model: Any, call: dict[str, Any], token: int) -> Any:
+    """Reference: capture with gradients, d logit(token) at the last position / d A."""
+    with capture(model, gradients=True) as cap:
+        logits = model(**call).logits
+    logits[0, -1, token].backward()
+    return cap
+
+
+def test_gradient_rollout_decoder_only_per_step(gpt2: Any, tokenizer: Any) -> None:
+    model = inseq.load_model(gpt2, "gradient_rollout", tokenizer=tokenizer)
+    out = model.attribute(PROMPT, GENERATED, show_progress=False)
+    scores = out.sequence_attributions[0].target_attributions
+    assert scores.shape == (7, 3)
+    assert (scores.nan_to_num() > 0).any()
+    ids = _ids(tokenizer, GENERATED)
+    start = len(PROMPT.split())
+    for step in range(3):
+        position = start + step  # the token generated at this step, from the prefix before it
+        gpt2.zero_grad()
+        cap = _gae_next_token(gpt2, {"input_ids": ids[:, :position]}, int(ids[0, position]))
+        reference = attnflow.gradient_rollout(cap.attentions.detach(), cap.gradients, rows=-1)
+        torch.testing.assert_close(scores[:position, step], reference[0], atol=ATOL, rtol=0)
+        assert torch.isnan(scores[position:, step]).all()
+    # The parameters' gradients are left alone by the method.
+    gpt2.zero_grad(set_to_none=True)
+    model.attribute(PROMPT, GENERATED, show_progress=False)
+    assert all(p.grad is None for p in gpt2.parameters())
+
+
+def test_gradient_rollout_encoder_decoder_per_step(bart: Any, tokenizer: Any) -> None:
+    model = inseq.load_model(bart, "gradient_rollout", tokenizer=tokenizer)
+    out = model.attribute(SOURCE, TARGET, attribute_target=True, show_progress=False)
+    result = out.sequence_attributions[0]
+    decoder_ids = torch.tensor([[token.id for token in result.target]])
+    assert result.source_attributions.shape == (5, 6)
+    assert result.target_attributions.shape == (7, 6)
+    assert (result.source_attributions > 0).any()  # a real comparison, not of zeros
+    for step in range(6):
+        call = {
+            "input_ids": _ids(tokenizer, SOURCE),
+            "decoder_input_ids": decoder_ids[:, : step + 1],
+        }
+        cap = _gae_next_token(bart, call, int(decoder_ids[0, step + 1]))
+        source, target = attnflow.encoder_decoder_rollout(
+            cap.encoder_attentions.detach(),
+            cap.decoder_attentions.detach(),
+            cap.cross_attentions.detach(),
+            rule="gae",
+            gradients=(cap.encoder_gradients, cap.decoder_gradients, cap.cross_gradients),
+            rows=-1,
+        )
+        torch.testing.assert_close(
+            result.source_attributions[:, step], source[0], atol=ATOL, rtol=0
+        )
+        torch.testing.assert_close(
+            result.target_attributions[: step + 1, step], target[0], atol=ATOL, rtol=0
+        )
+    bart.zero_grad(set_to_none=True)
 
 
 def test_show_renders(gpt2: Any, tokenizer: Any) -> None:
