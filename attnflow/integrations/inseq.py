@@ -88,10 +88,12 @@ def _model_inputs(
     found: dict[str, torch.Tensor] = {}
     for name, index in where.items():
         value = additional[index] if index < len(additional) else None
-        if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point:
+        ids = name.endswith("_ids")
+        if not isinstance(value, torch.Tensor) or (ids and value.dtype.is_floating_point):
+            kind = "integer tensor" if ids else "tensor"
             msg = (
                 f"inseq passed its batch in a layout attnflow does not know: expected the "
-                f"integer tensor {name!r} at position {index} of additional_forward_args, got "
+                f"{kind} {name!r} at position {index} of additional_forward_args, got "
                 f"{type(value).__name__}. attnflow.integrations.inseq supports inseq 0.7; "
                 "install it with pip install 'attnflow[inseq]'."
             )

