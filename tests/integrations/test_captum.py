@@ -169,5 +169,5 @@ def test_pretrained_minilm_encoder_with_padding() -> None:
     mask = batch["attention_mask"].bool()
     reference = attnflow.rollout(attentions, rows=0, mask=mask)
     assert scores.shape == batch["input_ids"].shape
-    torch.testing.assert_close(scores, reference, atol=1e-5, rtol=0)
+    torch.testing.assert_close(scores, reference, atol=ATOL, rtol=0)  # 7.5e-9 measured
     assert (scores[~mask] == 0).all()  # padding gets exactly nothing
