@@ -203,6 +203,30 @@ def test_gradient_rollout_encoder_decoder_per_step(bart: Any, tokenizer: Any) ->
     bart.zero_grad(set_to_none=True)
 
 
+def test_generation_then_show(gpt2: Any, tokenizer: Any, capsys: Any) -> None:
+    """The plain call: inseq generates, attnflow explains every generated token, show() prints."""
+    model = inseq.load_model(gpt2, "attention_rollout", tokenizer=tokenizer)
+    out = model.attribute(PROMPT, generation_args={"max_new_tokens": 3, "do_sample": False})
+    result = out.sequence_attributions[0]
+    ids = torch.tensor([[token.id for token in result.target]])
+    steps = ids.shape[1] - 4  # after the 4 prompt tokens: 3, or fewer if </s> came first
+    assert 1 <= steps <= 3
+    assert result.target_attributions.shape == (ids.shape[1], steps)
+    with torch.no_grad(), capture(gpt2) as cap:
+        gpt2(ids)
+    reference = attnflow.rollout(cap.attentions)[0]
+    for step in range(steps):
+        position = 3 + step
+        torch.testing.assert_close(
+            result.target_attributions[: position + 1, step],
+            reference[position, : position + 1],
+            atol=ATOL,
+            rtol=0,
+        )
+    out.show()
+    assert "Target Saliency Heatmap" in capsys.readouterr().out
+
+
 def test_show_renders(gpt2: Any, tokenizer: Any) -> None:
     model = inseq.load_model(gpt2, "attention_rollout", tokenizer=tokenizer)
     out = model.attribute(PROMPT, GENERATED, show_progress=False)
