@@ -73,6 +73,7 @@ def tests(session: nox.Session, backend: str) -> None:
             package / "experiments" / "reproduction.py",
             package / "experiments" / "sentiment_torch.py",
             package / "experiments" / "reproduction_sentiment.py",
+            package / "integrations",  # inseq, captum, Quantus: the integrations session
         ]
         session.run(
             "pytest",
@@ -124,6 +125,25 @@ def adapters_torch(session: nox.Session) -> None:
         "attnflow.experiments.reproduction_sentiment",
         env=env,
     )
+
+
+@nox.session
+def integrations(session: nox.Session) -> None:
+    """attnflow.integrations against the real inseq, captum and Quantus (offline models)."""
+    session.install(TORCH)  # first, so that nothing pulls a CUDA build of torch
+    _install_group(session, "test")
+    _install_group(session, "adapters-torch")  # transformers and the shipped MiniLM
+    # scikit-learn: the digits data set on which the Quantus test trains its ViT.
+    session.install(".[inseq,captum,quantus]", "scikit-learn")
+    env = {
+        **ENV,
+        "HF_HUB_OFFLINE": "1",
+        "ATTNFLOW_TEST_BACKENDS": "torch",
+        # Everything these tests need is installed here: a skip is a failure.
+        "ATTNFLOW_FORBID_SKIPS": "tests/integrations",
+    }
+    session.run("pytest", "tests/integrations", *session.posargs, env=env)
+    session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.integrations", env=env)
 
 
 @nox.session(name="adapters-jax")

@@ -1,0 +1,370 @@
+"""Attention rollout and attention flow as inseq attribution methods.
+
+Importing this module registers two attribution methods with inseq (0.7), through inseq's
+own registry, which finds every subclass of its registry classes by ``method_name``:
+
+* ``"attention_rollout"``: :func:`attnflow.rollout` for decoder-only models,
+  :func:`attnflow.encoder_decoder_rollout` for encoder-decoder models;
+* ``"attention_flow"``: :func:`attnflow.flow` and :func:`attnflow.encoder_decoder_flow`;
+* ``"gradient_rollout"``: Chefer et al.'s GAE, :func:`attnflow.gradient_rollout` and
+  :func:`attnflow.encoder_decoder_rollout` with ``rule="gae"``, for the logit of each
+  generated token.
+
+Then ``inseq.load_model(model, "attention_rollout").attribute(text).show()`` works as for
+inseq's built-in methods::
+
+    import inseq
+    import attnflow.integrations.inseq  # registers the methods
+
+    model = inseq.load_model("gpt2", "attention_rollout")
+    model.attribute("The key to the cabinets", generation_args={"max_new_tokens": 3}).show()
+
+Rollout and flow are *final-step* methods: inseq generates (or takes) the whole target, then calls the
+method once on the complete sequence. The method runs the Hugging Face model once inside
+:func:`attnflow.adapters.torch.capture` (so eager and SDPA attention both work; inseq's own
+``"attention"`` method needs ``attn_implementation="eager"``), applies attnflow's maths,
+and hands inseq a map for every decoder position. inseq keeps them transposed relative to
+attnflow, tokens x generated steps, and takes the attribution of generated token ``t + 1``
+from decoder position ``t``: column ``j`` of inseq's result is row ``p + j - 1`` of
+attnflow's, where ``p`` is the position of the first generated token. For encoder-decoder
+models the source attributions are attnflow's ``source`` (decoder positions to source
+tokens) and, with ``attribute_target=True``, the target attributions are its ``target``;
+together each column sums to one, as each row of ``[source | target]`` does.
+
+Gradient rollout depends on the token generated, so it runs once per generated token,
+as inseq's gradient methods do: the model on the prefix, inside ``capture`` with
+gradients, then the gradient of the logit of the next token (at the last position) with
+respect to every attention weight, and the GAE row of that position.
+
+Options go through ``attribute(...)`` keyword arguments: ``heads``, ``residual`` and
+``layers`` (``"last"`` or one decoder layer index) for rollout and flow; ``normalize`` and
+``max_work`` for flow; ``layers`` and ``normalize`` for gradient rollout.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+with warnings.catch_warnings():
+    # inseq 0.7 reads its model_config.yaml through a file it never closes.
+    warnings.simplefilter("ignore", ResourceWarning)
+    from inseq.attr.feat.internals_attribution import InternalsAttributionRegistry
+    from inseq.data.attribution import CoarseFeatureAttributionStepOutput
+    from inseq.utils.typing import InseqAttribution
+
+import attnflow
+from attnflow._flow import DEFAULT_MAX_WORK
+from attnflow.adapters.torch import capture  # type: ignore[import-not-found,unused-ignore]
+
+from ._options import check_layer_choice
+
+__all__ = ["AttentionFlowAttribution", "AttentionRolloutAttribution", "GradientRolloutAttribution"]
+
+# inseq 0.7 passes the batch to a method only inside captum's ``additional_forward_args``;
+# these are the positions of its tensors there (see inseq's ``format_attribution_args``).
+_DECODER_ONLY = {"input_ids": 0, "target_ids": 1, "attention_mask": 3}
+_ENCODER_DECODER = {
+    "input_ids": 0,
+    "decoder_input_ids": 1,
+    "target_ids": 2,
+    "attention_mask": 4,
+    "decoder_attention_mask": 5,
+}
+
+
+def _model_inputs(
+    is_encoder_decoder: bool, inputs: tuple[Any, ...], additional: tuple[Any, ...]
+) -> dict[str, torch.Tensor]:
+    """Rebuild the Hugging Face keyword arguments of inseq's model call from its arguments."""
+    if is_encoder_decoder:
+        # Without attribute_target, inseq puts the target embeddings in front.
+        offset = 0 if len(inputs) > 1 else 1
+        where = {name: index + offset for name, index in _ENCODER_DECODER.items()}
+    else:
+        where = dict(_DECODER_ONLY)
+    found: dict[str, torch.Tensor] = {}
+    for name, index in where.items():
+        value = additional[index] if index < len(additional) else None
+        ids = name.endswith("_ids")
+        if not isinstance(value, torch.Tensor) or (ids and value.dtype.is_floating_point):
+            kind = "integer tensor" if ids else "tensor"
+            msg = (
+                f"inseq passed its batch in a layout attnflow does not know: expected the "
+                f"{kind} {name!r} at position {index} of additional_forward_args, got "
+                f"{type(value).__name__}. attnflow.integrations.inseq supports inseq 0.7; "
+                "install it with pip install 'attnflow[inseq]'."
+            )
+            raise RuntimeError(msg)
+        found[name] = value
+    return found
+
+
+def _attribute(
+    function: str,
+    forward_func: Any,
+    inputs: tuple[Any, ...],
+    additional_forward_args: tuple[Any, ...],
+    options: dict[str, Any],
+) -> Any:
+    """Capture the model's attention on inseq's batch, apply attnflow, lay out for inseq."""
+    check_layer_choice(options["layers"])
+    encoder_decoder = bool(forward_func.is_encoder_decoder)
+    arguments = _model_inputs(encoder_decoder, inputs, additional_forward_args)
+    model = forward_func.model
+    arguments.pop("target_ids")
+    with torch.no_grad(), capture(model) as cap:
+        model(**arguments)
+    if encoder_decoder:
+        method = getattr(attnflow, f"encoder_decoder_{function}")
+        source, target = method(
+            cap.encoder_attentions,
+            cap.decoder_attentions,
+            cap.cross_attentions,
+            source_mask=arguments["attention_mask"].bool(),
+            target_mask=arguments["decoder_attention_mask"].bool(),
+            **options,
+        )
+        # attnflow: rows = decoder positions; inseq: (batch, tokens, positions).
+        return CoarseFeatureAttributionStepOutput(
+            source_attributions=source.transpose(-1, -2).cpu(),
+            target_attributions=target.transpose(-1, -2).cpu() if len(inputs) > 1 else None,
+        )
+    scores = getattr(attnflow, function)(
+        cap.attentions, mask=arguments["attention_mask"].bool(), **options
+    )
+    return CoarseFeatureAttributionStepOutput(
+        source_attributions=None, target_attributions=scores.transpose(-1, -2).cpu()
+    )
+
+
+def _attribute_gradient(
+    forward_func: Any,
+    inputs: tuple[Any, ...],
+    additional_forward_args: tuple[Any, ...],
+    options: dict[str, Any],
+) -> Any:
+    """GAE for the next token: capture with gradients, d logit / d A, one row per sequence."""
+    check_layer_choice(options["layers"])
+    encoder_decoder = bool(forward_func.is_encoder_decoder)
+    arguments = _model_inputs(encoder_decoder, inputs, additional_forward_args)
+    targets = arguments.pop("target_ids").reshape(-1, 1)
+    model = forward_func.model
+    with torch.enable_grad():
+        with capture(model, gradients=True) as cap:
+            logits = model(**arguments).logits  # (batch, positions, vocabulary)
+        score = logits[:, -1].gather(-1, targets.to(logits.device)).sum()
+        # Only the attention weights get gradients: the parameters' .grad stay untouched.
+        torch.autograd.backward(score, inputs=cap.records)
+    if encoder_decoder:
+        source, target = attnflow.encoder_decoder_rollout(
+            cap.encoder_attentions.detach(),
+            cap.decoder_attentions.detach(),
+            cap.cross_attentions.detach(),
+            rule="gae",
+            gradients=(cap.encoder_gradients, cap.decoder_gradients, cap.cross_gradients),
+            rows=-1,
+            source_mask=arguments["attention_mask"].bool(),
+            target_mask=arguments["decoder_attention_mask"].bool(),
+            **options,
+        )
+        return CoarseFeatureAttributionStepOutput(
+            source_attributions=source.cpu(),
+            target_attributions=target.cpu() if len(inputs) > 1 else None,
+        )
+    relevance = attnflow.gradient_rollout(
+        cap.attentions.detach(),
+        cap.gradients,
+        rows=-1,
+        mask=arguments["attention_mask"].bool(),
+        **options,
+    )
+    return CoarseFeatureAttributionStepOutput(
+        source_attributions=None, target_attributions=relevance.cpu()
+    )
+
+
+class _Rollout(InseqAttribution):  # type: ignore[misc]
+    """The callable inseq calls with the batch and the user's options."""
+
+    @staticmethod
+    def has_convergence_delta() -> bool:
+        return False
+
+    def attribute(
+        self,
+        inputs: tuple[Any, ...],
+        additional_forward_args: tuple[Any, ...],
+        heads: Any = "mean",
+        residual: float = 0.5,
+        layers: str | int = "last",
+    ) -> Any:
+        options = {"heads": heads, "residual": residual, "layers": layers}
+        return _attribute("rollout", self.forward_func, inputs, additional_forward_args, options)
+
+
+class _Flow(InseqAttribution):  # type: ignore[misc]
+    """The callable inseq calls with the batch and the user's options."""
+
+    @staticmethod
+    def has_convergence_delta() -> bool:
+        return False
+
+    def attribute(
+        self,
+        inputs: tuple[Any, ...],
+        additional_forward_args: tuple[Any, ...],
+        heads: Any = "mean",
+        residual: float = 0.5,
+        layers: str | int = "last",
+        normalize: bool = True,
+        max_work: float | None = DEFAULT_MAX_WORK,
+    ) -> Any:
+        options = {
+            "heads": heads,
+            "residual": residual,
+            "layers": layers,
+            "normalize": normalize,
+            "max_work": max_work,
+        }
+        return _attribute("flow", self.forward_func, inputs, additional_forward_args, options)
+
+
+class _GradientRollout(InseqAttribution):  # type: ignore[misc]
+    """The callable inseq calls with the batch of one step and the user's options."""
+
+    @staticmethod
+    def has_convergence_delta() -> bool:
+        return False
+
+    def attribute(
+        self,
+        inputs: tuple[Any, ...],
+        additional_forward_args: tuple[Any, ...],
+        layers: str | int = "last",
+        normalize: bool = False,
+    ) -> Any:
+        options = {"layers": layers, "normalize": normalize}
+        return _attribute_gradient(self.forward_func, inputs, additional_forward_args, options)
+
+
+class _FinalStep:
+    """What both methods share: one model call on the finished sequence, no gradients."""
+
+    def _setup(self, attribution_model: Any, method: InseqAttribution) -> None:
+        self.use_attention_weights = False  # captured by attnflow, eager or SDPA alike
+        self.use_predicted_target = False  # the maps do not depend on the predicted token
+        self.is_final_step_method = True
+        self.method = method(attribution_model)
+
+    def attribute_step(
+        self, attribute_fn_main_args: dict[str, Any], attribution_args: dict[str, Any]
+    ) -> Any:
+        return self.method.attribute(**attribute_fn_main_args, **attribution_args)
+
+
+class AttentionRolloutAttribution(_FinalStep, InternalsAttributionRegistry):  # type: ignore[misc]
+    """inseq method ``"attention_rollout"``: attention rollout by attnflow.
+
+    Registered with inseq when this module is imported; load it by name,
+    ``inseq.load_model(model, "attention_rollout")``.
+
+    Parameters
+    ----------
+    attribution_model : inseq.models.AttributionModel
+        The model inseq wraps (decoder-only or encoder-decoder).
+    **kwargs
+        Ignored (inseq passes its hook options).
+
+    Notes
+    -----
+    Options of ``attribute(...)``: ``heads`` (``"mean"``, ``"max"``, ``"min"``, weights or a
+    callable; see :func:`attnflow.fuse_heads`), ``residual`` (α, default 0.5) and
+    ``layers`` (``"last"`` or the index of one decoder layer).
+    """
+
+    method_name = "attention_rollout"
+
+    def __init__(self, attribution_model: Any, **kwargs: Any) -> None:  # noqa: ARG002
+        super().__init__(attribution_model)
+        self._setup(attribution_model, _Rollout)
+
+
+class AttentionFlowAttribution(_FinalStep, InternalsAttributionRegistry):  # type: ignore[misc]
+    """inseq method ``"attention_flow"``: attention flow by attnflow.
+
+    Registered with inseq when this module is imported; load it by name,
+    ``inseq.load_model(model, "attention_flow")``.
+
+    Parameters
+    ----------
+    attribution_model : inseq.models.AttributionModel
+        The model inseq wraps (decoder-only or encoder-decoder).
+    **kwargs
+        Ignored (inseq passes its hook options).
+
+    Notes
+    -----
+    Options of ``attribute(...)``: those of ``"attention_rollout"``, plus ``normalize``
+    (divide each position's flow by its sum, default True) and ``max_work`` (refuse a
+    graph whose max-flow work exceeds it; see :func:`attnflow.flow_cost`). Flow solves
+    one max-flow per position and token: it is meant for short texts.
+    """
+
+    method_name = "attention_flow"
+
+    def __init__(self, attribution_model: Any, **kwargs: Any) -> None:  # noqa: ARG002
+        super().__init__(attribution_model)
+        self._setup(attribution_model, _Flow)
+
+
+class GradientRolloutAttribution(InternalsAttributionRegistry):  # type: ignore[misc]
+    """inseq method ``"gradient_rollout"``: Chefer et al.'s GAE by attnflow, per generated token.
+
+    Registered with inseq when this module is imported; load it by name,
+    ``inseq.load_model(model, "gradient_rollout")``.
+
+    Parameters
+    ----------
+    attribution_model : inseq.models.AttributionModel
+        The model inseq wraps (decoder-only or encoder-decoder).
+    **kwargs
+        Ignored (inseq passes its hook options).
+
+    Notes
+    -----
+    For each generated token, the model runs on the prefix and the logit of that token at
+    the last position is differentiated with respect to every attention weight
+    (:func:`attnflow.gradient_rollout`; :func:`attnflow.encoder_decoder_rollout` with
+    ``rule="gae"`` for encoder-decoder models). Options of ``attribute(...)``: ``layers``
+    (``"last"`` or one decoder layer index) and ``normalize`` (divide each map by its sum;
+    GAE relevance is not normalised by default).
+    """
+
+    method_name = "gradient_rollout"
+
+    def __init__(self, attribution_model: Any, **kwargs: Any) -> None:  # noqa: ARG002
+        super().__init__(attribution_model)
+        self.use_attention_weights = False  # captured by attnflow, with their gradients
+        self.method = _GradientRollout(attribution_model)
+
+    def attribute_step(
+        self, attribute_fn_main_args: dict[str, Any], attribution_args: dict[str, Any]
+    ) -> Any:
+        """Attribute one generation step (inseq calls this once per generated token).
+
+        Parameters
+        ----------
+        attribute_fn_main_args : dict
+            inseq's ``inputs`` and ``additional_forward_args`` of the step.
+        attribution_args : dict
+            The user's options (``layers``, ``normalize``).
+
+        Returns
+        -------
+        inseq.data.attribution.CoarseFeatureAttributionStepOutput
+            One score per source token and per target-prefix token.
+        """
+        return self.method.attribute(**attribute_fn_main_args, **attribution_args)
