@@ -120,7 +120,7 @@ def _strongest_first(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Column indices of each row, largest capacity first, and each row's non-zero count."""
     # The solver tries a node's arcs in this order: wide arcs first carry most of the flow
     # in few augmentations, and zero arcs (sorted last) are never looked at.
-    order = np.argsort(-matrices, axis=-1, kind="stable").astype(np.int32)
+    order = np.argsort(-matrices, axis=-1).astype(np.int32)  # any order of ties is exact
     count = np.count_nonzero(matrices > 0, axis=-1).astype(np.int32)
     return order, count
 
