@@ -156,6 +156,25 @@ def _as_index(value: object, name: str) -> int:
         raise TypeError(msg) from None
 
 
+def _refuse_boolean_array(value: object, name: str) -> None:
+    """Refuse a boolean array of positions, from any library, before it is iterated.
+
+    Iterating a torch bool tensor yields 0-d tensors that `operator.index` reads as 1 and
+    0, so a mask would silently become positions; NumPy's booleans are refused. Refusing
+    every boolean dtype makes all libraries behave alike.
+    """
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or "bool" not in str(dtype).lower():
+        return
+    shape = tuple(getattr(value, "shape", ()))
+    msg = (
+        f"`{name}` must hold integer token positions, not a boolean mask; got a boolean "
+        f"array of shape {shape}. Pass the positions of the True entries instead, for "
+        "example `numpy.flatnonzero(selected)` or `torch.nonzero(selected).flatten()`."
+    )
+    raise TypeError(msg)
+
+
 def check_rows(rows: object, n_tokens: int) -> int | tuple[int, ...] | None:
     """Check `rows` against the sequence length; return non-negative positions."""
     if rows is None:
@@ -170,6 +189,7 @@ def check_rows(rows: object, n_tokens: int) -> int | tuple[int, ...] | None:
             raise IndexError(msg)
         return position % n_tokens
 
+    _refuse_boolean_array(rows, "rows")
     if isinstance(rows, str | bytes):
         _as_index(rows, "rows")
     if isinstance(rows, Sequence) or getattr(rows, "ndim", 0) == 1:
@@ -195,6 +215,7 @@ def check_exclude(exclude: object, n_tokens: int) -> tuple[int, ...]:
             raise IndexError(msg)
         return position % n_tokens
 
+    _refuse_boolean_array(exclude, "exclude")
     if isinstance(exclude, str | bytes):
         _as_index(exclude, "exclude")
     if isinstance(exclude, Sequence) or getattr(exclude, "ndim", 0) == 1:
