@@ -14,6 +14,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ._host import from_host, to_host
+from ._lost_workers import lost_workers_message
 from ._maxflow import STRONGEST_EDGES, FlowTask, solve_flow_task
 from ._nonfinite import clear_non_finite
 from ._pipeline import PreparedAttention, prepare_attention
@@ -292,11 +293,7 @@ def _run(
             try:
                 result = future.result()
             except BrokenProcessPool:
-                msg = (
-                    "attention flow's worker processes stopped before finishing. In a "
-                    'script, call it under `if __name__ == "__main__":` (the workers import '
-                    "the script), or pass `n_jobs=1` to run in this process."
-                )
+                msg = lost_workers_message("attention flow", serial_hint="pass `n_jobs=1`")
                 raise WorkersLostError(msg) from None
             yield task, result
     finally:
