@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -658,3 +659,18 @@ def test_a_killed_worker_is_reported_as_died_not_as_a_missing_guard() -> None:
             list(_run([object()], 2, pool, None))  # type: ignore[list-item]
     finally:
         pool.shutdown()
+
+
+def test_the_reliability_page_names_only_tests_that_exist() -> None:
+    # docs/reliability.md cites a test for each row: a renamed test must not leave it stale.
+    root = Path(__file__).parents[1]
+    page = (root / "docs" / "reliability.md").read_text(encoding="utf-8")
+    cited = set(re.findall(r"`(test_\w+)`", page))
+    defined = {
+        match
+        for folder in ("tests", "property_tests")
+        for path in (root / folder).rglob("test_*.py")
+        for match in re.findall(r"^def (test_\w+)", path.read_text(encoding="utf-8"), re.MULTILINE)
+    }
+    assert cited, "the page cites no tests"
+    assert sorted(cited - defined) == []
