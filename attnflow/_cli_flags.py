@@ -50,25 +50,28 @@ _FLAGS = {
 _KEYWORD = re.compile(r"`(\w+)(?:=([^`]*))?`")
 
 
-def _flag(match: re.Match[str]) -> str:
+def _flag(match: re.Match[str], flags: dict[str, str]) -> str:
     name, value = match.group(1), match.group(2)
-    if value is not None and f"{name}={value}" in _SETTINGS:
+    if value is not None and f"{name}={value}" in _SETTINGS and name not in flags:
         return _SETTINGS[f"{name}={value}"]
-    if name not in _FLAGS:
+    flag = flags.get(name, _FLAGS.get(name))
+    if flag is None:
         return match.group(0)
-    flag = _FLAGS[name]
     if value is None or not value:
         return flag
     return f"{flag} {value.strip(chr(39) + chr(34))}"
 
 
-def in_flags(message: str) -> str:
+def in_flags(message: str, *, flags: dict[str, str] | None = None) -> str:
     """Reword a library message for the command line.
 
     Parameters
     ----------
     message : str
         An error message of the library.
+    flags : dict of str to str, optional
+        A command's own flags where they differ from flow's and rollout's (for example
+        ``{"normalize": "--normalize"}`` for ``gradient-rollout``).
 
     Returns
     -------
@@ -83,4 +86,5 @@ def in_flags(message: str) -> str:
     """
     for phrase, replacement in _PHRASES.items():
         message = message.replace(phrase, replacement)
-    return _KEYWORD.sub(_flag, message)
+    own = flags or {}
+    return _KEYWORD.sub(lambda match: _flag(match, own), message)

@@ -674,3 +674,26 @@ def test_the_reliability_page_names_only_tests_that_exist() -> None:
     }
     assert cited, "the page cites no tests"
     assert sorted(cited - defined) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        (["--rows", "99"], "--rows must index the 6 output positions"),
+        (["--layers", "7"], "--layers must index the 3 layers"),
+        (["--exclude", "6"], "--exclude must index the 6 input tokens"),
+    ],
+)
+def test_gradient_rollout_checks_options_before_the_output_exists_check(
+    tmp_path: Path, options: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnflow._cli import EXIT_USAGE, main
+
+    weights = _attention((2, 3, 2, 6, 6))
+    source = tmp_path / "g.npz"
+    np.savez(source, attentions=weights, gradients=np.ones_like(weights))
+    out = tmp_path / "r.npz"
+    out.write_bytes(b"kept")
+    assert main(["gradient-rollout", str(source), "-o", str(out), *options]) == EXIT_USAGE
+    assert "exists" not in _one_line(capsys, fragment)
+    assert out.read_bytes() == b"kept"
