@@ -193,9 +193,19 @@ def attention_file(tmp_path: Path) -> Path:
 # -- two writers, one output (item 2) ------------------------------------------------------
 
 
-def test_two_racing_writers_exactly_one_wins(tmp_path: Path) -> None:
+@pytest.mark.parametrize("hard_links", [True, False], ids=["link", "o_excl"])
+def test_two_racing_writers_exactly_one_wins(
+    tmp_path: Path, hard_links: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Both writers pass the early "exists" check, then meet at a barrier while writing,
-    # so both reach the final step together: it must be exclusive.
+    # so both reach the final step together: it must be exclusive. Without hard links
+    # (some network file systems) the O_EXCL fallback must be too.
+    if not hard_links:
+
+        def no_link(*args: object, **kwargs: object) -> None:
+            raise PermissionError(1, "Operation not permitted")
+
+        monkeypatch.setattr(os, "link", no_link)
     target = tmp_path / "r.npz"
     barrier = threading.Barrier(2, timeout=10)
     outcomes: list[str] = []
