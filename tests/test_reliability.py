@@ -11,6 +11,7 @@ import importlib.util
 import io
 import json
 import math
+import multiprocessing
 import os
 import re
 import struct
@@ -663,7 +664,8 @@ def test_a_killed_worker_is_reported_as_died_not_as_a_missing_guard() -> None:
         def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
             return super().submit(os.abort)  # the worker kills itself (SIGABRT)
 
-    pool = KillingPool(max_workers=1)
+    # Never fork the test process: JAX and PyTorch may run threads in it.
+    pool = KillingPool(max_workers=1, mp_context=multiprocessing.get_context("forkserver"))
     try:
         with pytest.raises(WorkersLostError, match=r"died before finishing \(killed by a signal"):
             list(_run([object()], 2, pool, None))  # type: ignore[list-item]
