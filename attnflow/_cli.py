@@ -660,11 +660,11 @@ def _attention_accept(options: dict[str, Any]) -> Any:
     return accept
 
 
-def _mask_accept(attention: Any) -> Any:
+def _mask_accept(attention: Any, *, fused: bool) -> Any:
     """Check a mask file's header: booleans of shape (*batch, n) for this attention."""
 
     def accept(header: Any) -> None:
-        batch = attention.shape[: -4 if attention.ndim >= 4 else -3]
+        batch = attention.shape[: -3 if fused else -4]
         expected = (*batch, attention.shape[-1])
         if header.dtype != np.dtype(bool) or header.shape != expected:
             msg = (
@@ -706,7 +706,10 @@ def _run_method(args: argparse.Namespace, *, method: str) -> int:
         mask = None
         if args.mask:
             mask = read_array(
-                args.mask, key=args.mask_key, default="mask", accept=_mask_accept(attentions)
+                args.mask,
+                key=args.mask_key,
+                default="mask",
+                accept=_mask_accept(attentions, fused=options["heads"] is None),
             )
         tokens = _read_tokens(args.tokens, attentions, option="--tokens")
     except (ArrayFileError, OSError) as error:

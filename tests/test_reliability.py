@@ -709,3 +709,35 @@ def test_gradient_rollout_checks_options_before_the_output_exists_check(
     assert main(["gradient-rollout", str(source), "-o", str(out), *options]) == EXIT_USAGE
     assert "exists" not in _one_line(capsys, fragment)
     assert out.read_bytes() == b"kept"
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["heads", "heads-none"])
+def test_a_mask_file_is_checked_from_its_header(
+    tmp_path: Path, fused: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnflow._cli import EXIT_USAGE, main
+
+    weights = _attention((2, 3, 2, 6, 6))
+    source = tmp_path / "x.npy"
+    np.save(source, weights.mean(axis=-3) if fused else weights)
+    heads = ["--heads", "none"] if fused else []
+    mask = np.ones((2, 6), dtype=bool)
+    mask[0, 5] = False
+    np.save(tmp_path / "m.npy", mask)
+    out = tmp_path / "r.npz"
+    assert (
+        main(["rollout", str(source), "--mask", str(tmp_path / "m.npy"), "-o", str(out), *heads])
+        == 0
+    )
+    np.save(tmp_path / "bad.npy", mask[:, :5])
+    bad = [
+        "rollout",
+        str(source),
+        "--mask",
+        str(tmp_path / "bad.npy"),
+        "-o",
+        str(tmp_path / "b.npz"),
+    ]
+    assert main([*bad, *heads]) == EXIT_USAGE
+    _one_line(capsys, "--mask must be a boolean array of shape (*batch, n) = (2, 6)")
+    assert not (tmp_path / "b.npz").exists()
