@@ -658,8 +658,6 @@ def test_a_killed_worker_is_reported_as_died_not_as_a_missing_guard() -> None:
     # Pytest's own main module has the guard: a worker that dies is reported as killed.
     from concurrent.futures import ProcessPoolExecutor
 
-    from attnflow._flow import WorkersLostError, _run
-
     class KillingPool(ProcessPoolExecutor):
         def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
             return super().submit(os.abort)  # the worker kills itself (SIGABRT)
@@ -667,8 +665,8 @@ def test_a_killed_worker_is_reported_as_died_not_as_a_missing_guard() -> None:
     # Never fork the test process: JAX and PyTorch may run threads in it.
     pool = KillingPool(max_workers=1, mp_context=multiprocessing.get_context("forkserver"))
     try:
-        with pytest.raises(WorkersLostError, match=r"died before finishing \(killed by a signal"):
-            list(_run([object()], 2, pool, None))  # type: ignore[list-item]
+        with pytest.raises(RuntimeError, match=r"died before finishing \(killed by a signal"):
+            attnflow.flow(_attention((2, 3, 2, 6, 6)), executor=pool)
     finally:
         pool.shutdown()
 
