@@ -144,7 +144,7 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
             for kind in ("layers", "graph")
         ]
         names.append("digits.png")
-    existing = [name for name in names if (target / name).exists()]
+    existing = [name for name in names if os.path.lexists(target / name)]  # links count
     if existing and not force:
         msg = f"{target} already holds {', '.join(existing)}; pass --force to replace them"
         raise UsageError(msg)
@@ -156,7 +156,7 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
 
     def save(name: str, write: Callable[[Any], object]) -> str:
         try:
-            return str(write_atomically(target / name, write, force=True))
+            return str(write_atomically(target / name, write, force=force))  # exclusive
         except ArrayFileError as error:
             raise UsageError(str(error)) from None
 
