@@ -36,8 +36,9 @@ BACKEND_PACKAGES: dict[str, list[str]] = {
     "dask": ["dask[array]", "distributed"],  # distributed: flow on a LocalCluster
     "tensorflow": ["tensorflow-cpu"],
 }
-# Tests import the installed package only: the checkout must not shadow it.
-ENV = {"PYTHONSAFEPATH": "1", "PYTHONHASHSEED": "0"}
+# Tests import the installed package only: the checkout must not shadow it. A pytest run
+# in which no test passed fails (tests/session_checks.py): no session goes green empty.
+ENV = {"PYTHONSAFEPATH": "1", "PYTHONHASHSEED": "0", "ATTNFLOW_REQUIRE_PASSES": "1"}
 
 
 def _install_group(session: nox.Session, *groups: str) -> None:
@@ -96,6 +97,8 @@ def adapters_torch(session: nox.Session) -> None:
         **ENV,
         "HF_HUB_OFFLINE": "1",
         "ATTNFLOW_TEST_BACKENDS": "torch",
+        # A failed install must fail the session, not skip every module that needs it.
+        "ATTNFLOW_REQUIRE_MODULES": "torch,transformers",
         # This session installs all that these tests need: none may skip (the adapter's
         # timm test may: no CPU torchvision).
         "ATTNFLOW_FORBID_SKIPS": (
@@ -152,7 +155,13 @@ def adapters_jax(session: nox.Session) -> None:
     session.install("jax", "flax")
     _install_group(session, "test")
     session.install(".")
-    env = {**ENV, "ATTNFLOW_TEST_BACKENDS": "jax"}
+    env = {
+        **ENV,
+        "ATTNFLOW_TEST_BACKENDS": "jax",
+        # A failed install must fail the session; nothing in these tests may skip.
+        "ATTNFLOW_REQUIRE_MODULES": "jax,flax",
+        "ATTNFLOW_FORBID_SKIPS": "tests/adapters/test_jax.py",
+    }
     session.run("pytest", "tests/adapters/test_jax.py", *session.posargs, env=env)
     session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.jax", env=env)
 
@@ -167,7 +176,13 @@ def adapters_keras(session: nox.Session, keras_backend: str) -> None:
     session.install(*KERAS_BACKENDS[keras_backend], "keras>=3.8")
     _install_group(session, "test")
     session.install(".")
-    env = {**ENV, "KERAS_BACKEND": keras_backend, "ATTNFLOW_TEST_BACKENDS": "numpy"}
+    env = {
+        **ENV,
+        "KERAS_BACKEND": keras_backend,
+        "ATTNFLOW_TEST_BACKENDS": "numpy",
+        # A failed install must fail the session, not skip the module.
+        "ATTNFLOW_REQUIRE_MODULES": f"keras,{keras_backend}",
+    }
     session.run("pytest", "tests/adapters/test_keras.py", *session.posargs, env=env)
     session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.keras", env=env)
 

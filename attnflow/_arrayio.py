@@ -1,16 +1,17 @@
 """Reading and writing arrays for the command line: ``.npy``, ``.npz``, ``.safetensors``.
 
-Nothing here ever unpickles: NumPy files are loaded with ``allow_pickle=False`` and
-safetensors files are parsed from their JSON header. Outputs are written atomically (a
-temporary file in the target folder, then a rename) and never replace an existing file
-unless asked to.
+Nothing here ever unpickles. Every array's header is read first (shape, dtype, size) and
+checked, against what the caller accepts and against the memory available, before its data
+is read, so a decompression bomb is refused without being inflated. Outputs are written
+atomically (a temporary file in the target folder, then a rename) and never replace an
+existing file, a dangling symbolic link included, unless asked to: without `force` the
+last step is exclusive (a hard link, else ``O_EXCL``), so of two writers exactly one wins.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import struct
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -18,33 +19,71 @@ from typing import BinaryIO
 
 import numpy as np
 
-__all__ = ["ArrayFileError", "read_array", "read_arrays", "write_atomically", "write_npz"]
+from ._array_headers import ArrayEntry, ArrayFileError, ArrayHeader, open_entries
 
-_SAFETENSORS_DTYPES: dict[str, np.dtype[np.generic]] = {
-    "F64": np.dtype("<f8"),
-    "F32": np.dtype("<f4"),
-    "F16": np.dtype("<f2"),
-    "BOOL": np.dtype("?"),
-    "U8": np.dtype("u1"),
-    "I8": np.dtype("i1"),
-    "I32": np.dtype("<i4"),
-    "I64": np.dtype("<i8"),
-}
-_MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+__all__ = [
+    "ArrayFileError",
+    "ArrayHeader",
+    "read_array",
+    "read_arrays",
+    "read_header",
+    "write_atomically",
+    "write_npz",
+]
 
-
-class ArrayFileError(ValueError):
-    """A file that cannot be read as the arrays asked for; its message is one line."""
+Accept = Callable[[ArrayHeader], None]
+"""Raises (ArrayFileError, ValueError, TypeError) for an array the caller cannot use."""
 
 
-def _pick(arrays: Mapping[str, np.ndarray], key: str | None, path: Path, default: str) -> str:
-    names = sorted(arrays)
+def _available_memory() -> int | None:
+    """Bytes of memory available to a new allocation, or None where it cannot be told."""
+    try:
+        with Path("/proc/meminfo").open(encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_header(path: Path, header: ArrayHeader, accept: Accept | None) -> None:
+    """Check a header before its data is read: what the caller accepts, then the memory."""
+    if accept is not None:
+        try:
+            accept(header)
+        except ArrayFileError:
+            raise
+        except (ValueError, TypeError, IndexError) as error:
+            msg = f"{path}: array {header.name!r} of shape {header.shape}: {error}"
+            raise ArrayFileError(msg) from None
+    available = _available_memory()
+    if available is not None and header.nbytes > available:
+        msg = (
+            f"{path}: array {header.name!r} declares shape {header.shape} and dtype "
+            f"{header.dtype}, {header.nbytes / 2**30:.3g} GiB once loaded, more than the "
+            f"{available / 2**30:.3g} GiB of memory available; split the input into "
+            "smaller files"
+        )
+        raise ArrayFileError(msg)
+
+
+def _pick(entries: Mapping[str, ArrayEntry], key: str | None, path: Path, default: str) -> str:
+    names = sorted(entries)
+    if path.suffix.lower() == ".npy":
+        if key is not None:
+            msg = f"{path} holds one array: --key applies to .npz and .safetensors"
+            raise ArrayFileError(msg)
+        return "array"
     if key is not None:
-        if key not in arrays:
+        if key not in entries:
             msg = f"{path} has no array named {key!r}; it holds {names}"
             raise ArrayFileError(msg)
         return key
-    if default in arrays:
+    if default in entries:
         return default
     if len(names) == 1:
         return names[0]
@@ -52,53 +91,45 @@ def _pick(arrays: Mapping[str, np.ndarray], key: str | None, path: Path, default
     raise ArrayFileError(msg)
 
 
-def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    with path.open("rb") as file:
-        size_bytes = file.read(8)
-        if len(size_bytes) != 8:
-            msg = f"{path} is not a safetensors file (shorter than its header size)"
-            raise ArrayFileError(msg)
-        (header_size,) = struct.unpack("<Q", size_bytes)
-        if header_size > _MAX_SAFETENSORS_HEADER:
-            msg = f"{path} is not a safetensors file (header of {header_size} bytes)"
-            raise ArrayFileError(msg)
-        try:
-            header = json.loads(file.read(header_size))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            msg = f"{path} is not a safetensors file (its header is not JSON)"
-            raise ArrayFileError(msg) from None
-        data = file.read()
-    arrays = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        dtype_name = entry.get("dtype")
-        if dtype_name == "BF16":
-            start, end = entry["data_offsets"]
-            raw = np.frombuffer(data, dtype="<u2", count=(end - start) // 2, offset=start)
-            raw = raw.astype(np.uint32) << 16
-            arrays[name] = raw.view(np.float32).reshape(entry["shape"])
-            continue
-        if dtype_name not in _SAFETENSORS_DTYPES:
-            msg = f"{path}: tensor {name!r} has dtype {dtype_name}, which attnflow cannot read"
-            raise ArrayFileError(msg)
-        start, end = entry["data_offsets"]
-        dtype = _SAFETENSORS_DTYPES[dtype_name]
-        shape = tuple(entry["shape"])
-        if end - start != dtype.itemsize * int(np.prod(shape)) or end > len(data):
-            msg = f"{path}: tensor {name!r} does not match its declared shape {list(shape)}"
-            raise ArrayFileError(msg)
-        arrays[name] = np.frombuffer(data[start:end], dtype=dtype).reshape(shape)
-    return arrays
+def read_header(path: str | os.PathLike[str], *, key: str | None, default: str) -> ArrayHeader:
+    """Read what one array of a file declares (shape, dtype, stored dtype), not its data.
+
+    Parameters
+    ----------
+    path : path
+        The ``.npy``, ``.npz`` or ``.safetensors`` file.
+    key, default : str or None, str
+        Which array, as for :func:`read_array`.
+
+    Returns
+    -------
+    ArrayHeader
+
+    Raises
+    ------
+    ArrayFileError
+        On a missing, unreadable, malformed, pickled or ambiguous file.
+    """
+    file = Path(path)
+    entries = open_entries(file)
+    return entries[_pick(entries, key, file, default)].header
 
 
-def read_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+def read_arrays(
+    path: str | os.PathLike[str], *, accept: Accept | None = None
+) -> dict[str, np.ndarray]:
     """Read every array of a ``.npz`` or ``.safetensors`` file (``.npy``: one, "array").
+
+    Every header is checked (by `accept`, then against the memory available) before any
+    data is read.
 
     Parameters
     ----------
     path : path
         The file.
+    accept : callable, optional
+        Called with each array's :class:`ArrayHeader`; raises for an array the caller
+        cannot use.
 
     Returns
     -------
@@ -107,43 +138,28 @@ def read_arrays(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     Raises
     ------
     ArrayFileError
-        On a missing, unreadable or pickled file.
+        On a missing, unreadable, malformed, pickled or refused file.
     """
     file = Path(path)
-    if not file.is_file():
-        msg = f"{file} does not exist or is not a file"
-        raise ArrayFileError(msg)
-    suffix = file.suffix.lower()
-    try:
-        if suffix == ".safetensors":
-            return _read_safetensors(file)
-        if suffix in {".npy", ".npz"}:
-            loaded = np.load(file, allow_pickle=False)
-            if isinstance(loaded, np.ndarray):
-                return {"array": loaded}
-            with loaded:
-                return {name: np.asarray(loaded[name]) for name in loaded.files}
-    except ValueError as error:
-        if isinstance(error, ArrayFileError):
-            raise
-        text = str(error)
-        if "pickle" in text.lower():
-            msg = (
-                f"{file} is not a plain NumPy array file: it holds pickled data or is no "
-                "NumPy file at all; attnflow never unpickles (it can run code)"
-            )
-            raise ArrayFileError(msg) from None
-        msg = f"{file} is not a readable {suffix} file ({text})"
-        raise ArrayFileError(msg) from None
-    except (OSError, EOFError) as error:
-        msg = f"{file} is not a readable {suffix} file ({error})"
-        raise ArrayFileError(msg) from None
-    msg = f"{file}: unknown format {suffix!r}; use .npy, .npz or .safetensors"
-    raise ArrayFileError(msg)
+    entries = open_entries(file)
+    for entry in entries.values():
+        _check_header(file, entry.header, accept)
+    total = sum(entry.header.nbytes for entry in entries.values())
+    _check_header(file, ArrayHeader("(all arrays)", (total,), np.dtype("u1"), "uint8"), None)
+    return {name: entry.load() for name, entry in entries.items()}
 
 
-def read_array(path: str | os.PathLike[str], *, key: str | None, default: str) -> np.ndarray:
+def read_array(
+    path: str | os.PathLike[str],
+    *,
+    key: str | None,
+    default: str,
+    accept: Accept | None = None,
+) -> np.ndarray:
     """Read one array from a ``.npy``, ``.npz`` or ``.safetensors`` file, never unpickling.
+
+    Its header is checked (by `accept`, then against the memory available) before its data
+    is read; the file's other arrays are not read.
 
     Parameters
     ----------
@@ -154,6 +170,9 @@ def read_array(path: str | os.PathLike[str], *, key: str | None, default: str) -
         if present, else the only array.
     default : str
         The name looked for when `key` is None.
+    accept : callable, optional
+        Called with the array's :class:`ArrayHeader`; raises for an array the caller
+        cannot use.
 
     Returns
     -------
@@ -162,16 +181,13 @@ def read_array(path: str | os.PathLike[str], *, key: str | None, default: str) -
     Raises
     ------
     ArrayFileError
-        On a missing, unreadable, pickled or ambiguous file.
+        On a missing, unreadable, malformed, pickled, ambiguous or refused file.
     """
     file = Path(path)
-    arrays = read_arrays(file)
-    if file.suffix.lower() == ".npy":
-        if key is not None:
-            msg = f"{file} holds one array: --key applies to .npz and .safetensors"
-            raise ArrayFileError(msg)
-        return arrays["array"]
-    return arrays[_pick(arrays, key, file, default)]
+    entries = open_entries(file)
+    entry = entries[_pick(entries, key, file, default)]
+    _check_header(file, entry.header, accept)
+    return entry.load()
 
 
 def write_atomically(
@@ -179,8 +195,11 @@ def write_atomically(
 ) -> Path:
     """Write a file through `write` atomically; refuse to replace a file unless `force`.
 
-    The bytes go to a temporary file in the target's folder, which is then renamed onto
-    the target, so the target never holds a partial file.
+    The bytes go to a temporary file in the target's folder, which then becomes the
+    target, so the target never holds a partial file. Without `force` that last step is
+    exclusive: of two writers racing for one name exactly one wins, and the other gets the
+    "exists" error. A symbolic link at the target counts as a file even when dangling. The
+    temporary file is removed on every path, errors and KeyboardInterrupt included.
 
     Returns
     -------
@@ -193,24 +212,52 @@ def write_atomically(
         If the file exists and `force` is False, or its folder does not exist.
     """
     target = Path(path)
-    if target.exists() and not force:
-        msg = f"{target} exists; pass --force to replace it"
-        raise ArrayFileError(msg)
+    if not force and os.path.lexists(target):
+        raise _exists(target)
     if not target.parent.is_dir():
         msg = f"folder {target.parent} does not exist"
         raise ArrayFileError(msg)
-    descriptor, temporary = tempfile.mkstemp(
-        prefix=f".{target.name}.", suffix=".tmp", dir=target.parent
-    )
+    descriptor, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    temporary = Path(name)
     try:
         with os.fdopen(descriptor, "wb") as file:
             write(file)
-        Path(temporary).chmod(0o644)
-        Path(temporary).replace(target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+        temporary.chmod(0o644)
+        if force:
+            temporary.replace(target)
+        else:
+            _publish_exclusively(temporary, target)
+    finally:
+        # After a link the temporary name is left over; after a rename it is gone.
+        temporary.unlink(missing_ok=True)
     return target
+
+
+def _exists(target: Path) -> ArrayFileError:
+    return ArrayFileError(f"{target} exists; pass --force to replace it")
+
+
+def _publish_exclusively(temporary: Path, target: Path) -> None:
+    """Give `temporary` the name `target` unless `target` exists (atomically, no race)."""
+    try:
+        os.link(temporary, target)  # fails if anything, a dangling link too, has the name
+    except FileExistsError:
+        raise _exists(target) from None
+    except OSError:
+        pass  # no hard links here (some network or FAT file systems): claim with O_EXCL
+    else:
+        return
+    try:
+        claim = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise _exists(target) from None
+    os.close(claim)
+    try:
+        temporary.replace(target)  # over the empty file this writer just claimed
+    except BaseException:
+        with contextlib.suppress(OSError):
+            target.unlink()
+        raise
 
 
 def write_npz(

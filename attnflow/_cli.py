@@ -144,7 +144,7 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
             for kind in ("layers", "graph")
         ]
         names.append("digits.png")
-    existing = [name for name in names if (target / name).exists()]
+    existing = [name for name in names if os.path.lexists(target / name)]  # links count
     if existing and not force:
         msg = f"{target} already holds {', '.join(existing)}; pass --force to replace them"
         raise UsageError(msg)
@@ -156,7 +156,7 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
 
     def save(name: str, write: Callable[[Any], object]) -> str:
         try:
-            return str(write_atomically(target / name, write, force=True))
+            return str(write_atomically(target / name, write, force=force))  # exclusive
         except ArrayFileError as error:
             raise UsageError(str(error)) from None
 
@@ -592,68 +592,171 @@ def _top_table(
     return lines
 
 
+_STORED_EPSILON = {"bfloat16": 2.0**-7}
+"""Machine epsilon of stored dtypes that reach the library widened (NumPy has no bfloat16)."""
+
+
+def _method_options(args: argparse.Namespace, *, method: str) -> dict[str, Any]:
+    """Parse and check every option of ``rollout``/``flow``/``raw`` that needs no file."""
+    from ._validation import check_residual
+
+    options: dict[str, Any] = {
+        "rows": _parse_rows(args.rows),
+        "layers": _parse_layers(args.layers),
+        "heads": _parse_heads(args.heads, method=method),
+    }
+    if method != "raw":
+        options |= _pruning_options(args) | _decoder_options(args)
+        try:
+            options["residual"] = check_residual(args.residual)
+        except (TypeError, ValueError) as error:
+            raise UsageError(_in_flags(str(error))) from None
+    if args.top < 0:
+        msg = f"--top must be a number of tokens, 0 or more; got {args.top}"
+        raise UsageError(msg)
+    if method == "flow":
+        if args.jobs is not None and args.jobs < 1 and args.jobs != -1:
+            msg = (
+                "--jobs must be a positive number of processes or -1 (one per CPU core); "
+                f"got {args.jobs}. Leave it out to choose automatically."
+            )
+            raise UsageError(msg)
+        # `not > 0` refuses NaN too, which would otherwise disable the limit.
+        if args.max_work is not None and not args.max_work > 0:
+            msg = (
+                "--max-work must be a positive number of edge visits (inf for no limit); "
+                f"got {args.max_work}"
+            )
+            raise UsageError(msg)
+    return options
+
+
+def _in_flags(message: str) -> str:
+    from ._cli_flags import in_flags
+
+    return in_flags(message)
+
+
+def _attention_accept(options: dict[str, Any]) -> Any:
+    """Check an attention file's header against the options, before its data is read."""
+    from ._validation import check_attention_layout, check_exclude, check_layers, check_rows
+
+    def accept(header: Any) -> None:
+        if header.dtype.kind != "f":
+            msg = (
+                "attention weights must be floating point (float16, bfloat16, float32 or "
+                f"float64); the file stores {header.stored}"
+            )
+            raise TypeError(msg)
+        heads = options["heads"]
+        layout = check_attention_layout(header.shape, fused=heads is None)
+        check_rows(options["rows"], layout.n_tokens)
+        check_layers(options["layers"], layout.n_layers)
+        check_exclude(options.get("exclude"), layout.n_tokens)
+        if isinstance(heads, list) and len(heads) != layout.n_heads:
+            msg = f"--heads gives {len(heads)} weights for attention with {layout.n_heads} heads"
+            raise ValueError(msg)
+
+    return accept
+
+
+def _mask_accept(attention: Any, *, fused: bool) -> Any:
+    """Check a mask file's header: booleans of shape (*batch, n) for this attention."""
+
+    def accept(header: Any) -> None:
+        batch = attention.shape[: -3 if fused else -4]
+        expected = (*batch, attention.shape[-1])
+        if header.dtype != np.dtype(bool) or header.shape != expected:
+            msg = (
+                f"--mask must be a boolean array of shape (*batch, n) = {expected}; the file "
+                f"stores {header.stored} of shape {header.shape}"
+            )
+            raise ValueError(msg)
+
+    return accept
+
+
 def _run_method(args: argparse.Namespace, *, method: str) -> int:
-    """Read attention, run one method, write the result and print its top tokens."""
+    """Read attention, run one method, write the result and print its top tokens.
+
+    Everything that can be checked is checked first, in this order: the options, the
+    input's header (shape and dtype, against the options), then the output's name; only
+    then is data read. Nothing is written unless the method succeeds.
+    """
+    import contextlib
     from pathlib import Path
 
     import attnflow
 
-    from ._arrayio import ArrayFileError, read_array
+    from ._arrayio import ArrayFileError, read_array, read_header
+    from ._validation import stored_precision
 
+    options = _method_options(args, method=method)
+    source = Path(args.input)
+    accept = _attention_accept(options)
     try:
-        rows = _parse_rows(args.rows)
-        layers = _parse_layers(args.layers)
-        heads = _parse_heads(args.heads, method=method)
-        pruning = _pruning_options(args) if method != "raw" else {}
-        if method != "raw":
-            pruning |= _decoder_options(args)
-        source = Path(args.input)
+        header = read_header(source, key=args.key, default="attentions")
+        try:
+            accept(header)
+        except (TypeError, ValueError, IndexError) as error:
+            msg = f"{source}: {_in_flags(str(error))}"
+            raise UsageError(msg) from None
         output = _output_path(source, args.output, method, force=args.force)
-        attentions = read_array(source, key=args.key, default="attentions")
+        attentions = read_array(source, key=args.key, default="attentions", accept=accept)
         mask = None
         if args.mask:
-            mask = read_array(args.mask, key=args.mask_key, default="mask")
+            mask = read_array(
+                args.mask,
+                key=args.mask_key,
+                default="mask",
+                accept=_mask_accept(attentions, fused=options["heads"] is None),
+            )
         tokens = _read_tokens(args.tokens, attentions, option="--tokens")
     except (ArrayFileError, OSError) as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(_in_flags(str(error))) from None
 
-    options: dict[str, object] = {
-        "heads": heads,
-        "rows": rows,
-        "layers": layers,
-        "mask": mask,
-        "validate": not args.no_validate,
-    }
+    options |= {"mask": mask, "validate": not args.no_validate}
     if method == "flow":
         options |= {
-            "residual": args.residual,
             "normalize": not args.raw_values,
             "n_jobs": args.jobs,
             # The bar needs tqdm, an optional extra: without it the command runs quietly.
             "progress": not args.no_progress and _has_module("tqdm"),
-            **pruning,
         }
         if args.max_work is not None:
             options["max_work"] = args.max_work
-        result = attnflow.flow(attentions, **options)  # type: ignore[arg-type]
-    elif method == "rollout":
-        options |= pruning
-        result = attnflow.rollout(attentions, residual=args.residual, **options)  # type: ignore[arg-type]
-    else:
-        result = attnflow.raw(attentions, **options)  # type: ignore[arg-type]
-    values = np.asarray(result)
+    function = {"flow": attnflow.flow, "rollout": attnflow.rollout, "raw": attnflow.raw}[method]
+    precision = (
+        stored_precision(header.stored, _STORED_EPSILON[header.stored])
+        if header.stored in _STORED_EPSILON
+        else contextlib.nullcontext()
+    )
+    try:
+        with precision:
+            values = np.asarray(function(attentions, **options))
+    except (ValueError, TypeError, IndexError, RuntimeError) as error:
+        reworded = _in_flags(str(error))
+        if reworded == str(error):
+            raise
+        raise type(error)(reworded) from error
+    # Lay out the report before writing, so that nothing is written if it fails.
+    table = _first_row_table(values, tokens, top=args.top)
     written = _write_output(output, {method: values}, force=args.force)
     print(f"{method}: {source} -> {written}, shape {tuple(values.shape)}, dtype {values.dtype}")
-    print("\n".join(_first_row_table(values, tokens, top=args.top)))
+    print("\n".join(table))
     return 0
 
 
 def _output_path(source: Path, output: str | None, name: str, *, force: bool) -> Path:
-    """``-o``, else ``INPUT_STEM.NAME.npz`` beside the input; an existing one needs --force."""
+    """``-o``, else ``INPUT_STEM.NAME.npz`` beside the input; an existing one needs --force.
+
+    A symbolic link counts as existing even when it points nowhere. This early check
+    saves the work; the write itself is exclusive too (two runs cannot both win).
+    """
     from ._arrayio import ArrayFileError
 
     path = Path(output) if output else source.with_name(f"{source.name.split('.')[0]}.{name}.npz")
-    if path.exists() and not force:
+    if os.path.lexists(path) and not force:
         msg = f"{path} exists; pass --force to replace it"
         raise ArrayFileError(msg)
     return path
@@ -684,6 +787,9 @@ def _first_row_table(
     values: NDArray[np.floating], tokens: Sequence[str] | None, *, top: int, what: str = "tokens"
 ) -> list[str]:
     """Lay out the top-tokens table of the first row of `values` (first sequence)."""
+    if values.size == 0:
+        # An empty batch (or no rows): a result of shape (0, ...) has no first row.
+        return [f"no {what} to show: the result is empty, shape {tuple(values.shape)}"]
     first = values.reshape(-1, values.shape[-1])[0]
     where = "the first row of the first sequence" if values.ndim > 1 else "the requested row"
     return _top_table(first, tokens, top=top, title=f"top {what} of {where}:")
@@ -768,7 +874,7 @@ def _run_plot(args: argparse.Namespace) -> int:
     import importlib.util
     from pathlib import Path
 
-    from ._arrayio import ArrayFileError, read_array, write_atomically
+    from ._arrayio import ArrayFileError, read_array
 
     output = Path(args.output)
     suffix = output.suffix.lower()
@@ -781,7 +887,7 @@ def _run_plot(args: argparse.Namespace) -> int:
     if suffix != ".html" and importlib.util.find_spec("matplotlib") is None:
         msg = "PNG and SVG figures need matplotlib: pip install 'attnflow[plot]'"
         raise UsageError(msg)
-    if output.exists() and not args.force:
+    if os.path.lexists(output) and not args.force:  # a dangling link counts
         msg = f"{output} exists; pass --force to replace it"
         raise UsageError(msg)
     try:
@@ -806,7 +912,7 @@ def _run_plot(args: argparse.Namespace) -> int:
         from attnflow.html import TokenView
 
         page = TokenView(values, labels, title=args.title).to_html()
-        written = write_atomically(output, lambda file: file.write(page.encode()), force=True)
+        written = _write_plot(output, lambda file: file.write(page.encode()), force=args.force)
     else:
         import attnflow.plot
 
@@ -821,11 +927,21 @@ def _run_plot(args: argparse.Namespace) -> int:
                 msg = "--kind overlay needs --image"
                 raise UsageError(msg)
             figure = attnflow.plot.image_overlay(values, image, title=args.title)
-        written = write_atomically(
-            output, lambda file: figure.savefig(file, format=suffix[1:]), force=True
+        written = _write_plot(
+            output, lambda file: figure.savefig(file, format=suffix[1:]), force=args.force
         )
     print(f"plot: {args.input} -> {written}")
     return 0
+
+
+def _write_plot(output: Path, write: Callable[[Any], object], *, force: bool) -> Path:
+    """Write a figure or page atomically (exclusively without --force)."""
+    from ._arrayio import ArrayFileError, write_atomically
+
+    try:
+        return write_atomically(output, write, force=force)
+    except ArrayFileError as error:
+        raise UsageError(str(error)) from None
 
 
 COMMANDS: tuple[Command, ...] = (

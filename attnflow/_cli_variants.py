@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ._arrayio import ArrayFileError, read_array, read_arrays
+from ._arrayio import ArrayFileError, read_array, read_arrays, read_header
 from ._cli import (
     UsageError,
+    _attention_accept,
     _decoder_options,
     _first_row_table,
     _has_module,
@@ -24,6 +25,7 @@ from ._cli import (
     _read_tokens,
     _write_output,
 )
+from ._cli_flags import in_flags
 
 __all__ = [
     "configure_encoder_decoder",
@@ -32,6 +34,15 @@ __all__ = [
     "run_gradient_rollout",
 ]
 
+_GRADIENT_FLAGS = {
+    "normalize": "--normalize",
+    "exclude_self": "--exclude-self",
+    "rule": "--rule",
+    # Attentions and gradients may share one file: keep their array names.
+    "attentions": "`attentions`",
+}
+"""gradient-rollout's flags where they differ from flow's (``--normalize``, not
+``--raw-values``)."""
 _ENCODER_DECODER_ARRAYS = ("encoder", "decoder", "cross")
 _ENCODER_DECODER_GRADIENTS = tuple(f"{name}_gradients" for name in _ENCODER_DECODER_ARRAYS)
 
@@ -157,6 +168,14 @@ def run_gradient_rollout(args: argparse.Namespace) -> int:
                 "an .npz/.safetensors holding 'attentions' and 'gradients'"
             )
             raise UsageError(msg)
+        # The attention's header against --rows, --layers and --exclude, before the
+        # output's "exists" check and before any data is read.
+        header = read_header(source, key=args.key, default="attentions")
+        try:
+            _attention_accept({"heads": "mean", "rows": rows, "layers": layers, **options})(header)
+        except (TypeError, ValueError, IndexError) as error:
+            msg = f"{source}: {in_flags(str(error), flags=_GRADIENT_FLAGS)}"
+            raise UsageError(msg) from None
         output = _output_path(source, args.output, method, force=args.force)
         if args.gradients is None:
             arrays = read_arrays(source)
@@ -173,22 +192,29 @@ def run_gradient_rollout(args: argparse.Namespace) -> int:
     except (ArrayFileError, OSError) as error:
         raise UsageError(str(error)) from None
 
-    result = attnflow.gradient_rollout(
-        attentions,
-        gradients,
-        rule=args.rule,
-        normalize=args.normalize,
-        rows=rows,
-        layers=layers,  # type: ignore[arg-type]
-        mask=mask,
-        exclude_self=args.exclude_self,
-        validate=not args.no_validate,
-        **options,  # type: ignore[arg-type]
-    )
+    try:
+        result = attnflow.gradient_rollout(
+            attentions,
+            gradients,
+            rule=args.rule,
+            normalize=args.normalize,
+            rows=rows,
+            layers=layers,  # type: ignore[arg-type]
+            mask=mask,
+            exclude_self=args.exclude_self,
+            validate=not args.no_validate,
+            **options,  # type: ignore[arg-type]
+        )
+    except (ValueError, TypeError, IndexError) as error:
+        reworded = in_flags(str(error), flags=_GRADIENT_FLAGS)
+        if reworded == str(error):
+            raise
+        raise type(error)(reworded) from error
     values = np.asarray(result)
+    table = _first_row_table(values, tokens, top=args.top)  # before writing: nothing on failure
     written = _write_output(output, {method: values}, force=args.force)
     print(f"{method}: {source} -> {written}, shape {tuple(values.shape)}, dtype {values.dtype}")
-    print("\n".join(_first_row_table(values, tokens, top=args.top)))
+    print("\n".join(table))
     return 0
 
 

@@ -14,7 +14,9 @@ from typing import Any, Literal
 import numpy as np
 
 from ._host import from_host, to_host
+from ._lost_workers import lost_workers_message
 from ._maxflow import FlowTask, solve_flow_task
+from ._nonfinite import clear_non_finite
 from ._pipeline import PreparedAttention, prepare_attention
 from ._pruning import prune
 from ._receptive_field import normalize_attribution, uniform_causal_attention
@@ -213,9 +215,13 @@ def _check_flow_options(
         msg = f"`normalize` must be True or False; got {normalize!r}."
         raise TypeError(msg)
     if max_work is not None and (
-        isinstance(max_work, bool) or not isinstance(max_work, int | float) or max_work <= 0
+        # `not > 0`, not `<= 0`: NaN compares false both ways and would disable the limit.
+        isinstance(max_work, bool) or not isinstance(max_work, int | float) or not max_work > 0
     ):
-        msg = f"`max_work` must be a positive number or None; got {max_work!r}."
+        msg = (
+            "`max_work` must be a positive number or None (edge visits; inf or None for no "
+            f"limit); got {max_work!r}."
+        )
         raise ValueError(msg)
     if executor is not None and n_jobs is not None:
         msg = (
@@ -303,11 +309,8 @@ def _run(
             try:
                 result = future.result()
             except BrokenProcessPool:
-                msg = (
-                    "attention flow's worker processes stopped before finishing. In a "
-                    'script, call it under `if __name__ == "__main__":` (the workers import '
-                    "the script), or pass `n_jobs` instead of a process pool to run in "
-                    "threads of this process."
+                msg = lost_workers_message(
+                    "attention flow", serial_hint="pass `n_jobs` instead of a process pool"
                 )
                 raise WorkersLostError(msg) from None
             yield task, result
@@ -609,6 +612,14 @@ def flow(
     mixed_heads = None
     if prepared.per_head is not None:
         mixed_heads = _capacities(prepared, to_host(prepared.per_head), valid, head_axis=True)
+    # Unvalidated NaN or infinite capacities: solve on the finite ones, NaN out after.
+    mixed, mixed_heads, nan_out = clear_non_finite(
+        mixed,
+        mixed_heads,
+        rows=prepared.rows,
+        all_layers=prepared.all_layers,
+        whole_rows=normalize or prepared.receptive_field or bool(prepared.exclude),
+    )
 
     workers = _worker_count(n_jobs, estimate)
     if executor is not None:
@@ -635,6 +646,8 @@ def flow(
     elif normalize:
         totals = values.sum(axis=-1, keepdims=True)
         values = np.divide(values, totals, out=np.zeros_like(values), where=totals > 0)
+    if nan_out is not None:
+        values = np.where(nan_out, np.nan, values)
     if isinstance(prepared.rows, int):
         values = values[..., 0, :]
     result = from_host(values, like=prepared.fused, xp=prepared.xp)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from array_api_compat import device as array_device
 
-from ._namespace import enter_boundary, resolve_namespace
+from ._namespace import enter_boundary, resolve_namespace, values_are_inspectable
 from ._rows import normalize_rows
 from ._typing import ArrayT, HeadFusion, Namespace
 from ._validation import (
@@ -29,11 +29,14 @@ def apply_head_fusion(
     xp: Namespace,
     *,
     valid_rows: Any | None = None,
+    check: bool = True,
 ) -> Any:
     """Fuse axis -3 of checked attentions ``(..., heads, n, n)`` into ``(..., n, n)``.
 
     Mean and weighted means of row-stochastic heads stay row-stochastic. Fusions that
-    break row sums (max, min, a callable) are followed by a row renormalisation.
+    break row sums (max, min, a callable) are followed by a row renormalisation. With
+    `check`, what a callable returns must be finite and non-negative in real rows (the
+    renormalisation would otherwise hide it); without, NaN passes through as NaN.
     """
     if spec.kind == "none":
         return attentions
@@ -52,6 +55,8 @@ def apply_head_fusion(
         fused = xp.min(attentions, axis=-3)
     else:
         fused = _call_fusion(spec.function, attentions)
+        if check:
+            _check_fusion_output(fused, xp, valid_rows=valid_rows)
     return normalize_rows(fused, xp, valid_rows=valid_rows)
 
 
@@ -69,6 +74,29 @@ def _call_fusion(function: Callable[[Any], Any] | None, attentions: Any) -> Any:
         )
         raise ValueError(msg)
     return fused
+
+
+def _check_fusion_output(fused: Any, xp: Namespace, *, valid_rows: Any | None) -> None:
+    """Refuse NaN, infinite or negative weights from a `heads` callable (real rows only)."""
+    if not values_are_inspectable(fused):
+        return
+    bad = ~xp.isfinite(fused) | (fused < 0)
+    if valid_rows is not None:
+        bad = bad & valid_rows  # padded queries may hold anything: they are dropped
+    if not bool(xp.any(bad)):
+        return
+    non_finite = ~xp.isfinite(fused)
+    negative = fused < 0
+    if valid_rows is not None:
+        non_finite, negative = non_finite & valid_rows, negative & valid_rows
+    msg = (
+        "`heads` callable must return finite, non-negative weights (it fuses attention "
+        f"probabilities); it returned {int(xp.count_nonzero(non_finite))} NaN or infinite "
+        f"and {int(xp.count_nonzero(negative))} negative value(s) in rows of real tokens. "
+        "Fix the callable (for example `lambda w: xp.median(w, axis=-3)`), or pass "
+        "`validate=False` to carry NaN through to the result."
+    )
+    raise ValueError(msg)
 
 
 def fuse_heads(
@@ -168,7 +196,7 @@ def fuse_heads(
     every_head = checks_every_head(do_validate, spec.kind, masked=False)
     if do_validate and every_head:
         check_attention_values(array, namespace, valid_rows=None)
-    fused = apply_head_fusion(array, spec, namespace)
+    fused = apply_head_fusion(array, spec, namespace, check=bool(do_validate))
     if do_validate and not every_head:
         check_attention_values(fused, namespace, valid_rows=None, heads_fused=True)
     return boundary.restore(fused)  # type: ignore[no-any-return]

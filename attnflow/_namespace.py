@@ -114,6 +114,14 @@ def resolve_namespace(*arrays: Any, xp: Namespace | None, names: Sequence[str]) 
     if xp is not None:
         return xp
     present = [(a, n) for a, n in zip(arrays, names, strict=True) if a is not None]
+    if not present:
+        # No array at all (`rollout(None)`): name the one the caller had to pass.
+        msg = (
+            f"`{names[0]}` must be an array of an array-API library (NumPy, PyTorch, JAX, "
+            "Dask, CuPy, array-api-strict) or a TensorFlow tensor; got None. Pass the "
+            "array itself (for attention, a model's `outputs.attentions`)."
+        )
+        raise TypeError(msg)
     for array, name in present:
         try:
             array_api_compat.array_namespace(array)

@@ -195,7 +195,9 @@ def prepare_attention(
         per_head = stacked if all_layers else stacked[..., -1:, :, :, :]
     if mask is not None and not fused_input:  # the heads axis goes with the fusion
         valid_rows, valid_keys = valid_rows[..., 0, :, :], valid_keys[..., 0, :, :]
-    fused = apply_head_fusion(stacked, spec, namespace, valid_rows=valid_rows)
+    fused = apply_head_fusion(
+        stacked, spec, namespace, valid_rows=valid_rows, check=bool(do_validate)
+    )
     if do_validate and not every_head:
         # What the method consumes, at 1/H of the cost; still before any of the method.
         check_attention_values(fused, namespace, valid_rows=None, heads_fused=not fused_input)

@@ -13,7 +13,8 @@ def normalize_rows(attention: Array, xp: Namespace, *, valid_rows: Array | None 
     A row with no mass cannot be normalised. When its query is a real token it becomes a
     self-attention row (the token attends to itself, which is what the residual path
     carries); when its query is padded (`valid_rows` False) it stays all zero, so padded
-    positions carry no attribution.
+    positions carry no attribution. A row whose sum is NaN (unvalidated input) stays NaN:
+    it is not empty, and turning it into self-attention would hide the bad values.
 
     Parameters
     ----------
@@ -36,7 +37,8 @@ def normalize_rows(attention: Array, xp: Namespace, *, valid_rows: Array | None 
     normalised = attention / safe
     if attention.shape[-1] != attention.shape[-2]:
         return normalised  # cross-attention has no self to fall back on: empty rows stay 0
-    empty = ~has_mass if valid_rows is None else (~has_mass & valid_rows)
+    empty = sums == 0  # not `~has_mass`: a NaN sum is not an empty row
+    empty = empty if valid_rows is None else (empty & valid_rows)
     n = attention.shape[-1]
     eye = xp.eye(n, dtype=attention.dtype, device=_device(attention))
     return xp.where(empty, eye, normalised)

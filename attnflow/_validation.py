@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,6 +40,7 @@ __all__ = [
     "checks_every_head",
     "describe",
     "row_sum_tolerance",
+    "stored_precision",
 ]
 
 NAMED_FUSIONS = ("mean", "max", "min")
@@ -156,6 +159,25 @@ def _as_index(value: object, name: str) -> int:
         raise TypeError(msg) from None
 
 
+def _refuse_boolean_array(value: object, name: str) -> None:
+    """Refuse a boolean array of positions, from any library, before it is iterated.
+
+    Iterating a torch bool tensor yields 0-d tensors that `operator.index` reads as 1 and
+    0, so a mask would silently become positions; NumPy's booleans are refused. Refusing
+    every boolean dtype makes all libraries behave alike.
+    """
+    dtype = getattr(value, "dtype", None)
+    if dtype is None or "bool" not in str(dtype).lower():
+        return
+    shape = tuple(getattr(value, "shape", ()))
+    msg = (
+        f"`{name}` must hold integer token positions, not a boolean mask; got a boolean "
+        f"array of shape {shape}. Pass the positions of the True entries instead, for "
+        "example `numpy.flatnonzero(selected)` or `torch.nonzero(selected).flatten()`."
+    )
+    raise TypeError(msg)
+
+
 def check_rows(rows: object, n_tokens: int) -> int | tuple[int, ...] | None:
     """Check `rows` against the sequence length; return non-negative positions."""
     if rows is None:
@@ -170,6 +192,7 @@ def check_rows(rows: object, n_tokens: int) -> int | tuple[int, ...] | None:
             raise IndexError(msg)
         return position % n_tokens
 
+    _refuse_boolean_array(rows, "rows")
     if isinstance(rows, str | bytes):
         _as_index(rows, "rows")
     if isinstance(rows, Sequence) or getattr(rows, "ndim", 0) == 1:
@@ -195,6 +218,7 @@ def check_exclude(exclude: object, n_tokens: int) -> tuple[int, ...]:
             raise IndexError(msg)
         return position % n_tokens
 
+    _refuse_boolean_array(exclude, "exclude")
     if isinstance(exclude, str | bytes):
         _as_index(exclude, "exclude")
     if isinstance(exclude, Sequence) or getattr(exclude, "ndim", 0) == 1:
@@ -497,13 +521,41 @@ def check_mask(
         raise ValueError(msg)
 
 
+_STORED_PRECISION: ContextVar[tuple[str, float] | None] = ContextVar(
+    "attnflow_stored_precision", default=None
+)
+
+
+@contextmanager
+def stored_precision(name: str, eps: float) -> Iterator[None]:
+    """Within this block, attention values were stored as `name` (machine epsilon `eps`).
+
+    A file's bfloat16 weights reach the library widened to float32: their rows deviate
+    from one by bfloat16 rounding, which float32's tolerance would refuse. The tolerance
+    follows the coarser of the array's dtype and the stored one.
+    """
+    token = _STORED_PRECISION.set((name, eps))
+    try:
+        yield
+    finally:
+        _STORED_PRECISION.reset(token)
+
+
+def _precision(xp: Namespace, dtype: Any) -> tuple[str, float]:
+    """Return the name and machine epsilon that bound the rounding of `dtype` values."""
+    own = (str(dtype), float(xp.finfo(dtype).eps))
+    stored = _STORED_PRECISION.get()
+    return stored if stored is not None and stored[1] > own[1] else own
+
+
 def row_sum_tolerance(xp: Namespace, dtype: Any, n_tokens: int) -> float:
     """Tolerance on |row sum - 1| for attention of `n_tokens` keys stored as `dtype`.
 
-    Ten times the typical rounding error of a softmax row summed in `dtype`, and never
+    Ten times the typical rounding error of a softmax row summed in `dtype` (or in the
+    coarser dtype the values were stored in, see :func:`stored_precision`), and never
     below 1e-5, so that float32 attention cast up to float64 still passes.
     """
-    eps = float(xp.finfo(dtype).eps)
+    _, eps = _precision(xp, dtype)
     return max(1e-5, 10.0 * math.sqrt(n_tokens) * eps)
 
 
@@ -555,7 +607,7 @@ def check_attention_values(
         msg = (
             f"{subject} rows must sum to 1 over the keys (softmax outputs, rows = queries); "
             f"the largest deviation is {deviation:.3g}, above the tolerance {tolerance:.3g} "
-            f"for {attentions.dtype}. Check the axis order (*batch, layers, heads, queries, "
+            f"for {_precision(xp, attentions.dtype)[0]}. Check the axis order (*batch, layers, heads, queries, "
             "keys), pass the padding `mask` for padded sequences, or pass `validate=False` "
             "for weights that are not row-stochastic on purpose."
         )

@@ -6,6 +6,9 @@ import pytest
 from backends import Variant, selected_variants
 from hypothesis import HealthCheck, settings
 
+# The session-level guards (required modules, forbidden skips, at least one pass).
+from session_checks import pytest_configure, pytest_sessionfinish  # noqa: F401
+
 # `ci`: deterministic and reproducible (derandomized, no example database); `dev`: quick
 # local runs; `thorough`: many examples, for a change to the maths.
 settings.register_profile(

@@ -28,6 +28,7 @@ class AttentionCase:
 def attention_tensors(
     draw: st.DrawFn,
     *,
+    min_layers: int = 1,
     max_layers: int = 4,
     max_heads: int = 3,
     max_tokens: int = 6,
@@ -35,7 +36,7 @@ def attention_tensors(
 ) -> np.ndarray:
     if batch is None:
         batch = draw(st.sampled_from([(), (2,), (1, 2)]))
-    n_layers = draw(st.integers(1, max_layers))
+    n_layers = draw(st.integers(min_layers, max_layers))
     n_heads = draw(st.integers(1, max_heads))
     n = draw(st.integers(1, max_tokens))
     shape = (*batch, n_layers, n_heads, n, n)

@@ -153,6 +153,7 @@ def test_progress_bar_counts_every_max_flow(capsys: pytest.CaptureFixture[str]) 
 
 ERRORS: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
     "max_work": ({"max_work": 10.0}, ValueError, r"above `max_work`=10.*`rows=`"),
+    "max_work nan": ({"max_work": float("nan")}, ValueError, "`max_work` must be a positive"),
     "progress": ({"progress": "yes"}, TypeError, "`progress` must be True or False"),
     "normalize": ({"normalize": 1}, TypeError, "`normalize` must be True or False"),
     "rows": ({"rows": T}, IndexError, "`rows` must index"),

@@ -199,10 +199,25 @@ def test_building_blocks(backend: Variant, dtype_name: str, weights: np.ndarray)
     )
 
 
+class _RecordingNamespace:
+    """A namespace that delegates to another and records which functions were used."""
+
+    def __init__(self, xp: Any) -> None:
+        self._xp = xp
+        self.used: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        self.used.add(name)
+        return getattr(self._xp, name)
+
+
 def test_xp_override(weights: np.ndarray) -> None:
-    xp = array_api_compat.array_namespace(weights)
+    # The override is not the namespace attnflow would infer: only its own record can
+    # show that rollout computed with it.
+    xp = _RecordingNamespace(array_api_compat.array_namespace(weights))
     result = attnflow.rollout(weights, rows=0, xp=xp)
     np.testing.assert_allclose(result, oracle_rollout(weights, rows=0), rtol=1e-12, atol=1e-12)
+    assert "matmul" in xp.used or "vecdot" in xp.used, sorted(xp.used)
 
 
 def test_float32_stays_float32_without_float64_work(weights: np.ndarray) -> None:

@@ -1,0 +1,77 @@
+"""Checks that keep a test session from going green without testing anything.
+
+Shared by ``tests/conftest.py`` and ``property_tests/conftest.py``; each check is switched
+on by an environment variable that ``noxfile.py`` sets:
+
+- ``ATTNFLOW_REQUIRE_MODULES``: comma-separated modules the session installed (a framework
+  and its model libraries). If one cannot be imported the run stops before collecting
+  anything, so a failed install cannot turn module-level ``importorskip`` calls into a
+  green session of skips.
+- ``ATTNFLOW_FORBID_SKIPS``: comma-separated path prefixes (or "1" for all) where a skip
+  fails the run: the session installs everything those tests need.
+- ``ATTNFLOW_REQUIRE_PASSES``: "1" fails a run in which no test passed (all skipped, or
+  all deselected).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+import pytest
+
+__all__ = ["pytest_configure", "pytest_sessionfinish"]
+
+
+def _listed(variable: str) -> list[str]:
+    return [part.strip() for part in os.environ.get(variable, "").split(",") if part.strip()]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    missing = []
+    for name in _listed("ATTNFLOW_REQUIRE_MODULES"):
+        try:
+            importlib.import_module(name)
+        except ImportError as error:
+            missing.append(f"{name} ({error})")
+    if missing:
+        msg = (
+            f"ATTNFLOW_REQUIRE_MODULES: this session requires {', '.join(missing)}, which "
+            "cannot be imported; its tests would all be skipped. Fix the install."
+        )
+        raise pytest.UsageError(msg)
+
+
+def _skipped_where(report: pytest.TestReport, root: Path) -> str:
+    path = Path(str(report.longrepr[0]))  # type: ignore[index]
+    path = path if path.is_absolute() else root / path
+    return path.resolve().relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if exitstatus != pytest.ExitCode.OK:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    stats = {} if reporter is None else reporter.stats
+    forbidden = _listed("ATTNFLOW_FORBID_SKIPS")
+    if forbidden:
+        root = session.config.rootpath
+        offending = [
+            report
+            for report in stats.get("skipped", [])
+            if forbidden == ["1"] or _skipped_where(report, root).startswith(tuple(forbidden))
+        ]
+        if offending:
+            reasons = sorted({f"{r.longrepr[0]}: {r.longrepr[-1]}" for r in offending})[:5]
+            print(f"\nATTNFLOW_FORBID_SKIPS: {len(offending)} skipped ({'; '.join(reasons)})")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            return
+    if os.environ.get("ATTNFLOW_REQUIRE_PASSES") == "1":
+        passed = len([r for r in stats.get("passed", []) if r.when == "call"])
+        if session.testscollected == 0 or passed == 0:
+            print(
+                f"\nATTNFLOW_REQUIRE_PASSES: {session.testscollected} test(s) collected, "
+                f"{passed} passed; a session must run at least one test"
+            )
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,0 +1,88 @@
+"""The test suite's own guards can fail: a session cannot go green by testing nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from backends import Variant
+
+_TESTS = Path(__file__).parent
+
+
+def _run_pytest(folder: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run pytest on `folder` (a conftest using tests/session_checks.py) with `env` set."""
+    (folder / "conftest.py").write_text(
+        "from session_checks import pytest_configure, pytest_sessionfinish  # noqa: F401\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ATTNFLOW_")}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
+        env={**clean, "PYTHONPATH": str(_TESTS), **env},
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def adapter_skipped(tmp_path: Path) -> Path:
+    # A session whose framework failed to install: the adapter module skips as a whole
+    # (module-level importorskip) while the session's other tests pass.
+    (tmp_path / "test_adapter.py").write_text(
+        "import pytest\n"
+        "pytest.importorskip('attnflow_no_such_framework')\n"
+        "def test_model():\n    pass\n"
+    )
+    (tmp_path / "test_other.py").write_text("def test_other():\n    pass\n")
+    return tmp_path
+
+
+def test_a_session_of_skips_is_green_without_the_guards(adapter_skipped: Path) -> None:
+    assert _run_pytest(adapter_skipped).returncode == 0
+
+
+def test_a_missing_required_module_fails_the_session(adapter_skipped: Path) -> None:
+    run = _run_pytest(adapter_skipped, ATTNFLOW_REQUIRE_MODULES="attnflow_no_such_framework")
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout + run.stderr
+    assert "attnflow_no_such_framework" in run.stdout + run.stderr
+
+
+def test_a_forbidden_skip_fails_the_session(adapter_skipped: Path) -> None:
+    run = _run_pytest(adapter_skipped, ATTNFLOW_FORBID_SKIPS="test_adapter.py")
+    assert run.returncode == pytest.ExitCode.TESTS_FAILED, run.stdout + run.stderr
+
+
+def test_a_session_where_nothing_passed_fails(tmp_path: Path) -> None:
+    # Every test collected, every test skipped: pytest itself exits 0.
+    (tmp_path / "test_all_skip.py").write_text(
+        "import pytest\ndef test_model():\n    pytest.importorskip('attnflow_no_such_framework')\n"
+    )
+    assert _run_pytest(tmp_path).returncode == 0
+    run = _run_pytest(tmp_path, ATTNFLOW_REQUIRE_PASSES="1")
+    assert run.returncode == pytest.ExitCode.TESTS_FAILED, run.stdout + run.stderr
+    assert "ATTNFLOW_REQUIRE_PASSES" in run.stdout
+
+
+def test_a_session_with_a_pass_stays_green(tmp_path: Path) -> None:
+    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
+    run = _run_pytest(tmp_path, ATTNFLOW_REQUIRE_PASSES="1", ATTNFLOW_REQUIRE_MODULES="numpy")
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_array_api_strict_check_refuses_a_numpy_result() -> None:
+    # The library check of the array_api_strict cell must be able to fail.
+    xp = pytest.importorskip("array_api_strict")
+    variant = Variant(
+        "array_api_strict", "array_api_strict", xp.Device("CPU_DEVICE"), modules={"xp": xp}
+    )
+    good = xp.asarray(np.zeros(2))
+    variant.check(good, dtype_name="float64", shape=(2,))
+    with pytest.raises(AssertionError):
+        variant.check(np.zeros(2), dtype_name="float64", shape=(2,))
