@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from array_api_compat import device as array_device
 
@@ -18,6 +18,7 @@ from ._rows import normalize_rows
 from ._typing import Namespace
 from ._validation import (
     AttentionLayout,
+    HeadFusionSpec,
     PruningSpec,
     check_attention_layout,
     check_attention_values,
@@ -36,7 +37,38 @@ from ._validation import (
     describe,
 )
 
-__all__ = ["PreparedAttention", "prepare_attention", "select_rows"]
+__all__ = [
+    "CheckedArguments",
+    "PreparedAttention",
+    "check_arguments",
+    "prepare_attention",
+    "select_rows",
+]
+
+
+@dataclass(frozen=True)
+class CheckedArguments:
+    """Every argument of a call checked against the input's shapes; nothing computed yet."""
+
+    xp: Namespace
+    boundary: Boundary
+    layout: AttentionLayout
+    arrays: list[Any] | None
+    """The per-layer arrays, for a sequence input (not stacked yet), else None."""
+    stacked: Any
+    """The input array, for an array input, else None."""
+    first: Any
+    """The first array: its dtype and device are the call's."""
+    mask: Any | None
+    residual: float
+    rows: int | tuple[int, ...] | None
+    used_layers: int
+    all_layers: bool
+    validate: bool | Literal["heads"]
+    spec: HeadFusionSpec
+    pruning: PruningSpec | None
+    receptive_field: bool
+    exclude: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -104,7 +136,7 @@ def _stack_layers(
     return arrays, xp, layout, mask, boundary
 
 
-def prepare_attention(
+def check_arguments(
     attentions: Any,
     *,
     heads: object,
@@ -120,14 +152,11 @@ def prepare_attention(
     discard: object = None,
     receptive_field: object = False,
     exclude: object = None,
-) -> PreparedAttention:
-    """Check every argument, then mask, normalise and fuse the used layers.
+) -> CheckedArguments:
+    """Check every argument against the input's shapes and dtypes; compute nothing.
 
-    All checks on shapes, dtypes and options run before any arithmetic; value checks
-    follow, on the layers that are used; only then is anything computed. `allow_each`
-    admits ``heads="each"`` (rollout and flow), which also keeps the heads of the reported
-    layers; the pruning, `receptive_field` and `exclude` options are only checked here
-    and applied by the method.
+    TensorFlow tensors are converted at the boundary (the only copy); everything else is
+    read from shapes, dtypes and the options themselves.
     """
     fused_input = heads is None
     if isinstance(attentions, list | tuple):
@@ -159,6 +188,76 @@ def prepare_attention(
     normalise_field = check_receptive_field(receptive_field)
     excluded = check_exclude(exclude, layout.n_tokens)
     check_mask(mask, layout, namespace)
+
+    return CheckedArguments(
+        xp=namespace,
+        boundary=boundary,
+        layout=layout,
+        arrays=arrays,
+        stacked=stacked,
+        first=first,
+        mask=mask,
+        residual=alpha,
+        rows=selected_rows,
+        used_layers=used_layers,
+        all_layers=all_layers,
+        validate=do_validate,
+        spec=spec,
+        pruning=pruning,
+        receptive_field=normalise_field,
+        exclude=excluded,
+    )
+
+
+def prepare_attention(
+    attentions: Any,
+    *,
+    heads: object,
+    residual: object,
+    rows: object,
+    layers: object,
+    mask: Any,
+    validate: object,
+    xp: Namespace | None,
+    allow_each: bool = False,
+    threshold: object = None,
+    top_k: object = None,
+    discard: object = None,
+    receptive_field: object = False,
+    exclude: object = None,
+) -> PreparedAttention:
+    """Check every argument, then mask, normalise and fuse the used layers.
+
+    All checks on shapes, dtypes and options run before any arithmetic
+    (:func:`check_arguments`); value checks follow, on the layers that are used; only then
+    is anything computed. `allow_each` admits ``heads="each"`` (rollout and flow), which
+    also keeps the heads of the reported layers; the pruning, `receptive_field` and
+    `exclude` options are only checked here and applied by the method.
+    """
+    checked = check_arguments(
+        attentions,
+        heads=heads,
+        residual=residual,
+        rows=rows,
+        layers=layers,
+        mask=mask,
+        validate=validate,
+        xp=xp,
+        allow_each=allow_each,
+        threshold=threshold,
+        top_k=top_k,
+        discard=discard,
+        receptive_field=receptive_field,
+        exclude=exclude,
+    )
+    fused_input = heads is None
+    namespace, layout, mask = checked.xp, checked.layout, checked.mask
+    arrays, stacked, spec = checked.arrays, checked.stacked, checked.spec
+    used_layers, all_layers = checked.used_layers, checked.all_layers
+    do_validate, normalise_field = checked.validate, checked.receptive_field
+    boundary, alpha, selected_rows = checked.boundary, checked.residual, checked.rows
+    pruning, excluded = checked.pruning, checked.exclude
+    _ = threshold, top_k, discard  # checked above, applied by the method
 
     # Layers above the requested one never influence it: they are neither stacked nor read.
     if arrays is not None:

@@ -153,6 +153,31 @@ def test_cost_is_known_before_running_and_absurd_requests_fail_early() -> None:
     assert masked.max_flows == 4 + 16
 
 
+def test_flow_cost_reads_shapes_only_and_sums_over_the_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import attnflow._pipeline as pipeline
+
+    def no_fusing(*args: Any, **kwargs: Any) -> Any:
+        msg = "flow_cost fused heads"
+        raise AssertionError(msg)
+
+    monkeypatch.setattr(pipeline, "apply_head_fusion", no_fusing)
+    rng = np.random.default_rng(5)
+    mask = rng.random((300, 7)) < 0.7
+    mask[:, 0] = True
+    # Values are never read: NaN attention costs what any attention of its shape costs.
+    weights = np.full((300, 4, 3, 7, 7), np.nan)
+    for options in ({}, {"rows": [0, 6]}, {"layers": "all"}, {"heads": "each", "rows": 0}):
+        total = attnflow.flow_cost(weights, mask=mask, **options)
+        parts = [attnflow.flow_cost(weights[i], mask=mask[i], **options) for i in range(300)]
+        assert total.max_flows == sum(p.max_flows for p in parts)
+        assert total.largest_graph_edges == max(p.largest_graph_edges for p in parts)
+        assert total.edge_visits == pytest.approx(sum(p.edge_visits for p in parts), rel=1e-12)
+        seconds = sum(p.estimated_seconds for p in parts)
+        assert total.estimated_seconds == pytest.approx(seconds, rel=1e-12)
+
+
 def test_backends_get_their_own_arrays_back(backend: Variant, dtype_name: str) -> None:
     weights = _random(4, (2, 3, 2, 5, 5)).astype(dtype_name)
     mask = np.array([[True] * 5, [True, True, True, False, False]])
