@@ -129,6 +129,47 @@ def test_dask_local_cluster_equals_serial() -> None:
     np.testing.assert_array_equal(clustered, serial)
 
 
+def test_a_dask_worker_killed_mid_run_still_gives_the_serial_result() -> None:
+    if "dask" in {v.library for v in selected_variants()}:
+        import distributed  # requested with dask: it must be installed
+    else:
+        distributed = pytest.importorskip(
+            "distributed", reason="the Dask cluster test runs in the dask session"
+        )
+    import os
+    import signal
+    import threading
+    import time
+
+    weights = _random(12, (48, 4, 2, 40, 40))
+    serial = attnflow.flow(weights, n_jobs=1)
+    killed: list[float] = []
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        pids = client.run(os.getpid)
+        victim = min(pids.values())
+
+        def kill_one_worker() -> None:
+            # Once the first results are in: the run is under way and the worker has tasks.
+            while not any(f.status == "finished" for f in list(client.futures.values())):
+                time.sleep(0.01)
+            os.kill(victim, signal.SIGKILL)
+            killed.append(time.perf_counter())
+
+        killer = threading.Thread(target=kill_one_worker, daemon=True)
+        killer.start()
+        clustered = attnflow.flow(weights, executor=client.get_executor())
+        finished = time.perf_counter()
+        killer.join(timeout=30)
+    assert killed, "no worker was killed"
+    assert killed[0] < finished, "the run ended before the worker was killed"
+    np.testing.assert_array_equal(clustered, serial)
+
+
 def test_progress_bar_counts_max_flows(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("tqdm")
     attnflow.flow(_random(2, (3, 2, 5, 5)), rows=[0, 1], progress=True, n_jobs=1)
