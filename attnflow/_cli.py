@@ -12,6 +12,7 @@ This module is imported by the entry points only, never by ``import attnflow``.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import textwrap
@@ -46,10 +47,45 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """An argument parser that raises :class:`UsageError` instead of exiting."""
+    """An argument parser that raises :class:`UsageError` instead of exiting.
+
+    Abbreviated options are refused (``--row`` is not ``--rows``: a later option could make
+    it ambiguous, and a typo must not silently pick a flag), and an unknown option gets
+    the closest known one as a suggestion.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self._argv: list[str] = []
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def _known_flags(self) -> list[str]:
+        """Return the option strings of this parser and of the command on the line."""
+        flags = [flag for action in self._actions for flag in action.option_strings]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for word in self._argv:
+                    if word in action.choices:
+                        chosen = action.choices[word]
+                        flags += [f for a in chosen._actions for f in a.option_strings]
+                        break
+        return flags
 
     def error(self, message: str) -> NoReturn:
-        msg = f"{self.prog}: error: {message} (see '{self.prog} --help')"
+        hint = ""
+        if message.startswith("unrecognized arguments:"):
+            unknown = [w.split("=")[0] for w in message.split(":", 1)[1].split() if w[:1] == "-"]
+            for word in unknown:
+                close = difflib.get_close_matches(word, self._known_flags(), n=1, cutoff=0.6)
+                if close:
+                    hint += f"; did you mean {close[0]} for {word}?"
+        msg = f"{self.prog}: error: {message}{hint} (see '{self.prog} --help')"
         raise UsageError(msg)
 
 

@@ -335,3 +335,27 @@ def test_image_sample_is_a_trained_vit_on_digits() -> None:
     np.testing.assert_allclose(digits.attentions.sum(axis=-1), 1.0, atol=1e-5)
     assert (digits.predictions == digits.labels).mean() >= 5 / 6
     assert "test accuracy" in digits.source
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [
+        (["rollout", "x.npy", "--row", "0"], "did you mean --rows for --row?"),
+        (["flow", "x.npy", "--job", "2"], "did you mean --jobs for --job?"),
+        (["flow", "x.npy", "--resdual=0.3"], "did you mean --residual for --resdual?"),
+        (["plot", "x.npy", "-o", "p.png", "--knd", "graph"], "did you mean --kind for --knd?"),
+    ],
+)
+def test_abbreviations_are_refused_and_typos_get_the_closest_flag(
+    tmp_path: Path, argv: list[str], suggestion: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An abbreviation is a typo too: argparse would otherwise read --row as --rows and
+    # --job as --jobs, and a later option could change what it means.
+    np.save(tmp_path / "x.npy", np.full((2, 1, 3, 3), 1 / 3))
+    argv = [str(tmp_path / a) if a == "x.npy" else a for a in argv]
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "unrecognized arguments" in err
+    assert suggestion in err
+    assert err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npy"]
