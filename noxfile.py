@@ -102,6 +102,7 @@ def adapters_torch(session: nox.Session) -> None:
     # only this session installs.
     tests = [
         "tests/adapters/test_torch.py",
+        "tests/adapters/test_torch_contributions.py",
         "tests/adapters/test_torch_encoder_decoder.py",
         "tests/experiments/test_sentiment_torch.py",
         "tests/experiments/test_reproduction_sentiment.py",
