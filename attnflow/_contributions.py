@@ -182,28 +182,42 @@ def head_values(
 
 # -- the decomposition ------------------------------------------------------------------------
 @dataclass(frozen=True)
+class _Linear:
+    r"""Per-token terms as a linear map: ``T_ij = s_i (Σ_h α^h_ij v^h_j + δ_ij r_j)``.
+
+    A LayerNorm with a fixed std is linear and acts on each vector alone, so its centring
+    and gain are applied once to the values and the residual (``O(H n d)``) instead of to
+    each of the ``n x n`` terms, and its ``1 / s_i`` scales the attention rows.
+    """
+
+    values: Any
+    """v^h_j, ``(*batch, H, n, d)``."""
+    residual: Any
+    """r_j, ``(*batch, n, d)``."""
+    scale: Any | None
+    """s_i, ``(*batch, n, 1)``, or None for 1."""
+
+
+@dataclass(frozen=True)
 class _Block:
-    """Checked pieces of one attention block, with what the terms need precomputed."""
+    """Checked pieces of one attention block, with its terms as a linear map."""
 
     xp: Namespace
     boundary: Boundary
     weights: Any
     """α, ``(*batch, H, n, n)``."""
     values: Any
-    """f^h(z_j), ``(*batch, H, n, d)``."""
-    residual: Any
-    """x, ``(*batch, n, d)``."""
-    gamma: Any | None
-    """gamma of the post-LN LayerNorm ``(d,)``, or None (no LayerNorm or no affine part)."""
-    inverse_std: Any | None
-    """``1 / s_i``, ``(*batch, n, 1)``, s_i the std of the pre-LN vector; None: pre-LN."""
+    """f^h(z_j), ``(*batch, H, n, d)``: the attention alone (the norm-based rule)."""
+    terms: _Linear
+    """T_i(x_j): residual and LayerNorm included."""
     offset: Any
     """b_i, ``(*batch, n, d)``."""
 
     @property
     def shape(self) -> tuple[tuple[int, ...], int, int]:
         """``(batch, n, d)``."""
-        return tuple(self.residual.shape[:-2]), self.residual.shape[-2], self.residual.shape[-1]
+        residual = self.terms.residual
+        return tuple(residual.shape[:-2]), residual.shape[-2], residual.shape[-1]
 
 
 def _check_dtypes(xp: Namespace, named: list[tuple[str, Any]]) -> None:
@@ -328,21 +342,25 @@ def _prepare(
     stream = stream + bias_vector
     if checked_norm is None:
         offset = namespace.broadcast_to(bias_vector, tuple(x.shape))
-        block = _Block(namespace, boundary, alpha, f, x, None, None, offset)
+        block = _Block(namespace, boundary, alpha, f, _Linear(f, x, None), offset)
         return block, (second_input, second_gamma)
     gamma, beta, eps = checked_norm
     # LayerNorm is linear once the std of the actual pre-LN vector is fixed:
     # LN(Σ_j t_j + b) = Σ_j gamma ⊙ (t_j − mean t_j) / s + gamma ⊙ (b − mean b) / s + beta.
     variance = namespace.var(stream, axis=-1, keepdims=True)
     inverse_std = 1.0 / namespace.sqrt(variance + eps)
-    centred_bias = bias_vector - namespace.mean(bias_vector, axis=-1, keepdims=True)
-    offset = centred_bias * inverse_std
-    if gamma is not None:
-        offset = offset * gamma
+    offset = _centre(bias_vector, gamma, namespace) * inverse_std
     if beta is not None:
         offset = offset + beta
-    block = _Block(namespace, boundary, alpha, f, x, gamma, inverse_std, offset)
+    terms = _Linear(_centre(f, gamma, namespace), _centre(x, gamma, namespace), inverse_std)
+    block = _Block(namespace, boundary, alpha, f, terms, offset)
     return block, (second_input, second_gamma)
+
+
+def _centre(vectors: Any, gamma: Any | None, xp: Namespace) -> Any:
+    """``gamma ⊙ (v − mean v)``: LayerNorm's linear part, before dividing by the std."""
+    centred = vectors - xp.mean(vectors, axis=-1, keepdims=True)
+    return centred if gamma is None else centred * gamma
 
 
 def _rows_per_chunk(batch: tuple[int, ...], n: int, d: int) -> int:
@@ -350,40 +368,60 @@ def _rows_per_chunk(batch: tuple[int, ...], n: int, d: int) -> int:
     return max(1, min(n, _CHUNK_ELEMENTS // per_row))
 
 
-def _attention_part(block: _Block, start: int, stop: int) -> Any:
-    """``Σ_h α^h_ij f^h(z_j)`` for receiving rows ``start:stop``: ``(*batch, r, n, d)``.
+def _mix(alpha: Any, values: Any, xp: Namespace) -> Any:
+    """``Σ_h α^h_ij v^h_j`` for a block of rows: ``(*batch, H, r, n)`` -> ``(*batch, r, n, d)``.
 
     The sum over heads is a matmul batched over the keys j, ``(n, r, H) @ (n, H, d)``,
     so no ``(H, r, n, d)`` intermediate is formed.
     """
-    xp = block.xp
-    nb = block.weights.ndim - 3
+    nb = alpha.ndim - 3
     batch_axes = tuple(range(nb))
-    alpha = block.weights[..., :, start:stop, :]  # (*batch, H, r, n)
-    alpha = xp.permute_dims(alpha, (*batch_axes, nb + 2, nb + 1, nb))  # (*batch, n, r, H)
-    values = xp.permute_dims(block.values, (*batch_axes, nb + 1, nb, nb + 2))  # (*b, n, H, d)
-    mixed = xp.matmul(alpha, values)  # (*batch, n, r, d)
+    by_key = xp.permute_dims(alpha, (*batch_axes, nb + 2, nb + 1, nb))  # (*batch, n, r, H)
+    values = xp.permute_dims(values, (*batch_axes, nb + 1, nb, nb + 2))  # (*batch, n, H, d)
+    mixed = xp.matmul(by_key, values)  # (*batch, n, r, d)
     return xp.permute_dims(mixed, (*batch_axes, nb + 1, nb, nb + 2))
 
 
-def _terms(block: _Block, start: int, stop: int, attention: Any | None = None) -> Any:
-    """``T_i(x_j)`` for receiving rows ``start:stop``: ``(*batch, r, n, d)``."""
-    xp = block.xp
-    if attention is None:
-        attention = _attention_part(block, start, stop)
-    n = block.residual.shape[-2]
-    # δ_ij x_j, from rows start:stop of the identity. Built by comparing indices: Dask's
-    # `eye` with an offset `k` makes a graph with a missing key.
-    device = array_device(attention)
+def _rows(alpha: Any, start: int, stop: int, scale: Any | None) -> Any:
+    """Rows ``start:stop`` of every head, times their ``s_i``: ``(*batch, H, r, n)``."""
+    rows = alpha[..., :, start:stop, :]
+    return rows if scale is None else rows * scale[..., None, start:stop, :]
+
+
+def _off_diagonal(linear: _Linear, alpha: Any, start: int, stop: int, xp: Namespace) -> Any:
+    """``T_i(x_j)`` for rows ``start:stop`` without the residual: exact off the diagonal."""
+    return _mix(_rows(alpha, start, stop, linear.scale), linear.values, xp)
+
+
+def _diagonal(linear: _Linear, alpha: Any, xp: Namespace) -> Any:
+    """``T_i(x_i)`` for every i, ``(*batch, n, d)``: the only terms with the residual."""
+    n = alpha.shape[-1]
+    eye = xp.eye(n, dtype=alpha.dtype, device=array_device(alpha))
+    own = xp.sum(alpha * eye, axis=-1)  # α^h_ii, (*batch, H, n)
+    terms = xp.sum(own[..., None] * linear.values, axis=-3) + linear.residual
+    return terms if linear.scale is None else terms * linear.scale
+
+
+def _summed(linear: _Linear, alpha: Any, xp: Namespace) -> Any:
+    """``Σ_j T_i(x_j)``, ``(*batch, n, d)``, without forming the terms."""
+    total = xp.sum(xp.matmul(alpha, linear.values), axis=-3) + linear.residual
+    return total if linear.scale is None else total * linear.scale
+
+
+def _is_diagonal(start: int, stop: int, n: int, xp: Namespace, device: Any) -> Any:
+    """Bool ``(r, n)``, True at ``(i - start, i)``.
+
+    Built by comparing indices, not with ``eye``: Dask's ``eye`` with an offset ``k``
+    makes a graph with a missing key.
+    """
     receiving = xp.arange(start, stop, device=device)[:, None]
-    unit = xp.astype(receiving == xp.arange(n, device=device)[None, :], attention.dtype)
-    terms = attention + unit[:, :, None] * block.residual[..., None, :, :]
-    if block.inverse_std is None:
-        return terms
-    terms = terms - xp.mean(terms, axis=-1, keepdims=True)
-    if block.gamma is not None:
-        terms = terms * block.gamma
-    return terms * block.inverse_std[..., start:stop, :, None]
+    return receiving == xp.arange(n, device=device)[None, :]
+
+
+def _with_diagonal(matrix: Any, own: Any, start: int, stop: int, xp: Namespace, device: Any) -> Any:
+    """Put ``own[..., i]`` (rows start:stop) on the diagonal of a ``(*batch, r, n)`` block."""
+    n = matrix.shape[-1]
+    return xp.where(_is_diagonal(start, stop, n, xp, device), own[..., start:stop, None], matrix)
 
 
 def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
@@ -490,8 +528,13 @@ def attention_terms(
     True
     """
     block, _ = _prepare(weights, values, residual, bias, norm, (None, None), xp)
-    n = block.residual.shape[-2]
-    terms = _terms(block, 0, n)
+    namespace, linear = block.xp, block.terms
+    n = block.shape[1]
+    device = array_device(block.weights)
+    terms = _off_diagonal(linear, block.weights, 0, n, namespace)
+    own = _diagonal(linear, block.weights, namespace)[..., :, None, :]  # (*batch, n, 1, d)
+    diagonal = _is_diagonal(0, n, n, namespace, device)[:, :, None]
+    terms = namespace.where(diagonal, own, terms)
     return block.boundary.restore(terms), block.boundary.restore(block.offset)
 
 
@@ -545,39 +588,48 @@ def contributions_and_outputs(
     )
     namespace = block.xp
     batch, n, d = block.shape
-    second_scale = None
-    if second is not None and second_input is not None:
-        # GlobEnc's second LayerNorm, linear given the std s2_i of its actual input.
+    alpha, linear = block.weights, block.terms
+    device = array_device(alpha)
+    if method == "globenc" and second is not None and second_input is not None:
+        # GlobEnc's second LayerNorm, linear given the std s2_i of its actual input: its
+        # centring and gain go to the values and residual, 1 / s2_i to the row scale.
         variance = namespace.var(second_input, axis=-1, keepdims=True)
-        second_scale = 1.0 / namespace.sqrt(variance + second[2])  # (*batch, n, 1)
-        if gamma2 is not None:
-            second_scale = second_scale * gamma2  # (*batch, n, d): gamma2 / s2_i
+        inverse_std = 1.0 / namespace.sqrt(variance + second[2])
+        scale = inverse_std if linear.scale is None else linear.scale * inverse_std
+        linear = _Linear(
+            _centre(linear.values, gamma2, namespace),
+            _centre(linear.residual, gamma2, namespace),
+            scale,
+        )
+    outputs = _summed(block.terms, alpha, namespace) + block.offset
+    own = own_rest = None
+    if method != "norm":
+        own = _diagonal(linear, alpha, namespace)
+        own_rest = namespace.sum(namespace.abs(outputs - own), axis=-1)  # ‖y_i − T_i(x_i)‖₁
 
     rows: list[Any] = []
-    outputs: list[Any] = []
     for start, stop in _chunks(n, _rows_per_chunk(batch, n, d)):
-        attention = _attention_part(block, start, stop)
-        terms = _terms(block, start, stop, attention)
-        output = namespace.sum(terms, axis=-2) + block.offset[..., start:stop, :]
-        outputs.append(output)
         if method == "norm":
-            rows.append(_l2(attention, namespace))
-        elif method == "globenc":
-            if second_scale is not None:
-                terms = terms - namespace.mean(terms, axis=-1, keepdims=True)
-                terms = terms * second_scale[..., start:stop, None, :]
-            rows.append(_l2(terms, namespace))
-        else:
-            total = namespace.sum(namespace.abs(output), axis=-1)[..., None]
-            rest = namespace.sum(namespace.abs(output[..., None, :] - terms), axis=-1)
-            rows.append(namespace.maximum(total - rest, namespace.zeros_like(rest)))
+            rows.append(_l2(_mix(alpha[..., :, start:stop, :], block.values, namespace), namespace))
+            continue
+        terms = _off_diagonal(linear, alpha, start, stop, namespace)
+        assert own is not None
+        if method == "globenc":
+            norms = _l2(terms, namespace)
+            rows.append(_with_diagonal(norms, _l2(own, namespace), start, stop, namespace, device))
+            continue
+        y = outputs[..., start:stop, :]
+        total = namespace.sum(namespace.abs(y), axis=-1)[..., None]  # ‖y_i‖₁, (*batch, r, 1)
+        rest = namespace.sum(namespace.abs(y[..., None, :] - terms), axis=-1)
+        assert own_rest is not None
+        rest = _with_diagonal(rest, own_rest, start, stop, namespace, device)
+        rows.append(namespace.maximum(total - rest, namespace.zeros_like(rest)))
     matrices = rows[0] if len(rows) == 1 else namespace.concat(rows, axis=-2)
-    rebuilt = outputs[0] if len(outputs) == 1 else namespace.concat(outputs, axis=-2)
     if method == "alti":
         sums = namespace.sum(matrices, axis=-1, keepdims=True)
         safe = namespace.where(sums > 0, sums, namespace.ones_like(sums))
         matrices = matrices / safe
-    return block.boundary.restore(matrices), block.boundary.restore(rebuilt)
+    return block.boundary.restore(matrices), block.boundary.restore(outputs)
 
 
 def contributions(
