@@ -52,6 +52,13 @@ arguments and the names decide.
 
 Everything is restored when the block ends, also when the forward raises.
 
+``capture(model, contributions="norm" | "globenc" | "alti")`` records value-aware
+token-mixing matrices instead (:func:`attnflow.contributions`): hooks on each supported
+attention block (Hugging Face BERT-like, GPT-2 and ViT layers, ``nn.TransformerEncoderLayer``)
+collect its input, the attention's input and weights (and GlobEnc's second LayerNorm input)
+and the core turns them into the block's ``n x n`` matrix when it returns; see
+``attnflow.adapters._torch_contributions``.
+
 :func:`input_gradients` gives the token importances that attention rollout and flow are
 compared with in the paper: the gradient of a classifier's target score with respect to
 the output of its embedding module, through a forward hook removed after the call.
