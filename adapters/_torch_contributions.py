@@ -238,8 +238,9 @@ def find_blocks(model: nn.Module) -> list[BlockSpec]:
     Raises
     ------
     ValueError
-        If no supported block is found, or an attention module lies outside every
-        supported block (its contribution could not be decomposed).
+        If no supported block is found, an attention module lies outside every
+        supported block (its contribution could not be decomposed), or dropout is active
+        inside a block (training mode).
     """
     blocks: list[BlockSpec] = []
     inside: set[int] = set()
@@ -257,6 +258,19 @@ def find_blocks(model: nn.Module) -> list[BlockSpec]:
         for name, module in model.named_modules()
         if id(module) not in inside and _looks_like_attention(module)
     ]
+    training = [
+        f"{spec.name}.{name}" if name else spec.name
+        for spec in blocks
+        for name, module in spec.block.named_modules()
+        if isinstance(module, nn.Dropout) and module.training and module.p > 0
+    ]
+    if training:
+        msg = (
+            f"capture(contributions=...) needs the model in eval mode: dropout is active in "
+            f"{training[0]} (training mode), so the block's output is not the sum of its "
+            "token terms. Call model.eval() first."
+        )
+        raise ValueError(msg)
     if stray or not blocks:
         where = (
             f"attention outside any supported block: {', '.join(stray[:3])}"

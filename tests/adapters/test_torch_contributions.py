@@ -378,6 +378,13 @@ def test_unsupported_blocks_are_refused() -> None:
     assert F.scaled_dot_product_attention is ORIGINAL_SDPA
 
 
+def test_training_mode_is_refused() -> None:
+    model = _encoder(True).train()
+    with pytest.raises(ValueError, match=r"eval mode: dropout is active in layers\.0"):
+        adapter.capture(model, contributions="alti").__enter__()
+    assert_restored(model)
+
+
 def test_attentions_are_not_recorded_with_contributions() -> None:
     model = _encoder(False)
     with torch.no_grad(), adapter.capture(model, contributions="norm") as cap:
