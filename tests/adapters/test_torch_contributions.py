@@ -293,6 +293,59 @@ def test_minilm_matrices_equal_the_oracle(
     assert (got[np.broadcast_to(padded_key, got.shape)] == 0).all()
 
 
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("method", METHODS)
+def test_transformer_encoder_matrices_equal_the_oracle(norm_first: bool, method: str) -> None:
+    """Pieces read by the test: layer inputs, norm1 / norm2 hooks, capture(model) weights."""
+    model = _encoder(norm_first)
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(5))
+    inputs: list[Any] = []
+    normalised: list[Any] = []
+    second: list[Any] = []
+    handles = []
+    for layer in model.layers:
+        handles.append(layer.register_forward_pre_hook(lambda m, a: inputs.append(a[0])))
+        handles.append(layer.norm1.register_forward_hook(lambda m, a, o: normalised.append(o)))
+        handles.append(layer.norm2.register_forward_pre_hook(lambda m, a: second.append(a[0])))
+    try:
+        with torch.no_grad(), adapter.capture(model) as plain:
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    with torch.no_grad(), adapter.capture(model, contributions=method) as cap:
+        model(x)
+    got = cap.contributions.double().numpy()
+    weights = plain.attentions.double().numpy()  # (batch, L, H, n, n)
+
+    def array(tensor: Any) -> np.ndarray:
+        return tensor.detach().double().numpy()
+
+    for index, layer in enumerate(model.layers):
+        d = layer.self_attn.embed_dim
+        w_in, b_in = array(layer.self_attn.in_proj_weight), array(layer.self_attn.in_proj_bias)
+        w_v, b_v = w_in[2 * d :].T, b_in[2 * d :]
+        w_o, b_o = array(layer.self_attn.out_proj.weight).T, array(layer.self_attn.out_proj.bias)
+        n1 = (array(layer.norm1.weight), array(layer.norm1.bias), layer.norm1.eps)
+        for b in range(2):
+            stream = array(inputs[index][b])
+            z = array(normalised[index][b]) if norm_first else stream
+            f = oracle_head_values(z, w_v, b_v, w_o, layer.self_attn.num_heads)
+            globenc_second = method == "globenc" and not norm_first
+            expected = oracle_contributions(
+                weights[b, index],
+                f,
+                stream,
+                b_o,
+                None if norm_first else n1,
+                method,
+                (array(layer.norm2.weight), layer.norm2.eps, array(second[index][b]))
+                if globenc_second
+                else None,
+            )
+            np.testing.assert_allclose(got[b, index], expected, rtol=1e-5, atol=1e-5)
+
+
 # -- (c) rollout and flow over them equal the oracles ---------------------------------------
 @pytest.mark.parametrize("method", METHODS)
 def test_explain_is_rollout_of_the_renormalised_matrices(
