@@ -108,8 +108,8 @@ def head_values(
     Raises
     ------
     ValueError
-        On shapes that do not fit together or a `heads` that does not divide the value
-        width.
+        On shapes that do not fit together, or a `heads` below 1 or not dividing the
+        value width.
     TypeError
         On non-floating or mixed dtypes, or a `heads` that is not an int.
 
@@ -141,12 +141,10 @@ def head_values(
     namespace = resolve_namespace(z, w_v, w_o, b_v, xp=xp, names=names)
     _check_dtypes(namespace, list(zip(names, arrays, strict=True)))
     given_heads: object = heads  # checked at run time: callers may not be type-checked
-    if (
-        isinstance(given_heads, bool)
-        or not isinstance(given_heads, numbers.Integral)
-        or int(given_heads) < 1
-    ):
+    if isinstance(given_heads, bool) or not isinstance(given_heads, numbers.Integral):
         _fail("heads", "be a positive int", repr(heads), "Pass the number of heads.", TypeError)
+    if int(given_heads) < 1:
+        _fail("heads", "be a positive int", repr(heads), "Pass the number of heads.", ValueError)
     n_heads = int(given_heads)
     if z.ndim < 2 or w_v.ndim != 2 or w_o.ndim != 2:
         _fail(

@@ -336,5 +336,7 @@ def test_bad_input_is_refused(block: dict[str, np.ndarray]) -> None:
         attnflow.contributions(alpha, values, x, second_norm=(None, None, EPS), second_norm_input=x)
     with pytest.raises(ValueError, match="`value_weight` must have shape"):
         attnflow.head_values(x, block["w_v"], block["w_o"], heads=4)
-    with pytest.raises(TypeError, match="`heads` must be a positive int"):
+    with pytest.raises(ValueError, match="`heads` must be a positive int"):
         attnflow.head_values(x, block["w_v"], block["w_o"], heads=0)
+    with pytest.raises(TypeError, match="`heads` must be a positive int"):
+        attnflow.head_values(x, block["w_v"], block["w_o"], heads=2.0)  # type: ignore[arg-type]
