@@ -346,6 +346,35 @@ def test_transformer_encoder_matrices_equal_the_oracle(norm_first: bool, method:
             np.testing.assert_allclose(got[b, index], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_terms_are_never_formed_whole(
+    minilm: dict[str, Any], method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a budget of two receiving tokens, no block of terms is larger, same matrices."""
+    from attnflow import _contributions
+
+    model, batch = minilm["eager"], minilm["batch"]
+    with torch.no_grad(), adapter.capture(model, contributions=method) as whole:
+        model(**batch)
+    batch_size, n = batch["input_ids"].shape
+    budget = 2 * batch_size * n * model.config.hidden_size
+    sizes: list[int] = []
+    mix = _contributions._mix
+
+    def spy(alpha: Any, values: Any, xp: Any) -> Any:
+        mixed = mix(alpha, values, xp)
+        sizes.append(mixed.numel())
+        return mixed
+
+    monkeypatch.setattr(_contributions, "_CHUNK_ELEMENTS", budget)
+    monkeypatch.setattr(_contributions, "_mix", spy)
+    with torch.no_grad(), adapter.capture(model, contributions=method) as chunked:
+        model(**batch)
+    assert max(sizes) <= budget
+    assert len(sizes) == model.config.num_hidden_layers * (n // 2)
+    torch.testing.assert_close(chunked.contributions, whole.contributions, rtol=1e-5, atol=1e-6)
+
+
 # -- (c) rollout and flow over them equal the oracles ---------------------------------------
 @pytest.mark.parametrize("method", METHODS)
 def test_explain_is_rollout_of_the_renormalised_matrices(
