@@ -14,6 +14,8 @@ Supported blocks:
 * Hugging Face BERT-like encoder layers (``BertLayer``, ``RobertaLayer``, MiniLM...):
   ``attention.self.{query,key,value}``, ``attention.output.{dense,LayerNorm}`` and
   ``output.LayerNorm``; post-LN.
+* Hugging Face DistilBERT blocks (``TransformerBlock``): ``attention.{q,k,v,out}_lin``,
+  ``sa_layer_norm``, ``output_layer_norm``; post-LN.
 * Hugging Face GPT-2 blocks (``GPT2Block``): ``ln_1``, ``attn.c_attn`` (fused q, k, v
   ``Conv1D``), ``attn.c_proj``, ``ln_2``; pre-LN.
 * Hugging Face ViT layers (``ViTLayer``): ``layernorm_before``, the value and output
@@ -40,7 +42,8 @@ __all__ = ["SUPPORTED_BLOCKS", "BlockRecorder", "find_blocks"]
 
 SUPPORTED_BLOCKS = (
     "Hugging Face BERT-like encoder layers (attention.self.{query,key,value}, "
-    "attention.output.{dense,LayerNorm}, output.LayerNorm), GPT-2 blocks (ln_1, "
+    "attention.output.{dense,LayerNorm}, output.LayerNorm), DistilBERT blocks "
+    "(attention.{q,k,v,out}_lin, sa_layer_norm, output_layer_norm), GPT-2 blocks (ln_1, "
     "attn.c_attn, attn.c_proj, ln_2), ViT layers (layernorm_before, value and output "
     "projections, layernorm_after) and "
     "torch.nn.TransformerEncoderLayer (norm_first True or False)"
@@ -126,6 +129,25 @@ def _bert(name: str, block: nn.Module) -> BlockSpec | None:
         "BERT-like (post-LN)",
         value=lambda: _linear(parts[2]),
         output=lambda: _linear(dense),
+        pre_norm=None,
+        post_norm=norm1,
+        second_norm=norm2,
+    )
+
+
+def _distilbert(name: str, block: nn.Module) -> BlockSpec | None:
+    parts = [_get(block, f"attention.{p}") for p in ("q_lin", "k_lin", "v_lin", "out_lin")]
+    norm1, norm2 = _get(block, "sa_layer_norm"), _get(block, "output_layer_norm")
+    if not (all(_is_linear(p) for p in parts) and _is_layer_norm(norm1)):
+        return None
+    if not _is_layer_norm(norm2):
+        return None
+    return BlockSpec(
+        name,
+        block,
+        "DistilBERT (post-LN)",
+        value=lambda: _linear(parts[2]),
+        output=lambda: _linear(parts[3]),
         pre_norm=None,
         post_norm=norm1,
         second_norm=norm2,
@@ -225,7 +247,7 @@ def _encoder_layer(name: str, block: nn.Module) -> BlockSpec | None:
     )
 
 
-_RECOGNISERS = (_encoder_layer, _bert, _gpt2, _vit)
+_RECOGNISERS = (_encoder_layer, _bert, _distilbert, _gpt2, _vit)
 
 
 def _looks_like_attention(module: nn.Module) -> bool:

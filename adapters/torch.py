@@ -54,7 +54,8 @@ Everything is restored when the block ends, also when the forward raises.
 
 ``capture(model, contributions="norm" | "globenc" | "alti")`` records value-aware
 token-mixing matrices instead (:func:`attnflow.contributions`): hooks on each supported
-attention block (Hugging Face BERT-like, GPT-2 and ViT layers, ``nn.TransformerEncoderLayer``)
+attention block (Hugging Face BERT-like, DistilBERT, GPT-2 and ViT layers,
+``nn.TransformerEncoderLayer``)
 collect its input, the attention's input and weights (and GlobEnc's second LayerNorm input)
 and the core turns them into the block's ``n x n`` matrix when it returns; see
 ``attnflow.adapters._torch_contributions``.
@@ -807,8 +808,9 @@ def capture(
         projections, LayerNorms) and drops the per-layer tensors. Read
         ``cap.contributions`` ``(*batch, layers, n, n)`` and ``cap.outputs`` (each
         block's output rebuilt from the decomposition). Supported blocks, recognised by
-        their structure: Hugging Face BERT-like encoder layers, GPT-2 blocks and ViT
-        layers, and ``nn.TransformerEncoderLayer`` (``norm_first`` True or False); any
+        their structure: Hugging Face BERT-like encoder layers (BERT, RoBERTa, MiniLM),
+        DistilBERT blocks, GPT-2 blocks and ViT layers, and
+        ``nn.TransformerEncoderLayer`` (``norm_first`` True or False); any
         other attention module is refused. Not with `gradients` or `heads`.
 
     Returns

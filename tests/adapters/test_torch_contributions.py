@@ -96,8 +96,30 @@ def _encoder(norm_first: bool, *, batch_first: bool = True) -> Any:
     return torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
 
 
+def _distilbert(transformers: Any, implementation: str) -> Any:
+    torch.manual_seed(0)
+    config = transformers.DistilBertConfig(
+        vocab_size=50, dim=16, n_layers=2, n_heads=2, hidden_dim=32, max_position_embeddings=32
+    )
+    model = transformers.DistilBertModel._from_config(config, attn_implementation=implementation)
+    return model.eval()
+
+
+def _roberta(transformers: Any) -> Any:
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=40,
+    )
+    return transformers.RobertaModel._from_config(config).eval()
+
+
 def _blocks(model: Any) -> list[Any]:
-    for path in ("encoder.layer", "layers", "h", "layers"):
+    for path in ("encoder.layer", "transformer.layer", "layers", "h"):
         found = model
         for part in path.split("."):
             found = getattr(found, part, None)
@@ -117,6 +139,8 @@ def _actual_outputs(model: Any, call: Any) -> tuple[Any, list[Any]]:
             and hasattr(block.attention.output, "LayerNorm")
         ):  # BERT: the first LayerNorm's output
             module, pre = block.attention.output.LayerNorm, False
+        elif hasattr(block, "sa_layer_norm"):  # DistilBERT: the first LayerNorm's output
+            module, pre = block.sa_layer_norm, False
         elif hasattr(block, "ln_2"):  # GPT-2: the stream entering ln_2
             module, pre = block.ln_2, True
         elif hasattr(block, "layernorm_after"):  # ViT
@@ -182,6 +206,19 @@ def test_gpt2_decomposition_is_complete(transformers: Any, implementation: str) 
     model = _gpt2(transformers, implementation)
     ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(1))
     _check_complete(model, lambda: model(ids))
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_distilbert_and_roberta_decompositions_are_complete(
+    transformers: Any, implementation: str
+) -> None:
+    ids = torch.randint(3, 50, (2, 7), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    distilbert = _distilbert(transformers, implementation)
+    _check_complete(distilbert, lambda: distilbert(input_ids=ids, attention_mask=mask), mask=mask)
+    roberta = _roberta(transformers)
+    _check_complete(roberta, lambda: roberta(input_ids=ids, attention_mask=mask), mask=mask)
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
