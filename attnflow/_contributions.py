@@ -368,18 +368,30 @@ def _rows_per_chunk(batch: tuple[int, ...], n: int, d: int) -> int:
     return max(1, min(n, _CHUNK_ELEMENTS // per_row))
 
 
-def _mix(alpha: Any, values: Any, xp: Namespace) -> Any:
-    """``Σ_h α^h_ij v^h_j`` for a block of rows: ``(*batch, H, r, n)`` -> ``(*batch, r, n, d)``.
+def _by_key(values: Any, xp: Namespace) -> Any:
+    """Values ``(*batch, H, n, d)`` laid out key-major, ``(*batch, n, H, d)``, once a layer."""
+    nb = values.ndim - 3
+    return xp.permute_dims(values, (*range(nb), nb + 1, nb, nb + 2))
 
-    The sum over heads is a matmul batched over the keys j, ``(n, r, H) @ (n, H, d)``,
-    so no ``(H, r, n, d)`` intermediate is formed.
+
+def _mix(alpha: Any, keyed: Any, xp: Namespace) -> Any:
+    """``Σ_h α^h_ij v^h_j`` for a block of rows, key-major: ``(*batch, n, r, d)``.
+
+    `alpha` holds the rows ``(*batch, H, r, n)`` and `keyed` the values key-major
+    (:func:`_by_key`). The sum over heads is a matmul batched over the keys j,
+    ``(n, r, H) @ (n, H, d)``, so no ``(H, r, n, d)`` intermediate is formed; the result
+    stays key-major because the reductions over d that follow are faster on it than on a
+    permuted copy.
     """
     nb = alpha.ndim - 3
-    batch_axes = tuple(range(nb))
-    by_key = xp.permute_dims(alpha, (*batch_axes, nb + 2, nb + 1, nb))  # (*batch, n, r, H)
-    values = xp.permute_dims(values, (*batch_axes, nb + 1, nb, nb + 2))  # (*batch, n, H, d)
-    mixed = xp.matmul(by_key, values)  # (*batch, n, r, d)
-    return xp.permute_dims(mixed, (*batch_axes, nb + 1, nb, nb + 2))
+    by_key = xp.permute_dims(alpha, (*range(nb), nb + 2, nb + 1, nb))  # (*batch, n, r, H)
+    return xp.matmul(by_key, keyed)
+
+
+def _to_rows(matrix: Any, xp: Namespace) -> Any:
+    """Swap the last two axes: key-major ``(..., n, r)`` to receiving rows ``(..., r, n)``."""
+    nb = matrix.ndim - 2
+    return xp.permute_dims(matrix, (*range(nb), nb + 1, nb))
 
 
 def _rows(alpha: Any, start: int, stop: int, scale: Any | None) -> Any:
@@ -388,9 +400,14 @@ def _rows(alpha: Any, start: int, stop: int, scale: Any | None) -> Any:
     return rows if scale is None else rows * scale[..., None, start:stop, :]
 
 
-def _off_diagonal(linear: _Linear, alpha: Any, start: int, stop: int, xp: Namespace) -> Any:
-    """``T_i(x_j)`` for rows ``start:stop`` without the residual: exact off the diagonal."""
-    return _mix(_rows(alpha, start, stop, linear.scale), linear.values, xp)
+def _off_diagonal(
+    linear: _Linear, keyed: Any, alpha: Any, start: int, stop: int, xp: Namespace
+) -> Any:
+    """``T_i(x_j)`` for rows ``start:stop`` without the residual: exact off the diagonal.
+
+    Key-major, ``(*batch, n, r, d)``.
+    """
+    return _mix(_rows(alpha, start, stop, linear.scale), keyed, xp)
 
 
 def _diagonal(linear: _Linear, alpha: Any, xp: Namespace) -> Any:
@@ -430,6 +447,10 @@ def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
 
 
 def _l2(vectors: Any, xp: Namespace) -> Any:
+    """Euclidean norms over the last axis (the linalg extension's fused one if present)."""
+    norm = getattr(getattr(xp, "linalg", None), "vector_norm", None)
+    if norm is not None:
+        return norm(vectors, axis=-1)
     return xp.sqrt(xp.sum(vectors * vectors, axis=-1))
 
 
@@ -531,7 +552,10 @@ def attention_terms(
     namespace, linear = block.xp, block.terms
     n = block.shape[1]
     device = array_device(block.weights)
-    terms = _off_diagonal(linear, block.weights, 0, n, namespace)
+    keyed = _by_key(linear.values, namespace)
+    terms = _off_diagonal(linear, keyed, block.weights, 0, n, namespace)
+    nb = terms.ndim - 3
+    terms = namespace.permute_dims(terms, (*range(nb), nb + 1, nb, nb + 2))  # rows first
     own = _diagonal(linear, block.weights, namespace)[..., :, None, :]  # (*batch, n, 1, d)
     diagonal = _is_diagonal(0, n, n, namespace, device)[:, :, None]
     terms = namespace.where(diagonal, own, terms)
@@ -608,21 +632,23 @@ def contributions_and_outputs(
         own_rest = namespace.sum(namespace.abs(outputs - own), axis=-1)  # ‖y_i − T_i(x_i)‖₁
 
     rows: list[Any] = []
+    keyed = _by_key(block.values if method == "norm" else linear.values, namespace)
     for start, stop in _chunks(n, _rows_per_chunk(batch, n, d)):
         if method == "norm":
-            rows.append(_l2(_mix(alpha[..., :, start:stop, :], block.values, namespace), namespace))
+            mixed = _mix(alpha[..., :, start:stop, :], keyed, namespace)
+            rows.append(_to_rows(_l2(mixed, namespace), namespace))
             continue
-        terms = _off_diagonal(linear, alpha, start, stop, namespace)
+        terms = _off_diagonal(linear, keyed, alpha, start, stop, namespace)  # (*b, n, r, d)
         assert own is not None
         if method == "globenc":
-            norms = _l2(terms, namespace)
+            norms = _to_rows(_l2(terms, namespace), namespace)
             rows.append(_with_diagonal(norms, _l2(own, namespace), start, stop, namespace, device))
             continue
         y = outputs[..., start:stop, :]
         total = namespace.sum(namespace.abs(y), axis=-1)[..., None]  # ‖y_i‖₁, (*batch, r, 1)
-        rest = namespace.sum(namespace.abs(y[..., None, :] - terms), axis=-1)
+        rest = namespace.sum(namespace.abs(y[..., None, :, :] - terms), axis=-1)  # (*b, n, r)
         assert own_rest is not None
-        rest = _with_diagonal(rest, own_rest, start, stop, namespace, device)
+        rest = _with_diagonal(_to_rows(rest, namespace), own_rest, start, stop, namespace, device)
         rows.append(namespace.maximum(total - rest, namespace.zeros_like(rest)))
     matrices = rows[0] if len(rows) == 1 else namespace.concat(rows, axis=-2)
     if method == "alti":
