@@ -206,6 +206,13 @@ def test_gpt2_decomposition_is_complete(transformers: Any, implementation: str) 
     model = _gpt2(transformers, implementation)
     ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(1))
     _check_complete(model, lambda: model(ids))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding: causal and padding masks together
+    _check_complete(model, lambda: model(input_ids=ids, attention_mask=mask), mask=mask)
+    with torch.no_grad(), adapter.capture(model, contributions="alti") as cap:
+        model(input_ids=ids, attention_mask=mask)
+    assert bool(torch.isfinite(cap.contributions).all())
+    assert (cap.contributions[1, :, 3:, :3] == 0).all()  # real tokens get nothing from padding
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
