@@ -183,7 +183,7 @@ def head_values(
 # -- the decomposition ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Linear:
-    r"""Per-token terms as a linear map: ``T_ij = s_i (Σ_h α^h_ij v^h_j + δ_ij r_j)``.
+    r"""Per-token terms as a linear map: ``T_ij = c_i (Σ_h α^h_ij v^h_j + δ_ij r_j)``.
 
     A LayerNorm with a fixed std is linear and acts on each vector alone, so its centring
     and gain are applied once to the values and the residual (``O(H n d)``) instead of to
@@ -195,7 +195,7 @@ class _Linear:
     residual: Any
     """r_j, ``(*batch, n, d)``."""
     scale: Any | None
-    """s_i, ``(*batch, n, 1)``, or None for 1."""
+    """c_i (``1 / s_i`` for a LayerNorm), ``(*batch, n, 1)``, or None for 1."""
 
 
 @dataclass(frozen=True)
@@ -395,7 +395,7 @@ def _to_rows(matrix: Any, xp: Namespace) -> Any:
 
 
 def _rows(alpha: Any, start: int, stop: int, scale: Any | None) -> Any:
-    """Rows ``start:stop`` of every head, times their ``s_i``: ``(*batch, H, r, n)``."""
+    """Rows ``start:stop`` of every head, times their ``c_i``: ``(*batch, H, r, n)``."""
     rows = alpha[..., :, start:stop, :]
     return rows if scale is None else rows * scale[..., None, start:stop, :]
 
