@@ -110,6 +110,7 @@ def adapters_torch(session: nox.Session) -> None:
     # only this session installs.
     tests = [
         "tests/adapters/test_torch.py",
+        "tests/adapters/test_torch_contributions.py",
         "tests/adapters/test_torch_encoder_decoder.py",
         "tests/adapters/test_readme.py",
         "tests/adapters/test_flow_minilm.py",

@@ -52,6 +52,14 @@ arguments and the names decide.
 
 Everything is restored when the block ends, also when the forward raises.
 
+``capture(model, contributions="norm" | "globenc" | "alti")`` records value-aware
+token-mixing matrices instead (:func:`attnflow.contributions`): hooks on each supported
+attention block (Hugging Face BERT-like, DistilBERT, GPT-2 and ViT layers,
+``nn.TransformerEncoderLayer``)
+collect its input, the attention's input and weights (and GlobEnc's second LayerNorm input)
+and the core turns them into the block's ``n x n`` matrix when it returns; see
+``attnflow.adapters._torch_contributions``.
+
 :func:`input_gradients` gives the token importances that attention rollout and flow are
 compared with in the paper: the gradient of a classifier's target score with respect to
 the output of its embedding module, through a forward hook removed after the call.
@@ -74,6 +82,8 @@ from torch import nn
 
 import attnflow
 
+from ._torch_contributions import BlockRecorder, find_blocks
+
 __all__ = [
     "Capture",
     "capture",
@@ -84,6 +94,8 @@ __all__ = [
 ]
 
 HeadReduction = Literal["mean", "max", "min"]
+#: The value-aware token-mixing rules of attnflow.contributions.
+Contributions = Literal["norm", "globenc", "alti"]
 Role = Literal["encoder", "decoder", "cross"]
 #: How input_gradients() reduces the hidden axis of the gradient.
 Reduction = Literal["l2", "sum_abs", "x_input"]
@@ -248,6 +260,7 @@ class Capture:
         *,
         gradients: bool = False,
         heads: HeadReduction | None = None,
+        contributions: Contributions | None = None,
     ) -> None:
         given: object = model  # checked at run time: callers may not be type-checked
         if not isinstance(given, nn.Module):
@@ -266,7 +279,23 @@ class Capture:
                 "fuse afterwards."
             )
             raise ValueError(msg)
+        if contributions not in (None, "norm", "globenc", "alti"):
+            msg = (
+                '`contributions` must be None (capture attention weights), "norm" '
+                '(Kobayashi et al. 2020), "globenc" (Modarressi et al. 2022) or "alti" '
+                f"(Ferrando et al. 2022); got {contributions!r}."
+            )
+            raise ValueError(msg)
+        if contributions is not None and (gradients or heads is not None):
+            msg = (
+                f"contributions={contributions!r} records one token-mixing matrix per layer, "
+                "not attention weights: drop `gradients` and `heads` (got "
+                f"gradients={gradients!r}, heads={heads!r})."
+            )
+            raise ValueError(msg)
         self.model = model
+        self.contribution_method: Contributions | None = contributions
+        self._recorder: BlockRecorder | None = None
         self.heads: HeadReduction | None = heads
         self.track_gradients = gradients
         self._records: list[_Record] = []
@@ -287,6 +316,8 @@ class Capture:
             raise RuntimeError(msg)
         self._used = True
         _check_implementations(self.model)
+        if self.contribution_method is not None:
+            self._recorder = BlockRecorder(find_blocks(self.model), self.contribution_method)
         try:
             self._install()
         except BaseException:
@@ -303,6 +334,9 @@ class Capture:
     ) -> None:
         self._active = False
         self._restore()
+        if exc_type is None and self._recorder is not None:
+            self._check_contributions(self._recorder)
+            return
         if exc_type is None and not self._records:
             msg = (
                 f"No attention weights were captured from {type(self.model).__name__}. "
@@ -319,6 +353,57 @@ class Capture:
 
     # -- results ------------------------------------------------------------------------
     @property
+    def contributions(self) -> torch.Tensor:
+        """The value-aware token-mixing matrices ``(*batch, layers, n, n)``.
+
+        One matrix per attention block, in the order the blocks ran, rows = receiving
+        token (see :func:`attnflow.contributions`); needs
+        ``capture(model, contributions=...)``.
+        """
+        return torch.stack(self._recorded("contributions").matrices, dim=-3)
+
+    @property
+    def outputs(self) -> torch.Tensor:
+        """Each block's output rebuilt from its decomposition, ``(*batch, layers, n, d)``.
+
+        ``Σ_j T_i(x_j) + b_i``, summed from the terms the matrices are read from: compare
+        it with the model's own block outputs to check that the decomposition is exact
+        (the LayerNorm output of a post-LN block, the residual stream after the attention
+        of a pre-LN one).
+        """
+        return torch.stack(self._recorded("outputs").outputs, dim=-3)
+
+    def _recorded(self, name: str) -> BlockRecorder:
+        recorder = self._recorder
+        if recorder is None:
+            msg = (
+                f'`{name}` needs capture(model, contributions="norm" | "globenc" | '
+                '"alti"); this capture recorded attention weights (read `attentions`).'
+            )
+            raise RuntimeError(msg)
+        if not recorder.matrices:
+            msg = f"Nothing was captured: read `{name}` after calling the model in the block."
+            raise RuntimeError(msg)
+        return recorder
+
+    def _check_contributions(self, recorder: BlockRecorder) -> None:
+        if recorder.errors:
+            msg = (
+                f"capture(contributions={self.contribution_method!r}) could not decompose "
+                f"{type(self.model).__name__}: {recorder.errors[0]}. Supported are "
+                "self-attention blocks called once per block on whole sequences (no KV "
+                "cache); capture the attention weights instead for other models."
+            )
+            raise RuntimeError(msg)
+        if not recorder.matrices:
+            msg = (
+                f"No attention block of {type(self.model).__name__} ran inside the `with` "
+                "block: call the model there, with attention computed by SDPA, Hugging Face "
+                "eager attention or nn.MultiheadAttention (not a fused kernel)."
+            )
+            raise RuntimeError(msg)
+
+    @property
     def records(self) -> list[torch.Tensor]:
         """The weights of each attention call, in call order."""
         return [record.weights for record in self._records]
@@ -327,6 +412,12 @@ class Capture:
     def attentions(self) -> torch.Tensor:
         """The captured weights stacked to ``(*batch, layers, [heads,] n, n)``."""
         weights = self.records
+        if not weights and self._recorder is not None:
+            msg = (
+                "This capture recorded value-aware contributions, not attention weights: read "
+                "`contributions` (or capture(model) without contributions= for `attentions`)."
+            )
+            raise RuntimeError(msg)
         if not weights:
             msg = "Nothing was captured: read `attentions` after calling the model in the block."
             raise RuntimeError(msg)
@@ -483,6 +574,10 @@ class Capture:
         # Kept only while an nn.MultiheadAttention call runs (its hook hands the weights
         # back to the caller), so per-head weights never outlive their layer.
         self._last_weights = weights if self._mha_calls else None
+        if self._recorder is not None:
+            if not self._recorder.record(weights):
+                self._recorder.errors.append("an attention call outside any supported block")
+            return
         role = self._role()
         if self.heads is not None:
             if weights.ndim < 3:
@@ -587,6 +682,8 @@ class Capture:
 
         handle = self.model.register_forward_pre_hook(self._on_model_call, with_kwargs=True)
         self._undo.append(handle.remove)
+        if self._recorder is not None:
+            self._recorder.install(self._undo)
         self._seq2seq = _is_encoder_decoder(self.model)
         if self._seq2seq:
             for name, module in self.model.named_modules():
@@ -624,6 +721,8 @@ class Capture:
     ) -> None:
         # Each call of the model starts afresh: the capture holds the last call.
         self._records.clear()
+        if self._recorder is not None:
+            self._recorder.clear()
         self._running.clear()
         self._mask = _padding_mask(module, args, kwargs)
         self._decoder_mask = _decoder_mask(module, args, kwargs)
@@ -676,6 +775,7 @@ def capture(
     *,
     gradients: bool = False,
     heads: HeadReduction | None = None,
+    contributions: Contributions | None = None,
 ) -> Capture:
     """Record the attention weights of a PyTorch model call.
 
@@ -698,6 +798,20 @@ def capture(
     heads : {"mean", "max", "min"} or None, default None
         Fuse the heads of each layer while capturing (:func:`attnflow.fuse_heads`), so
         that only ``layers x n x n`` values per sequence are kept; None keeps every head.
+    contributions : {"norm", "globenc", "alti"} or None, default None
+        Record value-aware token-mixing matrices instead of attention weights (see
+        :func:`attnflow.contributions`): for each attention block, forward hooks read the
+        block input, the attention's input (after the first LayerNorm in pre-LN
+        blocks), the attention weights and, for ``"globenc"`` on post-LN blocks, the
+        input of the second LayerNorm; when the block returns, attnflow computes its
+        ``n x n`` matrix from these and the block's weights (value and output
+        projections, LayerNorms) and drops the per-layer tensors. Read
+        ``cap.contributions`` ``(*batch, layers, n, n)`` and ``cap.outputs`` (each
+        block's output rebuilt from the decomposition). Supported blocks, recognised by
+        their structure: Hugging Face BERT-like encoder layers (BERT, RoBERTa, MiniLM),
+        DistilBERT blocks, GPT-2 blocks and ViT layers, and
+        ``nn.TransformerEncoderLayer`` (``norm_first`` True or False); any
+        other attention module is refused. Not with `gradients` or `heads`.
 
     Returns
     -------
@@ -714,9 +828,12 @@ def capture(
     ValueError
         If the model uses an attention implementation that never materialises the
         weights (flash or flex attention): load it with ``attn_implementation="sdpa"``
-        or ``"eager"``, or call ``model.set_attn_implementation("sdpa")``.
+        or ``"eager"``, or call ``model.set_attn_implementation("sdpa")``. With
+        `contributions`: a bad value, or (on entering the block) a model with attention
+        outside the supported blocks.
     RuntimeError
-        If the block ends without any attention weights captured.
+        If the block ends without any attention weights captured, or (with
+        `contributions`) a block could not be decomposed.
 
     Notes
     -----
@@ -750,20 +867,29 @@ def capture(
     >>> y[:, 0].sum().backward()
     >>> cap.gradients.shape
     torch.Size([1, 3, 2, 5, 5])
+
+    Value-aware contributions (ALTI), rolled out with the residual they already carry:
+
+    >>> with torch.no_grad(), capture(model, contributions="alti") as cap:
+    ...     y = model(x)
+    >>> cap.contributions.shape
+    torch.Size([1, 3, 5, 5])
+    >>> attnflow.rollout(cap.contributions, heads=None, residual=0.0, renormalize=True).shape
+    torch.Size([1, 5, 5])
     """
-    return Capture(model, gradients=gradients, heads=heads)
+    return Capture(model, gradients=gradients, heads=heads, contributions=contributions)
 
 
 def explain(
     model: nn.Module,
     inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
     *,
-    method: Literal["rollout", "flow", "gradient_rollout"] = "rollout",
+    method: Literal["rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"] = "rollout",
     rows: int | Sequence[int] | None = 0,
     target: int | Sequence[int] | torch.Tensor | None = None,
     **options: Any,
 ) -> torch.Tensor:
-    """Capture a model's attention on `inputs` and return rollout, flow or GAE maps.
+    """Capture a model's attention on `inputs` and return rollout, flow, GAE or value-aware maps.
 
     Runs ``model(**inputs)`` (a mapping, e.g. a tokenizer's output), ``model(*inputs)``
     (a tuple or list) or ``model(inputs)`` (a tensor) inside :func:`capture`, then applies
@@ -785,8 +911,14 @@ def explain(
         its mode is not changed here).
     inputs : mapping, sequence or Tensor
         The model's inputs.
-    method : {"rollout", "flow", "gradient_rollout"}, default "rollout"
-        The attribution method.
+    method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"}, default "rollout"
+        The attribution method. ``"norm"``, ``"globenc"`` and ``"alti"`` capture the
+        value-aware token-mixing matrices (``capture(model, contributions=method)``) and
+        return their rollout, rows renormalised (``renormalize=True``), with
+        ``residual=0`` for GlobEnc and ALTI, whose matrices carry the residual connection,
+        and the paper's ``0.5`` mix for the norm-based matrix, which has none (Kobayashi
+        et al. measure the attention alone); `residual` in `options` overrides it. For
+        flow over them, call :func:`attnflow.flow` on ``cap.contributions``.
     rows : int, sequence of int or None, default 0
         Output positions to explain; 0 is the first token (``[CLS]`` for BERT-like
         models), None gives the full ``n x n`` map.
@@ -850,11 +982,16 @@ def explain(
     >>> bool((relevance[:, 0] == 0).all())
     True
     """
-    if method not in ("rollout", "flow", "gradient_rollout"):
-        msg = f'`method` must be "rollout", "flow" or "gradient_rollout"; got {method!r}.'
+    if method not in ("rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"):
+        msg = (
+            '`method` must be "rollout", "flow", "gradient_rollout", "norm", "globenc" or '
+            f'"alti"; got {method!r}.'
+        )
         raise ValueError(msg)
     if method == "gradient_rollout":
         return _explain_gradient_rollout(model, inputs, rows=rows, target=target, **options)
+    if method in ("norm", "globenc", "alti") and target is None:
+        return _explain_contributions(model, inputs, method=method, rows=rows, **options)
     if target is not None:
         msg = (
             f'`target` selects the class explained by method="gradient_rollout"; {method} '
@@ -868,6 +1005,31 @@ def explain(
     options.setdefault("mask", cap.mask)
     function = attnflow.rollout if method == "rollout" else attnflow.flow
     return function(cap.attentions, rows=rows, heads=None if fuse_now else heads, **options)
+
+
+def _explain_contributions(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+    *,
+    method: Contributions,
+    rows: int | Sequence[int] | None,
+    **options: Any,
+) -> torch.Tensor:
+    """explain(method="norm" | "globenc" | "alti"): rollout over value-aware matrices."""
+    heads = options.pop("heads", None)
+    if heads is not None:
+        msg = (
+            f'method="{method}" rolls out one token-mixing matrix per layer (the heads are '
+            f"summed inside it): drop `heads` (got heads={heads!r})."
+        )
+        raise ValueError(msg)
+    with torch.no_grad(), capture(model, contributions=method) as cap:
+        _call(model, inputs)
+    options.setdefault("mask", cap.mask)
+    # GlobEnc and ALTI carry the residual connection; the norm-based matrix has none, so
+    # it is mixed with the identity as attention is (the paper's 0.5).
+    options.setdefault("residual", 0.5 if method == "norm" else 0.0)
+    return attnflow.rollout(cap.contributions, heads=None, rows=rows, renormalize=True, **options)
 
 
 def _call(model: nn.Module, inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor) -> Any:

@@ -11,6 +11,7 @@ Importing attnflow imports no deep-learning framework and no plotting library.
 
 from __future__ import annotations
 
+from ._contributions import attention_terms, contributions, head_values
 from ._encoder_decoder import EncoderDecoderAttribution, encoder_decoder_rollout
 from ._encoder_decoder_flow import encoder_decoder_flow
 from ._flow import FlowCost, flow, flow_cost
@@ -39,8 +40,10 @@ __all__ = [
     "PerturbationCurve",
     "__version__",
     "add_residual",
+    "attention_terms",
     "blank_out",
     "comprehensiveness",
+    "contributions",
     "deletion",
     "encoder_decoder_flow",
     "encoder_decoder_rollout",
@@ -49,6 +52,7 @@ __all__ = [
     "flow_cost",
     "fuse_heads",
     "gradient_rollout",
+    "head_values",
     "insertion",
     "rank_correlation",
     "raw",

@@ -460,6 +460,7 @@ def flow(
     receptive_field: bool = False,
     exclude: int | Sequence[int] | None = None,
     normalize: bool = True,
+    renormalize: bool = False,
     n_jobs: int | None = None,
     executor: Executor | None = None,
     progress: bool = False,
@@ -540,6 +541,10 @@ def flow(
         Divide each output row by its sum (as the paper's code does). False returns the
         raw max-flow values, each at most 1. With `receptive_field` or `exclude` rows are
         always renormalised (the row scale cancels in the division).
+    renormalize : bool, default False
+        Divide each row of every input matrix by its sum before building the graph,
+        instead of requiring rows that sum to one, as for :func:`rollout` (value-aware
+        token-mixing matrices from :func:`contributions`, ``heads=None``).
     n_jobs : int, optional
         Threads on this machine: None chooses (all cores when the work is estimated
         above about 0.05 s, else one), -1 is one per core, 1 runs serially; more than the
@@ -653,6 +658,7 @@ def flow(
         discard=discard,
         receptive_field=receptive_field,
         exclude=exclude,
+        renormalize=renormalize,
     )
     estimate = _cost_of(prepared, _host_mask(prepared))
     if max_work is not None and estimate.edge_visits > max_work:

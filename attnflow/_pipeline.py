@@ -69,6 +69,7 @@ class CheckedArguments:
     pruning: PruningSpec | None
     receptive_field: bool
     exclude: tuple[int, ...]
+    renormalize: bool
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,7 @@ def check_arguments(
     discard: object = None,
     receptive_field: object = False,
     exclude: object = None,
+    renormalize: object = False,
 ) -> CheckedArguments:
     """Check every argument against the input's shapes and dtypes; compute nothing.
 
@@ -188,6 +190,13 @@ def check_arguments(
     normalise_field = check_receptive_field(receptive_field)
     excluded = check_exclude(exclude, layout.n_tokens)
     check_mask(mask, layout, namespace)
+    if not isinstance(renormalize, bool):
+        msg = (
+            "`renormalize` must be True (divide each row of the input matrices by its sum, "
+            "for non-negative token-mixing matrices such as attnflow.contributions) or "
+            f"False (attention probabilities, rows summing to 1); got {renormalize!r}."
+        )
+        raise TypeError(msg)
 
     return CheckedArguments(
         xp=namespace,
@@ -206,6 +215,7 @@ def check_arguments(
         pruning=pruning,
         receptive_field=normalise_field,
         exclude=excluded,
+        renormalize=renormalize,
     )
 
 
@@ -225,6 +235,7 @@ def prepare_attention(
     discard: object = None,
     receptive_field: object = False,
     exclude: object = None,
+    renormalize: object = False,
 ) -> PreparedAttention:
     """Check every argument, then mask, normalise and fuse the used layers.
 
@@ -232,7 +243,10 @@ def prepare_attention(
     (:func:`check_arguments`); value checks follow, on the layers that are used; only then
     is anything computed. `allow_each` admits ``heads="each"`` (rollout and flow), which
     also keeps the heads of the reported layers; the pruning, `receptive_field` and
-    `exclude` options are only checked here and applied by the method.
+    `exclude` options are only checked here and applied by the method. `renormalize`
+    divides the rows of every input matrix by their sum instead of requiring them to sum
+    to one (value-aware token-mixing matrices); the values are then checked to be finite
+    and non-negative only.
     """
     checked = check_arguments(
         attentions,
@@ -249,7 +263,9 @@ def prepare_attention(
         discard=discard,
         receptive_field=receptive_field,
         exclude=exclude,
+        renormalize=renormalize,
     )
+    renormalize = checked.renormalize
     fused_input = heads is None
     namespace, layout, mask = checked.xp, checked.layout, checked.mask
     arrays, stacked, spec = checked.arrays, checked.stacked, checked.spec
@@ -277,9 +293,10 @@ def prepare_attention(
         valid_keys = namespace.reshape(mask, shape)[..., None, :]
         valid_rows = namespace.reshape(mask, shape)[..., :, None]
 
-    every_head = checks_every_head(do_validate, spec.kind, masked=mask is not None)
+    # Renormalised input is checked as given, before its rows are rescaled.
+    every_head = checks_every_head(do_validate, spec.kind, masked=mask is not None or renormalize)
     if do_validate and every_head:
-        check_attention_values(stacked, namespace, valid_rows=valid_rows)
+        check_attention_values(stacked, namespace, valid_rows=valid_rows, row_sums=not renormalize)
 
     if mask is not None:
         # Drop padded queries and keys (whatever the framework left there, NaN included)
@@ -288,6 +305,8 @@ def prepare_attention(
         keep = valid_rows & valid_keys
         stacked = namespace.where(keep, stacked, namespace.zeros_like(stacked))
         stacked = normalize_rows(stacked, namespace, valid_rows=valid_rows)
+    elif renormalize:
+        stacked = normalize_rows(stacked, namespace)
 
     per_head = None
     if spec.kind == "each":

@@ -261,6 +261,7 @@ def rollout(
     discard: float | None = None,
     receptive_field: bool = False,
     exclude: int | Sequence[int] | None = None,
+    renormalize: bool = False,
     validate: bool | Literal["heads"] = True,
     xp: Namespace | None = None,
 ) -> ArrayT:
@@ -372,6 +373,13 @@ def rollout(
         as an attention sink at 0 (BOS): their column is zero and rows are renormalised
         over the remaining real tokens. They still carry attention through the layers
         (only the output changes). A row with nothing left is zero.
+    renormalize : bool, default False
+        Divide each row of every input matrix by its sum first, instead of requiring rows
+        that sum to one: for non-negative token-mixing matrices such as the value-aware
+        ones of :func:`contributions` (with ``heads=None``; ``residual=0`` when the
+        matrices carry the residual connection themselves). `validate` then checks that
+        the values are finite and non-negative; a row with no mass becomes a
+        self-attention row.
     validate : bool or "heads", default True
         Check the attention values before the rollout: finite, non-negative, rows summing
         to one within a dtype-aware tolerance. True checks what the method consumes: the
@@ -492,6 +500,7 @@ def rollout(
         discard=discard,
         receptive_field=receptive_field,
         exclude=exclude,
+        renormalize=renormalize,
     )
     result = _compose(prepared)
     if prepared.receptive_field or prepared.exclude:

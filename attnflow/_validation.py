@@ -566,6 +566,7 @@ def check_attention_values(
     valid_rows: Array | None,
     name: str = "attentions",
     heads_fused: bool = False,
+    row_sums: bool = True,
 ) -> None:
     """Check that attention weights are finite, non-negative and row-stochastic.
 
@@ -573,7 +574,7 @@ def check_attention_values(
     makes its sum non-finite) and the row minima. Rows whose query is padded
     (`valid_rows` False) may hold anything: frameworks fill them with zeros, uniform rows
     or NaN. With `heads_fused` the tensor is the head-fused attention and the messages
-    say so.
+    say so. ``row_sums=False`` skips the row-sum check (matrices renormalised afterwards).
     """
     if not values_are_inspectable(attentions):
         return
@@ -600,6 +601,8 @@ def check_attention_values(
             f"is {lowest:.3g}. Pass softmax outputs, not scores or gradients."
         )
         raise ValueError(msg)
+    if not row_sums:
+        return
     tolerance = row_sum_tolerance(xp, attentions.dtype, attentions.shape[-1])
     deviations = xp.abs(sums - 1)
     if bool(xp.any(deviations > tolerance)):

@@ -831,3 +831,129 @@ def oracle_encoder_decoder_flow(
 
 
 __all__ += ["oracle_encoder_decoder_flow"]
+
+
+# -- value-aware token mixing (issue 12): norm-based, GlobEnc, ALTI ------------------------
+# Written from the papers' formulas with plain loops over positions; nothing is shared with
+# attnflow._contributions. Kobayashi et al. 2020 (eq. 5-6), Kobayashi et al. 2021 (LN as a
+# sum of per-token vectors), Modarressi et al. 2022 (GlobEnc, N_Enc), Ferrando et al. 2022
+# (ALTI, eq. 6-10).
+
+
+def _oracle_layer_norm(vector: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float):
+    mean = sum(vector) / len(vector)
+    var = sum((v - mean) ** 2 for v in vector) / len(vector)
+    return gamma * (vector - mean) / np.sqrt(var + eps) + beta
+
+
+def oracle_head_values(
+    z: np.ndarray, w_v: np.ndarray, b_v: np.ndarray, w_o: np.ndarray, heads: int
+) -> np.ndarray:
+    """f^h(z_j) = (z_j W_V^h + b_V^h) W_O^h of one sequence: ``(H, n, d)``."""
+    n = z.shape[0]
+    width = w_v.shape[1] // heads
+    out = np.zeros((heads, n, w_o.shape[1]))
+    for h in range(heads):
+        cols = slice(h * width, (h + 1) * width)
+        for j in range(n):
+            value = z[j] @ w_v[:, cols] + b_v[cols]
+            out[h, j] = value @ w_o[cols, :]
+    return out
+
+
+def oracle_block_output(
+    alpha: np.ndarray,
+    z: np.ndarray,
+    x: np.ndarray,
+    w_v: np.ndarray,
+    b_v: np.ndarray,
+    w_o: np.ndarray,
+    b_o: np.ndarray,
+    norm: tuple[np.ndarray, np.ndarray, float] | None,
+) -> np.ndarray:
+    """The block's forward pass for one sequence: concat_h(α^h V^h) W_O + b_O, + x, LN."""
+    heads, n = alpha.shape[0], alpha.shape[1]
+    width = w_v.shape[1] // heads
+    y = np.zeros_like(x)
+    for i in range(n):
+        context = np.zeros(w_v.shape[1])
+        for h in range(heads):
+            cols = slice(h * width, (h + 1) * width)
+            for j in range(n):
+                context[cols] += alpha[h, i, j] * (z[j] @ w_v[:, cols] + b_v[cols])
+        u = x[i] + context @ w_o + b_o
+        y[i] = u if norm is None else _oracle_layer_norm(u, *norm)
+    return y
+
+
+def oracle_terms(
+    alpha: np.ndarray,
+    f: np.ndarray,
+    x: np.ndarray,
+    b_o: np.ndarray,
+    norm: tuple[np.ndarray, np.ndarray, float] | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """T_i(x_j), b_i and the attention parts Σ_h α^h_ij f^h(x_j) of one sequence."""
+    heads, n, d = f.shape
+    attention = np.zeros((n, n, d))
+    terms = np.zeros((n, n, d))
+    offset = np.zeros((n, d))
+    for i in range(n):
+        t = np.zeros((n, d))
+        for j in range(n):
+            for h in range(heads):
+                attention[i, j] += alpha[h, i, j] * f[h, j]
+            t[j] = attention[i, j] + (x[j] if i == j else 0.0)
+        if norm is None:
+            terms[i], offset[i] = t, b_o
+            continue
+        gamma, beta, eps = norm
+        u = t.sum(axis=0) + b_o  # the vector the LayerNorm sees
+        s = np.sqrt(np.mean((u - u.mean()) ** 2) + eps)
+        for j in range(n):
+            terms[i, j] = gamma * (t[j] - t[j].mean()) / s
+        offset[i] = gamma * (b_o - b_o.mean()) / s + beta
+    return terms, offset, attention
+
+
+def oracle_contributions(
+    alpha: np.ndarray,
+    f: np.ndarray,
+    x: np.ndarray,
+    b_o: np.ndarray,
+    norm: tuple[np.ndarray, np.ndarray, float] | None,
+    method: str,
+    second: tuple[np.ndarray, float, np.ndarray] | None = None,
+) -> np.ndarray:
+    """The ``(n, n)`` norm / GlobEnc / ALTI matrix of one sequence.
+
+    `second` is GlobEnc's second LayerNorm as (gamma2, eps2, its actual input (n, d)).
+    """
+    terms, offset, attention = oracle_terms(alpha, f, x, b_o, norm)
+    n = x.shape[0]
+    out = np.zeros((n, n))
+    for i in range(n):
+        y = terms[i].sum(axis=0) + offset[i]
+        for j in range(n):
+            if method == "norm":
+                out[i, j] = np.sqrt(np.sum(attention[i, j] ** 2))
+            elif method == "globenc":
+                vector = terms[i, j]
+                if second is not None:
+                    gamma2, eps2, v = second
+                    s2 = np.sqrt(np.mean((v[i] - v[i].mean()) ** 2) + eps2)
+                    vector = gamma2 * (vector - vector.mean()) / s2
+                out[i, j] = np.sqrt(np.sum(vector**2))
+            else:
+                out[i, j] = max(0.0, np.abs(y).sum() - np.abs(y - terms[i, j]).sum())
+        if method == "alti" and out[i].sum() > 0:
+            out[i] = out[i] / out[i].sum()
+    return out
+
+
+__all__ += [
+    "oracle_block_output",
+    "oracle_contributions",
+    "oracle_head_values",
+    "oracle_terms",
+]

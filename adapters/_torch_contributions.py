@@ -1,0 +1,449 @@
+"""Record what value-aware token mixing needs from PyTorch attention blocks.
+
+:func:`attnflow.adapters.torch.capture` with ``contributions=`` uses this module to find
+the model's attention blocks (recognised by their structure, not their class names) and,
+while one runs, to collect the pieces :func:`attnflow.contributions` needs: the block input
+(the residual stream), the attention's input (after the first LayerNorm in pre-LN
+blocks), the attention weights, and for GlobEnc on post-LN blocks the input of the second
+LayerNorm. When the block returns, its matrix is computed by the core and the pieces are
+dropped, so per-head tensors never outlive their layer. Only forward hooks that return
+nothing are used: the model computes exactly what it computes without them.
+
+Supported blocks:
+
+* Hugging Face BERT-like encoder layers (``BertLayer``, ``RobertaLayer``, MiniLM...):
+  ``attention.self.{query,key,value}``, ``attention.output.{dense,LayerNorm}`` and
+  ``output.LayerNorm``; post-LN.
+* Hugging Face DistilBERT blocks (``TransformerBlock``): ``attention.{q,k,v,out}_lin``,
+  ``sa_layer_norm``, ``output_layer_norm``; post-LN.
+* Hugging Face GPT-2 blocks (``GPT2Block``): ``ln_1``, ``attn.c_attn`` (fused q, k, v
+  ``Conv1D``), ``attn.c_proj``, ``ln_2``; pre-LN.
+* Hugging Face ViT layers (``ViTLayer``): ``layernorm_before``, the value and output
+  projections (``attention.attention.value`` and ``attention.output.dense`` in
+  transformers 4, ``attention.v_proj`` and ``attention.o_proj`` in transformers 5),
+  ``layernorm_after``; pre-LN.
+* ``torch.nn.TransformerEncoderLayer`` (``self_attn`` an ``nn.MultiheadAttention``,
+  ``norm1``, ``norm2``), ``norm_first`` True (pre-LN) or False (post-LN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+import attnflow
+from attnflow._contributions import Method, contributions_and_outputs
+
+__all__ = ["SUPPORTED_BLOCKS", "BlockRecorder", "find_blocks"]
+
+SUPPORTED_BLOCKS = (
+    "Hugging Face BERT-like encoder layers (attention.self.{query,key,value}, "
+    "attention.output.{dense,LayerNorm}, output.LayerNorm), DistilBERT blocks "
+    "(attention.{q,k,v,out}_lin, sa_layer_norm, output_layer_norm), GPT-2 blocks (ln_1, "
+    "attn.c_attn, attn.c_proj, ln_2), ViT layers (layernorm_before, value and output "
+    "projections, layernorm_after) and "
+    "torch.nn.TransformerEncoderLayer (norm_first True or False)"
+)
+
+LayerNormTuple = tuple[torch.Tensor | None, torch.Tensor | None, float]
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """Where one attention block keeps its pieces."""
+
+    name: str
+    block: nn.Module
+    kind: str
+    value: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
+    """``(W_V, b_V)`` with ``W_V`` of shape ``(d_in, H * d_head)`` (applied as ``z @ W_V``)."""
+    output: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
+    """``(W_O, b_O)`` with ``W_O`` of shape ``(H * d_head, d)``."""
+    pre_norm: nn.LayerNorm | None
+    """Pre-LN blocks: the LayerNorm whose output the attention reads."""
+    post_norm: nn.LayerNorm | None
+    """Post-LN blocks: the LayerNorm after the residual sum."""
+    second_norm: nn.LayerNorm | None
+    """Post-LN blocks: the LayerNorm after the feed-forward network (GlobEnc)."""
+    batch_first: bool = True
+
+
+def _tensor(module: object, name: str) -> torch.Tensor | None:
+    """Read a parameter that may be None (a bias-free layer), detached."""
+    value = getattr(module, name, None)
+    return value.detach() if isinstance(value, torch.Tensor) else None
+
+
+def _linear(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Read a ``torch.nn.Linear`` as ``(W, b)`` applied as ``x @ W + b``."""
+    assert isinstance(module, nn.Linear)
+    return module.weight.detach().T, _tensor(module, "bias")
+
+
+def _is_linear(module: object) -> bool:
+    return isinstance(module, nn.Linear)
+
+
+def _is_layer_norm(module: object) -> bool:
+    return isinstance(module, nn.LayerNorm) and len(module.normalized_shape) == 1
+
+
+def _is_conv1d(module: object) -> bool:
+    """Hugging Face's ``Conv1D``: a linear layer stored as ``(in, out)``, ``x @ W + b``."""
+    weight = getattr(module, "weight", None)
+    return (
+        isinstance(module, nn.Module)
+        and isinstance(weight, torch.Tensor)
+        and weight.ndim == 2
+        and getattr(module, "nf", None) == weight.shape[1]
+    )
+
+
+def _get(module: nn.Module, path: str) -> Any:
+    found: Any = module
+    for part in path.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return None
+    return found
+
+
+def _bert(name: str, block: nn.Module) -> BlockSpec | None:
+    parts = [_get(block, f"attention.self.{p}") for p in ("query", "key", "value")]
+    dense = _get(block, "attention.output.dense")
+    norm1 = _get(block, "attention.output.LayerNorm")
+    norm2 = _get(block, "output.LayerNorm")
+    if not (all(_is_linear(p) for p in parts) and _is_linear(dense)):
+        return None
+    if not (_is_layer_norm(norm1) and _is_layer_norm(norm2)):
+        return None
+    if getattr(block, "crossattention", None) is not None:
+        return None
+    return BlockSpec(
+        name,
+        block,
+        "BERT-like (post-LN)",
+        value=lambda: _linear(parts[2]),
+        output=lambda: _linear(dense),
+        pre_norm=None,
+        post_norm=norm1,
+        second_norm=norm2,
+    )
+
+
+def _distilbert(name: str, block: nn.Module) -> BlockSpec | None:
+    parts = [_get(block, f"attention.{p}") for p in ("q_lin", "k_lin", "v_lin", "out_lin")]
+    norm1, norm2 = _get(block, "sa_layer_norm"), _get(block, "output_layer_norm")
+    if not (all(_is_linear(p) for p in parts) and _is_layer_norm(norm1)):
+        return None
+    if not _is_layer_norm(norm2):
+        return None
+    return BlockSpec(
+        name,
+        block,
+        "DistilBERT (post-LN)",
+        value=lambda: _linear(parts[2]),
+        output=lambda: _linear(parts[3]),
+        pre_norm=None,
+        post_norm=norm1,
+        second_norm=norm2,
+    )
+
+
+def _gpt2(name: str, block: nn.Module) -> BlockSpec | None:
+    ln_1, ln_2 = _get(block, "ln_1"), _get(block, "ln_2")
+    c_attn, c_proj = _get(block, "attn.c_attn"), _get(block, "attn.c_proj")
+    if not (_is_layer_norm(ln_1) and _is_layer_norm(ln_2)):
+        return None
+    if not (_is_conv1d(c_attn) and _is_conv1d(c_proj)):
+        return None
+    if getattr(block, "crossattention", None) is not None:
+        return None
+
+    def value() -> tuple[torch.Tensor, torch.Tensor | None]:
+        # c_attn computes [q | k | v] = x @ W + b; the values are the last third.
+        width = c_attn.weight.shape[1] // 3
+        weight = c_attn.weight.detach()[:, 2 * width :]
+        bias = _tensor(c_attn, "bias")
+        return weight, None if bias is None else bias[2 * width :]
+
+    def output() -> tuple[torch.Tensor, torch.Tensor | None]:
+        return c_proj.weight.detach(), _tensor(c_proj, "bias")
+
+    return BlockSpec(
+        name,
+        block,
+        "GPT-2 (pre-LN)",
+        value,
+        output,
+        pre_norm=ln_1,
+        post_norm=None,
+        second_norm=None,
+    )
+
+
+def _vit(name: str, block: nn.Module) -> BlockSpec | None:
+    # transformers 4 nests the projections (attention.attention.value,
+    # attention.output.dense); transformers 5 flattens them (attention.v_proj, o_proj).
+    for value_path, output_path in (
+        ("attention.attention.value", "attention.output.dense"),
+        ("attention.v_proj", "attention.o_proj"),
+    ):
+        value, dense = _get(block, value_path), _get(block, output_path)
+        if _is_linear(value) and _is_linear(dense):
+            break
+    else:
+        return None
+    before, after = _get(block, "layernorm_before"), _get(block, "layernorm_after")
+    if not (_is_layer_norm(before) and _is_layer_norm(after)):
+        return None
+    return BlockSpec(
+        name,
+        block,
+        "ViT (pre-LN)",
+        value=lambda: _linear(value),
+        output=lambda: _linear(dense),
+        pre_norm=before,
+        post_norm=None,
+        second_norm=None,
+    )
+
+
+def _encoder_layer(name: str, block: nn.Module) -> BlockSpec | None:
+    if not isinstance(block, nn.TransformerEncoderLayer):
+        return None
+    attention = block.self_attn
+    norm1, norm2 = block.norm1, block.norm2
+    if not (_is_layer_norm(norm1) and _is_layer_norm(norm2)):
+        return None
+
+    def value() -> tuple[torch.Tensor, torch.Tensor | None]:
+        d = attention.embed_dim
+        packed = _tensor(attention, "in_proj_weight")  # None when q, k, v widths differ
+        separate = _tensor(attention, "v_proj_weight")
+        weight = packed[2 * d :] if packed is not None else separate
+        assert weight is not None
+        bias = _tensor(attention, "in_proj_bias")
+        return weight.T, None if bias is None else bias[2 * d :]
+
+    def output() -> tuple[torch.Tensor, torch.Tensor | None]:
+        return _linear(attention.out_proj)
+
+    first = bool(block.norm_first)
+    return BlockSpec(
+        name,
+        block,
+        "nn.TransformerEncoderLayer (" + ("pre-LN)" if first else "post-LN)"),
+        value,
+        output,
+        pre_norm=norm1 if first else None,
+        post_norm=None if first else norm1,
+        second_norm=None if first else norm2,
+        batch_first=bool(attention.batch_first),
+    )
+
+
+_RECOGNISERS = (_encoder_layer, _bert, _distilbert, _gpt2, _vit)
+
+
+def _looks_like_attention(module: nn.Module) -> bool:
+    return isinstance(module, nn.MultiheadAttention) or "Attention" in type(module).__name__
+
+
+def find_blocks(model: nn.Module) -> list[BlockSpec]:
+    """Recognise the model's attention blocks; refuse attention outside any of them.
+
+    Raises
+    ------
+    ValueError
+        If no supported block is found, an attention module lies outside every
+        supported block (its contribution could not be decomposed), or dropout is active
+        inside a block (training mode).
+    """
+    blocks: list[BlockSpec] = []
+    inside: set[int] = set()
+    for name, module in model.named_modules():
+        if id(module) in inside:
+            continue
+        for recognise in _RECOGNISERS:
+            spec = recognise(name, module)
+            if spec is not None:
+                blocks.append(spec)
+                inside.update(id(m) for m in module.modules())
+                break
+    stray = [
+        f"{name or '(the model)'} ({type(module).__name__})"
+        for name, module in model.named_modules()
+        if id(module) not in inside and _looks_like_attention(module)
+    ]
+    training = [
+        f"{spec.name}.{name}" if name else spec.name
+        for spec in blocks
+        for name, module in spec.block.named_modules()
+        if isinstance(module, nn.Dropout) and module.training and module.p > 0
+    ]
+    if training:
+        msg = (
+            f"capture(contributions=...) needs the model in eval mode: dropout is active in "
+            f"{training[0]} (training mode), so the block's output is not the sum of its "
+            "token terms. Call model.eval() first."
+        )
+        raise ValueError(msg)
+    if stray or not blocks:
+        where = (
+            f"attention outside any supported block: {', '.join(stray[:3])}"
+            if stray
+            else "no supported attention block"
+        )
+        msg = (
+            f"capture(contributions=...) found {where} in {type(model).__name__}; "
+            f"value-aware contributions are computed for {SUPPORTED_BLOCKS}. Capture the "
+            "attention weights instead (capture(model) without contributions=)."
+        )
+        raise ValueError(msg)
+    return blocks
+
+
+def _first_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if args:
+        return args[0]
+    for name in ("hidden_states", "src", "x"):
+        if name in kwargs:
+            return kwargs[name]
+    return None
+
+
+@dataclass
+class _Running:
+    """The pieces of the block being run."""
+
+    spec: BlockSpec
+    residual: torch.Tensor | None = None
+    attention_input: torch.Tensor | None = None
+    weights: list[torch.Tensor] = field(default_factory=list)
+    second_input: torch.Tensor | None = None
+
+
+class BlockRecorder:
+    """Hooks on the supported blocks; one matrix (and rebuilt output) per block call."""
+
+    def __init__(self, blocks: list[BlockSpec], method: Method) -> None:
+        self.blocks = blocks
+        self.method: Method = method
+        self.matrices: list[torch.Tensor] = []
+        self.outputs: list[torch.Tensor] = []
+        self.errors: list[str] = []
+        self._running: _Running | None = None
+
+    def install(self, undo: list[Callable[[], None]]) -> None:
+        """Register the hooks; their removers are appended to `undo`."""
+        for spec in self.blocks:
+            handles = [
+                spec.block.register_forward_pre_hook(self._entering(spec), with_kwargs=True),
+                spec.block.register_forward_hook(self._leaving, always_call=True),
+            ]
+            if spec.pre_norm is not None:
+                handles.append(spec.pre_norm.register_forward_hook(self._normalised))
+            if spec.second_norm is not None and self.method == "globenc":
+                handles.append(spec.second_norm.register_forward_pre_hook(self._second))
+            undo.extend(handle.remove for handle in handles)
+
+    def clear(self) -> None:
+        """Forget earlier model calls (the capture keeps the last one)."""
+        self.matrices.clear()
+        self.outputs.clear()
+        self.errors.clear()
+        self._running = None
+
+    # -- hooks ----------------------------------------------------------------------------
+    def _entering(self, spec: BlockSpec) -> Callable[..., None]:
+        def enter(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # noqa: ARG001
+            residual = _first_argument(args, kwargs)
+            if not isinstance(residual, torch.Tensor):
+                self.errors.append(f"{spec.name}: no hidden-state tensor in the block's call")
+                self._running = None
+                return
+            self._running = _Running(spec, residual=self._batch_first(spec, residual.detach()))
+
+        return enter
+
+    def _normalised(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:  # noqa: ARG002
+        if self._running is not None and isinstance(output, torch.Tensor):
+            self._running.attention_input = self._batch_first(self._running.spec, output.detach())
+
+    def _second(self, module: nn.Module, args: tuple[Any, ...]) -> None:  # noqa: ARG002
+        if self._running is not None and args and isinstance(args[0], torch.Tensor):
+            self._running.second_input = self._batch_first(self._running.spec, args[0].detach())
+
+    def record(self, weights: torch.Tensor) -> bool:
+        """Take the attention weights of the running block; False if no block runs."""
+        if self._running is None:
+            return False
+        self._running.weights.append(weights.detach())
+        return True
+
+    def _leaving(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:  # noqa: ARG002
+        running, self._running = self._running, None
+        if running is None:
+            return
+        try:
+            self._finish(running)
+        finally:
+            running.weights.clear()  # the per-head tensors go with their layer
+
+    # -- the matrix of one block ------------------------------------------------------------
+    @staticmethod
+    def _batch_first(spec: BlockSpec, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.ndim == 2:  # an unbatched call of nn.TransformerEncoderLayer
+            return tensor[None]
+        return tensor if spec.batch_first else tensor.transpose(0, 1)
+
+    def _finish(self, running: _Running) -> None:
+        spec = running.spec
+        if len(running.weights) != 1:
+            self.errors.append(
+                f"{spec.name}: {len(running.weights)} attention calls in one block (expected "
+                "exactly one self-attention)"
+            )
+            return
+        residual = running.residual
+        attention_input = residual if spec.pre_norm is None else running.attention_input
+        if residual is None or attention_input is None:
+            self.errors.append(f"{spec.name}: the attention's input was not seen")
+            return
+        weights = running.weights[0]
+        if weights.ndim == 3:
+            weights = weights[None]
+        value_weight, value_bias = spec.value()
+        output_weight, output_bias = spec.output()
+        second = spec.second_norm if self.method == "globenc" else None
+        with torch.no_grad():
+            values = attnflow.head_values(
+                attention_input,
+                value_weight,
+                output_weight,
+                heads=weights.shape[-3],
+                value_bias=value_bias,
+            )
+            matrix, output = contributions_and_outputs(
+                weights,
+                values,
+                residual,
+                method=self.method,
+                bias=output_bias,
+                norm=_parameters(spec.post_norm),
+                second_norm=_parameters(second),
+                second_norm_input=None if second is None else running.second_input,
+            )
+        self.matrices.append(matrix)
+        self.outputs.append(output)
+
+
+def _parameters(norm: nn.LayerNorm | None) -> LayerNormTuple | None:
+    if norm is None:
+        return None
+    return _tensor(norm, "weight"), _tensor(norm, "bias"), float(norm.eps)

