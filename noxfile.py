@@ -103,7 +103,8 @@ def adapters_torch(session: nox.Session) -> None:
         # timm test may: no CPU torchvision).
         "ATTNFLOW_FORBID_SKIPS": (
             "tests/experiments,tests/adapters/test_torch_encoder_decoder.py,"
-            "tests/adapters/test_readme.py,tests/adapters/test_flow_minilm.py"
+            "tests/adapters/test_readme.py,tests/adapters/test_flow_minilm.py,"
+            "tests/adapters/test_explain_text.py"
         ),
     }
     # The sentiment experiment fine-tunes the shipped MiniLM: it needs transformers, which
@@ -114,6 +115,7 @@ def adapters_torch(session: nox.Session) -> None:
         "tests/adapters/test_torch_encoder_decoder.py",
         "tests/adapters/test_readme.py",
         "tests/adapters/test_flow_minilm.py",
+        "tests/adapters/test_explain_text.py",
         "tests/experiments/test_sentiment_torch.py",
         "tests/experiments/test_reproduction_sentiment.py",
     ]

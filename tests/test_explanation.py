@@ -1,0 +1,128 @@
+"""attnflow.explanation.Explanation: views, round trips and checks (framework-free)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnflow.explanation import Explanation
+from attnflow.html import TokenView
+
+TOKENS = ["[CLS]", "the", "<b>cat</b>", "sat", "[SEP]"]
+SPECIAL = [True, False, False, False, True]
+
+
+def _explanation() -> Explanation:
+    rng = np.random.default_rng(0)
+    rollout = rng.random((3, 5))
+    rollout[:, 0] = 5.0  # a [CLS] sink that would wash out the colour scale
+    return Explanation(
+        TOKENS,
+        {"raw": rng.random((3, 5)), "rollout": rollout, "gradient_rollout": rng.random(5)},
+        row=0,
+        special=SPECIAL,
+        target=1,
+        predicted=1,
+        probabilities=[0.2, 0.8],
+        labels=["negative", "positive"],
+        text="the cat sat",
+    )
+
+
+def test_show_prints_one_line_per_token_at_the_chosen_layer() -> None:
+    e = _explanation()
+    out = io.StringIO()
+    e.show(layer=1, file=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == (
+        "row 0 ([CLS]), layer 2 of 3; predicted 1 (positive), p = 0.800; target 1 (positive)"
+    )
+    assert lines[1].split() == ["token", "raw", "rollout", "gradient_rollout"]
+    assert len(lines) == 2 + len(TOKENS)
+    cat = lines[2 + 2].split()
+    assert cat[0] == "<b>cat</b>"
+    assert float(cat[1]) == pytest.approx(e.scores["raw"][1, 2], abs=5e-5)
+    assert float(cat[3]) == pytest.approx(e.scores["gradient_rollout"][0, 2], abs=5e-5)
+
+
+def test_special_tokens_stay_in_the_data_but_out_of_the_colour_scale(tmp_path: Path) -> None:
+    e = _explanation()
+    page = e.to_html(tmp_path / "e.html")
+    assert (tmp_path / "e.html").read_text(encoding="utf-8") == page
+    assert 'title="[CLS]: 5"' in page  # shown, with its value
+    assert "&lt;b&gt;cat&lt;/b&gt;" in page  # escaped
+    last = e.at_layer(-1)
+    others = max(float(v[1:4].max()) for v in last.values())
+    view = TokenView(last, TOKENS, scale_exclude=[0, 4])
+    assert view.scale_max == pytest.approx(others)
+    assert TokenView(last, TOKENS).scale_max == 5.0
+    with pytest.raises(FileExistsError):
+        e.to_html(tmp_path / "e.html")
+    full = e.to_html(scale_special=True)
+    assert full != page
+
+
+def test_dict_and_npz_round_trips_keep_everything(tmp_path: Path) -> None:
+    e = _explanation()
+    data = e.to_dict()
+    json.dumps(data)  # serialisable as it is
+    for copy in (Explanation.from_dict(data), Explanation.load(e.save(tmp_path / "e.npz"))):
+        assert copy.tokens == e.tokens
+        assert copy.scores.keys() == e.scores.keys()
+        for name in e.scores:
+            np.testing.assert_array_equal(copy.scores[name], e.scores[name])
+        np.testing.assert_array_equal(copy.special, e.special)
+        np.testing.assert_array_equal(copy.probabilities, e.probabilities)
+        assert (copy.row, copy.target, copy.predicted) == (0, 1, 1)
+        assert (copy.labels, copy.text) == (e.labels, e.text)
+    with np.load(tmp_path / "e.npz", allow_pickle=False) as stored:  # no pickle inside
+        assert sorted(stored.files) == [
+            "meta",
+            "scores/gradient_rollout",
+            "scores/raw",
+            "scores/rollout",
+        ]
+    with pytest.raises(FileExistsError):
+        e.save(tmp_path / "e.npz")
+
+
+def test_plot_draws_one_map_per_method_scaled_without_special_tokens() -> None:
+    pytest.importorskip("matplotlib")
+    e = _explanation()
+    figure = e.plot(methods=["raw", "rollout"])
+    images = [image for ax in figure.axes for image in ax.get_images()]
+    assert len(images) == 2
+    assert all(image.get_clim()[1] < 5.0 for image in images)  # the sink does not set it
+    with pytest.raises(ValueError, match="`methods` must name scored methods"):
+        e.plot(methods=["flow"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"tokens": "abc"}, TypeError, "`tokens` must be a sequence of str"),
+        ({"scores": {}}, ValueError, "`scores` must be a non-empty mapping"),
+        ({"scores": {"rollout": np.ones((2, 4))}}, ValueError, r"shape \(layers, 5\)"),
+        ({"special": [True]}, ValueError, "`special` must hold one bool per token"),
+        ({"predicted": 1.5}, TypeError, "`predicted` must be an int or None"),
+    ],
+)
+def test_bad_arguments_are_refused_clearly(
+    kwargs: dict[str, object], error: type[Exception], match: str
+) -> None:
+    arguments: dict[str, object] = {"tokens": TOKENS, "scores": {"rollout": np.ones(5)}}
+    arguments.update(kwargs)
+    tokens, scores = arguments.pop("tokens"), arguments.pop("scores")
+    with pytest.raises(error, match=match):
+        Explanation(tokens, scores, **arguments)  # type: ignore[arg-type]
+
+
+def test_scale_exclude_is_checked() -> None:
+    with pytest.raises(IndexError, match="`scale_exclude` must index the 5 tokens"):
+        TokenView(np.ones(5), TOKENS, scale_exclude=[5])
+    with pytest.raises(TypeError, match="`scale_exclude` must hold token positions"):
+        TokenView(np.ones(5), TOKENS, scale_exclude=[True])
