@@ -158,22 +158,14 @@ def _demo_page(sample: Any, sections: Sequence[str], *, plotting: bool) -> str:
     )
 
 
-def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
-    """Write the demo's HTML page and (with matplotlib) its figures; list the files."""
-    import html
+def _demo_file_names(sample: Any, folder: str, *, force: bool) -> list[str]:
+    """List the demo's files; refuse (before anything is printed) to replace any."""
     import importlib.util
     from pathlib import Path
 
-    import attnflow
-    from attnflow.html import TokenView
-
-    from ._arrayio import ArrayFileError, write_atomically
-    from ._sample import load_image_sample
-
     target = Path(folder)
-    plotting = importlib.util.find_spec("matplotlib") is not None
     names = ["index.html"]
-    if plotting:
+    if importlib.util.find_spec("matplotlib") is not None:
         names += [
             f"sentence-{b + 1}-{kind}.png"
             for b in range(len(sample.sentences))
@@ -184,6 +176,23 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
     if existing and not force:
         msg = f"{target} already holds {', '.join(existing)}; pass --force to replace them"
         raise UsageError(msg)
+    return names
+
+
+def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
+    """Write the demo's HTML page and (with matplotlib) its figures; list the files."""
+    import html
+    from pathlib import Path
+
+    import attnflow
+    from attnflow.html import TokenView
+
+    from ._arrayio import ArrayFileError, write_atomically
+    from ._sample import load_image_sample
+
+    target = Path(folder)
+    names = _demo_file_names(sample, folder, force=force)
+    plotting = len(names) > 1
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -406,6 +415,8 @@ def _run_demo(args: argparse.Namespace) -> int:
     from ._sample import load_sample
 
     sample = load_sample()
+    if not args.no_files:
+        _demo_file_names(sample, args.output, force=args.force)  # refuse before the table
     raw = np.asarray(attnflow.raw(sample.attentions, rows=0, mask=sample.mask))
     rollout = np.asarray(attnflow.rollout(sample.attentions, rows=0, mask=sample.mask))
     flow = np.asarray(attnflow.flow(sample.attentions, rows=0, mask=sample.mask))

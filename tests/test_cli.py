@@ -320,7 +320,9 @@ def test_demo_writes_its_page_and_figures_and_keeps_them(
             assert (tmp_path / "out" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     before = page.read_bytes()
     assert main(["demo", "-o", "out"]) == EXIT_USAGE  # never overwrites without --force
-    assert "pass --force" in capsys.readouterr().err
+    refused = capsys.readouterr()
+    assert "pass --force" in refused.err
+    assert refused.out == ""  # refused before the table, not after it
     assert page.read_bytes() == before
     assert main(["demo", "-o", "out", "--force"]) == 0
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")]
