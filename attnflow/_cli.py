@@ -931,14 +931,14 @@ def _run_plot(args: argparse.Namespace) -> int:
 
     output = Path(args.output)
     suffix = output.suffix.lower()
-    if suffix not in {".png", ".svg", ".html"}:
-        msg = f"--output must end in .png, .svg or .html; got {output.name!r}"
+    if suffix not in {".png", ".svg", ".pdf", ".html"}:
+        msg = f"--output must end in .png, .svg, .pdf or .html; got {output.name!r}"
         raise UsageError(msg)
     if suffix == ".html" and args.kind != "tokens":
         msg = f"HTML output shows token scores: use --kind tokens (got --kind {args.kind})"
         raise UsageError(msg)
     if suffix != ".html" and importlib.util.find_spec("matplotlib") is None:
-        msg = "PNG and SVG figures need matplotlib: pip install 'attnflow[plot]'"
+        msg = "PNG, SVG and PDF figures need matplotlib: pip install 'attnflow[plot]'"
         raise UsageError(msg)
     if os.path.lexists(output) and not args.force:  # a dangling link counts
         msg = f"{output} exists; pass --force to replace it"
@@ -1080,7 +1080,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         name="plot",
-        help="draw scores or attention from a file as PNG, SVG or HTML",
+        help="draw scores or attention from a file as PNG, SVG, PDF or HTML",
         description=(
             "Render a token heatmap, a layer x token map, the attention graph or an image "
             "overlay (matplotlib), or an HTML token view, from an .npy/.npz/.safetensors "

@@ -47,6 +47,14 @@ __all__ = [
 
 FloatArray = NDArray[np.float64]
 
+DEFAULT_CMAP = "magma_r"
+"""Scores on white: a perceptually uniform map (lightness rises steadily with the value,
+so equal steps look equal, also in grey print), reversed so that 0 is near white."""
+
+OVERLAY_CMAP = "inferno"
+"""Scores over a grey image: perceptually uniform, dark to bright (never a rainbow such as
+jet or turbo, whose bands invent edges)."""
+
 _ANNOTATE_UP_TO = 24
 """`token_heatmap` writes the values into the cells for at most this many tokens."""
 
@@ -163,7 +171,7 @@ def token_heatmap(
     tokens: Sequence[str],
     ax: Axes | None = None,
     title: str | None = None,
-    cmap: str = "Reds",
+    cmap: str = DEFAULT_CMAP,
     vmin: float | None = None,
     vmax: float | None = None,
     annotate: bool | None = None,
@@ -181,8 +189,9 @@ def token_heatmap(
         Draw into this axes (its figure gets the colour bar). By default a new figure.
     title : str, optional
         Title of the axes.
-    cmap : str, default "Reds"
-        A matplotlib colour map name.
+    cmap : str, default "magma_r"
+        A matplotlib colour map name; the default is perceptually uniform
+        (`DEFAULT_CMAP`).
     vmin, vmax : float, optional
         Colour limits. By default ``0`` (or the smallest score, if negative) and the
         largest score.
@@ -322,7 +331,7 @@ def layer_token_map(
     tokens: Sequence[str],
     titles: Sequence[str] | None = None,
     shared_scale: bool = True,
-    cmap: str = "Reds",
+    cmap: str = DEFAULT_CMAP,
     vmin: float | None = None,
     vmax: float | None = None,
     title: str | None = None,
@@ -352,8 +361,9 @@ def layer_token_map(
         (normalised) flow are. Turn it off for maps on different scales, such as
         ``attnflow.flow(..., normalize=False)`` next to rollout; each panel then gets its
         own colour bar.
-    cmap : str, default "Reds"
-        A matplotlib colour map name.
+    cmap : str, default "magma_r"
+        A matplotlib colour map name; the default is perceptually uniform
+        (`DEFAULT_CMAP`).
     vmin, vmax : float, optional
         Colour limits for every panel. By default ``0`` (or the smallest value, if
         negative) and the largest value: over all panels when `shared_scale`, per panel
@@ -540,7 +550,7 @@ def image_overlay(
     grid: tuple[int, int] | None = None,
     extra_tokens: int = 1,
     alpha: float = 0.5,
-    cmap: str = "turbo",
+    cmap: str = OVERLAY_CMAP,
     interpolation: Literal["nearest", "bilinear"] = "bilinear",
     ax: Axes | None = None,
     title: str | None = None,
@@ -571,8 +581,9 @@ def image_overlay(
         token (DeiT), ``1 + r`` with ``r`` registers, 0 for none.
     alpha : float, default 0.5
         Opacity of the score map over the image, in [0, 1].
-    cmap : str, default "turbo"
-        A matplotlib colour map name for the scores.
+    cmap : str, default "inferno"
+        A matplotlib colour map name for the scores; the default is perceptually uniform
+        (`OVERLAY_CMAP`).
     interpolation : {"bilinear", "nearest"}, default "bilinear"
         How the patch map is upsampled: smoothly, or as blocks with one colour per patch.
     ax : matplotlib.axes.Axes, optional

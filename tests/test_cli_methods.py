@@ -158,7 +158,7 @@ def test_ambiguous_npz_needs_a_key(
     assert main(["rollout", str(source), "--key", "second", "--rows", "0"]) == 0
 
 
-def test_plot_renders_results_to_png_svg_and_html(
+def test_plot_renders_results_to_png_svg_pdf_and_html(
     tmp_path: Path, weights: np.ndarray, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import importlib.util
@@ -204,7 +204,8 @@ def test_plot_renders_results_to_png_svg_and_html(
         assert main([*argv[:-1], str(tmp_path / "x.png")]) == EXIT_USAGE
         assert "attnflow[plot]" in capsys.readouterr().err
         return
-    for name, kind, index in (("l.png", "layers", "0"), ("t.svg", "tokens", "0,1")):
+    drawn = (("l.png", "layers", "0"), ("t.svg", "tokens", "0,1"), ("p.pdf", "layers", "1"))
+    for name, kind, index in drawn:
         out = tmp_path / name
         assert (
             main(
@@ -215,6 +216,7 @@ def test_plot_renders_results_to_png_svg_and_html(
         assert out.stat().st_size > 1000
     assert (tmp_path / "l.png").read_bytes()[:4] == b"\x89PNG"
     assert b"<svg" in (tmp_path / "t.svg").read_bytes()[:500]
+    assert (tmp_path / "p.pdf").read_bytes()[:5] == b"%PDF-"
     assert (
         main(["plot", str(tmp_path / "r.npz"), "--kind", "layers", "-o", str(tmp_path / "bad.png")])
         == EXIT_USAGE

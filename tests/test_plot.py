@@ -411,3 +411,30 @@ def test_attention_graph_bad_input_names_the_parameter() -> None:
         attention_graph(np.ones((2, 4, 4)), tokens=["a"] * 3)
     with pytest.raises(ValueError, match=r"must be non-negative"):
         attention_graph(-np.ones((1, 2, 2)), tokens=["a", "b"])
+
+
+def test_default_colour_maps_are_perceptually_uniform() -> None:
+    # Lightness (CIELAB L*, from the sRGB colours) must rise or fall steadily along the
+    # map: equal steps in value look like equal steps. Rainbow maps (jet, turbo) fail.
+    from matplotlib import colormaps
+
+    def lightness(name: str) -> np.ndarray:
+        rgb = colormaps[name](np.linspace(0, 1, 64))[:, :3]
+        linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+        y = linear @ np.array([0.2126, 0.7152, 0.0722])
+        return np.where(y > (6 / 29) ** 3, 116 * np.cbrt(y) - 16, 903.3 * y)
+
+    figures = {
+        "token_heatmap": token_heatmap(np.array([0.1, 0.9]), tokens=["a", "b"]),
+        "layer_token_map": layer_token_map(np.full((2, 2), 0.5), tokens=["a", "b"]),
+        "image_overlay": image_overlay(np.full(5, 0.2), np.zeros((4, 4))),
+    }
+    for function, figure in figures.items():
+        names = {image.get_cmap().name for ax in figure.axes for image in ax.get_images()}
+        names.discard("gray")  # the image under the overlay
+        assert names, function
+        for name in names:
+            steps = np.diff(lightness(name))
+            assert np.all(steps > 0) or np.all(steps < 0), (function, name)
+    assert np.any(np.diff(lightness("turbo")) > 0)
+    assert np.any(np.diff(lightness("turbo")) < 0)  # the check can fail
