@@ -230,7 +230,11 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
                     maps, tokens=tokens, title=f"{sentence}: {tokens[row]} (row {row})"
                 ),
                 "graph": attnflow.plot.attention_graph(
-                    np.asarray(attnflow.fuse_heads(one))[0], tokens=tokens, title=sentence
+                    np.asarray(attnflow.fuse_heads(one))[0],
+                    tokens=tokens,
+                    title=sentence,
+                    row=row,
+                    residual=False,
                 ),
             }
             for kind, figure in figures.items():

@@ -681,6 +681,9 @@ def attention_graph(
     title: str | None = None,
     color: str = "tab:blue",
     max_linewidth: float = 5.0,
+    row: int | None = None,
+    residual: bool | None = None,
+    legend: bool = True,
 ) -> Figure:
     """Draw the layered attention graph (Abnar & Zuidema 2020, Figure 1).
 
@@ -710,6 +713,13 @@ def attention_graph(
         Colour of the edges.
     max_linewidth : float, default 5.0
         Line width (points) of the heaviest edge.
+    row : int, optional
+        The output position explained: its node at the top layer is filled and labelled.
+    residual : bool, optional
+        Whether the weights include the residual (``attnflow.add_residual``), stated in the
+        legend's title; None says nothing.
+    legend : bool, default True
+        A legend of edge widths: the heaviest weight, half and a quarter of it.
 
     Returns
     -------
@@ -800,8 +810,43 @@ def attention_graph(
     axes.tick_params(length=0)
     for spine in axes.spines.values():
         spine.set_visible(False)
+    if row is not None:
+        given: object = row  # checked at run time: callers may not be type-checked
+        if isinstance(given, bool) or not isinstance(given, int | np.integer) or not -n <= row < n:
+            msg = f"`row` must index the {n} tokens; got {row!r}."
+            raise ValueError(msg)
+        axes.scatter(
+            [int(row) % n], [n_layers], s=110, facecolors=color, edgecolors="0.1", zorder=3
+        )
+        axes.annotate(
+            f"explained: {labels[int(row) % n]}",
+            (int(row) % n, n_layers),
+            xytext=(0, 9),
+            textcoords="offset points",
+            ha="center",
+            fontsize=9,
+        )
+    if legend and strength.size:
+        from matplotlib.lines import Line2D
+
+        shares = (1.0, 0.5, 0.25)
+        handles = [
+            Line2D([], [], color=color, alpha=share, linewidth=max_linewidth * share)
+            for share in shares
+        ]
+        what = {None: "", True: " (residual included)", False: " (no residual)"}[residual]
+        axes.legend(
+            handles,
+            [f"{heaviest * share:.3g}" for share in shares],
+            title=f"edge weight{what}",
+            loc="upper left",
+            bbox_to_anchor=(1.0, 1.0),
+            frameon=False,
+            fontsize=8,
+            title_fontsize=8,
+        )
     if title is not None:
-        axes.set_title(title)
+        axes.set_title(title, pad=18 if row is not None else 6)
     return figure
 
 

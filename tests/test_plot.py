@@ -438,3 +438,27 @@ def test_default_colour_maps_are_perceptually_uniform() -> None:
             assert np.all(steps > 0) or np.all(steps < 0), (function, name)
     assert np.any(np.diff(lightness("turbo")) > 0)
     assert np.any(np.diff(lightness("turbo")) < 0)  # the check can fail
+
+
+def test_attention_graph_marks_the_row_and_explains_edge_widths(tmp_path: Path) -> None:
+    weights = np.zeros((2, 3, 3))
+    weights[0] = [[0.5, 0.5, 0.0], [0.0, 1.0, 0.0], [0.2, 0.3, 0.5]]
+    weights[1] = [[0.1, 0.0, 0.8], [0.4, 0.6, 0.0], [0.0, 0.0, 1.0]]
+    figure = attention_graph(weights, tokens=["a", "b", "c"], row=2, residual=True)
+    ax = figure.axes[0]
+    legend = ax.get_legend()
+    assert legend.get_title().get_text() == "edge weight (residual included)"
+    assert [t.get_text() for t in legend.get_texts()] == ["1", "0.5", "0.25"]
+    widths = [line.get_linewidth() for line in legend.get_lines()]
+    assert widths == pytest.approx([5.0, 2.5, 1.25])  # as the edges of those weights
+    assert any(t.get_text() == "explained: c" for t in ax.texts)
+    marked = ax.collections[-1].get_offsets()
+    assert np.asarray(marked).tolist() == [[2.0, 2.0]]  # top layer, position 2
+    plain = attention_graph(weights, tokens=["a", "b", "c"], residual=False, legend=True)
+    assert plain.axes[0].get_legend().get_title().get_text() == "edge weight (no residual)"
+    assert (
+        attention_graph(weights, tokens=["a", "b", "c"], legend=False).axes[0].get_legend() is None
+    )
+    with pytest.raises(ValueError, match="`row` must index the 3 tokens"):
+        attention_graph(weights, tokens=["a", "b", "c"], row=3)
+    saved(figure, tmp_path / "graph.png")
