@@ -216,10 +216,12 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
             "rollout": np.asarray(attnflow.rollout(one, rows=row, layers="all"))[0],
             "flow": np.asarray(attnflow.flow(one, rows=row, layers="all"))[0],
         }
+        special = [i for i, t in enumerate(tokens) if t in ("[CLS]", "[SEP]") and i != row]
         view = TokenView(
             {name: values[-1] for name, values in maps.items()},
             tokens,
-            title=f"{tokens[row]} at the last layer",
+            title=f"{tokens[row]} at the last layer (colour scale without [CLS] and [SEP])",
+            scale_exclude=special,  # the sinks would wash out every other token
         )
         images = ""
         if plotting:
@@ -227,7 +229,12 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
 
             figures = {
                 "layers": attnflow.plot.layer_token_map(
-                    maps, tokens=tokens, title=f"{sentence}: {tokens[row]} (row {row})"
+                    maps,
+                    tokens=tokens,
+                    title=f"{sentence}: {tokens[row]} (row {row})",
+                    # Shown at page width (about 1,100 px): a compact figure keeps its
+                    # tick labels legible there.
+                    figsize=(10.5, 3.4),
                 ),
                 "graph": attnflow.plot.attention_graph(
                     np.asarray(attnflow.fuse_heads(one))[0],
@@ -333,6 +340,7 @@ def render_demo(
     rollout: NDArray[np.floating],
     flow: NDArray[np.floating],
     *,
+    rows: Sequence[int] | None = None,
     source: str,
     layers: int,
     heads: int,
@@ -350,7 +358,10 @@ def render_demo(
     mask : ndarray of bool, shape (batch, n)
         True for real tokens; padding is not shown.
     raw, rollout, flow : ndarray, shape (batch, n)
-        Last-layer raw attention, rollout and attention flow of the ``[CLS]`` row.
+        Last-layer raw attention, rollout and attention flow of each sentence's explained
+        row.
+    rows : sequence of int, optional
+        The row explained in each sentence (default: 0, ``[CLS]``).
     source : str
         Where the attention comes from (model, versions).
     layers, heads : int
@@ -365,13 +376,15 @@ def render_demo(
     list of str
         The lines to print.
     """
+    explained = [0] * len(sentences) if rows is None else list(rows)
     lines = [
-        f"{PROG} demo: how much each input token reaches the [CLS] token",
+        f"{PROG} demo: how much each input token reaches the explained token",
         "",
         *_field("model", source),
         *_field(
             "method",
-            f"attention rollout and attention flow of row 0 ([CLS]) to the last layer "
+            "attention rollout and attention flow of the explained row (the [MASK] word, as "
+            f"in the paper's Figure 4, else [CLS]; the page shows the same) to the last layer "
             f"(L{layers}): the {heads} heads averaged, residual modelled as 0.5 A + 0.5 I, "
             f"padding masked, flow rows normalised; 'raw' is layer {layers}'s own "
             "head-averaged attention, the paper's baseline; bars show rollout",
@@ -379,8 +392,8 @@ def render_demo(
         *_field("paper", PAPER),
         *_field(
             "call",
-            "attnflow.rollout(attentions, rows=0, mask=mask), "
-            "attnflow.flow(attentions, rows=0, mask=mask)",
+            "attnflow.rollout(attentions, rows=row, mask=mask), "
+            "attnflow.flow(attentions, rows=row, mask=mask)",
         ),
     ]
     token_width = max(
@@ -391,7 +404,7 @@ def render_demo(
         top = float(max(rollout[b, real].max(), np.finfo(np.float64).tiny))
         lines += [
             "",
-            f"[{b + 1}/{len(sentences)}] {sentence}",
+            f"[{b + 1}/{len(sentences)}] {sentence}  (row {explained[b]}: {tokens[b][explained[b]]})",
             f"  {'#':>3}  {'token':<{token_width}}  {'raw':>7}  {'rollout':>7}  {'flow':>7}",
         ]
         for i in real.tolist():
@@ -421,9 +434,17 @@ def _run_demo(args: argparse.Namespace) -> int:
     sample = load_sample()
     if not args.no_files:
         _demo_file_names(sample, args.output, force=args.force)  # refuse before the table
-    raw = np.asarray(attnflow.raw(sample.attentions, rows=0, mask=sample.mask))
-    rollout = np.asarray(attnflow.rollout(sample.attentions, rows=0, mask=sample.mask))
-    flow = np.asarray(attnflow.flow(sample.attentions, rows=0, mask=sample.mask))
+    # The row the page explains too: the masked word (the paper's Figure 4), else [CLS].
+    rows = [
+        int(
+            np.flatnonzero(keep)[_explained_row([t for t, k in zip(words, keep, strict=True) if k])]
+        )
+        for words, keep in zip(sample.tokens, sample.mask, strict=True)
+    ]
+    picked = np.arange(len(rows)), np.asarray(rows)
+    raw = np.asarray(attnflow.raw(sample.attentions, mask=sample.mask))[picked]
+    rollout = np.asarray(attnflow.rollout(sample.attentions, mask=sample.mask))[picked]
+    flow = np.asarray(attnflow.flow(sample.attentions, mask=sample.mask))[picked]
     _, layers, heads, _, _ = sample.attentions.shape
     lines = render_demo(
         sample.sentences,
@@ -432,6 +453,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         raw,
         rollout,
         flow,
+        rows=rows,
         source=sample.source,
         layers=layers,
         heads=heads,
