@@ -104,7 +104,7 @@ def adapters_torch(session: nox.Session) -> None:
         "ATTNFLOW_FORBID_SKIPS": (
             "tests/experiments,tests/adapters/test_torch_encoder_decoder.py,"
             "tests/adapters/test_readme.py,tests/adapters/test_flow_minilm.py,"
-            "tests/adapters/test_explain_text.py"
+            "tests/adapters/test_explain_text.py,tests/adapters/test_torch_contributions.py"
         ),
     }
     # The sentiment experiment fine-tunes the shipped MiniLM: it needs transformers, which
