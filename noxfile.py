@@ -74,6 +74,7 @@ def tests(session: nox.Session, backend: str) -> None:
             package / "experiments" / "reproduction.py",
             package / "experiments" / "sentiment_torch.py",
             package / "experiments" / "reproduction_sentiment.py",
+            package / "experiments" / "value_aware.py",
             package / "integrations",  # inseq, captum, Quantus: the integrations session
         ]
         session.run(
@@ -129,6 +130,7 @@ def adapters_torch(session: nox.Session) -> None:
         "attnflow.experiments.reproduction",
         "attnflow.experiments.sentiment_torch",
         "attnflow.experiments.reproduction_sentiment",
+        "attnflow.experiments.value_aware",
         env=env,
     )
 

@@ -24,6 +24,12 @@ Supported blocks:
   ``layernorm_after``; pre-LN.
 * ``torch.nn.TransformerEncoderLayer`` (``self_attn`` an ``nn.MultiheadAttention``,
   ``norm1``, ``norm2``), ``norm_first`` True (pre-LN) or False (post-LN).
+* Pre-LN blocks with a fused query-key-value ``nn.Linear`` (nanoGPT's ``ln_1``,
+  ``attn.c_attn``, ``attn.c_proj``, ``ln_2``; also ``norm1``/``norm2`` and
+  ``attn.qkv``/``attn.proj``, as in timm's ViT without LayerScale and in
+  :mod:`attnflow.experiments.agreement_torch`). Their structure is a convention, not a
+  class, so every call is checked: the rebuilt output must equal the block input plus
+  what ``attn`` returned, or the capture fails.
 """
 
 from __future__ import annotations
@@ -45,8 +51,10 @@ SUPPORTED_BLOCKS = (
     "attention.output.{dense,LayerNorm}, output.LayerNorm), DistilBERT blocks "
     "(attention.{q,k,v,out}_lin, sa_layer_norm, output_layer_norm), GPT-2 blocks (ln_1, "
     "attn.c_attn, attn.c_proj, ln_2), ViT layers (layernorm_before, value and output "
-    "projections, layernorm_after) and "
-    "torch.nn.TransformerEncoderLayer (norm_first True or False)"
+    "projections, layernorm_after), "
+    "torch.nn.TransformerEncoderLayer (norm_first True or False) and pre-LN blocks with a "
+    "fused query-key-value nn.Linear (ln_1 or norm1, attn.c_attn or attn.qkv, attn.c_proj "
+    "or attn.proj, ln_2 or norm2)"
 )
 
 LayerNormTuple = tuple[torch.Tensor | None, torch.Tensor | None, float]
@@ -70,6 +78,9 @@ class BlockSpec:
     second_norm: nn.LayerNorm | None
     """Post-LN blocks: the LayerNorm after the feed-forward network (GlobEnc)."""
     batch_first: bool = True
+    checked: nn.Module | None = None
+    """Pre-LN blocks recognised by convention: the attention module whose output, added
+    to the block input, the rebuilt output must equal."""
 
 
 def _tensor(module: object, name: str) -> torch.Tensor | None:
@@ -247,7 +258,48 @@ def _encoder_layer(name: str, block: nn.Module) -> BlockSpec | None:
     )
 
 
-_RECOGNISERS = (_encoder_layer, _bert, _distilbert, _gpt2, _vit)
+def _fused_pre_ln(name: str, block: nn.Module) -> BlockSpec | None:
+    attention = _get(block, "attn")
+    if not isinstance(attention, nn.Module):
+        return None
+    for first, second in (("ln_1", "ln_2"), ("norm1", "norm2")):
+        before, after = _get(block, first), _get(block, second)
+        if _is_layer_norm(before) and _is_layer_norm(after):
+            break
+    else:
+        return None
+    for fused_name, output_name in (("c_attn", "c_proj"), ("qkv", "proj")):
+        fused, dense = _get(attention, fused_name), _get(attention, output_name)
+        if _is_linear(fused) and _is_linear(dense):
+            break
+    else:
+        return None
+    width = fused.in_features
+    if fused.out_features != 3 * width or dense.out_features != width:
+        return None
+    layer_scale = _get(block, "ls1")
+    if layer_scale is not None and not isinstance(layer_scale, nn.Identity):
+        return None  # a LayerScale multiplies the attention output: not decomposed here
+
+    def value() -> tuple[torch.Tensor, torch.Tensor | None]:
+        # The fused layer computes [q | k | v] = x @ W.T + b; the values are the last third.
+        weight, bias = _linear(fused)
+        return weight[:, 2 * width :], None if bias is None else bias[2 * width :]
+
+    return BlockSpec(
+        name,
+        block,
+        "pre-LN, fused query-key-value",
+        value,
+        output=lambda: _linear(dense),
+        pre_norm=before,
+        post_norm=None,
+        second_norm=None,
+        checked=attention,
+    )
+
+
+_RECOGNISERS = (_encoder_layer, _bert, _distilbert, _gpt2, _vit, _fused_pre_ln)
 
 
 def _looks_like_attention(module: nn.Module) -> bool:
@@ -326,6 +378,7 @@ class _Running:
     attention_input: torch.Tensor | None = None
     weights: list[torch.Tensor] = field(default_factory=list)
     second_input: torch.Tensor | None = None
+    attention_output: torch.Tensor | None = None
 
 
 class BlockRecorder:
@@ -350,6 +403,8 @@ class BlockRecorder:
                 handles.append(spec.pre_norm.register_forward_hook(self._normalised))
             if spec.second_norm is not None and self.method == "globenc":
                 handles.append(spec.second_norm.register_forward_pre_hook(self._second))
+            if spec.checked is not None:
+                handles.append(spec.checked.register_forward_hook(self._attended))
             undo.extend(handle.remove for handle in handles)
 
     def clear(self) -> None:
@@ -378,6 +433,12 @@ class BlockRecorder:
     def _second(self, module: nn.Module, args: tuple[Any, ...]) -> None:  # noqa: ARG002
         if self._running is not None and args and isinstance(args[0], torch.Tensor):
             self._running.second_input = self._batch_first(self._running.spec, args[0].detach())
+
+    def _attended(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:  # noqa: ARG002
+        if isinstance(output, tuple | list) and output:
+            output = output[0]
+        if self._running is not None and isinstance(output, torch.Tensor):
+            self._running.attention_output = self._batch_first(self._running.spec, output.detach())
 
     def record(self, weights: torch.Tensor) -> bool:
         """Take the attention weights of the running block; False if no block runs."""
@@ -439,8 +500,30 @@ class BlockRecorder:
                 second_norm=_parameters(second),
                 second_norm_input=None if second is None else running.second_input,
             )
+        if spec.checked is not None and not self._matches(running, output):
+            return
         self.matrices.append(matrix)
         self.outputs.append(output)
+
+    def _matches(self, running: _Running, rebuilt: torch.Tensor) -> bool:
+        """Whether the rebuilt output is the block input plus the attention's output."""
+        name = running.spec.name
+        if running.attention_output is None or running.residual is None:
+            self.errors.append(f"{name}: the output of {name}.attn was not seen")
+            return False
+        expected = running.residual + running.attention_output
+        scale = float(expected.abs().max()) if expected.numel() else 0.0
+        error = float((rebuilt - expected).abs().max()) if expected.numel() else 0.0
+        eps = float(torch.finfo(rebuilt.dtype).eps) if rebuilt.is_floating_point() else 0.0
+        # A few hundred roundings of the largest value; a missed term is far larger.
+        if error > 1024 * eps * max(scale, 1.0):
+            self.errors.append(
+                f"{name}: the token terms sum to within {error:.3g} of the block input plus "
+                f"{name}.attn's output (largest value {scale:.3g}); the block does more "
+                "than attention and a residual (e.g. a LayerScale or a gate)"
+            )
+            return False
+        return True
 
 
 def _parameters(norm: nn.LayerNorm | None) -> LayerNormTuple | None:

@@ -383,6 +383,8 @@ class Capture:
                 '"alti"); this capture recorded attention weights (read `attentions`).'
             )
             raise RuntimeError(msg)
+        if recorder.errors:
+            self._check_contributions(recorder)
         if not recorder.matrices:
             msg = f"Nothing was captured: read `{name}` after calling the model in the block."
             raise RuntimeError(msg)
@@ -1184,6 +1186,17 @@ def _explain_gradient_rollout(
     **options: Any,
 ) -> torch.Tensor:
     """explain(method="gradient_rollout"): forward with capture, d logit / d A, then GAE."""
+    weights, gradients, mask = _weights_and_gradients(model, inputs, target)
+    options.setdefault("mask", mask)
+    return attnflow.gradient_rollout(weights, gradients, rows=rows, **options)
+
+
+def _weights_and_gradients(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+    target: int | Sequence[int] | torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Return the attention weights of one call, d logit_target / d A, and the mask."""
     _check_target_type(target)
     if torch.is_inference_mode_enabled():
         msg = (
@@ -1216,8 +1229,7 @@ def _explain_gradient_rollout(
         [torch.zeros_like(w) if g is None else g for w, g in zip(records, grads, strict=True)],
         dim=-4,
     )
-    options.setdefault("mask", cap.mask)
-    return attnflow.gradient_rollout(weights.detach(), gradients, rows=rows, **options)
+    return weights.detach(), gradients, cap.mask
 
 
 def input_gradients(
@@ -1447,17 +1459,21 @@ def model_functions(
     embeddings: nn.Module | None = None,
     reduce: Reduction = "l2",
     output: Score = "probability",
+    contributions: Contributions | None = None,
 ) -> attnflow.ModelFunctions:
     """Wrap a PyTorch classifier for :func:`attnflow.faithfulness`.
 
-    Builds the three functions the evaluation calls on a batch of token ids ``(B, n)``
-    and its padding mask (arrays of any library; they are moved to the model's device):
+    Builds the functions the evaluation calls on a batch of token ids ``(B, n)`` and its
+    padding mask (arrays of any library; they are moved to the model's device):
 
     * ``predict(ids, mask)``: the softmax of the model's logits, under ``torch.no_grad()``;
     * ``attentions(ids, mask)``: the attention weights of the same call, captured with
-      :func:`capture`;
+      :func:`capture` (or, with `contributions`, the value-aware token-mixing matrices);
     * ``input_gradients(ids, mask, targets)``: :func:`input_gradients` for the target
-      classes.
+      classes;
+    * ``attention_gradients(ids, mask, targets)``: every head's attention weights and the
+      gradients of the target classes' logits with respect to them (what
+      ``explain(..., method="gradient_rollout")`` uses), for ``"gradient_rollout"``.
 
     The model is called as ``model(**{input_name: ids, mask_name: mask})`` (the mask as
     ``0``/``1`` integers, as Hugging Face models take it), or ``model(ids)`` with
@@ -1483,12 +1499,20 @@ def model_functions(
         The reduction of the gradient over the hidden axis, as for
         :func:`input_gradients`.
     output : {"probability", "logit"}, default "probability"
-        Differentiate the target's probability or its logit.
+        Differentiate the target's probability or its logit (input gradients).
+    contributions : {"norm", "globenc", "alti"}, optional
+        Make ``attentions`` return value-aware token-mixing matrices
+        (``capture(model, contributions=...)``) with a heads axis of length one,
+        ``(B, L, 1, n, n)``, instead of the attention weights (`heads` is then unused).
+        Evaluate them with methods that take their rows as they are, e.g.
+        ``functools.partial(attnflow.rollout, residual=0.0, renormalize=True)`` for
+        GlobEnc and ALTI, which carry the residual connection.
 
     Returns
     -------
     attnflow.ModelFunctions
-        ``predict``, ``attentions`` and ``input_gradients``, returning torch tensors.
+        ``predict``, ``attentions``, ``input_gradients`` and ``attention_gradients``,
+        returning torch tensors.
 
     Raises
     ------
@@ -1539,6 +1563,12 @@ def model_functions(
     if heads is not None and heads not in ("mean", "max", "min"):
         msg = f'`heads` must be "mean", "max", "min" or None; got {heads!r}.'
         raise ValueError(msg)
+    if contributions not in (None, "norm", "globenc", "alti"):
+        msg = (
+            '`contributions` must be None (attention weights), "norm", "globenc" or "alti"; '
+            f"got {contributions!r}."
+        )
+        raise ValueError(msg)
     _check_reduce_output(reduce, output)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
 
@@ -1557,10 +1587,22 @@ def model_functions(
             return torch.softmax(_logits(call(arguments(ids, mask))), dim=-1)
 
     def attentions(ids: Any, mask: Any = None) -> torch.Tensor:
+        if contributions is not None:
+            with torch.no_grad(), capture(model, contributions=contributions) as cap:
+                call(arguments(ids, mask))
+            return cap.contributions[..., None, :, :]
         with torch.no_grad(), capture(model, heads=heads) as cap:
             call(arguments(ids, mask))
         weights = cap.attentions
         return weights if heads is None else weights[..., None, :, :]
+
+    def weights_and_gradients(
+        ids: Any, mask: Any, targets: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        weights, grads, _ = _weights_and_gradients(
+            model, arguments(ids, mask), _as_tensor(targets, device)
+        )
+        return weights, grads
 
     def gradients(ids: Any, mask: Any, targets: Any) -> torch.Tensor:
         return input_gradients(
@@ -1572,7 +1614,7 @@ def model_functions(
             output=output,
         )
 
-    return attnflow.ModelFunctions(predict, attentions, gradients)
+    return attnflow.ModelFunctions(predict, attentions, gradients, weights_and_gradients)
 
 
 def _as_tensor(values: Any, device: torch.device) -> torch.Tensor:

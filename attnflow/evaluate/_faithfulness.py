@@ -22,6 +22,7 @@ import numpy as np
 
 from attnflow._flow import WorkersLostError, flow
 from attnflow._flow import _check_flow_options as check_flow_options
+from attnflow._gradient_rollout import gradient_rollout
 from attnflow._host import to_host
 from attnflow._namespace import enter_boundary
 from attnflow._rollout import raw, rollout
@@ -76,6 +77,11 @@ class ModelFunctions:
         ``(B, n)`` for the classes ``targets`` ``(B,)`` (e.g. the norm of the gradient of
         the target's probability with respect to the input embeddings). None leaves the
         gradient reference out.
+    attention_gradients : callable, optional
+        ``attention_gradients(ids, mask, targets)`` returns the attention weights of one
+        call and the gradients of the target classes' scores with respect to them, both
+        ``(B, layers, heads, n, n)``: what gradient methods (``"gradient_rollout"``,
+        :func:`attnflow.gradient_rollout`) explain with. None leaves them out.
 
     See Also
     --------
@@ -99,6 +105,7 @@ class ModelFunctions:
     predict: Callable[..., Any]
     attentions: Callable[..., Any]
     input_gradients: Callable[..., Any] | None = None
+    attention_gradients: Callable[..., Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -196,10 +203,16 @@ def faithfulness(
         The positions that take part in the correlations and may be removed by the
         erasure metrics (e.g. everything but ``[CLS]``); by default every real token.
     methods : sequence of str or mapping, default ("raw", "rollout", "flow")
-        Names of attnflow's methods, or a mapping from a name (lowercase letters, digits
+        Names of attnflow's methods (``"raw"``, ``"rollout"``, ``"flow"``,
+        ``"gradient_rollout"``), or a mapping from a name (lowercase letters, digits
         and ``_``) to a function with :func:`attnflow.rollout`'s signature, e.g.
         ``{"rollout_03": functools.partial(attnflow.rollout, residual=0.3)}``. Every
-        method is evaluated at every layer (``layers="all"``).
+        method is evaluated at every layer (``layers="all"``). Gradient rollout (or a
+        partial of :func:`attnflow.gradient_rollout`) is given the weights and gradients
+        from ``model.attention_gradients`` for the target classes; the others the
+        output of ``model.attentions``, which may be value-aware token-mixing matrices
+        (``model_functions(model, contributions="alti")``, rolled out with
+        ``functools.partial(attnflow.rollout, residual=0.0, renormalize=True)``).
     rows : int or {"max", "mean"}, default 0
         The output row that explains the prediction: 0 for a ``[CLS]`` classifier (the
         paper's Tables 1-2), or the maximum or mean over the rows of real tokens (the
@@ -298,6 +311,14 @@ def faithfulness(
     started = time.perf_counter()
     _check_model(model)
     functions = _check_methods(methods)
+    gradient_methods = [name for name, method in functions.items() if _uses_gradients(method)]
+    if gradient_methods and model.attention_gradients is None:
+        msg = (
+            f"`methods` {gradient_methods} weight the attention by its gradients, but "
+            "`model.attention_gradients` is None. Build the model functions with it (e.g. "
+            "attnflow.adapters.torch.model_functions(model)) or drop these methods."
+        )
+        raise ValueError(msg)
     settings = _Settings(
         methods=tuple(functions),
         references=_check_references(references, model),
@@ -444,9 +465,16 @@ def _evaluate_chunk(
     real = np.ones(host_ids.shape, dtype=bool) if host_mask is None else host_mask
     included = real if where is None else real & where[start:stop]
     attentions = model.attentions(ids, mask)
+    weighted: tuple[Any, Any] | None = None
+    if any(_uses_gradients(method) for method in functions.values()):
+        assert model.attention_gradients is not None  # checked with the arguments
+        weighted = _read_pair(model.attention_gradients(ids, mask, dataset.to_model(chosen)))
     for name, method in functions.items():
-        explanation = _explain(method, name, attentions, host_mask, settings.rows, flow_options)
-        out[f"scores.{name}"] = explanation
+        inputs = weighted if _uses_gradients(method) else (attentions,)
+        assert inputs is not None
+        out[f"scores.{name}"] = _explain(
+            method, name, inputs, host_mask, settings.rows, flow_options
+        )
     reference_scores: dict[str, np.ndarray] = {}
     if "blank_out" in settings.references:
         reference_scores["blank_out"] = to_host(
@@ -585,6 +613,14 @@ def faithfulness_from_outputs(
     (3,)
     """
     functions = _check_methods(methods)
+    gradient_methods = [name for name, method in functions.items() if _uses_gradients(method)]
+    if gradient_methods:
+        msg = (
+            f"`methods` {gradient_methods} need the gradients of the attention, which "
+            "faithfulness_from_outputs does not take; evaluate them with "
+            "attnflow.faithfulness and a model with `attention_gradients`."
+        )
+        raise ValueError(msg)
     row_choice = _check_rows(rows)
     correlation = _check_choice("correlation", correlation, ("spearman", "kendall"))  # type: ignore[assignment]
     nan = _check_choice("nan", nan, ("zero", "omit"))  # type: ignore[assignment]
@@ -646,11 +682,11 @@ def faithfulness_from_outputs(
             out[f"scores.{name}"] = _explain(
                 method_with_heads,
                 name,
-                host[start:stop],
+                (host[start:stop],),
                 chunk_mask,
                 row_choice,
                 flow_options,
-                flow_like=method is flow,
+                flow_like=_is_flow(method),
             )
         real = np.ones((stop - start, n_tokens), dtype=bool) if chunk_mask is None else chunk_mask
         included = real if host_where is None else real & host_where[start:stop]
@@ -697,17 +733,41 @@ def _with_mask(predict: Callable[..., Any], *, has_mask: bool) -> Callable[..., 
     return lambda ids: predict(ids, None)
 
 
+def _uses_gradients(method: Method) -> bool:
+    """Whether `method` is gradient rollout (or a partial of it): it takes the gradients too."""
+    return getattr(method, "func", method) is gradient_rollout
+
+
+def _is_flow(method: Method) -> bool:
+    return getattr(method, "func", method) is flow
+
+
+def _read_pair(given: object) -> tuple[Any, Any]:
+    if not (isinstance(given, tuple | list) and len(given) == 2):
+        msg = (
+            "`model.attention_gradients` must return a pair (attentions, gradients), each "
+            f"(B, layers, heads, n, n); got {describe(given)}."
+        )
+        raise ValueError(msg)
+    return given[0], given[1]
+
+
 def _explain(
     method: Method,
     name: str,
-    attentions: Any,
+    inputs: Sequence[Any],
     host_mask: np.ndarray | None,
     rows: int | str,
     flow_options: Mapping[str, Any],
     *,
     flow_like: bool | None = None,
 ) -> np.ndarray:
-    """One method at every layer, reduced to one row per sample: ``(B, layers, n)``."""
+    """One method at every layer, reduced to one row per sample: ``(B, layers, n)``.
+
+    `inputs` are the method's positional arguments: the attentions, and for gradient
+    methods their gradients.
+    """
+    attentions = inputs[0]
     first = attentions[0] if isinstance(attentions, list | tuple) else attentions
     mask = None
     if host_mask is not None:
@@ -717,10 +777,10 @@ def _explain(
         xp = array_api_compat.array_namespace(converted)
         mask = xp.asarray(host_mask, device=array_api_compat.device(converted))
     options: dict[str, Any] = {"layers": "all", "mask": mask}
-    if (method is flow) if flow_like is None else flow_like:
+    if _is_flow(method) if flow_like is None else flow_like:
         options.update({k: v for k, v in flow_options.items() if v is not None})
     options["rows"] = rows if isinstance(rows, int) else None
-    values = to_host(method(attentions, **options), name=f"the {name} explanation")
+    values = to_host(method(*inputs, **options), name=f"the {name} explanation")
     if isinstance(rows, str):
         # (B, L, n, n): reduce over the output rows of real tokens (padded rows are 0).
         if values.ndim != 4:
@@ -748,7 +808,12 @@ def _read_per_token(values: Any, shape: tuple[int, ...]) -> np.ndarray:
     return to_host(converted, name="input_gradients(...)")
 
 
-_KNOWN_METHODS: dict[str, Method] = {"raw": raw, "rollout": rollout, "flow": flow}
+_KNOWN_METHODS: dict[str, Method] = {
+    "raw": raw,
+    "rollout": rollout,
+    "flow": flow,
+    "gradient_rollout": gradient_rollout,
+}
 
 
 def _check_model(model: object) -> None:

@@ -12,6 +12,8 @@
   being out of reach offline).
 * :mod:`attnflow.experiments.sentiment_torch`: the shipped pretrained MiniLM fine-tuned
   on that task. Imports PyTorch and transformers.
+* :mod:`attnflow.experiments.value_aware`: every method's faithfulness on both tasks,
+  over the attention weights and the value-aware matrices (norm-based, GlobEnc, ALTI).
 
 Importing this package imports none of its submodules.
 """

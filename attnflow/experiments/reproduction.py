@@ -22,7 +22,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from attnflow._contributions import Method as ContributionMethod
 from attnflow.evaluate import ERASER_FRACTIONS, FaithfulnessReport, faithfulness
+from attnflow.evaluate._faithfulness import Method
 from attnflow.evaluate._markdown import markdown_table
 from attnflow.experiments.agreement import AgreementData, agreement_split
 from attnflow.experiments.agreement_torch import (
@@ -98,6 +100,11 @@ PAPER_TABLES: dict[str, dict[str, tuple[tuple[float, float], ...]]] = {
     },
 }
 """Abnar & Zuidema (2020), Tables 1 and 2: (mean, sd) per method and layer L1-L6."""
+
+
+def results_folder(contributions: ContributionMethod | None, row: object) -> str:
+    """Name the folder of one evaluation's chunks: ``rows-<row>``, per matrix kind if any."""
+    return f"rows-{row}" if contributions is None else f"{contributions}-rows-{row}"
 
 
 def _training_record(folder: Path) -> dict[str, Any] | None:
@@ -191,13 +198,14 @@ def reproduce_agreement(
     train_sentences: int | None = None,
     seed: int = 0,
     rows: Sequence[int | Literal["max", "mean"]] = (0, "max"),
-    methods: Sequence[str] = ("raw", "rollout", "flow"),
+    methods: Sequence[str] | Mapping[str, Method] = ("raw", "rollout", "flow"),
     correlation: Literal["spearman", "kendall"] = "spearman",
     fractions: Sequence[float] | None = ERASER_FRACTIONS,
     chunk_size: int = 64,
     n_jobs: int | None = None,
     progress: bool = True,
     model: str | Path | None = None,
+    contributions: ContributionMethod | None = None,
 ) -> tuple[dict[int | str, FaithfulnessReport], dict[str, Any]]:
     r"""Reproduce Tables 1 and 2 of Abnar & Zuidema (2020) on synthetic agreement data.
 
@@ -230,6 +238,10 @@ def reproduce_agreement(
     model : path, optional
         A model folder saved by ``scripts/train_agreement.py`` with the same seed and
         training size, used instead of training one.
+    contributions : {"norm", "globenc", "alti"}, optional
+        Evaluate the methods over value-aware token-mixing matrices instead of the
+        attention weights (:func:`attnflow.adapters.torch.model_functions`); the results
+        go to ``folder/<contributions>-rows-<row>``.
 
     Returns
     -------
@@ -271,7 +283,13 @@ def reproduce_agreement(
         classifier, record = _model(root, train, test, seed=seed, progress=progress)
     else:
         classifier, record = _given_model(Path(model), test, seed=seed, n_train=n_train)
-    functions = model_functions(classifier, heads="mean", reduce="sum_abs", output="probability")
+    functions = model_functions(
+        classifier,
+        heads="mean",
+        reduce="sum_abs",
+        output="probability",
+        contributions=contributions,
+    )
     reports: dict[int | str, FaithfulnessReport] = {}
     started = time.perf_counter()
     for row in rows:
@@ -286,7 +304,7 @@ def reproduce_agreement(
             correlation=correlation,
             fractions=fractions,
             chunk_size=chunk_size,
-            output=root / f"rows-{row}",
+            output=root / results_folder(contributions, row),
             n_jobs=n_jobs,
             progress=progress,
         )

@@ -32,8 +32,11 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from attnflow._contributions import Method as ContributionMethod
 from attnflow.evaluate import ERASER_FRACTIONS, FaithfulnessReport, faithfulness
+from attnflow.evaluate._faithfulness import Method
 from attnflow.evaluate._markdown import markdown_table
+from attnflow.experiments.reproduction import results_folder
 from attnflow.experiments.sentiment import (
     SentimentData,
     accuracy_by_construction,
@@ -207,13 +210,14 @@ def reproduce_sentiment(
     seed: int = 0,
     rows: Sequence[int | Literal["max", "mean"]] = (0,),
     reductions: Sequence[Reduction] = REDUCTIONS,
-    methods: Sequence[str] = ("raw", "rollout", "flow"),
+    methods: Sequence[str] | Mapping[str, Method] = ("raw", "rollout", "flow"),
     correlation: Literal["spearman", "kendall"] = "spearman",
     fractions: Sequence[float] | None = ERASER_FRACTIONS,
     chunk_size: int = 64,
     n_jobs: int | None = None,
     progress: bool = True,
     model: str | Path | None = None,
+    contributions: ContributionMethod | None = None,
 ) -> tuple[dict[str, FaithfulnessReport], dict[str, Any]]:
     r"""Reproduce Table 3 of Abnar & Zuidema (2020) with the shipped MiniLM, offline.
 
@@ -251,6 +255,10 @@ def reproduce_sentiment(
     model : path, optional
         A classifier folder saved by ``scripts/train_sentiment.py`` with the same seed
         and sizes, used instead of fine-tuning one.
+    contributions : {"norm", "globenc", "alti"}, optional
+        Evaluate the methods over value-aware token-mixing matrices instead of the
+        attention weights (:func:`attnflow.adapters.torch.model_functions`); the results
+        go to ``folder/<contributions>-rows-<row>``.
 
     Returns
     -------
@@ -325,7 +333,11 @@ def reproduce_sentiment(
     cpu = time.process_time()
     for index, reduction in enumerate(reductions):
         functions = model_functions(
-            classifier, heads="mean", reduce=reduction, output="probability"
+            classifier,
+            heads="mean",
+            reduce=reduction,
+            output="probability",
+            contributions=contributions,
         )
         for row in rows:
             key = f"{row}-{reduction}"
@@ -340,7 +352,7 @@ def reproduce_sentiment(
                 correlation=correlation,
                 fractions=fractions if index == 0 else None,
                 chunk_size=chunk_size,
-                output=root / f"rows-{key}",
+                output=root / results_folder(contributions, key),
                 n_jobs=n_jobs,
                 progress=progress,
             )

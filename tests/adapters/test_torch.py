@@ -1193,3 +1193,58 @@ def test_explain_gradient_rollout_errors(minilm, batch):
     with pytest.raises(RuntimeError, match="not on the autograd graph"):
         adapter.explain(frozen, batch, method="gradient_rollout")
     assert_restored(classifier)
+
+
+def test_model_functions_give_value_aware_matrices(bert_classifier, padded_ids):
+    ids, mask = padded_ids
+    functions = adapter.model_functions(bert_classifier, contributions="alti")
+    with torch.no_grad(), adapter.capture(bert_classifier, contributions="alti") as cap:
+        bert_classifier(input_ids=ids, attention_mask=mask.long())
+    got = functions.attentions(ids, mask)
+    assert got.shape == (4, 3, 1, 7, 7)
+    torch.testing.assert_close(got[:, :, 0], cap.contributions, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="`contributions` must be None"):
+        adapter.model_functions(bert_classifier, contributions="value")
+
+
+def test_faithfulness_evaluates_gradient_rollout_as_explain_does(bert_classifier, padded_ids):
+    ids, mask = padded_ids
+    labels = torch.tensor([0, 1, 2, 0])
+    report = attnflow.faithfulness(
+        adapter.model_functions(bert_classifier),
+        ids,
+        replacement=3,
+        mask=mask,
+        targets=labels,
+        methods=("rollout", "gradient_rollout"),
+        fractions=None,
+        chunk_size=3,
+    )
+    # The reference: the adapter's own one-sample explanation of the same class, cropped
+    # to the real tokens (no padding at all in the model's call).
+    scores = report.samples["scores.gradient_rollout"]
+    for b in range(len(ids)):
+        n = int(mask[b].sum())
+        expected = adapter.explain(
+            bert_classifier,
+            {"input_ids": ids[b : b + 1, :n]},
+            method="gradient_rollout",
+            target=int(labels[b]),
+            layers="all",
+        )
+        np.testing.assert_allclose(scores[b, :, :n], expected[0].numpy(), rtol=1e-9, atol=1e-12)
+        assert (scores[b, :, n:] == 0).all()
+    assert np.isfinite(report.samples["correlation.gradient_rollout.blank_out"]).all()
+
+
+def test_gradient_methods_need_attention_gradients(bert_classifier, padded_ids):
+    ids, mask = padded_ids
+    functions = adapter.model_functions(bert_classifier)
+    without = attnflow.ModelFunctions(functions.predict, functions.attentions)
+    with pytest.raises(ValueError, match=r"`model.attention_gradients` is None"):
+        attnflow.faithfulness(without, ids, replacement=3, mask=mask, methods=("gradient_rollout",))
+    attentions = functions.attentions(ids, mask).numpy()
+    with pytest.raises(ValueError, match="need the gradients of the attention"):
+        attnflow.evaluate.faithfulness_from_outputs(
+            attentions, {"blank_out": np.zeros((4, 7))}, methods=("gradient_rollout",)
+        )

@@ -522,3 +522,78 @@ def test_attentions_are_not_recorded_with_contributions() -> None:
         model(torch.randn(1, 4, 8))
     with pytest.raises(RuntimeError, match="needs capture"):
         _ = plain.contributions
+
+
+# -- pre-LN blocks with a fused query-key-value layer (nanoGPT, timm, the agreement model) ----
+def _agreement_model(layer_scale: float | None = None) -> Any:
+    from attnflow.experiments.agreement_torch import AgreementConfig, AgreementTransformer
+
+    torch.manual_seed(0)
+    config = AgreementConfig(vocab_size=30, n_positions=12, n_layers=2, n_heads=2, hidden=16)
+    model = AgreementTransformer(config).eval()
+    with torch.no_grad():  # move the stream: the default init is small
+        for block in model.blocks:
+            block.attn.qkv.weight.mul_(8.0)
+            block.attn.proj.weight.mul_(8.0)
+    if layer_scale is not None:
+        for block in model.blocks:
+            forward = block.attn.forward
+            block.attn.forward = lambda x, keep, f=forward: layer_scale * f(x, keep)
+    return model
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_fused_pre_ln_blocks_are_complete_and_equal_the_oracle(method: str) -> None:
+    model = _agreement_model()
+    ids = torch.tensor([[1, 5, 7, 9, 2, 0], [1, 4, 4, 8, 3, 6]])
+    keep = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
+    seen: list[Any] = []  # the test's own hooks: block input and attention output
+    handles = []
+    for block in model.blocks:
+        handles.append(block.register_forward_pre_hook(lambda m, a: seen.append(("x", a[0]))))
+        handles.append(block.ln_1.register_forward_hook(lambda m, a, o: seen.append(("z", o))))
+        handles.append(block.attn.register_forward_hook(lambda m, a, o: seen.append(("y", o))))
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=keep)
+    for handle in handles:
+        handle.remove()
+    with torch.no_grad(), adapter.capture(model, contributions=method) as cap:
+        model(input_ids=ids, attention_mask=keep)
+    assert_restored(model)
+    xs = [t for k, t in seen if k == "x"]
+    zs = [t for k, t in seen if k == "z"]
+    ys = [t for k, t in seen if k == "y"]
+    actual = torch.stack([x + y for x, y in zip(xs, ys, strict=True)], dim=1)
+    real = keep.bool()[:, None, :, None].expand_as(actual)
+    torch.testing.assert_close(cap.outputs[real], actual[real], rtol=1e-5, atol=1e-5)
+    with torch.no_grad(), adapter.capture(model) as weights:
+        model(input_ids=ids, attention_mask=keep)
+    for index, block in enumerate(model.blocks):
+        width = block.attn.qkv.in_features
+        w_v = block.attn.qkv.weight.detach()[2 * width :].T.double().numpy()
+        b_v = block.attn.qkv.bias.detach()[2 * width :].double().numpy()
+        w_o = block.attn.proj.weight.detach().T.double().numpy()
+        b_o = block.attn.proj.bias.detach().double().numpy()
+        for b in range(len(ids)):
+            n = int(keep[b].sum())
+            alpha = weights.attentions[b, index, :, :n, :n].double().numpy()
+            x = xs[index][b, :n].double().numpy()
+            f = oracle_head_values(zs[index][b, :n].double().numpy(), w_v, b_v, w_o, 2)
+            expected = oracle_contributions(alpha, f, x, b_o, None, method, None)
+            got = cap.contributions[b, index, :n, :n].double().numpy()
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_fused_pre_ln_blocks_that_do_more_are_refused() -> None:
+    model = _agreement_model(layer_scale=0.5)  # a LayerScale-like factor on attention
+    ids = torch.tensor([[1, 5, 7, 9]])
+    message = r"does more than attention and a residual"
+
+    def read_inside() -> None:
+        with torch.no_grad(), adapter.capture(model, contributions="alti") as cap:
+            model(input_ids=ids)
+            with pytest.raises(RuntimeError, match=message):  # reading the matrices
+                cap.contributions  # noqa: B018
+
+    with pytest.raises(RuntimeError, match=message):  # leaving the block says so too
+        read_inside()
