@@ -1164,12 +1164,16 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         name="explain",
-        help="explain a text with a local Hugging Face model: a table and an HTML page",
+        help="explain a text (or an --image) with a local Hugging Face model: a table and an "
+        "HTML page",
         description=(
             "Tokenize TEXT, run the model of a local Hugging Face folder on it (capture works "
             "with sdpa and eager attention), and score the [CLS] row (--row) at every layer "
             "with raw attention, rollout and flow (--method); print the last layer's table "
-            "(--layer) and write an HTML page (-o) or the data (--save)."
+            "(--layer) and write an HTML page (-o) or the data (--save). With --image FILE "
+            "and a vision transformer folder (with its preprocessor_config.json), explain "
+            "the image instead: a summary of the patch scores, and a page with them drawn "
+            "over the image."
         ),
         configure=lambda parser: _explain().configure_explain(parser),
         run=lambda args: _explain().run_explain(args),

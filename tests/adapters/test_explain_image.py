@@ -145,6 +145,26 @@ def test_register_tokens_are_named_and_special() -> None:
     assert e.predicted is None  # a backbone: no class
 
 
+def test_a_distillation_token_is_named_and_special() -> None:
+    config = transformers.DeiTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=3,
+    )
+    torch.manual_seed(0)
+    model = transformers.DeiTForImageClassificationWithTeacher(config).eval()
+    picture = np.random.default_rng(2).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    e = adapter.explain_image(model, processor(), picture, methods=["rollout"])
+    assert e.tokens[:3] == ("[CLS]", "[DIST]", "(0,0)")
+    assert e.grid == (4, 4)
+    assert e.special.tolist() == [True, True] + [False] * 16
+    assert e.predicted is not None  # the mean of the class and distillation heads
+
+
 def test_bad_arguments_are_refused_before_the_model_runs(picture: np.ndarray) -> None:
     model, images = small_vit(), processor()
     with pytest.raises(TypeError, match="one image; explain a list"):
