@@ -89,6 +89,7 @@ __all__ = [
     "Capture",
     "capture",
     "explain",
+    "explain_image",
     "explain_text",
     "input_gradients",
     "model_functions",
@@ -1167,6 +1168,257 @@ def explain_text(
         labels=labels,
         text=text,
     )
+
+
+def explain_image(
+    model: nn.Module,
+    processor: Any,
+    image: Any,
+    *,
+    methods: Sequence[str] = ("raw", "rollout", "flow"),
+    row: int = 0,
+    target: int | None = None,
+    heads: HeadReduction = "mean",
+    residual: float = 0.5,
+    grid: tuple[int, int] | None = None,
+) -> attnflow.explanation.Explanation:
+    """Explain one image in one call: preprocess, run a vision transformer, score every layer.
+
+    The image counterpart of :func:`explain_text`: `processor` (a Hugging Face image
+    processor) turns `image` into ``pixel_values``, `model` runs once on them inside
+    :func:`capture` under ``torch.no_grad()``, and output position `row` (0: the CLS
+    token) is scored at every layer by each method, on the captured weights, so with the
+    same numbers as :func:`attnflow.raw`, :func:`attnflow.rollout`, :func:`attnflow.flow`
+    (and :func:`explain`'s ``"gradient_rollout"``) called on ``cap.attentions``.
+
+    The patch grid is ``(H // p, W // p)`` for ``pixel_values`` of height ``H`` and width
+    ``W`` and the model's ``config.patch_size`` ``p``; the tokens before the patches
+    (``n - rows * cols`` of them) are named ``[CLS]``, then ``[DIST]`` for a distillation
+    token (DeiT) and ``[REG1]``, ``[REG2]``... for registers, and are marked special; the
+    patches are named ``(row,col)``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A vision transformer that takes ``pixel_values`` (Hugging Face ViT, DeiT, DINOv2,
+        their ``...ForImageClassification``), eval mode.
+    processor : callable
+        A Hugging Face image processor: ``processor(images=image, return_tensors="pt")``
+        returns ``pixel_values`` ``(1, C, H, W)``. Its ``image_mean`` and ``image_std``,
+        if it normalises, are used to turn the pixels back into the picture kept in the
+        explanation.
+    image : array of shape (H, W, 3), (H, W) or (H, W, 4), or a PIL image
+        One raw image (uint8, or floats in [0, 1]).
+    methods : sequence of str, default ("raw", "rollout", "flow")
+        Any of ``"raw"``, ``"rollout"``, ``"flow"``, ``"gradient_rollout"`` (needs a
+        classifier).
+    row : int, default 0
+        The output position explained (0: CLS).
+    target : int, optional
+        ``"gradient_rollout"``: the class explained; None for the predicted one.
+    heads : {"mean", "max", "min"}, default "mean"
+        Head fusion of raw, rollout and flow.
+    residual : float, default 0.5
+        The residual weight of rollout and flow.
+    grid : tuple of int, optional
+        The patch grid ``(rows, cols)``, for a model whose config has no ``patch_size``.
+
+    Returns
+    -------
+    attnflow.explanation.Explanation
+        Tokens (non-patch tokens, then patches row by row), ``(layers, n)`` scores per
+        method, the special-token mask, the patch ``grid``, the ``image`` as the model saw
+        it (resized and cropped by the processor, uint8 ``(H, W, 3)``), the prediction
+        with ``config.id2label``'s names; ``.show()`` prints a summary, ``.plot()`` draws
+        the patch scores over the image, ``.save(path)`` keeps it all.
+
+    Raises
+    ------
+    TypeError
+        If `image` is not one image (a list, a batch, a str path).
+    ValueError
+        If a method is unknown, `row` is outside the tokens, or the patch grid cannot be
+        told (no ``config.patch_size`` and no `grid`) or does not fit the tokens.
+
+    Examples
+    --------
+    A small ViT built from a config (random weights), and a random picture:
+
+    >>> import numpy as np, torch, transformers
+    >>> config = transformers.ViTConfig(
+    ...     image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=2,
+    ...     num_attention_heads=2, intermediate_size=32,
+    ... )
+    >>> model = transformers.ViTForImageClassification(config).eval()
+    >>> processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
+    >>> image = np.random.default_rng(0).integers(0, 256, (48, 40, 3), dtype=np.uint8)
+    >>> e = explain_image(model, processor, image)
+    >>> e.grid, e.tokens[:2], e.scores["rollout"].shape
+    ((4, 4), ('[CLS]', '(0,0)'), (2, 17))
+    """
+    chosen = [methods] if isinstance(methods, str) else list(methods)
+    unknown = [m for m in chosen if m not in TEXT_METHODS]
+    if not chosen or unknown:
+        msg = f"`methods` must name some of {list(TEXT_METHODS)}; got {list(chosen)!r}."
+        raise ValueError(msg)
+    if heads not in ("mean", "max", "min"):
+        msg = f'`heads` must be "mean", "max" or "min"; got {heads!r}.'
+        raise ValueError(msg)
+    _check_one_image(image)
+    encoded = processor(images=image, return_tensors="pt")
+    pixels = encoded["pixel_values"]
+    if not isinstance(pixels, torch.Tensor) or pixels.ndim != 4 or pixels.shape[0] != 1:
+        shape = tuple(pixels.shape) if isinstance(pixels, torch.Tensor) else type(pixels)
+        msg = (
+            "`processor` must return pixel_values of shape (1, C, H, W) for one image; got "
+            f"{shape}."
+        )
+        raise ValueError(msg)
+    parameter = next(model.parameters(), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in encoded.items()}
+    with torch.no_grad(), capture(model) as cap:
+        output = model(**inputs)
+    weights, mask = cap.attentions, cap.mask
+    n = int(weights.shape[-1])
+    rows, cols = _image_grid(model, pixels, n, grid)
+    if not -n <= row < n:
+        msg = f"`row` must index the {n} tokens (CLS, patches...) of the image; got {row}."
+        raise ValueError(msg)
+    options: dict[str, Any] = {"rows": row, "layers": "all", "mask": mask, "heads": heads}
+    scores: dict[str, torch.Tensor] = {}
+    for method in chosen:
+        if method == "raw":
+            scores[method] = attnflow.raw(weights, **options)[0]
+        elif method == "rollout":
+            scores[method] = attnflow.rollout(weights, residual=residual, **options)[0]
+        elif method == "flow":
+            scores[method] = attnflow.flow(weights, residual=residual, **options)[0]
+        else:
+            scores[method] = explain(
+                model, inputs, method="gradient_rollout", rows=row, target=target, layers="all"
+            )[0]
+    predicted, probabilities, labels = _prediction(model, output)
+    extra = n - rows * cols
+    patches = [f"({r},{c})" for r in range(rows) for c in range(cols)]
+    return attnflow.explanation.Explanation(
+        [*_extra_token_names(model, extra), *patches],
+        {name: value.detach().cpu().double().numpy() for name, value in scores.items()},
+        row=row % n,
+        special=[True] * extra + [False] * (rows * cols),
+        target=target if "gradient_rollout" in chosen else None,
+        predicted=predicted,
+        probabilities=probabilities,
+        labels=labels,
+        grid=(rows, cols),
+        image=_seen_image(processor, pixels[0]),
+    )
+
+
+def _check_one_image(image: object) -> None:
+    """Refuse what is not one image before the processor sees it."""
+    if isinstance(image, str | bytes) or hasattr(image, "__fspath__"):
+        msg = (
+            "`image` must be the image's pixels, not a path; read it first, e.g. "
+            "numpy.asarray(PIL.Image.open(path).convert('RGB'))."
+        )
+        raise TypeError(msg)
+    if isinstance(image, list | tuple):
+        msg = "`image` must be one image; explain a list of images one at a time."
+        raise TypeError(msg)
+    shape = getattr(image, "shape", None)
+    if shape is not None:
+        ndim = len(shape)
+        if ndim == 4 and shape[0] == 1:
+            return
+        if ndim not in (2, 3):
+            msg = (
+                "`image` must be one image of shape (H, W), (H, W, C) or (C, H, W); got "
+                f"shape {tuple(shape)}. Explain a batch one image at a time."
+            )
+            raise TypeError(msg)
+
+
+def _image_grid(
+    model: nn.Module, pixels: torch.Tensor, n: int, grid: tuple[int, int] | None
+) -> tuple[int, int]:
+    """Return the patch grid (rows, cols): given, or pixel_values' size over patch_size."""
+    if grid is None:
+        patch = getattr(getattr(model, "config", None), "patch_size", None)
+        sides = [patch, patch] if isinstance(patch, int) else list(patch or [])
+        if len(sides) != 2 or not all(isinstance(side, int) and side > 0 for side in sides):
+            msg = (
+                f"The patch grid cannot be told: the model's config has patch_size={patch!r}; "
+                "pass `grid=(rows, cols)`."
+            )
+            raise ValueError(msg)
+        grid = (int(pixels.shape[-2]) // sides[0], int(pixels.shape[-1]) // sides[1])
+    given: object = grid
+    if (
+        not isinstance(given, tuple | list)
+        or len(given) != 2
+        or not all(
+            isinstance(side, int) and not isinstance(side, bool) and side > 0 for side in given
+        )
+    ):
+        msg = f"`grid` must be a pair of positive ints (rows, cols) or None; got {grid!r}."
+        raise ValueError(msg)
+    rows, cols = int(given[0]), int(given[1])
+    if not 0 <= n - rows * cols < n:
+        msg = (
+            f"The patch grid {rows} x {cols} ({rows * cols} patches) does not fit the {n} "
+            "tokens the model attends over (non-patch tokens, then patches); pass the "
+            "right `grid=(rows, cols)`."
+        )
+        raise ValueError(msg)
+    return rows, cols
+
+
+def _extra_token_names(model: nn.Module, extra: int) -> list[str]:
+    """Names of the non-patch tokens: [CLS], [DIST] (DeiT), [REG1]... (registers)."""
+    if extra == 0:
+        return []
+    names = ["[CLS]"]
+    parameters = [name for name, _ in model.named_parameters()]
+    if any(name.endswith("distillation_token") for name in parameters):
+        names.append("[DIST]")
+    registers = getattr(getattr(model, "config", None), "num_register_tokens", 0)
+    if isinstance(registers, int):
+        names += [f"[REG{i + 1}]" for i in range(registers)]
+    if len(names) != extra:  # an unknown layout: neutral names
+        names = ["[CLS]"] + [f"[TOKEN{i}]" for i in range(1, extra)]
+    return names
+
+
+def _seen_image(processor: Any, pixels: torch.Tensor) -> Any:
+    """pixel_values (C, H, W) back to the uint8 (H, W, C) picture the model saw."""
+    values = pixels.detach().cpu().double()
+    mean = getattr(processor, "image_mean", None)
+    std = getattr(processor, "image_std", None)
+    channels = int(values.shape[0])
+    if getattr(processor, "do_normalize", False) and mean is not None and std is not None:
+        mean_t = torch.as_tensor(mean, dtype=torch.float64).reshape(-1)
+        std_t = torch.as_tensor(std, dtype=torch.float64).reshape(-1)
+        if mean_t.numel() in (1, channels) and std_t.numel() in (1, channels):
+            values = values * std_t.reshape(-1, 1, 1) + mean_t.reshape(-1, 1, 1)
+    low, high = float(values.min()), float(values.max())
+    if low < 0.0 or high > 1.0:  # not in [0, 1]: rescale by its own range
+        values = (values - low) / max(high - low, 1e-12)
+    picture = (values.clamp(0.0, 1.0) * 255.0).round().to(torch.uint8).permute(1, 2, 0)
+    return picture[..., 0].numpy() if channels == 1 else picture[..., :3].numpy()
+
+
+def _prediction(model: nn.Module, output: Any) -> tuple[int | None, Any, list[str] | None]:
+    """Return a classifier's predicted class, probabilities, class names (or Nones)."""
+    logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
+    if not (isinstance(logits, torch.Tensor) and logits.ndim == 2 and logits.is_floating_point()):
+        return None, None, None
+    probabilities = torch.softmax(logits[0].double(), dim=-1).cpu().numpy()
+    id2label = getattr(getattr(model, "config", None), "id2label", None)
+    labels = None
+    if isinstance(id2label, Mapping):
+        labels = [str(id2label.get(i, i)) for i in range(len(probabilities))]
+    return int(probabilities.argmax()), probabilities, labels
 
 
 def _call(model: nn.Module, inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor) -> Any:

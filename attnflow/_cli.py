@@ -918,7 +918,15 @@ def _configure_plot(parser: argparse.ArgumentParser) -> None:
         choices=_PLOT_KINDS,
         default="tokens",
         help="tokens: one row of scores (n,); layers: a layer x token map (L, n); "
-        "graph: head-fused attention (L, n, n); overlay: patch scores on --image",
+        "graph: head-fused attention (L, n, n), see --heads; overlay: patch scores on --image",
+    )
+    parser.add_argument(
+        "--heads",
+        choices=("mean", "max", "min", "none"),
+        help="--kind graph: what the input's heads are. mean, max or min: per-head attention "
+        "(*batch, layers, heads, n, n), fused so; none: already fused (*batch, layers, n, n). "
+        "Needed for input of 4 or more dimensions, whose shape cannot tell a heads axis from "
+        "a batch axis",
     )
     parser.add_argument(
         "--index",
@@ -966,17 +974,24 @@ def _run_plot(args: argparse.Namespace) -> int:
     if suffix != ".html" and importlib.util.find_spec("matplotlib") is None:
         msg = "PNG, SVG and PDF figures need matplotlib: pip install 'attnflow[plot]'"
         raise UsageError(msg)
+    if args.heads is not None and args.kind != "graph":
+        msg = f"--heads applies to --kind graph (the attention it draws); got --kind {args.kind}"
+        raise UsageError(msg)
     if os.path.lexists(output) and not args.force:  # a dangling link counts
         msg = f"{output} exists; pass --force to replace it"
         raise UsageError(msg)
+    default = "attentions" if args.kind == "graph" else "scores"
     try:
-        values = _select(read_array(args.input, key=args.key, default="scores"), args.index)
+        stored = read_array(args.input, key=args.key, default=default)
+        values = _select(stored, args.index)
         tokens = None
         if args.tokens:
             tokens = Path(args.tokens).read_text(encoding="utf-8").splitlines()
         image = None if args.image is None else read_array(args.image, key=None, default="")
     except (ArrayFileError, OSError) as error:
         raise UsageError(str(error)) from None
+    if args.kind == "graph":
+        values = _graph_attention(values, stored_shape=tuple(stored.shape), args=args)
     expected = {"tokens": 1, "layers": 2, "graph": 3, "overlay": 1}[args.kind]
     if values.ndim != expected:
         msg = (
@@ -1011,6 +1026,61 @@ def _run_plot(args: argparse.Namespace) -> int:
         )
     print(f"plot: {args.input} -> {written}")
     return 0
+
+
+def _graph_attention(
+    values: NDArray[Any], *, stored_shape: tuple[int, ...], args: argparse.Namespace
+) -> NDArray[Any]:
+    """``plot --kind graph``: the (layers, n, n) head-fused attention to draw, or a refusal.
+
+    A stored array of 4 or more dimensions is ambiguous: ``(layers, heads, n, n)`` per-head
+    attention and ``(batch, layers, n, n)`` fused attention look alike, and after
+    ``--index 0`` the first would be drawn with its heads as layers. So such input needs
+    ``--heads``: mean, max or min declare per-head attention (fused here after
+    ``--index``), none declares fused attention. A 3-dimensional array is read as
+    ``(layers, n, n)``.
+    """
+    import attnflow
+
+    after = f" (after --index {args.index}: {tuple(values.shape)})" if args.index else ""
+    given = f"{args.input} holds shape {stored_shape}{after}"
+    if args.heads is None:
+        if len(stored_shape) >= 4:
+            msg = (
+                f"--kind graph draws head-fused attention (layers, n, n); {given}, which "
+                "could be per-head attention (..., layers, heads, n, n) or fused attention "
+                "of a batch (batch, layers, n, n): the shape cannot tell. Pass --heads mean "
+                "(or max, min) to fuse the heads of per-head attention, or --heads none if "
+                "the heads are already fused; pick one sample with --index (batch axes only)"
+            )
+            raise UsageError(msg)
+        return values
+    if args.heads == "none":
+        if values.ndim != 3:
+            msg = (
+                f"--heads none: the input must be fused attention (layers, n, n) after "
+                f"--index; {given}: select the sample with --index"
+                + (" (--index picks batch axes only)" if values.ndim < 3 else "")
+            )
+            raise UsageError(msg)
+        return values
+    if values.ndim != 4:
+        hint = (
+            "pick one sample with --index (batch axes only)"
+            if values.ndim > 4
+            else "it has no heads axis left: --index picks batch axes only (not a layer), "
+            "and fused (layers, n, n) attention takes --heads none"
+        )
+        msg = (
+            f"--heads {args.heads}: the input must be per-head attention (layers, heads, n, "
+            f"n) after --index; {given}: {hint}"
+        )
+        raise UsageError(msg)
+    try:
+        return np.asarray(attnflow.fuse_heads(values, heads=args.heads))
+    except (ValueError, TypeError) as error:
+        msg = f"--heads {args.heads}: cannot fuse the heads of {args.input}: {error}"
+        raise UsageError(msg) from None
 
 
 def _write_plot(output: Path, write: Callable[[Any], object], *, force: bool) -> Path:
@@ -1094,12 +1164,16 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         name="explain",
-        help="explain a text with a local Hugging Face model: a table and an HTML page",
+        help="explain a text (or an --image) with a local Hugging Face model: a table and an "
+        "HTML page",
         description=(
             "Tokenize TEXT, run the model of a local Hugging Face folder on it (capture works "
             "with sdpa and eager attention), and score the [CLS] row (--row) at every layer "
             "with raw attention, rollout and flow (--method); print the last layer's table "
-            "(--layer) and write an HTML page (-o) or the data (--save)."
+            "(--layer) and write an HTML page (-o) or the data (--save). With --image FILE "
+            "and a vision transformer folder (with its preprocessor_config.json), explain "
+            "the image instead: a summary of the patch scores, and a page with them drawn "
+            "over the image."
         ),
         configure=lambda parser: _explain().configure_explain(parser),
         run=lambda args: _explain().run_explain(args),

@@ -7,6 +7,12 @@ itself in a terminal (:meth:`Explanation.show`), in a notebook (``_repr_html_``)
 standalone page (:meth:`Explanation.to_html`) and as a figure (:meth:`Explanation.plot`),
 and it saves to one ``.npz`` file with its metadata as JSON inside (no pickle), read back
 with :meth:`Explanation.load`.
+
+An image explanation (:func:`attnflow.adapters.torch.explain_image`) has the same tokens
+and scores, the tokens being the vision transformer's non-patch tokens (CLS, distillation,
+registers) followed by its patches row by row, plus the patch ``grid`` and the image the
+model saw; its figure draws the patch scores over that image and its terminal view is a
+summary (the non-patch tokens, the top patches, a character map of the grid).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import numpy as np
 __all__ = ["Explanation"]
 
 _FORMAT = "attnflow.Explanation/1"
+#: Characters of the terminal patch maps, darkest (lowest score) first.
+_RAMP = ".:-=+*#%@"
 
 
 class Explanation:
@@ -50,6 +58,13 @@ class Explanation:
         The class names, indexed by class.
     text : str, optional
         The raw input.
+    grid : tuple of int, optional
+        For an image: the patch grid ``(rows, cols)``. The last ``rows * cols`` tokens are
+        the patches, row by row; the ones before them (``extra_tokens``: CLS,
+        distillation, register tokens) are not patches.
+    image : array of shape (H, W) or (H, W, 3), optional
+        For an image (with `grid`): the picture the patch scores are drawn over, uint8 or
+        floats in [0, 1].
 
     Attributes
     ----------
@@ -61,6 +76,10 @@ class Explanation:
     probabilities : ndarray or None
     labels : tuple of str or None
     text : str or None
+    grid : tuple of int or None
+    image : ndarray or None
+    extra_tokens : int
+        The leading tokens that are not patches (0 without `grid`).
 
     Examples
     --------
@@ -76,6 +95,27 @@ class Explanation:
     [SEP]         0.2000
     >>> Explanation.from_dict(e.to_dict()).scores["rollout"].shape
     (2, 3)
+
+    An image of 2 x 2 patches after a CLS token:
+
+    >>> grid = Explanation(
+    ...     ["[CLS]", "(0,0)", "(0,1)", "(1,0)", "(1,1)"],
+    ...     {"rollout": [0.2, 0.1, 0.4, 0.2, 0.1]},
+    ...     special=[True, False, False, False, False],
+    ...     grid=(2, 2),
+    ... )
+    >>> grid.extra_tokens
+    1
+    >>> grid.show(top=2)
+    row 0 ([CLS]), layer 1 of 1; 2 x 2 patches after 1 other token
+    token        rollout
+    [CLS]         0.2000
+    (0,1)         0.4000
+    (1,0)         0.2000
+    patches (darkest . to brightest @, each map on its own scale):
+    rollout
+    .@
+    =.
     """
 
     def __init__(
@@ -90,6 +130,8 @@ class Explanation:
         probabilities: Any = None,
         labels: Sequence[str] | None = None,
         text: str | None = None,
+        grid: tuple[int, int] | None = None,
+        image: Any = None,
     ) -> None:
         given: object = tokens  # checked at run time: callers may not be type-checked
         if not isinstance(given, Sequence) or isinstance(given, str):
@@ -127,6 +169,12 @@ class Explanation:
         )
         self.labels = None if labels is None else tuple(str(label) for label in labels)
         self.text = text
+        self.grid, self.image = _checked_grid(grid, image, n)
+
+    @property
+    def extra_tokens(self) -> int:
+        """The leading tokens that are not patches (CLS, registers...); 0 without a grid."""
+        return 0 if self.grid is None else len(self.tokens) - self.grid[0] * self.grid[1]
 
     def __repr__(self) -> str:
         methods = ", ".join(self.scores)
@@ -178,9 +226,17 @@ class Explanation:
 
     # -- views ---------------------------------------------------------------------------
 
-    def show(self, layer: int = -1, *, file: TextIO | None = None) -> None:
-        """Print a table: one line per token, one column per method, at one layer."""
+    def show(self, layer: int = -1, *, file: TextIO | None = None, top: int = 8) -> None:
+        """Print a table: one line per token, one column per method, at one layer.
+
+        With a patch `grid` (an image), a summary instead: the non-patch tokens and the
+        `top` patches (by the first method), then a character map of each method's patch
+        scores.
+        """
         out = sys.stdout if file is None else file
+        if self.grid is not None:
+            self._show_grid(layer, out, top)
+            return
         values = self.at_layer(layer)
         width = max(8, *(len(t) for t in self.tokens))
         columns = [max(12, len(name) + 2) for name in values]
@@ -227,24 +283,109 @@ class Explanation:
             view.save(path, overwrite=overwrite)
         return str(view.to_html())
 
-    def plot(self, *, methods: Sequence[str] | None = None, scale_special: bool = False) -> Any:
+    def plot(
+        self,
+        *,
+        methods: Sequence[str] | None = None,
+        scale_special: bool = False,
+        layer: int = -1,
+    ) -> Any:
         """Draw a layer x token map per method (matplotlib; ``attnflow[plot]``).
 
         Special tokens are drawn with the others; with ``scale_special=False`` the colour
         scale of each map ends at the largest score of the other tokens.
-        """
-        from .plot import layer_token_map
 
+        With a patch `grid` (an image): one panel per method, the patch scores at `layer`
+        (the last by default) upsampled over the image
+        (:func:`attnflow.plot.image_overlay`), each on the scale of its own patch scores;
+        the non-patch tokens are left out of the picture.
+        """
         chosen = list(self.scores) if methods is None else list(methods)
         unknown = [m for m in chosen if m not in self.scores]
         if unknown:
             msg = f"`methods` must name scored methods {list(self.scores)}; got {unknown}."
             raise ValueError(msg)
+        if self.grid is not None:
+            return self._plot_grid(chosen, layer)
+        from .plot import layer_token_map
+
         maps = {name: self.scores[name] for name in chosen}
         vmax = None
         if not scale_special and not self.special.all():
             vmax = max(float(m[:, ~self.special].max()) for m in maps.values())
         return layer_token_map(maps, tokens=list(self.tokens), title=self._heading(-1), vmax=vmax)
+
+    # -- image (patch grid) views --------------------------------------------------------
+
+    def _show_grid(self, layer: int, out: TextIO, top: int) -> None:
+        """show() of an image: the non-patch tokens, the top patches, character maps."""
+        given: object = top
+        if isinstance(given, bool) or not isinstance(given, int) or top < 0:
+            msg = f"`top` must be an int >= 0 (patches listed); got {top!r}."
+            raise ValueError(msg)
+        assert self.grid is not None
+        rows, cols = self.grid
+        extra = self.extra_tokens
+        values = self.at_layer(layer)
+        first = next(iter(values.values()))
+        patches = np.argsort(-first[extra:], kind="stable")[:top] + extra
+        listed = [*range(extra), *(int(i) for i in patches)]
+        others = "token" if extra == 1 else "tokens"
+        print(
+            f"{self._heading(layer)}; {rows} x {cols} patches after {extra} other {others}",
+            file=out,
+        )
+        width = max(8, *(len(self.tokens[i]) for i in listed)) if listed else 8
+        columns = [max(12, len(name) + 2) for name in values]
+        header = "token".ljust(width) + "".join(
+            name.rjust(size) for name, size in zip(values, columns, strict=True)
+        )
+        print(header, file=out)
+        for i in listed:
+            cells = "".join(
+                f"{float(v[i]):{size}.4f}" for v, size in zip(values.values(), columns, strict=True)
+            )
+            print(self.tokens[i].ljust(width) + cells, file=out)
+        print(
+            f"patches (darkest {_RAMP[0]} to brightest {_RAMP[-1]}, each map on its own scale):",
+            file=out,
+        )
+        spans = [max(cols, len(name)) + 2 for name in values]
+        print(
+            "".join(name.ljust(s) for name, s in zip(values, spans, strict=True)).rstrip(), file=out
+        )
+        maps = [_characters(v[extra:].reshape(rows, cols)) for v in values.values()]
+        for r in range(rows):
+            line = "".join(m[r].ljust(s) for m, s in zip(maps, spans, strict=True))
+            print(line.rstrip(), file=out)
+
+    def _plot_grid(self, chosen: Sequence[str], layer: int) -> Any:
+        """plot() of an image: each method's patch scores over the image, side by side."""
+        from .plot import _new_figure, image_overlay
+
+        assert self.grid is not None
+        rows, cols = self.grid
+        values = self.at_layer(layer)
+        image = self.image
+        if image is None:  # no picture kept: the patch map alone, one block per patch
+            image = np.full((rows, cols), 0.5)
+        height, width = image.shape[:2]
+        panel = 4.0 * min(2.0, max(0.5, width / height))
+        figure = _new_figure((panel * len(chosen) + 1.0, 4.4))
+        figure.suptitle(self._heading(layer))
+        for index, name in enumerate(chosen):
+            axes = figure.add_subplot(1, len(chosen), index + 1)
+            image_overlay(
+                values[name],
+                image,
+                grid=(rows, cols),
+                extra_tokens=self.extra_tokens,
+                ax=axes,
+                title=name,
+                alpha=0.5 if self.image is not None else 1.0,
+                interpolation="bilinear" if self.image is not None else "nearest",
+            )
+        return figure
 
     # -- data ----------------------------------------------------------------------------
 
@@ -261,6 +402,8 @@ class Explanation:
             "probabilities": None if self.probabilities is None else self.probabilities.tolist(),
             "labels": None if self.labels is None else list(self.labels),
             "text": self.text,
+            "grid": None if self.grid is None else list(self.grid),
+            "image": None if self.image is None else self.image.tolist(),
         }
 
     @classmethod
@@ -279,6 +422,8 @@ class Explanation:
             probabilities=data["probabilities"],
             labels=data["labels"],
             text=data["text"],
+            grid=None if data.get("grid") is None else tuple(data["grid"]),
+            image=data.get("image"),
         )
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
@@ -295,6 +440,9 @@ class Explanation:
         meta = self.to_dict()
         del meta["scores"]
         arrays = {f"scores/{name}": values for name, values in self.scores.items()}
+        if self.image is not None:
+            meta["image"] = None
+            arrays["image"] = self.image
         arrays["meta"] = np.asarray(json.dumps(meta))
         if not overwrite and os.path.lexists(target):
             msg = f"{target} exists; pass overwrite=True to replace it."
@@ -309,6 +457,8 @@ class Explanation:
             meta["scores"] = {
                 key.split("/", 1)[1]: data[key] for key in data.files if key.startswith("scores/")
             }
+            if "image" in data.files:
+                meta["image"] = data["image"]
         return cls.from_dict(meta)
 
 
@@ -319,3 +469,55 @@ def _optional_int(value: object, name: str) -> Any:
         msg = f"`{name}` must be an int or None; got {value!r}."
         raise TypeError(msg)
     return int(value)
+
+
+def _checked_grid(grid: object, image: object, n: int) -> tuple[tuple[int, int] | None, Any]:
+    """Validate Explanation's `grid` and `image`; return them as (rows, cols) and ndarray."""
+    if grid is None:
+        if image is not None:
+            msg = "`image` needs `grid=(rows, cols)`, the patch grid its scores are laid on."
+            raise ValueError(msg)
+        return None, None
+    if (
+        not isinstance(grid, tuple | list)
+        or len(grid) != 2
+        or not all(
+            isinstance(side, int | np.integer) and not isinstance(side, bool) and side > 0
+            for side in grid
+        )
+    ):
+        msg = f"`grid` must be a pair of positive ints (rows, cols) or None; got {grid!r}."
+        raise ValueError(msg)
+    rows, cols = int(grid[0]), int(grid[1])
+    if rows * cols > n:
+        msg = (
+            f"`grid`=({rows}, {cols}) has {rows * cols} patches, more than the {n} tokens; "
+            "the tokens must be the non-patch tokens followed by the patches, row by row."
+        )
+        raise ValueError(msg)
+    if image is None:
+        return (rows, cols), None
+    pixels = np.asarray(image)
+    if not (pixels.ndim == 2 or (pixels.ndim == 3 and pixels.shape[-1] in (3, 4))):
+        msg = f"`image` must have shape (H, W), (H, W, 3) or (H, W, 4); got {pixels.shape}."
+        raise ValueError(msg)
+    if pixels.dtype.kind in "iu":
+        if pixels.size and (pixels.min() < 0 or pixels.max() > 255):
+            msg = "`image` of integers must hold 8-bit values, 0 to 255."
+            raise ValueError(msg)
+        return (rows, cols), pixels.astype(np.uint8)
+    if pixels.dtype.kind not in "fb":
+        msg = f"`image` must hold numbers; got dtype {pixels.dtype}."
+        raise ValueError(msg)
+    return (rows, cols), pixels.astype(np.float64)
+
+
+def _characters(patches: np.ndarray) -> list[str]:
+    """Draw a (rows, cols) map as lines of _RAMP characters, scaled to its own range."""
+    low, high = float(patches.min()), float(patches.max())
+    if high <= low:
+        levels = np.zeros(patches.shape, dtype=int)
+    else:
+        scaled = (patches - low) / (high - low) * len(_RAMP)
+        levels = np.minimum(scaled.astype(int), len(_RAMP) - 1)
+    return ["".join(_RAMP[level] for level in line) for line in levels]
