@@ -10,6 +10,7 @@ explain against rollout over the oracle's renormalised matrices.
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -569,3 +570,12 @@ def test_unsupported_nnx_structures_are_refused() -> None:
         adapter.capture_nnx(bare, x, contributions="alti")
     assert nnx.MultiHeadAttention.__call__ is CALLS[nnx.MultiHeadAttention]
     assert bare.attention_fn is nnx.dot_product_attention
+
+
+def test_the_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The example of docs/adapters/jax.md runs as written and prints what it says."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "adapters" / "jax.md"
+    text = page.read_text(encoding="utf-8")
+    (example,) = re.findall(r"## Value-aware contributions.*?```python\n(.*?)```", text, re.DOTALL)
+    exec(compile(example, str(page), "exec"), {"__name__": "docs_example"})  # noqa: S102
+    assert capsys.readouterr().out.split("\n")[:2] == ["(2, 3, 5, 5)", "True"]
