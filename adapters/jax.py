@@ -262,9 +262,21 @@ def _contribution_capture(tracker: BlockTracker, *, nnx: bool) -> ContributionCa
         )
         raise ValueError(msg)
     first = tracker.masks[0] if tracker.masks else None
-    matrices = jnp.stack(tracker.matrices, axis=-3)
+    try:
+        matrices = jnp.stack(tracker.matrices, axis=-3)
+        outputs = jnp.stack(tracker.outputs, axis=-3)
+    except jax.errors.UnexpectedTracerError:
+        transforms = "nnx.remat, nnx.scan, nnx.vmap" if nnx else "nn.remat, nn.scan, nn.vmap"
+        msg = (
+            "contributions= cannot follow attention blocks inside the model's own JAX "
+            f"transforms ({transforms}...): each block's matrix is computed while the block "
+            "runs and cannot leave the transform. Capture from the model built without "
+            "them (e.g. remat off; scanned layers unrolled), or capture the attention "
+            "weights instead."
+        )
+        raise ValueError(msg) from None
     mask = _padding_mask(first, matrices[..., 0, None, :, :])
-    return ContributionCapture(matrices, jnp.stack(tracker.outputs, axis=-3), mask)
+    return ContributionCapture(matrices, outputs, mask)
 
 
 # -- Flax linen ---------------------------------------------------------------------------------

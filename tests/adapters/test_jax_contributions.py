@@ -519,6 +519,18 @@ def test_unsupported_linen_structures_are_refused(model: nn.Module, match: str) 
     assert linen_attention.dot_product_attention_weights is ORIGINAL_WEIGHTS
 
 
+class Rematerialised(nn.Module):
+    @nn.compact
+    def __call__(self, x: Any) -> Any:
+        return nn.remat(PreBlock)()(x, None)
+
+
+def test_lifted_transforms_are_refused() -> None:
+    model, variables, x = linen_refused(Rematerialised())
+    with pytest.raises(ValueError, match=r"inside the model's own JAX transforms \(nn.remat"):
+        adapter.capture_linen(model, variables, x, contributions="alti")
+
+
 def test_no_residual_under_jit_gives_nan_not_numbers() -> None:
     model, variables, x = linen_refused(Wrapper(NoResidual))
     run = jax.jit(lambda v, x: adapter.capture_linen(model, v, x, contributions="alti"))
