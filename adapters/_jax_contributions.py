@@ -18,6 +18,11 @@ is recognised by how the model's own call runs, not by class names:
   input (the same array objects). The norm acts on each token alone, so it is inside
   :math:`f^h` and its parameters are not needed.
 
+A block that normalises only before its feed-forward network
+(:math:`h = x + \mathrm{Attn}(x)`, then :math:`h + \mathrm{FFN}(\mathrm{LN}(h))`) makes
+the same calls as a post-LN block and is read as one: its matrices describe
+:math:`\mathrm{LN}(h)`.
+
 These are checks of identity, done while the model is traced, so they hold under
 :func:`jax.jit`. The residual connection itself is an addition, which no module call
 shows: after the block returns, its output rebuilt from the decomposition is compared

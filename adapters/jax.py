@@ -473,7 +473,8 @@ def capture_linen(
         attention (the LayerNorm's output, else the inputs and outputs of the modules it
         called next or its return value): with concrete arrays a mismatch (no residual
         connection, a scaled one...) raises; under a JAX transformation the block's
-        matrix and rebuilt output become NaN instead. Not with `heads`.
+        matrix and rebuilt output become NaN instead. Blocks inside the model's own
+        lifted transforms (``nn.remat``, ``nn.scan``...) are refused. Not with `heads`.
     **kwargs
         Keyword arguments of ``module.apply`` (model keywords, ``rngs``, ``method``,
         ``mutable``).

@@ -413,8 +413,10 @@ def test_nnx_jit_equals_eager() -> None:
     def run(model: NNXEncoder, x: Any, mask: Any) -> Any:
         return adapter.capture_nnx(model, x, mask, contributions="alti")
 
-    _, jitted = run(model, x, mask)
+    outputs, jitted = run(model, x, mask)
     np.testing.assert_allclose(jitted.contributions, eager.contributions, rtol=1e-5, atol=1e-6)
+    plain = nnx.jit(lambda model, x, mask: model(x, mask))(model, x, mask)
+    np.testing.assert_array_equal(np.asarray(outputs), np.asarray(plain))
     assert_nnx_restored(model)
 
 
