@@ -158,7 +158,7 @@ def integrations(session: nox.Session) -> None:
 
 @nox.session(name="adapters-jax")
 def adapters_jax(session: nox.Session) -> None:
-    """The JAX/Flax adapter: linen and NNX models, under jax.jit, with gradients."""
+    """The JAX/Flax adapter: linen and NNX models, under jax.jit, with gradients and contributions."""
     session.install("jax", "flax")
     _install_group(session, "test")
     session.install(".")
@@ -167,9 +167,10 @@ def adapters_jax(session: nox.Session) -> None:
         "ATTNFLOW_TEST_BACKENDS": "jax",
         # A failed install must fail the session; nothing in these tests may skip.
         "ATTNFLOW_REQUIRE_MODULES": "jax,flax",
-        "ATTNFLOW_FORBID_SKIPS": "tests/adapters/test_jax.py",
+        "ATTNFLOW_FORBID_SKIPS": "tests/adapters/test_jax.py,tests/adapters/test_jax_contributions.py",
     }
-    session.run("pytest", "tests/adapters/test_jax.py", *session.posargs, env=env)
+    tests = ["tests/adapters/test_jax.py", "tests/adapters/test_jax_contributions.py"]
+    session.run("pytest", *tests, *session.posargs, env=env)
     session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.jax", env=env)
 
 

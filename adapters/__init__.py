@@ -12,7 +12,8 @@ so that ``import attnflow`` never imports a deep-learning framework:
   anything that calls ``torch.nn.functional.scaled_dot_product_attention``, and
   ``torch.nn.MultiheadAttention``.
 - ``attnflow.adapters.jax``: Flax linen ``MultiHeadDotProductAttention`` (also under
-  ``jax.jit``) and NNX ``MultiHeadAttention``, with gradients through perturbations.
+  ``jax.jit``) and NNX ``MultiHeadAttention``, with gradients through perturbations and
+  value-aware contributions (norm, GlobEnc, ALTI) of pre-LN and post-LN blocks.
 - ``attnflow.adapters.keras``: Keras 3 ``MultiHeadAttention`` layers on the TensorFlow,
   JAX and torch backends.
 """

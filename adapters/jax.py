@@ -29,6 +29,14 @@ JAX is functional, so the adapter is a set of functions that call the model and 
   call, acting on that instance only) and :func:`jax.grad` of the classifier's target
   score is taken with respect to it.
 
+* Value-aware contributions (``capture_linen(..., contributions="norm" | "globenc" |
+  "alti")``, the same for :func:`capture_nnx`): every module call of the model is
+  followed (linen: :func:`flax.linen.intercept_methods`; NNX: each module class's
+  ``__call__`` wrapped for the call, acting on the model's instances only), the
+  attention blocks are recognised by how their calls are wired, and each block's
+  ``n x n`` token-mixing matrix (:func:`attnflow.contributions`) is computed when it
+  returns; see ``attnflow.adapters._jax_contributions``.
+
 Everything is restored when the call returns, also when it raises. The patches are
 process-wide while a call runs: do not capture from several threads at once.
 """
@@ -40,7 +48,7 @@ import inspect
 import numbers
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
 import flax.linen as nn
 import jax
@@ -53,8 +61,11 @@ from flax.nnx.nn import dtypes as nnx_dtypes
 
 import attnflow
 
+from ._jax_contributions import BlockTracker, linen_tracking, nnx_tracking, read_linen, read_nnx
+
 __all__ = [
     "Capture",
+    "ContributionCapture",
     "capture_linen",
     "capture_nnx",
     "explain_linen",
@@ -66,6 +77,8 @@ __all__ = [
 ]
 
 HeadReduction = Literal["mean", "max", "min"]
+#: The value-aware token-mixing rules of attnflow.contributions.
+Contributions = Literal["norm", "globenc", "alti"]
 
 #: The Flax collection that holds attnflow's zero perturbations (linen).
 _PERTURBATIONS = "attnflow_perturbations"
@@ -93,6 +106,63 @@ class Capture(NamedTuple):
     attentions: jax.Array
     mask: jax.Array | None = None
     gradients: jax.Array | None = None
+
+    @property
+    def contributions(self) -> jax.Array:
+        """Not recorded: see :class:`ContributionCapture`."""
+        msg = (
+            '`contributions` needs capture_linen / capture_nnx(..., contributions="norm" | '
+            '"globenc" | "alti"); this capture recorded attention weights (read `attentions`).'
+        )
+        raise RuntimeError(msg)
+
+    @property
+    def outputs(self) -> jax.Array:
+        """Not recorded: see :class:`ContributionCapture`."""
+        msg = (
+            '`outputs` needs capture_linen / capture_nnx(..., contributions="norm" | '
+            '"globenc" | "alti"); this capture recorded attention weights (read `attentions`).'
+        )
+        raise RuntimeError(msg)
+
+
+class ContributionCapture(NamedTuple):
+    r"""Value-aware token-mixing matrices captured from one model call (a JAX pytree).
+
+    Returned by :func:`capture_linen` and :func:`capture_nnx` with ``contributions=``.
+    Each attention block :math:`y_i = \sum_j T_i(x_j) + b_i` (see
+    :func:`attnflow.attention_terms`) gives one matrix :math:`c_{ij}`, the share of input
+    token :math:`j` in output :math:`i` (:func:`attnflow.contributions`).
+
+    Attributes
+    ----------
+    contributions : jax.Array
+        ``(*batch, layers, n, n)``, rows = receiving token, one matrix per attention
+        block in the order the blocks ran. Roll them out with
+        ``attnflow.rollout(c, heads=None, residual=0.0, renormalize=True)`` (GlobEnc,
+        ALTI; ``residual=0.5`` for the norm-based matrix, which has no residual).
+    outputs : jax.Array
+        ``(*batch, layers, n, d)``: each block's output rebuilt from its decomposition,
+        :math:`\sum_j T_i(x_j) + b_i` (the LayerNorm output of a post-LN block, the
+        residual stream after the attention of a pre-LN one). Compare it with the
+        model's own block outputs to check the decomposition.
+    mask : jax.Array or None
+        ``(*batch, n)`` bool, True for real tokens, from the mask of the first attention
+        call, as for :class:`Capture`; None when the model passed no mask.
+    """
+
+    contributions: jax.Array
+    outputs: jax.Array
+    mask: jax.Array | None = None
+
+    @property
+    def attentions(self) -> jax.Array:
+        """Not recorded: the per-head weights are dropped with their layer."""
+        msg = (
+            "This capture recorded value-aware contributions, not attention weights: read "
+            "`contributions` (or call without contributions= for `attentions`)."
+        )
+        raise RuntimeError(msg)
 
 
 # -- shared helpers -----------------------------------------------------------------------------
@@ -162,6 +232,51 @@ def _patched(namespace: Any, name: str, replacement: object) -> Iterator[None]:
         yield
     finally:
         setattr(namespace, name, original)
+
+
+def _check_contributions(contributions: object, heads: object) -> None:
+    if contributions not in (None, "norm", "globenc", "alti"):
+        msg = (
+            '`contributions` must be None (capture attention weights), "norm" '
+            '(Kobayashi et al. 2020), "globenc" (Modarressi et al. 2022) or "alti" '
+            f"(Ferrando et al. 2022); got {contributions!r}."
+        )
+        raise ValueError(msg)
+    if contributions is not None and heads is not None:
+        msg = (
+            f"contributions={contributions!r} records one token-mixing matrix per layer, "
+            f"not attention weights: drop `heads` (got heads={heads!r})."
+        )
+        raise ValueError(msg)
+
+
+def _contribution_capture(tracker: BlockTracker, *, nnx: bool) -> ContributionCapture:
+    if not tracker.matrices:
+        raise _nothing_captured(nnx=nnx)
+    shapes = {tuple(m.shape) for m in tracker.matrices}
+    if len(shapes) > 1:
+        msg = (
+            f"The {len(tracker.matrices)} attention blocks have token-mixing matrices of "
+            f"different shapes {sorted(shapes)} and cannot be stacked into one "
+            "(*batch, layers, n, n) array: run a single forward pass of one attention stack."
+        )
+        raise ValueError(msg)
+    first = tracker.masks[0] if tracker.masks else None
+    try:
+        matrices = jnp.stack(tracker.matrices, axis=-3)
+        outputs = jnp.stack(tracker.outputs, axis=-3)
+    except jax.errors.UnexpectedTracerError:
+        transforms = "nnx.remat, nnx.scan, nnx.vmap" if nnx else "nn.remat, nn.scan, nn.vmap"
+        msg = (
+            "contributions= cannot follow attention blocks inside the model's own JAX "
+            f"transforms ({transforms}...): each block's matrix is computed while the block "
+            "runs and cannot leave the transform. Capture from the model built without "
+            "them (e.g. remat off; scanned layers unrolled), or capture the attention "
+            "weights instead."
+        )
+        raise ValueError(msg) from None
+    mask = _padding_mask(first, matrices[..., 0, None, :, :])
+    return ContributionCapture(matrices, outputs, mask)
 
 
 # -- Flax linen ---------------------------------------------------------------------------------
@@ -281,15 +396,40 @@ def _linen_weights(recorder: _LinenRecorder, state: dict[str, Any]) -> list[jax.
     return weights
 
 
+@overload
 def capture_linen(
     module: nn.Module,
     variables: Any,
     /,
     *args: Any,
     heads: HeadReduction | None = None,
+    contributions: None = None,
     **kwargs: Any,
-) -> tuple[Any, Capture]:
-    """Call a Flax linen model and capture its attention weights.
+) -> tuple[Any, Capture]: ...
+
+
+@overload
+def capture_linen(
+    module: nn.Module,
+    variables: Any,
+    /,
+    *args: Any,
+    heads: None = None,
+    contributions: Contributions,
+    **kwargs: Any,
+) -> tuple[Any, ContributionCapture]: ...
+
+
+def capture_linen(
+    module: nn.Module,
+    variables: Any,
+    /,
+    *args: Any,
+    heads: HeadReduction | None = None,
+    contributions: Contributions | None = None,
+    **kwargs: Any,
+) -> tuple[Any, Capture | ContributionCapture]:
+    r"""Call a Flax linen model and capture its attention weights.
 
     Runs ``module.apply(variables, *args, **kwargs)`` with every
     ``flax.linen.MultiHeadDotProductAttention`` call forced to ``sow_weights=True``
@@ -308,6 +448,33 @@ def capture_linen(
     heads : {"mean", "max", "min"} or None, default None
         Fuse the heads of each layer while capturing (:func:`attnflow.fuse_heads`);
         None keeps every head.
+    contributions : {"norm", "globenc", "alti"} or None, default None
+        Record value-aware token-mixing matrices instead of attention weights
+        (:func:`attnflow.contributions`; Kobayashi et al. 2020, Modarressi et al. 2022,
+        Ferrando et al. 2022) and return a :class:`ContributionCapture`. Every module
+        call is followed with :func:`flax.linen.intercept_methods`; the **block** of an
+        attention module is the module that calls it, and its first array argument
+        :math:`x` is the residual stream. Recognised, by the identity of the arrays
+        passed between the calls (so also under :func:`jax.jit`):
+
+        * post-LN, :math:`y = \mathrm{LN}(x + \mathrm{Attn}(x))`: the attention reads
+          :math:`x` itself; the LayerNorm is the first ``nn.LayerNorm`` the block calls
+          after the attention (none: :math:`y = x + \mathrm{Attn}(x)`), GlobEnc's second
+          LayerNorm the next one;
+        * pre-LN, :math:`y = x + \mathrm{Attn}(\mathrm{LN}(x))`: the attention reads
+          the output of an ``nn.LayerNorm`` or ``nn.RMSNorm`` the block called on
+          :math:`x`.
+
+        The attention must be a self-attention ``nn.MultiHeadDotProductAttention``
+        with the default attention function, without a KV cache, run deterministically
+        (no active dropout anywhere in the block). The value and output projections
+        are read from its ``value`` and ``out`` parameters. Each block's output rebuilt
+        from the decomposition is compared with what the block computed after its
+        attention (the LayerNorm's output, else the inputs and outputs of the modules it
+        called next or its return value): with concrete arrays a mismatch (no residual
+        connection, a scaled one...) raises; under a JAX transformation the block's
+        matrix and rebuilt output become NaN instead. Blocks inside the model's own
+        lifted transforms (``nn.remat``, ``nn.scan``...) are refused. Not with `heads`.
     **kwargs
         Keyword arguments of ``module.apply`` (model keywords, ``rngs``, ``method``,
         ``mutable``).
@@ -317,17 +484,21 @@ def capture_linen(
     outputs : Any
         What ``module.apply`` returns without attnflow; with a `mutable` keyword,
         ``(outputs, state)`` without attnflow's collections.
-    capture : Capture
+    capture : Capture or ContributionCapture
         ``attentions`` ``(*batch, layers, [heads,] n, n)`` in call order, ``mask``
         ``(*batch, n)`` bool (True = real token) derived from the ``mask`` of the first
-        attention call, or None; ``gradients`` is None.
+        attention call, or None; ``gradients`` is None. With `contributions`: a
+        :class:`ContributionCapture`, ``contributions`` ``(*batch, layers, n, n)``,
+        ``outputs`` ``(*batch, layers, n, d)`` and ``mask``.
 
     Raises
     ------
     RuntimeError
         If the call ran no attention that attnflow can see.
     ValueError
-        On a bad `heads`, or if the calls' weights have different shapes.
+        On a bad `heads` or `contributions`, or if the calls' weights have different
+        shapes. With `contributions`: (while the model runs) an attention block that
+        cannot be decomposed, named with what was expected, or active dropout.
 
     Notes
     -----
@@ -359,8 +530,33 @@ def capture_linen(
     Array([[ True,  True,  True, False]], dtype=bool)
     >>> attnflow.rollout(cap.attentions, rows=0, mask=cap.mask).shape
     (1, 4)
+
+    Value-aware contributions (ALTI) of a pre-LN encoder, rolled out with the residual
+    they already carry:
+
+    >>> class Block(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, x):
+    ...         return x + nn.MultiHeadDotProductAttention(num_heads=2)(nn.LayerNorm()(x))
+    >>> class PreLN(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, x):
+    ...         return Block()(Block()(x))
+    >>> x = jax.random.normal(jax.random.key(0), (1, 4, 8))
+    >>> variables = PreLN().init(jax.random.key(1), x)
+    >>> y, cap = capture_linen(PreLN(), variables, x, contributions="alti")
+    >>> cap.contributions.shape, cap.outputs.shape
+    ((1, 2, 4, 4), (1, 2, 4, 8))
+    >>> attnflow.rollout(cap.contributions, heads=None, residual=0.0, renormalize=True).shape
+    (1, 4, 4)
     """
     _check_heads(heads)
+    _check_contributions(contributions, heads)
+    if contributions is not None:
+        tracker = BlockTracker(contributions, *read_linen())
+        with _LOCK, linen_tracking(tracker):
+            result = module.apply(variables, *args, **kwargs)
+        return result, _contribution_capture(tracker, nnx=False)
     recorder = _LinenRecorder(perturb=False)
     outputs, state, user_mutable = _run_linen(
         recorder, module, variables, args, kwargs, ["intermediates"]
@@ -562,13 +758,36 @@ def _run_nnx(
     return outputs
 
 
+@overload
 def capture_nnx(
     model: nnx.Module,
     /,
     *args: Any,
     heads: HeadReduction | None = None,
+    contributions: None = None,
     **kwargs: Any,
-) -> tuple[Any, Capture]:
+) -> tuple[Any, Capture]: ...
+
+
+@overload
+def capture_nnx(
+    model: nnx.Module,
+    /,
+    *args: Any,
+    heads: None = None,
+    contributions: Contributions,
+    **kwargs: Any,
+) -> tuple[Any, ContributionCapture]: ...
+
+
+def capture_nnx(
+    model: nnx.Module,
+    /,
+    *args: Any,
+    heads: HeadReduction | None = None,
+    contributions: Contributions | None = None,
+    **kwargs: Any,
+) -> tuple[Any, Capture | ContributionCapture]:
     """Call a Flax NNX model and capture its attention weights.
 
     Runs ``model(*args, **kwargs)`` with the ``attention_fn`` of every
@@ -585,6 +804,15 @@ def capture_nnx(
         Positional arguments of the model call.
     heads : {"mean", "max", "min"} or None, default None
         Fuse the heads of each layer while capturing; None keeps every head.
+    contributions : {"norm", "globenc", "alti"} or None, default None
+        Record value-aware token-mixing matrices instead (a
+        :class:`ContributionCapture`), with the blocks recognised as for
+        :func:`capture_linen` (``nnx.MultiHeadAttention``, ``nnx.LayerNorm``,
+        ``nnx.RMSNorm``; the value and output projections are its ``value`` and
+        ``out``). The calls are followed by wrapping each module class's ``__call__``
+        for the duration (acting on the model's own instances only); each attention's
+        ``attention_fn`` is called unchanged and its weights are computed beside it, so
+        the outputs are those of an ordinary call. Not with `heads`.
     **kwargs
         Keyword arguments of the model call.
 
@@ -592,15 +820,20 @@ def capture_nnx(
     -------
     outputs : Any
         The model's outputs.
-    capture : Capture
+    capture : Capture or ContributionCapture
         ``attentions`` ``(*batch, layers, [heads,] n, n)`` in call order, ``mask``
         derived from the first attention call's mask (or None), ``gradients`` None.
+        With `contributions`: ``contributions`` ``(*batch, layers, n, n)``, ``outputs``
+        ``(*batch, layers, n, d)`` and ``mask``.
 
     Raises
     ------
     RuntimeError
         If the model has no ``nnx.MultiHeadAttention`` with the default attention
         function, or none of them ran.
+    ValueError
+        On a bad `heads` or `contributions`; with `contributions`, an attention block
+        that cannot be decomposed or active dropout.
 
     Examples
     --------
@@ -613,8 +846,29 @@ def capture_nnx(
     >>> y, cap = capture_nnx(mha, jnp.ones((1, 3, 4)))
     >>> cap.attentions.shape
     (1, 1, 2, 3, 3)
+
+    A post-LN block, GlobEnc:
+
+    >>> class Block(nnx.Module):
+    ...     def __init__(self, rngs):
+    ...         self.attention = nnx.MultiHeadAttention(
+    ...             num_heads=2, in_features=4, decode=False, rngs=rngs
+    ...         )
+    ...         self.norm = nnx.LayerNorm(4, rngs=rngs)
+    ...
+    ...     def __call__(self, x):
+    ...         return self.norm(x + self.attention(x))
+    >>> y, cap = capture_nnx(Block(nnx.Rngs(0)), jnp.ones((1, 3, 4)), contributions="globenc")
+    >>> cap.contributions.shape
+    (1, 1, 3, 3)
     """
     _check_heads(heads)
+    _check_contributions(contributions, heads)
+    if contributions is not None:
+        tracker = BlockTracker(contributions, *read_nnx())
+        with _LOCK, nnx_tracking(tracker, model):
+            result = model(*args, **kwargs)
+        return result, _contribution_capture(tracker, nnx=True)
     recorder = _NNXRecorder()
     outputs = _run_nnx(recorder, model, args, kwargs)
     weights = recorder.weights
@@ -697,9 +951,22 @@ def _explain(
     return function(cap.attentions, rows=rows, heads=None, **settings)  # type: ignore[no-any-return, unused-ignore]
 
 
-def _check_method(method: object, target: object) -> None:
-    if method not in ("rollout", "flow", "gradient_rollout"):
-        msg = f'`method` must be "rollout", "flow" or "gradient_rollout"; got {method!r}.'
+_METHODS = ("rollout", "flow", "gradient_rollout", "norm", "globenc", "alti")
+Method = Literal["rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"]
+
+
+def _check_method(method: object, target: object, heads: object = "mean") -> None:
+    if method not in _METHODS:
+        msg = (
+            '`method` must be "rollout", "flow", "gradient_rollout", "norm", "globenc" or '
+            f'"alti"; got {method!r}.'
+        )
+        raise ValueError(msg)
+    if method in ("norm", "globenc", "alti") and heads != "mean":
+        msg = (
+            f'method="{method}" rolls out one token-mixing matrix per layer (the heads are '
+            f"summed inside it): drop `heads` (got heads={heads!r})."
+        )
         raise ValueError(msg)
     if method != "gradient_rollout" and target is not None:
         msg = (
@@ -708,6 +975,22 @@ def _check_method(method: object, target: object) -> None:
         )
         raise ValueError(msg)
     _check_target_type(target)
+
+
+def _explain_contributions(
+    cap: ContributionCapture,
+    method: str,
+    rows: int | Sequence[int] | None,
+    options: Mapping[str, Any] | None,
+) -> jax.Array:
+    """Rollout over the renormalised value-aware matrices."""
+    # GlobEnc and ALTI carry the residual connection; the norm-based matrix has none, so
+    # it is mixed with the identity as attention is (the paper's 0.5).
+    settings = {"mask": cap.mask, "residual": 0.5 if method == "norm" else 0.0, **(options or {})}
+    result: jax.Array = attnflow.rollout(
+        cap.contributions, heads=None, rows=rows, renormalize=True, **settings
+    )
+    return result
 
 
 def _class_logit(target: Any) -> Callable[[Any], jax.Array]:
@@ -738,7 +1021,7 @@ def explain_linen(
     variables: Any,
     /,
     *args: Any,
-    method: Literal["rollout", "flow", "gradient_rollout"] = "rollout",
+    method: Method = "rollout",
     rows: int | Sequence[int] | None = 0,
     heads: HeadReduction = "mean",
     target: Any = None,
@@ -758,17 +1041,23 @@ def explain_linen(
         Its variables, as for ``module.apply``.
     *args
         The model's positional inputs.
-    method : {"rollout", "flow", "gradient_rollout"}, default "rollout"
+    method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"}, default "rollout"
         The attribution method. Flow runs on the host and cannot be traced.
         ``"gradient_rollout"`` (Chefer et al.'s GAE, :func:`attnflow.gradient_rollout`)
         differentiates the logit of the `target` class of each sample, summed over the
         batch, with respect to every layer's attention weights (:func:`gradients_linen`)
-        and pairs weights and gradients layer by layer; it is traceable.
+        and pairs weights and gradients layer by layer; it is traceable. ``"norm"``,
+        ``"globenc"`` and ``"alti"`` capture the value-aware token-mixing matrices
+        (``capture_linen(..., contributions=method)``) and roll them out:
+        ``attnflow.rollout(cap.contributions, heads=None, renormalize=True,
+        residual=0.0, mask=cap.mask)`` (``residual=0.5`` for ``"norm"``, whose matrix
+        has no residual); `options` may override ``residual`` and ``mask``.
     rows : int, sequence of int or None, default 0
         Output positions to explain.
     heads : {"mean", "max", "min"}, default "mean"
         Head fusion, applied while capturing (rollout and flow; gradient rollout needs
-        every head and ignores it).
+        every head and ignores it; the value-aware methods sum the heads inside their
+        matrix and refuse any other value).
     target : int, sequence of int, integer array or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained (the model returns
         ``(batch, classes)`` logits, or an output with ``.logits``); None for each
@@ -799,10 +1088,13 @@ def explain_linen(
     >>> explain_linen(Encoder(), variables, x, rows=0).shape
     (1, 5)
     """
-    _check_method(method, target)
+    _check_method(method, target, heads)
     if method == "gradient_rollout":
         _, cap = gradients_linen(module, variables, *args, target=_class_logit(target), **kwargs)
         return _explain_gradients(cap, rows, options)
+    if method in ("norm", "globenc", "alti"):
+        _, mixing = capture_linen(module, variables, *args, contributions=method, **kwargs)
+        return _explain_contributions(mixing, method, rows, options)
     _, cap = capture_linen(module, variables, *args, heads=heads, **kwargs)
     return _explain(cap, method, rows, options)
 
@@ -811,7 +1103,7 @@ def explain_nnx(
     model: nnx.Module,
     /,
     *args: Any,
-    method: Literal["rollout", "flow", "gradient_rollout"] = "rollout",
+    method: Method = "rollout",
     rows: int | Sequence[int] | None = 0,
     heads: HeadReduction = "mean",
     target: Any = None,
@@ -828,13 +1120,14 @@ def explain_nnx(
         The model.
     *args
         Its positional inputs.
-    method : {"rollout", "flow", "gradient_rollout"}, default "rollout"
-        The attribution method; ``"gradient_rollout"`` as for :func:`explain_linen`,
-        with :func:`gradients_nnx`.
+    method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"}, default "rollout"
+        The attribution method; ``"gradient_rollout"`` and the value-aware methods as
+        for :func:`explain_linen`, with :func:`gradients_nnx` and :func:`capture_nnx`.
     rows : int, sequence of int or None, default 0
         Output positions to explain.
     heads : {"mean", "max", "min"}, default "mean"
-        Head fusion, applied while capturing (rollout and flow only).
+        Head fusion, applied while capturing (rollout and flow only; the value-aware
+        methods refuse any other value).
     target : int, sequence of int, integer array or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained; None for each
         sample's predicted class.
@@ -860,10 +1153,13 @@ def explain_nnx(
     >>> explain_nnx(attention, x, method="flow", rows=[0, 1]).shape
     (1, 2, 5)
     """
-    _check_method(method, target)
+    _check_method(method, target, heads)
     if method == "gradient_rollout":
         _, cap = gradients_nnx(model, *args, target=_class_logit(target), **kwargs)
         return _explain_gradients(cap, rows, options)
+    if method in ("norm", "globenc", "alti"):
+        _, mixing = capture_nnx(model, *args, contributions=method, **kwargs)
+        return _explain_contributions(mixing, method, rows, options)
     _, cap = capture_nnx(model, *args, heads=heads, **kwargs)
     return _explain(cap, method, rows, options)
 
