@@ -644,6 +644,15 @@ class InteractiveView:
         return _write_page(self.to_html, path, overwrite=overwrite)
 
 
+def _with_fallback(view: InteractiveView, fallback: TokenView, *, page: bool) -> str:
+    """Render `view`, then `fallback` for readers without scripts (``<noscript>``)."""
+    body = f"{view._body(_unique_id())}\n<noscript>\n{fallback._body()}\n</noscript>"
+    css = _CSS + INTERACTIVE_CSS
+    if page:
+        return _page(view.title if view.title is not None else "attnflow tokens", css, body)
+    return f"<style>\n{css}</style>\n{body}"
+
+
 def _unique_id() -> str:
     """Return an element id that no other rendering on a page shares."""
     return f"attnflow-{uuid.uuid4().hex[:12]}"
