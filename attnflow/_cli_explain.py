@@ -35,9 +35,16 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
         "--row", type=int, default=0, help="the output position explained (default 0: [CLS])"
     )
     parser.add_argument(
-        "--layer", type=int, default=-1, help="the layer shown in the table (default: the last)"
+        "--layer",
+        type=int,
+        default=-1,
+        help="the layer shown in the table and first on the page (default: the last)",
     )
-    parser.add_argument("-o", "--output", help="write the HTML page here (.html)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        help="write the HTML page here (.html; the method and layer are picked in the page)",
+    )
     parser.add_argument(
         "--save", help="also write the explanation's data here (.npz, with its metadata as JSON)"
     )

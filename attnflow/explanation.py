@@ -4,7 +4,8 @@
 (:func:`attnflow.adapters.torch.explain_text`): the tokens of one input, the scores of
 each method at every layer for one output position, and the model's prediction. It shows
 itself in a terminal (:meth:`Explanation.show`), in a notebook (``_repr_html_``), as a
-standalone page (:meth:`Explanation.to_html`) and as a figure (:meth:`Explanation.plot`),
+standalone page (:meth:`Explanation.to_html`; with several methods or layers, picked in
+the page by :class:`attnflow.html.InteractiveView`) and as a figure (:meth:`Explanation.plot`),
 and it saves to one ``.npz`` file with its metadata as JSON inside (no pickle), read back
 with :meth:`Explanation.load`.
 """

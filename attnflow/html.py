@@ -1,10 +1,11 @@
-"""Token attributions as self-contained HTML: no plotting library, no script, no CDN.
+"""Token attributions as self-contained HTML: no plotting library, no CDN, no download.
 
 :class:`TokenView` colours each token of a sentence by its score (white to one hue, by
 value / largest value) and shows the value when the pointer rests on a token. Several
-rows (raw attention, rollout, flow) share one colour scale. A view displays itself in
-Jupyter-style notebooks (``_repr_html_``) and writes a standalone page with
-:meth:`TokenView.save`.
+rows (raw attention, rollout, flow) share one colour scale; the page has no script.
+:class:`InteractiveView` holds every method, layer, output row and head, with an inline
+script and controls to pick which one colours the tokens. Both display themselves in
+Jupyter-style notebooks (``_repr_html_``) and write a standalone page with ``save``.
 """
 
 from __future__ import annotations
