@@ -56,9 +56,17 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
         help="--image: the patches listed in the table, by the first method (default 8)",
     )
     parser.add_argument(
-        "--layer", type=int, default=-1, help="the layer shown in the table (default: the last)"
+        "--layer",
+        type=int,
+        default=-1,
+        help="the layer shown in the table and first on the page (default: the last)",
     )
-    parser.add_argument("-o", "--output", help="write the HTML page here (.html)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        help="write the HTML page here (.html; for a text the method and layer are picked in "
+        "the page)",
+    )
     parser.add_argument(
         "--save", help="also write the explanation's data here (.npz, with its metadata as JSON)"
     )

@@ -4,7 +4,8 @@
 (:func:`attnflow.adapters.torch.explain_text`): the tokens of one input, the scores of
 each method at every layer for one output position, and the model's prediction. It shows
 itself in a terminal (:meth:`Explanation.show`), in a notebook (``_repr_html_``), as a
-standalone page (:meth:`Explanation.to_html`) and as a figure (:meth:`Explanation.plot`),
+standalone page (:meth:`Explanation.to_html`; with several methods or layers, picked in
+the page by :class:`attnflow.html.InteractiveView`) and as a figure (:meth:`Explanation.plot`),
 and it saves to one ``.npz`` file with its metadata as JSON inside (no pickle), read back
 with :meth:`Explanation.load`.
 
@@ -211,10 +212,11 @@ class Explanation:
             return f"{index} ({self.labels[index]})"
         return str(index)
 
-    def _heading(self, layer: int) -> str:
-        shown = layer % self.n_layers + 1
+    def _heading(self, layer: int | None) -> str:
         token = self.tokens[self.row] if 0 <= self.row < len(self.tokens) else "?"
-        parts = [f"row {self.row} ({token}), layer {shown} of {self.n_layers}"]
+        parts = [f"row {self.row} ({token})"]
+        if layer is not None:
+            parts[0] += f", layer {layer % self.n_layers + 1} of {self.n_layers}"
         if self.predicted is not None:
             predicted = f"predicted {self._class(self.predicted)}"
             if self.probabilities is not None:
@@ -251,19 +253,55 @@ class Explanation:
             )
             print(token.ljust(width) + cells, file=out)
 
+    def _excluded(self, scale_special: bool) -> list[int]:
+        exclude = [] if scale_special else [int(i) for i in np.flatnonzero(self.special)]
+        return [] if len(exclude) == len(self.tokens) else exclude  # none left to scale by
+
     def _view(self, layer: int, *, scale_special: bool) -> Any:
         from .html import TokenView
 
-        exclude = [] if scale_special else [int(i) for i in np.flatnonzero(self.special)]
-        if len(exclude) == len(self.tokens):
-            exclude = []  # nothing would be left to scale by
         return TokenView(
-            self.at_layer(layer), self.tokens, title=self._heading(layer), scale_exclude=exclude
+            self.at_layer(layer),
+            self.tokens,
+            title=self._heading(layer),
+            scale_exclude=self._excluded(scale_special),
         )
 
+    def _interactive(self, layer: int, *, scale_special: bool) -> Any:
+        """Build an interactive view of every method and layer (None: one of each)."""
+        from .html import InteractiveView
+
+        if len(self.scores) == 1 and self.n_layers == 1:
+            return None
+        if not -self.n_layers <= layer < self.n_layers:
+            msg = f"`layer` must index the {self.n_layers} layers; got {layer}."
+            raise IndexError(msg)
+        rows = [self.row] if self.row is not None and 0 <= self.row < len(self.tokens) else None
+        return InteractiveView(
+            self.scores,
+            self.tokens,
+            rows=rows,
+            title=self._heading(None),
+            scale_exclude=self._excluded(scale_special),
+            layer=layer,
+        )
+
+    def _render(self, layer: int, *, scale_special: bool, page: bool) -> str:
+        """Render the interactive view (given a choice) and the static table of `layer`.
+
+        The static table of every method at `layer` is what readers without scripts see.
+        """
+        static = self._view(layer, scale_special=scale_special)
+        interactive = self._interactive(layer, scale_special=scale_special)
+        if interactive is None:
+            return str(static.to_html() if page else static._repr_html_())
+        from .html import _with_fallback
+
+        return _with_fallback(interactive, static, page=page)
+
     def _repr_html_(self) -> str:
-        """HTML for notebooks: the last layer, special tokens out of the colour scale."""
-        return str(self._view(-1, scale_special=False)._repr_html_())
+        """HTML for notebooks: every method and layer, special tokens out of the scale."""
+        return self._render(-1, scale_special=False, page=False)
 
     def to_html(
         self,
@@ -273,15 +311,19 @@ class Explanation:
         scale_special: bool = False,
         overwrite: bool = False,
     ) -> str:
-        """Return a standalone HTML page of one layer; with `path`, also write it there.
+        """Return a standalone HTML page; with `path`, also write it there.
 
-        The file is written atomically and never replaces an existing one unless
+        With several methods or layers the page picks them interactively (starting at
+        `layer`), above the static table of every method at `layer` for readers without
+        scripts. The file is written atomically and never replaces an existing one unless
         `overwrite`.
         """
-        view = self._view(layer, scale_special=scale_special)
+        from .html import _write_page
+
+        text = self._render(layer, scale_special=scale_special, page=True)
         if path is not None:
-            view.save(path, overwrite=overwrite)
-        return str(view.to_html())
+            _write_page(lambda: text, path, overwrite=overwrite)
+        return text
 
     def plot(
         self,

@@ -1,27 +1,32 @@
-"""Token attributions as self-contained HTML: no plotting library, no script, no CDN.
+"""Token attributions as self-contained HTML: no plotting library, no CDN, no download.
 
 :class:`TokenView` colours each token of a sentence by its score (white to one hue, by
 value / largest value) and shows the value when the pointer rests on a token. Several
-rows (raw attention, rollout, flow) share one colour scale. A view displays itself in
-Jupyter-style notebooks (``_repr_html_``) and writes a standalone page with
-:meth:`TokenView.save`.
+rows (raw attention, rollout, flow) share one colour scale; the page has no script.
+:class:`InteractiveView` holds every method, layer, output row and head, with an inline
+script and controls to pick which one colours the tokens. Both display themselves in
+Jupyter-style notebooks (``_repr_html_``) and write a standalone page with ``save``.
 """
 
 from __future__ import annotations
 
 import html
+import json
+import math
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ._html_script import INTERACTIVE_CSS, INTERACTIVE_JS
 from .plot import FloatArray, _as_numpy, _check_finite, _check_tokens
 
-__all__ = ["TokenView"]
+__all__ = ["InteractiveView", "TokenView"]
 
 _HEX_COLOUR = re.compile(r"^#[0-9a-fA-F]{6}$")
 
@@ -247,20 +252,8 @@ class TokenView:
             A complete UTF-8 HTML page with an inline style sheet and no external
             resources.
         """
-        page_title = html.escape(self.title if self.title is not None else "attnflow tokens")
-        return (
-            "<!DOCTYPE html>\n"
-            '<html lang="en">\n'
-            "<head>\n"
-            '<meta charset="utf-8">\n'
-            f"<title>{page_title}</title>\n"
-            f"<style>\n{_CSS}</style>\n"
-            "</head>\n"
-            "<body>\n"
-            f"{self._body()}\n"
-            "</body>\n"
-            "</html>\n"
-        )
+        title = self.title if self.title is not None else "attnflow tokens"
+        return _page(title, _CSS, self._body())
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
         """Write :meth:`to_html` to `path` atomically.
@@ -286,27 +279,487 @@ class TokenView:
         FileExistsError
             If `path` exists and `overwrite` is False.
         """
-        target = Path(path)
-        if not overwrite and target.exists():
-            msg = f"{str(target)!r} exists; pass `overwrite=True` to replace it."
-            raise FileExistsError(msg)
-        descriptor, temporary = tempfile.mkstemp(
-            dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
+        return _write_page(self.to_html, path, overwrite=overwrite)
+
+
+class InteractiveView:
+    """Tokens coloured by one choice of method, layer, output row and head, picked in the page.
+
+    The page holds every score (as JSON) and a small inline script: a menu picks the
+    method, a slider the layer, a menu (or a click, or Enter on a focused token) the output
+    row explained, and a slider the attention head for per-head scores. The tokens are then
+    coloured as in :class:`TokenView`: white (0) to `color` (the largest score shown,
+    stated under the tokens), the exact value in a tooltip and in each token's ``title``.
+    The page loads nothing and works offline; without a script it shows the initial choice.
+
+    Parameters
+    ----------
+    scores : mapping of str to array, or array
+        Per method, the scores of one or several output rows at every layer:
+        ``(layers, rows, n)`` (e.g. ``attnflow.rollout(w, layers="all")`` for full maps),
+        ``(layers, n)`` (one row), ``(n,)`` (one row, one layer), or per head
+        ``(layers, heads, rows, n)``. Methods may have different numbers of layers or heads
+        (the slider is clamped to each), but share the rows. An array alone is one method,
+        ``"scores"``. Any supported array library.
+    tokens : sequence of str
+        The ``n`` token labels.
+    rows : int or sequence of int, optional
+        The token positions of the rows axis. By default ``0, ..., n - 1`` when the axis
+        has ``n`` rows, and none (an unnamed row) when it has one.
+    title : str, optional
+        A heading above the controls (and the page title of :meth:`to_html`).
+    color : str, default "#c0392b"
+        The hue of the largest score, as ``'#rrggbb'``.
+    precision : int, default 4
+        Significant digits of the values shown (1 to 17).
+    scale_exclude : sequence of int, optional
+        Token positions left out of the colour scale, as in :class:`TokenView` (special
+        tokens such as ``[CLS]`` and ``[SEP]``).
+    method : str, optional
+        The method shown first (default: the first).
+    layer : int, default -1
+        The layer shown first (default: the last; clamped to each method's layers).
+    row : int, optional
+        The token position of the row shown first (default: the first of `rows`).
+    head : int, default 0
+        The head shown first, for per-head scores.
+
+    Attributes
+    ----------
+    scores : dict of str to ndarray
+        The scores as float64 NumPy arrays ``(layers, heads, rows, n)`` (one head for
+        scores not given per head).
+    heads : dict of str to int or None
+        The number of heads of each method, None where the scores are not per head.
+    rows : tuple of int or None
+        The token positions of the rows axis, None for one unnamed row.
+    tokens : tuple of str
+        The token labels.
+    title : str or None
+        The heading.
+
+    Raises
+    ------
+    ValueError
+        If scores are not finite, have the wrong number of dimensions or of tokens, the
+        methods do not share their rows, `rows` does not match them, an initial choice is
+        out of range, or `color` or `precision` is invalid.
+    TypeError
+        If `tokens` is not a sequence of strings or a position is not an int.
+
+    See Also
+    --------
+    TokenView : One static strip per row, no script.
+
+    Notes
+    -----
+    Every score is embedded in the page, ``layers x heads x rows x n`` numbers per method:
+    a 12-layer, 12-head model on 128 tokens makes a page of tens of megabytes. Pass the rows
+    of interest (``attnflow.rollout(w, rows=[0, 5], layers="all")`` with ``rows=[0, 5]``)
+    or fuse the heads for long inputs.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> from attnflow.html import InteractiveView
+    >>> rng = np.random.default_rng(0)
+    >>> w = rng.random((4, 2, 5, 5))
+    >>> w /= w.sum(-1, keepdims=True)  # (layers, heads, n, n)
+    >>> tokens = ["[CLS]", "the", "<cat>", "sat", "[SEP]"]
+    >>> view = InteractiveView(
+    ...     {"rollout": attnflow.rollout(w, layers="all"), "raw": w},
+    ...     tokens,
+    ...     scale_exclude=[0, 4],
+    ... )
+    >>> view
+    InteractiveView(methods=['rollout', 'raw'], layers=4, heads=2, rows=5, tokens=5)
+    >>> page = view.to_html()
+    >>> "&lt;cat&gt;" in page and "<cat>" not in page
+    True
+    >>> path = view.save("explore.html")  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        scores: Any,
+        tokens: Sequence[str],
+        *,
+        rows: int | Sequence[int] | None = None,
+        title: str | None = None,
+        color: str = "#c0392b",
+        precision: int = 4,
+        scale_exclude: Sequence[int] = (),
+        method: str | None = None,
+        layer: int = -1,
+        row: int | None = None,
+        head: int = 0,
+    ) -> None:
+        named = (
+            [(str(key), value) for key, value in scores.items()]
+            if isinstance(scores, Mapping)
+            else [("scores", scores)]
         )
-        try:
-            with os.fdopen(descriptor, "w", encoding="utf-8", newline="\n") as stream:
-                stream.write(self.to_html())
-                stream.flush()
-                os.fsync(stream.fileno())
-            Path(temporary).chmod(0o644)  # mkstemp makes it private; a page is for reading
-            if overwrite:
-                Path(temporary).replace(target)
-            else:
-                _move_without_overwrite(temporary, target)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        return target
+        if not named:
+            msg = "`scores` is an empty mapping; pass at least one method's scores."
+            raise ValueError(msg)
+        self.scores: dict[str, FloatArray] = {}
+        self.heads: dict[str, int | None] = {}
+        for key, value in named:
+            name = "scores" if not isinstance(scores, Mapping) else f"scores[{key!r}]"
+            array = _as_numpy(value, name)
+            if not 1 <= array.ndim <= 4 or 0 in array.shape:
+                msg = (
+                    f"`{name}` must have shape (n,), (layers, n), (layers, rows, n) or "
+                    f"(layers, heads, rows, n); got shape {array.shape}."
+                )
+                raise ValueError(msg)
+            _check_finite(array, name)
+            self.heads[key] = int(array.shape[1]) if array.ndim == 4 else None
+            while array.ndim < 3:
+                array = array[None] if array.ndim == 1 else array[:, None]
+            self.scores[key] = array[:, None] if array.ndim == 3 else array
+        first = next(iter(self.scores.values()))
+        n, n_rows = int(first.shape[-1]), int(first.shape[-2])
+        for key, array in self.scores.items():
+            if array.shape[-2:] != (n_rows, n):
+                msg = (
+                    f"every method must score the same {n_rows} row(s) of {n} tokens; "
+                    f"{key!r} has {array.shape[-2]} row(s) of {array.shape[-1]}."
+                )
+                raise ValueError(msg)
+        self.tokens = tuple(_check_tokens(tokens, n, "scores"))
+        self.rows = _row_positions(rows, n_rows, n)
+        self.title = title
+        self._rgb = _parse_colour(color)
+        digits: object = precision
+        if isinstance(digits, bool) or not isinstance(digits, int) or not 1 <= digits <= 17:
+            msg = f"`precision` must be an int from 1 to 17; got {precision!r}."
+            raise ValueError(msg)
+        self._precision = precision
+        self._in_scale = np.ones(n, dtype=bool)
+        self._in_scale[_positions(scale_exclude, n, "scale_exclude")] = False
+        self._initial = self._initial_choice(method, layer, row, head)
+
+    def _initial_choice(
+        self, method: str | None, layer: int, row: int | None, head: int
+    ) -> dict[str, int]:
+        names = list(self.scores)
+        if method is None:
+            method = names[0]
+        if method not in self.scores:
+            msg = f"`method` must be one of {names}; got {method!r}."
+            raise ValueError(msg)
+        layers = max(int(array.shape[0]) for array in self.scores.values())
+        heads = max(int(array.shape[1]) for array in self.scores.values())
+        checked = {}
+        for name, value, size in (("layer", layer, layers), ("head", head, heads)):
+            given: object = value
+            if isinstance(given, bool) or not isinstance(given, int | np.integer):
+                msg = f"`{name}` must be an int; got {value!r}."
+                raise TypeError(msg)
+            if not -size <= int(given) < size:
+                msg = f"`{name}` must index the {size} {name}s; got {int(given)}."
+                raise ValueError(msg)
+            checked[name] = int(given) % size
+        index = 0
+        if row is not None:
+            if self.rows is None or row not in self.rows:
+                msg = f"`row` must be one of the rows' positions {self.rows}; got {row!r}."
+                raise ValueError(msg)
+            index = self.rows.index(row)
+        return {"method": names.index(method), "row": index, **checked}
+
+    def __repr__(self) -> str:
+        layers = max(int(array.shape[0]) for array in self.scores.values())
+        heads = [count for count in self.heads.values() if count is not None]
+        described = f", heads={max(heads)}" if heads else ""
+        n_rows = next(iter(self.scores.values())).shape[-2]
+        return (
+            f"{type(self).__name__}(methods={list(self.scores)!r}, layers={layers}"
+            f"{described}, rows={n_rows}, tokens={len(self.tokens)})"
+        )
+
+    # -- rendering -------------------------------------------------------------------------
+
+    def _data(self) -> dict[str, Any]:
+        """Everything the script needs, as JSON-serialisable values."""
+        return {
+            "tokens": list(self.tokens),
+            "rows": None if self.rows is None else list(self.rows),
+            "inScale": self._in_scale.tolist(),
+            "rgb": list(self._rgb),
+            "precision": self._precision,
+            "initial": self._initial,
+            "methods": [
+                {
+                    "name": name,
+                    "layers": int(array.shape[0]),
+                    "heads": self.heads[name] or 0,
+                    "values": array.tolist(),
+                }
+                for name, array in self.scores.items()
+            ],
+        }
+
+    def _body(self, uid: str) -> str:
+        """Render the view's markup in its initial state, its data and its script."""
+        choice = self._initial
+        name = list(self.scores)[choice["method"]]
+        array = self.scores[name]
+        layers, heads = int(array.shape[0]), self.heads[name]
+        layer = min(choice["layer"], layers - 1)
+        head = min(choice["head"], heads - 1) if heads else 0
+        values = array[layer, head, choice["row"]]
+        top = max(0.0, float(values[self._in_scale].max(initial=0.0)))
+        position = -1 if self.rows is None else self.rows[choice["row"]]
+        rows_at = {} if self.rows is None else {p: i for i, p in enumerate(self.rows)}
+
+        def option(value: int, label: str, chosen: bool) -> str:
+            selected = " selected" if chosen else ""
+            return f'<option value="{value}"{selected}>{html.escape(label)}</option>'
+
+        methods = "".join(
+            option(i, key, i == choice["method"]) for i, key in enumerate(self.scores)
+        )
+        row_options = "".join(
+            option(i, f"{p}: {self.tokens[p]}", i == choice["row"])
+            for i, p in enumerate(self.rows or ())
+        )
+        hide_method = " hidden" if len(self.scores) == 1 else ""
+        hide_row = " hidden" if self.rows is None or len(self.rows) == 1 else ""
+        hide_head = "" if heads else " hidden"
+        max_heads = max(count or 1 for count in self.heads.values())
+        layer_text = f"{layer + 1} of {layers}"
+        head_text = f"{head + 1} of {heads}" if heads else ""
+        disabled = " disabled" if layers == 1 else ""
+        lines = [f'<div class="attnflow-view attnflow-interactive" id="{uid}">']
+        if self.title is not None:
+            lines.append(f'<div class="attnflow-title">{html.escape(self.title)}</div>')
+        lines += [
+            '<div class="attnflow-controls">',
+            (
+                f'<label{hide_method}>method <select data-control="method">{methods}</select>'
+                "</label>"
+            ),
+            (
+                f'<label>layer <input type="range" data-control="layer" min="1" max="{layers}" '
+                f'step="1" value="{layer + 1}" aria-valuetext="layer {layer_text}"{disabled}>'
+                f'<output data-output="layer">{layer_text}</output></label>'
+            ),
+            f'<label{hide_row}>row <select data-control="row">{row_options}</select></label>',
+            (
+                f'<label data-control="head-label"{hide_head}>head <input type="range" '
+                f'data-control="head" min="1" max="{heads or max_heads}" step="1" '
+                f'value="{head + 1}" aria-valuetext="head {head_text}">'
+                f'<output data-output="head">{head_text}</output></label>'
+            ),
+            "</div>",
+        ]
+        spans = []
+        for i, (token, value) in enumerate(zip(self.tokens, values, strict=True)):
+            shown = f"{float(value):.{self._precision}g}"
+            background, text = _token_style(float(value), top, self._rgb)
+            escaped = html.escape(token, quote=True)
+            extra = ""
+            if i in rows_at and self.rows is not None and len(self.rows) > 1:
+                extra = f' data-row="{rows_at[i]}" tabindex="0" role="button"'
+            if i == position:
+                extra += ' aria-current="true"'
+            current = " attnflow-current" if i == position else ""
+            spans.append(
+                f'<span class="attnflow-tok{current}" style="background-color: {background}; '
+                f'color: {text}" title="{escaped}: {shown}" data-value="{shown}"{extra}>'
+                f"{escaped}</span>"
+            )
+        lines.append(f'<div class="attnflow-row"><span>{"".join(spans)}</span></div>')
+        full, _ = _token_style(top, top, self._rgb)
+        excluded = int((~self._in_scale).sum())
+        note = (
+            f" ({excluded} token{'s' if excluded > 1 else ''} left out of the scale)"
+            if excluded
+            else ""
+        )
+        status = [name, f"layer {layer_text}"]
+        if position >= 0:
+            status.append(f"row {position} ({self.tokens[position]})")
+        if heads:
+            status.append(f"head {head_text}")
+        lines += [
+            (
+                '<div class="attnflow-scale">0<span class="attnflow-bar" data-output="bar" '
+                f'style="background: linear-gradient(to right, rgb(255, 255, 255), {full})">'
+                f'</span><span data-output="max">{top:.{self._precision}g}</span>{note}</div>'
+            ),
+            (
+                '<div class="attnflow-status" aria-live="polite" data-output="status">'
+                f"{html.escape(', '.join(status))}</div>"
+            ),
+            "</div>",
+            (
+                f'<script type="application/json" id="{uid}-data">{_script_json(self._data())}'
+                "</script>"
+            ),
+            f'<script>\n{INTERACTIVE_JS}("{uid}");\n</script>',
+        ]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        """HTML fragment for notebooks, with element ids unique to this rendering."""
+        return f"<style>\n{_CSS}{INTERACTIVE_CSS}</style>\n{self._body(_unique_id())}"
+
+    def to_html(self) -> str:
+        """Return a standalone HTML document of the view (inline style and script).
+
+        Returns
+        -------
+        str
+            A complete UTF-8 HTML page with no external resources.
+        """
+        return _page(
+            self.title if self.title is not None else "attnflow tokens",
+            _CSS + INTERACTIVE_CSS,
+            self._body(_unique_id()),
+        )
+
+    def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+        """Write :meth:`to_html` to `path` atomically, as :meth:`TokenView.save` does.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Where to write the page (conventionally ``*.html``).
+        overwrite : bool, default False
+            Replace an existing file. Without it an existing `path` is left untouched.
+
+        Returns
+        -------
+        pathlib.Path
+            The path written.
+
+        Raises
+        ------
+        FileExistsError
+            If `path` exists and `overwrite` is False.
+        """
+        return _write_page(self.to_html, path, overwrite=overwrite)
+
+
+def _with_fallback(view: InteractiveView, fallback: TokenView, *, page: bool) -> str:
+    """Render `view`, then `fallback` for readers without scripts (``<noscript>``)."""
+    body = f"{view._body(_unique_id())}\n<noscript>\n{fallback._body()}\n</noscript>"
+    css = _CSS + INTERACTIVE_CSS
+    if page:
+        return _page(view.title if view.title is not None else "attnflow tokens", css, body)
+    return f"<style>\n{css}</style>\n{body}"
+
+
+def _unique_id() -> str:
+    """Return an element id that no other rendering on a page shares."""
+    return f"attnflow-{uuid.uuid4().hex[:12]}"
+
+
+def _script_json(data: Any) -> str:
+    """Encode `data` as JSON safe inside ``<script>`` (no ``<``, ``>`` or ``&`` left)."""
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    for character, escaped in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
+        text = text.replace(character, escaped)
+    return text
+
+
+def _token_style(value: float, top: float, rgb: tuple[int, int, int]) -> tuple[str, str]:
+    """CSS background and text colours of a score, as the page's script computes them."""
+    strength = min(1.0, max(0.0, value / top)) if top > 0 else 0.0
+    red, green, blue = (math.floor(255 + (c - 255) * strength + 0.5) for c in rgb)
+    dark = 0.299 * red + 0.587 * green + 0.114 * blue < 140
+    return f"rgb({red}, {green}, {blue})", "#fff" if dark else "#222"
+
+
+def _positions(given: object, n: int, name: str) -> list[int]:
+    """Token positions in ``[-n, n)`` as non-negative ints."""
+    if isinstance(given, str | bytes) or not isinstance(given, Sequence):
+        msg = f"`{name}` must be a sequence of token positions; got {given!r}."
+        raise TypeError(msg)
+    positions = []
+    for position in given:
+        if isinstance(position, bool) or not isinstance(position, int | np.integer):
+            msg = f"`{name}` must hold token positions (int); got {position!r}."
+            raise TypeError(msg)
+        if not -n <= int(position) < n:
+            msg = f"`{name}` must index the {n} tokens; got {int(position)}."
+            raise IndexError(msg)
+        positions.append(int(position) % n)
+    return positions
+
+
+def _row_positions(rows: object, n_rows: int, n: int) -> tuple[int, ...] | None:
+    """Return the token positions of the rows axis (None: one unnamed row)."""
+    if rows is None:
+        if n_rows == n:
+            return tuple(range(n))
+        if n_rows == 1:
+            return None
+        msg = (
+            f"the scores have {n_rows} rows of {n} tokens; pass `rows`, the token position "
+            "of each row."
+        )
+        raise ValueError(msg)
+    listed = [rows] if isinstance(rows, int | np.integer) else rows
+    positions = _positions(listed, n, "rows")
+    if len(positions) != n_rows:
+        msg = f"`rows` must give one position per row of the scores ({n_rows}); got {rows!r}."
+        raise ValueError(msg)
+    return tuple(positions)
+
+
+def _page(title: str, css: str, body: str) -> str:
+    """Return a standalone HTML document around `body`."""
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n'
+        "<head>\n"
+        '<meta charset="utf-8">\n'
+        f"<title>{html.escape(title)}</title>\n"
+        f"<style>\n{css}</style>\n"
+        "</head>\n"
+        "<body>\n"
+        f"{body}\n"
+        "</body>\n"
+        "</html>\n"
+    )
+
+
+def _write_page(
+    render: Callable[[], str], path: str | os.PathLike[str], *, overwrite: bool
+) -> Path:
+    """Write ``render()`` to `path` atomically (mode 0o644), refusing an existing file."""
+    target = Path(path)
+    if not overwrite and target.exists():
+        msg = f"{str(target)!r} exists; pass `overwrite=True` to replace it."
+        raise FileExistsError(msg)
+    descriptor, temporary = tempfile.mkstemp(
+        dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
+    )
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8", newline="\n") as stream:
+            stream.write(render())
+            stream.flush()
+            os.fsync(stream.fileno())
+        Path(temporary).chmod(0o644)  # mkstemp makes it private; a page is for reading
+        if overwrite:
+            Path(temporary).replace(target)
+        else:
+            _move_without_overwrite(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return target
 
 
 def _move_without_overwrite(source: str, target: Path) -> None:

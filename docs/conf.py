@@ -95,9 +95,10 @@ html_theme_options = {
 html_sidebars = {"**": []}
 html_show_sourcelink = True
 html_static_path: list[str] = []
-# The methods of attnflow.html.TokenView are shown in its class example.
+# The methods of attnflow.html.TokenView and InteractiveView are shown in their examples.
 numpydoc_validation_exclude = {
     r"\.TokenView\.\w+$",
+    r"\.InteractiveView\.\w+$",
     r"\.Explanation\.\w+$",  # methods documented in one line each, as TokenView's
     # A NamedTuple: its fields and tuple methods (count, index) carry generated docstrings.
     r"\.EncoderDecoderAttribution\.\w+$",

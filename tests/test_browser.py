@@ -1,8 +1,10 @@
-"""The HTML token view as a person sees it: rendered by headless Chromium (Debian's)."""
+"""The HTML token views as a person sees them: rendered by headless Chromium (Debian's)."""
 
 from __future__ import annotations
 
+import base64
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from backends import selected_variants
+from devtools import Browser
 
 import attnflow
 from attnflow._sample import load_sample
-from attnflow.html import TokenView
+from attnflow.html import InteractiveView, TokenView, _token_style
 
 FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -64,3 +67,94 @@ def test_token_view_renders_in_headless_chromium(tmp_path: Path) -> None:
     # Something is drawn in colour: the highest-scoring token's background is not white.
     coloured = (np.abs(image[..., 0] - image[..., 1]) > 0.2).sum()
     assert coloured > 100
+
+
+# What the browser shows of every token after each input: value, tooltip, computed
+# background and whether it is the explained row; and the view's stated scale and choice.
+SNAPSHOT = """(function () {
+  var root = document.querySelector(".attnflow-interactive"), shown = {values: [],
+    titles: [], colours: [], current: [],
+    status: root.querySelector('[data-output="status"]').textContent,
+    max: root.querySelector('[data-output="max"]').textContent,
+    headHidden: root.querySelector('[data-control="head-label"]').hidden};
+  root.querySelectorAll(".attnflow-tok").forEach(function (span) {
+    shown.values.push(span.getAttribute("data-value"));
+    shown.titles.push(span.title);
+    shown.colours.push(getComputedStyle(span).backgroundColor);
+    shown.current.push(span.getAttribute("aria-current") === "true");
+  });
+  return shown;
+})()"""
+
+
+def test_interactive_view_follows_its_controls_in_headless_chromium(tmp_path: Path) -> None:
+    if "numpy" not in {v.library for v in selected_variants()}:
+        pytest.skip("rendered once per matrix run, in the numpy session")
+    chromium = _chromium()
+    sample = load_sample()
+    real = np.flatnonzero(sample.mask[0])
+    tokens = [sample.tokens[0][i] for i in real]
+    tokens[1] = "</script><b>x</b>"  # must stay text, and not end the page's scripts
+    weights = sample.attentions[0][..., real, :][..., real]  # (layers, heads, n, n)
+    layers, heads, n = weights.shape[0], weights.shape[1], len(tokens)
+    view = InteractiveView(
+        {"rollout": attnflow.rollout(weights, layers="all"), "raw": weights},
+        tokens,
+        scale_exclude=[0, n - 1],
+    )
+    page = view.save(tmp_path / "view.html")
+    first = page.read_text(encoding="utf-8")  # as drawn before the script runs
+
+    def focus(control: str) -> None:
+        browser.evaluate(f"document.querySelector('[data-control=\"{control}\"]').focus()")
+
+    # Each step is a person's input (keys on the focused control, a mouse click), then
+    # the (method, layer, head, row) it must lead to.
+    steps = [
+        (lambda: None, ("rollout", layers - 1, 0, 0)),
+        (lambda: (focus("method"), browser.press("ArrowDown")), ("raw", layers - 1, 0, 0)),
+        (lambda: (focus("head"), browser.press("ArrowRight", 2)), ("raw", layers - 1, 2, 0)),
+        (lambda: (focus("layer"), browser.press("ArrowLeft", layers - 2)), ("raw", 1, 2, 0)),
+        (lambda: (focus("row"), browser.press("ArrowDown", 3)), ("raw", 1, 2, 3)),
+        (lambda: browser.click(".attnflow-tok", 2), ("raw", 1, 2, 2)),
+        # From the head slider, Tab walks the tokens; Enter explains the focused one.
+        (
+            lambda: (focus("head"), browser.press("Tab", 6), browser.press("Enter")),
+            ("raw", 1, 2, 5),
+        ),
+        (lambda: browser.press("Tab"), ("raw", 1, 2, 5)),  # focus moves, nothing else
+        (lambda: browser.press(" "), ("raw", 1, 2, 6)),
+        (lambda: (focus("method"), browser.press("ArrowUp")), ("rollout", 1, 0, 6)),
+    ]
+    browser = Browser(chromium, FLAGS, page.as_uri(), tmp_path / "profile")
+    try:
+        # The view's script marks it ready once it has wired the controls and drawn.
+        browser.wait_for("document.querySelector('[data-ready=\"1\"]') !== null")
+        in_scale = np.ones(n, dtype=bool)
+        in_scale[[0, -1]] = False
+        for index, (act, (method, layer, head, row)) in enumerate(steps):
+            act()
+            step = browser.evaluate(SNAPSHOT)
+            where = f"{method}, layer {layer + 1} of {layers}, row {row} ({tokens[row]})"
+            if method == "raw":
+                where += f", head {head + 1} of {heads}"
+            assert step["status"] == where, index
+            values = view.scores[method][layer, head, row]
+            top = max(0.0, float(values[in_scale].max()))
+            shown = [f"{float(v):.4g}" for v in values]
+            assert step["values"] == shown, index
+            assert step["titles"] == [f"{t}: {s}" for t, s in zip(tokens, shown, strict=True)]
+            colours = [_token_style(float(v), top, (192, 57, 43))[0] for v in values]
+            assert step["colours"] == colours, index
+            assert step["current"] == [i == row for i in range(n)], index
+            assert step["max"] == f"{top:.4g}"
+            assert step["headHidden"] == (method == "rollout")
+            if index == 0:  # the script redraws exactly what the page drew without it
+                assert re.findall(r'data-value="([^"]*)"', first) == step["values"]
+                colours = re.findall(r"background-color: (rgb\([^)]*\))", first)
+                assert colours == step["colours"]
+        assert browser.evaluate("document.activeElement.tagName") == "SELECT"
+        shot = browser.call("Page.captureScreenshot", format="png")["data"]
+        assert base64.b64decode(shot)[:4] == b"\x89PNG"
+    finally:
+        browser.close()

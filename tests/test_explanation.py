@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +127,39 @@ def test_scale_exclude_is_checked() -> None:
         TokenView(np.ones(5), TOKENS, scale_exclude=[5])
     with pytest.raises(TypeError, match="`scale_exclude` must hold token positions"):
         TokenView(np.ones(5), TOKENS, scale_exclude=[True])
+
+
+def test_page_picks_method_and_layer_interactively_with_a_static_fallback(
+    tmp_path: Path,
+) -> None:
+    e = _explanation()
+    page = e.to_html(tmp_path / "e.html", layer=1)
+    assert (tmp_path / "e.html").read_text(encoding="utf-8") == page
+    found = re.findall(r'<script type="application/json" id="[^"]+">(.*?)</script>', page)
+    assert len(found) == 1
+    data = json.loads(found[0])
+    assert [m["name"] for m in data["methods"]] == ["raw", "rollout", "gradient_rollout"]
+    assert [m["layers"] for m in data["methods"]] == [3, 3, 1]
+    for method in data["methods"]:
+        stored = np.array(method["values"])[:, 0, 0]  # (layers, heads, rows, n)
+        np.testing.assert_array_equal(stored, e.scores[method["name"]])
+    assert data["rows"] == [0]
+    assert data["inScale"] == [not s for s in SPECIAL]
+    assert data["initial"]["layer"] == 1
+    # Readers without scripts get every method at the chosen layer, as before.
+    static = page.split("<noscript>", 1)[1]
+    assert static.count('class="attnflow-label"') == 3
+    assert "layer 2 of 3" in static
+    assert "<script" not in e.to_html(scale_special=True).split("<noscript>", 1)[1]
+    fragment = e._repr_html_()
+    assert "<html" not in fragment
+    assert fragment.count('type="application/json"') == 1
+    with pytest.raises(IndexError, match="`layer` must index the 3 layers"):
+        e.to_html(layer=3)
+
+
+def test_one_method_at_one_layer_keeps_the_static_page() -> None:
+    e = Explanation(TOKENS, {"flow": np.arange(5.0)}, special=SPECIAL)
+    for text in (e.to_html(), e._repr_html_()):
+        assert "<script" not in text
+        assert 'title="sat: 3"' in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 
 import attnflow
 from attnflow._sample import load_sample
-from attnflow.html import TokenView
+from attnflow.html import InteractiveView, TokenView
 
 VOID = {"meta", "br", "hr", "img", "input", "link"}
 
@@ -243,3 +244,152 @@ def test_bad_input_names_the_parameter(tmp_path: Path) -> None:
         TokenView(np.ones(2), ["a", "b"], color="red")
     with pytest.raises(ValueError, match=r"`precision` must be a positive int; got 0"):
         TokenView(np.ones(2), ["a", "b"], precision=0)
+
+
+# -- InteractiveView ----------------------------------------------------------------------
+
+XSS = ["[CLS]", "</script><script>alert(1)</script>", "a&b", '"q"', "<!--", "[SEP]"]
+
+
+def _interactive(**options: Any) -> InteractiveView:
+    rng = np.random.default_rng(1)
+    weights = rng.random((3, 2, 6, 6))
+    weights /= weights.sum(-1, keepdims=True)
+    scores = {"rollout": attnflow.rollout(weights, layers="all"), "raw": weights}
+    return InteractiveView(scores, XSS, **options)
+
+
+def _data(text: str) -> list[dict[str, Any]]:
+    """The JSON data of every view in `text`, by the id of its element."""
+    found = re.findall(r'<script type="application/json" id="([^"]+)-data">(.*?)</script>', text)
+    return [{"id": uid, **json.loads(payload)} for uid, payload in found]
+
+
+def test_interactive_page_is_well_formed_self_contained_and_escaped() -> None:
+    view = _interactive(title="<i>x</i>", scale_exclude=[0, -1])
+    text = view.to_html()
+    assert text.startswith("<!DOCTYPE html>")
+    page = parse(text)
+    assert page.tags.count("script") == 2  # its data and its code, both inline
+    assert "<script src" not in text
+    assert "link" not in page.tags
+    assert "http" not in text  # loads nothing
+    assert "//" not in text
+    # The tokens are text everywhere: spans, titles, menu and JSON data.
+    assert [span["text"] for span in page.tokens] == XSS
+    assert [span["title"].rsplit(": ", 1)[0] for span in page.tokens] == XSS
+    for raw in ("<i>", "<script>alert", "<!--", "<b>"):
+        assert raw not in text
+    assert text.count("</script>") == 2
+    (data,) = _data(text)
+    assert data["tokens"] == XSS
+
+
+def test_interactive_data_equals_the_arrays() -> None:
+    view = _interactive(scale_exclude=[0, 5])
+    (data,) = _data(view.to_html())
+    assert [m["name"] for m in data["methods"]] == ["rollout", "raw"]
+    assert [(m["layers"], m["heads"]) for m in data["methods"]] == [(3, 0), (3, 2)]
+    for method in data["methods"]:
+        stored = np.array(method["values"])
+        assert stored.shape == view.scores[method["name"]].shape
+        np.testing.assert_array_equal(stored, view.scores[method["name"]])  # exactly
+    assert view.scores["rollout"].shape == (3, 1, 6, 6)  # one head for non-head scores
+    assert view.heads == {"rollout": None, "raw": 2}
+    assert data["rows"] == list(range(6))
+    assert data["inScale"] == [False, True, True, True, True, False]
+    assert data["initial"] == {"method": 0, "layer": 2, "head": 0, "row": 0}
+
+
+def test_interactive_first_render_shows_the_initial_choice() -> None:
+    view = _interactive(scale_exclude=[0, 5], method="raw", layer=1, head=1, row=3)
+    page = parse(view.to_html())
+    values = view.scores["raw"][1, 1, 3]
+    assert [span["data-value"] for span in page.tokens] == [f"{v:.4g}" for v in values]
+    assert [rgb(span["style"]) for span in page.tokens].count((192, 57, 43)) >= 1
+    for span, value in zip(page.tokens, values, strict=True):
+        expected = TokenView(values, XSS, scale_exclude=[0, 5])._background(float(value))[0]
+        assert span["style"].startswith(f"background-color: {expected};")
+    assert [span.get("aria-current") for span in page.tokens] == [None] * 3 + ["true"] + [None] * 2
+    assert [span.get("data-row") for span in page.tokens] == [str(i) for i in range(6)]
+    assert all(span.get("tabindex") == "0" for span in page.tokens)  # keyboard reachable
+    assert "raw, layer 2 of 3, row 3 (" in view.to_html()
+
+
+def test_interactive_ids_are_unique_across_views_on_one_page() -> None:
+    first, second = _interactive(), _interactive(title="again")
+    text = first._repr_html_() + first._repr_html_() + second._repr_html_()
+    assert "<html" not in text
+    ids = re.findall(r'\bid="([^"]+)"', text)
+    assert len(ids) == 6
+    assert len(set(ids)) == 6
+    views = re.findall(r'class="attnflow-view attnflow-interactive" id="([^"]+)"', text)
+    assert [d["id"] for d in _data(text)] == views
+    assert re.findall(r'\}\)\("([^"]+)"\);', text) == views  # each script drives its own view
+
+
+def test_interactive_shapes_rows_and_heads() -> None:
+    tokens = ["a", "b", "c"]
+    one = InteractiveView(np.array([0.2, 0.5, 0.3]), tokens)
+    assert repr(one) == "InteractiveView(methods=['scores'], layers=1, rows=1, tokens=3)"
+    assert one.rows is None
+    spans = parse(one.to_html()).tokens
+    assert not any("aria-current" in span or "data-row" in span for span in spans)
+    by_layer = InteractiveView({"flow": np.ones((4, 3))}, tokens, rows=1)
+    assert by_layer.rows == (1,)
+    assert by_layer.scores["flow"].shape == (4, 1, 1, 3)
+    two_rows = InteractiveView({"flow": np.ones((4, 2, 3))}, tokens, rows=[0, -1], row=2)
+    assert two_rows.rows == (0, 2)
+    assert _data(two_rows.to_html())[0]["initial"]["row"] == 1
+    mixed = InteractiveView(
+        {"raw": np.ones((4, 2, 3, 3)), "last": np.ones((1, 3, 3))}, tokens, layer=-1
+    )
+    assert (
+        repr(mixed)
+        == "InteractiveView(methods=['raw', 'last'], layers=4, heads=2, rows=3, tokens=3)"
+    )
+
+
+def test_interactive_bad_input_names_the_parameter() -> None:
+    tokens = ["a", "b", "c"]
+    with pytest.raises(ValueError, match=r"have 2 rows of 3 tokens; pass `rows`"):
+        InteractiveView(np.ones((1, 2, 3)), tokens)
+    with pytest.raises(ValueError, match=r"one position per row of the scores \(2\)"):
+        InteractiveView(np.ones((1, 2, 3)), tokens, rows=[0])
+    with pytest.raises(ValueError, match=r"same 3 row\(s\) of 3 tokens; 'b' has 1"):
+        InteractiveView({"a": np.ones((1, 3, 3)), "b": np.ones((1, 3))}, tokens)
+    with pytest.raises(ValueError, match=r"must have shape \(n,\)"):
+        InteractiveView(np.ones((1, 1, 1, 1, 3)), tokens)
+    with pytest.raises(ValueError, match=r"`scores\['x'\]` must be finite"):
+        InteractiveView({"x": np.array([np.nan, 1.0, 1.0])}, tokens)
+    with pytest.raises(ValueError, match=r"`method` must be one of \['x'\]; got 'y'"):
+        InteractiveView({"x": np.ones(3)}, tokens, method="y")
+    with pytest.raises(ValueError, match=r"`layer` must index the 2 layers; got 2"):
+        InteractiveView(np.ones((2, 3)), tokens, layer=2)
+    with pytest.raises(ValueError, match=r"`row` must be one of the rows' positions"):
+        InteractiveView(np.ones((2, 3)), tokens, row=1)
+    with pytest.raises(IndexError, match=r"`scale_exclude` must index the 3 tokens"):
+        InteractiveView(np.ones(3), tokens, scale_exclude=[3])
+    with pytest.raises(ValueError, match=r"`precision` must be an int from 1 to 17"):
+        InteractiveView(np.ones(3), tokens, precision=18)
+    with pytest.raises(ValueError, match=r"`tokens` has 2 entries"):
+        InteractiveView(np.ones(3), ["a", "b"])
+
+
+def test_interactive_save_writes_atomically_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    target = tmp_path / "view.html"
+    assert _interactive().save(target) == target
+    before = target.read_text(encoding="utf-8")
+    assert len(_data(before)) == 1
+    with pytest.raises(FileExistsError, match=re.escape(str(target))):
+        _interactive().save(target)
+    assert target.read_text(encoding="utf-8") == before
+    _interactive(title="new").save(target, overwrite=True)
+    assert "<title>new</title>" in target.read_text(encoding="utf-8")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["view.html"]
+
+
+def test_interactive_accepts_every_backend(backend: Any) -> None:
+    native = backend.asarray(np.array([[0.25, 0.75], [0.5, 0.5]]), "float32")
+    view = InteractiveView({"m": native}, ["a", "b"])
+    np.testing.assert_array_equal(view.scores["m"][:, 0, 0], [[0.25, 0.75], [0.5, 0.5]])
