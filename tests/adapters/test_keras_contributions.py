@@ -453,3 +453,20 @@ def test_a_layer_norm_of_the_ffn_input_is_not_globencs_second_norm():
     assert piece["second"] is None
     expected, _ = oracle(piece, "globenc")
     np.testing.assert_allclose(to_numpy(cap.contributions)[:, 0], expected, rtol=1e-4, atol=1e-5)
+
+
+# Keras' predict() on torch converts its outputs with np.array(copy=False), which warns.
+@pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
+def test_a_traced_call_is_refused():
+    model, _ = build()
+    if BACKEND == "torch":  # predict() runs eagerly on torch: the capture works
+        with adapter.capture(model, contributions="norm") as cap:
+            model.predict(data(), verbose=0)
+        assert tuple(cap.contributions.shape) == (2, 4, N, N)
+    else:
+        with (
+            pytest.raises(RuntimeError, match="symbolic attention scores"),
+            adapter.capture(model, contributions="norm"),
+        ):
+            model.predict(data(), verbose=0)
+    assert_unwrapped(model)
