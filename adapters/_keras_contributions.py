@@ -265,6 +265,8 @@ class BlockRecorder:
                     self._running = None
                 try:
                     self._finish(running, output)
+                except (ValueError, TypeError) as error:  # the core refused the pieces
+                    self.errors.append(f"block {spec.name!r}: {error}")
                 finally:
                     running.weights.clear()  # the per-head tensors go with their layer
                     running.attention.clear()
