@@ -191,7 +191,13 @@ def adapters_keras(session: nox.Session, keras_backend: str) -> None:
         # A failed install must fail the session, not skip the module.
         "ATTNFLOW_REQUIRE_MODULES": f"keras,{keras_backend}",
     }
-    session.run("pytest", "tests/adapters/test_keras.py", *session.posargs, env=env)
+    session.run(
+        "pytest",
+        "tests/adapters/test_keras.py",
+        "tests/adapters/test_keras_contributions.py",
+        *session.posargs,
+        env=env,
+    )
     session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.keras", env=env)
 
 

@@ -19,6 +19,15 @@ Everything is restored when the block ends, also when the call raises.
 The model must be called eagerly (``model(x)``), not through ``model.predict`` or a
 compiled function: traced calls record symbolic tensors, which cannot be read.
 
+``capture(model, contributions="norm" | "globenc" | "alti")`` records value-aware
+token-mixing matrices instead (:func:`attnflow.contributions`): each attention block (a
+layer or model whose direct sublayers are one ``MultiHeadAttention`` and one or two
+``LayerNormalization``, pre-LN or post-LN) has its ``call`` and those of its layers
+wrapped to collect its input, the attention's input and weights (and GlobEnc's second
+LayerNorm input); the core turns them into the block's ``n x n`` matrix when it returns,
+after checking that the decomposition rebuilds the block's actual output; see
+``attnflow.adapters._keras_contributions``.
+
 :func:`attention_gradients` differentiates a scalar of the model's output with respect
 to the attention weights (each backend's own autodiff, through zero "delta" tensors
 added to the weights that multiply the values), aligned with the captured attentions.
@@ -41,9 +50,13 @@ import numpy as np
 
 import attnflow
 
+from ._keras_contributions import BlockRecorder, find_blocks
+
 __all__ = ["Capture", "attention_gradients", "capture", "explain", "input_gradients"]
 
 HeadReduction = Literal["mean", "max", "min"]
+#: The value-aware token-mixing rules of attnflow.contributions.
+Contributions = Literal["norm", "globenc", "alti"]
 
 _MHA = keras.layers.MultiHeadAttention
 
@@ -64,9 +77,21 @@ class Capture:
         ``(*batch, n)`` bool, True for real tokens, or None.
     records : list of tensor
         The scores of each attention call, in call order, not stacked.
+    contributions : tensor
+        With ``capture(model, contributions=...)``: ``(*batch, layers, n, n)``
+        value-aware token-mixing matrices, one per attention block call.
+    outputs : tensor
+        With ``contributions``: each block's output rebuilt from its decomposition,
+        ``(*batch, layers, n, d)``.
     """
 
-    def __init__(self, model: keras.Layer, *, heads: HeadReduction | None = None) -> None:
+    def __init__(
+        self,
+        model: keras.Layer,
+        *,
+        heads: HeadReduction | None = None,
+        contributions: Contributions | None = None,
+    ) -> None:
         given: object = model  # checked at run time: callers may not be type-checked
         if not isinstance(given, keras.Layer):
             msg = (
@@ -77,7 +102,22 @@ class Capture:
         if heads not in (None, "mean", "max", "min"):
             msg = f'`heads` must be None, "mean", "max" or "min"; got {heads!r}.'
             raise ValueError(msg)
+        if contributions not in (None, "norm", "globenc", "alti"):
+            msg = (
+                '`contributions` must be None (capture attention weights), "norm" '
+                '(Kobayashi et al. 2020), "globenc" (Modarressi et al. 2022) or "alti" '
+                f"(Ferrando et al. 2022); got {contributions!r}."
+            )
+            raise ValueError(msg)
+        if contributions is not None and heads is not None:
+            msg = (
+                f"contributions={contributions!r} records one token-mixing matrix per layer, "
+                f"not attention weights: drop `heads` (got heads={heads!r})."
+            )
+            raise ValueError(msg)
         self.model = model
+        self.contribution_method: Contributions | None = contributions
+        self._recorder: BlockRecorder | None = None
         self.heads: HeadReduction | None = heads
         self._records: list[Any] = []
         self._masks: list[Any] = []
@@ -101,9 +141,13 @@ class Capture:
                 "keras.ops.dot_product_attention is not seen."
             )
             raise ValueError(msg)
+        if self.contribution_method is not None:
+            self._recorder = BlockRecorder(find_blocks(self.model), self.contribution_method)
         try:
             for layer in self._layers:
                 self._install(layer)
+            if self._recorder is not None:
+                self._recorder.install()
         except BaseException:
             self._restore()
             raise
@@ -118,6 +162,9 @@ class Capture:
     ) -> None:
         self._active = False
         self._restore()
+        if exc_type is None and self._recorder is not None:
+            self._check_contributions(self._recorder)
+            return
         if exc_type is None and not self._records:
             msg = (
                 f"No attention scores were captured from {type(self.model).__name__}: none "
@@ -129,6 +176,57 @@ class Capture:
 
     # -- results ------------------------------------------------------------------------
     @property
+    def contributions(self) -> Any:
+        """The value-aware token-mixing matrices ``(*batch, layers, n, n)``.
+
+        One matrix per attention block call, in the order the blocks ran, rows = receiving
+        token (see :func:`attnflow.contributions`), a tensor of the active backend; needs
+        ``capture(model, contributions=...)``.
+        """
+        return keras.ops.stack(self._recorded("contributions").matrices, axis=-3)
+
+    @property
+    def outputs(self) -> Any:
+        """Each block's output rebuilt from its decomposition, ``(*batch, layers, n, d)``.
+
+        ``Σ_j T_i(x_j) + b_i``, summed from the terms the matrices are read from: the
+        output of the LayerNorm after the attention in a post-LN block, the residual
+        stream ``x + MHA(LN(x))`` in a pre-LN one. The capture has already compared it
+        with the model's own tensor (rows whose keys are all masked excepted).
+        """
+        return keras.ops.stack(self._recorded("outputs").outputs, axis=-3)
+
+    def _recorded(self, name: str) -> BlockRecorder:
+        recorder = self._recorder
+        if recorder is None:
+            msg = (
+                f'`{name}` needs capture(model, contributions="norm" | "globenc" | '
+                '"alti"); this capture recorded attention scores (read `attentions`).'
+            )
+            raise RuntimeError(msg)
+        if not recorder.matrices:
+            msg = f"Nothing was captured: read `{name}` after calling the model in the block."
+            raise RuntimeError(msg)
+        return recorder
+
+    def _check_contributions(self, recorder: BlockRecorder) -> None:
+        if recorder.errors:
+            msg = (
+                f"capture(contributions={self.contribution_method!r}) could not decompose "
+                f"{type(self.model).__name__}: {recorder.errors[0]}. Supported are "
+                "self-attention blocks x + MHA(LN(x)) and LN(x + MHA(x)) called eagerly, "
+                "once per block call; capture the attention scores instead for other models."
+            )
+            raise RuntimeError(msg)
+        if not recorder.matrices:
+            msg = (
+                f"No attention block of {type(self.model).__name__} ran eagerly inside the "
+                "`with` block: call the model directly (model(x)), not through "
+                "model.predict() or a compiled function."
+            )
+            raise RuntimeError(msg)
+
+    @property
     def records(self) -> list[Any]:
         """The scores of each attention call, in call order."""
         return list(self._records)
@@ -137,6 +235,12 @@ class Capture:
     def attentions(self) -> Any:
         """The captured scores stacked to ``(*batch, layers, [heads,] n, n)``."""
         scores = self._records
+        if not scores and self._recorder is not None:
+            msg = (
+                "This capture recorded value-aware contributions, not attention scores: read "
+                "`contributions` (or capture(model) without contributions= for `attentions`)."
+            )
+            raise RuntimeError(msg)
         if not scores:
             msg = "Nothing was captured: read `attentions` after calling the model in the block."
             raise RuntimeError(msg)
@@ -151,10 +255,15 @@ class Capture:
         a key is a real token when at least one query may attend to it. None when no
         attention call was masked or the mask does not match the scores.
         """
-        if not self._records:
+        if self._recorder is not None and self._recorder.matrices:
+            sample = self._recorder.matrices[0]
+            batch = tuple(sample.shape[:-2])
+        elif not self._records:
             return None
-        sample = self._records[0]
-        batch = tuple(sample.shape[: len(sample.shape) - (2 if self.heads is not None else 3)])
+        else:
+            sample = self._records[0]
+            fused = self.heads is not None
+            batch = tuple(sample.shape[: len(sample.shape) - (2 if fused else 3)])
         for mask in self._masks:
             if mask is not None and tuple(mask.shape) == (*batch, sample.shape[-1]):
                 return mask
@@ -171,11 +280,16 @@ class Capture:
                 "model eagerly, model(x), inside the `with` block."
             )
             raise RuntimeError(msg)
-        if self.heads is not None:
-            scores = attnflow.fuse_heads(
-                keras.ops.stop_gradient(scores), heads=self.heads, validate=False
-            )
-        self._records.append(scores)
+        if self._recorder is not None:
+            # The per-head scores go to the running block only, dropped when it returns.
+            if not self._recorder.record(scores):
+                self._recorder.errors.append("an attention call outside any recognised block")
+        else:
+            if self.heads is not None:
+                scores = attnflow.fuse_heads(
+                    keras.ops.stop_gradient(scores), heads=self.heads, validate=False
+                )
+            self._records.append(scores)
         if attention_mask is None:
             self._masks.append(None)
         else:
@@ -221,6 +335,11 @@ class Capture:
 
     def _restore(self) -> None:
         errors: list[BaseException] = []
+        if self._recorder is not None:
+            try:
+                self._recorder.restore()
+            except Exception as error:  # noqa: BLE001 - restore everything we can
+                errors.append(error)
         for layer in self._layers:
             try:
                 if "_compute_attention" in vars(layer):
@@ -234,7 +353,12 @@ class Capture:
             raise RuntimeError(msg) from errors[0]
 
 
-def capture(model: keras.Layer, *, heads: HeadReduction | None = None) -> Capture:
+def capture(
+    model: keras.Layer,
+    *,
+    heads: HeadReduction | None = None,
+    contributions: Contributions | None = None,
+) -> Capture:
     """Record the attention scores of an eager Keras model call.
 
     Use the result as a context manager around one call of `model` (``model(x)``, not
@@ -252,6 +376,22 @@ def capture(model: keras.Layer, *, heads: HeadReduction | None = None) -> Captur
     heads : {"mean", "max", "min"} or None, default None
         Fuse the heads of each layer while capturing (:func:`attnflow.fuse_heads`), so
         that only ``layers x n x n`` values per sequence are kept; None keeps every head.
+    contributions : {"norm", "globenc", "alti"} or None, default None
+        Record value-aware token-mixing matrices instead of attention scores (see
+        :func:`attnflow.contributions`). Each attention block is recognised by its
+        structure: a layer or model whose direct sublayers include exactly one
+        ``MultiHeadAttention`` (called as self-attention, ``mha(h, h)``) and one or two
+        ``LayerNormalization`` layers, pre-LN (``y = x + mha(LN1(x))``) or post-LN
+        (``y = LN1(x + mha(x))``, with a second LayerNorm after the feed-forward network
+        used by ``"globenc"``), told apart by the order in which its layers run. While a
+        block runs, wrappers read its input (the residual stream), the attention's input
+        and scores, and the LayerNorms' inputs and outputs; when it returns, attnflow
+        computes its matrix from them and the layers' weights (value and output kernels
+        reshaped to ``W_V (d_in, H * d_head)`` and ``W_O (H * d_head, d)``, LayerNorm
+        gain, bias and epsilon), checks that the decomposition rebuilds the tensor the
+        model computed, and drops the per-head tensors. Read ``cap.contributions``
+        ``(*batch, layers, n, n)`` and ``cap.outputs``. Any ``MultiHeadAttention``
+        outside such a block is refused. Not with `heads`.
 
     Returns
     -------
@@ -260,16 +400,24 @@ def capture(model: keras.Layer, *, heads: HeadReduction | None = None) -> Captur
         ``(*batch, layers, n, n)`` with `heads`), layers in the order the model ran them;
         ``cap.mask`` ``(*batch, n)`` bool (True = real token) read from the attention
         masks the layers received, or None; ``cap.records`` the scores of each call.
+        With `contributions`: ``cap.contributions`` and ``cap.outputs`` instead of
+        ``cap.attentions``.
 
     Raises
     ------
     TypeError
         If `model` is not a Keras layer or model.
     ValueError
-        If `model` contains no ``MultiHeadAttention`` layer.
+        If `model` contains no ``MultiHeadAttention`` layer. With `contributions`: a bad
+        value, a `heads` given too, or (on entering the block) a ``MultiHeadAttention``
+        outside any recognised block, a quantized projection, an RMS-scaled LayerNorm or
+        a compute dtype other than float32 and float64.
     RuntimeError
         If the block ends without any scores captured, or the model ran in a traced
-        function (``predict``, ``tf.function``, ``jax.jit``).
+        function (``predict``, ``tf.function``, ``jax.jit``). With `contributions`: a
+        block could not be decomposed (cross-attention, attention that reads neither the
+        block input nor a LayerNorm of it, a block output that the decomposition does not
+        rebuild, e.g. with dropout active).
 
     Notes
     -----
@@ -300,20 +448,41 @@ def capture(model: keras.Layer, *, heads: HeadReduction | None = None) -> Captur
     (1, 2, 2, 5, 5)
     >>> tuple(attnflow.rollout(cap.attentions, rows=0).shape)
     (1, 5)
+
+    Value-aware contributions (ALTI) of a pre-LN block, rolled out with the residual
+    they already carry:
+
+    >>> class Block(keras.layers.Layer):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.norm = keras.layers.LayerNormalization()
+    ...         self.attention = keras.layers.MultiHeadAttention(2, 4)
+    ...
+    ...     def call(self, x):
+    ...         h = self.norm(x)
+    ...         return x + self.attention(h, h)
+    >>> model = keras.Sequential([keras.Input((5, 8)), Block(), Block()])
+    >>> with capture(model, contributions="alti") as cap:
+    ...     y = model(x)
+    >>> tuple(cap.contributions.shape)
+    (1, 2, 5, 5)
+    >>> matrices = cap.contributions
+    >>> tuple(attnflow.rollout(matrices, heads=None, residual=0.0, renormalize=True).shape)
+    (1, 5, 5)
     """
-    return Capture(model, heads=heads)
+    return Capture(model, heads=heads, contributions=contributions)
 
 
 def explain(
     model: keras.Layer,
     inputs: Mapping[str, Any] | Sequence[Any] | Any,
     *,
-    method: Literal["rollout", "flow", "gradient_rollout"] = "rollout",
+    method: Literal["rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"] = "rollout",
     rows: int | Sequence[int] | None = 0,
     target: Any = None,
     **options: Any,
 ) -> Any:
-    """Capture a Keras model's attention on `inputs` and return rollout, flow or GAE maps.
+    """Capture a Keras model's attention on `inputs` and return rollout, flow, GAE or value-aware maps.
 
     Calls ``model(inputs)`` eagerly inside :func:`capture` (a mapping, list or tuple is
     passed as one argument, as Keras models take their inputs), then applies
@@ -329,8 +498,14 @@ def explain(
         The model (see :func:`capture`).
     inputs : tensor, mapping or sequence
         The model's inputs.
-    method : {"rollout", "flow", "gradient_rollout"}, default "rollout"
-        The attribution method.
+    method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"}, default "rollout"
+        The attribution method. ``"norm"``, ``"globenc"`` and ``"alti"`` capture the
+        value-aware token-mixing matrices (``capture(model, contributions=method)``) and
+        return their rollout, rows renormalised (``renormalize=True``), with
+        ``residual=0`` for GlobEnc and ALTI, whose matrices carry the residual connection,
+        and the paper's ``0.5`` mix for the norm-based matrix, which has none; `residual`
+        in `options` overrides it. For flow over them, call :func:`attnflow.flow` on
+        ``cap.contributions``.
     rows : int, sequence of int or None, default 0
         Output positions to explain; 0 is the first token, None gives the full ``n x n``
         map.
@@ -366,9 +541,14 @@ def explain(
     >>> tuple(scores.shape)
     (2, 6)
     """
-    if method not in ("rollout", "flow", "gradient_rollout"):
-        msg = f'`method` must be "rollout", "flow" or "gradient_rollout"; got {method!r}.'
+    if method not in ("rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"):
+        msg = (
+            '`method` must be "rollout", "flow", "gradient_rollout", "norm", "globenc" or '
+            f'"alti"; got {method!r}.'
+        )
         raise ValueError(msg)
+    if method in ("norm", "globenc", "alti") and target is None:
+        return _explain_contributions(model, inputs, method=method, rows=rows, **options)
     if method == "gradient_rollout":
         _check_target_type(target)
         with capture(model) as cap:
@@ -396,6 +576,31 @@ def explain(
     attentions = keras.ops.stop_gradient(cap.attentions)
     function = attnflow.rollout if method == "rollout" else attnflow.flow
     return function(attentions, rows=rows, heads=None if fuse_now else heads, **options)
+
+
+def _explain_contributions(
+    model: keras.Layer,
+    inputs: Mapping[str, Any] | Sequence[Any] | Any,
+    *,
+    method: Contributions,
+    rows: int | Sequence[int] | None,
+    **options: Any,
+) -> Any:
+    """explain(method="norm" | "globenc" | "alti"): rollout over value-aware matrices."""
+    heads = options.pop("heads", None)
+    if heads is not None:
+        msg = (
+            f'method="{method}" rolls out one token-mixing matrix per layer (the heads are '
+            f"summed inside it): drop `heads` (got heads={heads!r})."
+        )
+        raise ValueError(msg)
+    with capture(model, contributions=method) as cap:
+        model(inputs)
+    options.setdefault("mask", cap.mask)
+    # GlobEnc and ALTI carry the residual connection; the norm-based matrix has none, so
+    # it is mixed with the identity as attention is (the paper's 0.5).
+    options.setdefault("residual", 0.5 if method == "norm" else 0.0)
+    return attnflow.rollout(cap.contributions, heads=None, rows=rows, renormalize=True, **options)
 
 
 def attention_gradients(
