@@ -340,6 +340,12 @@ def benchmark(session: nox.Session) -> None:
     )
     session.run("python", "benchmarks/bench_evaluate.py", *session.posargs, env=ENV)
     session.run("python", "benchmarks/bench_gradient_rollout.py", *session.posargs, env=ENV)
+    session.run(
+        "python",
+        "benchmarks/bench_contributions.py",
+        *session.posargs,
+        env={**ENV, "HF_HUB_OFFLINE": "1"},
+    )
 
 
 if __name__ == "__main__":
