@@ -11,12 +11,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import array_api_compat
 import numpy as np
 from numpy.typing import NDArray
 
 from ._host import to_host
-from ._namespace import _tensorflow_to_numpy, is_tensorflow_tensor, values_are_inspectable
+from ._namespace import (
+    _tensorflow_to_numpy,
+    is_array_api_obj,
+    is_dask_array,
+    is_tensorflow_tensor,
+    values_are_inspectable,
+)
 
 __all__ = ["FloatArray", "as_numpy", "check_finite", "check_tokens"]
 
@@ -29,8 +34,8 @@ def as_numpy(x: Any, name: str) -> FloatArray:
         values: Any = x
     elif is_tensorflow_tensor(x):
         values = _tensorflow_to_numpy(x, name)
-    elif array_api_compat.is_array_api_obj(x):
-        if not values_are_inspectable(x) and not array_api_compat.is_dask_array(x):
+    elif is_array_api_obj(x):
+        if not values_are_inspectable(x) and not is_dask_array(x):
             msg = (
                 f"`{name}` has no values here (it is traced, e.g. inside `jax.jit`); "
                 "plotting needs concrete values. Plot outside the compiled function."

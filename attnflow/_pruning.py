@@ -21,8 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from array_api_compat import device as array_device
-
+from ._namespace import array_device
 from ._residual import mix_residual
 from ._rows import normalize_rows
 from ._typing import Namespace

@@ -45,6 +45,6 @@ def normalize_rows(attention: Array, xp: Namespace, *, valid_rows: Array | None 
 
 
 def _device(x: Array) -> object:
-    from array_api_compat import device
+    from ._namespace import array_device
 
-    return device(x)
+    return array_device(x)
