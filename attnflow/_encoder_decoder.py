@@ -15,9 +15,9 @@ from ._namespace import (
     resolve_namespace,
     values_are_inspectable,
 )
+from ._normalize import normalize_rows
 from ._pipeline import select_rows
 from ._rollout import rollout_products
-from ._rows import normalize_rows
 from ._typing import Array, HeadFusion, LayerSelection, Namespace, RowSelection
 from ._validation import (
     AttentionLayout,

@@ -12,10 +12,10 @@ from ._namespace import (
     resolve_namespace,
     values_are_inspectable,
 )
+from ._normalize import normalize_rows
 from ._pipeline import select_rows
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._rollout import rollout_products
-from ._rows import normalize_rows
 from ._typing import ArrayT, LayerSelection, Namespace, RowSelection
 from ._validation import (
     AttentionLayout,

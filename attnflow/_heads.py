@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from ._namespace import array_device, enter_boundary, resolve_namespace, values_are_inspectable
-from ._rows import normalize_rows
+from ._normalize import normalize_rows
 from ._typing import ArrayT, HeadFusion, Namespace
 from ._validation import (
     AttentionLayout,

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from ._heads import apply_head_fusion
 from ._namespace import Boundary, array_device, enter_boundary, resolve_namespace
-from ._rows import normalize_rows
+from ._normalize import normalize_rows
 from ._typing import Namespace
 from ._validation import (
     AttentionLayout,

@@ -22,8 +22,8 @@ import math
 from typing import Any
 
 from ._namespace import array_device
+from ._normalize import normalize_rows
 from ._residual import mix_residual
-from ._rows import normalize_rows
 from ._typing import Namespace
 from ._validation import PruningSpec
 
