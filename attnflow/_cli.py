@@ -15,7 +15,6 @@ import argparse
 import difflib
 import os
 import sys
-import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,6 @@ PAPER = (
     'S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020, '
     "https://arxiv.org/abs/2005.00928"
 )
-_WIDTH = 88
 _FULL_BLOCK = "\u2588"
 _EIGHTH_BLOCKS = "\u258f\u258e\u258d\u258c\u258b\u258a\u2589"  # 1/8 ... 7/8
 
@@ -131,175 +129,7 @@ def _configure_demo(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _explained_row(tokens: Sequence[str]) -> int:
-    """Choose the row the figures explain: the masked word (paper's Figure 4), else [CLS]."""
-    return list(tokens).index("[MASK]") if "[MASK]" in tokens else 0
-
-
-def _demo_page(sample: Any, sections: Sequence[str], *, plotting: bool) -> str:
-    """Assemble the demo's standalone HTML page from its per-sentence sections."""
-    import html
-
-    note = (
-        ""
-        if plotting
-        else "<p>Install matplotlib (<code>pip install 'attnflow[plot]'</code>) for the "
-        "figures.</p>"
-    )
-    return (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        "<title>attnflow demo</title>\n</head>\n"
-        '<body style="font-family: sans-serif; max-width: 1100px; margin: auto">\n'
-        "<h1>attnflow demo</h1>\n"
-        "<p>Raw attention, attention rollout and attention flow of a real model: "
-        f"{html.escape(sample.source)}. Each sentence explains its [MASK] token (the "
-        f"paper's Figure 4) or, without one, its [CLS] token. {html.escape(PAPER)}</p>\n"
-        f"{note}\n" + "\n".join(sections) + "\n</body>\n</html>\n"
-    )
-
-
-def _demo_file_names(sample: Any, folder: str, *, force: bool) -> list[str]:
-    """List the demo's files; refuse (before anything is printed) to replace any."""
-    import importlib.util
-    from pathlib import Path
-
-    target = Path(folder)
-    names = ["index.html"]
-    if importlib.util.find_spec("matplotlib") is not None:
-        names += [
-            f"sentence-{b + 1}-{kind}.png"
-            for b in range(len(sample.sentences))
-            for kind in ("layers", "graph")
-        ]
-        names.append("digits.png")
-    existing = [name for name in names if os.path.lexists(target / name)]  # links count
-    if existing and not force:
-        msg = f"{target} already holds {', '.join(existing)}; pass --force to replace them"
-        raise UsageError(msg)
-    return names
-
-
-def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
-    """Write the demo's HTML page and (with matplotlib) its figures; list the files."""
-    import html
-    from pathlib import Path
-
-    import attnflow
-    from attnflow.html import TokenView
-
-    from ._arrayio import ArrayFileError, write_atomically
-    from ._sample import load_image_sample
-
-    target = Path(folder)
-    names = _demo_file_names(sample, folder, force=force)
-    plotting = len(names) > 1
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        msg = f"cannot create {target}: {error}"
-        raise UsageError(msg) from None
-
-    def save(name: str, write: Callable[[Any], object]) -> str:
-        try:
-            return str(write_atomically(target / name, write, force=force))  # exclusive
-        except ArrayFileError as error:
-            raise UsageError(str(error)) from None
-
-    sections, written = [], []
-    for b, sentence in enumerate(sample.sentences):
-        real = np.flatnonzero(sample.mask[b])
-        tokens = [sample.tokens[b][i] for i in real]
-        row = _explained_row(tokens)
-        one = sample.attentions[b : b + 1][..., real, :][..., real]
-        maps = {
-            "raw": np.asarray(attnflow.raw(one, rows=row, layers="all"))[0],
-            "rollout": np.asarray(attnflow.rollout(one, rows=row, layers="all"))[0],
-            "flow": np.asarray(attnflow.flow(one, rows=row, layers="all"))[0],
-        }
-        special = [i for i, t in enumerate(tokens) if t in ("[CLS]", "[SEP]") and i != row]
-        view = TokenView(
-            {name: values[-1] for name, values in maps.items()},
-            tokens,
-            title=f"{tokens[row]} at the last layer (colour scale without [CLS] and [SEP])",
-            scale_exclude=special,  # the sinks would wash out every other token
-        )
-        images = ""
-        if plotting:
-            import attnflow.plot
-
-            figures = {
-                "layers": attnflow.plot.layer_token_map(
-                    maps,
-                    tokens=tokens,
-                    title=f"{sentence}: {tokens[row]} (row {row})",
-                    # Shown at page width (about 1,100 px): a compact figure keeps its
-                    # tick labels legible there.
-                    figsize=(10.5, 3.4),
-                ),
-                "graph": attnflow.plot.attention_graph(
-                    np.asarray(attnflow.fuse_heads(one))[0],
-                    tokens=tokens,
-                    title=sentence,
-                    row=row,
-                    residual=False,
-                ),
-            }
-            for kind, figure in figures.items():
-                name = f"sentence-{b + 1}-{kind}.png"
-
-                def draw(file: Any, figure: Any = figure) -> None:
-                    figure.savefig(file, format="png", dpi=110)
-
-                written.append(save(name, draw))
-                images += (
-                    f'<p><img src="{name}" alt="{kind} of sentence {b + 1}" '
-                    'style="max-width: 100%"></p>\n'
-                )
-        sections.append(
-            f"<h2>{b + 1}. {html.escape(sentence)}</h2>\n{view._repr_html_()}\n{images}"
-        )
-    if plotting:
-        digits = _digits_figure()
-        written.append(save("digits.png", lambda file: digits.savefig(file, format="png", dpi=110)))
-        sections.append(
-            "<h2>A vision transformer on digits</h2>\n<p>Rollout and flow of the [CLS] token "
-            "of a small ViT trained on scikit-learn's 8x8 digits (2x2 patches, a 4 x 4 grid), "
-            f"overlaid on each input. Model: {html.escape(load_image_sample().source)}.</p>\n"
-            '<p><img src="digits.png" alt="digits" style="max-width: 100%"></p>'
-        )
-    page = _demo_page(sample, sections, plotting=plotting)
-    return [save("index.html", lambda file: file.write(page.encode("utf-8"))), *written]
-
-
-def _digits_figure() -> Any:
-    """Draw rollout and flow of [CLS] over the patches of the shipped digits (ViT)."""
-    from matplotlib.figure import Figure
-
-    import attnflow
-    import attnflow.plot
-
-    from ._sample import load_image_sample
-
-    digits = load_image_sample()
-    methods = {
-        "rollout": np.asarray(attnflow.rollout(digits.attentions, rows=0)),
-        "flow": np.asarray(attnflow.flow(digits.attentions, rows=0)),
-    }
-    count = digits.images.shape[0]
-    figure = Figure(figsize=(2.0 * count, 4.4), layout="constrained")
-    axes = figure.subplots(len(methods), count, squeeze=False)
-    for row, (name, scores) in enumerate(methods.items()):
-        for i in range(count):
-            attnflow.plot.image_overlay(
-                scores[i],
-                digits.images[i],
-                grid=(4, 4),
-                extra_tokens=1,
-                ax=axes[row, i],
-                title=f"{name}: {int(digits.labels[i])}",
-            )
-    figure.suptitle("[CLS] of a small ViT trained on scikit-learn's 8x8 digits", fontsize=10)
-    return figure
+# -- bars in the terminal tables (the demo's too) ----------------------------------------
 
 
 def _bar(fraction: float, width: int, *, unicode: bool) -> str:
@@ -319,154 +149,6 @@ def _can_encode(text: str, stream: TextIO) -> bool:
     except (UnicodeEncodeError, LookupError):
         return False
     return True
-
-
-def _field(label: str, text: str) -> list[str]:
-    """Format a header field: the label, then `text` wrapped with a hanging indent."""
-    return textwrap.wrap(
-        text,
-        width=_WIDTH,
-        initial_indent=f"{label:<9}",
-        subsequent_indent=" " * 9,
-        break_on_hyphens=False,
-    )
-
-
-def render_demo(
-    sentences: Sequence[str],
-    tokens: Sequence[Sequence[str]],
-    mask: NDArray[np.bool_],
-    raw: NDArray[np.floating],
-    rollout: NDArray[np.floating],
-    flow: NDArray[np.floating],
-    *,
-    rows: Sequence[int] | None = None,
-    source: str,
-    layers: int,
-    heads: int,
-    unicode: bool = True,
-    bar_width: int = 24,
-) -> list[str]:
-    """Lay out the demo: a header, then one table of real tokens per sentence.
-
-    Parameters
-    ----------
-    sentences : sequence of str
-        The ``batch`` input sentences.
-    tokens : sequence of sequence of str
-        ``batch`` rows of ``n`` tokens, padding included.
-    mask : ndarray of bool, shape (batch, n)
-        True for real tokens; padding is not shown.
-    raw, rollout, flow : ndarray, shape (batch, n)
-        Last-layer raw attention, rollout and attention flow of each sentence's explained
-        row.
-    rows : sequence of int, optional
-        The row explained in each sentence (default: 0, ``[CLS]``).
-    source : str
-        Where the attention comes from (model, versions).
-    layers, heads : int
-        Size of the model, for the header.
-    unicode : bool, default True
-        Draw bars with block characters, else with ``#``.
-    bar_width : int, default 24
-        Characters in the longest bar of each sentence.
-
-    Returns
-    -------
-    list of str
-        The lines to print.
-    """
-    explained = [0] * len(sentences) if rows is None else list(rows)
-    lines = [
-        f"{PROG} demo: how much each input token reaches the explained token",
-        "",
-        *_field("model", source),
-        *_field(
-            "method",
-            "attention rollout and attention flow of the explained row (the [MASK] word, as "
-            f"in the paper's Figure 4, else [CLS]; the page shows the same) to the last layer "
-            f"(L{layers}): the {heads} heads averaged, residual modelled as 0.5 A + 0.5 I, "
-            f"padding masked, flow rows normalised; 'raw' is layer {layers}'s own "
-            "head-averaged attention, the paper's baseline; bars show rollout",
-        ),
-        *_field("paper", PAPER),
-        *_field(
-            "call",
-            "attnflow.rollout(attentions, rows=row, mask=mask), "
-            "attnflow.flow(attentions, rows=row, mask=mask)",
-        ),
-    ]
-    token_width = max(
-        [5] + [len(t) for row, keep in zip(tokens, mask, strict=True) for t in np.array(row)[keep]]
-    )
-    for b, sentence in enumerate(sentences):
-        real = np.flatnonzero(mask[b])
-        top = float(max(rollout[b, real].max(), np.finfo(np.float64).tiny))
-        lines += [
-            "",
-            f"[{b + 1}/{len(sentences)}] {sentence}  (row {explained[b]}: {tokens[b][explained[b]]})",
-            f"  {'#':>3}  {'token':<{token_width}}  {'raw':>7}  {'rollout':>7}  {'flow':>7}",
-        ]
-        for i in real.tolist():
-            value = float(rollout[b, i])
-            bar = _bar(value / top, bar_width, unicode=unicode)
-            lines.append(
-                f"  {i:>3}  {tokens[b][i]:<{token_width}}  {float(raw[b, i]):>7.4f}  "
-                f"{value:>7.4f}  {float(flow[b, i]):>7.4f}  {bar}".rstrip()
-            )
-    lines += [
-        "",
-        *textwrap.wrap(
-            "Each column sums to 1 over the real tokens (padding, not shown, gets exactly "
-            "0); bars are scaled to the largest rollout in each sentence.",
-            width=_WIDTH,
-        ),
-    ]
-    return lines
-
-
-def _run_demo(args: argparse.Namespace) -> int:
-    """Print raw attention, rollout and flow of ``[CLS]`` for the shipped sample."""
-    import attnflow
-
-    from ._sample import load_sample
-
-    sample = load_sample()
-    if not args.no_files:
-        _demo_file_names(sample, args.output, force=args.force)  # refuse before the table
-    # The row the page explains too: the masked word (the paper's Figure 4), else [CLS].
-    rows = [
-        int(
-            np.flatnonzero(keep)[_explained_row([t for t, k in zip(words, keep, strict=True) if k])]
-        )
-        for words, keep in zip(sample.tokens, sample.mask, strict=True)
-    ]
-    picked = np.arange(len(rows)), np.asarray(rows)
-    raw = np.asarray(attnflow.raw(sample.attentions, mask=sample.mask))[picked]
-    rollout = np.asarray(attnflow.rollout(sample.attentions, mask=sample.mask))[picked]
-    flow = np.asarray(attnflow.flow(sample.attentions, mask=sample.mask))[picked]
-    _, layers, heads, _, _ = sample.attentions.shape
-    lines = render_demo(
-        sample.sentences,
-        sample.tokens,
-        sample.mask,
-        raw,
-        rollout,
-        flow,
-        rows=rows,
-        source=sample.source,
-        layers=layers,
-        heads=heads,
-        unicode=_can_encode(_bar(0.99, 8, unicode=True), sys.stdout),
-    )
-    print("\n".join(lines))
-    if not args.no_files:
-        written = _write_demo_files(sample, args.output, force=args.force)
-        print()
-        print(f"wrote {len(written)} files to {args.output}/: open {written[0]}")
-        if len(written) == 1:
-            print("(install matplotlib, `pip install 'attnflow[plot]'`, for the figures)")
-    return 0
 
 
 # -- attnflow rollout / flow / raw --------------------------------------------------------
@@ -874,6 +556,12 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+def _demo() -> Any:
+    from . import _demo
+
+    return _demo
+
+
 def _evaluate() -> Any:
     from . import _cli_evaluate
 
@@ -1104,7 +792,7 @@ COMMANDS: tuple[Command, ...] = (
             "once and shipped with attnflow (no model or network needed)."
         ),
         configure=_configure_demo,
-        run=_run_demo,
+        run=lambda args: _demo().run_demo(args),
     ),
     _method_command(
         "rollout",

@@ -24,9 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn, TypeAlias
 
-from array_api_compat import device as array_device
-
-from ._namespace import Boundary, enter_boundary, resolve_namespace
+from ._namespace import Boundary, array_device, enter_boundary, resolve_namespace
 from ._typing import ArrayT, Namespace
 from ._validation import describe
 

@@ -6,13 +6,18 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, NoReturn, cast
 
 import numpy as np
-from array_api_compat import device as array_device
 
 from ._heads import apply_head_fusion
-from ._namespace import Boundary, enter_boundary, resolve_namespace, values_are_inspectable
+from ._namespace import (
+    Boundary,
+    array_device,
+    enter_boundary,
+    resolve_namespace,
+    values_are_inspectable,
+)
+from ._normalize import normalize_rows
 from ._pipeline import select_rows
 from ._rollout import rollout_products
-from ._rows import normalize_rows
 from ._typing import Array, HeadFusion, LayerSelection, Namespace, RowSelection
 from ._validation import (
     AttentionLayout,

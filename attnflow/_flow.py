@@ -783,6 +783,6 @@ def _host_mask(prepared: PreparedAttention) -> np.ndarray | None:
 
 
 def _numpy_namespace() -> Namespace:
-    import array_api_compat.numpy
+    from ._namespace import numpy_namespace
 
-    return array_api_compat.numpy
+    return numpy_namespace()

@@ -5,13 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from array_api_compat import device as array_device
-
-from ._namespace import Boundary, enter_boundary, resolve_namespace, values_are_inspectable
+from ._namespace import (
+    Boundary,
+    array_device,
+    enter_boundary,
+    resolve_namespace,
+    values_are_inspectable,
+)
+from ._normalize import normalize_rows
 from ._pipeline import select_rows
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._rollout import rollout_products
-from ._rows import normalize_rows
 from ._typing import ArrayT, LayerSelection, Namespace, RowSelection
 from ._validation import (
     AttentionLayout,

@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from array_api_compat import device as array_device
-
-from ._namespace import enter_boundary, resolve_namespace, values_are_inspectable
-from ._rows import normalize_rows
+from ._namespace import array_device, enter_boundary, resolve_namespace, values_are_inspectable
+from ._normalize import normalize_rows
 from ._typing import ArrayT, HeadFusion, Namespace
 from ._validation import (
     AttentionLayout,

@@ -10,10 +10,22 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import array_api_compat
 import numpy as np
 
-from ._namespace import _tensorflow_to_numpy, is_tensorflow_tensor, values_are_inspectable
+from ._namespace import (
+    _tensorflow_to_numpy,
+    array_device,
+    array_namespace,
+    is_array_api_strict_namespace,
+    is_cupy_array,
+    is_dask_array,
+    is_jax_array,
+    is_numpy_array,
+    is_tensorflow_tensor,
+    is_torch_array,
+    to_device,
+    values_are_inspectable,
+)
 from ._typing import Array, Namespace
 
 __all__ = ["from_host", "to_host"]
@@ -31,7 +43,7 @@ def to_host(x: Array, *, name: str = "attentions", keep_dtype: bool = False) -> 
     """
     if is_tensorflow_tensor(x):
         host = _tensorflow_to_numpy(x, name)
-    elif array_api_compat.is_dask_array(x):
+    elif is_dask_array(x):
         host = np.asarray(x)  # computes the graph: flow needs the values
     elif not values_are_inspectable(x):
         msg = (
@@ -41,28 +53,28 @@ def to_host(x: Array, *, name: str = "attentions", keep_dtype: bool = False) -> 
             "`jax.jit`."
         )
         raise TypeError(msg)
-    elif array_api_compat.is_numpy_array(x):
+    elif is_numpy_array(x):
         host = x
-    elif array_api_compat.is_torch_array(x):
+    elif is_torch_array(x):
         # Flow is not differentiable: the graph is detached on purpose. NumPy has no
         # bfloat16: such tensors are widened to float32, which holds them exactly.
         x = x.detach().cpu()
         host = (x.float() if x.dtype == sys.modules["torch"].bfloat16 else x).numpy()
-    elif array_api_compat.is_cupy_array(x):
+    elif is_cupy_array(x):
         host = x.get()
-    elif array_api_compat.is_jax_array(x):
+    elif is_jax_array(x):
         host = np.asarray(x)  # copies from any device
-    elif array_api_compat.is_array_api_strict_namespace(array_api_compat.array_namespace(x)):
-        strict = array_api_compat.array_namespace(x)
+    elif is_array_api_strict_namespace(array_namespace(x)):
+        strict = array_namespace(x)
         host = np.asarray(strict.asarray(x, device=strict.Device("CPU_DEVICE")))
     else:
-        host = np.from_dlpack(array_api_compat.to_device(x, "cpu"))
+        host = np.from_dlpack(to_device(x, "cpu"))
     return np.asarray(host) if keep_dtype else np.asarray(host, dtype=np.float64)
 
 
 def from_host(values: np.ndarray, *, like: Array, xp: Namespace) -> Any:
     """Hand host `values` back in the namespace, dtype and device of `like`."""
-    device = array_api_compat.device(like)
-    if array_api_compat.is_dask_array(like):
+    device = array_device(like)
+    if is_dask_array(like):
         return xp.asarray(values.astype(like.dtype))
     return xp.asarray(values, dtype=like.dtype, device=device)

@@ -18,16 +18,46 @@ from dataclasses import dataclass
 from typing import Any
 
 import array_api_compat
+from array_api_compat import (
+    array_namespace,
+    is_array_api_obj,
+    is_array_api_strict_namespace,
+    is_cupy_array,
+    is_dask_array,
+    is_jax_array,
+    is_numpy_array,
+    is_torch_array,
+    to_device,
+)
+from array_api_compat import device as array_device
 
 from ._typing import Array, Namespace
 
 __all__ = [
     "Boundary",
+    "array_device",
+    "array_namespace",
     "enter_boundary",
+    "is_array_api_obj",
+    "is_array_api_strict_namespace",
+    "is_cupy_array",
+    "is_dask_array",
+    "is_jax_array",
+    "is_numpy_array",
     "is_tensorflow_tensor",
+    "is_torch_array",
+    "numpy_namespace",
     "resolve_namespace",
+    "to_device",
     "values_are_inspectable",
 ]
+
+
+def numpy_namespace() -> Namespace:
+    """Return ``array_api_compat.numpy``, NumPy's array-API namespace (imported on first use)."""
+    import array_api_compat.numpy
+
+    return array_api_compat.numpy
 
 
 def is_tensorflow_tensor(x: object) -> bool:

@@ -10,11 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from array_api_compat import device as array_device
-
 from ._heads import apply_head_fusion
-from ._namespace import Boundary, enter_boundary, resolve_namespace
-from ._rows import normalize_rows
+from ._namespace import Boundary, array_device, enter_boundary, resolve_namespace
+from ._normalize import normalize_rows
 from ._typing import Namespace
 from ._validation import (
     AttentionLayout,

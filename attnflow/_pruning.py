@@ -21,10 +21,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from array_api_compat import device as array_device
-
+from ._namespace import array_device
+from ._normalize import normalize_rows
 from ._residual import mix_residual
-from ._rows import normalize_rows
 from ._typing import Namespace
 from ._validation import PruningSpec
 

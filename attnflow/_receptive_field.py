@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from array_api_compat import device as array_device
-
+from ._namespace import array_device
 from ._typing import Namespace
 
 __all__ = ["normalize_attribution", "uniform_causal_attention"]

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from array_api_compat import device as array_device
-
-from ._namespace import enter_boundary, resolve_namespace
+from ._namespace import array_device, enter_boundary, resolve_namespace
 from ._typing import ArrayT, Namespace
 from ._validation import check_floating, check_residual
 

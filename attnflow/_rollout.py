@@ -6,8 +6,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
-from array_api_compat import device as array_device
-
+from ._namespace import array_device
 from ._pipeline import PreparedAttention, prepare_attention, select_rows
 from ._pruning import prune
 from ._receptive_field import normalize_attribution, uniform_causal_attention

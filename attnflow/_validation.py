@@ -268,9 +268,9 @@ def check_causal(fused: Array, xp: Namespace) -> None:
 
 
 def _device_of(x: Array) -> Any:
-    from array_api_compat import device
+    from ._namespace import array_device
 
-    return device(x)
+    return array_device(x)
 
 
 def check_layers(layers: object, n_layers: int) -> tuple[int, bool]:

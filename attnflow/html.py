@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ._display import FloatArray, as_numpy, check_finite, check_tokens
 from ._html_script import INTERACTIVE_CSS, INTERACTIVE_JS
-from .plot import FloatArray, _as_numpy, _check_finite, _check_tokens
 
 __all__ = ["InteractiveView", "TokenView"]
 
@@ -142,14 +142,14 @@ class TokenView:
         rows: dict[str | None, FloatArray] = {}
         for key, value in named:
             name = "scores" if key is None else f"scores[{key!r}]"
-            row = _as_numpy(value, name)
+            row = as_numpy(value, name)
             if row.ndim != 1:
                 msg = (
                     f"`{name}` must be one row of scores, shape (n,); got shape {row.shape}. "
                     "Pass several rows as a mapping name -> scores."
                 )
                 raise ValueError(msg)
-            _check_finite(row, name)
+            check_finite(row, name)
             rows[key] = row
         n = next(iter(rows.values())).shape[0]
         for key, row in rows.items():
@@ -160,7 +160,7 @@ class TokenView:
                 )
                 raise ValueError(msg)
         self.rows = rows
-        self.tokens = tuple(_check_tokens(tokens, n, "scores"))
+        self.tokens = tuple(check_tokens(tokens, n, "scores"))
         self.title = title
         self._rgb = _parse_colour(color)
         digits: object = precision
@@ -407,14 +407,14 @@ class InteractiveView:
         self.heads: dict[str, int | None] = {}
         for key, value in named:
             name = "scores" if not isinstance(scores, Mapping) else f"scores[{key!r}]"
-            array = _as_numpy(value, name)
+            array = as_numpy(value, name)
             if not 1 <= array.ndim <= 4 or 0 in array.shape:
                 msg = (
                     f"`{name}` must have shape (n,), (layers, n), (layers, rows, n) or "
                     f"(layers, heads, rows, n); got shape {array.shape}."
                 )
                 raise ValueError(msg)
-            _check_finite(array, name)
+            check_finite(array, name)
             self.heads[key] = int(array.shape[1]) if array.ndim == 4 else None
             while array.ndim < 3:
                 array = array[None] if array.ndim == 1 else array[:, None]
@@ -428,7 +428,7 @@ class InteractiveView:
                     f"{key!r} has {array.shape[-2]} row(s) of {array.shape[-1]}."
                 )
                 raise ValueError(msg)
-        self.tokens = tuple(_check_tokens(tokens, n, "scores"))
+        self.tokens = tuple(check_tokens(tokens, n, "scores"))
         self.rows = _row_positions(rows, n_rows, n)
         self.title = title
         self._rgb = _parse_colour(color)

@@ -25,12 +25,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-import array_api_compat
 import numpy as np
 from numpy.typing import NDArray
 
-from ._host import to_host
-from ._namespace import _tensorflow_to_numpy, is_tensorflow_tensor, values_are_inspectable
+from ._display import FloatArray, as_numpy, check_finite, check_tokens
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -45,8 +43,6 @@ __all__ = [
     "token_heatmap",
 ]
 
-FloatArray = NDArray[np.float64]
-
 DEFAULT_CMAP = "magma_r"
 """Scores on white: a perceptually uniform map (lightness rises steadily with the value,
 so equal steps look equal, also in grey print), reversed so that 0 is near white."""
@@ -60,60 +56,6 @@ _ANNOTATE_UP_TO = 24
 
 
 # -- input handling ------------------------------------------------------------------------
-
-
-def _as_numpy(x: Any, name: str) -> FloatArray:
-    """Copy `x` (any supported array library, or nested sequences) to float64 NumPy."""
-    if isinstance(x, np.ndarray):
-        values: Any = x
-    elif is_tensorflow_tensor(x):
-        values = _tensorflow_to_numpy(x, name)
-    elif array_api_compat.is_array_api_obj(x):
-        if not values_are_inspectable(x) and not array_api_compat.is_dask_array(x):
-            msg = (
-                f"`{name}` has no values here (it is traced, e.g. inside `jax.jit`); "
-                "plotting needs concrete values. Plot outside the compiled function."
-            )
-            raise TypeError(msg)
-        return to_host(x, name=name)
-    else:
-        values = x
-    try:
-        return np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        msg = f"`{name}` must be an array of numbers; got {type(x).__name__}: {exc}"
-        raise TypeError(msg) from exc
-
-
-def _check_finite(values: FloatArray, name: str) -> None:
-    if not np.isfinite(values).all():
-        bad = int(np.size(values) - np.count_nonzero(np.isfinite(values)))
-        msg = f"`{name}` must be finite; it has {bad} NaN or infinite value(s)."
-        raise ValueError(msg)
-
-
-def _check_tokens(tokens: Sequence[str], n: int, what: str) -> list[str]:
-    """`tokens` as a list of `n` strings; `what` names the array whose last axis has n."""
-    given: object = tokens  # checked at run time whatever the annotation says
-    if isinstance(given, str | bytes) or not isinstance(given, Sequence):
-        msg = (
-            f"`tokens` must be a sequence of {n} strings (one per token); got "
-            f"{type(given).__name__}."
-        )
-        raise TypeError(msg)
-    labels: list[str] = []
-    for index, token in enumerate(given):
-        if not isinstance(token, str):
-            msg = f"`tokens` must hold strings; tokens[{index}] is {type(token).__name__}."
-            raise TypeError(msg)
-        labels.append(token)
-    if len(labels) != n:
-        msg = (
-            f"`tokens` has {len(labels)} entries but `{what}` has {n} tokens on its last axis; "
-            "pass one label per token (padding included, or slice both)."
-        )
-        raise ValueError(msg)
-    return labels
 
 
 def _limits(values: FloatArray, vmin: float | None, vmax: float | None) -> tuple[float, float]:
@@ -226,7 +168,7 @@ def token_heatmap(
     ['[CLS]', 'cats', 'sleep']
     >>> fig.savefig("heatmap.png")  # doctest: +SKIP
     """
-    values = _as_numpy(scores, "scores")
+    values = as_numpy(scores, "scores")
     if values.ndim != 1:
         msg = (
             f"`scores` must be one row of scores, shape (n,); got shape {values.shape}. "
@@ -234,8 +176,8 @@ def token_heatmap(
         )
         raise ValueError(msg)
     n = values.shape[0]
-    labels = _check_tokens(tokens, n, "scores")
-    _check_finite(values, "scores")
+    labels = check_tokens(tokens, n, "scores")
+    check_finite(values, "scores")
     low, high = _limits(values, vmin, vmax)
 
     figure, axes = _figure_and_axes(ax, (max(4.0, 0.55 * n + 2.0), 2.2))
@@ -290,7 +232,7 @@ def _named_maps(maps: Any, titles: Sequence[str] | None) -> list[tuple[str | Non
             raise ValueError(msg)
         named = [(None, value) for value in maps]
     else:
-        stacked = _as_numpy(maps, "maps")
+        stacked = as_numpy(maps, "maps")
         if stacked.ndim == 2:
             named = [(None, stacked)]
         elif stacked.ndim == 3:
@@ -311,7 +253,7 @@ def _named_maps(maps: Any, titles: Sequence[str] | None) -> list[tuple[str | Non
     panels: list[tuple[str | None, FloatArray]] = []
     for index, (title, value) in enumerate(named):
         name = f"maps[{title!r}]" if isinstance(maps, Mapping) else f"maps[{index}]"
-        array = _as_numpy(value, name)
+        array = as_numpy(value, name)
         if array.ndim != 2:
             msg = (
                 f"`{name}` must be a (layers, n) map, one row per layer; got shape "
@@ -319,7 +261,7 @@ def _named_maps(maps: Any, titles: Sequence[str] | None) -> list[tuple[str | Non
                 "`attnflow.rollout(w, rows=0, layers='all')`."
             )
             raise ValueError(msg)
-        _check_finite(array, name)
+        check_finite(array, name)
         panels.append((title, array))
     return panels
 
@@ -418,7 +360,7 @@ def layer_token_map(
                 f"{array.shape}, map 0 has {panels[0][1].shape}."
             )
             raise ValueError(msg)
-    labels = _check_tokens(tokens, n, "maps")
+    labels = check_tokens(tokens, n, "maps")
     n_layers = max(array.shape[0] for _, array in panels)
     if figsize is None:
         width = len(panels) * _token_axis_width(n) + 1.0
@@ -496,7 +438,7 @@ def _patch_grid(n_patches: int, grid: tuple[int, int] | None, extra_tokens: int)
 
 def _as_image(image: Any) -> FloatArray:
     """`image` as float (H, W) or (H, W, 3|4) with values in [0, 1]."""
-    pixels = _as_numpy(image, "image")
+    pixels = as_numpy(image, "image")
     if pixels.ndim == 3 and pixels.shape[-1] not in (1, 3, 4) and pixels.shape[0] in (1, 3, 4):
         pixels = np.moveaxis(pixels, 0, -1)  # channel-first (PyTorch) to channel-last
     if pixels.ndim == 3 and pixels.shape[-1] == 1:
@@ -510,7 +452,7 @@ def _as_image(image: Any) -> FloatArray:
     if pixels.shape[0] == 0 or pixels.shape[1] == 0:
         msg = f"`image` is empty: shape {pixels.shape}."
         raise ValueError(msg)
-    _check_finite(pixels, "image")
+    check_finite(pixels, "image")
     low, high = float(pixels.min()), float(pixels.max())
     if low >= 0.0 and 1.0 < high <= 255.0:  # 8-bit values
         return pixels / 255.0
@@ -615,7 +557,7 @@ def image_overlay(
     >>> fig.axes[0].images[1].get_array().shape
     (40, 60)
     """
-    values = _as_numpy(scores, "scores")
+    values = as_numpy(scores, "scores")
     if values.ndim != 1:
         msg = (
             f"`scores` must be one row of token scores, shape (n,); got shape "
@@ -639,7 +581,7 @@ def image_overlay(
     if interpolation not in ("nearest", "bilinear"):
         msg = f"`interpolation` must be 'nearest' or 'bilinear'; got {interpolation!r}."
         raise ValueError(msg)
-    _check_finite(values, "scores")
+    check_finite(values, "scores")
     patches = values[int(extra_tokens) :]
     rows, cols = _patch_grid(patches.shape[0], grid, int(extra_tokens))
     pixels = _as_image(image)
@@ -744,7 +686,7 @@ def attention_graph(
     >>> len(fig.axes[0].collections[0].get_segments())  # 3 layers of 4 x 4 edges
     48
     """
-    weights = _as_numpy(attentions_fused, "attentions_fused")
+    weights = as_numpy(attentions_fused, "attentions_fused")
     if weights.ndim != 3 or weights.shape[1] != weights.shape[2] or weights.shape[0] == 0:
         msg = (
             "`attentions_fused` must be head-fused attention of one example, shape "
@@ -759,8 +701,8 @@ def attention_graph(
             "graph would be unreadable. Raise `max_tokens` or slice the tokens of interest."
         )
         raise ValueError(msg)
-    labels = _check_tokens(tokens, n, "attentions_fused")
-    _check_finite(weights, "attentions_fused")
+    labels = check_tokens(tokens, n, "attentions_fused")
+    check_finite(weights, "attentions_fused")
     if (weights < 0).any():
         msg = f"`attentions_fused` must be non-negative; its minimum is {weights.min():.4g}."
         raise ValueError(msg)

@@ -15,7 +15,7 @@ import pytest
 from backends import selected_variants
 
 import attnflow
-from attnflow import _cli
+from attnflow import _cli, _demo
 from attnflow._cli import EXIT_FAILURE, EXIT_USAGE, main
 from attnflow._sample import Sample, load_sample
 
@@ -164,7 +164,7 @@ def test_demo_rollout_is_not_the_raw_attention(capsys: pytest.CaptureFixture[str
 def test_demo_ascii_bars() -> None:
     sample = load_sample()
     values = np.array([[0.5, 0.25, 0.25]])
-    lines = _cli.render_demo(
+    lines = _demo.render_demo(
         ["a b"],
         [["[CLS]", "a", "b"]],
         np.array([[True, True, True]]),

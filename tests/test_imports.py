@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import inspect
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import attnflow
 import attnflow.adapters
@@ -82,3 +85,73 @@ def test_signatures_follow_the_conventions() -> None:
 def test_adapters_are_installed_as_a_subpackage() -> None:
     assert attnflow.adapters.__name__ == "attnflow.adapters"
     assert attnflow.adapters.__all__ == []
+
+
+def _isort_key(name: str) -> tuple[int, list[int | str]]:
+    """Ruff's RUF022 order: CONSTANTS, then CamelCase, then the rest, each naturally sorted."""
+    kind = 0 if name.isupper() and len(name) > 1 else 1 if name[:1].isupper() else 2
+    return kind, [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _bound_names(statements: list[ast.stmt]) -> set[str]:
+    """The names a module's top level binds at run time (``if TYPE_CHECKING:`` excluded)."""
+    names: set[str] = set()
+    for node in statements:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.If):
+            if "TYPE_CHECKING" not in ast.unparse(node.test):
+                names |= _bound_names(node.body) | _bound_names(node.orelse)
+        elif isinstance(node, ast.Try):
+            names |= _bound_names(node.body + node.orelse + node.finalbody)
+            names |= {n for h in node.handlers for n in _bound_names(h.body)}
+        elif isinstance(node, ast.With):
+            names |= _bound_names(node.body)
+    return names
+
+
+def _source_modules() -> list[Path]:
+    """Every Python module of attnflow, its adapters, evaluation and integrations."""
+    roots = [Path(attnflow.__file__).parent, Path(attnflow.adapters.__file__).parent]
+    return sorted(path for root in roots for path in root.rglob("*.py"))
+
+
+def test_every_module_has_a_sorted_all_of_names_it_defines() -> None:
+    # Read from the source, not imported: the framework adapters and integrations are
+    # checked in every session, whichever frameworks it has installed.
+    modules = _source_modules()
+    folders = {path.parent.name for path in modules}
+    assert {"attnflow", "adapters", "evaluate", "integrations"} <= folders, folders
+    for path in modules:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        declared = [
+            node
+            for node in tree.body
+            if isinstance(node, ast.Assign | ast.AnnAssign)
+            and "__all__" in {t.id for t in ast.walk(node) if isinstance(t, ast.Name)}
+        ]
+        assert len(declared) == 1, f"{path}: no single __all__"
+        assert declared[0].value is not None, path
+        names = ast.literal_eval(declared[0].value)
+        assert isinstance(names, list | tuple), path
+        assert list(names) == sorted(names, key=_isort_key), f"{path}: __all__ is not sorted"
+        assert len(set(names)) == len(names), f"{path}: __all__ repeats a name"
+        missing = set(names) - _bound_names(tree.body)
+        assert not missing, f"{path}: __all__ names {sorted(missing)}, which it does not define"
+
+
+def test_the_public_all_of_each_public_module_exists_at_run_time() -> None:
+    import attnflow.evaluate
+    import attnflow.explanation
+    import attnflow.html
+    import attnflow.plot
+
+    for module in (attnflow, attnflow.evaluate, attnflow.explanation, attnflow.html, attnflow.plot):
+        assert list(module.__all__) == sorted(module.__all__, key=_isort_key), module
+        missing = [name for name in module.__all__ if not hasattr(module, name)]
+        assert not missing, (module.__name__, missing)

@@ -1,1 +1,3 @@
 """Data that ships with attnflow: the embedded sample used by ``attnflow demo``."""
+
+__all__: list[str] = []

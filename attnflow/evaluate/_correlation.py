@@ -226,7 +226,7 @@ def _to_last(x: Array, axis: int, xp: Namespace) -> Array:
 
 
 def _device(x: Array) -> Any:
-    from array_api_compat import device
+    from attnflow._namespace import array_device as device
 
     return device(x)
 

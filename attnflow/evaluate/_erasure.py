@@ -167,10 +167,10 @@ def _eligible(where: Any, mask: np.ndarray | None, batch: int, units: int) -> np
 
 
 def _is_bool(x: Any) -> bool:
-    import array_api_compat
+    from attnflow._namespace import array_namespace
 
     try:
-        return bool(array_api_compat.array_namespace(x).isdtype(x.dtype, "bool"))
+        return bool(array_namespace(x).isdtype(x.dtype, "bool"))
     except TypeError:
         return False
 

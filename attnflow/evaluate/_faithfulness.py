@@ -24,7 +24,7 @@ from attnflow._flow import WorkersLostError, flow
 from attnflow._flow import _check_flow_options as check_flow_options
 from attnflow._gradient_rollout import gradient_rollout
 from attnflow._host import to_host
-from attnflow._namespace import enter_boundary
+from attnflow._namespace import array_device, array_namespace, enter_boundary
 from attnflow._rollout import raw, rollout
 from attnflow._typing import Array, Namespace
 from attnflow._validation import describe
@@ -772,10 +772,8 @@ def _explain(
     mask = None
     if host_mask is not None:
         (converted,), _ = enter_boundary([first], ["attentions"])
-        import array_api_compat
-
-        xp = array_api_compat.array_namespace(converted)
-        mask = xp.asarray(host_mask, device=array_api_compat.device(converted))
+        xp = array_namespace(converted)
+        mask = xp.asarray(host_mask, device=array_device(converted))
     options: dict[str, Any] = {"layers": "all", "mask": mask}
     if _is_flow(method) if flow_like is None else flow_like:
         options.update({k: v for k, v in flow_options.items() if v is not None})

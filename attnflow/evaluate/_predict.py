@@ -84,7 +84,7 @@ def read_inputs(
             f"got dtype {array.dtype}."
         )
         raise TypeError(msg)
-    from array_api_compat import device as array_device
+    from attnflow._namespace import array_device
 
     host = to_host(array, name="inputs", keep_dtype=True)
     host_mask = check_mask_for(mask_array, host.shape[:2], namespace)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import operator
 
+__all__ = ["check_layer_choice"]
+
 
 def check_layer_choice(layers: object) -> None:
     """Check a `layers` option that must give one map per position: "last" or one index.

@@ -13,6 +13,15 @@ from attnflow.adapters.torch import explain  # type: ignore[import-not-found,unu
 
 from ._options import check_layer_choice
 
+__all__ = [
+    "INTERPOLATIONS",
+    "METHODS",
+    "check_method",
+    "pixel_maps",
+    "prefix_tokens_of",
+    "token_scores",
+]
+
 METHODS = ("rollout", "flow", "gradient_rollout")
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 

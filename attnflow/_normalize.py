@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._namespace import array_device
 from ._typing import Array, Namespace
 
 __all__ = ["normalize_rows"]
@@ -40,11 +41,5 @@ def normalize_rows(attention: Array, xp: Namespace, *, valid_rows: Array | None 
     empty = sums == 0  # not `~has_mass`: a NaN sum is not an empty row
     empty = empty if valid_rows is None else (empty & valid_rows)
     n = attention.shape[-1]
-    eye = xp.eye(n, dtype=attention.dtype, device=_device(attention))
+    eye = xp.eye(n, dtype=attention.dtype, device=array_device(attention))
     return xp.where(empty, eye, normalised)
-
-
-def _device(x: Array) -> object:
-    from array_api_compat import device
-
-    return device(x)
