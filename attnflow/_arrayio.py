@@ -10,15 +10,14 @@ last step is exclusive (a hard link, else ``O_EXCL``), so of two writers exactly
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
+from . import _atomic
 from ._array_headers import ArrayEntry, ArrayFileError, ArrayHeader, open_entries
 
 __all__ = [
@@ -199,7 +198,8 @@ def write_atomically(
     target, so the target never holds a partial file. Without `force` that last step is
     exclusive: of two writers racing for one name exactly one wins, and the other gets the
     "exists" error. A symbolic link at the target counts as a file even when dangling. The
-    temporary file is removed on every path, errors and KeyboardInterrupt included.
+    temporary file is removed on every path, errors and KeyboardInterrupt included (the
+    writer is :func:`attnflow._atomic.write_atomically`).
 
     Returns
     -------
@@ -217,47 +217,11 @@ def write_atomically(
     if not target.parent.is_dir():
         msg = f"folder {target.parent} does not exist"
         raise ArrayFileError(msg)
-    descriptor, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    temporary = Path(name)
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            write(file)
-        temporary.chmod(0o644)
-        if force:
-            temporary.replace(target)
-        else:
-            _publish_exclusively(temporary, target)
-    finally:
-        # After a link the temporary name is left over; after a rename it is gone.
-        temporary.unlink(missing_ok=True)
-    return target
+    return _atomic.write_atomically(target, write, replace=force, exists=_exists)
 
 
 def _exists(target: Path) -> ArrayFileError:
     return ArrayFileError(f"{target} exists; pass --force to replace it")
-
-
-def _publish_exclusively(temporary: Path, target: Path) -> None:
-    """Give `temporary` the name `target` unless `target` exists (atomically, no race)."""
-    try:
-        os.link(temporary, target)  # fails if anything, a dangling link too, has the name
-    except FileExistsError:
-        raise _exists(target) from None
-    except OSError:
-        pass  # no hard links here (some network or FAT file systems): claim with O_EXCL
-    else:
-        return
-    try:
-        claim = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        raise _exists(target) from None
-    os.close(claim)
-    try:
-        temporary.replace(target)  # over the empty file this writer just claimed
-    except BaseException:
-        with contextlib.suppress(OSError):
-            target.unlink()
-        raise
 
 
 def write_npz(

@@ -628,7 +628,7 @@ def _configure_plot(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--title", help="a title for the figure or page")
 
 
-def _select(values: NDArray[Any], index: str) -> NDArray[Any]:
+def _apply_index(values: NDArray[Any], index: str) -> NDArray[Any]:
     """Apply ``--index`` (integers for the leading axes) to `values`."""
     if not index:
         return values
@@ -646,7 +646,6 @@ def _select(values: NDArray[Any], index: str) -> NDArray[Any]:
 
 def _run_plot(args: argparse.Namespace) -> int:
     """Render one of attnflow's pictures from a file of scores or attention."""
-    import importlib.util
     from pathlib import Path
 
     from ._arrayio import ArrayFileError, read_array
@@ -659,7 +658,7 @@ def _run_plot(args: argparse.Namespace) -> int:
     if suffix == ".html" and args.kind != "tokens":
         msg = f"HTML output shows token scores: use --kind tokens (got --kind {args.kind})"
         raise UsageError(msg)
-    if suffix != ".html" and importlib.util.find_spec("matplotlib") is None:
+    if suffix != ".html" and not _has_module("matplotlib"):
         msg = "PNG, SVG and PDF figures need matplotlib: pip install 'attnflow[plot]'"
         raise UsageError(msg)
     if args.heads is not None and args.kind != "graph":
@@ -671,7 +670,7 @@ def _run_plot(args: argparse.Namespace) -> int:
     default = "attentions" if args.kind == "graph" else "scores"
     try:
         stored = read_array(args.input, key=args.key, default=default)
-        values = _select(stored, args.index)
+        values = _apply_index(stored, args.index)
         tokens = None
         if args.tokens:
             tokens = Path(args.tokens).read_text(encoding="utf-8").splitlines()

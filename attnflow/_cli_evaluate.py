@@ -178,7 +178,7 @@ def write_reports(
     `reports` are keyed by explained row (or any label); `titles` names their sections
     (by default from the row) and `papers` gives published numbers to draw beside them.
     """
-    import importlib.util
+    from ._cli import _has_module
 
     markdown = [f"# {heading}", ""]
     if preamble:
@@ -189,7 +189,7 @@ def write_reports(
         title = (titles or {}).get(row) or _row_title(row)
         markdown += [f"## {title}", "", report.to_markdown(), ""]
         pages.append(f"<h2>{html.escape(title)}</h2>{report.to_html()}")
-        if importlib.util.find_spec("matplotlib") is not None:
+        if _has_module("matplotlib"):
             figure = report.plot(paper=(papers or {}).get(row), title=f"{heading}: {title}")
             path = folder / f"faithfulness-{row}.png"
             temporary = path.with_name(f".{path.name}.tmp.png")

@@ -11,16 +11,20 @@ import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._cli import PAPER, PROG, UsageError, _bar, _can_encode
+from ._cli import PAPER, PROG, UsageError, _bar, _can_encode, _has_module
+
+if TYPE_CHECKING:
+    from .html import TokenView
 
 __all__ = ["render_demo", "run_demo"]
 
 _WIDTH = 88
+_LAYOUT_CSS = "body { font-family: sans-serif; max-width: 1100px; margin: auto; }\n"
 
 
 def _explained_row(tokens: Sequence[str]) -> int:
@@ -28,9 +32,11 @@ def _explained_row(tokens: Sequence[str]) -> int:
     return list(tokens).index("[MASK]") if "[MASK]" in tokens else 0
 
 
-def _demo_page(sample: Any, sections: Sequence[str], *, plotting: bool) -> str:
+def _demo_page(sample: Any, sections: Sequence[str | TokenView], *, plotting: bool) -> str:
     """Assemble the demo's standalone HTML page from its per-sentence sections."""
     import html
+
+    from .html import _views_page
 
     note = (
         ""
@@ -38,26 +44,23 @@ def _demo_page(sample: Any, sections: Sequence[str], *, plotting: bool) -> str:
         else "<p>Install matplotlib (<code>pip install 'attnflow[plot]'</code>) for the "
         "figures.</p>"
     )
-    return (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        "<title>attnflow demo</title>\n</head>\n"
-        '<body style="font-family: sans-serif; max-width: 1100px; margin: auto">\n'
+    header = (
         "<h1>attnflow demo</h1>\n"
         "<p>Raw attention, attention rollout and attention flow of a real model: "
         f"{html.escape(sample.source)}. Each sentence explains its [MASK] token (the "
         f"paper's Figure 4) or, without one, its [CLS] token. {html.escape(PAPER)}</p>\n"
-        f"{note}\n" + "\n".join(sections) + "\n</body>\n</html>\n"
+        f"{note}"
     )
+    return _views_page("attnflow demo", [header, *sections], css=_LAYOUT_CSS)
 
 
 def _demo_file_names(sample: Any, folder: str, *, force: bool) -> list[str]:
     """List the demo's files; refuse (before anything is printed) to replace any."""
-    import importlib.util
     from pathlib import Path
 
     target = Path(folder)
     names = ["index.html"]
-    if importlib.util.find_spec("matplotlib") is not None:
+    if _has_module("matplotlib"):
         names += [
             f"sentence-{b + 1}-{kind}.png"
             for b in range(len(sample.sentences))
@@ -97,7 +100,8 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
         except ArrayFileError as error:
             raise UsageError(str(error)) from None
 
-    sections, written = [], []
+    sections: list[str | TokenView] = []
+    written: list[str] = []
     for b, sentence in enumerate(sample.sentences):
         real = np.flatnonzero(sample.mask[b])
         tokens = [sample.tokens[b][i] for i in real]
@@ -147,9 +151,7 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
                     f'<p><img src="{name}" alt="{kind} of sentence {b + 1}" '
                     'style="max-width: 100%"></p>\n'
                 )
-        sections.append(
-            f"<h2>{b + 1}. {html.escape(sentence)}</h2>\n{view._repr_html_()}\n{images}"
-        )
+        sections += [f"<h2>{b + 1}. {html.escape(sentence)}</h2>", view, images]
     if plotting:
         digits = _digits_figure()
         written.append(save("digits.png", lambda file: digits.savefig(file, format="png", dpi=110)))

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import re
-import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ._atomic import write_atomically
 from ._display import FloatArray, as_numpy, check_finite, check_tokens
 from ._html_script import INTERACTIVE_CSS, INTERACTIVE_JS
 
@@ -253,7 +253,7 @@ class TokenView:
             resources.
         """
         title = self.title if self.title is not None else "attnflow tokens"
-        return _page(title, _CSS, self._body())
+        return _views_page(title, [self])
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
         """Write :meth:`to_html` to `path` atomically.
@@ -735,44 +735,24 @@ def _page(title: str, css: str, body: str) -> str:
     )
 
 
+def _views_page(title: str, parts: Sequence[str | TokenView], *, css: str = "") -> str:
+    """Return a standalone page of `parts` in order: markup as given, views as markup.
+
+    The views' style sheet is in the page's head once (with `css` after it), not repeated
+    before each view as in their notebook output.
+    """
+    body = "\n".join(part if isinstance(part, str) else part._body() for part in parts)
+    return _page(title, _CSS + css, body)
+
+
 def _write_page(
     render: Callable[[], str], path: str | os.PathLike[str], *, overwrite: bool
 ) -> Path:
     """Write ``render()`` to `path` atomically (mode 0o644), refusing an existing file."""
-    target = Path(path)
-    if not overwrite and target.exists():
-        msg = f"{str(target)!r} exists; pass `overwrite=True` to replace it."
-        raise FileExistsError(msg)
-    descriptor, temporary = tempfile.mkstemp(
-        dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"
+
+    def exists(target: Path) -> FileExistsError:
+        return FileExistsError(f"{str(target)!r} exists; pass `overwrite=True` to replace it.")
+
+    return write_atomically(
+        path, lambda file: file.write(render().encode("utf-8")), replace=overwrite, exists=exists
     )
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8", newline="\n") as stream:
-            stream.write(render())
-            stream.flush()
-            os.fsync(stream.fileno())
-        Path(temporary).chmod(0o644)  # mkstemp makes it private; a page is for reading
-        if overwrite:
-            Path(temporary).replace(target)
-        else:
-            _move_without_overwrite(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return target
-
-
-def _move_without_overwrite(source: str, target: Path) -> None:
-    """Move `source` to `target`, failing if `target` appeared in the meantime."""
-    try:
-        os.link(source, target)  # atomic, and refuses an existing target
-    except FileExistsError:
-        msg = f"{str(target)!r} exists; pass `overwrite=True` to replace it."
-        raise FileExistsError(msg) from None
-    except OSError:  # no hard links on this file system: check, then move
-        if target.exists():
-            msg = f"{str(target)!r} exists; pass `overwrite=True` to replace it."
-            raise FileExistsError(msg) from None
-        Path(source).replace(target)
-        return
-    Path(source).unlink()
