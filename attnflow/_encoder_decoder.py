@@ -16,7 +16,7 @@ from ._namespace import (
     values_are_inspectable,
 )
 from ._normalize import normalize_rows
-from ._pipeline import select_rows
+from ._prepare import select_rows
 from ._rollout import rollout_products
 from ._typing import Array, HeadFusion, LayerSelection, Namespace, RowSelection
 from ._validation import (

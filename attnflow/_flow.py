@@ -17,7 +17,7 @@ from ._host import from_host, to_host
 from ._lost_workers import lost_workers_message
 from ._maxflow import FlowTask, solve_flow_task
 from ._nonfinite import clear_non_finite
-from ._pipeline import PreparedAttention, check_arguments, prepare_attention
+from ._prepare import PreparedAttention, check_arguments, prepare_attention
 from ._pruning import prune
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual

@@ -13,7 +13,7 @@ from ._namespace import (
     values_are_inspectable,
 )
 from ._normalize import normalize_rows
-from ._pipeline import select_rows
+from ._prepare import select_rows
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._rollout import rollout_products
 from ._typing import ArrayT, LayerSelection, Namespace, RowSelection

@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from ._namespace import array_device
-from ._pipeline import PreparedAttention, prepare_attention, select_rows
+from ._prepare import PreparedAttention, prepare_attention, select_rows
 from ._pruning import prune
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual

@@ -197,13 +197,13 @@ def test_cost_is_known_before_running_and_absurd_requests_fail_early() -> None:
 def test_flow_cost_reads_shapes_only_and_sums_over_the_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import attnflow._pipeline as pipeline
+    import attnflow._prepare as prepare
 
     def no_fusing(*args: Any, **kwargs: Any) -> Any:
         msg = "flow_cost fused heads"
         raise AssertionError(msg)
 
-    monkeypatch.setattr(pipeline, "apply_head_fusion", no_fusing)
+    monkeypatch.setattr(prepare, "apply_head_fusion", no_fusing)
     rng = np.random.default_rng(5)
     mask = rng.random((300, 7)) < 0.7
     mask[:, 0] = True
