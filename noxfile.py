@@ -244,6 +244,7 @@ def minimal(session: nox.Session) -> None:
         "tests/test_rollout.py",
         "tests/test_validation.py",
         "tests/test_cli.py",
+        "tests/test_sample.py",
         "tests/test_cli_methods.py",
         "tests/test_html.py",
         env=env,
