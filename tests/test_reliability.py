@@ -297,6 +297,47 @@ def test_no_temporary_file_is_left_when_writing_fails(
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_a_page_is_published_exclusively_as_arrays_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hard_links: bool
+) -> None:
+    # TokenView.save goes through the same writer as the arrays: a page that appears while
+    # this one is being written wins, with hard links or without (the O_EXCL claim).
+    from attnflow.html import TokenView
+
+    if not hard_links:
+
+        def no_link(*args: object, **kwargs: object) -> None:
+            raise PermissionError(1, "Operation not permitted")
+
+        monkeypatch.setattr(os, "link", no_link)
+    target = tmp_path / "view.html"
+    view = TokenView(np.array([0.4, 0.6]), ["a", "b"])
+    page = view.to_html()
+
+    def render_while_another_writer_wins(self: TokenView) -> str:
+        target.write_text("the other writer's page", encoding="utf-8")
+        return page
+
+    monkeypatch.setattr(TokenView, "to_html", render_while_another_writer_wins)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        view.save(target)
+    assert target.read_text(encoding="utf-8") == "the other writer's page"
+    assert _leftovers(tmp_path) == []
+    # A dangling link is a file too.
+    link = tmp_path / "link.html"
+    link.symlink_to(tmp_path / "nowhere.html")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        view.save(link)
+    assert link.is_symlink()
+    assert not (tmp_path / "nowhere.html").exists()
+    assert view.save(link, overwrite=True) == link
+    assert not link.is_symlink()
+    assert link.read_text(encoding="utf-8") == page
+    assert link.stat().st_mode & 0o777 == 0o644
+    assert _leftovers(tmp_path) == []
+
+
 # -- decompression bombs (item 3) ----------------------------------------------------------
 
 _BOMB_SHAPE = (20000, 20000)  # float32: 1.6 GB once inflated
