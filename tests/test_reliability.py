@@ -180,6 +180,15 @@ def _one_line(capsys: pytest.CaptureFixture[str], *fragments: str) -> str:
     return err
 
 
+def _without_hard_links(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make this file system one without hard links (some network or FAT ones)."""
+
+    def no_link(*args: object, **kwargs: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_link)
+
+
 def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
 
@@ -202,11 +211,7 @@ def test_two_racing_writers_exactly_one_wins(
     # so both reach the final step together: it must be exclusive. Without hard links
     # (some network file systems) the O_EXCL fallback must be too.
     if not hard_links:
-
-        def no_link(*args: object, **kwargs: object) -> None:
-            raise PermissionError(1, "Operation not permitted")
-
-        monkeypatch.setattr(os, "link", no_link)
+        _without_hard_links(monkeypatch)
     target = tmp_path / "r.npz"
     barrier = threading.Barrier(2, timeout=10)
     outcomes: list[str] = []
@@ -306,11 +311,7 @@ def test_a_page_is_published_exclusively_as_arrays_are(
     from attnflow.html import TokenView
 
     if not hard_links:
-
-        def no_link(*args: object, **kwargs: object) -> None:
-            raise PermissionError(1, "Operation not permitted")
-
-        monkeypatch.setattr(os, "link", no_link)
+        _without_hard_links(monkeypatch)
     target = tmp_path / "view.html"
     view = TokenView(np.array([0.4, 0.6]), ["a", "b"])
     page = view.to_html()
