@@ -1,7 +1,8 @@
 """Writing a file atomically, never replacing one unless asked: arrays, pages and figures.
 
 The one writer behind :func:`attnflow._arrayio.write_atomically` (the command line's
-arrays, pages and figures) and :meth:`attnflow.html.TokenView.save` (pages). The bytes go to
+arrays, pages and figures), :meth:`attnflow.html.TokenView.save` (pages) and the reports of
+``attnflow evaluate`` (which replace the last run's). The bytes go to
 a temporary file in the target's folder, which then becomes the target, so the target never
 holds a partial file. Without `replace` that last step is exclusive (a hard link, else
 ``O_EXCL``): of two writers racing for one name exactly one wins. A symbolic link at the

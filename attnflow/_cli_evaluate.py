@@ -24,9 +24,10 @@ import argparse
 import html
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 __all__ = ["configure_evaluate", "run_evaluate"]
 
@@ -146,9 +147,14 @@ def _check_folder(folder: Path) -> None:
 
 def _write_text(path: Path, text: str) -> None:
     """Replace one of this command's own report files atomically."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    temporary.replace(path)
+    _replace_atomically(path, lambda file: file.write(text.encode("utf-8")))
+
+
+def _replace_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write one of this command's own report files atomically, replacing the last run's."""
+    from ._atomic import write_atomically
+
+    write_atomically(path, write, replace=True, exists=FileExistsError)
 
 
 def _row_name(row: int | str) -> str:
@@ -179,6 +185,7 @@ def write_reports(
     (by default from the row) and `papers` gives published numbers to draw beside them.
     """
     from ._cli import _has_module
+    from .html import _page
 
     markdown = [f"# {heading}", ""]
     if preamble:
@@ -192,9 +199,7 @@ def write_reports(
         if _has_module("matplotlib"):
             figure = report.plot(paper=(papers or {}).get(row), title=f"{heading}: {title}")
             path = folder / f"faithfulness-{row}.png"
-            temporary = path.with_name(f".{path.name}.tmp.png")
-            figure.savefig(temporary, dpi=150)
-            temporary.replace(path)
+            _replace_atomically(path, partial(figure.savefig, format="png", dpi=150))
             figures.append(path)
             pages.append(f'<img src="{html.escape(path.name)}" alt="faithfulness by layer">')
     if appendix:
@@ -202,15 +207,13 @@ def write_reports(
     summary = {str(row): report.to_dict() for row, report in reports.items()}
     _write_text(folder / "report.md", "\n".join(markdown))
     _write_text(folder / "report.json", json.dumps(summary, indent=2) + "\n")
-    page = (
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-        f"<title>{html.escape(heading)}</title><style>"
+    page = _page(
+        heading,
         "body{font-family:system-ui,sans-serif;max-width:72rem;margin:2rem auto;padding:0 1rem}"
         "table{border-collapse:collapse;margin:1rem 0}caption{text-align:left;font-weight:600;"
         "padding:.3rem 0}td,th{border:1px solid #ccc;padding:.25rem .6rem;text-align:right}"
-        "td:first-child,th:first-child{text-align:left}img{max-width:100%}</style></head>"
-        f"<body><h1>{html.escape(heading)}</h1><p>{html.escape(preamble)}</p>{''.join(pages)}"
-        "</body></html>\n"
+        "td:first-child,th:first-child{text-align:left}img{max-width:100%}\n",
+        f"<h1>{html.escape(heading)}</h1><p>{html.escape(preamble)}</p>{''.join(pages)}",
     )
     _write_text(folder / "report.html", page)
     return [folder / "report.md", folder / "report.json", folder / "report.html", *figures]

@@ -66,6 +66,7 @@ def test_tables_equal_the_api_and_a_rerun_resumes(
     assert main([*arguments, "--chunk-size", "4"]) == 0
     assert capsys.readouterr().out == printed
     assert {p: p.stat().st_mtime_ns for p in folder.glob("rows-*/chunk-*.npz")} == chunks
+    assert not [p.name for p in folder.iterdir() if p.name.endswith(".tmp")]  # replaced whole
     # Other settings in the same folder are refused, and nothing is touched.
     assert main([*arguments, "--chunk-size", "5"]) == 1
     assert "differs in chunk_size" in capsys.readouterr().err
