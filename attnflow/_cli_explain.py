@@ -232,6 +232,8 @@ def _image_page(explanation: Any, *, layer: int, top: int, source: str) -> str:
     import html
     import io
 
+    from .html import _page
+
     figure = explanation.plot(layer=layer)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110)
@@ -239,13 +241,13 @@ def _image_page(explanation: Any, *, layer: int, top: int, source: str) -> str:
     summary = io.StringIO()
     explanation.show(layer, file=summary, top=top)
     title = f"attnflow explain: {Path(source).name}"
-    return (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{html.escape(title)}</title>\n</head>\n<body>\n"
+    return _page(
+        title,
+        "",
         f"<h1>{html.escape(title)}</h1>\n"
         f'<p><img src="data:image/png;base64,{picture}" alt="patch scores over '
         f'{html.escape(Path(source).name)}" style="max-width: 100%"></p>\n'
-        f"<pre>{html.escape(summary.getvalue())}</pre>\n</body>\n</html>\n"
+        f"<pre>{html.escape(summary.getvalue())}</pre>",
     )
 
 

@@ -726,8 +726,8 @@ def _page(title: str, css: str, body: str) -> str:
         "<head>\n"
         '<meta charset="utf-8">\n'
         f"<title>{html.escape(title)}</title>\n"
-        f"<style>\n{css}</style>\n"
-        "</head>\n"
+        + (f"<style>\n{css}</style>\n" if css else "")
+        + "</head>\n"
         "<body>\n"
         f"{body}\n"
         "</body>\n"
