@@ -34,12 +34,23 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(big: Path, out: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
     argv = [sys.executable, "-m", "attnflow", "flow", str(big)]
     argv += ["--jobs", "2", "-o", str(out)]
     process = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # A shell without job control starts background jobs with SIGINT ignored, and
+        # the child would inherit that: give it the default, as a terminal does.
+        preexec_fn=_default_sigint,  # noqa: PLW1509
     )
     time.sleep(3.0)  # past start-up and validation: solving
     assert process.poll() is None, process.communicate()
