@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import numbers
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -83,6 +82,24 @@ from torch import nn
 import attnflow
 import attnflow.explanation
 
+from ._common import (
+    Contributions,
+    HeadReduction,
+    Method,
+    Reduction,
+    Score,
+    check_class_values,
+    check_contribution_method,
+    check_heads,
+    check_method,
+    check_no_target,
+    check_reduce_output,
+    check_target_type,
+    explain_contributions,
+    explain_weights,
+    fuses_while_capturing,
+    reject_heads,
+)
 from ._torch_contributions import BlockRecorder, find_blocks
 
 __all__ = [
@@ -96,14 +113,7 @@ __all__ = [
     "sdpa_with_weights",
 ]
 
-HeadReduction = Literal["mean", "max", "min"]
-#: The value-aware token-mixing rules of attnflow.contributions.
-Contributions = Literal["norm", "globenc", "alti"]
 Role = Literal["encoder", "decoder", "cross"]
-#: How input_gradients() reduces the hidden axis of the gradient.
-Reduction = Literal["l2", "sum_abs", "x_input"]
-#: What input_gradients() differentiates: the target class's probability or its logit.
-Score = Literal["probability", "logit"]
 
 #: Arguments of an attention module that carry the encoder's states in cross-attention.
 _CROSS_ARGUMENTS = ("key_value_states", "encoder_hidden_states", "memory")
@@ -272,9 +282,7 @@ class Capture:
                 f"block); got {type(given).__name__}."
             )
             raise TypeError(msg)
-        if heads not in (None, "mean", "max", "min"):
-            msg = f'`heads` must be None, "mean", "max" or "min"; got {heads!r}.'
-            raise ValueError(msg)
+        check_heads(heads)
         if gradients and heads is not None:
             msg = (
                 "gradients=True needs the weights of every head (gradient-weighted rollout "
@@ -282,13 +290,7 @@ class Capture:
                 "fuse afterwards."
             )
             raise ValueError(msg)
-        if contributions not in (None, "norm", "globenc", "alti"):
-            msg = (
-                '`contributions` must be None (capture attention weights), "norm" '
-                '(Kobayashi et al. 2020), "globenc" (Modarressi et al. 2022) or "alti" '
-                f"(Ferrando et al. 2022); got {contributions!r}."
-            )
-            raise ValueError(msg)
+        check_contribution_method(contributions)
         if contributions is not None and (gradients or heads is not None):
             msg = (
                 f"contributions={contributions!r} records one token-mixing matrix per layer, "
@@ -889,7 +891,7 @@ def explain(
     model: nn.Module,
     inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
     *,
-    method: Literal["rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"] = "rollout",
+    method: Method = "rollout",
     rows: int | Sequence[int] | None = 0,
     target: int | Sequence[int] | torch.Tensor | None = None,
     **options: Any,
@@ -987,29 +989,20 @@ def explain(
     >>> bool((relevance[:, 0] == 0).all())
     True
     """
-    if method not in ("rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"):
-        msg = (
-            '`method` must be "rollout", "flow", "gradient_rollout", "norm", "globenc" or '
-            f'"alti"; got {method!r}.'
-        )
-        raise ValueError(msg)
+    check_method(method)
     if method == "gradient_rollout":
         return _explain_gradient_rollout(model, inputs, rows=rows, target=target, **options)
     if method in ("norm", "globenc", "alti") and target is None:
         return _explain_contributions(model, inputs, method=method, rows=rows, **options)
-    if target is not None:
-        msg = (
-            f'`target` selects the class explained by method="gradient_rollout"; {method} '
-            "does not use gradients. Drop `target`, or pass method='gradient_rollout'."
-        )
-        raise ValueError(msg)
+    check_no_target(method, target)
     heads = options.pop("heads", "mean")
-    fuse_now = isinstance(heads, str) and heads in ("mean", "max", "min")
+    fuse_now = fuses_while_capturing(heads)
     with torch.no_grad(), capture(model, heads=heads if fuse_now else None) as cap:
         _call(model, inputs)
-    options.setdefault("mask", cap.mask)
-    function = attnflow.rollout if method == "rollout" else attnflow.flow
-    return function(cap.attentions, rows=rows, heads=None if fuse_now else heads, **options)
+    result: torch.Tensor = explain_weights(
+        cap.attentions, cap.mask, method, rows, None if fuse_now else heads, options
+    )
+    return result
 
 
 def _explain_contributions(
@@ -1023,18 +1016,11 @@ def _explain_contributions(
     """explain(method="norm" | "globenc" | "alti"): rollout over value-aware matrices."""
     heads = options.pop("heads", None)
     if heads is not None:
-        msg = (
-            f'method="{method}" rolls out one token-mixing matrix per layer (the heads are '
-            f"summed inside it): drop `heads` (got heads={heads!r})."
-        )
-        raise ValueError(msg)
+        reject_heads(method, heads)
     with torch.no_grad(), capture(model, contributions=method) as cap:
         _call(model, inputs)
-    options.setdefault("mask", cap.mask)
-    # GlobEnc and ALTI carry the residual connection; the norm-based matrix has none, so
-    # it is mixed with the identity as attention is (the paper's 0.5).
-    options.setdefault("residual", 0.5 if method == "norm" else 0.0)
-    return attnflow.rollout(cap.contributions, heads=None, rows=rows, renormalize=True, **options)
+    result: torch.Tensor = explain_contributions(cap.contributions, cap.mask, method, rows, options)
+    return result
 
 
 #: Methods of :func:`explain_text`, in the order of its table's columns.
@@ -1118,9 +1104,7 @@ def explain_text(
     if not chosen or unknown:
         msg = f"`methods` must name some of {list(TEXT_METHODS)}; got {list(chosen)!r}."
         raise ValueError(msg)
-    if heads not in ("mean", "max", "min"):
-        msg = f'`heads` must be "mean", "max" or "min"; got {heads!r}.'
-        raise ValueError(msg)
+    check_heads(heads, optional=False)
     encoded = tokenizer(text, return_tensors="pt")
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
@@ -1261,9 +1245,7 @@ def explain_image(
     if not chosen or unknown:
         msg = f"`methods` must name some of {list(TEXT_METHODS)}; got {list(chosen)!r}."
         raise ValueError(msg)
-    if heads not in ("mean", "max", "min"):
-        msg = f'`heads` must be "mean", "max" or "min"; got {heads!r}.'
-        raise ValueError(msg)
+    check_heads(heads, optional=False)
     _check_one_image(image)
     encoded = processor(images=image, return_tensors="pt")
     pixels = encoded["pixel_values"]
@@ -1449,7 +1431,7 @@ def _weights_and_gradients(
     target: int | Sequence[int] | torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Return the attention weights of one call, d logit_target / d A, and the mask."""
-    _check_target_type(target)
+    check_target_type(target, _describe_target)
     if torch.is_inference_mode_enabled():
         msg = (
             'explain(method="gradient_rollout") needs autograd, which '
@@ -1620,8 +1602,8 @@ def input_gradients(
             f"{type(given).__name__}."
         )
         raise TypeError(msg)
-    _check_reduce_output(reduce, output)
-    _check_target_type(target)
+    check_reduce_output(reduce, output)
+    check_target_type(target, _describe_target)
     if torch.is_inference_mode_enabled():
         msg = (
             "input_gradients() needs autograd, which torch.inference_mode() switches off for "
@@ -1821,7 +1803,7 @@ def model_functions(
             f"got {contributions!r}."
         )
         raise ValueError(msg)
-    _check_reduce_output(reduce, output)
+    check_reduce_output(reduce, output)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
 
     def arguments(ids: Any, mask: Any) -> dict[str, Any] | torch.Tensor:
@@ -1988,47 +1970,14 @@ def _padding_mask(
 
 
 # -- input gradients ---------------------------------------------------------------------------
-def _check_reduce_output(reduce: object, output: object) -> None:
-    if reduce not in ("l2", "sum_abs", "x_input"):
-        msg = (
-            '`reduce` must be "l2" (norm of the gradient), "sum_abs" (|sum of the gradient|, '
-            f'the paper\'s code) or "x_input" (|gradient . embedding|); got {reduce!r}.'
-        )
-        raise ValueError(msg)
-    if output not in ("probability", "logit"):
-        msg = (
-            '`output` must be "probability" (softmax of the logits at the target class) or '
-            f'"logit" (the target logit); got {output!r}.'
-        )
-        raise ValueError(msg)
-
-
-def _is_class_index(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_target_type(target: object) -> None:
-    """Check the kind of `target` before any work (its values are checked once C is known)."""
-    if target is None or _is_class_index(target):
-        return
-    if isinstance(target, torch.Tensor):
-        if target.ndim <= 1 and not (
-            target.is_floating_point() or target.is_complex() or target.dtype == torch.bool
-        ):
-            return
-        found = f"a {target.dtype} tensor of shape {tuple(target.shape)}"
-    elif isinstance(target, Sequence) and not isinstance(target, str | bytes):
-        if all(_is_class_index(value) for value in target):
-            return
-        found = f"a sequence holding {sorted({type(v).__name__ for v in target})}"
-    else:
-        found = repr(target)
-    msg = (
-        "`target` must be None (each sample's predicted class), an int (one class for every "
-        "sample), or a sequence of ints / a 1-d integer tensor with one class per sample; "
-        f"got {found}."
+def _describe_target(target: object) -> tuple[bool, str] | None:
+    """Read a tensor `target` for check_target_type: a valid one is 0-d or 1-d integer."""
+    if not isinstance(target, torch.Tensor):
+        return None
+    valid = target.ndim <= 1 and not (
+        target.is_floating_point() or target.is_complex() or target.dtype == torch.bool
     )
-    raise TypeError(msg)
+    return valid, f"a {target.dtype} tensor of shape {tuple(target.shape)}"
 
 
 def _target_classes(
@@ -2048,19 +1997,7 @@ def _target_classes(
         values = [int(v) for v in target]
     else:
         values = [int(target)] * batch
-    if len(values) != batch:
-        msg = (
-            f"`target` has {len(values)} classes for a batch of {batch} samples; give one "
-            "class per sample, or an int for the same class in all of them."
-        )
-        raise ValueError(msg)
-    wrong = [v for v in values if not 0 <= v < classes]
-    if wrong:
-        msg = (
-            f"`target` classes must lie in [0, {classes}) for logits of shape "
-            f"({batch}, {classes}); got {wrong[:5]}."
-        )
-        raise ValueError(msg)
+    check_class_values(values, batch, classes)
     return torch.tensor(values, dtype=torch.long, device=logits.device)
 
 
