@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from types import TracebackType
+from typing import Any, Literal, Self
 
 import attnflow
 
@@ -19,6 +20,7 @@ __all__ = [
     "CONTRIBUTIONS",
     "HEAD_REDUCTIONS",
     "METHODS",
+    "CaptureBlock",
     "Contributions",
     "HeadReduction",
     "Method",
@@ -92,6 +94,83 @@ def check_contributions(contributions: object, heads: object) -> None:
             f"not attention weights: drop `heads` (got heads={heads!r})."
         )
         raise ValueError(msg)
+
+
+# -- the `with` block of torch's and Keras's Capture -------------------------------------------
+class CaptureBlock:
+    """The context-manager protocol that torch's and Keras's ``Capture`` share.
+
+    One ``with`` block per capture: :meth:`_prepare` checks the model (and builds the
+    value-aware recorder), :meth:`_install_hooks` patches it, :meth:`_restore` undoes that
+    on exit or on a failed install, and a block that ends without error is checked. The
+    adapter names what it records (``_RECORDS``) and what to do when nothing ran
+    (:meth:`_nothing_captured`).
+    """
+
+    _RECORDS = "attention weights"
+    model: Any
+    contribution_method: Contributions | None
+    _recorder: Any
+    _records: list[Any]
+    _active: bool
+    _used: bool
+
+    def _prepare(self) -> None:
+        raise NotImplementedError
+
+    def _install_hooks(self) -> None:
+        raise NotImplementedError
+
+    def _restore(self) -> None:
+        raise NotImplementedError
+
+    def _check_contributions(self, recorder: Any) -> None:
+        raise NotImplementedError
+
+    def _nothing_captured(self) -> str:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        if self._used:
+            msg = "A Capture records one `with` block; call capture(model) again for another."
+            raise RuntimeError(msg)
+        self._used = True
+        self._prepare()
+        try:
+            self._install_hooks()
+        except BaseException:
+            self._restore()
+            raise
+        self._active = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._active = False
+        self._restore()
+        if exc_type is None and self._recorder is not None:
+            self._check_contributions(self._recorder)
+            return
+        if exc_type is None and not self._records:
+            raise RuntimeError(self._nothing_captured())
+
+    def _recorded(self, name: str) -> Any:
+        """Return the value-aware recorder once it has recorded; `name` is the result read."""
+        recorder = self._recorder
+        if recorder is None:
+            msg = (
+                f'`{name}` needs capture(model, contributions="norm" | "globenc" | '
+                f'"alti"); this capture recorded {self._RECORDS} (read `attentions`).'
+            )
+            raise RuntimeError(msg)
+        if not recorder.matrices:
+            msg = f"Nothing was captured: read `{name}` after calling the model in the block."
+            raise RuntimeError(msg)
+        return recorder
 
 
 # -- explain ----------------------------------------------------------------------------------

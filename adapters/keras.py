@@ -41,8 +41,7 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import keras
 import numpy as np
@@ -50,6 +49,7 @@ import numpy as np
 import attnflow
 
 from ._common import (
+    CaptureBlock,
     Contributions,
     HeadReduction,
     Method,
@@ -76,7 +76,7 @@ __all__ = ["Capture", "attention_gradients", "capture", "explain", "input_gradie
 _MHA = keras.layers.MultiHeadAttention
 
 
-class Capture:
+class Capture(CaptureBlock):
     """The attention scores recorded by :func:`capture`.
 
     Use it as a context manager around one eager call of the model; the results are read
@@ -127,12 +127,10 @@ class Capture:
         self._active = False
         self._used = False
 
-    # -- context manager -----------------------------------------------------------------
-    def __enter__(self) -> Self:
-        if self._used:
-            msg = "A Capture records one `with` block; call capture(model) again for another."
-            raise RuntimeError(msg)
-        self._used = True
+    # -- context manager (the protocol is CaptureBlock's) ---------------------------------
+    _RECORDS = "attention scores"
+
+    def _prepare(self) -> None:
         self._layers = list(_attention_layers(self.model))
         if not self._layers:
             msg = (
@@ -144,36 +142,20 @@ class Capture:
             raise ValueError(msg)
         if self.contribution_method is not None:
             self._recorder = BlockRecorder(find_blocks(self.model), self.contribution_method)
-        try:
-            for layer in self._layers:
-                self._install(layer)
-            if self._recorder is not None:
-                self._recorder.install()
-        except BaseException:
-            self._restore()
-            raise
-        self._active = True
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._active = False
-        self._restore()
-        if exc_type is None and self._recorder is not None:
-            self._check_contributions(self._recorder)
-            return
-        if exc_type is None and not self._records:
-            msg = (
-                f"No attention scores were captured from {type(self.model).__name__}: none "
-                "of its MultiHeadAttention layers ran eagerly inside the `with` block. Call "
-                "the model directly (model(x)), not through model.predict() or a compiled "
-                "function, inside the block."
-            )
-            raise RuntimeError(msg)
+    def _install_hooks(self) -> None:
+        for layer in self._layers:
+            self._install(layer)
+        if self._recorder is not None:
+            self._recorder.install()
+
+    def _nothing_captured(self) -> str:
+        return (
+            f"No attention scores were captured from {type(self.model).__name__}: none "
+            "of its MultiHeadAttention layers ran eagerly inside the `with` block. Call "
+            "the model directly (model(x)), not through model.predict() or a compiled "
+            "function, inside the block."
+        )
 
     # -- results ------------------------------------------------------------------------
     @property
@@ -196,19 +178,6 @@ class Capture:
         with the model's own tensor (rows whose keys are all masked excepted).
         """
         return keras.ops.stack(self._recorded("outputs").outputs, axis=-3)
-
-    def _recorded(self, name: str) -> BlockRecorder:
-        recorder = self._recorder
-        if recorder is None:
-            msg = (
-                f'`{name}` needs capture(model, contributions="norm" | "globenc" | '
-                '"alti"); this capture recorded attention scores (read `attentions`).'
-            )
-            raise RuntimeError(msg)
-        if not recorder.matrices:
-            msg = f"Nothing was captured: read `{name}` after calling the model in the block."
-            raise RuntimeError(msg)
-        return recorder
 
     def _check_contributions(self, recorder: BlockRecorder) -> None:
         if recorder.errors:

@@ -72,8 +72,8 @@ import math
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from types import ModuleType, TracebackType
-from typing import Any, Literal, Self
+from types import ModuleType
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +83,7 @@ import attnflow
 import attnflow.explanation
 
 from ._common import (
+    CaptureBlock,
     Contributions,
     HeadReduction,
     Method,
@@ -237,7 +238,7 @@ def sdpa_with_weights(
     return torch.matmul(used, value), weights
 
 
-class Capture:
+class Capture(CaptureBlock):
     """The attention weights recorded by :func:`capture`.
 
     Use it as a context manager around one model call; the results are read after the
@@ -314,47 +315,27 @@ class Capture:
         self._active = False
         self._used = False
 
-    # -- context manager -----------------------------------------------------------------
-    def __enter__(self) -> Self:
-        if self._used:
-            msg = "A Capture records one `with` block; call capture(model) again for another."
-            raise RuntimeError(msg)
-        self._used = True
+    # -- context manager (the protocol is CaptureBlock's) ---------------------------------
+    def _prepare(self) -> None:
         _check_implementations(self.model)
         if self.contribution_method is not None:
             self._recorder = BlockRecorder(find_blocks(self.model), self.contribution_method)
-        try:
-            self._install()
-        except BaseException:
-            self._restore()
-            raise
-        self._active = True
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._active = False
-        self._restore()
-        if exc_type is None and self._recorder is not None:
-            self._check_contributions(self._recorder)
-            return
-        if exc_type is None and not self._records:
-            msg = (
-                f"No attention weights were captured from {type(self.model).__name__}. "
-                "attnflow sees attention computed by torch.nn.functional."
-                "scaled_dot_product_attention, Hugging Face eager attention and "
-                "nn.MultiheadAttention; it cannot see fused kernels (flash or flex "
-                "attention, torch.compile graphs, C++ fast paths) or attention written "
-                "inline. Call the model inside the `with` block; load Hugging Face models "
-                'with attn_implementation="sdpa" or "eager"; for timm models set '
-                "`fused_attn = False` on their attention modules or keep SDPA; run "
-                "compiled models uncompiled."
-            )
-            raise RuntimeError(msg)
+    def _install_hooks(self) -> None:
+        self._install()
+
+    def _nothing_captured(self) -> str:
+        return (
+            f"No attention weights were captured from {type(self.model).__name__}. "
+            "attnflow sees attention computed by torch.nn.functional."
+            "scaled_dot_product_attention, Hugging Face eager attention and "
+            "nn.MultiheadAttention; it cannot see fused kernels (flash or flex "
+            "attention, torch.compile graphs, C++ fast paths) or attention written "
+            "inline. Call the model inside the `with` block; load Hugging Face models "
+            'with attn_implementation="sdpa" or "eager"; for timm models set '
+            "`fused_attn = False` on their attention modules or keep SDPA; run "
+            "compiled models uncompiled."
+        )
 
     # -- results ------------------------------------------------------------------------
     @property
@@ -379,18 +360,9 @@ class Capture:
         return torch.stack(self._recorded("outputs").outputs, dim=-3)
 
     def _recorded(self, name: str) -> BlockRecorder:
-        recorder = self._recorder
-        if recorder is None:
-            msg = (
-                f'`{name}` needs capture(model, contributions="norm" | "globenc" | '
-                '"alti"); this capture recorded attention weights (read `attentions`).'
-            )
-            raise RuntimeError(msg)
-        if recorder.errors:
-            self._check_contributions(recorder)
-        if not recorder.matrices:
-            msg = f"Nothing was captured: read `{name}` after calling the model in the block."
-            raise RuntimeError(msg)
+        if self._recorder is not None and self._recorder.errors:
+            self._check_contributions(self._recorder)
+        recorder: BlockRecorder = super()._recorded(name)
         return recorder
 
     def _check_contributions(self, recorder: BlockRecorder) -> None:
