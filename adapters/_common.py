@@ -9,6 +9,7 @@ as opaque values (a ``describe`` callable reads them for :func:`check_target_typ
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
@@ -33,6 +34,7 @@ __all__ = [
     "check_method",
     "check_no_target",
     "check_reduce_output",
+    "check_scalar_shape",
     "check_target_type",
     "explain_contributions",
     "explain_gradients",
@@ -267,6 +269,16 @@ def check_reduce_output(
         probability, logit = _OUTPUT_WORDS[of]
         msg = (
             f'`output` must be "probability" ({probability}) or "logit" ({logit}); got {output!r}.'
+        )
+        raise ValueError(msg)
+
+
+def check_scalar_shape(shape: tuple[int, ...]) -> None:
+    """Check that a gradient target of this `shape` has one element."""
+    if math.prod(int(dim) for dim in shape) != 1:
+        msg = (
+            "`target` must map the model's outputs to a scalar; got shape "
+            f"{tuple(shape)} (e.g. sum over the batch: samples do not interact)."
         )
         raise ValueError(msg)
 

@@ -84,6 +84,8 @@ from ._jax_contributions import BlockTracker, linen_tracking, nnx_tracking, read
 __all__ = [
     "Capture",
     "ContributionCapture",
+    "attention_gradients_linen",
+    "attention_gradients_nnx",
     "capture_linen",
     "capture_nnx",
     "explain_linen",
@@ -930,6 +932,114 @@ def gradients_nnx(
 
     (_, (outputs, capture)), grads = jax.value_and_grad(scalar, has_aux=True)(zeros)
     return outputs, capture._replace(gradients=jnp.stack(grads, axis=-4))
+
+
+def attention_gradients_linen(
+    module: nn.Module,
+    variables: Any,
+    /,
+    *args: Any,
+    target: Callable[[Any], jax.Array],
+    **kwargs: Any,
+) -> tuple[jax.Array, jax.Array]:
+    """Gradients of a scalar of a linen model's output with respect to its attention weights.
+
+    The one-call form named as in the torch and Keras adapters
+    (:func:`attnflow.adapters.keras.attention_gradients`): :func:`gradients_linen`,
+    returning the weights and their gradients only. Feed them to
+    :func:`attnflow.gradient_rollout`.
+
+    Parameters
+    ----------
+    module : flax.linen.Module
+        The model.
+    variables : mapping
+        Its variables, e.g. ``{"params": params}``.
+    *args
+        Positional arguments of the model call.
+    target : callable
+        Maps the model's outputs to a scalar, e.g. ``lambda y: y[:, 0].sum()``.
+    **kwargs
+        Keyword arguments of ``module.apply``.
+
+    Returns
+    -------
+    attentions : jax.Array
+        ``(*batch, layers, heads, n, n)``, as ``cap.attentions`` of :func:`capture_linen`.
+    gradients : jax.Array
+        The same shape: ``d target / d attentions``.
+
+    Raises
+    ------
+    RuntimeError
+        If no attention was seen, or no gradient could be attached to some call.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import flax.linen as nn
+    >>> from attnflow.adapters.jax import attention_gradients_linen
+    >>> model = nn.MultiHeadDotProductAttention(num_heads=2)
+    >>> x = jnp.ones((1, 3, 4))
+    >>> variables = model.init(jax.random.key(0), x)
+    >>> attentions, gradients = attention_gradients_linen(
+    ...     model, variables, x, target=lambda y: y[:, 0].sum()
+    ... )
+    >>> gradients.shape == attentions.shape == (1, 1, 2, 3, 3)
+    True
+    """
+    _, cap = gradients_linen(module, variables, *args, target=target, **kwargs)
+    assert cap.gradients is not None  # gradients_linen fills them
+    return cap.attentions, cap.gradients
+
+
+def attention_gradients_nnx(
+    model: nnx.Module,
+    /,
+    *args: Any,
+    target: Callable[[Any], jax.Array],
+    **kwargs: Any,
+) -> tuple[jax.Array, jax.Array]:
+    """Gradients of a scalar of an NNX model's output with respect to its attention weights.
+
+    As :func:`attention_gradients_linen`, for NNX: :func:`gradients_nnx`, returning the
+    weights and their gradients only.
+
+    Parameters
+    ----------
+    model : flax.nnx.Module
+        The model.
+    *args
+        Positional arguments of the model call.
+    target : callable
+        Maps the outputs to a scalar, e.g. ``lambda y: y[:, 0].sum()``.
+    **kwargs
+        Keyword arguments of the model call.
+
+    Returns
+    -------
+    attentions : jax.Array
+        ``(*batch, layers, heads, n, n)``, as ``cap.attentions`` of :func:`capture_nnx`.
+    gradients : jax.Array
+        The same shape: ``d target / d attentions``.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from attnflow.adapters.jax import attention_gradients_nnx
+    >>> mha = nnx.MultiHeadAttention(
+    ...     num_heads=2, in_features=4, decode=False, rngs=nnx.Rngs(0)
+    ... )
+    >>> attentions, gradients = attention_gradients_nnx(
+    ...     mha, jnp.ones((1, 3, 4)), target=lambda y: y[:, 0].sum()
+    ... )
+    >>> gradients.shape == attentions.shape == (1, 1, 2, 3, 3)
+    True
+    """
+    _, cap = gradients_nnx(model, *args, target=target, **kwargs)
+    assert cap.gradients is not None  # gradients_nnx fills them
+    return cap.attentions, cap.gradients
 
 
 def _check_method(method: object, target: object, heads: object = "mean") -> None:

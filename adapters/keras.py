@@ -61,6 +61,7 @@ from ._common import (
     check_method,
     check_no_target,
     check_reduce_output,
+    check_scalar_shape,
     check_target_type,
     explain_contributions,
     explain_gradients,
@@ -756,15 +757,7 @@ def _differentiate(objective: Callable[[list[Any]], Any], zeros: list[Any]) -> l
 def _scalar(value: Any) -> Any:
     """`value` as a 0-d tensor, or a ValueError if it has more than one element."""
     value = keras.ops.convert_to_tensor(value)
-    size = 1
-    for dim in value.shape:
-        size *= int(dim)
-    if size != 1:
-        msg = (
-            "`target` must map the model's outputs to a scalar; got shape "
-            f"{tuple(value.shape)} (e.g. sum over the batch: samples do not interact)."
-        )
-        raise ValueError(msg)
+    check_scalar_shape(tuple(value.shape))
     return keras.ops.reshape(value, ())
 
 

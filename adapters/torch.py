@@ -95,8 +95,10 @@ from ._common import (
     check_method,
     check_no_target,
     check_reduce_output,
+    check_scalar_shape,
     check_target_type,
     explain_contributions,
+    explain_gradients,
     explain_weights,
     fuses_while_capturing,
     reject_heads,
@@ -105,6 +107,7 @@ from ._torch_contributions import BlockRecorder, find_blocks
 
 __all__ = [
     "Capture",
+    "attention_gradients",
     "capture",
     "explain",
     "explain_image",
@@ -1393,8 +1396,8 @@ def _explain_gradient_rollout(
 ) -> torch.Tensor:
     """explain(method="gradient_rollout"): forward with capture, d logit / d A, then GAE."""
     weights, gradients, mask = _weights_and_gradients(model, inputs, target)
-    options.setdefault("mask", mask)
-    return attnflow.gradient_rollout(weights, gradients, rows=rows, **options)
+    result: torch.Tensor = explain_gradients(weights, gradients, mask, rows, options)
+    return result
 
 
 def _weights_and_gradients(
@@ -1404,38 +1407,142 @@ def _weights_and_gradients(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Return the attention weights of one call, d logit_target / d A, and the mask."""
     check_target_type(target, _describe_target)
+
+    def score(logits: torch.Tensor) -> torch.Tensor:
+        classes = _target_classes(target, logits.shape[0], logits.shape[1], logits.detach())
+        return logits.gather(-1, classes.to(logits.device)[:, None]).sum()
+
+    return _differentiate(model, inputs, _logits, score, 'explain(method="gradient_rollout")')
+
+
+def _differentiate(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+    read: Callable[[Any], Any],
+    score: Callable[[Any], torch.Tensor],
+    caller: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Run the model once, `read` its result, and differentiate ``score(read(result))``.
+
+    Return the attention weights (detached), the score's gradients with respect to them
+    (zero for a layer the score does not depend on) and the padding mask; `caller` names
+    the public function in the errors.
+    """
     if torch.is_inference_mode_enabled():
         msg = (
-            'explain(method="gradient_rollout") needs autograd, which '
+            f"{caller} needs autograd, which "
             "torch.inference_mode() switches off for good; call it outside the "
             "inference_mode block (an outer torch.no_grad() is fine)."
         )
         raise RuntimeError(msg)
     with torch.enable_grad():
         with capture(model) as cap:
-            result = _call(model, inputs)
-        logits = _logits(result)
+            result = read(_call(model, inputs))
         weights = cap.attentions  # checks that one stack of layers was captured
         records = cap.records
-        classes = _target_classes(target, logits.shape[0], logits.shape[1], logits.detach())
-        score = logits.gather(-1, classes.to(logits.device)[:, None]).sum()
-        if not score.requires_grad or not all(w.requires_grad for w in records):
+        value = score(result)
+        if not value.requires_grad or not all(w.requires_grad for w in records):
             msg = (
                 "The attention weights are not on the autograd graph, so no gradient can "
-                'reach them: explain(method="gradient_rollout") needs parameters (or inputs) '
+                f"reach them: {caller} needs parameters (or inputs) "
                 "that require grad upstream of the attention; unfreeze the model "
                 "(model.requires_grad_(True)) for the call."
             )
             raise RuntimeError(msg)
-        # A layer the logits do not depend on gets None (allow_unused): its gradient is 0.
+        # A layer the score does not depend on gets None (allow_unused): its gradient is 0.
         grads: Sequence[torch.Tensor | None] = torch.autograd.grad(
-            score, records, allow_unused=True
+            value, records, allow_unused=True
         )
     gradients = torch.stack(
         [torch.zeros_like(w) if g is None else g for w, g in zip(records, grads, strict=True)],
         dim=-4,
     )
     return weights.detach(), gradients, cap.mask
+
+
+def attention_gradients(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+    *,
+    target: Callable[[Any], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of a scalar of the model's output with respect to its attention weights.
+
+    The one-call form of ``capture(model, gradients=True)`` plus a backward pass, named
+    as in the Keras adapter (:func:`attnflow.adapters.keras.attention_gradients`): runs
+    ``model(**inputs)``, ``model(*inputs)`` or ``model(inputs)`` (as :func:`explain`)
+    inside :func:`capture` with autograd on, maps the output to a scalar with `target` and
+    differentiates it with ``torch.autograd.grad``, so the parameters' ``.grad`` are left
+    untouched. Feed the result to :func:`attnflow.gradient_rollout`.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model (see :func:`capture`), in eval mode for deterministic gradients (its
+        mode is not changed here).
+    inputs : mapping, sequence or Tensor
+        The model's inputs.
+    target : callable
+        Maps the model's output to a scalar tensor (one element), e.g.
+        ``lambda out: out.logits[:, 3].sum()``. Samples of a batch do not interact, so a
+        sum over the batch gives each sample's own gradients.
+
+    Returns
+    -------
+    attentions : Tensor
+        ``(*batch, layers, heads, n, n)``, as ``cap.attentions`` of :func:`capture`,
+        detached.
+    gradients : Tensor
+        The same shape: ``d target / d attentions``. Zero for a layer whose weights do not
+        reach the target.
+
+    Raises
+    ------
+    TypeError
+        If `model` is not a module, `target` is not callable or does not return a tensor.
+    ValueError
+        If `target` does not give a scalar, or as raised by :func:`capture` (e.g. the
+        attention calls cannot be stacked: an encoder-decoder model).
+    RuntimeError
+        Under ``torch.inference_mode()``, or when the attention weights are not on the
+        autograd graph (every parameter frozen).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from attnflow.adapters.torch import attention_gradients
+    >>> layer = torch.nn.TransformerEncoderLayer(8, nhead=2, batch_first=True)
+    >>> model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    >>> attentions, gradients = attention_gradients(
+    ...     model.eval(), torch.randn(1, 5, 8), target=lambda y: y[:, 0].sum()
+    ... )
+    >>> tuple(gradients.shape) == tuple(attentions.shape) == (1, 2, 2, 5, 5)
+    True
+    """
+    given: object = model
+    if not isinstance(given, nn.Module):
+        msg = f"attention_gradients() expects a torch.nn.Module; got {type(given).__name__}."
+        raise TypeError(msg)
+    given_target: object = target
+    if not callable(given_target):
+        msg = f"`target` must be a callable mapping the outputs to a scalar; got {target!r}."
+        raise TypeError(msg)
+
+    def score(outputs: Any) -> torch.Tensor:
+        value: object = target(outputs)
+        if not isinstance(value, torch.Tensor):
+            msg = (
+                "`target` must map the model's outputs to a scalar tensor; got a "
+                f"{type(value).__name__}."
+            )
+            raise TypeError(msg)
+        check_scalar_shape(tuple(value.shape))
+        return value.reshape(())
+
+    weights, gradients, _ = _differentiate(
+        model, inputs, lambda result: result, score, "attention_gradients()"
+    )
+    return weights, gradients
 
 
 def input_gradients(
