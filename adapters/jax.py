@@ -942,7 +942,7 @@ def attention_gradients_linen(
     target: Callable[[Any], jax.Array],
     **kwargs: Any,
 ) -> tuple[jax.Array, jax.Array]:
-    """Gradients of a scalar of a linen model's output with respect to its attention weights.
+    """Differentiate a scalar of a linen model's output by its attention weights.
 
     The one-call form named as in the torch and Keras adapters
     (:func:`attnflow.adapters.keras.attention_gradients`): :func:`gradients_linen`,
@@ -1000,7 +1000,7 @@ def attention_gradients_nnx(
     target: Callable[[Any], jax.Array],
     **kwargs: Any,
 ) -> tuple[jax.Array, jax.Array]:
-    """Gradients of a scalar of an NNX model's output with respect to its attention weights.
+    """Differentiate a scalar of an NNX model's output by its attention weights.
 
     As :func:`attention_gradients_linen`, for NNX: :func:`gradients_nnx`, returning the
     weights and their gradients only.
@@ -1104,7 +1104,7 @@ def explain_linen(
         Head fusion, applied while capturing (rollout and flow; gradient rollout needs
         every head and ignores it; the value-aware methods sum the heads inside their
         matrix and refuse any other value).
-    target : int, sequence of int, integer array or None, default None
+    target : int, sequence of int, int array or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained (the model returns
         ``(batch, classes)`` logits, or an output with ``.logits``); None for each
         sample's predicted class.
@@ -1180,7 +1180,7 @@ def explain_nnx(
     heads : {"mean", "max", "min"}, default "mean"
         Head fusion, applied while capturing (rollout and flow only; the value-aware
         methods refuse any other value).
-    target : int, sequence of int, integer array or None, default None
+    target : int, sequence of int, int array or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained; None for each
         sample's predicted class.
     options : mapping, optional
@@ -1486,7 +1486,7 @@ def input_gradients_linen(
         Its variables, e.g. ``{"params": params}``.
     *args
         Positional arguments of the model call (the token ids).
-    target : int, sequence of int, integer array or None, default None
+    target : int, sequence of int, int array or None, default None
         The class to explain: None for each sample's predicted class (argmax of its
         logits), an int for every sample, or one class per sample. Python ints and
         concrete arrays are checked against the number of classes; under
@@ -1687,7 +1687,7 @@ def input_gradients_nnx(
         an array or as ``.logits``.
     *args
         Positional arguments of the model call (the token ids).
-    target : int, sequence of int, integer array or None, default None
+    target : int, sequence of int, int array or None, default None
         The class to explain, as for :func:`input_gradients_linen`.
     embeddings : flax.nnx.Module, optional
         The submodule whose output is differentiated; by default the model's only

@@ -480,7 +480,7 @@ def explain(
     rows : int, sequence of int or None, default 0
         Output positions to explain; 0 is the first token, None gives the full ``n x n``
         map.
-    target : int, sequence of int, 1-d integer tensor or None, default None
+    target : int, sequence of int, 1-d int tensor or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained (the model returns
         ``(batch, classes)`` logits), None for each sample's predicted class.
     **options
@@ -559,7 +559,7 @@ def attention_gradients(
     *,
     target: Callable[[Any], Any],
 ) -> tuple[Any, Any]:
-    """Gradients of a scalar of the model's output with respect to its attention weights.
+    """Differentiate a scalar of the model's output by its attention weights.
 
     Differentiates ``target(model(inputs))`` with the active backend's own autodiff
     (``tf.GradientTape``, ``jax.grad`` or torch autograd) with respect to the attention
@@ -850,7 +850,7 @@ def input_gradients(
     inputs : tensor, mapping or sequence
         The model's inputs (a mapping, list or tuple is passed as one argument), e.g.
         token ids ``(batch, n)``.
-    target : int, sequence of int, 1-d integer tensor or None, default None
+    target : int, sequence of int, 1-d int tensor or None, default None
         The class to explain: None for each sample's predicted class (argmax of the
         outputs), an int for every sample, or one class per sample.
     embeddings : keras.Layer, optional

@@ -904,7 +904,7 @@ def explain(
     rows : int, sequence of int or None, default 0
         Output positions to explain; 0 is the first token (``[CLS]`` for BERT-like
         models), None gives the full ``n x n`` map.
-    target : int, sequence of int, 1-d integer Tensor or None, default None
+    target : int, sequence of int, 1-d int Tensor or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained, None for each
         sample's predicted class (argmax of its logits), an int for the same class in
         every sample, or one class per sample.
@@ -1466,7 +1466,7 @@ def attention_gradients(
     *,
     target: Callable[[Any], torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients of a scalar of the model's output with respect to its attention weights.
+    """Differentiate a scalar of the model's output by its attention weights.
 
     The one-call form of ``capture(model, gradients=True)`` plus a backward pass, named
     as in the Keras adapter (:func:`attnflow.adapters.keras.attention_gradients`): runs
@@ -1592,7 +1592,7 @@ def input_gradients(
         The model's inputs: ``model(**inputs)`` for a mapping (a tokenizer's output),
         ``model(*inputs)`` for a tuple or list, ``model(inputs)`` for a tensor, as for
         :func:`explain`.
-    target : int, sequence of int, 1-d integer Tensor or None, default None
+    target : int, sequence of int, 1-d int Tensor or None, default None
         The class to explain: None for each sample's predicted class (argmax of its
         logits), an int for the same class in every sample, or one class per sample.
     embeddings : torch.nn.Module, optional
