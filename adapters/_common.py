@@ -35,6 +35,7 @@ __all__ = [
     "check_no_target",
     "check_reduce_output",
     "check_scalar_shape",
+    "check_scalar_target",
     "check_target_type",
     "explain_contributions",
     "explain_gradients",
@@ -271,6 +272,13 @@ def check_reduce_output(
             f'`output` must be "probability" ({probability}) or "logit" ({logit}); got {output!r}.'
         )
         raise ValueError(msg)
+
+
+def check_scalar_target(target: object) -> None:
+    """Check an ``attention_gradients`` `target`: a callable of the model's outputs."""
+    if not callable(target):
+        msg = f"`target` must be a callable mapping the outputs to a scalar; got {target!r}."
+        raise TypeError(msg)
 
 
 def check_scalar_shape(shape: tuple[int, ...]) -> None:

@@ -62,6 +62,7 @@ from ._common import (
     check_no_target,
     check_reduce_output,
     check_scalar_shape,
+    check_scalar_target,
     check_target_type,
     explain_contributions,
     explain_gradients,
@@ -622,10 +623,7 @@ def attention_gradients(
     if not isinstance(given, keras.Layer):
         msg = f"attention_gradients() expects a Keras model or layer; got {type(given).__name__}."
         raise TypeError(msg)
-    given_target: object = target
-    if not callable(given_target):
-        msg = f"`target` must be a callable mapping the outputs to a scalar; got {target!r}."
-        raise TypeError(msg)
+    check_scalar_target(target)
     layers = list(_attention_layers(model))
     if not layers:
         msg = (

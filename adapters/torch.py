@@ -96,6 +96,7 @@ from ._common import (
     check_no_target,
     check_reduce_output,
     check_scalar_shape,
+    check_scalar_target,
     check_target_type,
     explain_contributions,
     explain_gradients,
@@ -1523,10 +1524,7 @@ def attention_gradients(
     if not isinstance(given, nn.Module):
         msg = f"attention_gradients() expects a torch.nn.Module; got {type(given).__name__}."
         raise TypeError(msg)
-    given_target: object = target
-    if not callable(given_target):
-        msg = f"`target` must be a callable mapping the outputs to a scalar; got {target!r}."
-        raise TypeError(msg)
+    check_scalar_target(target)
 
     def score(outputs: Any) -> torch.Tensor:
         value: object = target(outputs)
