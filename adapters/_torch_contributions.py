@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 from torch import nn
@@ -57,7 +57,8 @@ SUPPORTED_BLOCKS = (
     "or attn.proj, ln_2 or norm2)"
 )
 
-LayerNormTuple = tuple[torch.Tensor | None, torch.Tensor | None, float]
+# A string, so that the docs build can import this module against a mocked torch.
+LayerNormTuple: TypeAlias = "tuple[torch.Tensor | None, torch.Tensor | None, float]"
 
 
 @dataclass(frozen=True)

@@ -45,10 +45,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import numbers
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal, NamedTuple, overload
+from typing import Any, NamedTuple, overload
 
 import flax.linen as nn
 import jax
@@ -61,11 +60,32 @@ from flax.nnx.nn import dtypes as nnx_dtypes
 
 import attnflow
 
+from ._common import (
+    Contributions,
+    HeadReduction,
+    Method,
+    Reduction,
+    Score,
+    check_class_values,
+    check_contributions,
+    check_heads,
+    check_method,
+    check_no_target,
+    check_reduce_output,
+    check_target_type,
+    explain_contributions,
+    explain_gradients,
+    explain_weights,
+    is_class_index,
+    reject_heads,
+)
 from ._jax_contributions import BlockTracker, linen_tracking, nnx_tracking, read_linen, read_nnx
 
 __all__ = [
     "Capture",
     "ContributionCapture",
+    "attention_gradients_linen",
+    "attention_gradients_nnx",
     "capture_linen",
     "capture_nnx",
     "explain_linen",
@@ -76,9 +96,6 @@ __all__ = [
     "input_gradients_nnx",
 ]
 
-HeadReduction = Literal["mean", "max", "min"]
-#: The value-aware token-mixing rules of attnflow.contributions.
-Contributions = Literal["norm", "globenc", "alti"]
 
 #: The Flax collection that holds attnflow's zero perturbations (linen).
 _PERTURBATIONS = "attnflow_perturbations"
@@ -166,12 +183,6 @@ class ContributionCapture(NamedTuple):
 
 
 # -- shared helpers -----------------------------------------------------------------------------
-def _check_heads(heads: object) -> None:
-    if heads not in (None, "mean", "max", "min"):
-        msg = f'`heads` must be None, "mean", "max" or "min"; got {heads!r}.'
-        raise ValueError(msg)
-
-
 def _nothing_captured(*, nnx: bool) -> RuntimeError:
     if not nnx:
         detail = (
@@ -232,22 +243,6 @@ def _patched(namespace: Any, name: str, replacement: object) -> Iterator[None]:
         yield
     finally:
         setattr(namespace, name, original)
-
-
-def _check_contributions(contributions: object, heads: object) -> None:
-    if contributions not in (None, "norm", "globenc", "alti"):
-        msg = (
-            '`contributions` must be None (capture attention weights), "norm" '
-            '(Kobayashi et al. 2020), "globenc" (Modarressi et al. 2022) or "alti" '
-            f"(Ferrando et al. 2022); got {contributions!r}."
-        )
-        raise ValueError(msg)
-    if contributions is not None and heads is not None:
-        msg = (
-            f"contributions={contributions!r} records one token-mixing matrix per layer, "
-            f"not attention weights: drop `heads` (got heads={heads!r})."
-        )
-        raise ValueError(msg)
 
 
 def _contribution_capture(tracker: BlockTracker, *, nnx: bool) -> ContributionCapture:
@@ -550,8 +545,8 @@ def capture_linen(
     >>> attnflow.rollout(cap.contributions, heads=None, residual=0.0, renormalize=True).shape
     (1, 4, 4)
     """
-    _check_heads(heads)
-    _check_contributions(contributions, heads)
+    check_heads(heads)
+    check_contributions(contributions, heads)
     if contributions is not None:
         tracker = BlockTracker(contributions, *read_linen())
         with _LOCK, linen_tracking(tracker):
@@ -862,8 +857,8 @@ def capture_nnx(
     >>> cap.contributions.shape
     (1, 1, 3, 3)
     """
-    _check_heads(heads)
-    _check_contributions(contributions, heads)
+    check_heads(heads)
+    check_contributions(contributions, heads)
     if contributions is not None:
         tracker = BlockTracker(contributions, *read_nnx())
         with _LOCK, nnx_tracking(tracker, model):
@@ -939,58 +934,121 @@ def gradients_nnx(
     return outputs, capture._replace(gradients=jnp.stack(grads, axis=-4))
 
 
-def _explain(
-    cap: Capture,
-    method: str,
-    rows: int | Sequence[int] | None,
-    options: Mapping[str, Any] | None,
-) -> jax.Array:
-    """Run rollout or flow on a capture whose heads were fused while capturing."""
-    settings = {"mask": cap.mask, **(options or {})}
-    function = attnflow.rollout if method == "rollout" else attnflow.flow
-    return function(cap.attentions, rows=rows, heads=None, **settings)  # type: ignore[no-any-return, unused-ignore]
+def attention_gradients_linen(
+    module: nn.Module,
+    variables: Any,
+    /,
+    *args: Any,
+    target: Callable[[Any], jax.Array],
+    **kwargs: Any,
+) -> tuple[jax.Array, jax.Array]:
+    """Differentiate a scalar of a linen model's output by its attention weights.
+
+    The one-call form named as in the torch and Keras adapters
+    (:func:`attnflow.adapters.keras.attention_gradients`): :func:`gradients_linen`,
+    returning the weights and their gradients only. Feed them to
+    :func:`attnflow.gradient_rollout`.
+
+    Parameters
+    ----------
+    module : flax.linen.Module
+        The model.
+    variables : mapping
+        Its variables, e.g. ``{"params": params}``.
+    *args
+        Positional arguments of the model call.
+    target : callable
+        Maps the model's outputs to a scalar, e.g. ``lambda y: y[:, 0].sum()``.
+    **kwargs
+        Keyword arguments of ``module.apply``.
+
+    Returns
+    -------
+    attentions : jax.Array
+        ``(*batch, layers, heads, n, n)``, as ``cap.attentions`` of :func:`capture_linen`.
+    gradients : jax.Array
+        The same shape: ``d target / d attentions``.
+
+    Raises
+    ------
+    RuntimeError
+        If no attention was seen, or no gradient could be attached to some call.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import flax.linen as nn
+    >>> from attnflow.adapters.jax import attention_gradients_linen
+    >>> model = nn.MultiHeadDotProductAttention(num_heads=2)
+    >>> x = jnp.ones((1, 3, 4))
+    >>> variables = model.init(jax.random.key(0), x)
+    >>> attentions, gradients = attention_gradients_linen(
+    ...     model, variables, x, target=lambda y: y[:, 0].sum()
+    ... )
+    >>> gradients.shape == attentions.shape == (1, 1, 2, 3, 3)
+    True
+    """
+    _, cap = gradients_linen(module, variables, *args, target=target, **kwargs)
+    assert cap.gradients is not None  # gradients_linen fills them
+    return cap.attentions, cap.gradients
 
 
-_METHODS = ("rollout", "flow", "gradient_rollout", "norm", "globenc", "alti")
-Method = Literal["rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"]
+def attention_gradients_nnx(
+    model: nnx.Module,
+    /,
+    *args: Any,
+    target: Callable[[Any], jax.Array],
+    **kwargs: Any,
+) -> tuple[jax.Array, jax.Array]:
+    """Differentiate a scalar of an NNX model's output by its attention weights.
+
+    As :func:`attention_gradients_linen`, for NNX: :func:`gradients_nnx`, returning the
+    weights and their gradients only.
+
+    Parameters
+    ----------
+    model : flax.nnx.Module
+        The model.
+    *args
+        Positional arguments of the model call.
+    target : callable
+        Maps the outputs to a scalar, e.g. ``lambda y: y[:, 0].sum()``.
+    **kwargs
+        Keyword arguments of the model call.
+
+    Returns
+    -------
+    attentions : jax.Array
+        ``(*batch, layers, heads, n, n)``, as ``cap.attentions`` of :func:`capture_nnx`.
+    gradients : jax.Array
+        The same shape: ``d target / d attentions``.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from attnflow.adapters.jax import attention_gradients_nnx
+    >>> mha = nnx.MultiHeadAttention(
+    ...     num_heads=2, in_features=4, decode=False, rngs=nnx.Rngs(0)
+    ... )
+    >>> attentions, gradients = attention_gradients_nnx(
+    ...     mha, jnp.ones((1, 3, 4)), target=lambda y: y[:, 0].sum()
+    ... )
+    >>> gradients.shape == attentions.shape == (1, 1, 2, 3, 3)
+    True
+    """
+    _, cap = gradients_nnx(model, *args, target=target, **kwargs)
+    assert cap.gradients is not None  # gradients_nnx fills them
+    return cap.attentions, cap.gradients
 
 
 def _check_method(method: object, target: object, heads: object = "mean") -> None:
-    if method not in _METHODS:
-        msg = (
-            '`method` must be "rollout", "flow", "gradient_rollout", "norm", "globenc" or '
-            f'"alti"; got {method!r}.'
-        )
-        raise ValueError(msg)
+    check_method(method)
     if method in ("norm", "globenc", "alti") and heads != "mean":
-        msg = (
-            f'method="{method}" rolls out one token-mixing matrix per layer (the heads are '
-            f"summed inside it): drop `heads` (got heads={heads!r})."
-        )
-        raise ValueError(msg)
-    if method != "gradient_rollout" and target is not None:
-        msg = (
-            f'`target` selects the class explained by method="gradient_rollout"; {method} '
-            "does not use gradients. Drop `target`, or pass method='gradient_rollout'."
-        )
-        raise ValueError(msg)
-    _check_target_type(target)
-
-
-def _explain_contributions(
-    cap: ContributionCapture,
-    method: str,
-    rows: int | Sequence[int] | None,
-    options: Mapping[str, Any] | None,
-) -> jax.Array:
-    """Rollout over the renormalised value-aware matrices."""
-    # GlobEnc and ALTI carry the residual connection; the norm-based matrix has none, so
-    # it is mixed with the identity as attention is (the paper's 0.5).
-    settings = {"mask": cap.mask, "residual": 0.5 if method == "norm" else 0.0, **(options or {})}
-    result: jax.Array = attnflow.rollout(
-        cap.contributions, heads=None, rows=rows, renormalize=True, **settings
-    )
-    return result
+        reject_heads(method, heads)
+    if method != "gradient_rollout":
+        check_no_target(method, target)
+    check_target_type(target, _describe_target, arrays="a 0-d or 1-d integer array")
 
 
 def _class_logit(target: Any) -> Callable[[Any], jax.Array]:
@@ -1002,18 +1060,6 @@ def _class_logit(target: Any) -> Callable[[Any], jax.Array]:
         return _target_score(logits, classes, "logit")
 
     return score
-
-
-def _explain_gradients(
-    cap: Capture, rows: int | Sequence[int] | None, options: Mapping[str, Any] | None
-) -> jax.Array:
-    """Run gradient_rollout on a capture with per-head weights and their gradients."""
-    assert cap.gradients is not None  # gradients_linen / gradients_nnx fill them
-    settings = {"mask": cap.mask, **(options or {})}
-    result: jax.Array = attnflow.gradient_rollout(
-        cap.attentions, cap.gradients, rows=rows, **settings
-    )
-    return result
 
 
 def explain_linen(
@@ -1058,7 +1104,7 @@ def explain_linen(
         Head fusion, applied while capturing (rollout and flow; gradient rollout needs
         every head and ignores it; the value-aware methods sum the heads inside their
         matrix and refuse any other value).
-    target : int, sequence of int, integer array or None, default None
+    target : int, sequence of int, int array or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained (the model returns
         ``(batch, classes)`` logits, or an output with ``.logits``); None for each
         sample's predicted class.
@@ -1091,12 +1137,18 @@ def explain_linen(
     _check_method(method, target, heads)
     if method == "gradient_rollout":
         _, cap = gradients_linen(module, variables, *args, target=_class_logit(target), **kwargs)
-        return _explain_gradients(cap, rows, options)
+        assert cap.gradients is not None  # gradients_linen / gradients_nnx fill them
+        grads: jax.Array = explain_gradients(cap.attentions, cap.gradients, cap.mask, rows, options)
+        return grads
     if method in ("norm", "globenc", "alti"):
         _, mixing = capture_linen(module, variables, *args, contributions=method, **kwargs)
-        return _explain_contributions(mixing, method, rows, options)
+        mixed: jax.Array = explain_contributions(
+            mixing.contributions, mixing.mask, method, rows, options
+        )
+        return mixed
     _, cap = capture_linen(module, variables, *args, heads=heads, **kwargs)
-    return _explain(cap, method, rows, options)
+    result: jax.Array = explain_weights(cap.attentions, cap.mask, method, rows, None, options)
+    return result
 
 
 def explain_nnx(
@@ -1128,7 +1180,7 @@ def explain_nnx(
     heads : {"mean", "max", "min"}, default "mean"
         Head fusion, applied while capturing (rollout and flow only; the value-aware
         methods refuse any other value).
-    target : int, sequence of int, integer array or None, default None
+    target : int, sequence of int, int array or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained; None for each
         sample's predicted class.
     options : mapping, optional
@@ -1156,68 +1208,27 @@ def explain_nnx(
     _check_method(method, target, heads)
     if method == "gradient_rollout":
         _, cap = gradients_nnx(model, *args, target=_class_logit(target), **kwargs)
-        return _explain_gradients(cap, rows, options)
+        assert cap.gradients is not None  # gradients_linen / gradients_nnx fill them
+        grads: jax.Array = explain_gradients(cap.attentions, cap.gradients, cap.mask, rows, options)
+        return grads
     if method in ("norm", "globenc", "alti"):
         _, mixing = capture_nnx(model, *args, contributions=method, **kwargs)
-        return _explain_contributions(mixing, method, rows, options)
+        mixed: jax.Array = explain_contributions(
+            mixing.contributions, mixing.mask, method, rows, options
+        )
+        return mixed
     _, cap = capture_nnx(model, *args, heads=heads, **kwargs)
-    return _explain(cap, method, rows, options)
+    result: jax.Array = explain_weights(cap.attentions, cap.mask, method, rows, None, options)
+    return result
 
 
 # -- input gradients ----------------------------------------------------------------------------
-#: How the input gradients are reduced over the hidden axis.
-Reduction = Literal["l2", "sum_abs", "x_input"]
-#: What is differentiated: the target class's probability or its logit.
-Score = Literal["probability", "logit"]
-
-
-def _check_reduce_output(reduce: object, output: object) -> None:
-    if reduce not in ("l2", "sum_abs", "x_input"):
-        msg = (
-            '`reduce` must be "l2" (norm of the gradient), "sum_abs" (|sum of the gradient|, '
-            f'the paper\'s code) or "x_input" (|gradient . embedding|); got {reduce!r}.'
-        )
-        raise ValueError(msg)
-    if output not in ("probability", "logit"):
-        msg = (
-            '`output` must be "probability" (softmax of the logits at the target class) or '
-            f'"logit" (the target logit); got {output!r}.'
-        )
-        raise ValueError(msg)
-
-
-def _is_class_index(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_integer_array(value: object) -> bool:
-    dtype = getattr(value, "dtype", None)
-    return (
-        isinstance(value, jax.Array | np.ndarray)
-        and dtype is not None
-        and bool(jnp.issubdtype(dtype, jnp.integer))
-        and np.ndim(value) <= 1
-    )
-
-
-def _check_target_type(target: object) -> None:
-    """Check the kind of `target` before any work (its values are checked once C is known)."""
-    if target is None or _is_class_index(target) or _is_integer_array(target):
-        return
-    if isinstance(target, Sequence) and not isinstance(target, str | bytes):
-        if all(_is_class_index(value) for value in target):
-            return
-        found = f"a sequence holding {sorted({type(v).__name__ for v in target})}"
-    elif isinstance(target, jax.Array | np.ndarray):
-        found = f"a {target.dtype} array of shape {tuple(target.shape)}"
-    else:
-        found = repr(target)
-    msg = (
-        "`target` must be None (each sample's predicted class), an int (one class for every "
-        "sample), or a sequence of ints / a 0-d or 1-d integer array with one class per "
-        f"sample; got {found}."
-    )
-    raise TypeError(msg)
+def _describe_target(target: object) -> tuple[bool, str] | None:
+    """Read an array `target` for check_target_type: a valid one is 0-d or 1-d integer."""
+    if not isinstance(target, jax.Array | np.ndarray):
+        return None
+    valid = bool(jnp.issubdtype(target.dtype, jnp.integer)) and np.ndim(target) <= 1
+    return valid, f"a {target.dtype} array of shape {tuple(target.shape)}"
 
 
 def _target_classes(target: Any, batch: int, classes: int) -> tuple[Any, Any]:
@@ -1230,7 +1241,7 @@ def _target_classes(target: Any, batch: int, classes: int) -> tuple[Any, Any]:
     if target is None:
         return None, None
     traced = isinstance(target, jax.core.Tracer)
-    if _is_class_index(target):
+    if is_class_index(target):
         values: Any = [int(target)] * batch
     elif isinstance(target, jax.Array | np.ndarray):
         if target.ndim == 1 and target.shape[0] != batch:
@@ -1242,19 +1253,7 @@ def _target_classes(target: Any, batch: int, classes: int) -> tuple[Any, Any]:
             values = [int(v) for v in np.broadcast_to(np.asarray(target), (batch,))]
     else:
         values = [int(v) for v in target]
-    if len(values) != batch:
-        msg = (
-            f"`target` has {len(values)} classes for a batch of {batch} samples; give one "
-            "class per sample, or an int for the same class in all of them."
-        )
-        raise ValueError(msg)
-    wrong = [v for v in values if not 0 <= v < classes]
-    if wrong:
-        msg = (
-            f"`target` classes must lie in [0, {classes}) for logits of shape "
-            f"({batch}, {classes}); got {wrong[:5]}."
-        )
-        raise ValueError(msg)
+    check_class_values(values, batch, classes)
     return jnp.asarray(values, dtype=jnp.int32), None
 
 
@@ -1487,7 +1486,7 @@ def input_gradients_linen(
         Its variables, e.g. ``{"params": params}``.
     *args
         Positional arguments of the model call (the token ids).
-    target : int, sequence of int, integer array or None, default None
+    target : int, sequence of int, int array or None, default None
         The class to explain: None for each sample's predicted class (argmax of its
         logits), an int for every sample, or one class per sample. Python ints and
         concrete arrays are checked against the number of classes; under
@@ -1568,8 +1567,8 @@ def input_gradients_linen(
             f"{type(given).__name__}."
         )
         raise TypeError(msg)
-    _check_reduce_output(reduce, output)
-    _check_target_type(target)
+    check_reduce_output(reduce, output)
+    check_target_type(target, _describe_target, arrays="a 0-d or 1-d integer array")
     path = _linen_path(embeddings)
     if "mutable" in kwargs:
         msg = (
@@ -1688,7 +1687,7 @@ def input_gradients_nnx(
         an array or as ``.logits``.
     *args
         Positional arguments of the model call (the token ids).
-    target : int, sequence of int, integer array or None, default None
+    target : int, sequence of int, int array or None, default None
         The class to explain, as for :func:`input_gradients_linen`.
     embeddings : flax.nnx.Module, optional
         The submodule whose output is differentiated; by default the model's only
@@ -1751,8 +1750,8 @@ def input_gradients_nnx(
             f"{type(given).__name__}."
         )
         raise TypeError(msg)
-    _check_reduce_output(reduce, output)
-    _check_target_type(target)
+    check_reduce_output(reduce, output)
+    check_target_type(target, _describe_target, arrays="a 0-d or 1-d integer array")
     site, name = _nnx_embedding(model, embeddings)
 
     def run(delta: jax.Array | None) -> tuple[Any, _EmbeddingRecorder]:

@@ -38,30 +38,47 @@ output of its embedding layer, the same way, for input-gradient token importance
 from __future__ import annotations
 
 import inspect
-import numbers
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any
 
 import keras
 import numpy as np
 
 import attnflow
 
+from ._common import (
+    CaptureBlock,
+    Contributions,
+    HeadReduction,
+    Method,
+    Reduction,
+    Score,
+    check_class_values,
+    check_contributions,
+    check_heads,
+    check_method,
+    check_no_target,
+    check_reduce_output,
+    check_scalar_shape,
+    check_scalar_target,
+    check_target_type,
+    explain_contributions,
+    explain_gradients,
+    explain_weights,
+    fuses_while_capturing,
+    is_class_index,
+    reject_heads,
+)
 from ._keras_contributions import BlockRecorder, find_blocks
 
 __all__ = ["Capture", "attention_gradients", "capture", "explain", "input_gradients"]
 
-HeadReduction = Literal["mean", "max", "min"]
-#: The value-aware token-mixing rules of attnflow.contributions.
-Contributions = Literal["norm", "globenc", "alti"]
-
 _MHA = keras.layers.MultiHeadAttention
 
 
-class Capture:
+class Capture(CaptureBlock):
     """The attention scores recorded by :func:`capture`.
 
     Use it as a context manager around one eager call of the model; the results are read
@@ -99,22 +116,8 @@ class Capture:
                 f"`with` block); got {type(given).__name__}."
             )
             raise TypeError(msg)
-        if heads not in (None, "mean", "max", "min"):
-            msg = f'`heads` must be None, "mean", "max" or "min"; got {heads!r}.'
-            raise ValueError(msg)
-        if contributions not in (None, "norm", "globenc", "alti"):
-            msg = (
-                '`contributions` must be None (capture attention weights), "norm" '
-                '(Kobayashi et al. 2020), "globenc" (Modarressi et al. 2022) or "alti" '
-                f"(Ferrando et al. 2022); got {contributions!r}."
-            )
-            raise ValueError(msg)
-        if contributions is not None and heads is not None:
-            msg = (
-                f"contributions={contributions!r} records one token-mixing matrix per layer, "
-                f"not attention weights: drop `heads` (got heads={heads!r})."
-            )
-            raise ValueError(msg)
+        check_heads(heads)
+        check_contributions(contributions, heads)
         self.model = model
         self.contribution_method: Contributions | None = contributions
         self._recorder: BlockRecorder | None = None
@@ -126,12 +129,10 @@ class Capture:
         self._active = False
         self._used = False
 
-    # -- context manager -----------------------------------------------------------------
-    def __enter__(self) -> Self:
-        if self._used:
-            msg = "A Capture records one `with` block; call capture(model) again for another."
-            raise RuntimeError(msg)
-        self._used = True
+    # -- context manager (the protocol is CaptureBlock's) ---------------------------------
+    _RECORDS = "attention scores"
+
+    def _prepare(self) -> None:
         self._layers = list(_attention_layers(self.model))
         if not self._layers:
             msg = (
@@ -143,36 +144,20 @@ class Capture:
             raise ValueError(msg)
         if self.contribution_method is not None:
             self._recorder = BlockRecorder(find_blocks(self.model), self.contribution_method)
-        try:
-            for layer in self._layers:
-                self._install(layer)
-            if self._recorder is not None:
-                self._recorder.install()
-        except BaseException:
-            self._restore()
-            raise
-        self._active = True
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._active = False
-        self._restore()
-        if exc_type is None and self._recorder is not None:
-            self._check_contributions(self._recorder)
-            return
-        if exc_type is None and not self._records:
-            msg = (
-                f"No attention scores were captured from {type(self.model).__name__}: none "
-                "of its MultiHeadAttention layers ran eagerly inside the `with` block. Call "
-                "the model directly (model(x)), not through model.predict() or a compiled "
-                "function, inside the block."
-            )
-            raise RuntimeError(msg)
+    def _install_hooks(self) -> None:
+        for layer in self._layers:
+            self._install(layer)
+        if self._recorder is not None:
+            self._recorder.install()
+
+    def _nothing_captured(self) -> str:
+        return (
+            f"No attention scores were captured from {type(self.model).__name__}: none "
+            "of its MultiHeadAttention layers ran eagerly inside the `with` block. Call "
+            "the model directly (model(x)), not through model.predict() or a compiled "
+            "function, inside the block."
+        )
 
     # -- results ------------------------------------------------------------------------
     @property
@@ -195,19 +180,6 @@ class Capture:
         with the model's own tensor (rows whose keys are all masked excepted).
         """
         return keras.ops.stack(self._recorded("outputs").outputs, axis=-3)
-
-    def _recorded(self, name: str) -> BlockRecorder:
-        recorder = self._recorder
-        if recorder is None:
-            msg = (
-                f'`{name}` needs capture(model, contributions="norm" | "globenc" | '
-                '"alti"); this capture recorded attention scores (read `attentions`).'
-            )
-            raise RuntimeError(msg)
-        if not recorder.matrices:
-            msg = f"Nothing was captured: read `{name}` after calling the model in the block."
-            raise RuntimeError(msg)
-        return recorder
 
     def _check_contributions(self, recorder: BlockRecorder) -> None:
         if recorder.errors:
@@ -477,7 +449,7 @@ def explain(
     model: keras.Layer,
     inputs: Mapping[str, Any] | Sequence[Any] | Any,
     *,
-    method: Literal["rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"] = "rollout",
+    method: Method = "rollout",
     rows: int | Sequence[int] | None = 0,
     target: Any = None,
     **options: Any,
@@ -509,7 +481,7 @@ def explain(
     rows : int, sequence of int or None, default 0
         Output positions to explain; 0 is the first token, None gives the full ``n x n``
         map.
-    target : int, sequence of int, 1-d integer tensor or None, default None
+    target : int, sequence of int, 1-d int tensor or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained (the model returns
         ``(batch, classes)`` logits), None for each sample's predicted class.
     **options
@@ -541,16 +513,11 @@ def explain(
     >>> tuple(scores.shape)
     (2, 6)
     """
-    if method not in ("rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"):
-        msg = (
-            '`method` must be "rollout", "flow", "gradient_rollout", "norm", "globenc" or '
-            f'"alti"; got {method!r}.'
-        )
-        raise ValueError(msg)
+    check_method(method)
     if method in ("norm", "globenc", "alti") and target is None:
         return _explain_contributions(model, inputs, method=method, rows=rows, **options)
     if method == "gradient_rollout":
-        _check_target_type(target)
+        check_target_type(target, _describe_target)
         with capture(model) as cap:
             logits = _logits(model(inputs))
         batch, n_classes = (int(d) for d in logits.shape)
@@ -560,22 +527,14 @@ def explain(
         attentions, gradients = attention_gradients(
             model, inputs, target=lambda y: _target_score(_logits(y), classes, "logit")
         )
-        options.setdefault("mask", cap.mask)
-        return attnflow.gradient_rollout(attentions, gradients, rows=rows, **options)
-    if target is not None:
-        msg = (
-            f'`target` selects the class explained by method="gradient_rollout"; {method} '
-            "does not use gradients. Drop `target`, or pass method='gradient_rollout'."
-        )
-        raise ValueError(msg)
+        return explain_gradients(attentions, gradients, cap.mask, rows, options)
+    check_no_target(method, target)
     heads = options.pop("heads", "mean")
-    fuse_now = isinstance(heads, str) and heads in ("mean", "max", "min")
+    fuse_now = fuses_while_capturing(heads)
     with capture(model, heads=heads if fuse_now else None) as cap:
         model(inputs)
-    options.setdefault("mask", cap.mask)
     attentions = keras.ops.stop_gradient(cap.attentions)
-    function = attnflow.rollout if method == "rollout" else attnflow.flow
-    return function(attentions, rows=rows, heads=None if fuse_now else heads, **options)
+    return explain_weights(attentions, cap.mask, method, rows, None if fuse_now else heads, options)
 
 
 def _explain_contributions(
@@ -589,18 +548,10 @@ def _explain_contributions(
     """explain(method="norm" | "globenc" | "alti"): rollout over value-aware matrices."""
     heads = options.pop("heads", None)
     if heads is not None:
-        msg = (
-            f'method="{method}" rolls out one token-mixing matrix per layer (the heads are '
-            f"summed inside it): drop `heads` (got heads={heads!r})."
-        )
-        raise ValueError(msg)
+        reject_heads(method, heads)
     with capture(model, contributions=method) as cap:
         model(inputs)
-    options.setdefault("mask", cap.mask)
-    # GlobEnc and ALTI carry the residual connection; the norm-based matrix has none, so
-    # it is mixed with the identity as attention is (the paper's 0.5).
-    options.setdefault("residual", 0.5 if method == "norm" else 0.0)
-    return attnflow.rollout(cap.contributions, heads=None, rows=rows, renormalize=True, **options)
+    return explain_contributions(cap.contributions, cap.mask, method, rows, options)
 
 
 def attention_gradients(
@@ -609,7 +560,7 @@ def attention_gradients(
     *,
     target: Callable[[Any], Any],
 ) -> tuple[Any, Any]:
-    """Gradients of a scalar of the model's output with respect to its attention weights.
+    """Differentiate a scalar of the model's output by its attention weights.
 
     Differentiates ``target(model(inputs))`` with the active backend's own autodiff
     (``tf.GradientTape``, ``jax.grad`` or torch autograd) with respect to the attention
@@ -672,10 +623,7 @@ def attention_gradients(
     if not isinstance(given, keras.Layer):
         msg = f"attention_gradients() expects a Keras model or layer; got {type(given).__name__}."
         raise TypeError(msg)
-    given_target: object = target
-    if not callable(given_target):
-        msg = f"`target` must be a callable mapping the outputs to a scalar; got {target!r}."
-        raise TypeError(msg)
+    check_scalar_target(target)
     layers = list(_attention_layers(model))
     if not layers:
         msg = (
@@ -807,15 +755,7 @@ def _differentiate(objective: Callable[[list[Any]], Any], zeros: list[Any]) -> l
 def _scalar(value: Any) -> Any:
     """`value` as a 0-d tensor, or a ValueError if it has more than one element."""
     value = keras.ops.convert_to_tensor(value)
-    size = 1
-    for dim in value.shape:
-        size *= int(dim)
-    if size != 1:
-        msg = (
-            "`target` must map the model's outputs to a scalar; got shape "
-            f"{tuple(value.shape)} (e.g. sum over the batch: samples do not interact)."
-        )
-        raise ValueError(msg)
+    check_scalar_shape(tuple(value.shape))
     return keras.ops.reshape(value, ())
 
 
@@ -861,12 +801,6 @@ def _is_concrete(x: Any) -> bool:
 
 
 # -- input gradients ---------------------------------------------------------------------------
-#: How input_gradients() reduces the hidden axis of the gradient.
-Reduction = Literal["l2", "sum_abs", "x_input"]
-#: What input_gradients() differentiates: the target class's probability or its logit.
-Score = Literal["probability", "logit"]
-
-
 def input_gradients(
     model: keras.Layer,
     inputs: Mapping[str, Any] | Sequence[Any] | Any,
@@ -914,7 +848,7 @@ def input_gradients(
     inputs : tensor, mapping or sequence
         The model's inputs (a mapping, list or tuple is passed as one argument), e.g.
         token ids ``(batch, n)``.
-    target : int, sequence of int, 1-d integer tensor or None, default None
+    target : int, sequence of int, 1-d int tensor or None, default None
         The class to explain: None for each sample's predicted class (argmax of the
         outputs), an int for every sample, or one class per sample.
     embeddings : keras.Layer, optional
@@ -988,8 +922,8 @@ def input_gradients(
     if not isinstance(given, keras.Layer):
         msg = f"input_gradients() expects a Keras model or layer; got {type(given).__name__}."
         raise TypeError(msg)
-    _check_reduce_output(reduce, output)
-    _check_target_type(target)
+    check_reduce_output(reduce, output, of="outputs")
+    check_target_type(target, _describe_target)
     layer = _embedding_layer(model, embeddings)
     with _output_perturbed(layer) as state:
         logits = _logits(model(inputs))
@@ -1081,47 +1015,15 @@ def _output_perturbed(layer: keras.Layer) -> Iterator[_OutputState]:
         delattr(layer, name)
 
 
-def _check_reduce_output(reduce: object, output: object) -> None:
-    if reduce not in ("l2", "sum_abs", "x_input"):
-        msg = (
-            '`reduce` must be "l2" (norm of the gradient), "sum_abs" (|sum of the gradient|, '
-            f'the paper\'s code) or "x_input" (|gradient . embedding|); got {reduce!r}.'
-        )
-        raise ValueError(msg)
-    if output not in ("probability", "logit"):
-        msg = (
-            '`output` must be "probability" (softmax of the outputs at the target class) or '
-            f'"logit" (the output at the target class as it is); got {output!r}.'
-        )
-        raise ValueError(msg)
-
-
-def _is_class_index(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_target_type(target: object) -> None:
-    """Check the kind of `target` before any work (its values are checked once C is known)."""
-    if target is None or _is_class_index(target):
-        return
-    if isinstance(target, np.ndarray) or keras.ops.is_tensor(target):
-        tensor: Any = target
-        dtype = keras.backend.standardize_dtype(tensor.dtype)
-        if "int" in dtype and len(tensor.shape) <= 1:
-            return
-        found = f"a {dtype} tensor of shape {tuple(tensor.shape)}"
-    elif isinstance(target, Sequence) and not isinstance(target, str | bytes):
-        if all(_is_class_index(value) for value in target):
-            return
-        found = f"a sequence holding {sorted({type(v).__name__ for v in target})}"
-    else:
-        found = repr(target)
-    msg = (
-        "`target` must be None (each sample's predicted class), an int (one class for every "
-        "sample), or a sequence of ints / a 1-d integer tensor with one class per sample; "
-        f"got {found}."
-    )
-    raise TypeError(msg)
+def _describe_target(target: object) -> tuple[bool, str] | None:
+    """Read a tensor `target` for check_target_type: a valid one is 0-d or 1-d integer."""
+    if not (isinstance(target, np.ndarray) or keras.ops.is_tensor(target)):
+        return None
+    tensor: Any = target
+    dtype = keras.backend.standardize_dtype(tensor.dtype)
+    return "int" in dtype and len(
+        tensor.shape
+    ) <= 1, f"a {dtype} tensor of shape {tuple(tensor.shape)}"
 
 
 def _target_classes(target: Any, batch: int, classes: int, logits: np.ndarray) -> np.ndarray:
@@ -1129,26 +1031,14 @@ def _target_classes(target: Any, batch: int, classes: int, logits: np.ndarray) -
     if target is None:
         predicted: np.ndarray = np.argmax(logits, axis=-1).astype("int32")
         return predicted
-    if _is_class_index(target):
+    if is_class_index(target):
         values = [int(target)] * batch
     elif isinstance(target, Sequence):
         values = [int(v) for v in target]
     else:
         array = _to_numpy(target)
         values = [int(v) for v in (np.full(batch, array) if array.ndim == 0 else array)]
-    if len(values) != batch:
-        msg = (
-            f"`target` has {len(values)} classes for a batch of {batch} samples; give one "
-            "class per sample, or an int for the same class in all of them."
-        )
-        raise ValueError(msg)
-    wrong = [v for v in values if not 0 <= v < classes]
-    if wrong:
-        msg = (
-            f"`target` classes must lie in [0, {classes}) for outputs of shape "
-            f"({batch}, {classes}); got {wrong[:5]}."
-        )
-        raise ValueError(msg)
+    check_class_values(values, batch, classes, of="outputs")
     return np.asarray(values, dtype="int32")
 
 

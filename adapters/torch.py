@@ -69,12 +69,11 @@ from __future__ import annotations
 
 import inspect
 import math
-import numbers
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from types import ModuleType, TracebackType
-from typing import Any, Literal, Self
+from types import ModuleType
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -83,10 +82,33 @@ from torch import nn
 import attnflow
 import attnflow.explanation
 
+from ._common import (
+    CaptureBlock,
+    Contributions,
+    HeadReduction,
+    Method,
+    Reduction,
+    Score,
+    check_class_values,
+    check_contribution_method,
+    check_heads,
+    check_method,
+    check_no_target,
+    check_reduce_output,
+    check_scalar_shape,
+    check_scalar_target,
+    check_target_type,
+    explain_contributions,
+    explain_gradients,
+    explain_weights,
+    fuses_while_capturing,
+    reject_heads,
+)
 from ._torch_contributions import BlockRecorder, find_blocks
 
 __all__ = [
     "Capture",
+    "attention_gradients",
     "capture",
     "explain",
     "explain_image",
@@ -96,14 +118,7 @@ __all__ = [
     "sdpa_with_weights",
 ]
 
-HeadReduction = Literal["mean", "max", "min"]
-#: The value-aware token-mixing rules of attnflow.contributions.
-Contributions = Literal["norm", "globenc", "alti"]
 Role = Literal["encoder", "decoder", "cross"]
-#: How input_gradients() reduces the hidden axis of the gradient.
-Reduction = Literal["l2", "sum_abs", "x_input"]
-#: What input_gradients() differentiates: the target class's probability or its logit.
-Score = Literal["probability", "logit"]
 
 #: Arguments of an attention module that carry the encoder's states in cross-attention.
 _CROSS_ARGUMENTS = ("key_value_states", "encoder_hidden_states", "memory")
@@ -227,7 +242,7 @@ def sdpa_with_weights(
     return torch.matmul(used, value), weights
 
 
-class Capture:
+class Capture(CaptureBlock):
     """The attention weights recorded by :func:`capture`.
 
     Use it as a context manager around one model call; the results are read after the
@@ -272,9 +287,7 @@ class Capture:
                 f"block); got {type(given).__name__}."
             )
             raise TypeError(msg)
-        if heads not in (None, "mean", "max", "min"):
-            msg = f'`heads` must be None, "mean", "max" or "min"; got {heads!r}.'
-            raise ValueError(msg)
+        check_heads(heads)
         if gradients and heads is not None:
             msg = (
                 "gradients=True needs the weights of every head (gradient-weighted rollout "
@@ -282,13 +295,7 @@ class Capture:
                 "fuse afterwards."
             )
             raise ValueError(msg)
-        if contributions not in (None, "norm", "globenc", "alti"):
-            msg = (
-                '`contributions` must be None (capture attention weights), "norm" '
-                '(Kobayashi et al. 2020), "globenc" (Modarressi et al. 2022) or "alti" '
-                f"(Ferrando et al. 2022); got {contributions!r}."
-            )
-            raise ValueError(msg)
+        check_contribution_method(contributions)
         if contributions is not None and (gradients or heads is not None):
             msg = (
                 f"contributions={contributions!r} records one token-mixing matrix per layer, "
@@ -312,47 +319,27 @@ class Capture:
         self._active = False
         self._used = False
 
-    # -- context manager -----------------------------------------------------------------
-    def __enter__(self) -> Self:
-        if self._used:
-            msg = "A Capture records one `with` block; call capture(model) again for another."
-            raise RuntimeError(msg)
-        self._used = True
+    # -- context manager (the protocol is CaptureBlock's) ---------------------------------
+    def _prepare(self) -> None:
         _check_implementations(self.model)
         if self.contribution_method is not None:
             self._recorder = BlockRecorder(find_blocks(self.model), self.contribution_method)
-        try:
-            self._install()
-        except BaseException:
-            self._restore()
-            raise
-        self._active = True
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self._active = False
-        self._restore()
-        if exc_type is None and self._recorder is not None:
-            self._check_contributions(self._recorder)
-            return
-        if exc_type is None and not self._records:
-            msg = (
-                f"No attention weights were captured from {type(self.model).__name__}. "
-                "attnflow sees attention computed by torch.nn.functional."
-                "scaled_dot_product_attention, Hugging Face eager attention and "
-                "nn.MultiheadAttention; it cannot see fused kernels (flash or flex "
-                "attention, torch.compile graphs, C++ fast paths) or attention written "
-                "inline. Call the model inside the `with` block; load Hugging Face models "
-                'with attn_implementation="sdpa" or "eager"; for timm models set '
-                "`fused_attn = False` on their attention modules or keep SDPA; run "
-                "compiled models uncompiled."
-            )
-            raise RuntimeError(msg)
+    def _install_hooks(self) -> None:
+        self._install()
+
+    def _nothing_captured(self) -> str:
+        return (
+            f"No attention weights were captured from {type(self.model).__name__}. "
+            "attnflow sees attention computed by torch.nn.functional."
+            "scaled_dot_product_attention, Hugging Face eager attention and "
+            "nn.MultiheadAttention; it cannot see fused kernels (flash or flex "
+            "attention, torch.compile graphs, C++ fast paths) or attention written "
+            "inline. Call the model inside the `with` block; load Hugging Face models "
+            'with attn_implementation="sdpa" or "eager"; for timm models set '
+            "`fused_attn = False` on their attention modules or keep SDPA; run "
+            "compiled models uncompiled."
+        )
 
     # -- results ------------------------------------------------------------------------
     @property
@@ -377,18 +364,9 @@ class Capture:
         return torch.stack(self._recorded("outputs").outputs, dim=-3)
 
     def _recorded(self, name: str) -> BlockRecorder:
-        recorder = self._recorder
-        if recorder is None:
-            msg = (
-                f'`{name}` needs capture(model, contributions="norm" | "globenc" | '
-                '"alti"); this capture recorded attention weights (read `attentions`).'
-            )
-            raise RuntimeError(msg)
-        if recorder.errors:
-            self._check_contributions(recorder)
-        if not recorder.matrices:
-            msg = f"Nothing was captured: read `{name}` after calling the model in the block."
-            raise RuntimeError(msg)
+        if self._recorder is not None and self._recorder.errors:
+            self._check_contributions(self._recorder)
+        recorder: BlockRecorder = super()._recorded(name)
         return recorder
 
     def _check_contributions(self, recorder: BlockRecorder) -> None:
@@ -889,7 +867,7 @@ def explain(
     model: nn.Module,
     inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
     *,
-    method: Literal["rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"] = "rollout",
+    method: Method = "rollout",
     rows: int | Sequence[int] | None = 0,
     target: int | Sequence[int] | torch.Tensor | None = None,
     **options: Any,
@@ -927,7 +905,7 @@ def explain(
     rows : int, sequence of int or None, default 0
         Output positions to explain; 0 is the first token (``[CLS]`` for BERT-like
         models), None gives the full ``n x n`` map.
-    target : int, sequence of int, 1-d integer Tensor or None, default None
+    target : int, sequence of int, 1-d int Tensor or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained, None for each
         sample's predicted class (argmax of its logits), an int for the same class in
         every sample, or one class per sample.
@@ -987,29 +965,20 @@ def explain(
     >>> bool((relevance[:, 0] == 0).all())
     True
     """
-    if method not in ("rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"):
-        msg = (
-            '`method` must be "rollout", "flow", "gradient_rollout", "norm", "globenc" or '
-            f'"alti"; got {method!r}.'
-        )
-        raise ValueError(msg)
+    check_method(method)
     if method == "gradient_rollout":
         return _explain_gradient_rollout(model, inputs, rows=rows, target=target, **options)
     if method in ("norm", "globenc", "alti") and target is None:
         return _explain_contributions(model, inputs, method=method, rows=rows, **options)
-    if target is not None:
-        msg = (
-            f'`target` selects the class explained by method="gradient_rollout"; {method} '
-            "does not use gradients. Drop `target`, or pass method='gradient_rollout'."
-        )
-        raise ValueError(msg)
+    check_no_target(method, target)
     heads = options.pop("heads", "mean")
-    fuse_now = isinstance(heads, str) and heads in ("mean", "max", "min")
+    fuse_now = fuses_while_capturing(heads)
     with torch.no_grad(), capture(model, heads=heads if fuse_now else None) as cap:
         _call(model, inputs)
-    options.setdefault("mask", cap.mask)
-    function = attnflow.rollout if method == "rollout" else attnflow.flow
-    return function(cap.attentions, rows=rows, heads=None if fuse_now else heads, **options)
+    result: torch.Tensor = explain_weights(
+        cap.attentions, cap.mask, method, rows, None if fuse_now else heads, options
+    )
+    return result
 
 
 def _explain_contributions(
@@ -1023,18 +992,11 @@ def _explain_contributions(
     """explain(method="norm" | "globenc" | "alti"): rollout over value-aware matrices."""
     heads = options.pop("heads", None)
     if heads is not None:
-        msg = (
-            f'method="{method}" rolls out one token-mixing matrix per layer (the heads are '
-            f"summed inside it): drop `heads` (got heads={heads!r})."
-        )
-        raise ValueError(msg)
+        reject_heads(method, heads)
     with torch.no_grad(), capture(model, contributions=method) as cap:
         _call(model, inputs)
-    options.setdefault("mask", cap.mask)
-    # GlobEnc and ALTI carry the residual connection; the norm-based matrix has none, so
-    # it is mixed with the identity as attention is (the paper's 0.5).
-    options.setdefault("residual", 0.5 if method == "norm" else 0.0)
-    return attnflow.rollout(cap.contributions, heads=None, rows=rows, renormalize=True, **options)
+    result: torch.Tensor = explain_contributions(cap.contributions, cap.mask, method, rows, options)
+    return result
 
 
 #: Methods of :func:`explain_text`, in the order of its table's columns.
@@ -1118,9 +1080,7 @@ def explain_text(
     if not chosen or unknown:
         msg = f"`methods` must name some of {list(TEXT_METHODS)}; got {list(chosen)!r}."
         raise ValueError(msg)
-    if heads not in ("mean", "max", "min"):
-        msg = f'`heads` must be "mean", "max" or "min"; got {heads!r}.'
-        raise ValueError(msg)
+    check_heads(heads, optional=False)
     encoded = tokenizer(text, return_tensors="pt")
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
@@ -1261,9 +1221,7 @@ def explain_image(
     if not chosen or unknown:
         msg = f"`methods` must name some of {list(TEXT_METHODS)}; got {list(chosen)!r}."
         raise ValueError(msg)
-    if heads not in ("mean", "max", "min"):
-        msg = f'`heads` must be "mean", "max" or "min"; got {heads!r}.'
-        raise ValueError(msg)
+    check_heads(heads, optional=False)
     _check_one_image(image)
     encoded = processor(images=image, return_tensors="pt")
     pixels = encoded["pixel_values"]
@@ -1439,8 +1397,8 @@ def _explain_gradient_rollout(
 ) -> torch.Tensor:
     """explain(method="gradient_rollout"): forward with capture, d logit / d A, then GAE."""
     weights, gradients, mask = _weights_and_gradients(model, inputs, target)
-    options.setdefault("mask", mask)
-    return attnflow.gradient_rollout(weights, gradients, rows=rows, **options)
+    result: torch.Tensor = explain_gradients(weights, gradients, mask, rows, options)
+    return result
 
 
 def _weights_and_gradients(
@@ -1449,39 +1407,140 @@ def _weights_and_gradients(
     target: int | Sequence[int] | torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Return the attention weights of one call, d logit_target / d A, and the mask."""
-    _check_target_type(target)
+    check_target_type(target, _describe_target)
+
+    def score(logits: torch.Tensor) -> torch.Tensor:
+        classes = _target_classes(target, logits.shape[0], logits.shape[1], logits.detach())
+        return logits.gather(-1, classes.to(logits.device)[:, None]).sum()
+
+    return _differentiate(model, inputs, _logits, score, 'explain(method="gradient_rollout")')
+
+
+def _differentiate(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+    read: Callable[[Any], Any],
+    score: Callable[[Any], torch.Tensor],
+    caller: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Run the model once, `read` its result, and differentiate ``score(read(result))``.
+
+    Return the attention weights (detached), the score's gradients with respect to them
+    (zero for a layer the score does not depend on) and the padding mask; `caller` names
+    the public function in the errors.
+    """
     if torch.is_inference_mode_enabled():
         msg = (
-            'explain(method="gradient_rollout") needs autograd, which '
+            f"{caller} needs autograd, which "
             "torch.inference_mode() switches off for good; call it outside the "
             "inference_mode block (an outer torch.no_grad() is fine)."
         )
         raise RuntimeError(msg)
     with torch.enable_grad():
         with capture(model) as cap:
-            result = _call(model, inputs)
-        logits = _logits(result)
+            result = read(_call(model, inputs))
         weights = cap.attentions  # checks that one stack of layers was captured
         records = cap.records
-        classes = _target_classes(target, logits.shape[0], logits.shape[1], logits.detach())
-        score = logits.gather(-1, classes.to(logits.device)[:, None]).sum()
-        if not score.requires_grad or not all(w.requires_grad for w in records):
+        value = score(result)
+        if not value.requires_grad or not all(w.requires_grad for w in records):
             msg = (
                 "The attention weights are not on the autograd graph, so no gradient can "
-                'reach them: explain(method="gradient_rollout") needs parameters (or inputs) '
+                f"reach them: {caller} needs parameters (or inputs) "
                 "that require grad upstream of the attention; unfreeze the model "
                 "(model.requires_grad_(True)) for the call."
             )
             raise RuntimeError(msg)
-        # A layer the logits do not depend on gets None (allow_unused): its gradient is 0.
+        # A layer the score does not depend on gets None (allow_unused): its gradient is 0.
         grads: Sequence[torch.Tensor | None] = torch.autograd.grad(
-            score, records, allow_unused=True
+            value, records, allow_unused=True
         )
     gradients = torch.stack(
         [torch.zeros_like(w) if g is None else g for w, g in zip(records, grads, strict=True)],
         dim=-4,
     )
     return weights.detach(), gradients, cap.mask
+
+
+def attention_gradients(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+    *,
+    target: Callable[[Any], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Differentiate a scalar of the model's output by its attention weights.
+
+    The one-call form of ``capture(model, gradients=True)`` plus a backward pass, named
+    as in the Keras adapter (:func:`attnflow.adapters.keras.attention_gradients`): runs
+    ``model(**inputs)``, ``model(*inputs)`` or ``model(inputs)`` (as :func:`explain`)
+    inside :func:`capture` with autograd on, maps the output to a scalar with `target` and
+    differentiates it with ``torch.autograd.grad``, so the parameters' ``.grad`` are left
+    untouched. Feed the result to :func:`attnflow.gradient_rollout`.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model (see :func:`capture`), in eval mode for deterministic gradients (its
+        mode is not changed here).
+    inputs : mapping, sequence or Tensor
+        The model's inputs.
+    target : callable
+        Maps the model's output to a scalar tensor (one element), e.g.
+        ``lambda out: out.logits[:, 3].sum()``. Samples of a batch do not interact, so a
+        sum over the batch gives each sample's own gradients.
+
+    Returns
+    -------
+    attentions : Tensor
+        ``(*batch, layers, heads, n, n)``, as ``cap.attentions`` of :func:`capture`,
+        detached.
+    gradients : Tensor
+        The same shape: ``d target / d attentions``. Zero for a layer whose weights do not
+        reach the target.
+
+    Raises
+    ------
+    TypeError
+        If `model` is not a module, `target` is not callable or does not return a tensor.
+    ValueError
+        If `target` does not give a scalar, or as raised by :func:`capture` (e.g. the
+        attention calls cannot be stacked: an encoder-decoder model).
+    RuntimeError
+        Under ``torch.inference_mode()``, or when the attention weights are not on the
+        autograd graph (every parameter frozen).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from attnflow.adapters.torch import attention_gradients
+    >>> layer = torch.nn.TransformerEncoderLayer(8, nhead=2, batch_first=True)
+    >>> model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    >>> attentions, gradients = attention_gradients(
+    ...     model.eval(), torch.randn(1, 5, 8), target=lambda y: y[:, 0].sum()
+    ... )
+    >>> tuple(gradients.shape) == tuple(attentions.shape) == (1, 2, 2, 5, 5)
+    True
+    """
+    given: object = model
+    if not isinstance(given, nn.Module):
+        msg = f"attention_gradients() expects a torch.nn.Module; got {type(given).__name__}."
+        raise TypeError(msg)
+    check_scalar_target(target)
+
+    def score(outputs: Any) -> torch.Tensor:
+        value: object = target(outputs)
+        if not isinstance(value, torch.Tensor):
+            msg = (
+                "`target` must map the model's outputs to a scalar tensor; got a "
+                f"{type(value).__name__}."
+            )
+            raise TypeError(msg)
+        check_scalar_shape(tuple(value.shape))
+        return value.reshape(())
+
+    weights, gradients, _ = _differentiate(
+        model, inputs, lambda result: result, score, "attention_gradients()"
+    )
+    return weights, gradients
 
 
 def input_gradients(
@@ -1531,7 +1590,7 @@ def input_gradients(
         The model's inputs: ``model(**inputs)`` for a mapping (a tokenizer's output),
         ``model(*inputs)`` for a tuple or list, ``model(inputs)`` for a tensor, as for
         :func:`explain`.
-    target : int, sequence of int, 1-d integer Tensor or None, default None
+    target : int, sequence of int, 1-d int Tensor or None, default None
         The class to explain: None for each sample's predicted class (argmax of its
         logits), an int for the same class in every sample, or one class per sample.
     embeddings : torch.nn.Module, optional
@@ -1620,8 +1679,8 @@ def input_gradients(
             f"{type(given).__name__}."
         )
         raise TypeError(msg)
-    _check_reduce_output(reduce, output)
-    _check_target_type(target)
+    check_reduce_output(reduce, output)
+    check_target_type(target, _describe_target)
     if torch.is_inference_mode_enabled():
         msg = (
             "input_gradients() needs autograd, which torch.inference_mode() switches off for "
@@ -1821,7 +1880,7 @@ def model_functions(
             f"got {contributions!r}."
         )
         raise ValueError(msg)
-    _check_reduce_output(reduce, output)
+    check_reduce_output(reduce, output)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
 
     def arguments(ids: Any, mask: Any) -> dict[str, Any] | torch.Tensor:
@@ -1988,47 +2047,14 @@ def _padding_mask(
 
 
 # -- input gradients ---------------------------------------------------------------------------
-def _check_reduce_output(reduce: object, output: object) -> None:
-    if reduce not in ("l2", "sum_abs", "x_input"):
-        msg = (
-            '`reduce` must be "l2" (norm of the gradient), "sum_abs" (|sum of the gradient|, '
-            f'the paper\'s code) or "x_input" (|gradient . embedding|); got {reduce!r}.'
-        )
-        raise ValueError(msg)
-    if output not in ("probability", "logit"):
-        msg = (
-            '`output` must be "probability" (softmax of the logits at the target class) or '
-            f'"logit" (the target logit); got {output!r}.'
-        )
-        raise ValueError(msg)
-
-
-def _is_class_index(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _check_target_type(target: object) -> None:
-    """Check the kind of `target` before any work (its values are checked once C is known)."""
-    if target is None or _is_class_index(target):
-        return
-    if isinstance(target, torch.Tensor):
-        if target.ndim <= 1 and not (
-            target.is_floating_point() or target.is_complex() or target.dtype == torch.bool
-        ):
-            return
-        found = f"a {target.dtype} tensor of shape {tuple(target.shape)}"
-    elif isinstance(target, Sequence) and not isinstance(target, str | bytes):
-        if all(_is_class_index(value) for value in target):
-            return
-        found = f"a sequence holding {sorted({type(v).__name__ for v in target})}"
-    else:
-        found = repr(target)
-    msg = (
-        "`target` must be None (each sample's predicted class), an int (one class for every "
-        "sample), or a sequence of ints / a 1-d integer tensor with one class per sample; "
-        f"got {found}."
+def _describe_target(target: object) -> tuple[bool, str] | None:
+    """Read a tensor `target` for check_target_type: a valid one is 0-d or 1-d integer."""
+    if not isinstance(target, torch.Tensor):
+        return None
+    valid = target.ndim <= 1 and not (
+        target.is_floating_point() or target.is_complex() or target.dtype == torch.bool
     )
-    raise TypeError(msg)
+    return valid, f"a {target.dtype} tensor of shape {tuple(target.shape)}"
 
 
 def _target_classes(
@@ -2048,19 +2074,7 @@ def _target_classes(
         values = [int(v) for v in target]
     else:
         values = [int(target)] * batch
-    if len(values) != batch:
-        msg = (
-            f"`target` has {len(values)} classes for a batch of {batch} samples; give one "
-            "class per sample, or an int for the same class in all of them."
-        )
-        raise ValueError(msg)
-    wrong = [v for v in values if not 0 <= v < classes]
-    if wrong:
-        msg = (
-            f"`target` classes must lie in [0, {classes}) for logits of shape "
-            f"({batch}, {classes}); got {wrong[:5]}."
-        )
-        raise ValueError(msg)
+    check_class_values(values, batch, classes)
     return torch.tensor(values, dtype=torch.long, device=logits.device)
 
 

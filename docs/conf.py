@@ -68,6 +68,9 @@ autosummary_imported_members = True
 # Parameters section, where they read as prose rather than as expanded type aliases.
 autodoc_typehints = "none"
 autodoc_default_options = {"members": False}
+# The adapters import their framework; the docs session installs none, so autodoc imports
+# them against mocks (the API pages need only their signatures and docstrings).
+autodoc_mock_imports = ["flax", "jax", "keras", "torch"]
 
 # -- numpydoc ------------------------------------------------------------------------------
 

@@ -222,6 +222,22 @@ def test_nnx_gradients_match_finite_differences(nnx_setup):
         np.testing.assert_allclose(got, fd, rtol=2e-2, atol=2e-3)
 
 
+def test_attention_gradients_equal_the_capture_forms(linen_setup, nnx_setup):
+    model, variables, x, mask = linen_setup
+    _, cap = adapter.gradients_linen(model, variables, x, mask, target=target)
+    attentions, gradients = adapter.attention_gradients_linen(
+        model, variables, x, mask, target=target
+    )
+    np.testing.assert_array_equal(attentions, cap.attentions)
+    np.testing.assert_array_equal(gradients, cap.gradients)
+
+    module, x, mask = nnx_setup
+    _, cap = adapter.gradients_nnx(module, x, mask=mask, target=target)
+    attentions, gradients = adapter.attention_gradients_nnx(module, x, mask=mask, target=target)
+    np.testing.assert_array_equal(attentions, cap.attentions)
+    np.testing.assert_array_equal(gradients, cap.gradients)
+
+
 def test_nnx_nothing_captured():
     model = nnx.Linear(3, 3, rngs=nnx.Rngs(0))
     with pytest.raises(RuntimeError, match="No attention weights were captured"):

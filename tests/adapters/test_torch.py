@@ -384,6 +384,43 @@ def test_gradients_match_finite_differences(monkeypatch):
         assert gradients[0, layer, head, i, j].item() == pytest.approx(numeric, rel=1e-6, abs=1e-8)
 
 
+def test_attention_gradients_equal_capture_with_gradients():
+    torch.manual_seed(0)
+    model = TinyAttentionStack().double()
+    x = torch.randn(1, 4, 6, dtype=torch.float64)
+    weights_out = torch.randn(1, 4, 6, dtype=torch.float64)
+
+    def score(output):
+        return (output * weights_out).sum()
+
+    with adapter.capture(model, gradients=True) as cap:
+        out = model(x)
+    score(out).backward()
+    model.zero_grad()
+    attentions, gradients = adapter.attention_gradients(model, x, target=score)
+    assert not attentions.requires_grad
+    torch.testing.assert_close(attentions, cap.attentions.detach())
+    torch.testing.assert_close(gradients, cap.gradients)
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+    # The inputs' forms of explain: a tuple is unpacked.
+    _, again = adapter.attention_gradients(model, (x,), target=score)
+    torch.testing.assert_close(again, gradients)
+
+
+def test_attention_gradients_errors(encoder):
+    x = torch.randn(2, 4, 16)
+    with pytest.raises(TypeError, match=r"expects a torch\.nn\.Module"):
+        adapter.attention_gradients(lambda y: y, x, target=torch.sum)
+    with pytest.raises(TypeError, match="callable"):
+        adapter.attention_gradients(encoder, x, target=None)
+    with pytest.raises(ValueError, match="to a scalar; got shape"):
+        adapter.attention_gradients(encoder, x, target=lambda y: y[:, 0, 0])
+    with pytest.raises(TypeError, match="scalar tensor; got a float"):
+        adapter.attention_gradients(encoder, x, target=lambda y: 1.0)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match=r"attention_gradients\(\)"):
+        adapter.attention_gradients(encoder, x, target=torch.sum)
+
+
 # -- errors ------------------------------------------------------------------------------------------
 def test_nothing_captured_is_an_error():
     model = torch.nn.Linear(3, 3)

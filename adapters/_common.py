@@ -1,0 +1,346 @@
+"""What the torch, JAX and Keras adapters share: argument checks and the ``explain`` dispatch.
+
+Framework-neutral: nothing here imports a deep-learning framework. Each adapter captures
+the attention (or the value-aware matrices) its own way, then hands the arrays to the
+functions below, which check the arguments and pick the core method, so that the three
+adapters accept the same values and raise the same messages. Framework tensors enter only
+as opaque values (a ``describe`` callable reads them for :func:`check_target_type`).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import attnflow
+
+__all__ = [
+    "CONTRIBUTIONS",
+    "HEAD_REDUCTIONS",
+    "METHODS",
+    "CaptureBlock",
+    "Contributions",
+    "HeadReduction",
+    "Method",
+    "Reduction",
+    "Score",
+    "check_class_values",
+    "check_contribution_method",
+    "check_contributions",
+    "check_heads",
+    "check_method",
+    "check_no_target",
+    "check_reduce_output",
+    "check_scalar_shape",
+    "check_scalar_target",
+    "check_target_type",
+    "explain_contributions",
+    "explain_gradients",
+    "explain_weights",
+    "fuses_while_capturing",
+    "is_class_index",
+    "reject_heads",
+]
+
+#: How the adapters fuse heads while capturing: the named subset of the core's
+#: :data:`attnflow._typing.HeadFusion` (no callables, weights or ``"each"``).
+HeadReduction = Literal["mean", "max", "min"]
+HEAD_REDUCTIONS: tuple[HeadReduction, ...] = ("mean", "max", "min")
+#: The value-aware token-mixing rules of attnflow.contributions.
+Contributions = Literal["norm", "globenc", "alti"]
+CONTRIBUTIONS: tuple[Contributions, ...] = ("norm", "globenc", "alti")
+#: The methods of the adapters' ``explain`` functions.
+Method = Literal["rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"]
+METHODS: tuple[Method, ...] = ("rollout", "flow", "gradient_rollout", "norm", "globenc", "alti")
+#: How input gradients are reduced over the hidden axis.
+Reduction = Literal["l2", "sum_abs", "x_input"]
+#: What input gradients differentiate: the target class's probability or its logit.
+Score = Literal["probability", "logit"]
+
+
+# -- heads and contributions ----------------------------------------------------------------
+def check_heads(heads: object, *, optional: bool = True) -> None:
+    """Check a capture's `heads` (None allowed) or, with ``optional=False``, a fused one."""
+    if optional and heads not in (None, *HEAD_REDUCTIONS):
+        msg = f'`heads` must be None, "mean", "max" or "min"; got {heads!r}.'
+        raise ValueError(msg)
+    if not optional and heads not in HEAD_REDUCTIONS:
+        msg = f'`heads` must be "mean", "max" or "min"; got {heads!r}.'
+        raise ValueError(msg)
+
+
+def fuses_while_capturing(heads: object) -> bool:
+    """Whether `explain` fuses `heads` while capturing (a name) or leaves it to the method."""
+    return isinstance(heads, str) and heads in HEAD_REDUCTIONS
+
+
+def check_contribution_method(contributions: object) -> None:
+    """Check a capture's `contributions`: None or one of :data:`CONTRIBUTIONS`."""
+    if contributions not in (None, *CONTRIBUTIONS):
+        msg = (
+            '`contributions` must be None (capture attention weights), "norm" '
+            '(Kobayashi et al. 2020), "globenc" (Modarressi et al. 2022) or "alti" '
+            f"(Ferrando et al. 2022); got {contributions!r}."
+        )
+        raise ValueError(msg)
+
+
+def check_contributions(contributions: object, heads: object) -> None:
+    """Check `contributions`, which records matrices, not weights, so takes no `heads`."""
+    check_contribution_method(contributions)
+    if contributions is not None and heads is not None:
+        msg = (
+            f"contributions={contributions!r} records one token-mixing matrix per layer, "
+            f"not attention weights: drop `heads` (got heads={heads!r})."
+        )
+        raise ValueError(msg)
+
+
+# -- the `with` block of torch's and Keras's Capture -------------------------------------------
+class CaptureBlock:
+    """The context-manager protocol that torch's and Keras's ``Capture`` share.
+
+    One ``with`` block per capture: :meth:`_prepare` checks the model (and builds the
+    value-aware recorder), :meth:`_install_hooks` patches it, :meth:`_restore` undoes that
+    on exit or on a failed install, and a block that ends without error is checked. The
+    adapter names what it records (``_RECORDS``) and what to do when nothing ran
+    (:meth:`_nothing_captured`).
+    """
+
+    _RECORDS = "attention weights"
+    model: Any
+    contribution_method: Contributions | None
+    _recorder: Any
+    _records: list[Any]
+    _active: bool
+    _used: bool
+
+    def _prepare(self) -> None:
+        raise NotImplementedError
+
+    def _install_hooks(self) -> None:
+        raise NotImplementedError
+
+    def _restore(self) -> None:
+        raise NotImplementedError
+
+    def _check_contributions(self, recorder: Any) -> None:
+        raise NotImplementedError
+
+    def _nothing_captured(self) -> str:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        if self._used:
+            msg = "A Capture records one `with` block; call capture(model) again for another."
+            raise RuntimeError(msg)
+        self._used = True
+        self._prepare()
+        try:
+            self._install_hooks()
+        except BaseException:
+            self._restore()
+            raise
+        self._active = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._active = False
+        self._restore()
+        if exc_type is None and self._recorder is not None:
+            self._check_contributions(self._recorder)
+            return
+        if exc_type is None and not self._records:
+            raise RuntimeError(self._nothing_captured())
+
+    def _recorded(self, name: str) -> Any:
+        """Return the value-aware recorder once it has recorded; `name` is the result read."""
+        recorder = self._recorder
+        if recorder is None:
+            msg = (
+                f'`{name}` needs capture(model, contributions="norm" | "globenc" | '
+                f'"alti"); this capture recorded {self._RECORDS} (read `attentions`).'
+            )
+            raise RuntimeError(msg)
+        if not recorder.matrices:
+            msg = f"Nothing was captured: read `{name}` after calling the model in the block."
+            raise RuntimeError(msg)
+        return recorder
+
+
+# -- explain ----------------------------------------------------------------------------------
+def check_method(method: object) -> None:
+    """Check `explain`'s `method`: one of :data:`METHODS`."""
+    if method not in METHODS:
+        msg = (
+            '`method` must be "rollout", "flow", "gradient_rollout", "norm", "globenc" or '
+            f'"alti"; got {method!r}.'
+        )
+        raise ValueError(msg)
+
+
+def check_no_target(method: object, target: object) -> None:
+    """Refuse a `target` for a method without gradients."""
+    if target is not None:
+        msg = (
+            f'`target` selects the class explained by method="gradient_rollout"; {method} '
+            "does not use gradients. Drop `target`, or pass method='gradient_rollout'."
+        )
+        raise ValueError(msg)
+
+
+def reject_heads(method: object, heads: object) -> None:
+    """Raise: a value-aware `method` sums the heads inside its matrices."""
+    msg = (
+        f'method="{method}" rolls out one token-mixing matrix per layer (the heads are '
+        f"summed inside it): drop `heads` (got heads={heads!r})."
+    )
+    raise ValueError(msg)
+
+
+def explain_weights(
+    attentions: Any,
+    mask: Any,
+    method: object,
+    rows: int | Sequence[int] | None,
+    heads: Any,
+    options: Mapping[str, Any] | None,
+) -> Any:
+    """Rollout (``method="rollout"``) or flow over captured weights, the mask by default."""
+    settings = {"mask": mask, **(options or {})}
+    function = attnflow.rollout if method == "rollout" else attnflow.flow
+    return function(attentions, rows=rows, heads=heads, **settings)
+
+
+def explain_gradients(
+    attentions: Any,
+    gradients: Any,
+    mask: Any,
+    rows: int | Sequence[int] | None,
+    options: Mapping[str, Any] | None,
+) -> Any:
+    """Gradient-weighted rollout over per-head weights and their gradients."""
+    settings = {"mask": mask, **(options or {})}
+    return attnflow.gradient_rollout(attentions, gradients, rows=rows, **settings)
+
+
+def explain_contributions(
+    contributions: Any,
+    mask: Any,
+    method: object,
+    rows: int | Sequence[int] | None,
+    options: Mapping[str, Any] | None,
+) -> Any:
+    """Rollout over the renormalised value-aware matrices."""
+    # GlobEnc and ALTI carry the residual connection; the norm-based matrix has none, so
+    # it is mixed with the identity as attention is (the paper's 0.5).
+    settings = {"mask": mask, "residual": 0.5 if method == "norm" else 0.0, **(options or {})}
+    return attnflow.rollout(contributions, heads=None, rows=rows, renormalize=True, **settings)
+
+
+# -- input gradients --------------------------------------------------------------------------
+_OUTPUT_WORDS = {
+    "logits": ("softmax of the logits at the target class", "the target logit"),
+    "outputs": (
+        "softmax of the outputs at the target class",
+        "the output at the target class as it is",
+    ),
+}
+
+
+def check_reduce_output(
+    reduce: object, output: object, *, of: Literal["logits", "outputs"] = "logits"
+) -> None:
+    """Check input gradients' `reduce` and `output`; `of` names what the model returns."""
+    if reduce not in ("l2", "sum_abs", "x_input"):
+        msg = (
+            '`reduce` must be "l2" (norm of the gradient), "sum_abs" (|sum of the gradient|, '
+            f'the paper\'s code) or "x_input" (|gradient . embedding|); got {reduce!r}.'
+        )
+        raise ValueError(msg)
+    if output not in ("probability", "logit"):
+        probability, logit = _OUTPUT_WORDS[of]
+        msg = (
+            f'`output` must be "probability" ({probability}) or "logit" ({logit}); got {output!r}.'
+        )
+        raise ValueError(msg)
+
+
+def check_scalar_target(target: object) -> None:
+    """Check an ``attention_gradients`` `target`: a callable of the model's outputs."""
+    if not callable(target):
+        msg = f"`target` must be a callable mapping the outputs to a scalar; got {target!r}."
+        raise TypeError(msg)
+
+
+def check_scalar_shape(shape: tuple[int, ...]) -> None:
+    """Check that a gradient target of this `shape` has one element."""
+    if math.prod(int(dim) for dim in shape) != 1:
+        msg = (
+            "`target` must map the model's outputs to a scalar; got shape "
+            f"{tuple(shape)} (e.g. sum over the batch: samples do not interact)."
+        )
+        raise ValueError(msg)
+
+
+def is_class_index(value: object) -> bool:
+    """Whether `value` is a Python or NumPy integer (not a bool)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_target_type(
+    target: object,
+    describe: Callable[[object], tuple[bool, str] | None],
+    *,
+    arrays: str = "a 1-d integer tensor",
+) -> None:
+    """Check the kind of `target` before any work (its values are checked once C is known).
+
+    `describe` reads a framework array: None when `target` is none, else whether it is a
+    valid class array and how to name it in the error; `arrays` names the valid ones.
+    """
+    if target is None or is_class_index(target):
+        return
+    described = describe(target)
+    if described is not None:
+        valid, found = described
+        if valid:
+            return
+    elif isinstance(target, Sequence) and not isinstance(target, str | bytes):
+        if all(is_class_index(value) for value in target):
+            return
+        found = f"a sequence holding {sorted({type(v).__name__ for v in target})}"
+    else:
+        found = repr(target)
+    msg = (
+        "`target` must be None (each sample's predicted class), an int (one class for every "
+        f"sample), or a sequence of ints / {arrays} with one class per sample; got {found}."
+    )
+    raise TypeError(msg)
+
+
+def check_class_values(
+    values: Sequence[int], batch: int, classes: int, *, of: str = "logits"
+) -> None:
+    """Check resolved target classes: one per sample, each in ``[0, classes)``."""
+    if len(values) != batch:
+        msg = (
+            f"`target` has {len(values)} classes for a batch of {batch} samples; give one "
+            "class per sample, or an int for the same class in all of them."
+        )
+        raise ValueError(msg)
+    wrong = [v for v in values if not 0 <= v < classes]
+    if wrong:
+        msg = (
+            f"`target` classes must lie in [0, {classes}) for {of} of shape "
+            f"({batch}, {classes}); got {wrong[:5]}."
+        )
+        raise ValueError(msg)
