@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from ._arrayio import ArrayFileError, read_array, read_arrays, read_header
-from ._cli import (
-    UsageError,
+from ._cli import UsageError, _has_module
+from ._cli_flags import in_flags
+from ._cli_methods import (
     _attention_accept,
     _decoder_options,
     _first_row_table,
-    _has_module,
     _output_path,
     _parse_heads,
     _parse_layers,
@@ -25,7 +25,6 @@ from ._cli import (
     _read_tokens,
     _write_output,
 )
-from ._cli_flags import in_flags
 
 __all__ = [
     "configure_encoder_decoder",

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._cli import PAPER, PROG, UsageError, _bar, _can_encode, _has_module
+from ._cli import PAPER, PROG, UsageError, _has_module
+from ._cli_methods import _bar, _can_encode
 
 if TYPE_CHECKING:
     from .html import TokenView

@@ -1,0 +1,444 @@
+"""``attnflow rollout``, ``flow`` and ``raw``: a method on attention weights in a file.
+
+Also the terminal table of top tokens (and its bars) that the other commands print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._cli import UsageError, _has_module
+
+__all__ = ["configure_method", "run_method"]
+
+_FULL_BLOCK = "\u2588"
+_EIGHTH_BLOCKS = "\u258f\u258e\u258d\u258c\u258b\u258a\u2589"  # 1/8 ... 7/8
+
+
+# -- bars in the terminal tables (the demo's too) ----------------------------------------
+
+
+def _bar(fraction: float, width: int, *, unicode: bool) -> str:
+    """Draw a horizontal bar ``fraction * width`` characters long (eighths in Unicode)."""
+    fraction = min(max(fraction, 0.0), 1.0)
+    if not unicode:
+        return "#" * round(fraction * width)
+    eighths = round(fraction * width * 8)
+    full, rest = divmod(eighths, 8)
+    return _FULL_BLOCK * full + (_EIGHTH_BLOCKS[rest - 1] if rest else "")
+
+
+def _can_encode(text: str, stream: TextIO) -> bool:
+    """Whether `stream` can write `text` (block characters on a non-UTF-8 console)."""
+    try:
+        text.encode(getattr(stream, "encoding", None) or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+# -- attnflow rollout / flow / raw --------------------------------------------------------
+
+
+def _parse_rows(text: str) -> int | list[int] | None:
+    """``--rows``: ``all``, one position, or a comma-separated list."""
+    if text == "all":
+        return None
+    try:
+        positions = [int(part) for part in text.split(",")]
+    except ValueError:
+        msg = (
+            f"--rows must be 'all', an integer or a comma-separated list of integers; got {text!r}"
+        )
+        raise UsageError(msg) from None
+    return positions[0] if len(positions) == 1 and "," not in text else positions
+
+
+def _parse_layers(text: str) -> str | int:
+    """``--layers``: ``last``, ``all`` or a layer index."""
+    if text in {"last", "all"}:
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        msg = f"--layers must be 'last', 'all' or an integer layer index; got {text!r}"
+        raise UsageError(msg) from None
+
+
+def _parse_heads(text: str, *, method: str) -> str | list[float] | None:
+    """``--heads``: ``mean``, ``max``, ``min``, ``each``, ``none`` (already fused) or weights."""
+    if text == "each" and method == "raw":
+        msg = (
+            "--heads each (one map per head) is an option of 'attnflow rollout' and "
+            "'attnflow flow'; raw attention per head is the input itself"
+        )
+        raise UsageError(msg)
+    if text in {"mean", "max", "min", "each"}:
+        return text
+    if text == "none":
+        return None
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        msg = (
+            "--heads must be 'mean', 'max', 'min', 'each' (one map per head; rollout and "
+            f"flow), 'none' (heads already fused) or comma-separated weights; got {text!r}"
+        )
+        raise UsageError(msg) from None
+
+
+def _parse_exclude(text: str | None) -> int | list[int] | None:
+    """``--exclude``: one input position or a comma-separated list (attention sinks)."""
+    if text is None:
+        return None
+    try:
+        positions = [int(part) for part in text.split(",")]
+    except ValueError:
+        msg = (
+            "--exclude must be an integer token position or a comma-separated list of them "
+            f"(for example 0 for a BOS sink); got {text!r}"
+        )
+        raise UsageError(msg) from None
+    return positions[0] if len(positions) == 1 and "," not in text else positions
+
+
+def _decoder_options(args: argparse.Namespace) -> dict[str, object]:
+    """``--receptive-field`` and ``--exclude`` (rollout and flow): parsed before any read."""
+    options: dict[str, object] = {}
+    if args.receptive_field:
+        options["receptive_field"] = True
+    exclude = _parse_exclude(args.exclude)
+    if exclude is not None:
+        options["exclude"] = exclude
+    return options
+
+
+def _pruning_options(args: argparse.Namespace) -> dict[str, object]:
+    """``--threshold``, ``--top-k``, ``--discard``: checked before any file is read."""
+    from ._validation import check_pruning
+
+    given = {"threshold": args.threshold, "top_k": args.top_k, "discard": args.discard}
+    try:
+        check_pruning(**given)
+    except (TypeError, ValueError) as error:
+        message = str(error)
+        for name, flag in (
+            ("threshold", "--threshold"),
+            ("top_k", "--top-k"),
+            ("discard", "--discard"),
+        ):
+            message = message.replace(f"`{name}", f"`{flag}")
+        raise UsageError(message) from None
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
+    """Add the options shared by ``rollout``, ``flow`` and ``raw`` (and flow's own)."""
+    parser.add_argument(
+        "input",
+        help="attention weights: .npy, .npz or .safetensors, shaped "
+        "(*batch, layers, heads, n, n); never unpickled",
+    )
+    parser.add_argument("--key", help="the array to read from an .npz/.safetensors file")
+    parser.add_argument(
+        "-o", "--output", help=f"the .npz to write (default: INPUT_STEM.{method}.npz)"
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing output")
+    parser.add_argument(
+        "--rows", default="all", help="output positions: 'all', an integer or a list (0,4)"
+    )
+    parser.add_argument("--layers", default="last", help="'last', 'all' or a layer index")
+    parser.add_argument(
+        "--heads",
+        default="mean",
+        help="'mean', 'max', 'min', 'none' or weights (h1,h2,...)"
+        + ("" if method == "raw" else "; 'each' for one map per head (App. A.1)"),
+    )
+    if method != "raw":
+        parser.add_argument(
+            "--residual", type=float, default=0.5, help="weight of the identity (default 0.5)"
+        )
+        pruning = parser.add_mutually_exclusive_group()
+        pruning.add_argument(
+            "--threshold",
+            type=float,
+            default=None,
+            help="drop fused attention weights below this value, then renormalise rows",
+        )
+        pruning.add_argument(
+            "--top-k",
+            type=int,
+            default=None,
+            help="keep the TOP_K largest entries of each row of every mixed layer",
+        )
+        pruning.add_argument(
+            "--discard",
+            type=float,
+            default=None,
+            help="drop this fraction of each fused layer's lowest weights (never column 0)",
+        )
+        parser.add_argument(
+            "--receptive-field",
+            action="store_true",
+            help="decoders: divide by the method's result on uniform causal attention, "
+            "then renormalise rows (paper, Conclusion)",
+        )
+        parser.add_argument(
+            "--exclude",
+            default=None,
+            help="input positions left out of the attribution, rows renormalised: an "
+            "integer or a list (0 for a BOS attention sink)",
+        )
+    parser.add_argument("--mask", help="boolean padding mask (*batch, n): .npy/.npz/.safetensors")
+    parser.add_argument("--mask-key", help="the array to read from the mask file")
+    parser.add_argument("--tokens", help="a text file with one token per line, for the table")
+    parser.add_argument(
+        "--top", type=int, default=10, help="tokens to show in the table (default 10)"
+    )
+    parser.add_argument(
+        "--no-validate", action="store_true", help="skip the checks on the attention values"
+    )
+    if method == "flow":
+        parser.add_argument(
+            "--raw-values", action="store_true", help="raw max-flow values, rows not normalised"
+        )
+        parser.add_argument(
+            "--jobs", type=int, default=None, help="threads (default: automatic; -1 all cores)"
+        )
+        parser.add_argument(
+            "--no-progress", action="store_true", help="hide the progress bar (shown with tqdm)"
+        )
+        parser.add_argument(
+            "--max-work",
+            type=float,
+            default=None,
+            help="refuse above this many edge visits (default: the library's limit)",
+        )
+
+
+def _top_table(
+    scores: NDArray[np.floating], tokens: Sequence[str] | None, *, top: int, title: str
+) -> list[str]:
+    """Lay out the `top` highest-scoring input tokens of one row of scores."""
+    order = np.argsort(-scores, kind="stable")[: max(top, 0)]
+    labels = [tokens[i] if tokens is not None else f"token {i}" for i in order]
+    width = max([5, *(len(label) for label in labels)])
+    largest = float(max(scores.max(initial=0.0), np.finfo(np.float64).tiny))
+    unicode = _can_encode(_bar(0.99, 8, unicode=True), sys.stdout)
+    lines = [title, f"  {'#':>4}  {'token':<{width}}  {'score':>8}"]
+    for i, label in zip(order.tolist(), labels, strict=True):
+        value = float(scores[i])
+        bar = _bar(value / largest, 24, unicode=unicode)
+        lines.append(f"  {i:>4}  {label:<{width}}  {value:>8.4f}  {bar}".rstrip())
+    return lines
+
+
+_STORED_EPSILON = {"bfloat16": 2.0**-7}
+"""Machine epsilon of stored dtypes that reach the library widened (NumPy has no bfloat16)."""
+
+
+def _method_options(args: argparse.Namespace, *, method: str) -> dict[str, Any]:
+    """Parse and check every option of ``rollout``/``flow``/``raw`` that needs no file."""
+    from ._validation import check_residual
+
+    options: dict[str, Any] = {
+        "rows": _parse_rows(args.rows),
+        "layers": _parse_layers(args.layers),
+        "heads": _parse_heads(args.heads, method=method),
+    }
+    if method != "raw":
+        options |= _pruning_options(args) | _decoder_options(args)
+        try:
+            options["residual"] = check_residual(args.residual)
+        except (TypeError, ValueError) as error:
+            raise UsageError(_in_flags(str(error))) from None
+    if args.top < 0:
+        msg = f"--top must be a number of tokens, 0 or more; got {args.top}"
+        raise UsageError(msg)
+    if method == "flow":
+        if args.jobs is not None and args.jobs < 1 and args.jobs != -1:
+            msg = (
+                "--jobs must be a positive number of processes or -1 (one per CPU core); "
+                f"got {args.jobs}. Leave it out to choose automatically."
+            )
+            raise UsageError(msg)
+        # `not > 0` refuses NaN too, which would otherwise disable the limit.
+        if args.max_work is not None and not args.max_work > 0:
+            msg = (
+                "--max-work must be a positive number of edge visits (inf for no limit); "
+                f"got {args.max_work}"
+            )
+            raise UsageError(msg)
+    return options
+
+
+def _in_flags(message: str) -> str:
+    from ._cli_flags import in_flags
+
+    return in_flags(message)
+
+
+def _attention_accept(options: dict[str, Any]) -> Any:
+    """Check an attention file's header against the options, before its data is read."""
+    from ._validation import check_attention_layout, check_exclude, check_layers, check_rows
+
+    def accept(header: Any) -> None:
+        if header.dtype.kind != "f":
+            msg = (
+                "attention weights must be floating point (float16, bfloat16, float32 or "
+                f"float64); the file stores {header.stored}"
+            )
+            raise TypeError(msg)
+        heads = options["heads"]
+        layout = check_attention_layout(header.shape, fused=heads is None)
+        check_rows(options["rows"], layout.n_tokens)
+        check_layers(options["layers"], layout.n_layers)
+        check_exclude(options.get("exclude"), layout.n_tokens)
+        if isinstance(heads, list) and len(heads) != layout.n_heads:
+            msg = f"--heads gives {len(heads)} weights for attention with {layout.n_heads} heads"
+            raise ValueError(msg)
+
+    return accept
+
+
+def _mask_accept(attention: Any, *, fused: bool) -> Any:
+    """Check a mask file's header: booleans of shape (*batch, n) for this attention."""
+
+    def accept(header: Any) -> None:
+        batch = attention.shape[: -3 if fused else -4]
+        expected = (*batch, attention.shape[-1])
+        if header.dtype != np.dtype(bool) or header.shape != expected:
+            msg = (
+                f"--mask must be a boolean array of shape (*batch, n) = {expected}; the file "
+                f"stores {header.stored} of shape {header.shape}"
+            )
+            raise ValueError(msg)
+
+    return accept
+
+
+def run_method(args: argparse.Namespace, *, method: str) -> int:
+    """Read attention, run one method, write the result and print its top tokens.
+
+    Everything that can be checked is checked first, in this order: the options, the
+    input's header (shape and dtype, against the options), then the output's name; only
+    then is data read. Nothing is written unless the method succeeds.
+    """
+    import contextlib
+    from pathlib import Path
+
+    import attnflow
+
+    from ._arrayio import ArrayFileError, read_array, read_header
+    from ._validation import stored_precision
+
+    options = _method_options(args, method=method)
+    source = Path(args.input)
+    accept = _attention_accept(options)
+    try:
+        header = read_header(source, key=args.key, default="attentions")
+        try:
+            accept(header)
+        except (TypeError, ValueError, IndexError) as error:
+            msg = f"{source}: {_in_flags(str(error))}"
+            raise UsageError(msg) from None
+        output = _output_path(source, args.output, method, force=args.force)
+        attentions = read_array(source, key=args.key, default="attentions", accept=accept)
+        mask = None
+        if args.mask:
+            mask = read_array(
+                args.mask,
+                key=args.mask_key,
+                default="mask",
+                accept=_mask_accept(attentions, fused=options["heads"] is None),
+            )
+        tokens = _read_tokens(args.tokens, attentions, option="--tokens")
+    except (ArrayFileError, OSError) as error:
+        raise UsageError(_in_flags(str(error))) from None
+
+    options |= {"mask": mask, "validate": not args.no_validate}
+    if method == "flow":
+        options |= {
+            "normalize": not args.raw_values,
+            "n_jobs": args.jobs,
+            # The bar needs tqdm, an optional extra: without it the command runs quietly.
+            "progress": not args.no_progress and _has_module("tqdm"),
+        }
+        if args.max_work is not None:
+            options["max_work"] = args.max_work
+    function = {"flow": attnflow.flow, "rollout": attnflow.rollout, "raw": attnflow.raw}[method]
+    precision = (
+        stored_precision(header.stored, _STORED_EPSILON[header.stored])
+        if header.stored in _STORED_EPSILON
+        else contextlib.nullcontext()
+    )
+    try:
+        with precision:
+            values = np.asarray(function(attentions, **options))
+    except (ValueError, TypeError, IndexError, RuntimeError) as error:
+        reworded = _in_flags(str(error))
+        if reworded == str(error):
+            raise
+        raise type(error)(reworded) from error
+    # Lay out the report before writing, so that nothing is written if it fails.
+    table = _first_row_table(values, tokens, top=args.top)
+    written = _write_output(output, {method: values}, force=args.force)
+    print(f"{method}: {source} -> {written}, shape {tuple(values.shape)}, dtype {values.dtype}")
+    print("\n".join(table))
+    return 0
+
+
+def _output_path(source: Path, output: str | None, name: str, *, force: bool) -> Path:
+    """``-o``, else ``INPUT_STEM.NAME.npz`` beside the input; an existing one needs --force.
+
+    A symbolic link counts as existing even when it points nowhere. This early check
+    saves the work; the write itself is exclusive too (two runs cannot both win).
+    """
+    from ._arrayio import ArrayFileError
+
+    path = Path(output) if output else source.with_name(f"{source.name.split('.')[0]}.{name}.npz")
+    if os.path.lexists(path) and not force:
+        msg = f"{path} exists; pass --force to replace it"
+        raise ArrayFileError(msg)
+    return path
+
+
+def _read_tokens(path: str | None, values: NDArray[Any], *, option: str) -> list[str] | None:
+    """Read a token file (one per line) and check it labels the last axis of `values`."""
+    if not path:
+        return None
+    tokens = Path(path).read_text(encoding="utf-8").splitlines()
+    if values.ndim and len(tokens) != values.shape[-1]:
+        msg = f"{option} has {len(tokens)} lines but the attention has {values.shape[-1]} tokens"
+        raise UsageError(msg)
+    return tokens
+
+
+def _write_output(output: Path, arrays: dict[str, NDArray[Any]], *, force: bool) -> Path:
+    """Write the result's ``.npz`` atomically; a refused write is a usage error."""
+    from ._arrayio import ArrayFileError, write_npz
+
+    try:
+        return write_npz(output, arrays, force=force)
+    except ArrayFileError as error:
+        raise UsageError(str(error)) from None
+
+
+def _first_row_table(
+    values: NDArray[np.floating], tokens: Sequence[str] | None, *, top: int, what: str = "tokens"
+) -> list[str]:
+    """Lay out the top-tokens table of the first row of `values` (first sequence)."""
+    if values.size == 0:
+        # An empty batch (or no rows): a result of shape (0, ...) has no first row.
+        return [f"no {what} to show: the result is empty, shape {tuple(values.shape)}"]
+    first = values.reshape(-1, values.shape[-1])[0]
+    where = "the first row of the first sequence" if values.ndim > 1 else "the requested row"
+    return _top_table(first, tokens, top=top, title=f"top {what} of {where}:")
