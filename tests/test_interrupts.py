@@ -34,13 +34,18 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# A shell without job control starts background jobs with SIGINT ignored, and a child
+# inherits that: the command runs with Python's own handler, as from a terminal. (Not via
+# preexec_fn: it forces a fork, which JAX, imported by the test session, warns about.)
+_COMMAND = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from attnflow._cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def _start(big: Path, out: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
-    argv = [sys.executable, "-m", "attnflow", "flow", str(big)]
+    argv = [sys.executable, "-c", _COMMAND, "flow", str(big)]
     argv += ["--jobs", "2", "-o", str(out)]
     process = subprocess.Popen(
         argv,
@@ -48,9 +53,6 @@ def _start(big: Path, out: Path) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # A shell without job control starts background jobs with SIGINT ignored, and
-        # the child would inherit that: give it the default, as a terminal does.
-        preexec_fn=_default_sigint,  # noqa: PLW1509
     )
     time.sleep(3.0)  # past start-up and validation: solving
     assert process.poll() is None, process.communicate()
