@@ -155,3 +155,74 @@ def test_the_public_all_of_each_public_module_exists_at_run_time() -> None:
         assert list(module.__all__) == sorted(module.__all__, key=_isort_key), module
         missing = [name for name in module.__all__ if not hasattr(module, name)]
         assert not missing, (module.__name__, missing)
+
+
+def _module_name(path: Path) -> str:
+    """``attnflow.x.y`` for a source file (the adapters install as attnflow.adapters)."""
+    package = Path(attnflow.__file__).parent
+    adapters = Path(attnflow.adapters.__file__).parent
+    root, prefix = (
+        (adapters, "attnflow.adapters")
+        if path.is_relative_to(adapters)
+        else (
+            package,
+            "attnflow",
+        )
+    )
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join([prefix, *parts])
+
+
+def _module_level_imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The attnflow modules `path` imports when it is imported (not inside functions or
+    ``if TYPE_CHECKING:``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If):
+                if "TYPE_CHECKING" not in ast.unparse(node.test):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                if node.module:  # `from . import _x` imports _x, not the package's body
+                    found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in node.names)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    return {module for module in found if module in known and module != name}
+
+
+def test_module_imports_are_acyclic_and_the_core_never_imports_upwards() -> None:
+    import graphlib
+
+    modules = {_module_name(path): path for path in _source_modules()}
+    known = set(modules)
+    graph = {name: _module_level_imports(path, name, known) for name, path in modules.items()}
+    assert graph["attnflow._flow"] >= {"attnflow._prepare"}  # the reader sees imports
+    order = list(graphlib.TopologicalSorter(graph).static_order())  # CycleError on a cycle
+    assert set(order) == known
+    # The core (private modules of attnflow other than the command line) imports only
+    # the core: never the evaluation, display, experiments, integrations, adapters or CLI.
+    command_line = {"attnflow._demo", "attnflow.__main__"}
+    core = {
+        name
+        for name in known
+        if name.startswith("attnflow._")
+        and not name.startswith("attnflow._cli")
+        and name not in command_line
+    }
+    upward = {name: sorted(graph[name] - core) for name in core if graph[name] - core}
+    assert not upward, upward
