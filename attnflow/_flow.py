@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ._graph import layered_graph_edges
 from ._host import from_host, to_host
 from ._lost_workers import lost_workers_message
 from ._maxflow import FlowTask, solve_flow_task
@@ -124,13 +125,6 @@ class _Plan:
     output_shape: tuple[int, ...]
 
 
-def _graph_edges(n_layers: int, n_rows: int, n_valid: int) -> int:
-    """Edges of the reduced graph (an upper bound: zero capacities are dropped)."""
-    if n_layers <= 2:
-        return 0 if n_layers == 1 else n_rows * n_valid + n_valid
-    return n_valid + n_rows * n_valid + (n_layers - 2) * n_valid * n_valid
-
-
 def _solve_seconds(n_layers: int, n_rows: int, n_valid: int) -> float:
     """Rough single-core time of one sequence-layer task, following the engine's path."""
     pairs = n_rows * n_valid
@@ -235,7 +229,7 @@ def _cost(
     max_flows, largest, visits, seconds = 0, 0, 0.0, 0.0
     for top in tops:
         pairs = n_rows * n_valid
-        edges = np.asarray(_graph_edges(top, n_rows, n_valid), dtype=np.int64)  # type: ignore[arg-type]
+        edges = layered_graph_edges(top, n_rows, n_valid)
         per_task = np.asarray(_solve_seconds(top, n_rows, n_valid), dtype=np.float64)  # type: ignore[arg-type]
         max_flows += int(np.sum(pairs * copies))
         largest = max(largest, int(edges.max(initial=0)))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LayeredGraph", "build_layered_graph"]
+__all__ = ["LayeredGraph", "build_layered_graph", "layered_graph_edges"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +98,18 @@ def build_layered_graph(
         sink=sink,
         sink_feeders=feeders,
     )
+
+
+def layered_graph_edges(n_layers: int, n_rows: np.ndarray, n_valid: np.ndarray) -> np.ndarray:
+    """Edges of :func:`build_layered_graph`'s graph with every capacity non-zero.
+
+    An upper bound of any sequence's edges (zero capacities are dropped), counted from
+    the shapes alone: `n_valid` sink edges, ``n_rows * n_valid`` source edges and
+    ``n_valid**2`` per middle layer; none for one layer (a closed form, no graph).
+    `n_rows` and `n_valid` are int64 arrays (one entry per kind of sequence). The cost
+    model (``flow_cost``) reads it; a test checks it against the built graph.
+    """
+    if n_layers == 1:
+        return np.zeros_like(n_rows)
+    edges: np.ndarray = n_valid + n_rows * n_valid + (n_layers - 2) * n_valid * n_valid
+    return edges

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnflow._graph import LayeredGraph, build_layered_graph
+from attnflow._graph import LayeredGraph, build_layered_graph, layered_graph_edges
 
 
 def _by_definition(
@@ -97,3 +97,21 @@ def test_build_layered_graph_matches_its_definition(
             for node in (start, end):
                 if isinstance(node, tuple) and node[0] == "token":
                     assert node[2] < n - padded
+
+
+@pytest.mark.parametrize("n_layers", [1, 2, 3, 5])
+@pytest.mark.parametrize("n_valid", [4, 7])
+def test_the_cost_models_edge_count_is_the_built_graphs(n_layers: int, n_valid: int) -> None:
+    # flow_cost counts edges from shapes alone; the built graph of positive attention
+    # (padding at the end) has exactly that many.
+    rng = np.random.default_rng(n_layers * 10 + n_valid)
+    n = 7
+    mixed = np.zeros((n_layers, n, n))
+    mixed[:, :n_valid, :n_valid] = rng.uniform(0.1, 1.0, (n_layers, n_valid, n_valid))
+    rows = np.arange(min(3, n_valid))
+    counted = layered_graph_edges(n_layers, np.array([rows.size]), np.array([n_valid]))
+    if n_layers == 1:
+        assert counted.tolist() == [0]  # a closed form: no graph
+        return
+    graph = build_layered_graph(mixed, rows)
+    assert counted.tolist() == [graph.edges.shape[0]]
