@@ -315,6 +315,18 @@ class BlockTracker:
             raise _fail(msg)
         value_weight, value_bias, output_weight, output_bias = self.read_attention(attention.module)
         globenc_second = second if self.method == "globenc" else None
+        norm = None if post is None else self.read_norm(post.module)
+        second_norm = None if globenc_second is None else self.read_norm(globenc_second.module)
+        # Flax promotes inputs and parameters to one dtype before computing (float32
+        # parameters under float64 inputs with jax_enable_x64): do as the model did.
+        dtype = jnp.result_type(z, x, weights, value_weight, output_weight)
+        z, x, weights, value_weight, output_weight = (
+            jnp.asarray(a, dtype=dtype) for a in (z, x, weights, value_weight, output_weight)
+        )
+        if value_bias is not None:
+            value_bias = jnp.asarray(value_bias, dtype=dtype)
+        if output_bias is not None:
+            output_bias = jnp.asarray(output_bias, dtype=dtype)
         values = attnflow.head_values(
             z, value_weight, output_weight, heads=weights.shape[-3], value_bias=value_bias
         )
@@ -324,14 +336,27 @@ class BlockTracker:
             x,
             method=self.method,
             bias=output_bias,
-            norm=None if post is None else self.read_norm(post.module),
-            second_norm=None if globenc_second is None else self.read_norm(globenc_second.module),
-            second_norm_input=None if globenc_second is None else globenc_second.inputs,
+            norm=_promoted_norm(norm, dtype),
+            second_norm=_promoted_norm(second_norm, dtype),
+            second_norm_input=None
+            if globenc_second is None
+            else jnp.asarray(globenc_second.inputs, dtype=dtype),
         )
         targets = [post.output] if post is not None else frame.seen
         matrix, output = _verified(matrix, output, targets, where, post is not None)
         self.matrices.append(matrix)
         self.outputs.append(output)
+
+
+def _promoted_norm(norm: LayerNormParameters | None, dtype: Any) -> LayerNormParameters | None:
+    if norm is None:
+        return None
+    weight, bias, eps = norm
+    return (
+        None if weight is None else jnp.asarray(weight, dtype=dtype),
+        None if bias is None else jnp.asarray(bias, dtype=dtype),
+        eps,
+    )
 
 
 def _is_array(value: object) -> bool:
