@@ -553,7 +553,7 @@ def nnx_tracking(tracker: BlockTracker, model: nnx.Module) -> Iterator[None]:
     functions = [m.attention_fn for m in attentions]
     try:
         for cls in classes:
-            cls.__call__ = wrap(originals[cls][1])  # type: ignore[method-assign]
+            cls.__call__ = wrap(originals[cls][1])  # type: ignore[method-assign, unused-ignore]
         for m in attentions:
             # object.__setattr__: attention_fn is static, and NNX refuses attribute writes
             # from inside a JAX trace.
@@ -565,7 +565,7 @@ def nnx_tracking(tracker: BlockTracker, model: nnx.Module) -> Iterator[None]:
         for cls in classes:
             own = originals[cls][0]
             if own is not None:
-                cls.__call__ = own  # type: ignore[method-assign]
+                cls.__call__ = own  # type: ignore[method-assign, unused-ignore]
             else:
                 del cls.__call__
 
