@@ -1093,19 +1093,9 @@ def explain_text(
     with torch.no_grad(), capture(model) as cap:
         output = model(**inputs)
     weights, mask = cap.attentions, cap.mask
-    options: dict[str, Any] = {"rows": row, "layers": "all", "mask": mask, "heads": heads}
-    scores: dict[str, torch.Tensor] = {}
-    for method in chosen:
-        if method == "raw":
-            scores[method] = attnflow.raw(weights, **options)[0]
-        elif method == "rollout":
-            scores[method] = attnflow.rollout(weights, residual=residual, **options)[0]
-        elif method == "flow":
-            scores[method] = attnflow.flow(weights, residual=residual, **options)[0]
-        else:
-            scores[method] = explain(
-                model, inputs, method="gradient_rollout", rows=row, target=target, layers="all"
-            )[0]
+    scores = _scores_by_method(
+        model, inputs, weights, mask, chosen, row=row, heads=heads, residual=residual, target=target
+    )
     predicted = None
     probabilities = None
     logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
@@ -1243,19 +1233,9 @@ def explain_image(
     if not -n <= row < n:
         msg = f"`row` must index the {n} tokens (CLS, patches...) of the image; got {row}."
         raise ValueError(msg)
-    options: dict[str, Any] = {"rows": row, "layers": "all", "mask": mask, "heads": heads}
-    scores: dict[str, torch.Tensor] = {}
-    for method in chosen:
-        if method == "raw":
-            scores[method] = attnflow.raw(weights, **options)[0]
-        elif method == "rollout":
-            scores[method] = attnflow.rollout(weights, residual=residual, **options)[0]
-        elif method == "flow":
-            scores[method] = attnflow.flow(weights, residual=residual, **options)[0]
-        else:
-            scores[method] = explain(
-                model, inputs, method="gradient_rollout", rows=row, target=target, layers="all"
-            )[0]
+    scores = _scores_by_method(
+        model, inputs, weights, mask, chosen, row=row, heads=heads, residual=residual, target=target
+    )
     predicted, probabilities, labels = _prediction(model, output)
     extra = n - rows * cols
     patches = [f"({r},{c})" for r in range(rows) for c in range(cols)]
@@ -1541,6 +1521,35 @@ def attention_gradients(
         model, inputs, lambda result: result, score, "attention_gradients()"
     )
     return weights, gradients
+
+
+def _scores_by_method(
+    model: nn.Module,
+    inputs: dict[str, Any],
+    weights: torch.Tensor,
+    mask: torch.Tensor | None,
+    methods: Sequence[str],
+    *,
+    row: int,
+    heads: HeadReduction,
+    residual: float,
+    target: int | None,
+) -> dict[str, torch.Tensor]:
+    """Each method's scores of `row` at every layer, for one input: ``(layers, n)``."""
+    options: dict[str, Any] = {"rows": row, "layers": "all", "mask": mask, "heads": heads}
+    scores: dict[str, torch.Tensor] = {}
+    for method in methods:
+        if method == "raw":
+            scores[method] = attnflow.raw(weights, **options)[0]
+        elif method == "rollout":
+            scores[method] = attnflow.rollout(weights, residual=residual, **options)[0]
+        elif method == "flow":
+            scores[method] = attnflow.flow(weights, residual=residual, **options)[0]
+        else:  # a second call, with autograd: gradient rollout explains a class
+            scores[method] = explain(
+                model, inputs, method="gradient_rollout", rows=row, target=target, layers="all"
+            )[0]
+    return scores
 
 
 def input_gradients(
