@@ -56,35 +56,47 @@ def tests(session: nox.Session, backend: str) -> None:
     session.install(".")
     env = {**ENV, "ATTNFLOW_TEST_BACKENDS": backend}
     session.run("pytest", *session.posargs, env=env)
-    if backend == "numpy":
-        # The docstring examples are part of the contract.
-        installed = session.run(
-            "python",
-            "-c",
-            "import attnflow, pathlib; print(pathlib.Path(attnflow.__file__).parent)",
-            silent=True,
-            env=env,
-        )
-        package = Path(str(installed).strip())
-        # The adapters and the torch experiments need their frameworks: their examples run
-        # in the adapters sessions.
-        needs_torch = [
-            package / "adapters",
-            package / "experiments" / "agreement_torch.py",
-            package / "experiments" / "reproduction.py",
-            package / "experiments" / "sentiment_torch.py",
-            package / "experiments" / "reproduction_sentiment.py",
-            package / "experiments" / "value_aware.py",
-            package / "integrations",  # inseq, captum, Quantus: the integrations session
-        ]
-        session.run(
-            "pytest",
-            "--doctest-modules",
-            "--pyargs",
-            "attnflow",
-            *(f"--ignore={path}" for path in needs_torch),
-            env=env,
-        )
+    if backend in {"numpy", "array_api_strict"}:
+        _doctests(session, env, on_strict=backend == "array_api_strict")
+
+
+def _doctests(session: nox.Session, env: dict[str, str], *, on_strict: bool) -> None:
+    """The docstring examples, part of the contract: as written (NumPy), or on array-api-strict.
+
+    On array-api-strict (``-p array_api_doctests``, tests/array_api_doctests.py) every array
+    an example hands to attnflow goes in as an array-api-strict array and its printed output
+    must still match; the examples of figures need matplotlib.
+    """
+    if on_strict:
+        session.install("matplotlib")
+    installed = session.run(
+        "python",
+        "-c",
+        "import attnflow, pathlib; print(pathlib.Path(attnflow.__file__).parent)",
+        silent=True,
+        env=env,
+    )
+    package = Path(str(installed).strip())
+    # The adapters and the torch experiments need their frameworks: their examples run in
+    # the adapters sessions.
+    needs_torch = [
+        package / "adapters",
+        package / "experiments" / "agreement_torch.py",
+        package / "experiments" / "reproduction.py",
+        package / "experiments" / "sentiment_torch.py",
+        package / "experiments" / "reproduction_sentiment.py",
+        package / "experiments" / "value_aware.py",
+        package / "integrations",  # inseq, captum, Quantus: the integrations session
+    ]
+    session.run(
+        "pytest",
+        *(["-p", "array_api_doctests"] if on_strict else []),
+        "--doctest-modules",
+        "--pyargs",
+        "attnflow",
+        *(f"--ignore={path}" for path in needs_torch),
+        env=env,
+    )
 
 
 @nox.session(name="adapters-torch")

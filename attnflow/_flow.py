@@ -16,7 +16,7 @@ import numpy as np
 from ._graph import layered_graph_edges
 from ._host import from_host, to_host
 from ._lost_workers import lost_workers_message
-from ._maxflow import FlowTask, solve_flow_task
+from ._maxflow import FlowTask, flow_path, solve_flow_task
 from ._nonfinite import clear_non_finite
 from ._prepare import PreparedAttention, check_arguments, prepare_attention
 from ._pruning import prune
@@ -126,10 +126,13 @@ class _Plan:
 
 
 def _solve_seconds(n_layers: int, n_rows: int, n_valid: int) -> float:
-    """Rough single-core time of one sequence-layer task, following the engine's path."""
+    """Rough single-core time of one sequence-layer task, on the path the engine takes.
+
+    The solver's costs are the compiled kernel's; igraph (a build without it) is slower.
+    """
     pairs = n_rows * n_valid
     squared = n_valid * n_valid
-    if n_layers <= 2:
+    if flow_path(n_layers) in ("one_layer", "two_layers"):
         return SECONDS_PER_CLOSED_FORM_TASK + pairs * n_valid * SECONDS_PER_BOUND_TERM
     ordering = 2 * (n_layers - 2) * squared * SECONDS_PER_SORTED_ENTRY
     bounds = n_layers * n_rows * squared * SECONDS_PER_BOUND_TERM  # top-down, all sinks

@@ -48,7 +48,14 @@ def _load_kernel() -> Callable[..., None] | None:
 
 _kernel_solve = _load_kernel()
 
-__all__ = ["KERNEL_AVAILABLE", "FlowTask", "solve_flow_task", "solve_flow_task_with_status"]
+__all__ = [
+    "KERNEL_AVAILABLE",
+    "FlowPath",
+    "FlowTask",
+    "flow_path",
+    "solve_flow_task",
+    "solve_flow_task_with_status",
+]
 
 KERNEL_AVAILABLE = _kernel_solve is not None
 """Whether the compiled solver was built (it is in every wheel and ``pip install``)."""
@@ -72,6 +79,23 @@ BOUND_BLOCK_ELEMENTS = 4_000_000
 CLOSED_FORM, CERTIFIED, SOLVED = 0, 1, 2
 """Status of a pair: closed form (or nothing to carry), flow reached the bound, or solved
 to completion (by the kernel, or by igraph)."""
+
+
+FlowPath = Literal["one_layer", "two_layers", "kernel", "igraph"]
+"""How a task is solved: a closed form (one or two layers) or a max-flow solver."""
+
+
+def flow_path(n_layers: int) -> FlowPath:
+    """How the engine solves a task whose graph has `n_layers` layers.
+
+    The one place where the path is chosen: `solve_flow_task_with_status` follows it, and
+    the cost model (``attnflow._flow``) prices each task by it.
+    """
+    if n_layers == 1:
+        return "one_layer"
+    if n_layers == 2:
+        return "two_layers"
+    return "kernel" if ENGINE == "kernel" and KERNEL_AVAILABLE else "igraph"
 
 
 @dataclass(frozen=True)
@@ -216,15 +240,15 @@ def solve_flow_task_with_status(task: FlowTask) -> tuple[np.ndarray, np.ndarray]
     (the solver's flow reached the upper bound) or `SOLVED` (solved to completion).
     """
     mixed, rows, sinks = task.mixed, task.rows, task.sinks
-    n_layers = mixed.shape[0]
+    path = flow_path(mixed.shape[0])
     status = np.zeros((rows.shape[0], sinks.shape[0]), dtype=np.int8)
-    if n_layers == 1:
+    if path == "one_layer":
         # The only path from row r to input m is the edge Ã_1[r, m].
         return np.asarray(mixed[0][np.ix_(rows, sinks)]), status
-    if n_layers == 2:
+    if path == "two_layers":
         # Paths r -> k -> m share no edge: the max-flow is their sum.
         return _parallel_paths(mixed[1][rows], mixed[0][:, sinks]), status
-    if ENGINE == "kernel" and KERNEL_AVAILABLE:
+    if path == "kernel":
         return _solve_with_kernel(mixed, rows, sinks)
     has_out = mixed[-1][rows].sum(axis=1) > 0  # padded rows send nothing
     has_in = mixed[0][:, sinks].sum(axis=0) > 0  # padded tokens receive nothing

@@ -1,7 +1,9 @@
-"""Checks on what callers pass in, with every user-facing error message in one place.
+"""The checks that more than one entry point runs on what callers pass in.
 
-Each message names the parameter, says what was expected and what was given, and how to
-fix it. Checks on metadata (shapes, dtypes, options) always run before any work. Checks on
+Checks that belong to one concept stay with it and raise where they check (head fusion in
+``_heads``, the residual in ``_residual``, namespaces in ``_namespace``, flow's options in
+``_flow``), as array-api-extra does. Every message, here or there, names the parameter, says
+what was expected and what was given, and how to fix it. Checks on metadata (shapes, dtypes, options) always run before any work. Checks on
 values (finite, non-negative, rows summing to one) run when the values can be read cheaply
 (not inside ``jax.jit``, not on a Dask graph) and can be switched off with ``validate=False``.
 """

@@ -31,6 +31,29 @@ def test_the_compiled_solver_is_built() -> None:
     assert engine.ENGINE == "kernel"
 
 
+@pytest.mark.parametrize("engine_name", ["kernel", "igraph"])
+def test_solver_and_cost_model_follow_one_path_choice(
+    engine_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine's statuses say which path solved a task (closed forms report 0 for every
+    # pair; a solver marks each pair it certified or solved), and the cost model prices a
+    # task at the solver's fixed cost exactly when flow_path names a solver.
+    import attnflow._flow as cost_model
+
+    monkeypatch.setattr(engine, "ENGINE", engine_name)
+    rng = np.random.default_rng(0)
+    for n_layers, expected in [(1, "one_layer"), (2, "two_layers"), (3, engine_name)]:
+        assert engine.flow_path(n_layers) == expected
+        mixed = _mixed(_softmax(rng.normal(size=(n_layers, 2, 6, 6))))
+        task = FlowTask((), mixed, np.arange(2), np.arange(2), np.arange(6))
+        _, status = solve_flow_task_with_status(task)
+        solver = expected in ("kernel", "igraph")
+        assert bool(np.all(status > 0)) is solver
+        assert bool(np.all(status == 0)) is not solver
+        priced_as_solver = cost_model._solve_seconds(n_layers, 2, 6) >= cost_model.SECONDS_PER_TASK
+        assert priced_as_solver is solver
+
+
 def _mixed(weights: np.ndarray, residual: float = 0.5) -> np.ndarray:
     """``Ã_l = (1 - α) mean_h W_l + α I`` of one sequence ``(L, H, n, n)``."""
     n = weights.shape[-1]

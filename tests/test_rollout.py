@@ -220,7 +220,7 @@ def test_xp_override(weights: np.ndarray) -> None:
     assert "matmul" in xp.used or "vecdot" in xp.used, sorted(xp.used)
 
 
-def test_float32_stays_float32_without_float64_work(weights: np.ndarray) -> None:
+def test_python_float_options_keep_float32_output(weights: np.ndarray) -> None:
     # Python float options (residual, weights) must not promote float32 input.
     data = weights.astype(np.float32)
     for options in ({"residual": 0.3}, {"heads": [1.0, 2.0, 3.0, 4.0]}, {"heads": "min"}):
