@@ -104,20 +104,57 @@ _LOCK = threading.RLock()
 
 
 class Capture(NamedTuple):
-    """Attention weights captured from one model call (a JAX pytree).
+    """Attention weights captured from one Flax model call (a named tuple and a JAX pytree).
 
-    Attributes
+    What :func:`capture_linen`, :func:`capture_nnx`, :func:`gradients_linen` and
+    :func:`gradients_nnx` return beside the model's outputs; build it through them. A
+    pytree, so it can be returned from a function transformed with :func:`jax.jit`, and
+    a named tuple, so it unpacks as ``attentions, mask, gradients = cap``.
+
+    Parameters
     ----------
     attentions : jax.Array
         ``(*batch, layers, heads, n, n)`` (``(*batch, layers, n, n)`` when heads were
         fused while capturing), layers in the order the model ran them.
-    mask : jax.Array or None
+    mask : jax.Array or None, default None
         ``(*batch, n)`` bool, True for real tokens: a key is real when some query may
         attend to it under the attention mask of the first attention call. None when the
         model passed no mask.
-    gradients : jax.Array or None
+    gradients : jax.Array or None, default None
         Gradient of the target scalar with respect to `attentions`, same shape, from
         :func:`gradients_linen` or :func:`gradients_nnx`; None otherwise.
+
+    Attributes
+    ----------
+    attentions, mask, gradients
+        The fields, as above.
+    contributions, outputs : jax.Array
+        Not recorded: reading them raises ``RuntimeError``. They are the fields of a
+        :class:`ContributionCapture`, which ``contributions=`` returns instead.
+
+    See Also
+    --------
+    ContributionCapture : What ``contributions=`` captures instead.
+    capture_linen, capture_nnx : Capture the weights.
+    gradients_linen, gradients_nnx : Capture the weights and their gradients.
+    attnflow.rollout, attnflow.flow : Read `attentions` with `mask`.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> from flax import nnx
+    >>> from attnflow.adapters.jax import Capture, capture_nnx, gradients_nnx
+    >>> mha = nnx.MultiHeadAttention(
+    ...     num_heads=2, in_features=4, decode=False, rngs=nnx.Rngs(0)
+    ... )
+    >>> y, cap = capture_nnx(mha, jnp.ones((1, 3, 4)))
+    >>> isinstance(cap, Capture)
+    True
+    >>> cap.attentions.shape, cap.mask, cap.gradients
+    ((1, 1, 2, 3, 3), None, None)
+    >>> y, cap = gradients_nnx(mha, jnp.ones((1, 3, 4)), target=lambda y: y[:, 0].sum())
+    >>> jax.tree.map(jnp.shape, cap)
+    Capture(attentions=(1, 1, 2, 3, 3), mask=None, gradients=(1, 1, 2, 3, 3))
     """
 
     attentions: jax.Array
@@ -126,7 +163,10 @@ class Capture(NamedTuple):
 
     @property
     def contributions(self) -> jax.Array:
-        """Not recorded: see :class:`ContributionCapture`."""
+        """Not recorded here: reading it raises ``RuntimeError``.
+
+        It is a field of :class:`ContributionCapture`, which ``contributions=`` returns.
+        """
         msg = (
             '`contributions` needs capture_linen / capture_nnx(..., contributions="norm" | '
             '"globenc" | "alti"); this capture recorded attention weights (read `attentions`).'
@@ -135,7 +175,10 @@ class Capture(NamedTuple):
 
     @property
     def outputs(self) -> jax.Array:
-        """Not recorded: see :class:`ContributionCapture`."""
+        """Not recorded here: reading it raises ``RuntimeError``.
+
+        It is a field of :class:`ContributionCapture`, which ``contributions=`` returns.
+        """
         msg = (
             '`outputs` needs capture_linen / capture_nnx(..., contributions="norm" | '
             '"globenc" | "alti"); this capture recorded attention weights (read `attentions`).'
@@ -144,14 +187,16 @@ class Capture(NamedTuple):
 
 
 class ContributionCapture(NamedTuple):
-    r"""Value-aware token-mixing matrices captured from one model call (a JAX pytree).
+    r"""Value-aware token-mixing matrices captured from one Flax model call (a JAX pytree).
 
-    Returned by :func:`capture_linen` and :func:`capture_nnx` with ``contributions=``.
-    Each attention block :math:`y_i = \sum_j T_i(x_j) + b_i` (see
-    :func:`attnflow.attention_terms`) gives one matrix :math:`c_{ij}`, the share of input
-    token :math:`j` in output :math:`i` (:func:`attnflow.contributions`).
+    What :func:`capture_linen` and :func:`capture_nnx` return with ``contributions=``
+    beside the model's outputs; build it through them. Each attention block
+    :math:`y_i = \sum_j T_i(x_j) + b_i` (see :func:`attnflow.attention_terms`) gives one
+    matrix :math:`c_{ij}`, the share of input token :math:`j` in output :math:`i`
+    (:func:`attnflow.contributions`). A named tuple, so it unpacks as
+    ``contributions, outputs, mask = cap``, and a pytree.
 
-    Attributes
+    Parameters
     ----------
     contributions : jax.Array
         ``(*batch, layers, n, n)``, rows = receiving token, one matrix per attention
@@ -163,9 +208,47 @@ class ContributionCapture(NamedTuple):
         :math:`\sum_j T_i(x_j) + b_i` (the LayerNorm output of a post-LN block, the
         residual stream after the attention of a pre-LN one). Compare it with the
         model's own block outputs to check the decomposition.
-    mask : jax.Array or None
+    mask : jax.Array or None, default None
         ``(*batch, n)`` bool, True for real tokens, from the mask of the first attention
         call, as for :class:`Capture`; None when the model passed no mask.
+
+    Attributes
+    ----------
+    contributions, outputs, mask
+        The fields, as above.
+    attentions : jax.Array
+        Not recorded (the per-head weights are dropped with their block): reading it
+        raises ``RuntimeError``; capture without ``contributions=`` for a
+        :class:`Capture`.
+
+    See Also
+    --------
+    Capture : What a capture without ``contributions=`` returns.
+    capture_linen, capture_nnx : Capture the matrices.
+    attnflow.contributions : The matrix of one block from its pieces.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> from flax import nnx
+    >>> import attnflow
+    >>> from attnflow.adapters.jax import ContributionCapture, capture_nnx
+    >>> class Block(nnx.Module):  # post-LN
+    ...     def __init__(self, rngs):
+    ...         self.attention = nnx.MultiHeadAttention(
+    ...             num_heads=2, in_features=4, decode=False, rngs=rngs
+    ...         )
+    ...         self.norm = nnx.LayerNorm(4, rngs=rngs)
+    ...
+    ...     def __call__(self, x):
+    ...         return self.norm(x + self.attention(x))
+    >>> y, cap = capture_nnx(Block(nnx.Rngs(0)), jnp.ones((1, 3, 4)), contributions="alti")
+    >>> isinstance(cap, ContributionCapture)
+    True
+    >>> jax.tree.map(jnp.shape, cap)
+    ContributionCapture(contributions=(1, 1, 3, 3), outputs=(1, 1, 3, 4), mask=None)
+    >>> attnflow.rollout(cap.contributions, heads=None, residual=0.0, renormalize=True).shape
+    (1, 3, 3)
     """
 
     contributions: jax.Array
@@ -174,7 +257,11 @@ class ContributionCapture(NamedTuple):
 
     @property
     def attentions(self) -> jax.Array:
-        """Not recorded: the per-head weights are dropped with their layer."""
+        """Not recorded: reading it raises ``RuntimeError``.
+
+        The per-head weights are dropped with their block; capture without
+        ``contributions=`` for a :class:`Capture`.
+        """
         msg = (
             "This capture recorded value-aware contributions, not attention weights: read "
             "`contributions` (or call without contributions= for `attentions`)."

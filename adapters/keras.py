@@ -79,27 +79,89 @@ _MHA = keras.layers.MultiHeadAttention
 
 
 class Capture(CaptureBlock):
-    """The attention scores recorded by :func:`capture`.
+    """The attention scores of one eager Keras model call, recorded by :func:`capture`.
 
-    Use it as a context manager around one eager call of the model; the results are read
-    after the ``with`` block.
+    A context manager: ``with capture(model) as cap:`` patches the
+    ``MultiHeadAttention`` layers of `model` (see the module docstring for how), records
+    the scores of every attention call made inside the block and restores the layers
+    when the block ends, also when the call raises. Read the results after the block,
+    as tensors of the active Keras backend. Build it with :func:`capture`, which takes
+    the same arguments and documents them in full. A capture records one ``with`` block
+    (entering it again raises ``RuntimeError``); call the model once inside it, eagerly
+    (``model(x)``, not ``model.predict(x)``).
+
+    Parameters
+    ----------
+    model : keras.Layer
+        The model (functional, sequential or subclassed) or layer to call inside the
+        block, containing ``keras.layers.MultiHeadAttention`` layers.
+    heads : {"mean", "max", "min"} or None, default None
+        Fuse the heads of each layer while capturing; None keeps every head.
+    contributions : {"norm", "globenc", "alti"} or None, default None
+        Record value-aware token-mixing matrices (`contributions` and `outputs`) instead
+        of attention scores. Not with `heads`.
 
     Attributes
     ----------
     attentions : tensor
-        ``(*batch, layers, heads, n, n)`` (``(*batch, layers, n, n)`` when heads were
-        fused while capturing), layers in the order the model ran them, as a tensor of
-        the active Keras backend.
+        ``(*batch, layers, heads, n, n)`` (``(*batch, layers, n, n)`` with `heads`), the
+        layers in the order the model ran them.
     mask : tensor or None
-        ``(*batch, n)`` bool, True for real tokens, or None.
+        ``(*batch, n)`` bool padding mask, True for real tokens, or None.
     records : list of tensor
         The scores of each attention call, in call order, not stacked.
-    contributions : tensor
-        With ``capture(model, contributions=...)``: ``(*batch, layers, n, n)``
-        value-aware token-mixing matrices, one per attention block call.
-    outputs : tensor
-        With ``contributions``: each block's output rebuilt from its decomposition,
-        ``(*batch, layers, n, d)``.
+    contributions, outputs : tensor
+        With `contributions`: the value-aware token-mixing matrices
+        ``(*batch, layers, n, n)``, one per attention block call, rows = receiving token, and
+        each block's output rebuilt from its decomposition, ``(*batch, layers, n, d)``.
+    model : keras.Layer
+        The model given.
+    heads : {"mean", "max", "min"} or None
+        The `heads` argument.
+    contribution_method : {"norm", "globenc", "alti"} or None
+        The `contributions` argument.
+
+    Raises
+    ------
+    TypeError
+        If `model` is not a Keras layer or model.
+    ValueError
+        On a bad `heads` or `contributions`, or on both given.
+
+    See Also
+    --------
+    capture : Builds it.
+    attention_gradients : The scores and their gradients in one call.
+    attnflow.rollout, attnflow.flow : Read `attentions` with `mask`.
+
+    Notes
+    -----
+    Reading a result that the capture did not record raises an error that says what to
+    read or pass instead, never an empty result: ``RuntimeError`` if nothing was
+    captured, for `contributions` and `outputs` without ``contributions=`` and for
+    `attentions` with it; ``ValueError`` for `attentions` when the calls' scores have
+    different shapes (read `records`).
+
+    Examples
+    --------
+    >>> import keras
+    >>> import attnflow
+    >>> from attnflow.adapters.keras import Capture, capture
+    >>> ids = keras.Input((4,), dtype="int32")
+    >>> hidden = keras.layers.Embedding(10, 8, mask_zero=True)(ids)  # 0 = padding
+    >>> hidden = keras.layers.MultiHeadAttention(2, 4)(hidden, hidden)
+    >>> hidden = keras.layers.MultiHeadAttention(2, 4)(hidden, hidden)
+    >>> model = keras.Model(ids, hidden)
+    >>> with capture(model) as cap:
+    ...     y = model(keras.ops.convert_to_tensor([[3, 1, 4, 0]]))
+    >>> isinstance(cap, Capture)
+    True
+    >>> tuple(cap.attentions.shape), len(cap.records)
+    ((1, 2, 2, 4, 4), 2)
+    >>> [bool(real) for real in cap.mask[0]]  # True = real token
+    [True, True, True, False]
+    >>> tuple(attnflow.rollout(cap.attentions, rows=0, mask=cap.mask).shape)
+    (1, 4)
     """
 
     def __init__(
@@ -166,7 +228,8 @@ class Capture(CaptureBlock):
 
         One matrix per attention block call, in the order the blocks ran, rows = receiving
         token (see :func:`attnflow.contributions`), a tensor of the active backend; needs
-        ``capture(model, contributions=...)``.
+        ``capture(model, contributions=...)``. Raises ``RuntimeError`` without it, before
+        the model ran in the block, or when a block could not be decomposed.
         """
         return keras.ops.stack(self._recorded("contributions").matrices, axis=-3)
 
@@ -177,7 +240,8 @@ class Capture(CaptureBlock):
         ``Σ_j T_i(x_j) + b_i``, summed from the terms the matrices are read from: the
         output of the LayerNorm after the attention in a post-LN block, the residual
         stream ``x + MHA(LN(x))`` in a pre-LN one. The capture has already compared it
-        with the model's own tensor (rows whose keys are all masked excepted).
+        with the model's own tensor (rows whose keys are all masked excepted). Raises as
+        `contributions` does.
         """
         return keras.ops.stack(self._recorded("outputs").outputs, axis=-3)
 
@@ -200,12 +264,25 @@ class Capture(CaptureBlock):
 
     @property
     def records(self) -> list[Any]:
-        """The scores of each attention call, in call order."""
+        """The scores of each attention call, in call order, not stacked.
+
+        One ``(*batch, [heads,] n_q, n_k)`` tensor of the active backend per call (no
+        heads axis with `heads`); empty before the call and with `contributions`. Every
+        call in the block is kept: read it when the calls cannot be stacked into
+        `attentions`.
+        """
         return list(self._records)
 
     @property
     def attentions(self) -> Any:
-        """The captured scores stacked to ``(*batch, layers, [heads,] n, n)``."""
+        """The captured scores stacked to ``(*batch, layers, [heads,] n, n)``.
+
+        The layers in the order the model ran them, a tensor of the active backend; no
+        heads axis with `heads`. Raises ``RuntimeError`` if nothing was captured or the
+        capture recorded `contributions`, and ``ValueError`` for calls of different
+        shapes (cross-attention, several calls on inputs of different lengths: read
+        `records`).
+        """
         scores = self._records
         if not scores and self._recorder is not None:
             msg = (

@@ -243,33 +243,130 @@ def sdpa_with_weights(
 
 
 class Capture(CaptureBlock):
-    """The attention weights recorded by :func:`capture`.
+    """The attention weights of one PyTorch model call, recorded by :func:`capture`.
 
-    Use it as a context manager around one model call; the results are read after the
-    ``with`` block.
+    A context manager: ``with capture(model) as cap:`` patches `model` (see the module
+    docstring for how), records the attention of the call made inside the block and
+    restores the model when the block ends, also when the call raises. Read the results
+    after the block. Build it with :func:`capture`, which takes the same arguments and
+    documents them in full. A capture records one ``with`` block (entering it again
+    raises ``RuntimeError``), and keeps the last call of `model` made inside it.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model to call inside the block: a Hugging Face model with
+        ``attn_implementation="sdpa"`` or ``"eager"``, a timm model, or a module built
+        from ``nn.TransformerEncoder``, ``nn.Transformer`` or ``nn.MultiheadAttention``.
+    gradients : bool, default False
+        Keep the gradients of the weights, read as `gradients` after a backward pass.
+        Needs autograd on during the call and ``heads=None``.
+    heads : {"mean", "max", "min"} or None, default None
+        Fuse the heads of each layer while capturing; None keeps every head.
+    contributions : {"norm", "globenc", "alti"} or None, default None
+        Record value-aware token-mixing matrices (`contributions` and `outputs`) instead
+        of attention weights. Not with `gradients` or `heads`.
 
     Attributes
     ----------
-    attentions : Tensor
-        ``(*batch, layers, heads, n, n)`` (``(*batch, layers, n, n)`` when heads were
-        fused while capturing), layers in the order the model ran them. Raises for an
-        encoder-decoder model, which has the three below instead.
-    encoder_attentions : Tensor
-        Encoder-decoder models: ``(*batch, L_enc, heads, n_src, n_src)``.
-    decoder_attentions : Tensor
-        Encoder-decoder models: ``(*batch, L_dec, heads, n_tgt, n_tgt)``.
-    cross_attentions : Tensor
-        Encoder-decoder models: ``(*batch, L_dec, heads, n_tgt, n_src)``.
-    mask : Tensor or None
-        ``(*batch, n)`` bool, True for real tokens (the encoder's for an encoder-decoder
-        model), or None.
-    decoder_mask : Tensor or None
-        ``(*batch, n_tgt)`` bool from ``decoder_attention_mask``, or None.
-    gradients : Tensor
-        Gradients of the attention weights, same shape as `attentions` (and
-        ``encoder_gradients``, ``decoder_gradients``, ``cross_gradients``).
-    records : list of Tensor
+    attentions : torch.Tensor
+        ``(*batch, layers, heads, n, n)`` (``(*batch, layers, n, n)`` with `heads`), the
+        layers in the order the model ran them.
+    encoder_attentions : torch.Tensor
+        Encoder-decoder models: encoder self-attention
+        ``(*batch, L_enc, [heads,] n_src, n_src)``.
+    decoder_attentions : torch.Tensor
+        Encoder-decoder models: decoder self-attention
+        ``(*batch, L_dec, [heads,] n_tgt, n_tgt)``.
+    cross_attentions : torch.Tensor
+        Encoder-decoder models: cross-attention ``(*batch, L_dec, [heads,] n_tgt, n_src)``.
+    mask : torch.Tensor or None
+        ``(*batch, n)`` bool padding mask, True for real tokens (the source's for an
+        encoder-decoder model), or None.
+    decoder_mask : torch.Tensor or None
+        ``(*batch, n_tgt)`` bool mask of the decoder, True for real tokens, or None.
+    gradients : torch.Tensor
+        With `gradients`, after a backward pass: the gradients of the weights, the shape
+        of `attentions`.
+    encoder_gradients, decoder_gradients, cross_gradients : torch.Tensor
+        Encoder-decoder models: the gradients of `encoder_attentions`,
+        `decoder_attentions` and `cross_attentions`, the same shapes.
+    records : list of torch.Tensor
         The weights of each attention call, in call order, not stacked.
+    contributions, outputs : torch.Tensor
+        With `contributions`: the value-aware token-mixing matrices
+        ``(*batch, layers, n, n)``, one per attention block, rows = receiving token, and
+        each block's output rebuilt from its decomposition, ``(*batch, layers, n, d)``.
+    model : torch.nn.Module
+        The model given.
+    heads : {"mean", "max", "min"} or None
+        The `heads` argument.
+    track_gradients : bool
+        The `gradients` argument.
+    contribution_method : {"norm", "globenc", "alti"} or None
+        The `contributions` argument.
+
+    Raises
+    ------
+    TypeError
+        If `model` is not a ``torch.nn.Module``.
+    ValueError
+        On a bad `heads` or `contributions`, on `gradients` with `heads`, or on
+        `contributions` with `gradients` or `heads`.
+
+    See Also
+    --------
+    capture : Builds it.
+    attention_gradients : The weights and their gradients in one call.
+    attnflow.rollout, attnflow.flow : Read `attentions` with `mask`.
+    attnflow.gradient_rollout : Reads `attentions` with `gradients`.
+    attnflow.encoder_decoder_rollout : Reads the three attentions of a seq2seq model.
+
+    Notes
+    -----
+    Reading a result that the capture did not record raises an error that says what to
+    read or pass instead, never an empty result: ``RuntimeError`` if nothing was
+    captured, for `gradients` without ``gradients=True``, before the backward pass or
+    when the weights did not require grad (a call under ``torch.no_grad()``), for
+    `contributions` and `outputs` without ``contributions=`` and for `attentions` with
+    it; ``ValueError`` for `attentions` and `gradients` of an encoder-decoder model, for
+    the encoder, decoder and cross results of any other model, and for attention calls
+    of different shapes (read `records`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> import attnflow
+    >>> from attnflow.adapters.torch import Capture, capture
+    >>> layer = torch.nn.TransformerEncoderLayer(8, nhead=2, batch_first=True)
+    >>> model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    >>> model = model.eval()
+    >>> x = torch.randn(1, 4, 8)
+    >>> padding = torch.tensor([[False, False, False, True]])  # torch: True = padding
+    >>> with capture(model) as cap:
+    ...     y = model(x, src_key_padding_mask=padding)
+    >>> isinstance(cap, Capture)
+    True
+    >>> cap.attentions.shape
+    torch.Size([1, 2, 2, 4, 4])
+    >>> cap.mask  # attnflow: True = real token
+    tensor([[ True,  True,  True, False]])
+    >>> len(cap.records), cap.records[0].shape
+    (2, torch.Size([1, 2, 4, 4]))
+    >>> attnflow.rollout(cap.attentions, rows=0, mask=cap.mask).shape
+    torch.Size([1, 4])
+
+    An encoder-decoder model keeps its three kinds of attention apart:
+
+    >>> model = torch.nn.Transformer(
+    ...     8, nhead=2, num_encoder_layers=1, num_decoder_layers=2, batch_first=True
+    ... ).eval()
+    >>> with capture(model) as cap:
+    ...     y = model(torch.randn(1, 5, 8), torch.randn(1, 3, 8))
+    >>> cap.encoder_attentions.shape, cap.decoder_attentions.shape
+    (torch.Size([1, 1, 2, 5, 5]), torch.Size([1, 2, 2, 3, 3]))
+    >>> cap.cross_attentions.shape
+    torch.Size([1, 2, 2, 3, 5])
     """
 
     def __init__(
@@ -348,7 +445,8 @@ class Capture(CaptureBlock):
 
         One matrix per attention block, in the order the blocks ran, rows = receiving
         token (see :func:`attnflow.contributions`); needs
-        ``capture(model, contributions=...)``.
+        ``capture(model, contributions=...)``. Raises ``RuntimeError`` without it, before
+        the model ran in the block, or when a block could not be decomposed.
         """
         return torch.stack(self._recorded("contributions").matrices, dim=-3)
 
@@ -359,7 +457,7 @@ class Capture(CaptureBlock):
         ``Σ_j T_i(x_j) + b_i``, summed from the terms the matrices are read from: compare
         it with the model's own block outputs to check that the decomposition is exact
         (the LayerNorm output of a post-LN block, the residual stream after the attention
-        of a pre-LN one).
+        of a pre-LN one). Raises as `contributions` does.
         """
         return torch.stack(self._recorded("outputs").outputs, dim=-3)
 
@@ -388,12 +486,24 @@ class Capture(CaptureBlock):
 
     @property
     def records(self) -> list[torch.Tensor]:
-        """The weights of each attention call, in call order."""
+        """The weights of each attention call, in call order, not stacked.
+
+        One ``(*batch, [heads,] n_q, n_k)`` tensor per call (no heads axis with `heads`);
+        empty before the call and with `contributions`. Read it when the calls cannot be
+        stacked into `attentions`.
+        """
         return [record.weights for record in self._records]
 
     @property
     def attentions(self) -> torch.Tensor:
-        """The captured weights stacked to ``(*batch, layers, [heads,] n, n)``."""
+        """The captured weights stacked to ``(*batch, layers, [heads,] n, n)``.
+
+        The layers in the order the model ran them; no heads axis with `heads`. Raises
+        ``RuntimeError`` if nothing was captured or the capture recorded `contributions`,
+        and ``ValueError`` for an encoder-decoder model (read `encoder_attentions`,
+        `decoder_attentions` and `cross_attentions`) or for attention calls of different
+        shapes (read `records`).
+        """
         weights = self.records
         if not weights and self._recorder is not None:
             msg = (
@@ -429,31 +539,51 @@ class Capture(CaptureBlock):
 
     @property
     def encoder_attentions(self) -> torch.Tensor:
-        """Encoder self-attention ``(*batch, L_enc, [heads,] n_src, n_src)``."""
+        """Encoder self-attention ``(*batch, L_enc, [heads,] n_src, n_src)``.
+
+        Encoder-decoder models only: raises ``ValueError`` for another model or a call
+        that did not run the encoder, ``RuntimeError`` if nothing was captured.
+        """
         return self._stack_role("encoder")
 
     @property
     def decoder_attentions(self) -> torch.Tensor:
-        """Decoder self-attention ``(*batch, L_dec, [heads,] n_tgt, n_tgt)``."""
+        """Decoder self-attention ``(*batch, L_dec, [heads,] n_tgt, n_tgt)``.
+
+        Encoder-decoder models only: raises ``ValueError`` for another model or a call
+        without decoder inputs, ``RuntimeError`` if nothing was captured.
+        """
         return self._stack_role("decoder")
 
     @property
     def cross_attentions(self) -> torch.Tensor:
-        """Cross-attention ``(*batch, L_dec, [heads,] n_tgt, n_src)``."""
+        """Cross-attention ``(*batch, L_dec, [heads,] n_tgt, n_src)``.
+
+        Encoder-decoder models only: raises ``ValueError`` for another model or a call
+        without decoder inputs, ``RuntimeError`` if nothing was captured.
+        """
         return self._stack_role("cross")
 
     @property
     def mask(self) -> torch.Tensor | None:
         """``(*batch, n)`` bool padding mask (True = real token), or None.
 
-        For an encoder-decoder model: the encoder's (source) mask.
+        Read from the call's ``attention_mask`` (Hugging Face) or ``src_key_padding_mask``
+        / ``key_padding_mask`` (``nn.Transformer*``, where True marks padding); for an
+        encoder-decoder model, the encoder's (source) mask. None when the call passed no
+        mask or its shape does not match the captured weights.
         """
         records = [r for r in self._records if r.role in (None, "encoder")]
         return self._checked_mask(self._mask, records)
 
     @property
     def decoder_mask(self) -> torch.Tensor | None:
-        """``(*batch, n_tgt)`` bool mask of the decoder (``decoder_attention_mask``), or None."""
+        """``(*batch, n_tgt)`` bool mask of the decoder (True = real token), or None.
+
+        Read from the call's ``decoder_attention_mask`` (Hugging Face) or
+        ``tgt_key_padding_mask`` (``nn.Transformer``); None when the call passed neither,
+        ran no decoder self-attention, or the mask does not match its weights.
+        """
         records = [r for r in self._records if r.role == "decoder"]
         if not records:
             return None
@@ -503,7 +633,15 @@ class Capture(CaptureBlock):
 
     @property
     def gradients(self) -> torch.Tensor:
-        """Gradients of the output of the backward pass with respect to the weights."""
+        """The gradients of the weights, ``(*batch, layers, heads, n, n)`` as `attentions`.
+
+        The gradient of the scalar that ``backward()`` was called on, after the block,
+        with respect to each layer's weights. Raises ``RuntimeError`` without
+        ``capture(model, gradients=True)``, before the backward pass, or if the weights
+        did not require grad (a call under ``torch.no_grad()``); ``ValueError`` for an
+        encoder-decoder model (read `encoder_gradients`, `decoder_gradients` and
+        `cross_gradients`).
+        """
         if any(record.role in ("decoder", "cross") for record in self._records):
             msg = (
                 "An encoder-decoder model: read `encoder_gradients`, `decoder_gradients` "
@@ -514,17 +652,26 @@ class Capture(CaptureBlock):
 
     @property
     def encoder_gradients(self) -> torch.Tensor:
-        """Gradients of `encoder_attentions`."""
+        """The gradients of `encoder_attentions`, the same shape.
+
+        Raises as `encoder_attentions` and `gradients` do.
+        """
         return self._gradients(self._of_role("encoder"))
 
     @property
     def decoder_gradients(self) -> torch.Tensor:
-        """Gradients of `decoder_attentions`."""
+        """The gradients of `decoder_attentions`, the same shape.
+
+        Raises as `decoder_attentions` and `gradients` do.
+        """
         return self._gradients(self._of_role("decoder"))
 
     @property
     def cross_gradients(self) -> torch.Tensor:
-        """Gradients of `cross_attentions`."""
+        """The gradients of `cross_attentions`, the same shape.
+
+        Raises as `cross_attentions` and `gradients` do.
+        """
         return self._gradients(self._of_role("cross"))
 
     def _gradients(self, records: list[_Record]) -> torch.Tensor:
