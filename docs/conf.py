@@ -64,6 +64,12 @@ myst_dmath_double_inline = True
 
 autosummary_generate = True
 autosummary_imported_members = True
+# `capture` and `Capture` would share one file name on case-insensitive file systems
+# (macOS, Windows): the classes' pages get their own.
+autosummary_filename_map = {
+    f"attnflow.adapters.{module}.Capture": f"attnflow.adapters.{module}.Capture-class"
+    for module in ("torch", "jax", "keras")
+}
 # The signature shows names and defaults; types are documented in the numpydoc
 # Parameters section, where they read as prose rather than as expanded type aliases.
 autodoc_typehints = "none"
