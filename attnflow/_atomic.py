@@ -1,8 +1,9 @@
-"""Writing a file atomically, never replacing one unless asked: arrays, pages and figures.
+"""Writing a file atomically, never replacing one unless asked.
 
 The one writer behind :func:`attnflow._arrayio.write_atomically` (the command line's
-arrays, pages and figures), :meth:`attnflow.html.TokenView.save` (pages) and the reports of
-``attnflow evaluate`` (which replace the last run's). The bytes go to
+arrays, pages and figures), :meth:`attnflow.html.TokenView.save` (pages), the reports of
+``attnflow evaluate`` (which replace the last run's), its resumable chunk store, and the
+experiments' saved models. The bytes go to
 a temporary file in the target's folder, which then becomes the target, so the target never
 holds a partial file. Without `replace` that last step is exclusive (a hard link, else
 ``O_EXCL``): of two writers racing for one name exactly one wins. A symbolic link at the
@@ -28,6 +29,7 @@ def write_atomically(
     *,
     replace: bool,
     exists: Callable[[Path], Exception],
+    mode: int | None = 0o644,
 ) -> Path:
     """Write a file through `write` atomically; refuse to replace a file unless `replace`.
 
@@ -41,11 +43,14 @@ def write_atomically(
         Replace an existing file (a plain rename) instead of refusing it.
     exists : callable
         Builds the error raised when the target exists and `replace` is False.
+    mode : int or None, default 0o644
+        The file's permissions: readable by everyone by default (pages, figures, reports);
+        None gives the mode ``open()`` would, ``0o666`` less the umask (saved models).
 
     Returns
     -------
     Path
-        The file written, readable by everyone (mode 0o644).
+        The file written.
     """
     target = Path(path)
     if not replace and os.path.lexists(target):
@@ -57,7 +62,7 @@ def write_atomically(
             write(file)
             file.flush()
             os.fsync(file.fileno())
-        temporary.chmod(0o644)  # mkstemp makes it private; these files are for reading
+        temporary.chmod(_open_mode() if mode is None else mode)  # mkstemp makes it private
         if replace:
             temporary.replace(target)
         else:
@@ -91,3 +96,10 @@ def _publish_exclusively(
         with contextlib.suppress(OSError):
             target.unlink()
         raise
+
+
+def _open_mode() -> int:
+    """``0o666`` less the process's umask: the mode ``open()`` gives a new file."""
+    umask = os.umask(0)  # reading the umask means setting it; put it back at once
+    os.umask(umask)
+    return 0o666 & ~umask

@@ -16,12 +16,13 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+
+from attnflow._atomic import write_atomically
 
 __all__ = ["ChunkStore", "EvaluationFolderError", "fingerprint"]
 
@@ -48,25 +49,18 @@ def fingerprint(*arrays: np.ndarray | None) -> str:
 
 
 def write_exclusively(path: Path, write: Callable[[IO[bytes]], object]) -> None:
-    """Write `path` whole (temporary file, then a hard link that fails if it exists).
+    """Write `path` whole (temporary file, then an exclusive rename), mode 0o644.
 
     Raises
     ------
     FileExistsError
         If `path` exists (a dangling symbolic link included).
     """
-    descriptor, temporary = tempfile.mkstemp(
-        prefix=f".{path.name}.", suffix=".tmp", dir=path.parent
-    )
-    try:
-        with os.fdopen(descriptor, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        Path(temporary).chmod(0o644)
-        os.link(temporary, path)  # atomic and exclusive: exactly one writer wins
-    finally:
-        Path(temporary).unlink(missing_ok=True)
+    write_atomically(path, write, replace=False, exists=_exists)
+
+
+def _exists(path: Path) -> FileExistsError:
+    return FileExistsError(errno.EEXIST, "File exists", str(path))
 
 
 class ChunkStore:

@@ -31,12 +31,10 @@ Radford, A. et al. (2019). Language models are unsupervised multitask learners.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
-import secrets
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -48,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from numpy.typing import NDArray
 from torch import nn
+
+from attnflow._atomic import write_atomically
 
 from .agreement import AgreementData
 
@@ -565,44 +565,8 @@ def accuracy(
 
 
 # -- saving and loading -------------------------------------------------------------------------
-@contextlib.contextmanager
-def _temporary(folder: Path, suffix: str) -> Iterator[Path]:
-    """Create a temporary file in `folder`, removed on exit unless it was renamed."""
-    # Not tempfile.mkstemp: its files are private (0600); these get the umask's mode.
-    for _ in range(100):
-        path = folder / f".tmp-{secrets.token_hex(8)}{suffix}"
-        try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
-            break
-        except FileExistsError:
-            continue
-    else:  # pragma: no cover - 100 collisions of 64 random bits
-        msg = f"could not create a temporary file in {folder}"
-        raise FileExistsError(msg)
-    try:
-        yield path
-    finally:
-        path.unlink(missing_ok=True)
-
-
-def _publish(source: Path, target: Path, *, force: bool) -> None:
-    """Move `source` to `target` atomically; refuse to replace `target` unless `force`."""
-    if force:
-        source.replace(target)
-        return
-    try:
-        # A hard link fails atomically if the target exists: nothing is ever overwritten.
-        target.hardlink_to(source)
-    except FileExistsError:
-        msg = f"{target} exists; pass force=True to overwrite it."
-        raise FileExistsError(msg) from None
-    except OSError:  # no hard links on this file system: check, then rename
-        if target.exists():
-            msg = f"{target} exists; pass force=True to overwrite it."
-            raise FileExistsError(msg) from None
-        source.replace(target)
-        return
-    source.unlink()
+def _exists(target: Path) -> FileExistsError:
+    return FileExistsError(f"{target} exists; pass force=True to overwrite it.")
 
 
 def save_agreement_model(
@@ -678,17 +642,13 @@ def save_agreement_model(
         name: tensor.detach().to("cpu", torch.float32).numpy()
         for name, tensor in model.state_dict().items()
     }
-    with _temporary(path, ".npz") as weights, _temporary(path, ".json") as config:
-        with weights.open("wb") as stream:
-            np.savez(stream, **arrays)
-            stream.flush()
-            os.fsync(stream.fileno())
-        with config.open("w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        _publish(weights, targets[0], force=force)
-        _publish(config, targets[1], force=force)
+    # Each file appears whole or not at all, with the mode open() would give.
+    write_atomically(
+        targets[0], lambda file: np.savez(file, **arrays), replace=force, exists=_exists, mode=None
+    )
+    write_atomically(
+        targets[1], lambda file: file.write(text.encode()), replace=force, exists=_exists, mode=None
+    )
     return path
 
 

@@ -41,7 +41,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +54,7 @@ import transformers
 from numpy.typing import NDArray
 from torch import nn
 
+from attnflow._atomic import write_atomically
 from attnflow.experiments.sentiment import SentimentData
 
 __all__ = [
@@ -628,33 +628,12 @@ def _versions() -> dict[str, str]:
 
 
 def _write_atomically(target: Path, write: Any, *, force: bool) -> None:
-    """Write through a temporary file in the same folder, then rename it to `target`.
+    """Write `target` whole, replacing it only with `force`; the mode ``open()`` would give."""
+    write_atomically(target, write, replace=force, exists=_exists, mode=None)
 
-    Without `force` the rename is a hard link that fails if `target` exists (no race
-    with another writer); with `force` it is ``os.replace``. Readers never see a partly
-    written file.
-    """
-    handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    temporary = Path(name)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        # mkstemp makes the file private (0600); give it the mode open() would have.
-        temporary.chmod(0o666 & ~umask)
-        if force:
-            temporary.replace(target)
-        else:
-            try:
-                os.link(temporary, target)
-            except FileExistsError:
-                msg = f"{target} exists; pass force=True to overwrite it."
-                raise FileExistsError(msg) from None
-    finally:
-        temporary.unlink(missing_ok=True)
+
+def _exists(target: Path) -> FileExistsError:
+    return FileExistsError(f"{target} exists; pass force=True to overwrite it.")
 
 
 def save_classifier(
