@@ -4,7 +4,9 @@ The script is plain ES5 inside a function called with the view's element id: it 
 view's JSON data from ``<script type="application/json" id="ID-data">``, wires the
 controls and re-colours the token spans. It computes colours and formats values exactly
 as the Python side does for the first render (see :func:`attnflow.html._token_style`),
-so a page looks the same before and after the script runs.
+so a page looks the same before and after the script runs. Tokens left out of the scale
+get no colour of it: their inline colours are removed and the ``attnflow-unscaled`` class
+of the shared style sheet (``attnflow.html._CSS``) gives them their neutral look.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ INTERACTIVE_CSS = """\
 .attnflow-interactive .attnflow-tok[tabindex] { cursor: pointer; }
 .attnflow-interactive .attnflow-tok:focus-visible { outline: 2px solid #1a5fb4;
   outline-offset: 1px; }
-.attnflow-interactive .attnflow-tok.attnflow-current { border: 1px solid #222;
+.attnflow-interactive .attnflow-tok.attnflow-current { border-color: #222;
   box-shadow: inset 0 -3px 0 #222; }
 .attnflow-interactive .attnflow-status { font-size: 11px; color: #555; line-height: 1.4; }
 """
@@ -79,9 +81,11 @@ INTERACTIVE_JS = """\
     }
     var position = data.rows === null ? -1 : data.rows[state.row];
     for (i = 0; i < tokens.length; i++) {
-      var span = tokens[i], shown = format(values[i]), paint = colour(values[i], top);
+      var span = tokens[i], shown = format(values[i]), scaled = data.inScale[i];
+      var paint = scaled ? colour(values[i], top) : ["", ""];  /* "": the class's look */
       span.style.backgroundColor = paint[0];
       span.style.color = paint[1];
+      span.classList.toggle("attnflow-unscaled", !scaled);
       span.setAttribute("data-value", shown);
       span.title = data.tokens[i] + ": " + shown;
       var current = i === position;

@@ -48,7 +48,8 @@ class Explanation:
         The output position explained (0: ``[CLS]`` for BERT-like models).
     special : sequence of bool, optional
         True for special tokens (``[CLS]``, ``[SEP]``, padding). They stay in the data;
-        the views leave them out of the colour scale unless asked not to.
+        the HTML views leave them out of the colour scale (drawn grey with a dashed
+        outline, their values on hover) unless asked not to.
     target : int, optional
         The class explained (gradient-weighted methods), if any.
     predicted : int, optional

@@ -6,6 +6,9 @@ rows (raw attention, rollout, flow) share one colour scale; the page has no scri
 :class:`InteractiveView` holds every method, layer, output row and head, with an inline
 script and controls to pick which one colours the tokens. Both display themselves in
 Jupyter-style notebooks (``_repr_html_``) and write a standalone page with ``save``.
+In both, tokens left out of the scale (``scale_exclude``: ``[CLS]``, ``[SEP]``...) get
+no colour of it, so that none reads as the strongest: they are drawn light grey with a
+dashed outline (the ``attnflow-unscaled`` class), and the scale's legend counts them.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ _CSS = """\
 .attnflow-view .attnflow-tok { position: relative; display: inline-block;
   padding: 0 0.25em; margin: 0 1px; border-radius: 3px; white-space: pre;
   border: 1px solid #e4e4e4; line-height: 1.5; }
+.attnflow-view .attnflow-unscaled { background-color: #eeeeee; color: #6b6b6b;
+  border: 1px dashed #8c8c8c; }
 .attnflow-view .attnflow-tok:hover { outline: 1px solid #333; }
 .attnflow-view .attnflow-tok:hover::after { content: attr(data-value);
   position: absolute; left: 50%; bottom: 110%; transform: translateX(-50%);
@@ -48,7 +53,12 @@ _CSS = """\
 .attnflow-view .attnflow-scale { font-size: 11px; color: #555; margin-top: 0.3em; }
 .attnflow-view .attnflow-bar { display: inline-block; width: 8em; height: 0.8em;
   vertical-align: middle; margin: 0 0.4em; border: 1px solid #ccc; }
+.attnflow-view .attnflow-key { display: inline-block; width: 1.6em; height: 0.8em;
+  vertical-align: middle; margin: 0 0.4em 0 0.1em; border-radius: 3px; }
 """
+
+#: The look of tokens left out of the colour scale (no colour of the scale; see _CSS).
+_UNSCALED = "attnflow-unscaled"
 
 
 def _parse_colour(colour: str) -> tuple[int, int, int]:
@@ -63,9 +73,11 @@ class TokenView:
     """Tokens coloured by their scores, as HTML (one or several rows, one colour scale).
 
     Each token's background goes from white (score 0) to `color` (the largest score of
-    all rows); negative scores are shown white. The exact value appears in a tooltip when
-    the pointer rests on a token (and in its ``title`` attribute). Tokens are
-    HTML-escaped; the output has no scripts and loads nothing.
+    all rows); negative scores are shown white. Tokens left out of the scale
+    (`scale_exclude`) are not coloured by it: they are drawn light grey with a dashed
+    outline and a grey label, and the legend under the tokens counts them. The exact
+    value appears in a tooltip when the pointer rests on a token (and in its ``title``
+    attribute). Tokens are HTML-escaped; the output has no scripts and loads nothing.
 
     Parameters
     ----------
@@ -84,8 +96,8 @@ class TokenView:
     scale_exclude : sequence of int, optional
         Token positions left out of the colour scale (special tokens such as ``[CLS]`` and
         ``[SEP]``, which often take most of the mass): they are shown, with their values,
-        but the scale's maximum is taken over the other tokens, and they are drawn at most
-        in full colour.
+        but the scale's maximum is taken over the other tokens, and they get no colour of
+        the scale (whatever their value) but a neutral look: light grey, dashed outline.
 
     Attributes
     ----------
@@ -202,7 +214,7 @@ class TokenView:
         return f"{value:.{self._precision}g}"
 
     def _background(self, value: float) -> tuple[str, str]:
-        """CSS background and text colours of a token with score `value`."""
+        """CSS background and text colours of a token in the scale with score `value`."""
         top = self.scale_max
         strength = min(1.0, max(0.0, value / top)) if top > 0 else 0.0
         red, green, blue = (round(255 + (c - 255) * strength) for c in self._rgb)
@@ -216,14 +228,19 @@ class TokenView:
             lines.append(f'<div class="attnflow-title">{html.escape(self.title)}</div>')
         for key, row in self.rows.items():
             spans = []
-            for token, value in zip(self.tokens, row, strict=True):
+            for token, value, in_scale in zip(self.tokens, row, self._in_scale, strict=True):
                 shown = self._format(float(value))
-                background, text = self._background(float(value))
                 escaped = html.escape(token, quote=True)
+                if in_scale:
+                    background, text = self._background(float(value))
+                    look = (
+                        'class="attnflow-tok" '
+                        f'style="background-color: {background}; color: {text}"'
+                    )
+                else:  # no colour of the scale, whatever the value: the neutral look
+                    look = f'class="attnflow-tok {_UNSCALED}"'
                 spans.append(
-                    f'<span class="attnflow-tok" style="background-color: {background}; '
-                    f'color: {text}" title="{escaped}: {shown}" data-value="{shown}">'
-                    f"{escaped}</span>"
+                    f'<span {look} title="{escaped}: {shown}" data-value="{shown}">{escaped}</span>'
                 )
             label = "" if key is None else html.escape(key)
             lines.append(
@@ -234,7 +251,7 @@ class TokenView:
         lines.append(
             '<div class="attnflow-scale">0<span class="attnflow-bar" style="background: '
             f'linear-gradient(to right, rgb(255, 255, 255), {top})"></span>'
-            f"{self._format(self.scale_max)}</div>"
+            f"{self._format(self.scale_max)}{_unscaled_note(self._in_scale)}</div>"
         )
         lines.append("</div>")
         return "\n".join(lines)
@@ -314,7 +331,8 @@ class InteractiveView:
         Significant digits of the values shown (1 to 17).
     scale_exclude : sequence of int, optional
         Token positions left out of the colour scale, as in :class:`TokenView` (special
-        tokens such as ``[CLS]`` and ``[SEP]``).
+        tokens such as ``[CLS]`` and ``[SEP]``): the maximum is taken over the other
+        tokens, and these are drawn light grey with a dashed outline whatever their value.
     method : str, optional
         The method shown first (default: the first).
     layer : int, default -1
@@ -559,7 +577,6 @@ class InteractiveView:
         spans = []
         for i, (token, value) in enumerate(zip(self.tokens, values, strict=True)):
             shown = f"{float(value):.{self._precision}g}"
-            background, text = _token_style(float(value), top, self._rgb)
             escaped = html.escape(token, quote=True)
             extra = ""
             if i in rows_at and self.rows is not None and len(self.rows) > 1:
@@ -567,19 +584,20 @@ class InteractiveView:
             if i == position:
                 extra += ' aria-current="true"'
             current = " attnflow-current" if i == position else ""
+            if self._in_scale[i]:
+                background, text = _token_style(float(value), top, self._rgb)
+                look = (
+                    f'class="attnflow-tok{current}" '
+                    f'style="background-color: {background}; color: {text}"'
+                )
+            else:  # no colour of the scale, as the script draws it
+                look = f'class="attnflow-tok{current} {_UNSCALED}"'
             spans.append(
-                f'<span class="attnflow-tok{current}" style="background-color: {background}; '
-                f'color: {text}" title="{escaped}: {shown}" data-value="{shown}"{extra}>'
+                f'<span {look} title="{escaped}: {shown}" data-value="{shown}"{extra}>'
                 f"{escaped}</span>"
             )
         lines.append(f'<div class="attnflow-row"><span>{"".join(spans)}</span></div>')
         full, _ = _token_style(top, top, self._rgb)
-        excluded = int((~self._in_scale).sum())
-        note = (
-            f" ({excluded} token{'s' if excluded > 1 else ''} left out of the scale)"
-            if excluded
-            else ""
-        )
         status = [name, f"layer {layer_text}"]
         if position >= 0:
             status.append(f"row {position} ({self.tokens[position]})")
@@ -589,7 +607,8 @@ class InteractiveView:
             (
                 '<div class="attnflow-scale">0<span class="attnflow-bar" data-output="bar" '
                 f'style="background: linear-gradient(to right, rgb(255, 255, 255), {full})">'
-                f'</span><span data-output="max">{top:.{self._precision}g}</span>{note}</div>'
+                f'</span><span data-output="max">{top:.{self._precision}g}</span>'
+                f"{_unscaled_note(self._in_scale)}</div>"
             ),
             (
                 '<div class="attnflow-status" aria-live="polite" data-output="status">'
@@ -671,6 +690,17 @@ def _script_json(data: Any) -> str:
     ):
         text = text.replace(character, escaped)
     return text
+
+
+def _unscaled_note(in_scale: np.ndarray) -> str:
+    """Return the legend of the tokens left out of the scale: a key of their look, a count."""
+    excluded = int((~in_scale).sum())
+    if not excluded:
+        return ""
+    return (
+        f' (<span class="{_UNSCALED} attnflow-key" aria-hidden="true"></span>'
+        f"{excluded} token{'s' if excluded > 1 else ''} left out of the scale)"
+    )
 
 
 def _token_style(value: float, top: float, rgb: tuple[int, int, int]) -> tuple[str, str]:

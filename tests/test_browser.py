@@ -18,6 +18,10 @@ import attnflow
 from attnflow._sample import load_sample
 from attnflow.html import InteractiveView, TokenView, _token_style
 
+# The look of tokens left out of the colour scale (attnflow-unscaled in the style sheet):
+# a grey that no ramp from white to the default hue passes through, a dashed outline.
+NEUTRAL = "rgb(238, 238, 238)"
+
 FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -70,21 +74,66 @@ def test_token_view_renders_in_headless_chromium(tmp_path: Path) -> None:
 
 
 # What the browser shows of every token after each input: value, tooltip, computed
-# background and whether it is the explained row; and the view's stated scale and choice.
+# background, outline and class, whether it is the explained row; and the view's stated
+# scale and choice.
 SNAPSHOT = """(function () {
   var root = document.querySelector(".attnflow-interactive"), shown = {values: [],
-    titles: [], colours: [], current: [],
+    titles: [], colours: [], borders: [], unscaled: [], current: [],
     status: root.querySelector('[data-output="status"]').textContent,
     max: root.querySelector('[data-output="max"]').textContent,
+    scale: root.querySelector(".attnflow-scale").textContent,
     headHidden: root.querySelector('[data-control="head-label"]').hidden};
   root.querySelectorAll(".attnflow-tok").forEach(function (span) {
     shown.values.push(span.getAttribute("data-value"));
     shown.titles.push(span.title);
     shown.colours.push(getComputedStyle(span).backgroundColor);
+    shown.borders.push(getComputedStyle(span).borderTopStyle);
+    shown.unscaled.push(span.classList.contains("attnflow-unscaled"));
     shown.current.push(span.getAttribute("aria-current") === "true");
   });
   return shown;
 })()"""
+
+
+def test_token_view_draws_excluded_tokens_neutral_in_headless_chromium(tmp_path: Path) -> None:
+    if "numpy" not in {v.library for v in selected_variants()}:
+        pytest.skip("rendered once per matrix run, in the numpy session")
+    chromium = _chromium()
+    sample = load_sample()
+    real = np.flatnonzero(sample.mask[0])
+    tokens = [sample.tokens[0][i] for i in real]
+    one = sample.attentions[:1][..., real, :][..., real]
+    rows = {"rollout": attnflow.rollout(one, rows=0)[0], "flow": attnflow.flow(one, rows=0)[0]}
+    n = len(tokens)
+    assert all(float(v[0]) > float(v[1:-1].max()) for v in rows.values())  # [CLS], a sink
+    view = TokenView(rows, tokens, scale_exclude=[0, n - 1])
+    page = view.save(tmp_path / "view.html")
+    looks = """(function () {
+      function look(element) {
+        var style = getComputedStyle(element);
+        return [style.backgroundColor, style.borderTopStyle, style.borderTopColor, style.color];
+      }
+      var spans = Array.prototype.map.call(document.querySelectorAll(".attnflow-tok"), look);
+      return {spans: spans, key: look(document.querySelector(".attnflow-key")),
+              scale: document.querySelector(".attnflow-scale").textContent};
+    })()"""
+    browser = Browser(chromium, FLAGS, page.as_uri(), tmp_path / "profile")
+    try:
+        browser.wait_for("document.querySelector('.attnflow-key') !== null")
+        shown = browser.evaluate(looks)
+    finally:
+        browser.close()
+    top = view.scale_max
+    for r, values in enumerate(rows.values()):
+        for i, value in enumerate(values):
+            background, border, _, _ = shown["spans"][r * n + i]
+            if i in (0, n - 1):  # the neutral look, as the legend's key
+                assert shown["spans"][r * n + i] == shown["key"], (r, i)
+                assert (background, border) == (NEUTRAL, "dashed"), (r, i)
+            else:  # the ramp, whatever the sinks' values
+                assert background == view._background(float(value))[0], (r, i)
+                assert border == "solid", (r, i)
+    assert shown["scale"].endswith(f"{top:.4g} (2 tokens left out of the scale)")
 
 
 def test_interactive_view_follows_its_controls_in_headless_chromium(tmp_path: Path) -> None:
@@ -144,15 +193,25 @@ def test_interactive_view_follows_its_controls_in_headless_chromium(tmp_path: Pa
             shown = [f"{float(v):.4g}" for v in values]
             assert step["values"] == shown, index
             assert step["titles"] == [f"{t}: {s}" for t, s in zip(tokens, shown, strict=True)]
-            colours = [_token_style(float(v), top, (192, 57, 43))[0] for v in values]
+            # Tokens in the scale on its ramp; the others neutral, whatever their value.
+            colours = [
+                _token_style(float(v), top, (192, 57, 43))[0] if inside else NEUTRAL
+                for v, inside in zip(values, in_scale, strict=True)
+            ]
             assert step["colours"] == colours, index
+            assert step["unscaled"] == (~in_scale).tolist(), index
+            assert step["borders"] == ["solid" if inside else "dashed" for inside in in_scale]
             assert step["current"] == [i == row for i in range(n)], index
             assert step["max"] == f"{top:.4g}"
+            assert step["scale"].endswith(f"{top:.4g} (2 tokens left out of the scale)")
             assert step["headHidden"] == (method == "rollout")
             if index == 0:  # the script redraws exactly what the page drew without it
                 assert re.findall(r'data-value="([^"]*)"', first) == step["values"]
+                drawn = re.findall(r'class="attnflow-tok[^"]*"(?: style="[^"]*")?', first)
+                assert ["attnflow-unscaled" in span for span in drawn] == step["unscaled"]
                 colours = re.findall(r"background-color: (rgb\([^)]*\))", first)
-                assert colours == step["colours"]
+                inside = zip(step["colours"], step["unscaled"], strict=True)
+                assert colours == [colour for colour, out in inside if not out]
         assert browser.evaluate("document.activeElement.tagName") == "SELECT"
         shot = browser.call("Page.captureScreenshot", format="png")["data"]
         assert base64.b64decode(shot)[:4] == b"\x89PNG"

@@ -65,6 +65,16 @@ def test_special_tokens_stay_in_the_data_but_out_of_the_colour_scale(tmp_path: P
         e.to_html(tmp_path / "e.html")
     full = e.to_html(scale_special=True)
     assert full != page
+    # In the page (the interactive view and its static fallback), the special tokens are
+    # drawn out of the scale, not in its full colour; the words keep the scale's colours.
+    spans = re.findall(r'<span class="attnflow-tok[^"]*"[^>]*>', page)
+    assert len(spans) == 5 * (1 + 3)  # the interactive row, then one static row per method
+    for i, span in enumerate(spans):
+        assert ("attnflow-unscaled" in span) == SPECIAL[i % 5], span
+        assert ("background-color" in span) != SPECIAL[i % 5], span
+    assert page.count("></span>2 tokens left out of the scale)") == 2  # after its key
+    unscaled = re.findall(r'<span class="[^"]*attnflow-unscaled', e.to_html(scale_special=True))
+    assert unscaled == []  # every token on the scale: no token, no key drawn out of it
 
 
 def test_dict_and_npz_round_trips_keep_everything(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -12,10 +13,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import attnflow
+from attnflow._html_script import INTERACTIVE_CSS
 from attnflow._sample import load_sample
-from attnflow.html import InteractiveView, TokenView
+from attnflow.html import _CSS, InteractiveView, TokenView
 
 VOID = {"meta", "br", "hr", "img", "input", "link"}
 
@@ -76,6 +80,35 @@ def rgb(style: str) -> tuple[int, int, int]:
     assert match, style
     red, green, blue = (int(group) for group in match.groups())
     return red, green, blue
+
+
+def ramp(
+    value: float, top: float, hue: tuple[int, int, int], *, half_up: bool = False
+) -> tuple[int, int, int]:
+    """The scale's colour of `value`: white to `hue` by value / top, clipped to [0, 1].
+
+    TokenView rounds with Python's round(); the interactive view as its script does,
+    halves up (`half_up`).
+    """
+    strength = min(1.0, max(0.0, value / top)) if top > 0 else 0.0
+    levels = [255 + (c - 255) * strength for c in hue]
+    red, green, blue = (math.floor(x + 0.5) if half_up else round(x) for x in levels)
+    return red, green, blue
+
+
+def unscaled(span: dict[str, str]) -> bool:
+    """Whether a token span has the out-of-scale look: the class, and no colour inline."""
+    marked = "attnflow-unscaled" in span["class"].split()
+    if marked:
+        assert "style" not in span, span  # no colour of the ramp, nor any other
+    return marked
+
+
+def scale_legend(text: str) -> str:
+    """The text of the (first) colour scale legend of a page."""
+    found = re.search(r'<div class="attnflow-scale">(.*?)</div>', text)
+    assert found, text
+    return re.sub(r"<[^>]*>", "", found.group(1))
 
 
 def test_page_is_well_formed_and_self_contained() -> None:
@@ -216,6 +249,87 @@ def test_accepts_every_backend(backend: Any) -> None:
     assert [float(span["data-value"]) for span in page.tokens] == [0.25, 0.75]
 
 
+# -- tokens left out of the scale ---------------------------------------------------------
+
+
+def test_excluded_tokens_get_no_colour_of_the_scale_but_the_neutral_look() -> None:
+    # [CLS] and [SEP] take most of the mass: clipped to full colour they would read as
+    # the strongest tokens. They must look out of the scale instead.
+    scores = {"rollout": np.array([0.7, 0.1, 0.04, 0.16]), "flow": np.array([0.5, 0.2, 0.1, 0.2])}
+    tokens = ["[CLS]", "cats", "sleep", "[SEP]"]
+    hue = (192, 57, 43)
+    view = TokenView(scores, tokens, scale_exclude=[0, -1])
+    page = parse(view.to_html())
+    assert view.scale_max == pytest.approx(0.2)  # over the words only
+    for row, values in enumerate(scores.values()):
+        spans = page.tokens[4 * row : 4 * row + 4]
+        assert [unscaled(span) for span in spans] == [True, False, False, True]
+        for span, value in zip(spans[1:3], values[1:3], strict=True):
+            assert rgb(span["style"]) == ramp(float(value), 0.2, hue)  # the ramp, as before
+        # Their values are shown exactly as the others' are.
+        assert [span["data-value"] for span in spans] == [f"{v:.4g}" for v in values]
+        assert [span["title"] for span in spans] == [
+            f"{t}: {v:.4g}" for t, v in zip(tokens, values, strict=True)
+        ]
+    assert rgb(page.tokens[5]["style"]) == hue  # flow's "cats", the largest in the scale
+    # The legend counts them, next to a key drawn as they are.
+    text = view.to_html()
+    assert scale_legend(text) == "00.2 (2 tokens left out of the scale)"
+    assert '(<span class="attnflow-unscaled attnflow-key" aria-hidden="true"></span>2 tok' in text
+    one = TokenView(np.array([0.9, 0.1]), ["[CLS]", "a"], scale_exclude=[0])
+    assert scale_legend(one.to_html()).endswith("0.1 (1 token left out of the scale)")
+    # Without exclusions: no out-of-scale token, no note, and the colours of old.
+    plain = TokenView(scores, tokens)
+    assert not any(unscaled(span) for span in parse(plain.to_html()).tokens)
+    assert "left out of the scale" not in plain.to_html()
+    assert "attnflow-unscaled" not in plain._body()
+
+
+def test_the_out_of_scale_look_is_one_class_of_the_shared_style_sheet() -> None:
+    rule = re.compile(r"\.attnflow-unscaled\s*\{([^}]*)\}")
+    assert len(rule.findall(_CSS)) == 1
+    assert "attnflow-unscaled" not in INTERACTIVE_CSS
+    (body,) = rule.findall(_CSS)
+    assert "dashed" in body
+    assert "background-color: #eeeeee" in body  # neutral grey, on no hue's ramp from white
+    for text in (
+        TokenView(np.ones(2), ["a", "b"], scale_exclude=[0]).to_html(),
+        _interactive(scale_exclude=[0, 5]).to_html(),
+        _interactive(scale_exclude=[0, 5])._repr_html_(),
+    ):
+        assert len(rule.findall(text)) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(-1.0, 10.0, allow_nan=False), min_size=1, max_size=7).flatmap(
+        lambda values: st.tuples(
+            st.just(values), st.lists(st.booleans(), min_size=len(values), max_size=len(values))
+        )
+    )
+)
+def test_every_view_draws_excluded_tokens_neutral_and_the_rest_on_the_ramp(
+    case: tuple[list[float], list[bool]],
+) -> None:
+    values, excluded = np.array(case[0]), np.array(case[1])
+    tokens = [f"t{i}" for i in range(len(values))]
+    positions = [int(i) for i in np.flatnonzero(excluded)]
+    top = max(0.0, float(values[~excluded].max(initial=0.0)))
+    hue = (30, 90, 200)
+    for text, half_up in (
+        (TokenView(values, tokens, color="#1e5ac8", scale_exclude=positions).to_html(), False),
+        (InteractiveView(values, tokens, color="#1e5ac8", scale_exclude=positions).to_html(), True),
+    ):
+        spans = parse(text).tokens
+        assert [unscaled(span) for span in spans] == excluded.tolist()
+        for span, value, out in zip(spans, values, excluded, strict=True):
+            assert span["data-value"] == f"{value:.4g}"
+            if not out:
+                assert rgb(span["style"]) == ramp(float(value), top, hue, half_up=half_up)
+        note = f"({len(positions)} token{'s' if len(positions) > 1 else ''} left out of the scale)"
+        assert scale_legend(text).endswith(note if positions else f"{top:.4g}")
+
+
 def test_importing_attnflow_html_imports_no_plotting_library() -> None:
     code = (
         "import sys, attnflow.html\n"
@@ -307,14 +421,17 @@ def test_interactive_first_render_shows_the_initial_choice() -> None:
     page = parse(view.to_html())
     values = view.scores["raw"][1, 1, 3]
     assert [span["data-value"] for span in page.tokens] == [f"{v:.4g}" for v in values]
-    assert [rgb(span["style"]) for span in page.tokens].count((192, 57, 43)) >= 1
-    for span, value in zip(page.tokens, values, strict=True):
+    assert [unscaled(span) for span in page.tokens] == [True, False, False, False, False, True]
+    inside = page.tokens[1:5]
+    assert [rgb(span["style"]) for span in inside].count((192, 57, 43)) >= 1
+    for span, value in zip(inside, values[1:5], strict=True):
         expected = TokenView(values, XSS, scale_exclude=[0, 5])._background(float(value))[0]
         assert span["style"].startswith(f"background-color: {expected};")
     assert [span.get("aria-current") for span in page.tokens] == [None] * 3 + ["true"] + [None] * 2
     assert [span.get("data-row") for span in page.tokens] == [str(i) for i in range(6)]
     assert all(span.get("tabindex") == "0" for span in page.tokens)  # keyboard reachable
     assert "raw, layer 2 of 3, row 3 (" in view.to_html()
+    assert scale_legend(view.to_html()).endswith(" (2 tokens left out of the scale)")
 
 
 def test_interactive_ids_are_unique_across_views_on_one_page() -> None:
