@@ -2,7 +2,8 @@
 
 The script is plain ES5 inside a function called with the view's element id: it reads the
 view's JSON data from ``<script type="application/json" id="ID-data">``, wires the
-controls and re-colours the token spans. It computes colours and formats values exactly
+controls and re-colours the token spans and, for a view with a patch grid, its cells (the
+token elements in document order: the leading spans, then the cells row by row). It computes colours and formats values exactly
 as the Python side does for the first render (see :func:`attnflow.html._token_style`),
 so a page looks the same before and after the script runs. Tokens left out of the scale
 get no colour of it: their inline colours are removed and the ``attnflow-unscaled`` class
@@ -25,6 +26,11 @@ INTERACTIVE_CSS = """\
   outline-offset: 1px; }
 .attnflow-interactive .attnflow-tok.attnflow-current { border-color: #222;
   box-shadow: inset 0 -3px 0 #222; }
+.attnflow-interactive .attnflow-cell[tabindex] { cursor: pointer; }
+.attnflow-interactive .attnflow-cell:focus-visible { outline: 2px solid #1a5fb4;
+  outline-offset: 1px; z-index: 6; }
+.attnflow-interactive .attnflow-cell.attnflow-current { border-color: #222;
+  box-shadow: inset 0 0 0 2px #222; }
 .attnflow-interactive .attnflow-status { font-size: 11px; color: #555; line-height: 1.4; }
 """
 
@@ -37,7 +43,8 @@ INTERACTIVE_JS = """\
   if (!root || !source || root.getAttribute("data-ready") === "1") { return; }
   root.setAttribute("data-ready", "1");
   var data = JSON.parse(source.textContent);
-  var tokens = root.querySelectorAll(".attnflow-tok");
+  /* Every token, in order: the spans and the cells of a patch grid (after the spans). */
+  var tokens = root.querySelectorAll(".attnflow-tok, .attnflow-cell");
   function control(name) { return root.querySelector('[data-control="' + name + '"]'); }
   function output(name) { return root.querySelector('[data-output="' + name + '"]'); }
   var method = control("method"), layer = control("layer"), row = control("row");

@@ -12,8 +12,10 @@ with :meth:`Explanation.load`.
 An image explanation (:func:`attnflow.adapters.torch.explain_image`) has the same tokens
 and scores, the tokens being the vision transformer's non-patch tokens (CLS, distillation,
 registers) followed by its patches row by row, plus the patch ``grid`` and the image the
-model saw; its figure draws the patch scores over that image and its terminal view is a
-summary (the non-patch tokens, the top patches, a character map of the grid).
+model saw; its figure draws the patch scores over that image, its HTML views (page and
+notebook) draw the patches as a grid of coloured cells below the non-patch tokens, and its
+terminal view is a summary (the non-patch tokens, the top patches, a character map of the
+grid).
 """
 
 from __future__ import annotations
@@ -266,6 +268,7 @@ class Explanation:
             self.tokens,
             title=self._heading(layer),
             scale_exclude=self._excluded(scale_special),
+            grid=self.grid,
         )
 
     def _interactive(self, layer: int, *, scale_special: bool) -> Any:
@@ -285,6 +288,7 @@ class Explanation:
             title=self._heading(None),
             scale_exclude=self._excluded(scale_special),
             layer=layer,
+            grid=self.grid,
         )
 
     def _render(self, layer: int, *, scale_special: bool, page: bool) -> str:
@@ -316,8 +320,9 @@ class Explanation:
 
         With several methods or layers the page picks them interactively (starting at
         `layer`), above the static table of every method at `layer` for readers without
-        scripts. The file is written atomically and never replaces an existing one unless
-        `overwrite`.
+        scripts. With a patch `grid` (an image) the patches are drawn as a grid of
+        coloured cells, the non-patch tokens (CLS, registers) as tokens above it. The file
+        is written atomically and never replaces an existing one unless `overwrite`.
         """
         from .html import _write_page
 

@@ -9,6 +9,9 @@ Jupyter-style notebooks (``_repr_html_``) and write a standalone page with ``sav
 In both, tokens left out of the scale (``scale_exclude``: ``[CLS]``, ``[SEP]``...) get
 no colour of it, so that none reads as the strongest: they are drawn light grey with a
 dashed outline (the ``attnflow-unscaled`` class), and the scale's legend counts them.
+With ``grid=(rows, cols)`` (an image: the last ``rows * cols`` tokens are its patches, row
+by row) both draw the patches as a grid of square cells, the tokens before them (CLS,
+registers) as spans above it.
 """
 
 from __future__ import annotations
@@ -43,6 +46,24 @@ _CSS = """\
 .attnflow-view .attnflow-tok { position: relative; display: inline-block;
   padding: 0 0.25em; margin: 0 1px; border-radius: 3px; white-space: pre;
   border: 1px solid #e4e4e4; line-height: 1.5; }
+.attnflow-view .attnflow-grids { display: flex; flex-wrap: wrap; gap: 0.6em 2em;
+  align-items: flex-start; }
+.attnflow-view .attnflow-grid-row { display: flex; flex-direction: column; }
+.attnflow-view .attnflow-grid-row .attnflow-label { min-width: 0; text-align: left; }
+.attnflow-view .attnflow-grid { display: grid; gap: 2px; width: max-content;
+  margin: 0.2em 0; }
+.attnflow-view .attnflow-cell { position: relative; box-sizing: border-box;
+  display: flex; align-items: center; justify-content: center; text-align: center;
+  border: 1px solid #e4e4e4; border-radius: 2px; font-size: 10px; line-height: 1.1; }
+.attnflow-view .attnflow-cell-text { overflow: hidden; max-width: 100%; max-height: 100%;
+  overflow-wrap: anywhere; }
+.attnflow-view .attnflow-grid-small .attnflow-cell-text { position: absolute; width: 1px;
+  height: 1px; overflow: hidden; clip: rect(0 0 0 0); white-space: nowrap; }
+.attnflow-view .attnflow-cell:hover { outline: 1px solid #333; z-index: 5; }
+.attnflow-view .attnflow-cell:hover::after { content: attr(title);
+  position: absolute; left: 50%; bottom: 110%; transform: translateX(-50%);
+  background: #222; color: #fff; font-size: 11px; line-height: 1.5; padding: 0 0.4em;
+  border-radius: 3px; white-space: pre; pointer-events: none; z-index: 10; }
 .attnflow-view .attnflow-unscaled { background-color: #eeeeee; color: #6b6b6b;
   border: 1px dashed #8c8c8c; }
 .attnflow-view .attnflow-tok:hover { outline: 1px solid #333; }
@@ -59,6 +80,13 @@ _CSS = """\
 
 #: The look of tokens left out of the colour scale (no colour of the scale; see _CSS).
 _UNSCALED = "attnflow-unscaled"
+
+#: About how wide (px) a grid of patches is drawn: a 14 x 14 grid has 33 px cells.
+_GRID_WIDTH = 500
+#: The gap between cells (px), as in _CSS.
+_GRID_GAP = 2
+#: The smallest and largest cells (px), and the smallest whose label is drawn in it.
+_CELL_MIN, _CELL_MAX, _CELL_LABELLED = 6, 64, 48
 
 
 def _parse_colour(colour: str) -> tuple[int, int, int]:
@@ -98,6 +126,13 @@ class TokenView:
         ``[SEP]``, which often take most of the mass): they are shown, with their values,
         but the scale's maximum is taken over the other tokens, and they get no colour of
         the scale (whatever their value) but a neutral look: light grey, dashed outline.
+    grid : tuple of (int, int), optional
+        Draw an image's patches as a grid: ``(rows, cols)`` says the last ``rows * cols``
+        tokens are patches, row by row, drawn as ``rows`` x ``cols`` square cells coloured
+        as the tokens would be (label and value in the tooltip, the label inside the cell
+        when cells are large enough); the tokens before them (CLS, distillation, register
+        tokens) are drawn as token spans above the grid. Several rows of scores are drawn
+        as grids side by side. None (the default): all tokens in one line.
 
     Attributes
     ----------
@@ -107,14 +142,17 @@ class TokenView:
         The token labels.
     title : str or None
         The heading.
+    grid : tuple of (int, int) or None
+        The patch grid ``(rows, cols)``, None for one line of tokens.
 
     Raises
     ------
     ValueError
         If a row is not one-dimensional or not finite, does not have one score per token,
-        `scores` is an empty mapping, or `color` is not ``'#rrggbb'``.
+        `scores` is an empty mapping, `color` is not ``'#rrggbb'``, or `grid` has a side
+        below 1 or more cells than there are tokens.
     TypeError
-        If `tokens` is not a sequence of strings.
+        If `tokens` is not a sequence of strings, or `grid` is not a pair of ints.
 
     See Also
     --------
@@ -131,6 +169,16 @@ class TokenView:
     >>> TokenView(rows, ["[CLS]", "a", "cat"])
     TokenView(rows=['raw', 'rollout'], tokens=3)
     >>> path = TokenView(rows, ["[CLS]", "a", "cat"]).save("tokens.html")  # doctest: +SKIP
+
+    A [CLS] token, then 2 x 2 patches drawn as a grid:
+
+    >>> patches = TokenView(
+    ...     np.array([0.4, 0.1, 0.3, 0.2, 0.0]),
+    ...     ["[CLS]", "(0,0)", "(0,1)", "(1,0)", "(1,1)"],
+    ...     grid=(2, 2),
+    ... )
+    >>> patches.to_html().count('class="attnflow-cell"')
+    4
     """
 
     def __init__(
@@ -142,6 +190,7 @@ class TokenView:
         color: str = "#c0392b",
         precision: int = 4,
         scale_exclude: Sequence[int] = (),
+        grid: tuple[int, int] | None = None,
     ) -> None:
         named: list[tuple[str | None, Any]]
         if isinstance(scores, Mapping):
@@ -173,6 +222,7 @@ class TokenView:
                 raise ValueError(msg)
         self.rows = rows
         self.tokens = tuple(check_tokens(tokens, n, "scores"))
+        self.grid = _checked_grid(grid, n)
         self.title = title
         self._rgb = _parse_colour(color)
         digits: object = precision
@@ -226,27 +276,39 @@ class TokenView:
         lines = ['<div class="attnflow-view">']
         if self.title is not None:
             lines.append(f'<div class="attnflow-title">{html.escape(self.title)}</div>')
+        first_cell = len(self.tokens) - _cells(self.grid)
+        if self.grid is not None:
+            lines.append('<div class="attnflow-grids">')
         for key, row in self.rows.items():
             spans = []
-            for token, value, in_scale in zip(self.tokens, row, self._in_scale, strict=True):
+            for i, (token, value, in_scale) in enumerate(
+                zip(self.tokens, row, self._in_scale, strict=True)
+            ):
                 shown = self._format(float(value))
                 escaped = html.escape(token, quote=True)
+                kind = "attnflow-cell" if i >= first_cell else "attnflow-tok"
                 if in_scale:
                     background, text = self._background(float(value))
-                    look = (
-                        'class="attnflow-tok" '
-                        f'style="background-color: {background}; color: {text}"'
-                    )
+                    look = f'class="{kind}" style="background-color: {background}; color: {text}"'
                 else:  # no colour of the scale, whatever the value: the neutral look
-                    look = f'class="attnflow-tok {_UNSCALED}"'
+                    look = f'class="{kind} {_UNSCALED}"'
                 spans.append(
-                    f'<span {look} title="{escaped}: {shown}" data-value="{shown}">{escaped}</span>'
+                    f'<span {look} title="{escaped}: {shown}" data-value="{shown}">'
+                    f"{_content(escaped, i >= first_cell)}</span>"
                 )
             label = "" if key is None else html.escape(key)
-            lines.append(
-                f'<div class="attnflow-row"><span class="attnflow-label">{label}</span>'
-                f"<span>{''.join(spans)}</span></div>"
-            )
+            if self.grid is None:
+                lines.append(
+                    f'<div class="attnflow-row"><span class="attnflow-label">{label}</span>'
+                    f"<span>{''.join(spans)}</span></div>"
+                )
+            else:
+                named = "" if key is None else f'<div class="attnflow-label">{label}</div>'
+                lines.append(
+                    f'<div class="attnflow-grid-row">{named}{_arranged(spans, self.grid)}</div>'
+                )
+        if self.grid is not None:
+            lines.append("</div>")
         top, _ = self._background(self.scale_max)
         lines.append(
             '<div class="attnflow-scale">0<span class="attnflow-bar" style="background: '
@@ -341,6 +403,13 @@ class InteractiveView:
         The token position of the row shown first (default: the first of `rows`).
     head : int, default 0
         The head shown first, for per-head scores.
+    grid : tuple of (int, int), optional
+        Draw an image's patches as a grid, as :class:`TokenView` does: ``(rows, cols)``
+        says the last ``rows * cols`` tokens are patches, row by row, drawn as ``rows`` x
+        ``cols`` square cells that the controls colour as they colour the tokens (value in
+        the tooltip; a click, or Enter on a focused cell, picks the cell's output row); the
+        tokens before them (CLS, registers) are drawn as token spans above the grid.
+        None (the default): all tokens in one line.
 
     Attributes
     ----------
@@ -355,15 +424,19 @@ class InteractiveView:
         The token labels.
     title : str or None
         The heading.
+    grid : tuple of (int, int) or None
+        The patch grid ``(rows, cols)``, None for one line of tokens.
 
     Raises
     ------
     ValueError
         If scores are not finite, have the wrong number of dimensions or of tokens, the
         methods do not share their rows, `rows` does not match them, an initial choice is
-        out of range, or `color` or `precision` is invalid.
+        out of range, `color` or `precision` is invalid, or `grid` has a side below 1 or
+        more cells than there are tokens.
     TypeError
-        If `tokens` is not a sequence of strings or a position is not an int.
+        If `tokens` is not a sequence of strings, a position is not an int, or `grid` is
+        not a pair of ints.
 
     See Also
     --------
@@ -412,6 +485,7 @@ class InteractiveView:
         layer: int = -1,
         row: int | None = None,
         head: int = 0,
+        grid: tuple[int, int] | None = None,
     ) -> None:
         named = (
             [(str(key), value) for key, value in scores.items()]
@@ -447,6 +521,7 @@ class InteractiveView:
                 )
                 raise ValueError(msg)
         self.tokens = tuple(check_tokens(tokens, n, "scores"))
+        self.grid = _checked_grid(grid, n)
         self.rows = _row_positions(rows, n_rows, n)
         self.title = title
         self._rgb = _parse_colour(color)
@@ -575,6 +650,7 @@ class InteractiveView:
             "</div>",
         ]
         spans = []
+        first_cell = len(self.tokens) - _cells(self.grid)
         for i, (token, value) in enumerate(zip(self.tokens, values, strict=True)):
             shown = f"{float(value):.{self._precision}g}"
             escaped = html.escape(token, quote=True)
@@ -584,19 +660,22 @@ class InteractiveView:
             if i == position:
                 extra += ' aria-current="true"'
             current = " attnflow-current" if i == position else ""
+            kind = "attnflow-cell" if i >= first_cell else "attnflow-tok"
             if self._in_scale[i]:
                 background, text = _token_style(float(value), top, self._rgb)
                 look = (
-                    f'class="attnflow-tok{current}" '
-                    f'style="background-color: {background}; color: {text}"'
+                    f'class="{kind}{current}" style="background-color: {background}; color: {text}"'
                 )
             else:  # no colour of the scale, as the script draws it
-                look = f'class="attnflow-tok{current} {_UNSCALED}"'
+                look = f'class="{kind}{current} {_UNSCALED}"'
             spans.append(
                 f'<span {look} title="{escaped}: {shown}" data-value="{shown}"{extra}>'
-                f"{escaped}</span>"
+                f"{_content(escaped, i >= first_cell)}</span>"
             )
-        lines.append(f'<div class="attnflow-row"><span>{"".join(spans)}</span></div>')
+        if self.grid is None:
+            lines.append(f'<div class="attnflow-row"><span>{"".join(spans)}</span></div>')
+        else:
+            lines.append(_arranged(spans, self.grid))
         full, _ = _token_style(top, top, self._rgb)
         status = [name, f"layer {layer_text}"]
         if position >= 0:
@@ -709,6 +788,74 @@ def _token_style(value: float, top: float, rgb: tuple[int, int, int]) -> tuple[s
     red, green, blue = (math.floor(255 + (c - 255) * strength + 0.5) for c in rgb)
     dark = 0.299 * red + 0.587 * green + 0.114 * blue < 140
     return f"rgb({red}, {green}, {blue})", "#fff" if dark else "#222"
+
+
+def _checked_grid(grid: object, n: int) -> tuple[int, int] | None:
+    """Validate a view's `grid` against its `n` tokens: None or (rows, cols) as ints."""
+    if grid is None:
+        return None
+    fix = (
+        "pass the patch grid (image height / patch size, image width / patch size), e.g. "
+        "grid=(14, 14) for a ViT-B/16 at 224 px, or leave `grid` out (None) for a line "
+        "of tokens"
+    )
+    if (
+        isinstance(grid, str | bytes)
+        or not isinstance(grid, Sequence)
+        or len(grid) != 2
+        or not all(
+            isinstance(side, int | np.integer) and not isinstance(side, bool) for side in grid
+        )
+    ):
+        msg = f"`grid` must be two ints (rows, cols); got {grid!r}: {fix}."
+        raise TypeError(msg)
+    rows, cols = int(grid[0]), int(grid[1])
+    if rows < 1 or cols < 1:
+        msg = f"`grid` must be two positive ints (rows, cols); got {(rows, cols)!r}: {fix}."
+        raise ValueError(msg)
+    if rows * cols > n:
+        msg = (
+            f"`grid` must have at most as many cells (rows * cols) as there are tokens ({n}), "
+            f"the patches being the last rows * cols tokens; got {(rows, cols)!r}, "
+            f"{rows * cols} cells: {fix}."
+        )
+        raise ValueError(msg)
+    return rows, cols
+
+
+def _cells(grid: tuple[int, int] | None) -> int:
+    """Return the number of tokens drawn as grid cells (0 without a grid)."""
+    return 0 if grid is None else grid[0] * grid[1]
+
+
+def _cell_size(grid: tuple[int, int]) -> int:
+    """Return the side (px) of a grid's square cells: its longer side about _GRID_WIDTH."""
+    side = max(grid)
+    fitting = (_GRID_WIDTH - _GRID_GAP * (side - 1)) // side
+    return min(_CELL_MAX, max(_CELL_MIN, fitting))
+
+
+def _content(escaped: str, cell: bool) -> str:
+    """Return a token element's content: its label, wrapped (to be clipped) in a cell."""
+    return f'<span class="attnflow-cell-text">{escaped}</span>' if cell else escaped
+
+
+def _arranged(elements: Sequence[str], grid: tuple[int, int]) -> str:
+    """Lay out the tokens' elements: the leading spans on a line, then the grid of cells."""
+    rows, cols = grid
+    first_cell = len(elements) - rows * cols
+    size = _cell_size(grid)
+    small = "" if size >= _CELL_LABELLED else " attnflow-grid-small"
+    parts = ['<div class="attnflow-patches">']
+    if first_cell:
+        parts.append(f'<div class="attnflow-extra">{"".join(elements[:first_cell])}</div>')
+    parts.append(
+        f'<div class="attnflow-grid{small}" data-rows="{rows}" data-cols="{cols}" '
+        f'style="grid-template-columns: repeat({cols}, {size}px); '
+        f'grid-auto-rows: {size}px">{"".join(elements[first_cell:])}</div>'
+    )
+    parts.append("</div>")
+    return "".join(parts)
 
 
 def _positions(given: object, n: int, name: str) -> list[int]:

@@ -217,3 +217,109 @@ def test_interactive_view_follows_its_controls_in_headless_chromium(tmp_path: Pa
         assert base64.b64decode(shot)[:4] == b"\x89PNG"
     finally:
         browser.close()
+
+
+# Where the browser draws each grid cell, and how it shows every token and cell.
+GRID_SNAPSHOT = """(function () {
+  var root = document.querySelector(".attnflow-interactive"), shown = {values: [],
+    titles: [], colours: [], borders: [], current: [], kinds: [], boxes: [],
+    status: root.querySelector('[data-output="status"]').textContent};
+  root.querySelectorAll(".attnflow-tok, .attnflow-cell").forEach(function (element) {
+    var box = element.getBoundingClientRect();
+    shown.values.push(element.getAttribute("data-value"));
+    shown.titles.push(element.title);
+    shown.colours.push(getComputedStyle(element).backgroundColor);
+    shown.borders.push(getComputedStyle(element).borderTopStyle);
+    shown.current.push(element.getAttribute("aria-current") === "true");
+    shown.kinds.push(element.classList.contains("attnflow-cell") ? "cell" : "tok");
+    shown.boxes.push([box.left, box.top, box.width, box.height]);
+  });
+  return shown;
+})()"""
+
+
+def test_interactive_grid_lays_out_and_follows_its_controls_in_headless_chromium(
+    tmp_path: Path,
+) -> None:
+    if "numpy" not in {v.library for v in selected_variants()}:
+        pytest.skip("rendered once per matrix run, in the numpy session")
+    chromium = _chromium()
+    rows, cols, extra = 3, 5, 2  # not square: rows and columns cannot be mistaken
+    tokens = ["[CLS]", "[REG1]"] + [f"({r},{c})" for r in range(rows) for c in range(cols)]
+    n = len(tokens)
+    rng = np.random.default_rng(7)
+    weights = rng.random((3, 2, n, n)) ** 4  # (layers, heads, n, n), uneven
+    weights /= weights.sum(-1, keepdims=True)
+    excluded = [0, 1, extra + 6]  # the non-patch tokens and the patch (1,1)
+    view = InteractiveView(
+        {"rollout": attnflow.rollout(weights, layers="all"), "raw": weights},
+        tokens,
+        scale_exclude=excluded,
+        grid=(rows, cols),
+    )
+    page = view.save(tmp_path / "view.html")
+    in_scale = np.ones(n, dtype=bool)
+    in_scale[excluded] = False
+
+    def focus(control: str) -> None:
+        browser.evaluate(f"document.querySelector('[data-control=\"{control}\"]').focus()")
+
+    steps = [
+        (lambda: None, ("rollout", 2, 0, 0)),
+        (lambda: (focus("method"), browser.press("ArrowDown")), ("raw", 2, 0, 0)),
+        (lambda: (focus("layer"), browser.press("ArrowLeft", 2)), ("raw", 0, 0, 0)),
+        (lambda: (focus("head"), browser.press("ArrowRight")), ("raw", 0, 1, 0)),
+        # A click on the cell (1,3) explains its row; Enter on the focused (2,0) too.
+        (lambda: browser.click(".attnflow-cell", cols + 3), ("raw", 0, 1, extra + cols + 3)),
+        (
+            lambda: (
+                browser.evaluate(
+                    f"document.querySelectorAll('.attnflow-cell')[{2 * cols}].focus()"
+                ),
+                browser.press("Enter"),
+            ),
+            ("raw", 0, 1, extra + 2 * cols),
+        ),
+        (lambda: (focus("layer"), browser.press("ArrowRight")), ("raw", 1, 1, extra + 2 * cols)),
+        (lambda: (focus("method"), browser.press("ArrowUp")), ("rollout", 1, 0, extra + 2 * cols)),
+    ]
+    browser = Browser(chromium, FLAGS, page.as_uri(), tmp_path / "profile")
+    try:
+        browser.wait_for("document.querySelector('[data-ready=\"1\"]') !== null")
+        for index, (act, (method, layer, head, row)) in enumerate(steps):
+            act()
+            step = browser.evaluate(GRID_SNAPSHOT)
+            where = f"{method}, layer {layer + 1} of 3, row {row} ({tokens[row]})"
+            if method == "raw":
+                where += f", head {head + 1} of 2"
+            assert step["status"] == where, index
+            assert step["kinds"] == ["tok"] * extra + ["cell"] * (rows * cols)
+            values = view.scores[method][layer, head, row]
+            top = max(0.0, float(values[in_scale].max()))
+            shown = [f"{float(v):.4g}" for v in values]
+            # Every token and cell shows its entry of the array: value, tooltip, colour.
+            assert step["values"] == shown, index
+            assert step["titles"] == [f"{t}: {s}" for t, s in zip(tokens, shown, strict=True)]
+            colours = [
+                _token_style(float(v), top, (192, 57, 43))[0] if inside else NEUTRAL
+                for v, inside in zip(values, in_scale, strict=True)
+            ]
+            assert step["colours"] == colours, index
+            assert step["borders"] == ["solid" if inside else "dashed" for inside in in_scale]
+            assert step["current"] == [i == row for i in range(n)], index
+            # The cells in rows x cols: a grid row shares its top, columns go left to right,
+            # rows top to bottom; cells are square; the leading tokens are above the grid.
+            boxes = np.array(step["boxes"])
+            cells = boxes[extra:].reshape(rows, cols, 4)
+            left, top_edge, width, height = (cells[..., k] for k in range(4))
+            assert (top_edge == top_edge[:, :1]).all(), index
+            assert (np.diff(left, axis=1) > 0).all(), index
+            assert (left == left[:1]).all(), index
+            assert (np.diff(top_edge, axis=0) > 0).all(), index
+            assert (width == height).all(), index
+            assert (width > 10).all(), index
+            assert (boxes[:extra, 1] + boxes[:extra, 3] <= top_edge.min()).all(), index
+        shot = browser.call("Page.captureScreenshot", format="png")["data"]
+        assert base64.b64decode(shot)[:4] == b"\x89PNG"
+    finally:
+        browser.close()

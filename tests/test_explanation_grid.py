@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -115,3 +117,77 @@ def test_bad_grids_and_images_are_refused(kwargs: dict[str, object], match: str)
     arguments: dict[str, object] = {"grid": (2, 3), **kwargs}
     with pytest.raises(ValueError, match=match):
         Explanation(TOKENS, {"raw": np.ones(8) / 8}, **arguments)  # type: ignore[arg-type]
+
+
+class Elements(HTMLParser):
+    """The token spans and grid cells of a page, in order: (kind, label, value, section)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.found: list[tuple[str, str, str, str]] = []
+        self.section = "view"
+        self._open: list[str] | None = None
+        self._depth = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "noscript":
+            self.section = "noscript"
+        classes = (dict(attrs).get("class") or "").split()
+        if self._open is not None:
+            self._depth += 1
+        kind = next(
+            (k for k in ("attnflow-tok", "attnflow-cell", "attnflow-grid") if k in classes), None
+        )
+        if kind == "attnflow-grid":
+            self.found.append(("grid", "", "", self.section))
+        elif kind is not None:
+            self._open = [kind, "", dict(attrs).get("data-value") or ""]
+            self._depth = 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._open is not None:
+            self._depth -= 1
+            if not self._depth:
+                kind, label, value = self._open
+                self.found.append((kind.removeprefix("attnflow-"), label, value, self.section))
+                self._open = None
+
+    def handle_data(self, data: str) -> None:
+        if self._open is not None:
+            self._open[1] += data
+
+
+def test_to_html_draws_the_patch_grid_below_the_non_patch_tokens(tmp_path: Path) -> None:
+    e = _explanation()
+    for text in (e.to_html(), e._repr_html_(), e.to_html(tmp_path / "e.html")):
+        parser = Elements()
+        parser.feed(text)
+        raw = e.scores["raw"][-1]  # the first method at the last layer, shown first
+        shown = [f"{v:.4g}" for v in raw]
+        view = [found[:3] for found in parser.found if found[3] == "view"]
+        assert view == [
+            ("tok", "[CLS]", shown[0]),
+            ("tok", "[REG1]", shown[1]),
+            ("grid", "", ""),
+            *(("cell", label, value) for label, value in zip(TOKENS[2:], shown[2:], strict=True)),
+        ]
+        # For readers without scripts: every method at that layer, each its own grid.
+        static = [found[:2] for found in parser.found if found[3] == "noscript"]
+        one = [
+            ("tok", "[CLS]"),
+            ("tok", "[REG1]"),
+            ("grid", ""),
+            *(("cell", t) for t in TOKENS[2:]),
+        ]
+        assert static == one * 2
+        assert 'data-rows="2" data-cols="3"' in text
+        # The non-patch tokens (special) are out of the scale; the patches on it.
+        assert len(re.findall(r'class="attnflow-cell" style="background-color: rgb', text)) == 18
+    # One method, one layer: the static view alone, with the grid.
+    single = Explanation(TOKENS, {"flow": np.linspace(0, 1, 8)}, special=SPECIAL, grid=(2, 3))
+    assert single.to_html().count('class="attnflow-cell"') == 6
+    assert "<script" not in single.to_html()
+    # A text explanation: a line of tokens, no grid.
+    text = Explanation(["a", "b"], {"raw": [[0.5, 0.5], [0.2, 0.8]]}).to_html()
+    assert 'class="attnflow-cell' not in text
+    assert 'class="attnflow-row"' in text

@@ -25,7 +25,7 @@ VOID = {"meta", "br", "hr", "img", "input", "link"}
 
 
 class Page(HTMLParser):
-    """Parse a page, check tags nest, and collect the token spans."""
+    """Parse a page, check tags nest, and collect the token spans and the grid cells."""
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -34,8 +34,12 @@ class Page(HTMLParser):
         self.errors: list[str] = []
         self.tokens: list[dict[str, str]] = []  # attributes plus "text"
         self.labels: list[str] = []
+        self.cells: list[dict[str, str]] = []  # attributes plus "text"
+        self.grids: list[dict[str, str]] = []  # the grids' attributes
         self._in_token: dict[str, str] | None = None
         self._in_label = False
+        self._in_cell: dict[str, str] | None = None
+        self._cell_depth = 0
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self.tags.append(tag)
@@ -43,6 +47,12 @@ class Page(HTMLParser):
         classes = attributes.get("class", "").split()
         if "attnflow-tok" in classes:
             self._in_token = {**attributes, "text": ""}
+        if self._in_cell is not None and tag not in VOID:
+            self._cell_depth += 1
+        if "attnflow-cell" in classes:
+            self._in_cell, self._cell_depth = {**attributes, "text": ""}, 1
+        if "attnflow-grid" in classes:
+            self.grids.append(attributes)
         if "attnflow-label" in classes:
             self._in_label = True
             self.labels.append("")
@@ -54,6 +64,11 @@ class Page(HTMLParser):
             self.errors.append(f"</{tag}> closes <{self.open[-1] if self.open else None}>")
             return
         self.open.pop()
+        if self._in_cell is not None:
+            self._cell_depth -= 1
+            if not self._cell_depth:
+                self.cells.append(self._in_cell)
+                self._in_cell = None
         if tag == "span" and self._in_token is not None:
             self.tokens.append(self._in_token)
             self._in_token = None
@@ -62,6 +77,8 @@ class Page(HTMLParser):
     def handle_data(self, data: str) -> None:
         if self._in_token is not None:
             self._in_token["text"] += data
+        if self._in_cell is not None:
+            self._in_cell["text"] += data
         if self._in_label:
             self.labels[-1] += data
 
@@ -511,3 +528,139 @@ def test_interactive_accepts_every_backend(backend: Any) -> None:
     native = backend.asarray(np.array([[0.25, 0.75], [0.5, 0.5]]), "float32")
     view = InteractiveView({"m": native}, ["a", "b"])
     np.testing.assert_array_equal(view.scores["m"][:, 0, 0], [[0.25, 0.75], [0.5, 0.5]])
+
+
+# -- patch grids (images) -----------------------------------------------------------------
+
+# A [CLS] and a register token, then 3 x 4 patches, row by row.
+GRID = (3, 4)
+PATCHES = [f"({r},{c})" for r in range(GRID[0]) for c in range(GRID[1])]
+GRID_TOKENS = ["[CLS]", "[REG1]", *PATCHES]
+
+
+def _grid_scores() -> np.ndarray:
+    return np.random.default_rng(4).random(len(GRID_TOKENS))
+
+
+def test_grid_draws_the_patches_as_cells_row_by_row_coloured_as_the_spans() -> None:
+    scores = {"rollout": _grid_scores(), "flow": _grid_scores()[::-1].copy()}
+    exclude = [0, 1, 2 + 5]  # the non-patch tokens and one patch, (1,1)
+    view = TokenView(scores, GRID_TOKENS, scale_exclude=exclude, grid=GRID)
+    line = TokenView(scores, GRID_TOKENS, scale_exclude=exclude)  # the same, on one line
+    assert view.grid == GRID
+    assert line.grid is None
+    text = view.to_html()
+    page, spans = parse(text), parse(line.to_html()).tokens
+    assert "http" not in text
+    assert "script" not in page.tags
+    assert [grid["data-rows"] for grid in page.grids] == ["3", "3"]  # one grid per row
+    assert [grid["data-cols"] for grid in page.grids] == ["4", "4"]
+    assert all("grid-template-columns: repeat(4, " in grid["style"] for grid in page.grids)
+    # Per row of scores: the two leading tokens as spans, the 12 patches as cells.
+    assert [span["text"] for span in page.tokens] == ["[CLS]", "[REG1]"] * 2
+    assert [cell["text"] for cell in page.cells] == PATCHES * 2  # row-major
+    n = len(GRID_TOKENS)
+    for r, values in enumerate(scores.values()):
+        cells = page.cells[12 * r : 12 * r + 12]
+        drawn = page.tokens[2 * r : 2 * r + 2] + cells
+        for i, (element, value) in enumerate(zip(drawn, values, strict=True)):
+            same = spans[n * r + i]  # the token's span with grid=None
+            assert element["data-value"] == same["data-value"] == f"{value:.4g}", (r, i)
+            assert element["title"] == same["title"] == f"{GRID_TOKENS[i]}: {value:.4g}"
+            assert unscaled(element) == unscaled(same) == (i in exclude), (r, i)
+            if i not in exclude:
+                assert element["style"] == same["style"], (r, i)
+                assert rgb(element["style"]) == ramp(float(value), view.scale_max, (192, 57, 43))
+    # The leading tokens come before their grid, and the legend is the line view's.
+    grids = [m.start() for m in re.finditer(r'class="attnflow-grid[ "]', text)]
+    labels = [m.start() for m in re.finditer(r">\[REG1\]<", text)]
+    assert len(grids) == len(labels) == 2
+    assert labels[0] < grids[0] < labels[1] < grids[1]
+    assert scale_legend(text) == scale_legend(line.to_html())
+    assert page.labels == ["rollout", "flow"]
+
+
+def test_interactive_grid_draws_the_initial_choice_in_its_cells() -> None:
+    rng = np.random.default_rng(5)
+    weights = rng.random((2, 2, 14, 14))
+    weights /= weights.sum(-1, keepdims=True)
+    scores = {"rollout": attnflow.rollout(weights, layers="all"), "raw": weights}
+    options: dict[str, Any] = {"scale_exclude": [0, 9], "method": "raw", "layer": 0, "row": 4}
+    view = InteractiveView(scores, GRID_TOKENS, grid=GRID, **options)
+    line = InteractiveView(scores, GRID_TOKENS, **options)
+    page, spans = parse(view.to_html()), parse(line.to_html()).tokens
+    assert [span["text"] for span in page.tokens] == ["[CLS]", "[REG1]"]
+    assert [cell["text"] for cell in page.cells] == PATCHES
+    drawn = page.tokens + page.cells
+    values = view.scores["raw"][0, 0, 4]
+    assert [element["data-value"] for element in drawn] == [f"{v:.4g}" for v in values]
+    for element, same in zip(drawn, spans, strict=True):
+        assert element.get("style") == same.get("style")
+        assert element["title"] == same["title"]
+        assert unscaled(element) == unscaled(same)
+        # Every token is a row: cells are clickable and focusable as the spans are.
+        for name in ("data-row", "tabindex", "role", "aria-current"):
+            assert element.get(name) == same.get(name), name
+        assert element["class"].split()[1:] == same["class"].split()[1:]
+    assert page.cells[2]["aria-current"] == "true"  # row 4: the cell (0,2)
+    assert "attnflow-current" in page.cells[2]["class"].split()
+    assert _data(view.to_html())[0]["tokens"] == GRID_TOKENS
+    assert 'class="attnflow-row"' not in view.to_html()  # no line of all the tokens
+
+
+def test_grid_cells_are_square_and_a_vit_grid_fits_about_500_px() -> None:
+    def sizes(grid: tuple[int, int], extra: int = 1) -> tuple[int, bool]:
+        n = extra + grid[0] * grid[1]
+        text = TokenView(np.ones(n), [f"t{i}" for i in range(n)], grid=grid).to_html()
+        (attributes,) = parse(text).grids
+        found = re.search(r"repeat\((\d+), (\d+)px\); grid-auto-rows: (\d+)px", attributes["style"])
+        assert found
+        assert int(found.group(1)) == grid[1]
+        assert found.group(2) == found.group(3)  # square
+        return int(found.group(2)), "attnflow-grid-small" in attributes["class"].split()
+
+    size, small = sizes((14, 14))
+    assert 450 <= 14 * size + 13 * 2 <= 520
+    assert small  # labels in the tooltip only
+    size, small = sizes((2, 3), extra=0)
+    assert size >= 48
+    assert not small  # large enough for the labels
+    size, _ = sizes((37, 37), extra=5)  # DINOv2 at 518 px
+    assert 37 * size <= 600
+
+
+@pytest.mark.parametrize(
+    ("grid", "error", "match"),
+    [
+        ((0, 3), ValueError, r"`grid` must be two positive ints \(rows, cols\); got \(0, 3\)"),
+        ((3, -1), ValueError, r"`grid` must be two positive ints .*got \(3, -1\)"),
+        ((3.0, 4), TypeError, r"`grid` must be two ints \(rows, cols\); got \(3\.0, 4\)"),
+        ((True, 4), TypeError, r"`grid` must be two ints"),
+        ("34", TypeError, r"`grid` must be two ints \(rows, cols\); got '34'"),
+        ((3, 4, 1), TypeError, r"`grid` must be two ints"),
+        (12, TypeError, r"`grid` must be two ints \(rows, cols\); got 12"),
+        ((4, 4), ValueError, r"at most as many cells .* tokens \(14\).*got \(4, 4\), 16 cells"),
+        ((1, 15), ValueError, r"got \(1, 15\), 15 cells"),
+    ],
+)
+def test_bad_grids_are_refused_before_any_rendering(
+    grid: object, error: type[Exception], match: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def render(*args: object) -> str:
+        msg = "rendered"
+        raise AssertionError(msg)
+
+    import attnflow.html as module
+
+    for name in ("_arranged", "_content", "_token_style"):
+        monkeypatch.setattr(module, name, render)
+    monkeypatch.setattr(TokenView, "_body", render)
+    monkeypatch.setattr(InteractiveView, "_body", render)
+    scores = _grid_scores()
+    for make in (TokenView, InteractiveView):
+        with pytest.raises(error, match=match) as raised:
+            make(scores, GRID_TOKENS, grid=grid)  # type: ignore[arg-type]
+        assert "e.g. grid=(14, 14)" in str(raised.value)  # and how to fix it
+    # The largest grid the tokens allow, and a grid of numpy ints, are fine.
+    assert TokenView(scores, GRID_TOKENS, grid=(2, 7)).grid == (2, 7)
+    assert InteractiveView(scores, GRID_TOKENS, grid=(np.int64(3), np.int64(4))).grid == GRID
