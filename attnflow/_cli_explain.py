@@ -47,7 +47,14 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
         "--target", type=int, default=None, help="gradient_rollout: the class (default: predicted)"
     )
     parser.add_argument(
-        "--row", type=int, default=0, help="the output position explained (default 0: [CLS])"
+        "--rows",
+        "--row",
+        dest="row",
+        metavar="N",
+        type=_one_row,
+        default=0,
+        help="the output position explained, one integer (default 0: [CLS]); --row is the "
+        "same option",
     )
     parser.add_argument(
         "--top",
@@ -71,6 +78,18 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
         "--save", help="also write the explanation's data here (.npz, with its metadata as JSON)"
     )
     parser.add_argument("--force", action="store_true", help="replace existing outputs")
+
+
+def _one_row(text: str) -> int:
+    """``--rows`` of ``explain``: one output position (an explanation is of one row)."""
+    try:
+        return int(text)
+    except ValueError:
+        msg = (
+            f"explain explains one output position: --rows takes one integer, got {text!r}; "
+            "for several rows at once use attnflow rollout/flow --rows 0,4"
+        )
+        raise argparse.ArgumentTypeError(msg) from None
 
 
 def run_explain(args: argparse.Namespace) -> int:

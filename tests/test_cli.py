@@ -275,6 +275,18 @@ def test_demo_writes_its_page_and_figures_and_keeps_them(
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.endswith(".tmp")]
 
 
+def test_explain_takes_one_row_and_says_where_several_go(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Refused while parsing, before any model folder is read (none exists here).
+    argv = ["explain", "--model", str(tmp_path / "none"), "some text", "--rows", "0,4"]
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--rows takes one integer, got '0,4'" in err
+    assert "attnflow rollout/flow --rows 0,4" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("argv", "suggestion"),
     [

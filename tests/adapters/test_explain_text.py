@@ -133,3 +133,16 @@ def test_the_command_prints_the_table_and_writes_the_page(folder: str, tmp_path:
     assert again.returncode == 2
     assert "exists; pass --force" in again.stderr
     assert again.stdout == ""  # refused before the model runs, nothing printed
+
+
+def test_the_command_explains_the_row_given_by_rows_or_row(
+    folder: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attnflow._cli import main
+
+    tables = []
+    for flag in ("--rows", "--row"):
+        assert main(["explain", "--model", folder, TEXT, flag, "5", "--method", "rollout"]) == 0
+        tables.append(capsys.readouterr().out)
+    assert tables[0] == tables[1]
+    assert tables[0].splitlines()[0] == "row 5 (cabinets), layer 6 of 6"
