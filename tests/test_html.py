@@ -3,129 +3,20 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 import subprocess
 import sys
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from html_pages import parse, ramp, rgb, scale_legend, unscaled
 
 import attnflow
 from attnflow._html_script import INTERACTIVE_CSS
 from attnflow._sample import load_sample
 from attnflow.html import _CSS, InteractiveView, TokenView
-
-VOID = {"meta", "br", "hr", "img", "input", "link"}
-
-
-class Page(HTMLParser):
-    """Parse a page, check tags nest, and collect the token spans and the grid cells."""
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.open: list[str] = []
-        self.tags: list[str] = []
-        self.errors: list[str] = []
-        self.tokens: list[dict[str, str]] = []  # attributes plus "text"
-        self.labels: list[str] = []
-        self.cells: list[dict[str, str]] = []  # attributes plus "text"
-        self.grids: list[dict[str, str]] = []  # the grids' attributes
-        self._in_token: dict[str, str] | None = None
-        self._in_label = False
-        self._in_cell: dict[str, str] | None = None
-        self._cell_depth = 0
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append(tag)
-        attributes = {name: value or "" for name, value in attrs}
-        classes = attributes.get("class", "").split()
-        if "attnflow-tok" in classes:
-            self._in_token = {**attributes, "text": ""}
-        if self._in_cell is not None and tag not in VOID:
-            self._cell_depth += 1
-        if "attnflow-cell" in classes:
-            self._in_cell, self._cell_depth = {**attributes, "text": ""}, 1
-        if "attnflow-grid" in classes:
-            self.grids.append(attributes)
-        if "attnflow-label" in classes:
-            self._in_label = True
-            self.labels.append("")
-        if tag not in VOID:
-            self.open.append(tag)
-
-    def handle_endtag(self, tag: str) -> None:
-        if not self.open or self.open[-1] != tag:
-            self.errors.append(f"</{tag}> closes <{self.open[-1] if self.open else None}>")
-            return
-        self.open.pop()
-        if self._in_cell is not None:
-            self._cell_depth -= 1
-            if not self._cell_depth:
-                self.cells.append(self._in_cell)
-                self._in_cell = None
-        if tag == "span" and self._in_token is not None:
-            self.tokens.append(self._in_token)
-            self._in_token = None
-        self._in_label = False
-
-    def handle_data(self, data: str) -> None:
-        if self._in_token is not None:
-            self._in_token["text"] += data
-        if self._in_cell is not None:
-            self._in_cell["text"] += data
-        if self._in_label:
-            self.labels[-1] += data
-
-
-def parse(text: str) -> Page:
-    page = Page()
-    page.feed(text)
-    page.close()
-    assert page.errors == []
-    assert page.open == []
-    return page
-
-
-def rgb(style: str) -> tuple[int, int, int]:
-    match = re.search(r"background-color: rgb\((\d+), (\d+), (\d+)\)", style)
-    assert match, style
-    red, green, blue = (int(group) for group in match.groups())
-    return red, green, blue
-
-
-def ramp(
-    value: float, top: float, hue: tuple[int, int, int], *, half_up: bool = False
-) -> tuple[int, int, int]:
-    """The scale's colour of `value`: white to `hue` by value / top, clipped to [0, 1].
-
-    TokenView rounds with Python's round(); the interactive view as its script does,
-    halves up (`half_up`).
-    """
-    strength = min(1.0, max(0.0, value / top)) if top > 0 else 0.0
-    levels = [255 + (c - 255) * strength for c in hue]
-    red, green, blue = (math.floor(x + 0.5) if half_up else round(x) for x in levels)
-    return red, green, blue
-
-
-def unscaled(span: dict[str, str]) -> bool:
-    """Whether a token span has the out-of-scale look: the class, and no colour inline."""
-    marked = "attnflow-unscaled" in span["class"].split()
-    if marked:
-        assert "style" not in span, span  # no colour of the ramp, nor any other
-    return marked
-
-
-def scale_legend(text: str) -> str:
-    """The text of the (first) colour scale legend of a page."""
-    found = re.search(r'<div class="attnflow-scale">(.*?)</div>', text)
-    assert found, text
-    return re.sub(r"<[^>]*>", "", found.group(1))
 
 
 def test_page_is_well_formed_and_self_contained() -> None:
@@ -315,36 +206,6 @@ def test_the_out_of_scale_look_is_one_class_of_the_shared_style_sheet() -> None:
         _interactive(scale_exclude=[0, 5])._repr_html_(),
     ):
         assert len(rule.findall(text)) == 1
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    st.lists(st.floats(-1.0, 10.0, allow_nan=False), min_size=1, max_size=7).flatmap(
-        lambda values: st.tuples(
-            st.just(values), st.lists(st.booleans(), min_size=len(values), max_size=len(values))
-        )
-    )
-)
-def test_every_view_draws_excluded_tokens_neutral_and_the_rest_on_the_ramp(
-    case: tuple[list[float], list[bool]],
-) -> None:
-    values, excluded = np.array(case[0]), np.array(case[1])
-    tokens = [f"t{i}" for i in range(len(values))]
-    positions = [int(i) for i in np.flatnonzero(excluded)]
-    top = max(0.0, float(values[~excluded].max(initial=0.0)))
-    hue = (30, 90, 200)
-    for text, half_up in (
-        (TokenView(values, tokens, color="#1e5ac8", scale_exclude=positions).to_html(), False),
-        (InteractiveView(values, tokens, color="#1e5ac8", scale_exclude=positions).to_html(), True),
-    ):
-        spans = parse(text).tokens
-        assert [unscaled(span) for span in spans] == excluded.tolist()
-        for span, value, out in zip(spans, values, excluded, strict=True):
-            assert span["data-value"] == f"{value:.4g}"
-            if not out:
-                assert rgb(span["style"]) == ramp(float(value), top, hue, half_up=half_up)
-        note = f"({len(positions)} token{'s' if len(positions) > 1 else ''} left out of the scale)"
-        assert scale_legend(text).endswith(note if positions else f"{top:.4g}")
 
 
 def test_importing_attnflow_html_imports_no_plotting_library() -> None:
