@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -136,6 +137,33 @@ def test_token_view_draws_excluded_tokens_neutral_in_headless_chromium(tmp_path:
     assert shown["scale"].endswith(f"{top:.4g} (2 tokens left out of the scale)")
 
 
+def _assert_shows(
+    step: dict[str, Any],
+    values: np.ndarray,
+    tokens: list[str],
+    in_scale: np.ndarray,
+    row: int,
+    index: int,
+) -> float:
+    """Check that every token shows its entry of `values`; return the scale's top.
+
+    Value, tooltip, computed background (tokens in the scale on its ramp, the others
+    neutral whatever their value), border and the current-row marker.
+    """
+    top = max(0.0, float(values[in_scale].max()))
+    shown = [f"{float(v):.4g}" for v in values]
+    assert step["values"] == shown, index
+    assert step["titles"] == [f"{t}: {s}" for t, s in zip(tokens, shown, strict=True)]
+    colours = [
+        _token_style(float(v), top, (192, 57, 43))[0] if inside else NEUTRAL
+        for v, inside in zip(values, in_scale, strict=True)
+    ]
+    assert step["colours"] == colours, index
+    assert step["borders"] == ["solid" if inside else "dashed" for inside in in_scale]
+    assert step["current"] == [i == row for i in range(len(values))], index
+    return top
+
+
 def test_interactive_view_follows_its_controls_in_headless_chromium(tmp_path: Path) -> None:
     if "numpy" not in {v.library for v in selected_variants()}:
         pytest.skip("rendered once per matrix run, in the numpy session")
@@ -189,19 +217,8 @@ def test_interactive_view_follows_its_controls_in_headless_chromium(tmp_path: Pa
                 where += f", head {head + 1} of {heads}"
             assert step["status"] == where, index
             values = view.scores[method][layer, head, row]
-            top = max(0.0, float(values[in_scale].max()))
-            shown = [f"{float(v):.4g}" for v in values]
-            assert step["values"] == shown, index
-            assert step["titles"] == [f"{t}: {s}" for t, s in zip(tokens, shown, strict=True)]
-            # Tokens in the scale on its ramp; the others neutral, whatever their value.
-            colours = [
-                _token_style(float(v), top, (192, 57, 43))[0] if inside else NEUTRAL
-                for v, inside in zip(values, in_scale, strict=True)
-            ]
-            assert step["colours"] == colours, index
+            top = _assert_shows(step, values, tokens, in_scale, row, index)
             assert step["unscaled"] == (~in_scale).tolist(), index
-            assert step["borders"] == ["solid" if inside else "dashed" for inside in in_scale]
-            assert step["current"] == [i == row for i in range(n)], index
             assert step["max"] == f"{top:.4g}"
             assert step["scale"].endswith(f"{top:.4g} (2 tokens left out of the scale)")
             assert step["headHidden"] == (method == "rollout")
@@ -294,19 +311,8 @@ def test_interactive_grid_lays_out_and_follows_its_controls_in_headless_chromium
                 where += f", head {head + 1} of 2"
             assert step["status"] == where, index
             assert step["kinds"] == ["tok"] * extra + ["cell"] * (rows * cols)
-            values = view.scores[method][layer, head, row]
-            top = max(0.0, float(values[in_scale].max()))
-            shown = [f"{float(v):.4g}" for v in values]
             # Every token and cell shows its entry of the array: value, tooltip, colour.
-            assert step["values"] == shown, index
-            assert step["titles"] == [f"{t}: {s}" for t, s in zip(tokens, shown, strict=True)]
-            colours = [
-                _token_style(float(v), top, (192, 57, 43))[0] if inside else NEUTRAL
-                for v, inside in zip(values, in_scale, strict=True)
-            ]
-            assert step["colours"] == colours, index
-            assert step["borders"] == ["solid" if inside else "dashed" for inside in in_scale]
-            assert step["current"] == [i == row for i in range(n)], index
+            _assert_shows(step, view.scores[method][layer, head, row], tokens, in_scale, row, index)
             # The cells in rows x cols: a grid row shares its top, columns go left to right,
             # rows top to bottom; cells are square; the leading tokens are above the grid.
             boxes = np.array(step["boxes"])
