@@ -38,18 +38,23 @@ def _chromium() -> str:
     return found
 
 
-def test_token_view_renders_in_headless_chromium(tmp_path: Path) -> None:
-    if "numpy" not in {v.library for v in selected_variants()}:
-        pytest.skip("rendered once per matrix run, in the numpy session")
-    chromium = _chromium()
+def _cls_rows_of_the_sample() -> tuple[list[str], dict[str, np.ndarray]]:
+    """The real tokens of the shipped sample's first sentence, and its [CLS] rollout and flow."""
     sample = load_sample()
     real = np.flatnonzero(sample.mask[0])
     tokens = [sample.tokens[0][i] for i in real]
     one = sample.attentions[:1][..., real, :][..., real]
-    rows = {
+    return tokens, {
         "rollout": attnflow.rollout(one, rows=0)[0],
         "flow": attnflow.flow(one, rows=0)[0],
     }
+
+
+def test_token_view_renders_in_headless_chromium(tmp_path: Path) -> None:
+    if "numpy" not in {v.library for v in selected_variants()}:
+        pytest.skip("rendered once per matrix run, in the numpy session")
+    chromium = _chromium()
+    tokens, rows = _cls_rows_of_the_sample()
     page = TokenView(rows, tokens, title="[CLS]").save(tmp_path / "view.html")
     profile = ["--user-data-dir=" + str(tmp_path / "profile")]
 
@@ -100,11 +105,7 @@ def test_token_view_draws_excluded_tokens_neutral_in_headless_chromium(tmp_path:
     if "numpy" not in {v.library for v in selected_variants()}:
         pytest.skip("rendered once per matrix run, in the numpy session")
     chromium = _chromium()
-    sample = load_sample()
-    real = np.flatnonzero(sample.mask[0])
-    tokens = [sample.tokens[0][i] for i in real]
-    one = sample.attentions[:1][..., real, :][..., real]
-    rows = {"rollout": attnflow.rollout(one, rows=0)[0], "flow": attnflow.flow(one, rows=0)[0]}
+    tokens, rows = _cls_rows_of_the_sample()
     n = len(tokens)
     assert all(float(v[0]) > float(v[1:-1].max()) for v in rows.values())  # [CLS], a sink
     view = TokenView(rows, tokens, scale_exclude=[0, n - 1])
