@@ -641,21 +641,23 @@ def flow(
     """
     _check_flow_options(n_jobs, executor, progress, normalize, max_work)
     prepared = prepare_attention(
-        attentions,
-        heads=heads,
-        residual=residual,
-        rows=rows,
-        layers=layers,
-        mask=mask,
-        validate=validate,
-        xp=xp,
-        allow_each=True,
-        threshold=threshold,
-        top_k=top_k,
-        discard=discard,
-        receptive_field=receptive_field,
-        exclude=exclude,
-        renormalize=renormalize,
+        check_arguments(
+            attentions,
+            heads=heads,
+            residual=residual,
+            rows=rows,
+            layers=layers,
+            mask=mask,
+            validate=validate,
+            xp=xp,
+            allow_each=True,
+            threshold=threshold,
+            top_k=top_k,
+            discard=discard,
+            receptive_field=receptive_field,
+            exclude=exclude,
+            renormalize=renormalize,
+        )
     )
     estimate = _cost_of(prepared, _host_mask(prepared))
     if max_work is not None and estimate.edge_visits > max_work:

@@ -217,61 +217,25 @@ def check_arguments(
     )
 
 
-def prepare_attention(
-    attentions: Any,
-    *,
-    heads: object,
-    residual: object,
-    rows: object,
-    layers: object,
-    mask: Any,
-    validate: object,
-    xp: Namespace | None,
-    allow_each: bool = False,
-    threshold: object = None,
-    top_k: object = None,
-    discard: object = None,
-    receptive_field: object = False,
-    exclude: object = None,
-    renormalize: object = False,
-) -> PreparedAttention:
-    """Check every argument, then mask, normalise and fuse the used layers.
+def prepare_attention(checked: CheckedArguments) -> PreparedAttention:
+    """Mask, normalise and fuse the used layers of a call whose arguments are checked.
 
-    All checks on shapes, dtypes and options run before any arithmetic
-    (:func:`check_arguments`); value checks follow, on the layers that are used; only then
-    is anything computed. `allow_each` admits ``heads="each"`` (rollout and flow), which
-    also keeps the heads of the reported layers; the pruning, `receptive_field` and
-    `exclude` options are only checked here and applied by the method. `renormalize`
-    divides the rows of every input matrix by their sum instead of requiring them to sum
-    to one (value-aware token-mixing matrices); the values are then checked to be finite
-    and non-negative only.
+    Every check on shapes, dtypes and options has run (:func:`check_arguments`, with
+    ``allow_each=True`` for rollout and flow, which keeps the heads of the reported layers
+    for ``heads="each"``); value checks follow here, on the layers that are used; only then
+    is anything computed. The pruning, `receptive_field` and `exclude` options were checked
+    there and are applied by the method. With `renormalize` the rows of every input
+    matrix are divided by their sum instead of required to sum to one (value-aware
+    token-mixing matrices); the values are then checked to be finite and non-negative only.
     """
-    checked = check_arguments(
-        attentions,
-        heads=heads,
-        residual=residual,
-        rows=rows,
-        layers=layers,
-        mask=mask,
-        validate=validate,
-        xp=xp,
-        allow_each=allow_each,
-        threshold=threshold,
-        top_k=top_k,
-        discard=discard,
-        receptive_field=receptive_field,
-        exclude=exclude,
-        renormalize=renormalize,
-    )
     renormalize = checked.renormalize
-    fused_input = heads is None
     namespace, layout, mask = checked.xp, checked.layout, checked.mask
+    fused_input = layout.n_heads is None  # heads=None: the input's heads are fused
     arrays, stacked, spec = checked.arrays, checked.stacked, checked.spec
     used_layers, all_layers = checked.used_layers, checked.all_layers
     do_validate, normalise_field = checked.validate, checked.receptive_field
     boundary, alpha, selected_rows = checked.boundary, checked.residual, checked.rows
     pruning, excluded = checked.pruning, checked.exclude
-    _ = threshold, top_k, discard  # checked above, applied by the method
 
     # Layers above the requested one never influence it: they are neither stacked nor read.
     if arrays is not None:

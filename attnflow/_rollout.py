@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from ._namespace import array_device
-from ._prepare import PreparedAttention, prepare_attention, select_rows
+from ._prepare import PreparedAttention, check_arguments, prepare_attention, select_rows
 from ._pruning import prune
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
@@ -485,21 +485,23 @@ def rollout(
     array([0.    , 0.3469, 0.6531])
     """
     prepared = prepare_attention(
-        attentions,
-        heads=heads,
-        residual=residual,
-        rows=rows,
-        layers=layers,
-        mask=mask,
-        validate=validate,
-        xp=xp,
-        allow_each=True,
-        threshold=threshold,
-        top_k=top_k,
-        discard=discard,
-        receptive_field=receptive_field,
-        exclude=exclude,
-        renormalize=renormalize,
+        check_arguments(
+            attentions,
+            heads=heads,
+            residual=residual,
+            rows=rows,
+            layers=layers,
+            mask=mask,
+            validate=validate,
+            xp=xp,
+            allow_each=True,
+            threshold=threshold,
+            top_k=top_k,
+            discard=discard,
+            receptive_field=receptive_field,
+            exclude=exclude,
+            renormalize=renormalize,
+        )
     )
     result = _compose(prepared)
     if prepared.receptive_field or prepared.exclude:
@@ -575,13 +577,15 @@ def raw(
            [1. , 0. ]])
     """
     prepared = prepare_attention(
-        attentions,
-        heads=heads,
-        residual=0.0,
-        rows=rows,
-        layers=layers,
-        mask=mask,
-        validate=validate,
-        xp=xp,
+        check_arguments(
+            attentions,
+            heads=heads,
+            residual=0.0,
+            rows=rows,
+            layers=layers,
+            mask=mask,
+            validate=validate,
+            xp=xp,
+        )
     )
     return prepared.boundary.restore(_select(prepared, prepared.fused))  # type: ignore[no-any-return]

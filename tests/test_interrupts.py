@@ -102,14 +102,16 @@ def test_long_problems_are_cut_into_short_tasks_with_the_same_values(
     estimate = flow_module._solve_seconds(5, 2, 24)
     monkeypatch.setattr(flow_module, "TASK_SECONDS", estimate / 5)
     prepared = flow_module.prepare_attention(
-        weights,
-        heads="mean",
-        residual=0.5,
-        rows=[0, 5],
-        layers="last",
-        mask=None,
-        validate=True,
-        xp=None,
+        flow_module.check_arguments(
+            weights,
+            heads="mean",
+            residual=0.5,
+            rows=[0, 5],
+            layers="last",
+            mask=None,
+            validate=True,
+            xp=None,
+        )
     )
     mixed = flow_module._capacities(prepared, np.asarray(prepared.fused), None, head_axis=False)
     tasks = flow_module._plan(prepared, mixed, None).tasks
