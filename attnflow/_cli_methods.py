@@ -140,6 +140,18 @@ def _pruning_options(args: argparse.Namespace) -> dict[str, object]:
     return {name: value for name, value in given.items() if value is not None}
 
 
+def _output_and_selection(parser: argparse.ArgumentParser, *, name: str) -> None:
+    """``-o``, ``--force``, ``--rows`` and ``--layers``: every method command has them."""
+    parser.add_argument(
+        "-o", "--output", help=f"the .npz to write (default: INPUT_STEM.{name}.npz)"
+    )
+    parser.add_argument("--force", action="store_true", help="replace an existing output")
+    parser.add_argument(
+        "--rows", default="all", help="output positions: 'all', an integer or a list (0,4)"
+    )
+    parser.add_argument("--layers", default="last", help="'last', 'all' or a layer index")
+
+
 def configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
     """Add the options shared by ``rollout``, ``flow`` and ``raw`` (and flow's own)."""
     parser.add_argument(
@@ -148,14 +160,7 @@ def configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
         "(*batch, layers, heads, n, n); never unpickled",
     )
     parser.add_argument("--key", help="the array to read from an .npz/.safetensors file")
-    parser.add_argument(
-        "-o", "--output", help=f"the .npz to write (default: INPUT_STEM.{method}.npz)"
-    )
-    parser.add_argument("--force", action="store_true", help="replace an existing output")
-    parser.add_argument(
-        "--rows", default="all", help="output positions: 'all', an integer or a list (0,4)"
-    )
-    parser.add_argument("--layers", default="last", help="'last', 'all' or a layer index")
+    _output_and_selection(parser, name=method)
     parser.add_argument(
         "--heads",
         default="mean",

@@ -18,6 +18,7 @@ from ._cli_methods import (
     _attention_accept,
     _decoder_options,
     _first_row_table,
+    _output_and_selection,
     _output_path,
     _parse_heads,
     _parse_layers,
@@ -47,14 +48,7 @@ _ENCODER_DECODER_GRADIENTS = tuple(f"{name}_gradients" for name in _ENCODER_DECO
 
 
 def _shared_options(parser: argparse.ArgumentParser, *, name: str) -> None:
-    parser.add_argument(
-        "-o", "--output", help=f"the .npz to write (default: INPUT_STEM.{name}.npz)"
-    )
-    parser.add_argument("--force", action="store_true", help="replace an existing output")
-    parser.add_argument(
-        "--rows", default="all", help="output positions: 'all', an integer or a list (0,4)"
-    )
-    parser.add_argument("--layers", default="last", help="'last', 'all' or a layer index")
+    _output_and_selection(parser, name=name)
     parser.add_argument(
         "--residual",
         type=float,
