@@ -23,7 +23,7 @@ from ._namespace import (
     values_are_inspectable,
 )
 
-__all__ = ["FloatArray", "as_numpy", "check_finite", "check_tokens"]
+__all__ = ["FloatArray", "as_numpy", "check_finite", "check_patch_grid", "check_tokens"]
 
 FloatArray = NDArray[np.float64]
 
@@ -81,3 +81,27 @@ def check_tokens(tokens: Sequence[str], n: int, what: str) -> list[str]:
         )
         raise ValueError(msg)
     return labels
+
+
+def check_patch_grid(grid: object) -> tuple[int, int]:
+    """`grid`, an image's patch grid ``(rows, cols)``, as two positive Python ints.
+
+    The one check of the shape of a grid, for figures, views and explanations; each
+    checks the number of cells against its own scores.
+    """
+    if (
+        isinstance(grid, str | bytes)
+        or not isinstance(grid, Sequence)
+        or len(grid) != 2
+        or not all(
+            isinstance(side, int | np.integer) and not isinstance(side, bool) and side > 0
+            for side in grid
+        )
+    ):
+        msg = (
+            "`grid` must be a pair of positive ints (rows, cols): the image's height and "
+            "width over the patch size, e.g. grid=(14, 14) for a ViT-B/16 at 224 px; got "
+            f"{grid!r}."
+        )
+        raise ValueError(msg)
+    return int(grid[0]), int(grid[1])

@@ -29,6 +29,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from ._display import check_patch_grid
+
 __all__ = ["Explanation"]
 
 _FORMAT = "attnflow.Explanation/1"
@@ -526,17 +528,7 @@ def _checked_grid(grid: object, image: object, n: int) -> tuple[tuple[int, int] 
             msg = "`image` needs `grid=(rows, cols)`, the patch grid its scores are laid on."
             raise ValueError(msg)
         return None, None
-    if (
-        not isinstance(grid, tuple | list)
-        or len(grid) != 2
-        or not all(
-            isinstance(side, int | np.integer) and not isinstance(side, bool) and side > 0
-            for side in grid
-        )
-    ):
-        msg = f"`grid` must be a pair of positive ints (rows, cols) or None; got {grid!r}."
-        raise ValueError(msg)
-    rows, cols = int(grid[0]), int(grid[1])
+    rows, cols = check_patch_grid(grid)
     if rows * cols > n:
         msg = (
             f"`grid`=({rows}, {cols}) has {rows * cols} patches, more than the {n} tokens; "

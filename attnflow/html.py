@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ._atomic import write_atomically
-from ._display import FloatArray, as_numpy, check_finite, check_tokens
+from ._display import FloatArray, as_numpy, check_finite, check_patch_grid, check_tokens
 from ._html_script import INTERACTIVE_CSS, INTERACTIVE_JS
 
 __all__ = ["InteractiveView", "TokenView"]
@@ -149,10 +149,10 @@ class TokenView:
     ------
     ValueError
         If a row is not one-dimensional or not finite, does not have one score per token,
-        `scores` is an empty mapping, `color` is not ``'#rrggbb'``, or `grid` has a side
-        below 1 or more cells than there are tokens.
+        `scores` is an empty mapping, `color` is not ``'#rrggbb'``, or `grid` is not a
+        pair of positive ints or has more cells than there are tokens.
     TypeError
-        If `tokens` is not a sequence of strings, or `grid` is not a pair of ints.
+        If `tokens` is not a sequence of strings.
 
     See Also
     --------
@@ -432,11 +432,10 @@ class InteractiveView:
     ValueError
         If scores are not finite, have the wrong number of dimensions or of tokens, the
         methods do not share their rows, `rows` does not match them, an initial choice is
-        out of range, `color` or `precision` is invalid, or `grid` has a side below 1 or
-        more cells than there are tokens.
+        out of range, `color` or `precision` is invalid, or `grid` is not a pair of
+        positive ints or has more cells than there are tokens.
     TypeError
-        If `tokens` is not a sequence of strings, a position is not an int, or `grid` is
-        not a pair of ints.
+        If `tokens` is not a sequence of strings, or a position is not an int.
 
     See Also
     --------
@@ -794,30 +793,14 @@ def _checked_grid(grid: object, n: int) -> tuple[int, int] | None:
     """Validate a view's `grid` against its `n` tokens: None or (rows, cols) as ints."""
     if grid is None:
         return None
-    fix = (
-        "pass the patch grid (image height / patch size, image width / patch size), e.g. "
-        "grid=(14, 14) for a ViT-B/16 at 224 px, or leave `grid` out (None) for a line "
-        "of tokens"
-    )
-    if (
-        isinstance(grid, str | bytes)
-        or not isinstance(grid, Sequence)
-        or len(grid) != 2
-        or not all(
-            isinstance(side, int | np.integer) and not isinstance(side, bool) for side in grid
-        )
-    ):
-        msg = f"`grid` must be two ints (rows, cols); got {grid!r}: {fix}."
-        raise TypeError(msg)
-    rows, cols = int(grid[0]), int(grid[1])
-    if rows < 1 or cols < 1:
-        msg = f"`grid` must be two positive ints (rows, cols); got {(rows, cols)!r}: {fix}."
-        raise ValueError(msg)
+    rows, cols = check_patch_grid(grid)
     if rows * cols > n:
         msg = (
             f"`grid` must have at most as many cells (rows * cols) as there are tokens ({n}), "
             f"the patches being the last rows * cols tokens; got {(rows, cols)!r}, "
-            f"{rows * cols} cells: {fix}."
+            f"{rows * cols} cells: pass the patch grid (image height / patch size, image "
+            "width / patch size), e.g. grid=(14, 14) for a ViT-B/16 at 224 px, or leave "
+            "`grid` out (None) for a line of tokens."
         )
         raise ValueError(msg)
     return rows, cols

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from ._display import FloatArray, as_numpy, check_finite, check_tokens
+from ._display import FloatArray, as_numpy, check_finite, check_patch_grid, check_tokens
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -415,18 +415,7 @@ def _patch_grid(n_patches: int, grid: tuple[int, int] | None, extra_tokens: int)
             )
             raise ValueError(msg)
         return side, side
-    given: object = grid
-    if (
-        not isinstance(given, tuple | list)
-        or len(given) != 2
-        or not all(
-            isinstance(side, int | np.integer) and not isinstance(side, bool) and side > 0
-            for side in given
-        )
-    ):
-        msg = f"`grid` must be a pair of positive ints (rows, cols); got {grid!r}."
-        raise ValueError(msg)
-    rows, cols = int(given[0]), int(given[1])
+    rows, cols = check_patch_grid(grid)
     if rows * cols != n_patches:
         msg = (
             f"`grid`={grid!r} has {rows * cols} patches but `scores` has {n_patches} patch "
