@@ -1155,8 +1155,8 @@ def explain_text(
     tokenizer: Any,
     text: str,
     *,
-    methods: Sequence[str] = ("raw", "rollout", "flow"),
-    row: int = 0,
+    methods: Sequence[str] | None = None,
+    row: int | None = None,
     target: int | None = None,
     heads: HeadReduction = "mean",
     residual: float = 0.5,
@@ -1172,6 +1172,13 @@ def explain_text(
     prediction (argmax of its logits) and probabilities are recorded, with the class names
     of ``model.config.id2label``.
 
+    A causal language model (one whose output has logits ``(1, n, vocab)``, e.g. a Hugging
+    Face ``...ForCausalLM``) is explained at its last position by default, the one that
+    predicts the next token; its prediction is that next token (labelled with its text),
+    the `target` of gradient rollout is a vocabulary id (the predicted token by default),
+    and gradient rollout is among the default methods, since on decoders it is the one
+    that localises the source of a copied word (see the LLMs page of the docs).
+
     Parameters
     ----------
     model : torch.nn.Module
@@ -1182,13 +1189,16 @@ def explain_text(
         ``convert_ids_to_tokens`` and ``get_special_tokens_mask``.
     text : str
         The raw input.
-    methods : sequence of str, default ("raw", "rollout", "flow")
+    methods : sequence of str, optional
         Any of ``"raw"``, ``"rollout"``, ``"flow"``, ``"gradient_rollout"`` (needs a
-        classifier).
-    row : int, default 0
-        The output position explained (0: ``[CLS]``).
+        classifier or a causal LM). By default ``("raw", "rollout", "flow")``, and
+        ``"gradient_rollout"`` too for a causal LM.
+    row : int, optional
+        The output position explained: by default 0 (``[CLS]``), or the last position for
+        a causal LM.
     target : int, optional
-        ``"gradient_rollout"``: the class explained; None for the predicted one.
+        ``"gradient_rollout"``: the class (for a causal LM, the vocabulary id) explained;
+        None for the predicted one.
     heads : {"mean", "max", "min"}, default "mean"
         Head fusion of raw, rollout and flow.
     residual : float, default 0.5
@@ -1222,11 +1232,11 @@ def explain_text(
     if not isinstance(given, str):
         msg = f"`text` must be a str (one input); got {type(given).__name__}."
         raise TypeError(msg)
-    chosen = [methods] if isinstance(methods, str) else list(methods)
-    unknown = [m for m in chosen if m not in TEXT_METHODS]
-    if not chosen or unknown:
-        msg = f"`methods` must name some of {list(TEXT_METHODS)}; got {list(chosen)!r}."
-        raise ValueError(msg)
+    if methods is not None:
+        _check_text_methods(methods)
+    if row is not None and (isinstance(row, bool) or not isinstance(row, int)):
+        msg = f"`row` must be an int (a token position) or None; got {row!r}."
+        raise TypeError(msg)
     check_heads(heads, optional=False)
     encoded = tokenizer(text, return_tensors="pt")
     parameter = next(model.parameters(), None)
@@ -1234,25 +1244,37 @@ def explain_text(
     inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in encoded.items()}
     ids = [int(i) for i in encoded["input_ids"][0]]
     n = len(ids)
-    if not -n <= row < n:
+    if row is not None and not -n <= row < n:
         msg = f"`row` must index the {n} tokens of the text; got {row}."
         raise ValueError(msg)
     with torch.no_grad(), capture(model) as cap:
         output = model(**inputs)
     weights, mask = cap.attentions, cap.mask
+    logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
+    causal_lm = isinstance(logits, torch.Tensor) and logits.ndim == 3
+    if row is None:
+        row = n - 1 if causal_lm else 0
+    chosen = _check_text_methods(
+        methods if methods is not None else TEXT_METHODS if causal_lm else TEXT_METHODS[:3]
+    )
     scores = _scores_by_method(
         model, inputs, weights, mask, chosen, row=row, heads=heads, residual=residual, target=target
     )
     predicted = None
     probabilities = None
-    logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
+    labels: list[str] | dict[int, str] | None = None
     if isinstance(logits, torch.Tensor) and logits.ndim == 2 and logits.is_floating_point():
         probabilities = torch.softmax(logits[0].double(), dim=-1).cpu().numpy()
         predicted = int(probabilities.argmax())
-    id2label = getattr(getattr(model, "config", None), "id2label", None)
-    labels = None
-    if isinstance(id2label, Mapping) and probabilities is not None:
-        labels = [str(id2label.get(i, i)) for i in range(len(probabilities))]
+        id2label = getattr(getattr(model, "config", None), "id2label", None)
+        if isinstance(id2label, Mapping):
+            labels = [str(id2label.get(i, i)) for i in range(len(probabilities))]
+    elif causal_lm and isinstance(logits, torch.Tensor) and logits.is_floating_point():
+        # The next token after `row`; its text (and the target's) label the vocabulary ids.
+        probabilities = torch.softmax(logits[0, row].double(), dim=-1).cpu().numpy()
+        predicted = int(probabilities.argmax())
+        named = {predicted} if target is None else {predicted, int(target)}
+        labels = {i: tokenizer.decode([i]) for i in sorted(named)}
     special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
     return attnflow.explanation.Explanation(
         tokenizer.convert_ids_to_tokens(ids),
@@ -1265,6 +1287,16 @@ def explain_text(
         labels=labels,
         text=text,
     )
+
+
+def _check_text_methods(methods: object) -> list[str]:
+    """Check explain_text's / explain_image's `methods`; return them as a list."""
+    chosen = [methods] if isinstance(methods, str) else list(methods)  # type: ignore[call-overload]
+    unknown = [m for m in chosen if m not in TEXT_METHODS]
+    if not chosen or unknown:
+        msg = f"`methods` must name some of {list(TEXT_METHODS)}; got {list(chosen)!r}."
+        raise ValueError(msg)
+    return chosen
 
 
 def explain_image(
@@ -1353,11 +1385,7 @@ def explain_image(
     >>> e.grid, e.tokens[:2], e.scores["rollout"].shape
     ((4, 4), ('[CLS]', '(0,0)'), (2, 17))
     """
-    chosen = [methods] if isinstance(methods, str) else list(methods)
-    unknown = [m for m in chosen if m not in TEXT_METHODS]
-    if not chosen or unknown:
-        msg = f"`methods` must name some of {list(TEXT_METHODS)}; got {list(chosen)!r}."
-        raise ValueError(msg)
+    chosen = _check_text_methods(methods)
     check_heads(heads, optional=False)
     _check_one_image(image)
     encoded = processor(images=image, return_tensors="pt")
@@ -1522,25 +1550,80 @@ def _explain_gradient_rollout(
     target: int | Sequence[int] | torch.Tensor | None,
     **options: Any,
 ) -> torch.Tensor:
-    """explain(method="gradient_rollout"): forward with capture, d logit / d A, then GAE."""
-    weights, gradients, mask = _weights_and_gradients(model, inputs, target)
-    result: torch.Tensor = explain_gradients(weights, gradients, mask, rows, options)
-    return result
+    """explain(method="gradient_rollout"): forward with capture, d logit / d A, then GAE.
+
+    For a causal LM each explained row has its own score (the target token's logit at
+    that row), so its own gradients and GAE run; the rows are stacked as the core would
+    stack them (``(*batch, [layers,] r, n)`` for a sequence of rows).
+    """
+    weights, gradients, mask, lm_rows = _weights_and_gradients(model, inputs, target, rows)
+    if lm_rows is None:
+        result: torch.Tensor = explain_gradients(weights, gradients[0], mask, rows, options)
+        return result
+    per_row = [
+        explain_gradients(weights, grads, mask, row, options)
+        for row, grads in zip(lm_rows, gradients, strict=True)
+    ]
+    return per_row[0] if isinstance(rows, int) else torch.stack(per_row, dim=-2)
 
 
 def _weights_and_gradients(
     model: nn.Module,
     inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
     target: int | Sequence[int] | torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Return the attention weights of one call, d logit_target / d A, and the mask."""
+    rows: int | Sequence[int] | None = None,
+) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None, list[int] | None]:
+    """Return the weights of one call, d logit_target / d A per score, the mask, LM rows.
+
+    A classifier (logits ``(batch, classes)``) gives one gradient stack and no rows. A
+    causal LM (logits ``(batch, n, vocab)``) gives one gradient stack per explained row
+    (all ``n`` for `rows` None): that of the `target` token's logit at that row, and the
+    rows as non-negative positions.
+    """
     check_target_type(target, _describe_target)
+    explained: list[int] | None = None
 
-    def score(logits: torch.Tensor) -> torch.Tensor:
-        classes = _target_classes(target, logits.shape[0], logits.shape[1], logits.detach())
-        return logits.gather(-1, classes.to(logits.device)[:, None]).sum()
+    def scores(logits: torch.Tensor) -> list[torch.Tensor]:
+        nonlocal explained
+        if logits.ndim == 2:
+            classes = _target_classes(target, logits.shape[0], logits.shape[1], logits.detach())
+            return [logits.gather(-1, classes.to(logits.device)[:, None]).sum()]
+        explained = _lm_rows(rows, int(logits.shape[1]))
+        found = []
+        for row in explained:
+            at_row = logits[:, row, :]
+            tokens = _target_classes(target, logits.shape[0], logits.shape[2], at_row.detach())
+            found.append(at_row.gather(-1, tokens.to(logits.device)[:, None]).sum())
+        return found
 
-    return _differentiate(model, inputs, _logits, score, 'explain(method="gradient_rollout")')
+    weights, gradients, mask = _differentiate_each(
+        model, inputs, _lm_or_classifier_logits, scores, 'explain(method="gradient_rollout")'
+    )
+    return weights, gradients, mask, explained
+
+
+def _lm_rows(rows: int | Sequence[int] | None, n: int) -> list[int]:
+    """Return the explained positions of a causal LM as non-negative ints, checked on `n`."""
+    given: list[object] = (
+        list(range(n)) if rows is None else [rows] if isinstance(rows, int) else list(rows)
+    )
+    bad = [r for r in given if isinstance(r, bool) or not isinstance(r, int) or not -n <= r < n]
+    if bad or not given:
+        msg = (
+            f"`rows` must be positions of the {n} tokens (an int, a non-empty sequence of "
+            f"ints, or None for all); got {rows!r}. Use rows=-1 for the next-token "
+            "prediction of the last position."
+        )
+        raise ValueError(msg)
+    return [r % n for r in given if isinstance(r, int)]
+
+
+def _lm_or_classifier_logits(result: Any) -> torch.Tensor:
+    """Read logits ``(batch, classes)`` or a causal LM's ``(batch, n, vocab)``."""
+    logits = result if isinstance(result, torch.Tensor) else getattr(result, "logits", None)
+    if isinstance(logits, torch.Tensor) and logits.ndim == 3 and logits.is_floating_point():
+        return logits
+    return _logits(result)
 
 
 def _differentiate(
@@ -1556,6 +1639,20 @@ def _differentiate(
     (zero for a layer the score does not depend on) and the padding mask; `caller` names
     the public function in the errors.
     """
+    weights, gradients, mask = _differentiate_each(
+        model, inputs, read, lambda result: [score(result)], caller
+    )
+    return weights, gradients[0], mask
+
+
+def _differentiate_each(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+    read: Callable[[Any], Any],
+    scores: Callable[[Any], Sequence[torch.Tensor]],
+    caller: str,
+) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:
+    """:func:`_differentiate` for several scalars of one forward pass, one backward each."""
     if torch.is_inference_mode_enabled():
         msg = (
             f"{caller} needs autograd, which "
@@ -1568,8 +1665,8 @@ def _differentiate(
             result = read(_call(model, inputs))
         weights = cap.attentions  # checks that one stack of layers was captured
         records = cap.records
-        value = score(result)
-        if not value.requires_grad or not all(w.requires_grad for w in records):
+        values = list(scores(result))
+        if not all(v.requires_grad for v in values) or not all(w.requires_grad for w in records):
             msg = (
                 "The attention weights are not on the autograd graph, so no gradient can "
                 f"reach them: {caller} needs parameters (or inputs) "
@@ -1578,13 +1675,20 @@ def _differentiate(
             )
             raise RuntimeError(msg)
         # A layer the score does not depend on gets None (allow_unused): its gradient is 0.
-        grads: Sequence[torch.Tensor | None] = torch.autograd.grad(
-            value, records, allow_unused=True
-        )
-    gradients = torch.stack(
-        [torch.zeros_like(w) if g is None else g for w, g in zip(records, grads, strict=True)],
-        dim=-4,
-    )
+        gradients = []
+        for index, value in enumerate(values):
+            grads: Sequence[torch.Tensor | None] = torch.autograd.grad(
+                value, records, allow_unused=True, retain_graph=index < len(values) - 1
+            )
+            gradients.append(
+                torch.stack(
+                    [
+                        torch.zeros_like(w) if g is None else g
+                        for w, g in zip(records, grads, strict=True)
+                    ],
+                    dim=-4,
+                )
+            )
     return weights.detach(), gradients, cap.mask
 
 
@@ -2066,10 +2170,10 @@ def model_functions(
     def weights_and_gradients(
         ids: Any, mask: Any, targets: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        weights, grads, _ = _weights_and_gradients(
+        weights, grads, _, _ = _weights_and_gradients(
             model, arguments(ids, mask), _as_tensor(targets, device)
         )
-        return weights, grads
+        return weights, grads[0]  # a classifier (predict reads its logits): one score
 
     def gradients(ids: Any, mask: Any, targets: Any) -> torch.Tensor:
         return input_gradients(

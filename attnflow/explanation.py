@@ -60,8 +60,9 @@ class Explanation:
         The class the model predicts.
     probabilities : array of shape (classes,), optional
         The model's class probabilities.
-    labels : sequence of str, optional
-        The class names, indexed by class.
+    labels : sequence of str or mapping of int to str, optional
+        The class names, indexed by class; or, for a language model whose classes are its
+        vocabulary, the names of some token ids (``{id: text}``).
     text : str, optional
         The raw input.
     grid : tuple of int, optional
@@ -80,7 +81,7 @@ class Explanation:
     row, target, predicted : int or None
     special : ndarray of bool
     probabilities : ndarray or None
-    labels : tuple of str or None
+    labels : tuple of str, dict of int to str, or None
     text : str or None
     grid : tuple of int or None
     image : ndarray or None
@@ -134,7 +135,7 @@ class Explanation:
         target: int | None = None,
         predicted: int | None = None,
         probabilities: Any = None,
-        labels: Sequence[str] | None = None,
+        labels: Sequence[str] | Mapping[int, str] | None = None,
         text: str | None = None,
         grid: tuple[int, int] | None = None,
         image: Any = None,
@@ -173,7 +174,7 @@ class Explanation:
         self.probabilities = (
             None if probabilities is None else np.asarray(probabilities, dtype=np.float64)
         )
-        self.labels = None if labels is None else tuple(str(label) for label in labels)
+        self.labels = _checked_labels(labels)
         self.text = text
         self.grid, self.image = _checked_grid(grid, image, n)
 
@@ -213,7 +214,9 @@ class Explanation:
     def _class(self, index: int | None) -> str:
         if index is None:
             return "None"
-        if self.labels is not None and 0 <= index < len(self.labels):
+        if isinstance(self.labels, dict) and index in self.labels:
+            return f"{index} ({self.labels[index]!r})"
+        if isinstance(self.labels, tuple) and 0 <= index < len(self.labels):
             return f"{index} ({self.labels[index]})"
         return str(index)
 
@@ -450,7 +453,7 @@ class Explanation:
             "target": self.target,
             "predicted": self.predicted,
             "probabilities": None if self.probabilities is None else self.probabilities.tolist(),
-            "labels": None if self.labels is None else list(self.labels),
+            "labels": _labels_as_json(self.labels),
             "text": self.text,
             "grid": None if self.grid is None else list(self.grid),
             "image": None if self.image is None else self.image.tolist(),
@@ -470,7 +473,7 @@ class Explanation:
             target=data["target"],
             predicted=data["predicted"],
             probabilities=data["probabilities"],
-            labels=data["labels"],
+            labels=_labels_from_json(data["labels"]),
             text=data["text"],
             grid=None if data.get("grid") is None else tuple(data["grid"]),
             image=data.get("image"),
@@ -493,6 +496,9 @@ class Explanation:
         if self.image is not None:
             meta["image"] = None
             arrays["image"] = self.image
+        if self.probabilities is not None:  # a language model's vocabulary is large
+            meta["probabilities"] = None
+            arrays["probabilities"] = self.probabilities
         arrays["meta"] = np.asarray(json.dumps(meta))
         if not overwrite and os.path.lexists(target):
             msg = f"{target} exists; pass overwrite=True to replace it."
@@ -509,7 +515,45 @@ class Explanation:
             }
             if "image" in data.files:
                 meta["image"] = data["image"]
+            if "probabilities" in data.files:
+                meta["probabilities"] = data["probabilities"]
         return cls.from_dict(meta)
+
+
+def _checked_labels(labels: object) -> tuple[str, ...] | dict[int, str] | None:
+    """Class names: one per class (a sequence), or some classes' names by index (a mapping).
+
+    A mapping suits a language model, whose classes are a vocabulary: only the predicted
+    and the explained token need a name.
+    """
+    if labels is None:
+        return None
+    if isinstance(labels, Mapping):
+        bad = [k for k in labels if isinstance(k, bool) or not isinstance(k, int | np.integer)]
+        if bad:
+            msg = f"`labels` as a mapping must have int class indices as keys; got {bad[0]!r}."
+            raise TypeError(msg)
+        return {int(k): str(v) for k, v in labels.items()}
+    if isinstance(labels, str) or not isinstance(labels, Sequence):
+        msg = (
+            "`labels` must be a sequence of class names or a mapping class index -> name; "
+            f"got {type(labels).__name__}."
+        )
+        raise TypeError(msg)
+    return tuple(str(label) for label in labels)
+
+
+def _labels_as_json(labels: tuple[str, ...] | dict[int, str] | None) -> Any:
+    # JSON objects have string keys: a mapping is kept as [index, name] pairs.
+    if isinstance(labels, dict):
+        return {"by_index": [[k, v] for k, v in labels.items()]}
+    return None if labels is None else list(labels)
+
+
+def _labels_from_json(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {int(k): str(v) for k, v in value["by_index"]}
+    return value
 
 
 def _optional_int(value: object, name: str) -> Any:

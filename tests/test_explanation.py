@@ -93,6 +93,7 @@ def test_dict_and_npz_round_trips_keep_everything(tmp_path: Path) -> None:
     with np.load(tmp_path / "e.npz", allow_pickle=False) as stored:  # no pickle inside
         assert sorted(stored.files) == [
             "meta",
+            "probabilities",
             "scores/gradient_rollout",
             "scores/raw",
             "scores/rollout",
@@ -173,3 +174,29 @@ def test_one_method_at_one_layer_keeps_the_static_page() -> None:
     for text in (e.to_html(), e._repr_html_()):
         assert "<script" not in text
         assert 'title="sat: 3"' in text
+
+
+def test_labels_of_some_classes_for_a_vocabulary(tmp_path):
+    # A language model's classes are its vocabulary: only some token ids get a name.
+    probabilities = np.full(50, 0.01)
+    probabilities[7] = 0.51
+    e = Explanation(
+        ["The", " capital", " is"],
+        {"rollout": np.array([0.5, 0.3, 0.2])},
+        row=2,
+        predicted=7,
+        probabilities=probabilities,
+        labels={7: " Paris", 9: " Rome"},
+        target=9,
+    )
+    assert e.labels == {7: " Paris", 9: " Rome"}
+    heading = e._heading(None)
+    assert "predicted 7 (' Paris'), p = 0.510" in heading
+    assert "target 9 (' Rome')" in heading
+    loaded = Explanation.load(e.save(tmp_path / "lm.npz"))
+    assert loaded.labels == e.labels
+    np.testing.assert_array_equal(loaded.probabilities, probabilities)
+    with pytest.raises(TypeError, match="int class indices"):
+        Explanation(["a"], {"m": np.ones(1)}, labels={"7": "x"})
+    with pytest.raises(TypeError, match="sequence of class names or a mapping"):
+        Explanation(["a"], {"m": np.ones(1)}, labels="ab")
