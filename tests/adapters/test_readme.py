@@ -26,17 +26,19 @@ def test_the_readme_has_its_examples() -> None:
 def test_readme_example_runs_as_a_script(index: int, tmp_path: Path) -> None:
     # A script, not exec(): users paste these into files, where parallel flow's worker
     # processes re-import the main module.
+    # Twice in the same folder: an example must run again over what it wrote the first time.
     script = tmp_path / f"example_{index}.py"
     script.write_text(BLOCKS[index], encoding="utf-8")
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    for run in ("first", "second"):
+        done = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert done.returncode == 0, f"{run} run: {done.stderr[-3000:]}"
     if "view.save(" in BLOCKS[index]:
         page = (tmp_path / "cls.html").read_text(encoding="utf-8")
         assert 'title="[CLS]: ' in page
