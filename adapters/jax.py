@@ -114,8 +114,8 @@ class Capture(NamedTuple):
     Parameters
     ----------
     attentions : jax.Array
-        ``(*batch, layers, heads, n, n)`` (``(*batch, layers, n, n)`` when heads were
-        fused while capturing), layers in the order the model ran them.
+        ``(*batch, layers, heads, n, n)``, layers in the order the model ran them; with
+        heads fused while capturing, one head: ``(*batch, layers, 1, n, n)``.
     mask : jax.Array or None, default None
         ``(*batch, n)`` bool, True for real tokens: a key is real when some query may
         attend to it under the attention mask of the first attention call. None when the
@@ -300,8 +300,11 @@ def _stack(weights: Sequence[jax.Array], heads: HeadReduction | None) -> jax.Arr
         )
         raise ValueError(msg)
     if heads is not None:
-        fused = [attnflow.fuse_heads(w, heads=heads, validate=False) for w in weights]
-        return jnp.stack(fused, axis=-3)
+        # One fused head, its axis kept: the canonical layout (issue 22.17).
+        fused = [
+            attnflow.fuse_heads(w, heads=heads, validate=False)[..., None, :, :] for w in weights
+        ]
+        return jnp.stack(fused, axis=-4)
     return jnp.stack(list(weights), axis=-4)
 
 
@@ -1234,7 +1237,7 @@ def explain_linen(
         )
         return mixed
     _, cap = capture_linen(module, variables, *args, heads=heads, **kwargs)
-    result: jax.Array = explain_weights(cap.attentions, cap.mask, method, rows, None, options)
+    result: jax.Array = explain_weights(cap.attentions, cap.mask, method, rows, heads, options)
     return result
 
 
@@ -1305,7 +1308,7 @@ def explain_nnx(
         )
         return mixed
     _, cap = capture_nnx(model, *args, heads=heads, **kwargs)
-    result: jax.Array = explain_weights(cap.attentions, cap.mask, method, rows, None, options)
+    result: jax.Array = explain_weights(cap.attentions, cap.mask, method, rows, heads, options)
     return result
 
 

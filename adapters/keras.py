@@ -104,8 +104,8 @@ class Capture(CaptureBlock):
     Attributes
     ----------
     attentions : tensor
-        ``(*batch, layers, heads, n, n)`` (``(*batch, layers, n, n)`` with `heads`), the
-        layers in the order the model ran them.
+        ``(*batch, layers, heads, n, n)``, the layers in the order the model ran them;
+        with `heads`, one fused head: ``(*batch, layers, 1, n, n)``.
     mask : tensor or None
         ``(*batch, n)`` bool padding mask, True for real tokens, or None.
     records : list of tensor
@@ -266,8 +266,8 @@ class Capture(CaptureBlock):
     def records(self) -> list[Any]:
         """The scores of each attention call, in call order, not stacked.
 
-        One ``(*batch, [heads,] n_q, n_k)`` tensor of the active backend per call (no
-        heads axis with `heads`); empty before the call and with `contributions`. Every
+        One ``(*batch, [heads,] n_q, n_k)`` tensor of the active backend per call (one
+        fused head with `heads`); empty before the call and with `contributions`. Every
         call in the block is kept: read it when the calls cannot be stacked into
         `attentions`.
         """
@@ -277,8 +277,8 @@ class Capture(CaptureBlock):
     def attentions(self) -> Any:
         """The captured scores stacked to ``(*batch, layers, [heads,] n, n)``.
 
-        The layers in the order the model ran them, a tensor of the active backend; no
-        heads axis with `heads`. Raises ``RuntimeError`` if nothing was captured or the
+        The layers in the order the model ran them, a tensor of the active backend; with
+        `heads`, one fused head. Raises ``RuntimeError`` if nothing was captured or the
         capture recorded `contributions`, and ``ValueError`` for calls of different
         shapes (cross-attention, several calls on inputs of different lengths: read
         `records`).
@@ -293,7 +293,7 @@ class Capture(CaptureBlock):
         if not scores:
             msg = "Nothing was captured: read `attentions` after calling the model in the block."
             raise RuntimeError(msg)
-        return _stack(scores, axis=-3 if self.heads is not None else -4)
+        return _stack(scores, axis=-4)
 
     @property
     def mask(self) -> Any | None:
@@ -311,8 +311,7 @@ class Capture(CaptureBlock):
             return None
         else:
             sample = self._records[0]
-            fused = self.heads is not None
-            batch = tuple(sample.shape[: len(sample.shape) - (2 if fused else 3)])
+            batch = tuple(sample.shape[:-3])
         for mask in self._masks:
             if mask is not None and tuple(mask.shape) == (*batch, sample.shape[-1]):
                 return mask
@@ -335,8 +334,12 @@ class Capture(CaptureBlock):
                 self._recorder.errors.append("an attention call outside any recognised block")
         else:
             if self.heads is not None:
-                scores = attnflow.fuse_heads(
-                    keras.ops.stop_gradient(scores), heads=self.heads, validate=False
+                # One fused head, its axis kept: the canonical layout (issue 22.17).
+                scores = keras.ops.expand_dims(
+                    attnflow.fuse_heads(
+                        keras.ops.stop_gradient(scores), heads=self.heads, validate=False
+                    ),
+                    -3,
                 )
             self._records.append(scores)
         if attention_mask is None:
@@ -425,6 +428,9 @@ def capture(
     heads : {"mean", "max", "min"} or None, default None
         Fuse the heads of each layer while capturing (:func:`attnflow.fuse_heads`), so
         that only ``layers x n x n`` values per sequence are kept; None keeps every head.
+        The fused weights keep a heads axis of length one, ``(*batch, layers, 1, n, n)``:
+        the canonical layout, which every attnflow function reads as it is (with its
+        default ``heads="mean"``, the mean of one head is that head).
     contributions : {"norm", "globenc", "alti"} or None, default None
         Record value-aware token-mixing matrices instead of attention scores (see
         :func:`attnflow.contributions`). Each attention block is recognised by its
@@ -445,8 +451,8 @@ def capture(
     Returns
     -------
     Capture
-        After the block: ``cap.attentions`` ``(*batch, layers, heads, n, n)`` (or
-        ``(*batch, layers, n, n)`` with `heads`), layers in the order the model ran them;
+        After the block: ``cap.attentions`` ``(*batch, layers, heads, n, n)`` (one fused
+        head, ``(*batch, layers, 1, n, n)``, with `heads`), layers in the order the model ran them;
         ``cap.mask`` ``(*batch, n)`` bool (True = real token) read from the attention
         masks the layers received, or None; ``cap.records`` the scores of each call.
         With `contributions`: ``cap.contributions`` and ``cap.outputs`` instead of
@@ -611,7 +617,7 @@ def explain(
     with capture(model, heads=heads if fuse_now else None) as cap:
         model(inputs)
     attentions = keras.ops.stop_gradient(cap.attentions)
-    return explain_weights(attentions, cap.mask, method, rows, None if fuse_now else heads, options)
+    return explain_weights(attentions, cap.mask, method, rows, heads, options)
 
 
 def _explain_contributions(

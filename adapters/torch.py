@@ -270,8 +270,8 @@ class Capture(CaptureBlock):
     Attributes
     ----------
     attentions : torch.Tensor
-        ``(*batch, layers, heads, n, n)`` (``(*batch, layers, n, n)`` with `heads`), the
-        layers in the order the model ran them.
+        ``(*batch, layers, heads, n, n)``, the layers in the order the model ran them;
+        with `heads`, one fused head: ``(*batch, layers, 1, n, n)``.
     encoder_attentions : torch.Tensor
         Encoder-decoder models: encoder self-attention
         ``(*batch, L_enc, [heads,] n_src, n_src)``.
@@ -488,7 +488,7 @@ class Capture(CaptureBlock):
     def records(self) -> list[torch.Tensor]:
         """The weights of each attention call, in call order, not stacked.
 
-        One ``(*batch, [heads,] n_q, n_k)`` tensor per call (no heads axis with `heads`);
+        One ``(*batch, [heads,] n_q, n_k)`` tensor per call (one fused head with `heads`);
         empty before the call and with `contributions`. Read it when the calls cannot be
         stacked into `attentions`.
         """
@@ -498,7 +498,7 @@ class Capture(CaptureBlock):
     def attentions(self) -> torch.Tensor:
         """The captured weights stacked to ``(*batch, layers, [heads,] n, n)``.
 
-        The layers in the order the model ran them; no heads axis with `heads`. Raises
+        The layers in the order the model ran them; with `heads`, one fused head. Raises
         ``RuntimeError`` if nothing was captured or the capture recorded `contributions`,
         and ``ValueError`` for an encoder-decoder model (read `encoder_attentions`,
         `decoder_attentions` and `cross_attentions`) or for attention calls of different
@@ -534,8 +534,7 @@ class Capture(CaptureBlock):
                 "sequence."
             )
             raise ValueError(msg)
-        axis = -3 if self.heads is not None else -4
-        return torch.stack(weights, dim=axis)
+        return torch.stack(weights, dim=-4)
 
     @property
     def encoder_attentions(self) -> torch.Tensor:
@@ -595,7 +594,7 @@ class Capture(CaptureBlock):
         if mask is None or not records:
             return mask
         sample = records[0].weights
-        batch = tuple(sample.shape[: sample.ndim - (2 if self.heads is not None else 3)])
+        batch = tuple(sample.shape[:-3])
         if tuple(mask.shape) != (*batch, sample.shape[-1]):
             return None
         return mask
@@ -629,7 +628,7 @@ class Capture(CaptureBlock):
                 "a single forward pass over whole sequences (not incremental decoding)."
             )
             raise ValueError(msg)
-        return torch.stack(weights, dim=-3 if self.heads is not None else -4)
+        return torch.stack(weights, dim=-4)
 
     @property
     def gradients(self) -> torch.Tensor:
@@ -716,7 +715,9 @@ class Capture(CaptureBlock):
                     "expected (..., heads, n, n)."
                 )
                 raise ValueError(msg)
-            fused = _fuse(weights.detach(), self.heads)
+            # One fused head, its axis kept: the result is in the canonical layout, so
+            # the default heads="mean" of rollout and flow reads it right (issue 22.17).
+            fused = _fuse(weights.detach(), self.heads)[..., None, :, :]
             self._records.append(_Record(fused, role=role))
             return
         tracked = False
@@ -928,6 +929,9 @@ def capture(
     heads : {"mean", "max", "min"} or None, default None
         Fuse the heads of each layer while capturing (:func:`attnflow.fuse_heads`), so
         that only ``layers x n x n`` values per sequence are kept; None keeps every head.
+        The fused weights keep a heads axis of length one, ``(*batch, layers, 1, n, n)``:
+        the canonical layout, which every attnflow function reads as it is (with its
+        default ``heads="mean"``, the mean of one head is that head).
     contributions : {"norm", "globenc", "alti"} or None, default None
         Record value-aware token-mixing matrices instead of attention weights (see
         :func:`attnflow.contributions`): for each attention block, forward hooks read the
@@ -946,8 +950,8 @@ def capture(
     Returns
     -------
     Capture
-        After the block: ``cap.attentions`` ``(*batch, layers, heads, n, n)`` (or
-        ``(*batch, layers, n, n)`` with `heads`), layers in the order the model ran them;
+        After the block: ``cap.attentions`` ``(*batch, layers, heads, n, n)`` (one fused
+        head, ``(*batch, layers, 1, n, n)``, with `heads`), layers in the order the model ran them;
         ``cap.mask`` ``(*batch, n)`` bool (True = real token) read from the call's
         ``attention_mask`` (Hugging Face) or ``src_key_padding_mask`` /
         ``key_padding_mask`` (``nn.Transformer*``), or None; ``cap.gradients`` after a
@@ -1122,9 +1126,7 @@ def explain(
     fuse_now = fuses_while_capturing(heads)
     with torch.no_grad(), capture(model, heads=heads if fuse_now else None) as cap:
         _call(model, inputs)
-    result: torch.Tensor = explain_weights(
-        cap.attentions, cap.mask, method, rows, None if fuse_now else heads, options
-    )
+    result: torch.Tensor = explain_weights(cap.attentions, cap.mask, method, rows, heads, options)
     return result
 
 
@@ -2164,8 +2166,7 @@ def model_functions(
             return cap.contributions[..., None, :, :]
         with torch.no_grad(), capture(model, heads=heads) as cap:
             call(arguments(ids, mask))
-        weights = cap.attentions
-        return weights if heads is None else weights[..., None, :, :]
+        return cap.attentions  # (*batch, layers, 1, n, n) when fused
 
     def weights_and_gradients(
         ids: Any, mask: Any, targets: Any

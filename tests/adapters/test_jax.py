@@ -84,8 +84,16 @@ def test_linen_jit_and_heads(linen_setup):
     np.testing.assert_allclose(cap.attentions, eager.attentions, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(cap.mask, eager.mask)
     _, fused = adapter.capture_linen(model, variables, x, mask, heads="mean")
-    assert fused.attentions.shape == (B, 2, N, N)
-    np.testing.assert_allclose(fused.attentions, eager.attentions.mean(axis=2), rtol=1e-6)
+    assert fused.attentions.shape == (B, 2, 1, N, N)  # one fused head, axis kept
+    np.testing.assert_allclose(
+        fused.attentions, eager.attentions.mean(axis=2, keepdims=True), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        attnflow.rollout(fused.attentions, rows=0, layers="all"),
+        attnflow.rollout(eager.attentions, rows=0, layers="all"),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_linen_rollout_end_to_end(linen_setup):
@@ -197,7 +205,7 @@ def test_nnx_weights_outputs_mask_jit(nnx_setup):
     _, viannx = nnx.jit(lambda m, x, k: adapter.capture_nnx(m, x, mask=k, heads="max"))(
         model, x, mask
     )
-    assert viannx.attentions.shape == (B, 2, N, N)
+    assert viannx.attentions.shape == (B, 2, 1, N, N)
     scores = attnflow.rollout(cap.attentions, rows=0, mask=cap.mask)
     assert isinstance(scores, jax.Array)
     np.testing.assert_array_equal(scores[1, 3:], 0.0)

@@ -149,9 +149,19 @@ def test_heads_fused_while_capturing(functional, batch):
         model(batch)
     with adapter.capture(model, heads="mean") as fused:
         model(batch)
-    assert tuple(fused.attentions.shape) == (2, 2, N, N)
+    assert tuple(fused.attentions.shape) == (2, 2, 1, N, N)  # one fused head, axis kept
     np.testing.assert_allclose(
-        to_numpy(fused.attentions), to_numpy(full.attentions).mean(axis=2), rtol=1e-5, atol=1e-6
+        to_numpy(fused.attentions),
+        to_numpy(full.attentions).mean(axis=2, keepdims=True),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    # Read with rollout's default heads="mean", it is the unfused capture's rollout.
+    np.testing.assert_allclose(
+        to_numpy(attnflow.rollout(fused.attentions, rows=0, layers="all", mask=fused.mask)),
+        to_numpy(attnflow.rollout(full.attentions, rows=0, layers="all", mask=full.mask)),
+        rtol=1e-5,
+        atol=1e-6,
     )
     np.testing.assert_array_equal(to_numpy(fused.mask), batch[1])
 

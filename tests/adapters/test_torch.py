@@ -148,9 +148,39 @@ def test_minilm_heads_fused_while_capturing(minilm, batch, eager_reference):
     for heads in ("mean", "max"):
         with torch.no_grad(), adapter.capture(minilm["sdpa"], heads=heads) as cap:
             minilm["sdpa"](**batch)
-        assert cap.attentions.shape == (2, 6, 12, 12)
+        # One fused head, its axis kept: the canonical layout.
+        assert cap.attentions.shape == (2, 6, 1, 12, 12)
         expected = attnflow.fuse_heads(reference, heads=heads)
-        torch.testing.assert_close(cap.attentions, expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(cap.attentions[:, :, 0], expected, atol=1e-5, rtol=0)
+
+
+def test_a_fused_capture_cannot_be_misread(minilm, batch, eager_reference):
+    # Issue 22.17: a fused capture of (batch, layers, n, n) passed to rollout or flow with
+    # their default heads="mean" was read as one layer of `layers` heads: a plausible
+    # answer of the wrong thing. The fused capture keeps a heads axis, so every entry
+    # point reads it as the per-head capture fused the same way.
+    reference, _ = eager_reference
+    mask = batch["attention_mask"].bool()
+    with torch.no_grad(), adapter.capture(minilm["sdpa"], heads="mean") as cap:
+        minilm["sdpa"](**batch)
+    for function in (attnflow.rollout, attnflow.raw):
+        expected = function(reference, rows=0, mask=mask, layers="all")
+        result = function(cap.attentions, rows=0, mask=cap.mask, layers="all")
+        assert result.shape == expected.shape == (2, 6, 12)
+        torch.testing.assert_close(result, expected, atol=1e-5, rtol=0)
+    flow = attnflow.flow(cap.attentions, rows=0, mask=cap.mask, layers=2)
+    torch.testing.assert_close(
+        flow, attnflow.flow(reference, rows=0, mask=mask, layers=2), atol=1e-5, rtol=0
+    )
+    cost = attnflow.flow_cost(cap.attentions, rows=0, mask=cap.mask)
+    assert cost.max_flows == attnflow.flow_cost(reference, rows=0, mask=mask).max_flows
+    # explain() fuses while capturing and gives the unfused answer.
+    torch.testing.assert_close(
+        adapter.explain(minilm["sdpa"], batch, heads="max"),
+        attnflow.rollout(reference, rows=0, mask=mask, heads="max"),
+        atol=1e-5,
+        rtol=0,
+    )
 
 
 def test_minilm_rollout_end_to_end(minilm, batch, eager_reference):
@@ -549,14 +579,14 @@ def test_bart_fused_heads_gradients_and_encoder_alone(bart, bart_batch):
         reference = bart["eager"](**bart_batch, output_attentions=True)
         with adapter.capture(model, heads="mean") as cap:
             model(**bart_batch)
-    assert cap.cross_attentions.shape == (2, 2, 5, 7)
-    expected = torch.stack(reference.cross_attentions, dim=1).mean(dim=2)
+    assert cap.cross_attentions.shape == (2, 2, 1, 5, 7)
+    expected = torch.stack(reference.cross_attentions, dim=1).mean(dim=2, keepdim=True)
     torch.testing.assert_close(cap.cross_attentions, expected, atol=1e-5, rtol=0)
     with torch.no_grad(), adapter.capture(model, heads="max") as cap:
         model(**bart_batch)
-    torch.testing.assert_close(cap.cross_attentions.sum(-1), torch.ones(2, 2, 5))
+    torch.testing.assert_close(cap.cross_attentions.sum(-1), torch.ones(2, 2, 1, 5))
     expected = attnflow.fuse_heads(torch.stack(reference.decoder_attentions, dim=1), heads="max")
-    torch.testing.assert_close(cap.decoder_attentions, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(cap.decoder_attentions[:, :, 0], expected, atol=1e-5, rtol=0)
 
     with adapter.capture(model, gradients=True) as cap:
         out = model(**bart_batch)
