@@ -83,6 +83,7 @@ import attnflow
 import attnflow.explanation
 
 from ._common import (
+    CONTRIBUTIONS,
     CaptureBlock,
     Contributions,
     HeadReduction,
@@ -1149,7 +1150,7 @@ def _explain_contributions(
 
 
 #: Methods of :func:`explain_text`, in the order of its table's columns.
-TEXT_METHODS = ("raw", "rollout", "flow", "gradient_rollout")
+TEXT_METHODS = ("raw", "rollout", "flow", "gradient_rollout", "norm", "globenc", "alti")
 
 
 def explain_text(
@@ -1162,6 +1163,8 @@ def explain_text(
     target: int | None = None,
     heads: HeadReduction = "mean",
     residual: float = 0.5,
+    exclude: int | Sequence[int] | None = None,
+    receptive_field: bool = False,
 ) -> attnflow.explanation.Explanation:
     """Explain one text in one call: tokenize, run the model, score every layer.
 
@@ -1193,8 +1196,10 @@ def explain_text(
         The raw input.
     methods : sequence of str, optional
         Any of ``"raw"``, ``"rollout"``, ``"flow"``, ``"gradient_rollout"`` (needs a
-        classifier or a causal LM). By default ``("raw", "rollout", "flow")``, and
-        ``"gradient_rollout"`` too for a causal LM.
+        classifier or a causal LM; shown without the explained token's own relevance, as
+        Chefer et al. do), and the value-aware ``"norm"``, ``"globenc"``, ``"alti"``
+        (:func:`explain`'s, on the blocks :func:`capture` decomposes). By default
+        ``("raw", "rollout", "flow")``, and ``"gradient_rollout"`` too for a causal LM.
     row : int, optional
         The output position explained: by default 0 (``[CLS]``), or the last position for
         a causal LM.
@@ -1205,6 +1210,12 @@ def explain_text(
         Head fusion of raw, rollout and flow.
     residual : float, default 0.5
         The residual weight of rollout and flow.
+    exclude : int or sequence of int, optional
+        Positions left out of the attribution, rows renormalised (an attention sink such
+        as ``[CLS]`` or BOS): passed to every method but raw attention.
+    receptive_field : bool, default False
+        Divide by what each method gives to uniform attention (decoders: removes the bias
+        toward early tokens); passed to every method but raw attention.
 
     Returns
     -------
@@ -1257,10 +1268,20 @@ def explain_text(
     if row is None:
         row = n - 1 if causal_lm else 0
     chosen = _check_text_methods(
-        methods if methods is not None else TEXT_METHODS if causal_lm else TEXT_METHODS[:3]
+        methods if methods is not None else TEXT_METHODS[:4] if causal_lm else TEXT_METHODS[:3]
     )
     scores = _scores_by_method(
-        model, inputs, weights, mask, chosen, row=row, heads=heads, residual=residual, target=target
+        model,
+        inputs,
+        weights,
+        mask,
+        chosen,
+        row=row,
+        heads=heads,
+        residual=residual,
+        target=target,
+        exclude=exclude,
+        receptive_field=receptive_field,
     )
     predicted = None
     probabilities = None
@@ -1284,6 +1305,7 @@ def explain_text(
         row=row % n,
         special=[bool(s) for s in special],
         target=target if "gradient_rollout" in chosen else None,
+        notes=_method_notes(chosen),
         predicted=predicted,
         probabilities=probabilities,
         labels=labels,
@@ -1311,6 +1333,8 @@ def explain_image(
     target: int | None = None,
     heads: HeadReduction = "mean",
     residual: float = 0.5,
+    exclude: int | Sequence[int] | None = None,
+    receptive_field: bool = False,
     grid: tuple[int, int] | None = None,
 ) -> attnflow.explanation.Explanation:
     """Explain one image in one call: preprocess, run a vision transformer, score every layer.
@@ -1342,7 +1366,8 @@ def explain_image(
         One raw image (uint8, or floats in [0, 1]).
     methods : sequence of str, default ("raw", "rollout", "flow")
         Any of ``"raw"``, ``"rollout"``, ``"flow"``, ``"gradient_rollout"`` (needs a
-        classifier).
+        classifier; shown without the explained token's own relevance), ``"norm"``,
+        ``"globenc"``, ``"alti"`` (ViT blocks).
     row : int, default 0
         The output position explained (0: CLS).
     target : int, optional
@@ -1351,6 +1376,12 @@ def explain_image(
         Head fusion of raw, rollout and flow.
     residual : float, default 0.5
         The residual weight of rollout and flow.
+    exclude : int or sequence of int, optional
+        Positions left out of the attribution, rows renormalised (an attention sink such
+        as ``[CLS]`` or BOS): passed to every method but raw attention.
+    receptive_field : bool, default False
+        Divide by what each method gives to uniform attention (decoders: removes the bias
+        toward early tokens); passed to every method but raw attention.
     grid : tuple of int, optional
         The patch grid ``(rows, cols)``, for a model whose config has no ``patch_size``.
 
@@ -1411,7 +1442,17 @@ def explain_image(
         msg = f"`row` must index the {n} tokens (CLS, patches...) of the image; got {row}."
         raise ValueError(msg)
     scores = _scores_by_method(
-        model, inputs, weights, mask, chosen, row=row, heads=heads, residual=residual, target=target
+        model,
+        inputs,
+        weights,
+        mask,
+        chosen,
+        row=row,
+        heads=heads,
+        residual=residual,
+        target=target,
+        exclude=exclude,
+        receptive_field=receptive_field,
     )
     predicted, probabilities, labels = _prediction(model, output)
     extra = n - rows * cols
@@ -1422,6 +1463,7 @@ def explain_image(
         row=row % n,
         special=[True] * extra + [False] * (rows * cols),
         target=target if "gradient_rollout" in chosen else None,
+        notes=_method_notes(chosen),
         predicted=predicted,
         probabilities=probabilities,
         labels=labels,
@@ -1787,22 +1829,53 @@ def _scores_by_method(
     heads: HeadReduction,
     residual: float,
     target: int | None,
+    exclude: int | Sequence[int] | None = None,
+    receptive_field: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Each method's scores of `row` at every layer, for one input: ``(layers, n)``."""
-    options: dict[str, Any] = {"rows": row, "layers": "all", "mask": mask, "heads": heads}
+    """Each method's scores of `row` at every layer, for one input: ``(layers, n)``.
+
+    Gradient rollout leaves out the explained token's own relevance (``exclude_self``),
+    as Chefer et al. show it: the identity it starts from makes it the largest value.
+    """
+    common: dict[str, Any] = {"rows": row, "layers": "all", "mask": mask}
+    variants: dict[str, Any] = {"exclude": exclude, "receptive_field": receptive_field}
     scores: dict[str, torch.Tensor] = {}
     for method in methods:
         if method == "raw":
-            scores[method] = attnflow.raw(weights, **options)[0]
-        elif method == "rollout":
-            scores[method] = attnflow.rollout(weights, residual=residual, **options)[0]
-        elif method == "flow":
-            scores[method] = attnflow.flow(weights, residual=residual, **options)[0]
-        else:  # a second call, with autograd: gradient rollout explains a class
+            scores[method] = attnflow.raw(weights, heads=heads, **common)[0]
+        elif method in ("rollout", "flow"):
+            function = attnflow.rollout if method == "rollout" else attnflow.flow
+            scores[method] = function(
+                weights, heads=heads, residual=residual, **common, **variants
+            )[0]
+        elif method == "gradient_rollout":  # a second call, with autograd, for a class
             scores[method] = explain(
-                model, inputs, method="gradient_rollout", rows=row, target=target, layers="all"
+                model,
+                inputs,
+                method="gradient_rollout",
+                rows=row,
+                target=target,
+                layers="all",
+                exclude_self=True,
+                **variants,
+            )[0]
+        else:  # value-aware: a second call, capturing the blocks' token-mixing matrices
+            rule = CONTRIBUTIONS[CONTRIBUTIONS.index(method)]  # as the Literal type
+            scores[method] = explain(
+                model, inputs, method=rule, rows=row, layers="all", **variants
             )[0]
     return scores
+
+
+def _method_notes(methods: Sequence[str]) -> list[str]:
+    """Return what explain_text's and explain_image's pages must say of their scores."""
+    if "gradient_rollout" not in methods:
+        return []
+    note = (
+        "Gradient rollout without the explained token's own relevance (set to 0), as "
+        "Chefer et al. (2021) show it."
+    )
+    return [note]
 
 
 def input_gradients(

@@ -72,6 +72,9 @@ class Explanation:
     image : array of shape (H, W) or (H, W, 3), optional
         For an image (with `grid`): the picture the patch scores are drawn over, uint8 or
         floats in [0, 1].
+    notes : sequence of str, optional
+        Sentences a reader needs to read the scores (e.g. what a method left out), shown
+        above the HTML views and under the terminal table's heading.
 
     Attributes
     ----------
@@ -85,6 +88,7 @@ class Explanation:
     text : str or None
     grid : tuple of int or None
     image : ndarray or None
+    notes : tuple of str
     extra_tokens : int
         The leading tokens that are not patches (0 without `grid`).
 
@@ -139,6 +143,7 @@ class Explanation:
         text: str | None = None,
         grid: tuple[int, int] | None = None,
         image: Any = None,
+        notes: Sequence[str] = (),
     ) -> None:
         given: object = tokens  # checked at run time: callers may not be type-checked
         if not isinstance(given, Sequence) or isinstance(given, str):
@@ -177,6 +182,11 @@ class Explanation:
         self.labels = _checked_labels(labels)
         self.text = text
         self.grid, self.image = _checked_grid(grid, image, n)
+        given_notes: object = notes
+        if isinstance(given_notes, str) or not all(isinstance(t, str) for t in notes):
+            msg = f"`notes` must be a sequence of str; got {notes!r}."
+            raise TypeError(msg)
+        self.notes = tuple(notes)
 
     @property
     def extra_tokens(self) -> int:
@@ -251,6 +261,8 @@ class Explanation:
         width = max(8, *(len(t) for t in self.tokens))
         columns = [max(12, len(name) + 2) for name in values]
         print(self._heading(layer), file=out)
+        for note in self.notes:
+            print(note, file=out)
         header = "token".ljust(width) + "".join(
             name.rjust(size) for name, size in zip(values, columns, strict=True)
         )
@@ -262,8 +274,31 @@ class Explanation:
             print(token.ljust(width) + cells, file=out)
 
     def _excluded(self, scale_special: bool) -> list[int]:
-        exclude = [] if scale_special else [int(i) for i in np.flatnonzero(self.special)]
+        """Positions left out of the colour scale: special tokens and the explained one.
+
+        The explained position's own share (a token's share in itself) is large for every
+        method and says nothing about the others, so it never sets the scale either.
+        """
+        if scale_special:
+            return []
+        out = self.special.copy()
+        if self.row is not None and 0 <= self.row < len(self.tokens):
+            out[self.row] = True
+        exclude = [int(i) for i in np.flatnonzero(out)]
         return [] if len(exclude) == len(self.tokens) else exclude  # none left to scale by
+
+    def _scale_note(self, scale_special: bool) -> str:
+        """Say on the page what the colour scale leaves out, and any note of the scores."""
+        parts = list(self.notes)
+        excluded = self._excluded(scale_special)
+        if excluded:
+            names = ", ".join(self.tokens[i] for i in excluded)
+            parts.insert(
+                0,
+                f"Left out of the colour scale, their values written beside them: the "
+                f"explained position and the special tokens ({names}).",
+            )
+        return " ".join(parts)
 
     def _view(self, layer: int, *, scale_special: bool) -> Any:
         from .html import TokenView
@@ -301,13 +336,27 @@ class Explanation:
 
         The static table of every method at `layer` is what readers without scripts see.
         """
+        import html
+
         static = self._view(layer, scale_special=scale_special)
         interactive = self._interactive(layer, scale_special=scale_special)
         if interactive is None:
-            return str(static.to_html() if page else static._repr_html_())
-        from .html import _with_fallback
+            text = str(static.to_html() if page else static._repr_html_())
+        else:
+            from .html import _with_fallback
 
-        return _with_fallback(interactive, static, page=page)
+            text = _with_fallback(interactive, static, page=page)
+        note = self._scale_note(scale_special)
+        if not note:
+            return text
+        # Above the first view: what a reader must know to read the colours.
+        paragraph = (
+            '<p class="attnflow-note" style="font: 12px system-ui, -apple-system, sans-serif; '
+            'color: #555; margin: 0.3em 0;">'
+            f"{html.escape(note)}</p>\n"
+        )
+        at = text.find('<div class="attnflow-')
+        return text if at < 0 else text[:at] + paragraph + text[at:]
 
     def _repr_html_(self) -> str:
         """HTML for notebooks: every method and layer, special tokens out of the scale."""
@@ -346,7 +395,8 @@ class Explanation:
         """Draw a layer x token map per method (matplotlib; ``attnflow[plot]``).
 
         Special tokens are drawn with the others; with ``scale_special=False`` the colour
-        scale of each map ends at the largest score of the other tokens.
+        scale of each map ends at the largest score of the other tokens (neither special
+        nor the explained position).
 
         With a patch `grid` (an image): one panel per method, the patch scores at `layer`
         (the last by default) upsampled over the image
@@ -364,8 +414,11 @@ class Explanation:
 
         maps = {name: self.scores[name] for name in chosen}
         vmax = None
-        if not scale_special and not self.special.all():
-            vmax = max(float(m[:, ~self.special].max()) for m in maps.values())
+        excluded = self._excluded(scale_special)
+        if excluded:
+            kept = np.ones(len(self.tokens), dtype=bool)
+            kept[excluded] = False
+            vmax = max(float(m[:, kept].max()) for m in maps.values())
         return layer_token_map(maps, tokens=list(self.tokens), title=self._heading(-1), vmax=vmax)
 
     # -- image (patch grid) views --------------------------------------------------------
@@ -457,6 +510,7 @@ class Explanation:
             "text": self.text,
             "grid": None if self.grid is None else list(self.grid),
             "image": None if self.image is None else self.image.tolist(),
+            "notes": list(self.notes),
         }
 
     @classmethod
@@ -477,6 +531,7 @@ class Explanation:
             text=data["text"],
             grid=None if data.get("grid") is None else tuple(data["grid"]),
             image=data.get("image"),
+            notes=data.get("notes", ()),
         )
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:

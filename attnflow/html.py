@@ -8,7 +8,8 @@ script and controls to pick which one colours the tokens. Both display themselve
 Jupyter-style notebooks (``_repr_html_``) and write a standalone page with ``save``.
 In both, tokens left out of the scale (``scale_exclude``: ``[CLS]``, ``[SEP]``...) get
 no colour of it, so that none reads as the strongest: they are drawn light grey with a
-dashed outline (the ``attnflow-unscaled`` class), and the scale's legend counts them.
+dashed outline (the ``attnflow-unscaled`` class), their value written beside the label,
+and the scale's legend counts them.
 With ``grid=(rows, cols)`` (an image: the last ``rows * cols`` tokens are its patches, row
 by row) both draw the patches as a grid of square cells, the tokens before them (CLS,
 registers) as spans above it.
@@ -66,6 +67,8 @@ _CSS = """\
   border-radius: 3px; white-space: pre; pointer-events: none; z-index: 10; }
 .attnflow-view .attnflow-unscaled { background-color: #eeeeee; color: #6b6b6b;
   border: 1px dashed #8c8c8c; }
+.attnflow-view .attnflow-tok.attnflow-unscaled::after { content: attr(data-value);
+  margin-left: 0.3em; font-size: 0.8em; }
 .attnflow-view .attnflow-tok:hover { outline: 1px solid #333; }
 .attnflow-view .attnflow-tok:hover::after { content: attr(data-value);
   position: absolute; left: 50%; bottom: 110%; transform: translateX(-50%);
@@ -103,7 +106,8 @@ class TokenView:
     Each token's background goes from white (score 0) to `color` (the largest score of
     all rows); negative scores are shown white. Tokens left out of the scale
     (`scale_exclude`) are not coloured by it: they are drawn light grey with a dashed
-    outline and a grey label, and the legend under the tokens counts them. The exact
+    outline and a grey label followed by their value, and the legend under the tokens
+    counts them. The exact
     value appears in a tooltip when the pointer rests on a token (and in its ``title``
     attribute). Tokens are HTML-escaped; the output has no scripts and loads nothing.
 

@@ -115,8 +115,12 @@ def test_token_view_draws_excluded_tokens_neutral_in_headless_chromium(tmp_path:
         var style = getComputedStyle(element);
         return [style.backgroundColor, style.borderTopStyle, style.borderTopColor, style.color];
       }
-      var spans = Array.prototype.map.call(document.querySelectorAll(".attnflow-tok"), look);
-      return {spans: spans, key: look(document.querySelector(".attnflow-key")),
+      var all = document.querySelectorAll(".attnflow-tok");
+      var spans = Array.prototype.map.call(all, look);
+      var after = Array.prototype.map.call(all, function (element) {
+        return getComputedStyle(element, "::after").content;
+      });
+      return {spans: spans, after: after, key: look(document.querySelector(".attnflow-key")),
               scale: document.querySelector(".attnflow-scale").textContent};
     })()"""
     browser = Browser(chromium, FLAGS, page.as_uri(), tmp_path / "profile")
@@ -129,12 +133,14 @@ def test_token_view_draws_excluded_tokens_neutral_in_headless_chromium(tmp_path:
     for r, values in enumerate(rows.values()):
         for i, value in enumerate(values):
             background, border, _, _ = shown["spans"][r * n + i]
-            if i in (0, n - 1):  # the neutral look, as the legend's key
+            if i in (0, n - 1):  # the neutral look, as the legend's key, and the value
                 assert shown["spans"][r * n + i] == shown["key"], (r, i)
                 assert (background, border) == (NEUTRAL, "dashed"), (r, i)
-            else:  # the ramp, whatever the sinks' values
+                assert shown["after"][r * n + i] == f'"{float(value):.4g}"', (r, i)
+            else:  # the ramp, whatever the sinks' values; the value only on hover
                 assert background == view._background(float(value))[0], (r, i)
                 assert border == "solid", (r, i)
+                assert shown["after"][r * n + i] == "none", (r, i)
     assert shown["scale"].endswith(f"{top:.4g} (2 tokens left out of the scale)")
 
 

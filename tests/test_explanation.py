@@ -200,3 +200,34 @@ def test_labels_of_some_classes_for_a_vocabulary(tmp_path):
         Explanation(["a"], {"m": np.ones(1)}, labels={"7": "x"})
     with pytest.raises(TypeError, match="sequence of class names or a mapping"):
         Explanation(["a"], {"m": np.ones(1)}, labels="ab")
+
+
+def test_the_explained_position_never_sets_the_colour_scale(tmp_path):
+    # Issue 22.10: [CLS] (the explained row) and specials take most of the mass; the
+    # words must be readable. The page says what was left out, and shows their values.
+    tokens = ["[CLS]", "the", "key", "is", "here", "[SEP]"]
+    values = np.array([0.66, 0.02, 0.12, 0.03, 0.07, 0.10])
+    e = Explanation(
+        tokens,
+        {"rollout": values},
+        row=0,
+        special=[False] * 6,  # not marked special: the row is left out all the same
+        notes=["A note on the scores."],
+    )
+    page = e.to_html()
+    view = TokenView({"rollout": values}, tokens, scale_exclude=[0])
+    assert view.scale_max == 0.12
+    assert 'class="attnflow-tok attnflow-unscaled" title="[CLS]: 0.66"' in page
+    assert "Left out of the colour scale" in page
+    assert "A note on the scores." in page
+    assert page.index("attnflow-note") < page.index('class="attnflow-view"')
+    in_scale = Explanation(tokens, {"rollout": values}, row=0).to_html(scale_special=True)
+    assert "attnflow-unscaled" not in in_scale.split("</style>")[-1]
+    assert "Left out of the colour scale" not in in_scale
+    loaded = Explanation.load(e.save(tmp_path / "e.npz"))
+    assert loaded.notes == ("A note on the scores.",)
+    out = io.StringIO()
+    e.show(file=out)
+    assert out.getvalue().splitlines()[1] == "A note on the scores."
+    with pytest.raises(TypeError, match="`notes` must be a sequence of str"):
+        Explanation(tokens, {"rollout": values}, notes="one string")

@@ -105,8 +105,11 @@ def test_another_row_and_gradient_rollout(picture: np.ndarray) -> None:
     )
     inputs = images(images=picture, return_tensors="pt")
     np.testing.assert_array_equal(e.scores["rollout"], by_hand(model, inputs, row=5)["rollout"])
-    gae = adapter.explain(model, inputs, method="gradient_rollout", rows=5, target=2, layers="all")
+    gae = adapter.explain(
+        model, inputs, method="gradient_rollout", rows=5, target=2, layers="all", exclude_self=True
+    )  # shown without the explained patch's own relevance, as Chefer et al. do
     np.testing.assert_array_equal(e.scores["gradient_rollout"], gae[0].double().numpy())
+    assert (e.scores["gradient_rollout"][:, 5] == 0).all()
     assert e.row == 5
     assert e.target == 2
 

@@ -95,8 +95,38 @@ def test_a_classifier_gets_its_prediction_and_gradient_rollout() -> None:
     )
     assert e.labels == ("a", "b", "c")
     assert e.target == 2
-    gae = adapter.explain(model, inputs, method="gradient_rollout", target=2, layers="all")
+    # Shown as Chefer et al. show it: without the explained token's own relevance.
+    gae = adapter.explain(
+        model, inputs, method="gradient_rollout", target=2, layers="all", exclude_self=True
+    )
     np.testing.assert_array_equal(e.scores["gradient_rollout"], gae[0].double().numpy())
+    assert (e.scores["gradient_rollout"][:, 0] == 0).all()
+    assert any("own relevance" in note for note in e.notes)
+    assert "own relevance" in e.to_html()
+
+
+def test_every_method_and_the_gallery_options(model_and_tokenizer: tuple) -> None:
+    # Issue 22.11: the value-aware methods and the options that make maps readable.
+    model, tokenizer = model_and_tokenizer
+    # (receptive_field, for decoders, is refused on this encoder; tests/llm passes it on.)
+    options = {"exclude": 0, "residual": 0.3, "heads": "max"}
+    e = adapter.explain_text(
+        model, tokenizer, TEXT, methods=["rollout", "flow", "alti", "globenc", "norm"], **options
+    )
+    inputs = tokenizer(TEXT, return_tensors="pt")
+    with torch.no_grad(), adapter.capture(model) as cap:
+        model(**inputs)
+    common = {"rows": 0, "layers": "all", "mask": cap.mask, "exclude": 0}
+    for name, function in (("rollout", attnflow.rollout), ("flow", attnflow.flow)):
+        expected = function(cap.attentions, heads="max", residual=0.3, **common)[0]
+        np.testing.assert_allclose(e.scores[name], expected.double().numpy(), atol=1e-12)
+        assert (e.scores[name][:, 0] == 0).all()  # [CLS] excluded
+    for rule in ("alti", "globenc", "norm"):
+        expected = adapter.explain(
+            model, dict(inputs), method=rule, rows=0, layers="all", exclude=0
+        )[0]
+        np.testing.assert_allclose(e.scores[rule], expected.double().numpy(), atol=1e-12)
+        assert e.scores[rule].shape == (6, len(e.tokens))
 
 
 def test_bad_arguments_fail_before_the_model_runs(model_and_tokenizer: tuple) -> None:

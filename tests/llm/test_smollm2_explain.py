@@ -84,7 +84,12 @@ def test_explain_text_on_a_causal_lm(smollm2, tmp_path):
     rollout = attnflow.rollout(cap.attentions, rows=-1, layers="all")[0]
     np.testing.assert_allclose(e.scores["rollout"], rollout.double().numpy(), atol=1e-6)
     gae = adapter.explain(
-        models["sdpa"], dict(ids), method="gradient_rollout", rows=-1, layers="all"
+        models["sdpa"],
+        dict(ids),
+        method="gradient_rollout",
+        rows=-1,
+        layers="all",
+        exclude_self=True,
     )[0]
     np.testing.assert_allclose(e.scores["gradient_rollout"], gae.double().numpy(), atol=1e-5)
     assert "' Paris'" in repr(e)
@@ -97,3 +102,24 @@ def test_explain_text_on_a_causal_lm(smollm2, tmp_path):
     )
     assert chosen.target == e.predicted + 1
     assert set(chosen.labels) == {e.predicted, e.predicted + 1}
+
+
+def test_explain_text_passes_the_decoder_options(smollm2):
+    models, tokenizer = smollm2
+    text = "Anna lives in Paris. Anna lives in"
+    e = adapter.explain_text(
+        models["sdpa"],
+        tokenizer,
+        text,
+        methods=["rollout", "flow"],
+        exclude=0,
+        receptive_field=True,
+    )
+    ids = tokenizer(text, return_tensors="pt")
+    with torch.no_grad(), adapter.capture(models["sdpa"]) as cap:
+        models["sdpa"](**ids)
+    options = {"rows": -1, "layers": "all", "exclude": 0, "receptive_field": True}
+    for name, function in (("rollout", attnflow.rollout), ("flow", attnflow.flow)):
+        expected = function(cap.attentions, **options)[0].double().numpy()
+        np.testing.assert_allclose(e.scores[name], expected, atol=1e-6)
+        assert (e.scores[name][:, 0] == 0).all()
