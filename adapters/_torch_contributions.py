@@ -71,7 +71,7 @@ SUPPORTED_BLOCKS = (
     "(attention.{q,k,v,out}_lin, sa_layer_norm, output_layer_norm), GPT-2 blocks (ln_1, "
     "attn.c_attn, attn.c_proj, ln_2), ViT layers (layernorm_before, value and output "
     "projections, layernorm_after), "
-    "torch.nn.TransformerEncoderLayer (norm_first True or False) and pre-LN blocks with a "
+    "torch.nn.TransformerEncoderLayer (norm_first True or False), pre-LN blocks with a "
     "fused query-key-value nn.Linear (ln_1 or norm1, attn.c_attn or attn.qkv, attn.c_proj "
     "or attn.proj, ln_2 or norm2), and Llama, Mistral and Qwen2-style decoder layers "
     "(input_layernorm, self_attn.{q,k,v,o}_proj with grouped-query attention and RoPE, "
