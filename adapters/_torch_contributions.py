@@ -337,7 +337,7 @@ def _fused_pre_ln(name: str, block: nn.Module) -> BlockSpec | None:
     )
 
 
-#: The children of a Llama-family decoder layer's attention sub-block and its MLP input.
+#: A Llama-family decoder layer's norm before its attention and the one after its residual sum.
 _LLAMA_NORMS = ("input_layernorm", "post_attention_layernorm")
 
 
