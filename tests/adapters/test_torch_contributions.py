@@ -679,15 +679,19 @@ def _llama_pieces(model: Any, batch: dict[str, Any], method: str) -> tuple[Any, 
 
 @pytest.mark.parametrize("kind", LLAMA_FAMILY)
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("dtype_name", ["float64", "float32"])
 def test_llama_family_decomposition_is_complete(
-    transformers: Any, kind: str, implementation: str
+    transformers: Any, kind: str, implementation: str, dtype_name: str
 ) -> None:
-    """Σ_j T_i(x_j) + b_i is the stream entering post_attention_layernorm, to float64 rounding.
+    """Σ_j T_i(x_j) + b_i is the stream entering post_attention_layernorm, to rounding.
 
     Eager runs unpadded: in float64 Hugging Face's own eager attention turns a fully
     masked (left-padded) row into NaN, which then reaches every token of the sequence.
+    Measured: 3.6e-15 in float64, 1.9e-6 in float32 (streams up to 14).
     """
-    model = _llama_family(transformers, kind, implementation)
+    dtype = getattr(torch, dtype_name)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    model = _llama_family(transformers, kind, implementation, dtype)
     batch = _llama_batch(left_padding=implementation == "sdpa")
     with torch.no_grad():
         plain = model(**batch).last_hidden_state
@@ -695,8 +699,8 @@ def test_llama_family_decomposition_is_complete(
     for method in METHODS:
         cap, seen = _llama_pieces(model, batch, method)
         assert cap.contributions.shape == (2, 2, 7, 7)
-        assert cap.contributions.dtype == torch.float64
-        torch.testing.assert_close(cap.outputs, seen["y"], rtol=1e-12, atol=1e-12)
+        assert cap.contributions.dtype == dtype
+        torch.testing.assert_close(cap.outputs, seen["y"], rtol=tol, atol=tol)
         assert bool(torch.isfinite(cap.contributions).all())
     assert_restored(model, registered)
     with torch.no_grad(), adapter.capture(model, contributions="alti"):
@@ -704,7 +708,7 @@ def test_llama_family_decomposition_is_complete(
     if implementation == "eager":  # wrapped, not recomputed
         assert torch.equal(during, plain)
     else:
-        torch.testing.assert_close(during, plain, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(during, plain, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("kind", LLAMA_FAMILY)
