@@ -1,4 +1,4 @@
-"""Record what value-aware token mixing needs from PyTorch attention blocks.
+r"""Record what value-aware token mixing needs from PyTorch attention blocks.
 
 :func:`attnflow.adapters.torch.capture` with ``contributions=`` uses this module to find
 the model's attention blocks (recognised by their structure, not their class names) and,
@@ -30,6 +30,25 @@ Supported blocks:
   :mod:`attnflow.experiments.agreement_torch`). Their structure is a convention, not a
   class, so every call is checked: the rebuilt output must equal the block input plus
   what ``attn`` returned, or the capture fails.
+* Llama-family decoder layers (Llama, Mistral, Qwen2 and others built the same way):
+  ``input_layernorm`` (an RMSNorm, or a LayerNorm), ``self_attn.{q,k,v,o}_proj`` (biases
+  optional) and ``post_attention_layernorm``; pre-norm. Grouped-query attention is
+  supported: the value heads (``v_proj``, ``num_key_value_heads`` of them) are shared by
+  consecutive groups of query heads (:func:`attnflow.head_values` with
+  ``value_heads``). Rotary position embeddings (RoPE) rotate only queries and keys, so
+  the captured weights hold them and the value path is ``v_proj`` then ``o_proj``. The
+  decomposed output is the stream after the attention's residual sum,
+  :math:`x + \mathrm{o\_proj}(\mathrm{Attn}(\mathrm{RMSNorm}(x)))`, which is the input of
+  ``post_attention_layernorm``: every call is checked against it, so a layer that
+  scales or normalises the attention's output before the sum (Gemma 2, Granite) fails
+  the capture instead of giving wrong matrices. Layers with further norms around the
+  attention (``pre_feedforward_layernorm``...) are not recognised.
+
+In pre-norm blocks the first norm acts on each token alone and its output is what the
+attention reads, so it sits inside the value vectors :math:`f^h(z_j)` and needs no
+decomposition: LayerNorm and RMSNorm alike. Only the post-LN blocks' norms, applied to
+the residual sum itself, are decomposed (by the core, once the std of the actual sum is
+fixed).
 """
 
 from __future__ import annotations
@@ -52,9 +71,11 @@ SUPPORTED_BLOCKS = (
     "(attention.{q,k,v,out}_lin, sa_layer_norm, output_layer_norm), GPT-2 blocks (ln_1, "
     "attn.c_attn, attn.c_proj, ln_2), ViT layers (layernorm_before, value and output "
     "projections, layernorm_after), "
-    "torch.nn.TransformerEncoderLayer (norm_first True or False) and pre-LN blocks with a "
+    "torch.nn.TransformerEncoderLayer (norm_first True or False), pre-LN blocks with a "
     "fused query-key-value nn.Linear (ln_1 or norm1, attn.c_attn or attn.qkv, attn.c_proj "
-    "or attn.proj, ln_2 or norm2)"
+    "or attn.proj, ln_2 or norm2), and Llama, Mistral and Qwen2-style decoder layers "
+    "(input_layernorm, self_attn.{q,k,v,o}_proj with grouped-query attention and RoPE, "
+    "post_attention_layernorm)"
 )
 
 # A string, so that the docs build can import this module against a mocked torch.
@@ -72,8 +93,8 @@ class BlockSpec:
     """``(W_V, b_V)`` with ``W_V`` of shape ``(d_in, H * d_head)`` (applied as ``z @ W_V``)."""
     output: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
     """``(W_O, b_O)`` with ``W_O`` of shape ``(H * d_head, d)``."""
-    pre_norm: nn.LayerNorm | None
-    """Pre-LN blocks: the LayerNorm whose output the attention reads."""
+    pre_norm: nn.Module | None
+    """Pre-LN blocks: the LayerNorm (or RMSNorm) whose output the attention reads."""
     post_norm: nn.LayerNorm | None
     """Post-LN blocks: the LayerNorm after the residual sum."""
     second_norm: nn.LayerNorm | None
@@ -82,6 +103,9 @@ class BlockSpec:
     checked: nn.Module | None = None
     """Pre-LN blocks recognised by convention: the attention module whose output, added
     to the block input, the rebuilt output must equal."""
+    stream: nn.Module | None = None
+    """Pre-norm blocks recognised by convention: the module whose input is the stream
+    after the attention's residual sum, which the rebuilt output must equal."""
 
 
 def _tensor(module: object, name: str) -> torch.Tensor | None:
@@ -102,6 +126,19 @@ def _is_linear(module: object) -> bool:
 
 def _is_layer_norm(module: object) -> bool:
     return isinstance(module, nn.LayerNorm) and len(module.normalized_shape) == 1
+
+
+def _is_rms_norm(module: object) -> bool:
+    """``torch.nn.RMSNorm`` or a model's own (``LlamaRMSNorm``...) over the last axis."""
+    if isinstance(module, nn.RMSNorm):
+        return len(module.normalized_shape) == 1
+    weight = getattr(module, "weight", None)
+    return (
+        isinstance(module, nn.Module)
+        and type(module).__name__.endswith("RMSNorm")
+        and isinstance(weight, torch.Tensor)
+        and weight.ndim == 1
+    )
 
 
 def _is_conv1d(module: object) -> bool:
@@ -300,7 +337,54 @@ def _fused_pre_ln(name: str, block: nn.Module) -> BlockSpec | None:
     )
 
 
-_RECOGNISERS = (_encoder_layer, _bert, _distilbert, _gpt2, _vit, _fused_pre_ln)
+#: A Llama-family decoder layer's norm before its attention and the one after its residual sum.
+_LLAMA_NORMS = ("input_layernorm", "post_attention_layernorm")
+
+
+def _llama(name: str, block: nn.Module) -> BlockSpec | None:
+    before, after = (_get(block, part) for part in _LLAMA_NORMS)
+    if not all(_is_rms_norm(norm) or _is_layer_norm(norm) for norm in (before, after)):
+        return None
+    projections = [_get(block, f"self_attn.{p}_proj") for p in "qkvo"]
+    if not all(_is_linear(p) for p in projections):
+        return None
+    value, dense = projections[2], projections[3]
+    if dense.out_features != value.in_features:  # o_proj writes back to the stream
+        return None
+    # Gemma 2 and 3 normalise the attention's output before the residual sum (and the
+    # MLP's around it): more than attention and a residual, not decomposed here.
+    extra_norms = [
+        child
+        for part, child in block.named_children()
+        if part not in _LLAMA_NORMS and "norm" in type(child).__name__.lower()
+    ]
+    if extra_norms:
+        return None
+    return BlockSpec(
+        name,
+        block,
+        "Llama-family (RMSNorm pre-norm)",
+        value=lambda: _linear(value),
+        output=lambda: _linear(dense),
+        pre_norm=before,
+        post_norm=None,
+        second_norm=None,
+        stream=after,
+    )
+
+
+_RECOGNISERS = (_encoder_layer, _bert, _distilbert, _gpt2, _vit, _fused_pre_ln, _llama)
+
+
+def _drops_out(module: nn.Module) -> bool:
+    """Tell an ``nn.Dropout``, or an attention dropping weights itself in training mode.
+
+    Hugging Face attentions apply their ``attention_dropout`` rate functionally.
+    """
+    if isinstance(module, nn.Dropout):
+        return module.p > 0
+    rate = getattr(module, "attention_dropout", None)
+    return isinstance(rate, float | int) and not isinstance(rate, bool) and rate > 0
 
 
 def _looks_like_attention(module: nn.Module) -> bool:
@@ -337,7 +421,7 @@ def find_blocks(model: nn.Module) -> list[BlockSpec]:
         f"{spec.name}.{name}" if name else spec.name
         for spec in blocks
         for name, module in spec.block.named_modules()
-        if isinstance(module, nn.Dropout) and module.training and module.p > 0
+        if module.training and _drops_out(module)
     ]
     if training:
         msg = (
@@ -379,7 +463,8 @@ class _Running:
     attention_input: torch.Tensor | None = None
     weights: list[torch.Tensor] = field(default_factory=list)
     second_input: torch.Tensor | None = None
-    attention_output: torch.Tensor | None = None
+    expected: torch.Tensor | None = None
+    """What the rebuilt output must equal (blocks recognised by convention)."""
 
 
 class BlockRecorder:
@@ -406,6 +491,8 @@ class BlockRecorder:
                 handles.append(spec.second_norm.register_forward_pre_hook(self._second))
             if spec.checked is not None:
                 handles.append(spec.checked.register_forward_hook(self._attended))
+            if spec.stream is not None:
+                handles.append(spec.stream.register_forward_pre_hook(self._summed))
             undo.extend(handle.remove for handle in handles)
 
     def clear(self) -> None:
@@ -438,8 +525,18 @@ class BlockRecorder:
     def _attended(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:  # noqa: ARG002
         if isinstance(output, tuple | list) and output:
             output = output[0]
-        if self._running is not None and isinstance(output, torch.Tensor):
-            self._running.attention_output = self._batch_first(self._running.spec, output.detach())
+        running = self._running
+        if (
+            running is not None
+            and running.residual is not None
+            and isinstance(output, torch.Tensor)
+        ):
+            attended = self._batch_first(running.spec, output.detach())
+            running.expected = running.residual + attended
+
+    def _summed(self, module: nn.Module, args: tuple[Any, ...]) -> None:  # noqa: ARG002
+        if self._running is not None and args and isinstance(args[0], torch.Tensor):
+            self._running.expected = self._batch_first(self._running.spec, args[0].detach())
 
     def record(self, weights: torch.Tensor) -> bool:
         """Take the attention weights of the running block; False if no block runs."""
@@ -482,13 +579,27 @@ class BlockRecorder:
             weights = weights[None]
         value_weight, value_bias = spec.value()
         output_weight, output_bias = spec.output()
+        heads = weights.shape[-3]
+        # Grouped-query attention: fewer value heads than query heads, of the same width.
+        value_width, output_width = value_weight.shape[1], output_weight.shape[0]
+        value_heads = None
+        if value_width != output_width:
+            if (heads * value_width) % output_width != 0:
+                self.errors.append(
+                    f"{spec.name}: {heads} query heads write {output_width} values into the "
+                    f"output projection, but the value projection has {value_width}, not a "
+                    "whole number of heads of that width"
+                )
+                return
+            value_heads = heads * value_width // output_width
         second = spec.second_norm if self.method == "globenc" else None
         with torch.no_grad():
             values = attnflow.head_values(
                 attention_input,
                 value_weight,
                 output_weight,
-                heads=weights.shape[-3],
+                heads=heads,
+                value_heads=value_heads,
                 value_bias=value_bias,
             )
             matrix, output = contributions_and_outputs(
@@ -501,30 +612,48 @@ class BlockRecorder:
                 second_norm=_parameters(second),
                 second_norm_input=None if second is None else running.second_input,
             )
-        if spec.checked is not None and not self._matches(running, output):
+        checked = spec.checked is not None or spec.stream is not None
+        if checked and not self._matches(running, output):
             return
         self.matrices.append(matrix)
         self.outputs.append(output)
 
     def _matches(self, running: _Running, rebuilt: torch.Tensor) -> bool:
-        """Whether the rebuilt output is the block input plus the attention's output."""
-        name = running.spec.name
-        if running.attention_output is None or running.residual is None:
-            self.errors.append(f"{name}: the output of {name}.attn was not seen")
+        """Whether the rebuilt output is what the model summed (see `BlockSpec.stream`)."""
+        spec = running.spec
+        expected = running.expected
+        if expected is None:
+            self.errors.append(f"{spec.name}: {_reference(spec)} was not seen")
             return False
-        expected = running.residual + running.attention_output
+        if expected.shape != rebuilt.shape:
+            self.errors.append(
+                f"{spec.name}: {_reference(spec)} has shape {tuple(expected.shape)}, the "
+                f"rebuilt output {tuple(rebuilt.shape)}"
+            )
+            return False
         scale = float(expected.abs().max()) if expected.numel() else 0.0
         error = float((rebuilt - expected).abs().max()) if expected.numel() else 0.0
         eps = float(torch.finfo(rebuilt.dtype).eps) if rebuilt.is_floating_point() else 0.0
         # A few hundred roundings of the largest value; a missed term is far larger.
         if error > 1024 * eps * max(scale, 1.0):
             self.errors.append(
-                f"{name}: the token terms sum to within {error:.3g} of the block input plus "
-                f"{name}.attn's output (largest value {scale:.3g}); the block does more "
-                "than attention and a residual (e.g. a LayerScale or a gate)"
+                f"{spec.name}: the token terms sum to within {error:.3g} of "
+                f"{_reference(spec)} (largest value {scale:.3g}); the block does more than "
+                "attention and a residual (e.g. a LayerScale, a gate or a norm on the "
+                "attention's output)"
             )
             return False
         return True
+
+
+def _reference(spec: BlockSpec) -> str:
+    """Name what a block recognised by convention is checked against."""
+    seen = spec.stream if spec.stream is not None else spec.checked
+    part = next((p for p, m in spec.block.named_modules() if m is seen), "")
+    where = f"{spec.name}.{part}" if part else spec.name
+    if spec.stream is not None:
+        return f"the input of {where}"
+    return f"the block input plus {where}'s output"
 
 
 def _parameters(norm: nn.LayerNorm | None) -> LayerNormTuple | None:

@@ -54,7 +54,7 @@ Everything is restored when the block ends, also when the forward raises.
 
 ``capture(model, contributions="norm" | "globenc" | "alti")`` records value-aware
 token-mixing matrices instead (:func:`attnflow.contributions`): hooks on each supported
-attention block (Hugging Face BERT-like, DistilBERT, GPT-2 and ViT layers,
+attention block (Hugging Face BERT-like, DistilBERT, GPT-2, ViT and Llama-family layers,
 ``nn.TransformerEncoderLayer``)
 collect its input, the attention's input and weights (and GlobEnc's second LayerNorm input)
 and the core turns them into the block's ``n x n`` matrix when it returns; see
@@ -944,7 +944,9 @@ def capture(
         ``cap.contributions`` ``(*batch, layers, n, n)`` and ``cap.outputs`` (each
         block's output rebuilt from the decomposition). Supported blocks, recognised by
         their structure: Hugging Face BERT-like encoder layers (BERT, RoBERTa, MiniLM),
-        DistilBERT blocks, GPT-2 blocks and ViT layers, and
+        DistilBERT blocks, GPT-2 blocks, ViT layers, Llama, Mistral and Qwen2-style
+        decoder layers (RMSNorm pre-norm, ``q/k/v/o_proj``, grouped-query attention,
+        RoPE; the decomposed output is the input of ``post_attention_layernorm``), and
         ``nn.TransformerEncoderLayer`` (``norm_first`` True or False); any
         other attention module is refused. Not with `gradients` or `heads`.
 

@@ -63,6 +63,7 @@ def head_values(
     /,
     *,
     heads: int,
+    value_heads: int | None = None,
     value_bias: Any | None = None,
     xp: Namespace | None = None,
 ) -> ArrayT:
@@ -79,7 +80,20 @@ def head_values(
     columns of the value projection and :math:`W_O^h` (``d_head x d``) its rows of the
     output projection. :math:`z_j` is what the attention reads: the block input
     :math:`x_j` in post-LN blocks (BERT), :math:`\mathrm{LN}_1(x_j)` in pre-LN blocks
-    (GPT-2, ViT). The value bias is part of :math:`f^h`, as in the paper.
+    (GPT-2, ViT), :math:`\mathrm{RMSNorm}(x_j)` in Llama-family blocks. The value bias
+    is part of :math:`f^h`, as in the paper.
+
+    With grouped-query attention (Llama, Mistral, Qwen2: `value_heads` below `heads`)
+    the query heads are split into `value_heads` consecutive groups of
+    :math:`g = \text{heads} / \text{value\_heads}` that share one value head, and
+
+    .. math::
+
+        f^h(z_j) = \left(z_j W_V^{\lfloor h / g \rfloor} + b_V^{\lfloor h / g \rfloor}\right)
+        W_O^h ,
+
+    computed without repeating the value heads (Ainslie et al. 2023; Hugging Face's
+    ``repeat_kv`` repeats them in this order).
 
     Parameters
     ----------
@@ -91,9 +105,14 @@ def head_values(
     output_weight : array of shape ``(heads * d_head, d)``
         The output projection, applied as ``context @ output_weight``.
     heads : int
-        The number of heads; head :math:`h` owns columns ``h * d_head : (h + 1) * d_head``
-        of `value_weight` and the same rows of `output_weight`.
-    value_bias : array of shape ``(heads * d_head,)``, optional
+        The number of (query) heads; head :math:`h` owns rows
+        ``h * d_head : (h + 1) * d_head`` of `output_weight` and, without grouped-query
+        attention, the same columns of `value_weight`.
+    value_heads : int, optional
+        The number of value (key-value) heads, a divisor of `heads`; None (the default)
+        for `heads`. `value_weight` then has ``value_heads * d_head`` columns and value
+        head :math:`k` serves query heads ``k * g`` to ``(k + 1) * g - 1``.
+    value_bias : array of shape ``(value_heads * d_head,)``, optional
         The value projection's bias :math:`b_V`.
     xp : namespace, optional
         The array namespace; inferred from the arrays by default.
@@ -106,16 +125,19 @@ def head_values(
     Raises
     ------
     ValueError
-        On shapes that do not fit together, or a `heads` below 1 or not dividing the
-        value width.
+        On shapes that do not fit together, a `heads` below 1 or not dividing the output
+        projection's input width, or a `value_heads` below 1 or not dividing `heads`.
     TypeError
-        On non-floating or mixed dtypes, or a `heads` that is not an int.
+        On non-floating or mixed dtypes, or a `heads` or `value_heads` that is not an int.
 
     References
     ----------
     .. [1] G. Kobayashi, T. Kuribayashi, S. Yokoi and K. Inui, "Attention is Not Only a
        Weight: Analyzing Transformers with Vector Norms", EMNLP 2020,
        https://arxiv.org/abs/2004.10102
+    .. [2] J. Ainslie, J. Lee-Thorp, M. de Jong, Y. Zemlyanskiy, F. Lebrón and S. Sanghai,
+       "GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
+       Checkpoints", EMNLP 2023, https://arxiv.org/abs/2305.13245
 
     Examples
     --------
@@ -129,6 +151,15 @@ def head_values(
     <BLANKLINE>
            [[0., 0.],
             [0., 2.]]])
+
+    Grouped-query attention: two query heads share one value head of width 1.
+
+    >>> attnflow.head_values(z, w_v[:, :1], w_o, heads=2, value_heads=1)
+    array([[[1., 1.],
+            [0., 0.]],
+    <BLANKLINE>
+           [[0., 1.],
+            [0., 0.]]])
     """
     arrays, boundary = enter_boundary(
         [inputs, value_weight, output_weight, value_bias],
@@ -138,44 +169,69 @@ def head_values(
     names = ["inputs", "value_weight", "output_weight", "value_bias"]
     namespace = resolve_namespace(z, w_v, w_o, b_v, xp=xp, names=names)
     _check_dtypes(namespace, list(zip(names, arrays, strict=True)))
-    given_heads: object = heads  # checked at run time: callers may not be type-checked
-    if isinstance(given_heads, bool) or not isinstance(given_heads, numbers.Integral):
-        _fail("heads", "be a positive int", repr(heads), "Pass the number of heads.", TypeError)
-    if int(given_heads) < 1:
-        _fail("heads", "be a positive int", repr(heads), "Pass the number of heads.", ValueError)
-    n_heads = int(given_heads)
+    n_heads = _positive_int("heads", heads, "Pass the number of (query) heads.")
+    n_value = n_heads
+    if value_heads is not None:
+        n_value = _positive_int(
+            "value_heads",
+            value_heads,
+            "Pass the number of key-value heads (num_key_value_heads), or None.",
+        )
     if z.ndim < 2 or w_v.ndim != 2 or w_o.ndim != 2:
         _fail(
             "inputs, value_weight, output_weight",
-            "have shapes (*batch, n, d_in), (d_in, heads * d_head), (heads * d_head, d)",
+            "have shapes (*batch, n, d_in), (d_in, value_heads * d_head), (heads * d_head, d)",
             f"{tuple(z.shape)}, {tuple(w_v.shape)}, {tuple(w_o.shape)}",
             "Transpose torch.nn.Linear weights (they are stored as (out, in)).",
             ValueError,
         )
-    width = w_v.shape[1]
-    if w_v.shape[0] != z.shape[-1] or w_o.shape[0] != width or width % n_heads != 0:
+    if n_heads % n_value != 0:
+        _fail(
+            "value_heads",
+            f"divide `heads` ({n_heads}): each value head serves a group of query heads",
+            repr(value_heads),
+            "Pass the model's number of key-value heads.",
+            ValueError,
+        )
+    width = w_o.shape[0]
+    d_head = width // n_heads
+    if w_v.shape[0] != z.shape[-1] or width % n_heads != 0 or w_v.shape[1] != n_value * d_head:
         _fail(
             "value_weight",
-            f"have shape (d_in, heads * d_head) = ({z.shape[-1]}, k * {n_heads}) with "
-            "output_weight (heads * d_head, d)",
+            f"have shape (d_in, value_heads * d_head) = ({z.shape[-1]}, {n_value} * k) with "
+            f"output_weight (heads * d_head, d) = ({n_heads} * k, d)",
             f"value_weight {tuple(w_v.shape)} and output_weight {tuple(w_o.shape)} for inputs "
             f"{tuple(z.shape)}",
             "Transpose torch.nn.Linear weights (they are stored as (out, in)).",
             ValueError,
         )
-    if b_v is not None and tuple(b_v.shape) != (width,):
-        _fail("value_bias", f"have shape ({width},)", describe(b_v), "Pass b_V.", ValueError)
-    d_head = width // n_heads
+    if b_v is not None and tuple(b_v.shape) != (w_v.shape[1],):
+        _fail("value_bias", f"have shape ({w_v.shape[1]},)", describe(b_v), "Pass b_V.", ValueError)
+    group = n_heads // n_value
     values = namespace.matmul(z, w_v)
     if b_v is not None:
         values = values + b_v
     batch = tuple(values.shape[:-2])
     n = values.shape[-2]
-    values = namespace.reshape(values, (*batch, n, n_heads, d_head))
+    values = namespace.reshape(values, (*batch, n, n_value, d_head))
     nb = len(batch)
     values = namespace.permute_dims(values, (*range(nb), nb + 1, nb, nb + 2))
-    per_head = namespace.reshape(w_o, (n_heads, d_head, w_o.shape[1]))
-    return boundary.restore(namespace.matmul(values, per_head))  # type: ignore[no-any-return]
+    # (*batch, kv, 1, n, d_head) @ (kv, g, d_head, d): one value head meets each output
+    # projection of its group, the repeat broadcast rather than materialised.
+    values = namespace.reshape(values, (*batch, n_value, 1, n, d_head))
+    per_head = namespace.reshape(w_o, (n_value, group, d_head, w_o.shape[1]))
+    mixed = namespace.matmul(values, per_head)
+    out = namespace.reshape(mixed, (*batch, n_heads, n, w_o.shape[1]))
+    return boundary.restore(out)  # type: ignore[no-any-return]
+
+
+def _positive_int(name: str, given: object, fix: str) -> int:
+    """Check a positive int (bools refused): TypeError for other types, ValueError below 1."""
+    if isinstance(given, bool) or not isinstance(given, numbers.Integral):
+        _fail(name, "be a positive int", repr(given), fix, TypeError)
+    if int(given) < 1:
+        _fail(name, "be a positive int", repr(given), fix, ValueError)
+    return int(given)
 
 
 # -- the decomposition ------------------------------------------------------------------------

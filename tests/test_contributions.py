@@ -81,6 +81,40 @@ def test_head_values(backend: Variant, dtype_name: str, block: dict[str, np.ndar
     np.testing.assert_allclose(values, _values(exact, exact["z"]), rtol=tol, atol=tol)
 
 
+def test_head_values_with_grouped_query_attention(backend: Variant, dtype_name: str) -> None:
+    """Each value head serves a group of consecutive query heads (Hugging Face's repeat_kv).
+
+    The oracle repeats the value projection's columns across each group, so that every
+    query head owns a (copied) value head, and runs the per-head loop.
+    """
+    heads, value_heads, d_head = 6, 2, 2
+    rng = np.random.default_rng(20261125)
+    pieces = {
+        "z": rng.normal(size=(BATCH, N, D)),
+        "w_v": rng.normal(scale=0.5, size=(D, value_heads * d_head)),
+        "w_o": rng.normal(scale=0.5, size=(heads * d_head, D)),
+        "b_v": rng.normal(scale=0.5, size=value_heads * d_head),
+    }
+    native = _native(backend, pieces, dtype_name)
+
+    def run(z: Any, w_v: Any, w_o: Any, b_v: Any) -> Any:
+        return attnflow.head_values(
+            z, w_v, w_o, heads=heads, value_heads=value_heads, value_bias=b_v
+        )
+
+    result = _call(backend, run, [native["z"], native["w_v"], native["w_o"], native["b_v"]])
+    values = backend.check(result, dtype_name=dtype_name, shape=(BATCH, heads, N, D))
+    exact = _exact(pieces, dtype_name)
+    group = heads // value_heads
+    columns = [h // group * d_head + c for h in range(heads) for c in range(d_head)]
+    w_v, b_v = exact["w_v"][:, columns], exact["b_v"][columns]
+    expected = np.stack([oracle_head_values(z, w_v, b_v, exact["w_o"], heads) for z in exact["z"]])
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol)
+    # Query heads of one group read the same values through their own output rows.
+    assert not np.allclose(values[:, 0], values[:, 1])
+
+
 @pytest.mark.parametrize("placement", ["post", "pre"])
 def test_terms_sum_to_the_block_output(
     backend: Variant, dtype_name: str, block: dict[str, np.ndarray], placement: str
@@ -340,3 +374,16 @@ def test_bad_input_is_refused(block: dict[str, np.ndarray]) -> None:
         attnflow.head_values(x, block["w_v"], block["w_o"], heads=0)
     with pytest.raises(TypeError, match="`heads` must be a positive int"):
         attnflow.head_values(x, block["w_v"], block["w_o"], heads=2.0)  # type: ignore[arg-type]
+    # Grouped-query attention: D = 6 columns of output projection, 3 heads of width 2.
+    with pytest.raises(ValueError, match=r"`value_heads` must divide `heads` \(3\)"):
+        attnflow.head_values(x, block["w_v"][:, :4], block["w_o"], heads=3, value_heads=2)
+    with pytest.raises(ValueError, match="`value_heads` must be a positive int"):
+        attnflow.head_values(x, block["w_v"], block["w_o"], heads=3, value_heads=0)
+    with pytest.raises(TypeError, match="`value_heads` must be a positive int"):
+        attnflow.head_values(x, block["w_v"], block["w_o"], heads=3, value_heads=True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`value_weight` must have shape \(d_in, value_heads"):
+        attnflow.head_values(x, block["w_v"], block["w_o"], heads=3, value_heads=1)
+    with pytest.raises(ValueError, match=r"`value_bias` must have shape \(2,\)"):
+        attnflow.head_values(
+            x, block["w_v"][:, :2], block["w_o"], heads=3, value_heads=1, value_bias=block["b_v"]
+        )
