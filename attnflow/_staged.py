@@ -45,9 +45,9 @@ class Staged:
     ['a.txt']
     >>> with Staged(force=False, exists=FileExistsError) as staged:
     ...     _ = staged.write(folder / "b.txt", lambda file: file.write(b"b"))
-    ...     raise KeyboardInterrupt
+    ...     raise RuntimeError("failed")
     Traceback (most recent call last):
-    KeyboardInterrupt
+    RuntimeError: failed
     >>> sorted(p.name for p in folder.iterdir())  # nothing of the failed run is left
     ['a.txt']
     """

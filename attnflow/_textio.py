@@ -35,7 +35,7 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_text_file(path: str | os.PathLike[str], *, option: str, limit: int = TEXT_LIMIT) -> str:
+def read_text_file(path: str | os.PathLike[str], *, option: str, limit: int | None = None) -> str:
     """Read a UTF-8 text file of at most `limit` bytes; refuse anything but a regular file.
 
     Parameters
@@ -44,8 +44,8 @@ def read_text_file(path: str | os.PathLike[str], *, option: str, limit: int = TE
         The file.
     option : str
         The option that named it (``--tokens``), for the message.
-    limit : int, default TEXT_LIMIT
-        The most bytes read.
+    limit : int, optional
+        The most bytes read; :data:`TEXT_LIMIT` by default.
 
     Returns
     -------
@@ -65,6 +65,7 @@ def read_text_file(path: str | os.PathLike[str], *, option: str, limit: int = TE
     attnflow._textio.TextFileError: --tokens: /dev/zero is a character device, not a text file; give a regular file
     """
     file = Path(path)
+    limit = TEXT_LIMIT if limit is None else limit
     try:
         status = file.stat()  # never blocks, a FIFO included
     except OSError as error:

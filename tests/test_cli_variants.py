@@ -12,7 +12,7 @@ import pytest
 from oracle import softmax_attention
 
 import attnflow
-from attnflow._cli import EXIT_FAILURE, EXIT_USAGE, main
+from attnflow._cli import EXIT_USAGE, main
 
 MASK = np.array([[True] * 6, [True] * 4 + [False] * 2])
 
