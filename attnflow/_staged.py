@@ -75,7 +75,7 @@ class Staged:
         if not self._force and os.path.lexists(target):
             raise self._exists(target)
         descriptor, name = tempfile.mkstemp(
-            prefix=f".{target.name}.", suffix=f"{target.suffix}.tmp"[-16:], dir=target.parent
+            prefix=f".{target.name}.", suffix=f".tmp{target.suffix}"[:16], dir=target.parent
         )
         os.close(descriptor)
         temporary = Path(name)
