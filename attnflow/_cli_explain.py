@@ -151,13 +151,7 @@ def run_explain(args: argparse.Namespace) -> int:
     if len(outputs) == 2 and outputs[0].resolve() == outputs[1].resolve():
         msg = f"-o and --save name the same file {outputs[0]}"
         raise UsageError(msg)
-    if image is None and not _has_tokenizer(folder):
-        msg = (
-            f"--model {str(folder)!r} has no tokenizer (none of {', '.join(_VOCABULARIES)}): "
-            "without it every word would be [UNK]. Save the tokenizer into the folder "
-            "(tokenizer.save_pretrained(folder)) or pass the folder that holds it"
-        )
-        raise UsageError(msg)
+
     if image is not None and args.output is not None and not _has_module("matplotlib"):
         msg = "-o with --image draws the figure: it needs matplotlib, pip install 'attnflow[plot]'"
         raise UsageError(msg)
@@ -175,7 +169,7 @@ def run_explain(args: argparse.Namespace) -> int:
     _check_layer(args.layer, config)  # before the model is loaded or run
     if image is not None:
         return _run_image(args, folder, image, methods, config)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer = _load_tokenizer(transformers, folder)
     _check_text(args.text, tokenizer, config, folder)
     architectures = getattr(config, "architectures", None) or []
     loader = (
@@ -206,11 +200,35 @@ _VOCABULARIES = (
     "sentencepiece.bpe.model",
     "tokenizer.model",
 )
-"""Files that hold a tokenizer's vocabulary; a folder without any has no tokenizer."""
+"""Files that hold a tokenizer's vocabulary (named when a folder has none)."""
 
 
 def _has_tokenizer(folder: Path) -> bool:
     return any((folder / name).is_file() for name in _VOCABULARIES)
+
+
+def _load_tokenizer(transformers: Any, folder: Path) -> Any:
+    """Load the folder's tokenizer; refuse one without a vocabulary (every word [UNK]).
+
+    Without its vocabulary files transformers builds a tokenizer of the special tokens
+    alone, which turns every word into [UNK]: the explanation would be of nothing.
+    """
+    no_tokenizer = (
+        f"--model {str(folder)!r} has no tokenizer (a vocabulary such as "
+        f"{', '.join(_VOCABULARIES)}): without it every word would be [UNK]. Save the "
+        "tokenizer into the folder (tokenizer.save_pretrained(folder)) or pass the folder "
+        "that holds it"
+    )
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError, TypeError) as error:
+        if _has_tokenizer(folder):
+            msg = f"--model {str(folder)!r}: its tokenizer cannot be loaded ({error})"
+            raise UsageError(msg) from None
+        raise UsageError(no_tokenizer) from None
+    if len(tokenizer) <= len(set(tokenizer.all_special_ids)):
+        raise UsageError(no_tokenizer)
+    return tokenizer
 
 
 def _check_layer(layer: int, config: Any) -> None:
@@ -266,8 +284,13 @@ def _read_image(path: Path) -> Any:
     """Read an image file as a uint8 array (H, W, 3) with Pillow; refusals are usage errors."""
     import numpy as np
 
-    if not path.is_file():
+    if not path.exists():
         msg = f"--image: no such file {str(path)!r}"
+        raise UsageError(msg)
+    if not path.is_file():  # a FIFO would block, a device never end
+        from ._textio import _kind
+
+        msg = f"--image: {str(path)!r} is {_kind(path.stat().st_mode)}, not an image file"
         raise UsageError(msg)
     if not _has_module("PIL"):
         msg = (
