@@ -321,12 +321,19 @@ def test_a_failed_demo_leaves_no_folder_and_no_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException
 ) -> None:
     pytest.importorskip("matplotlib")
-    from attnflow import _demo
+    import attnflow.plot
 
-    def broken() -> None:
-        raise failure
+    drawn = attnflow.plot.attention_graph
+    calls: list[int] = []
 
-    monkeypatch.setattr(_demo, "_digits_figure", broken)  # after every sentence's figures
+    def broken(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) in (2, 3):  # the second run fails at once
+            raise failure
+        return drawn(*args, **kwargs)
+
+    # The first sentence's two figures are drawn (and saved), then the second's graph fails.
+    monkeypatch.setattr(attnflow.plot, "attention_graph", broken)
     assert main(["demo", "-o", "out/demo"]) in (1, 130)
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "kept").mkdir()
