@@ -69,6 +69,7 @@ def _check_header(path: Path, header: ArrayHeader, accept: Accept | None) -> Non
             "smaller files"
         )
         raise ArrayFileError(msg)
+    header.check_inflation(path)
 
 
 def _pick(entries: Mapping[str, ArrayEntry], key: str | None, path: Path, default: str) -> str:

@@ -78,6 +78,47 @@ def test_plot_refuses_a_bomb_from_its_header(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bomb.npz"]
 
 
+@pytest.fixture
+def small_bomb_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    from attnflow import _array_headers
+
+    monkeypatch.setattr(_array_headers, "BOMB_SIZE", 2**20)  # 1 MiB here, 256 MiB for real
+
+
+@pytest.mark.parametrize("command", ["rollout", "evaluate"])
+def test_a_consistent_but_bomb_like_member_is_refused_by_its_ratio(
+    reads: list[str], small_bomb_size: None, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    zeros = np.zeros((16, 2, 2, 64, 64))  # 2 MiB of float64, every shape consistent
+    zeros[..., 0] = 1.0
+    arrays = {"attentions": zeros, "blank_out": np.zeros((16, 64))}
+    np.savez_compressed("bomb.npz", **arrays)
+    argv = ["rollout", "bomb.npz", "-o", "r.npz"]
+    if command == "evaluate":
+        argv = ["evaluate", "bomb.npz", "-o", "run", "--quiet"]
+    assert main(argv) == EXIT_USAGE
+    one_line(capsys, "bomb.npz: array 'attentions'", "likely decompression bomb", "numpy.savez")
+    assert reads == []
+    np.savez("plain.npz", **arrays)  # uncompressed: its size is its own
+    assert main(["rollout", "plain.npz", "--rows", "0", "-o", "plain.rollout.npz"]) == 0
+
+
+def test_explanation_load_refuses_bomb_like_scores_by_their_ratio(
+    reads: list[str], small_bomb_size: None
+) -> None:
+    Explanation([str(i) for i in range(64)], {"rollout": np.ones(64) / 64}).save("e.npz")
+    with zipfile.ZipFile("e.npz") as archive:
+        meta = archive.read("meta.npy")
+    buffer = io.BytesIO()
+    np.save(buffer, np.zeros((4096, 64)))  # 2 MiB of zeros for the 64 tokens
+    with zipfile.ZipFile("bomb.npz", "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("meta.npy", meta)
+        archive.writestr("scores/rollout.npy", buffer.getvalue())
+    with pytest.raises(ValueError, match=r"'scores/rollout'.*likely decompression bomb"):
+        Explanation.load("bomb.npz")
+    assert "scores/rollout.npy" not in reads
+
+
 def test_plot_index_outside_the_array_is_refused_unread(
     reads: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
