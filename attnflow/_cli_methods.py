@@ -416,6 +416,9 @@ def _output_path(source: Path, output: str | None, name: str, *, force: bool) ->
     if os.path.lexists(path) and not force:
         msg = f"{path} exists; pass --force to replace it"
         raise ArrayFileError(msg)
+    if not path.parent.is_dir():  # found now, not after the work
+        msg = f"-o {path}: folder {path.parent} does not exist; create it first"
+        raise ArrayFileError(msg)
     return path
 
 

@@ -115,6 +115,9 @@ def run_plot(args: argparse.Namespace) -> int:
     if os.path.lexists(output) and not args.force:  # a dangling link counts
         msg = f"{output} exists; pass --force to replace it"
         raise UsageError(msg)
+    if not output.parent.is_dir():
+        msg = f"-o {output}: folder {output.parent} does not exist; create it first"
+        raise UsageError(msg)
     default = "attentions" if args.kind == "graph" else "scores"
     positions = _parse_index(args.index)
     expected = {"tokens": 1, "layers": 2, "graph": 3, "overlay": 1}[args.kind]

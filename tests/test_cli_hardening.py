@@ -265,6 +265,29 @@ def test_explanation_load_of_a_damaged_file_is_one_line_naming_it(
     np.testing.assert_array_equal(loaded.scores["rollout"], explanation().scores["rollout"])
 
 
+# -- item 8: a missing output folder is found before the work -------------------------------
+
+
+@pytest.mark.parametrize("command", ["flow", "gradient-rollout", "encoder-decoder", "plot"])
+def test_an_output_in_a_missing_folder_is_refused_before_reading(
+    command: str, reads: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = attention(1, 2, 2, 4, 4)
+    np.savez(
+        "in.npz",
+        attentions=a,
+        gradients=np.ones_like(a),
+        scores=a[0, 0, 0, 0],
+        encoder=a,
+        decoder=a,
+        cross=a,
+    )
+    output = "missing/out." + ("html" if command == "plot" else "npz")
+    assert main([command, "in.npz", "-o", output]) == EXIT_USAGE
+    one_line(capsys, "folder missing does not exist")
+    assert reads == []
+
+
 # -- item 5: bounded text reads ------------------------------------------------------------
 
 
