@@ -148,10 +148,6 @@ def run_explain(args: argparse.Namespace) -> int:
             msg = f"{flag} {value}: folder {path.parent} does not exist; create it first"
             raise UsageError(msg)
         outputs.append(path)
-    if len(outputs) == 2 and outputs[0].resolve() == outputs[1].resolve():
-        msg = f"-o and --save name the same file {outputs[0]}"
-        raise UsageError(msg)
-
     if image is not None and args.output is not None and not _has_module("matplotlib"):
         msg = "-o with --image draws the figure: it needs matplotlib, pip install 'attnflow[plot]'"
         raise UsageError(msg)

@@ -193,7 +193,7 @@ def run_gradient_rollout(args: argparse.Namespace) -> int:
             mask = read_array(args.mask, key=args.mask_key, default="mask", accept=mask_accept)
         tokens = _read_tokens(args.tokens, attentions, option="--tokens")
     except (ArrayFileError, OSError) as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(in_flags(str(error), flags=_GRADIENT_FLAGS)) from None
 
     try:
         result = attnflow.gradient_rollout(
@@ -332,7 +332,7 @@ def run_encoder_decoder(args: argparse.Namespace) -> int:
         source_tokens = _read_tokens(args.source_tokens, encoder, option="--source-tokens")
         target_tokens = _read_tokens(args.target_tokens, decoder, option="--target-tokens")
     except (ArrayFileError, OSError) as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(in_flags(str(error))) from None
 
     compose = (
         attnflow.encoder_decoder_flow if args.rule == "flow" else attnflow.encoder_decoder_rollout

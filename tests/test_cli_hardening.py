@@ -177,7 +177,7 @@ def test_encoder_decoder_rows_out_of_range_refused_unread(
     }
     np.savez("s.npz", **arrays)
     assert main(["encoder-decoder", "s.npz", "--rows", "7"]) == EXIT_USAGE
-    one_line(capsys, "s.npz")
+    one_line(capsys, "s.npz: --rows must index the 3 output positions")
     assert reads == []
 
 
