@@ -125,7 +125,12 @@ def check_floating(x: Array, xp: Namespace, name: str = "attentions") -> None:
             "the equivalent in your library (attnflow does not cast silently)."
         )
         raise TypeError(msg)
-    if getattr(x, "is_meta", False) is True:  # PyTorch's meta device: a shape, no values
+    refuse_meta(x, name)
+
+
+def refuse_meta(x: object, name: str) -> None:
+    """Refuse a PyTorch tensor on the 'meta' device (a shape, no values), naming it."""
+    if getattr(x, "is_meta", False) is True:
         msg = (
             f"`{name}` is a PyTorch tensor on the 'meta' device: it has a shape but no values, "
             "so nothing can be computed from it. Pass a tensor with values (on 'cpu' or "
@@ -544,6 +549,7 @@ def check_mask(
             f"{tuple(shape)}."
         )
         raise ValueError(msg)
+    refuse_meta(mask, name)
     if values_are_inspectable(mask) and not bool(xp.all(xp.any(mask, axis=-1))):
         msg = (
             f"`{name}` masks every token of at least one sequence; each sequence needs at "

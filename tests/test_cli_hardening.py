@@ -433,3 +433,6 @@ def test_a_meta_tensor_is_refused_by_name_before_work(method: str) -> None:
         return
     with pytest.raises(ValueError, match="`attentions` is a PyTorch tensor on the 'meta' device"):
         getattr(attnflow, method)(meta)
+    meta_mask = torch.ones(1, 4, dtype=torch.bool, device="meta")
+    with pytest.raises(ValueError, match="`mask` is a PyTorch tensor on the 'meta' device"):
+        getattr(attnflow, method)(real, mask=meta_mask)
