@@ -38,6 +38,15 @@ _SAFETENSORS_DTYPES: dict[str, np.dtype[Any]] = {
 _STORED_NAMES = {"BF16": "bfloat16"}
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 _MAX_NPY_HEADER = 10_000  # NumPy's own default limit for untrusted headers
+BOMB_SIZE = 256 * 2**20
+"""A compressed ``.npz`` member inflating to more than this (256 MiB)..."""
+BOMB_RATIO = 100
+"""...at more than this many times its compressed size is refused as a decompression bomb.
+
+Attention weights, scores and gradients are floats that compress a few times at most (a
+causal mask's zeros: about 2x); a ratio of 100 is nearly all one value. A genuine array of
+the kind is accepted from an uncompressed ``.npz`` (``np.savez``), whose size is its own.
+"""
 
 
 class ArrayFileError(ValueError):
@@ -58,17 +67,42 @@ class ArrayHeader:
         The dtype it is handed out in (bfloat16 is widened to float32, exactly).
     stored : str
         The dtype it is stored in ("bfloat16", "float16", ...): the precision of its values.
+    compressed : int or None
+        The bytes its data takes compressed in the file (an ``.npz`` member written by
+        ``savez_compressed``), None where it is stored as it is.
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
     stored: str
+    compressed: int | None = None
 
     @property
     def nbytes(self) -> int:
         """Bytes of memory the array takes once loaded."""
         return math.prod(self.shape) * self.dtype.itemsize
+
+    def check_inflation(self, path: Path) -> None:
+        """Refuse a compressed array that inflates like a decompression bomb.
+
+        More than :data:`BOMB_SIZE` bytes at more than :data:`BOMB_RATIO` times its
+        compressed size: nearly all one value, never real attention or scores.
+        """
+        if (
+            self.compressed is not None
+            and self.nbytes > BOMB_SIZE
+            and self.nbytes > BOMB_RATIO * self.compressed
+        ):
+            msg = (
+                f"{path}: array {self.name!r} declares shape {self.shape} and dtype "
+                f"{self.dtype}, {self.nbytes / 2**20:,.0f} MiB inflated from "
+                f"{self.compressed / 2**20:,.2g} MiB compressed "
+                f"({self.nbytes // max(self.compressed, 1):,} times): refused as a likely "
+                "decompression bomb. If the array is genuine, save it uncompressed "
+                "(numpy.savez, not savez_compressed)"
+            )
+            raise ArrayFileError(msg)
 
 
 @dataclass(frozen=True)
@@ -159,7 +193,8 @@ def _npz_entries(path: Path) -> dict[str, ArrayEntry]:
             except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError) as error:
                 msg = f"{path}: member {info.filename!r} is unreadable ({error})"
                 raise ArrayFileError(msg) from None
-            header = ArrayHeader(name, shape, dtype, dtype.name)
+            compressed = None if info.compress_type == zipfile.ZIP_STORED else info.compress_size
+            header = ArrayHeader(name, shape, dtype, dtype.name, compressed)
             if info.file_size < header.nbytes:
                 msg = (
                     f"{path}: array {name!r} declares shape {shape} and dtype {dtype} "

@@ -11,7 +11,7 @@ last step is exclusive (a hard link, else ``O_EXCL``), so of two writers exactly
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -26,6 +26,7 @@ __all__ = [
     "read_array",
     "read_arrays",
     "read_header",
+    "read_selected",
     "write_atomically",
     "write_npz",
 ]
@@ -68,6 +69,7 @@ def _check_header(path: Path, header: ArrayHeader, accept: Accept | None) -> Non
             "smaller files"
         )
         raise ArrayFileError(msg)
+    header.check_inflation(path)
 
 
 def _pick(entries: Mapping[str, ArrayEntry], key: str | None, path: Path, default: str) -> str:
@@ -187,6 +189,68 @@ def read_array(
     entry = entries[_pick(entries, key, file, default)]
     _check_header(file, entry.header, accept)
     return entry.load()
+
+
+def read_selected(
+    path: str | os.PathLike[str],
+    *,
+    required: Collection[str],
+    optional: Collection[str] = (),
+    check: Callable[[Mapping[str, ArrayHeader]], None] | None = None,
+    why: Mapping[str, str] | None = None,
+) -> dict[str, np.ndarray]:
+    """Read some named arrays of a ``.npz`` or ``.safetensors`` file, headers checked first.
+
+    Every header is read, the required names looked for, and the headers of the arrays
+    wanted (`required` and those of `optional` present) checked together by `check`
+    (shapes against each other: a mask against its attention), then their total size
+    against the memory available, before a byte of data is read. Other arrays in the file
+    are never read.
+
+    Parameters
+    ----------
+    path : path
+        The file.
+    required, optional : collection of str
+        The names that must be in the file, and those read if present.
+    check : callable, optional
+        Called with the wanted headers by name; raises ``ValueError`` or ``TypeError``
+        for arrays the caller cannot use.
+    why : mapping of str to str, optional
+        What a required array is for, said when it is missing.
+
+    Returns
+    -------
+    dict of str to ndarray
+        The wanted arrays by name.
+
+    Raises
+    ------
+    ArrayFileError
+        On a missing, unreadable, malformed, pickled or refused file, or a required array
+        it lacks; one line naming the file.
+    """
+    file = Path(path)
+    entries = open_entries(file)
+    missing = [name for name in required if name not in entries]
+    if missing:
+        name = missing[0]
+        reason = f" ({why[name]})" if why and name in why else ""
+        msg = f"{file} has no array named {name!r}{reason}; it holds {sorted(entries)}"
+        raise ArrayFileError(msg)
+    wanted = [*required, *(name for name in optional if name in entries)]
+    headers = {name: entries[name].header for name in wanted}
+    if check is not None:
+        try:
+            check(headers)
+        except (ValueError, TypeError, IndexError) as error:
+            msg = f"{file}: {error}"
+            raise ArrayFileError(msg) from None
+    for header in headers.values():
+        _check_header(file, header, None)
+    total = sum(header.nbytes for header in headers.values())
+    _check_header(file, ArrayHeader("(all arrays)", (total,), np.dtype("u1"), "uint8"), None)
+    return {name: entries[name].load() for name in wanted}
 
 
 def write_atomically(

@@ -220,21 +220,21 @@ def write_reports(
 
 
 def _run_saved(args: argparse.Namespace, folder: Path, rows: list[int | str]) -> dict[Any, Any]:
-    from ._arrayio import read_arrays
+    from ._arrayio import ArrayFileError, read_selected
     from ._cli import UsageError
+    from ._header_checks import check_saved_outputs
     from .evaluate import faithfulness_from_outputs
 
-    arrays = read_arrays(args.source)
-    if "attentions" not in arrays:
-        msg = f"{args.source} has no array named 'attentions'; it holds {sorted(arrays)}"
-        raise UsageError(msg)
-    references = {name: arrays[name] for name in _SAVED_REFERENCES if name in arrays}
-    if not references:
-        msg = (
-            f"{args.source} holds no reference scores: add 'blank_out' and/or "
-            f"'input_gradients' arrays (N, n); it holds {sorted(arrays)}"
+    try:  # every header checked (shapes, rows) before any data is read
+        arrays = read_selected(
+            args.source,
+            required=("attentions",),
+            optional=(*_SAVED_REFERENCES, "mask", "where", "predictions", "labels"),
+            check=lambda headers: check_saved_outputs(headers, _SAVED_REFERENCES, rows),
         )
-        raise UsageError(msg)
+    except ArrayFileError as error:
+        raise UsageError(str(error)) from None
+    references = {name: arrays[name] for name in _SAVED_REFERENCES if name in arrays}
     mask = arrays.get("mask")
     reports = {}
     for row in rows:

@@ -144,6 +144,9 @@ def run_explain(args: argparse.Namespace) -> int:
         if os.path.lexists(path) and not args.force:
             msg = f"{path} exists; pass --force to replace it"
             raise UsageError(msg)
+        if not path.parent.is_dir():
+            msg = f"{flag} {value}: folder {path.parent} does not exist; create it first"
+            raise UsageError(msg)
         outputs.append(path)
     if image is not None and args.output is not None and not _has_module("matplotlib"):
         msg = "-o with --image draws the figure: it needs matplotlib, pip install 'attnflow[plot]'"
@@ -158,10 +161,12 @@ def run_explain(args: argparse.Namespace) -> int:
 
     from attnflow.adapters import torch as capture_torch  # type: ignore[import-not-found,unused-ignore]
 
-    if image is not None:
-        return _run_image(args, folder, image, methods)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     config = transformers.AutoConfig.from_pretrained(folder)
+    _check_layer(args.layer, config)  # before the model is loaded or run
+    if image is not None:
+        return _run_image(args, folder, image, methods, config)
+    tokenizer = _load_tokenizer(transformers, folder)
+    _check_text(args.text, tokenizer, config, folder)
     architectures = getattr(config, "architectures", None) or []
     loader = (
         transformers.AutoModelForSequenceClassification
@@ -175,27 +180,113 @@ def run_explain(args: argparse.Namespace) -> int:
         )
     except (TypeError, ValueError) as error:
         raise UsageError(str(error)) from None
+    page = None
+    if args.output is not None:  # rendered before anything is printed or written
+        page = explanation.to_html(layer=args.layer)
     explanation.show(args.layer)
-    if args.output is not None:
-        explanation.to_html(args.output, layer=args.layer, overwrite=args.force)
-        print(f"wrote {args.output}")
-    if args.save is not None:
-        explanation.save(args.save, overwrite=args.force)
-        print(f"wrote {args.save}")
+    _write_outputs(args, explanation, page)
     return 0
 
 
+_VOCABULARIES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tokenizer.model",
+)
+"""Files that hold a tokenizer's vocabulary (named when a folder has none)."""
+
+
 def _has_tokenizer(folder: Path) -> bool:
-    names = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model")
-    return any((folder / name).is_file() for name in names)
+    return any((folder / name).is_file() for name in _VOCABULARIES)
+
+
+def _load_tokenizer(transformers: Any, folder: Path) -> Any:
+    """Load the folder's tokenizer; refuse one without a vocabulary (every word [UNK]).
+
+    Without its vocabulary files transformers builds a tokenizer of the special tokens
+    alone, which turns every word into [UNK]: the explanation would be of nothing.
+    """
+    no_tokenizer = (
+        f"--model {str(folder)!r} has no tokenizer (a vocabulary such as "
+        f"{', '.join(_VOCABULARIES)}): without it every word would be [UNK]. Save the "
+        "tokenizer into the folder (tokenizer.save_pretrained(folder)) or pass the folder "
+        "that holds it"
+    )
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError, TypeError) as error:
+        if _has_tokenizer(folder):
+            msg = f"--model {str(folder)!r}: its tokenizer cannot be loaded ({error})"
+            raise UsageError(msg) from None
+        raise UsageError(no_tokenizer) from None
+    if len(tokenizer) <= len(set(tokenizer.all_special_ids)):
+        raise UsageError(no_tokenizer)
+    return tokenizer
+
+
+def _check_layer(layer: int, config: Any) -> None:
+    """``--layer`` against the model's layers, read from its config (before loading it)."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(layers, int) and not -layers <= layer < layers:
+        msg = (
+            f"--layer must index the model's {layers} layers ({-layers} to {layers - 1}, "
+            f"-1 for the last); got {layer}"
+        )
+        raise UsageError(msg)
+
+
+def _check_text(text: str, tokenizer: Any, config: Any, folder: Path) -> None:
+    """Refuse a text the model cannot take whole (over its maximum length), before it runs."""
+    limits = [
+        value
+        for value in (
+            getattr(config, "max_position_embeddings", None),
+            getattr(tokenizer, "model_max_length", None),
+        )
+        if isinstance(value, int) and 0 < value < 10**8  # unset: a huge sentinel
+    ]
+    if not limits:
+        return
+    n = len(tokenizer(text)["input_ids"])
+    if n > min(limits):
+        msg = (
+            f"the text is {n} tokens long, more than the {min(limits)} the model of "
+            f"{str(folder)!r} takes; explain a shorter text"
+        )
+        raise UsageError(msg)
+
+
+def _write_outputs(args: argparse.Namespace, explanation: Any, page: str | None) -> None:
+    """Write the page (-o) and the data (--save): both or, if either fails, neither."""
+    from ._staged import Staged
+
+    def exists(path: Path) -> Exception:
+        return UsageError(f"{path} exists; pass --force to replace it")
+
+    with Staged(force=args.force, exists=exists) as staged:
+        if page is not None:
+            staged.write(Path(args.output), lambda file: file.write(page.encode("utf-8")))
+        if args.save is not None:
+            explanation.save(staged.path(Path(args.save)), overwrite=True)
+        written = staged.publish()
+    for path in written:
+        print(f"wrote {path}")
 
 
 def _read_image(path: Path) -> Any:
     """Read an image file as a uint8 array (H, W, 3) with Pillow; refusals are usage errors."""
     import numpy as np
 
-    if not path.is_file():
+    if not path.exists():
         msg = f"--image: no such file {str(path)!r}"
+        raise UsageError(msg)
+    if not path.is_file():  # a FIFO would block, a device never end
+        from ._textio import _kind
+
+        msg = f"--image: {str(path)!r} is {_kind(path.stat().st_mode)}, not an image file"
         raise UsageError(msg)
     if not _has_module("PIL"):
         msg = (
@@ -213,14 +304,15 @@ def _read_image(path: Path) -> Any:
         raise UsageError(msg) from None
 
 
-def _run_image(args: argparse.Namespace, folder: Path, image: Any, methods: list[str]) -> int:
+def _run_image(
+    args: argparse.Namespace, folder: Path, image: Any, methods: list[str], config: Any
+) -> int:
     """``attnflow explain --image``: the vision transformer, the summary, the page."""
     import transformers
 
     from attnflow.adapters import torch as capture_torch  # type: ignore[import-not-found,unused-ignore]
 
     processor = transformers.AutoImageProcessor.from_pretrained(folder)  # type: ignore[no-untyped-call,unused-ignore]
-    config = transformers.AutoConfig.from_pretrained(folder)
     architectures = getattr(config, "architectures", None) or []
     loader = (
         transformers.AutoModelForImageClassification
@@ -234,14 +326,11 @@ def _run_image(args: argparse.Namespace, folder: Path, image: Any, methods: list
         )
     except (TypeError, ValueError) as error:
         raise UsageError(str(error)) from None
-    explanation.show(args.layer, top=args.top)
-    if args.output is not None:
+    page = None
+    if args.output is not None:  # drawn before anything is printed or written
         page = _image_page(explanation, layer=args.layer, top=args.top, source=args.image)
-        _write(Path(args.output), page.encode("utf-8"), force=args.force)
-        print(f"wrote {args.output}")
-    if args.save is not None:
-        explanation.save(args.save, overwrite=args.force)
-        print(f"wrote {args.save}")
+    explanation.show(args.layer, top=args.top)
+    _write_outputs(args, explanation, page)
     return 0
 
 
@@ -268,12 +357,3 @@ def _image_page(explanation: Any, *, layer: int, top: int, source: str) -> str:
         f'{html.escape(Path(source).name)}" style="max-width: 100%"></p>\n'
         f"<pre>{html.escape(summary.getvalue())}</pre>",
     )
-
-
-def _write(path: Path, data: bytes, *, force: bool) -> None:
-    from ._arrayio import ArrayFileError, write_atomically
-
-    try:
-        write_atomically(path, lambda file: file.write(data), force=force)
-    except ArrayFileError as error:
-        raise UsageError(str(error)) from None

@@ -394,7 +394,10 @@ def run_method(args: argparse.Namespace, *, method: str) -> int:
             raise
         raise type(error)(reworded) from error
     # Lay out the report before writing, so that nothing is written if it fails.
-    table = _first_row_table(values, tokens, top=args.top)
+    axis = _layer_axis(
+        values, rows=options["rows"], layers=options["layers"], each=options["heads"] == "each"
+    )
+    table = _first_row_table(values, tokens, top=args.top, layer_axis=axis)
     written = _write_output(output, {method: values}, force=args.force)
     print(f"{method}: {source} -> {written}, shape {tuple(values.shape)}, dtype {values.dtype}")
     print("\n".join(table))
@@ -413,6 +416,9 @@ def _output_path(source: Path, output: str | None, name: str, *, force: bool) ->
     if os.path.lexists(path) and not force:
         msg = f"{path} exists; pass --force to replace it"
         raise ArrayFileError(msg)
+    if not path.parent.is_dir():  # found now, not after the work
+        msg = f"-o {path}: folder {path.parent} does not exist; create it first"
+        raise ArrayFileError(msg)
     return path
 
 
@@ -420,11 +426,21 @@ def _read_tokens(path: str | None, values: NDArray[Any], *, option: str) -> list
     """Read a token file (one per line) and check it labels the last axis of `values`."""
     if not path:
         return None
-    tokens = Path(path).read_text(encoding="utf-8").splitlines()
+    tokens = read_tokens(path, option=option)
     if values.ndim and len(tokens) != values.shape[-1]:
         msg = f"{option} has {len(tokens)} lines but the attention has {values.shape[-1]} tokens"
         raise UsageError(msg)
     return tokens
+
+
+def read_tokens(path: str, *, option: str) -> list[str]:
+    """Read a token file, one token per line: a regular file of bounded size, never a FIFO."""
+    from ._textio import TextFileError, read_text_file
+
+    try:
+        return read_text_file(path, option=option).splitlines()
+    except TextFileError as error:
+        raise UsageError(str(error)) from None
 
 
 def _write_output(output: Path, arrays: dict[str, NDArray[Any]], *, force: bool) -> Path:
@@ -437,13 +453,42 @@ def _write_output(output: Path, arrays: dict[str, NDArray[Any]], *, force: bool)
         raise UsageError(str(error)) from None
 
 
+def _layer_axis(values: NDArray[Any], *, rows: object, layers: object, each: bool) -> int | None:
+    """Return the layers axis of a method's result with ``--layers all``, else None.
+
+    A result is ``(*batch, [layers,] [heads,] [r,] n)``: the row axis is absent for one row
+    (an int), the heads axis present with ``--heads each``.
+    """
+    if layers != "all":
+        return None
+    tail = (1 if isinstance(rows, int) else 2) + (1 if each else 0)
+    return values.ndim - tail - 1
+
+
 def _first_row_table(
-    values: NDArray[np.floating], tokens: Sequence[str] | None, *, top: int, what: str = "tokens"
+    values: NDArray[np.floating],
+    tokens: Sequence[str] | None,
+    *,
+    top: int,
+    what: str = "tokens",
+    layer_axis: int | None = None,
 ) -> list[str]:
-    """Lay out the top-tokens table of the first row of `values` (first sequence)."""
+    """Lay out the top-tokens table of the first row of `values` (first sequence).
+
+    With `layer_axis` (``--layers all``) the row is the last layer's, as with
+    ``--layers last``; the first layer's would be the least mixed.
+    """
     if values.size == 0:
         # An empty batch (or no rows): a result of shape (0, ...) has no first row.
         return [f"no {what} to show: the result is empty, shape {tuple(values.shape)}"]
-    first = values.reshape(-1, values.shape[-1])[0]
     where = "the first row of the first sequence" if values.ndim > 1 else "the requested row"
+    if layer_axis is not None:
+        layers = values.shape[layer_axis]
+        values = np.take(values, -1, axis=layer_axis)
+        where = (
+            f"the first row of the first sequence at the last layer ({layers} of {layers})"
+            if values.ndim > 1
+            else f"the requested row at the last layer ({layers} of {layers})"
+        )
+    first = values.reshape(-1, values.shape[-1])[0]
     return _top_table(first, tokens, top=top, title=f"top {what} of {where}:")

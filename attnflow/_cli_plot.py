@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._cli import UsageError, _has_module
+from ._cli_methods import read_tokens
 
 __all__ = ["configure_plot", "run_plot"]
 
@@ -54,27 +56,47 @@ def configure_plot(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--title", help="a title for the figure or page")
 
 
-def _apply_index(values: NDArray[Any], index: str) -> NDArray[Any]:
-    """Apply ``--index`` (integers for the leading axes) to `values`."""
+_DRAWN_LIMIT = 2**26
+"""The most values a figure or page is drawn from (64 Mi): more cannot be seen."""
+
+
+_STORED_LIMIT = 2**29
+"""The most values read from a file to draw a part of (512 Mi: 2 GiB of float32)."""
+
+
+def _parse_index(index: str) -> tuple[int, ...]:
+    """``--index``: integers for the leading axes."""
     if not index:
-        return values
+        return ()
     try:
-        positions = tuple(int(part) for part in index.split(","))
+        return tuple(int(part) for part in index.split(","))
     except ValueError:
         msg = f"--index must be comma-separated integers; got {index!r}"
         raise UsageError(msg) from None
-    try:
-        return np.asarray(values[positions])
-    except IndexError:
-        msg = f"--index {index} does not fit an array of shape {tuple(values.shape)}"
-        raise UsageError(msg) from None
+
+
+def _shape_after_index(
+    shape: tuple[int, ...], positions: tuple[int, ...], index: str
+) -> tuple[int, ...]:
+    """Return the shape ``--index`` leaves; refuse an index that does not fit."""
+    if len(positions) > len(shape) or any(
+        not -size <= position < size for position, size in zip(positions, shape, strict=False)
+    ):
+        msg = f"--index {index} does not fit an array of shape {shape}"
+        raise UsageError(msg)
+    return shape[len(positions) :]
+
+
+def _apply_index(values: NDArray[Any], positions: tuple[int, ...]) -> NDArray[Any]:
+    """Apply ``--index`` (integers for the leading axes) to `values`."""
+    return np.asarray(values[positions]) if positions else values
 
 
 def run_plot(args: argparse.Namespace) -> int:
     """Render one of attnflow's pictures from a file of scores or attention."""
     from pathlib import Path
 
-    from ._arrayio import ArrayFileError, read_array
+    from ._arrayio import ArrayFileError, ArrayHeader, read_array, read_header
 
     output = Path(args.output)
     suffix = output.suffix.lower()
@@ -93,25 +115,53 @@ def run_plot(args: argparse.Namespace) -> int:
     if os.path.lexists(output) and not args.force:  # a dangling link counts
         msg = f"{output} exists; pass --force to replace it"
         raise UsageError(msg)
+    if not output.parent.is_dir():
+        msg = f"-o {output}: folder {output.parent} does not exist; create it first"
+        raise UsageError(msg)
     default = "attentions" if args.kind == "graph" else "scores"
+    positions = _parse_index(args.index)
+    expected = {"tokens": 1, "layers": 2, "graph": 3, "overlay": 1}[args.kind]
+    if args.kind == "graph" and args.heads in {"mean", "max", "min"}:
+        expected = 4  # fused after --index
+
+    def accept(header: ArrayHeader) -> None:
+        """Refuse what cannot be drawn from the header alone, before the data is read."""
+        shape = _shape_after_index(header.shape, positions, args.index)
+        if args.kind == "graph":
+            _check_graph_shape(shape, stored_shape=header.shape, args=args)
+        if len(shape) != expected:
+            msg = (
+                f"--kind {args.kind} draws an array of {expected} dimension(s); after --index "
+                f"the input has shape {shape}: select with --index"
+            )
+            raise UsageError(msg)
+        if math.prod(header.shape) > _STORED_LIMIT:
+            msg = (
+                f"{args.input}: array {header.name!r} declares shape {header.shape}, "
+                f"{math.prod(header.shape):,} values, more than the {_STORED_LIMIT:,} that "
+                "attnflow plot reads to draw a part of; save the part to draw on its own"
+            )
+            raise UsageError(msg)
+        if math.prod(shape) > _DRAWN_LIMIT:
+            msg = (
+                f"{args.input}: --kind {args.kind} would draw {math.prod(shape):,} values "
+                f"(shape {shape} after --index), more than the {_DRAWN_LIMIT:,} a figure "
+                "can show; select a part with --index"
+            )
+            raise UsageError(msg)
+
     try:
+        tokens = None if not args.tokens else read_tokens(args.tokens, option="--tokens")
+        accept(read_header(args.input, key=args.key, default=default))
+        if args.image is not None:
+            _image_accept(read_header(args.image, key=None, default=""))
         stored = read_array(args.input, key=args.key, default=default)
-        values = _apply_index(stored, args.index)
-        tokens = None
-        if args.tokens:
-            tokens = Path(args.tokens).read_text(encoding="utf-8").splitlines()
+        values = _apply_index(stored, positions)
         image = None if args.image is None else read_array(args.image, key=None, default="")
     except (ArrayFileError, OSError) as error:
         raise UsageError(str(error)) from None
     if args.kind == "graph":
-        values = _graph_attention(values, stored_shape=tuple(stored.shape), args=args)
-    expected = {"tokens": 1, "layers": 2, "graph": 3, "overlay": 1}[args.kind]
-    if values.ndim != expected:
-        msg = (
-            f"--kind {args.kind} draws an array of {expected} dimension(s); after --index the "
-            f"input has shape {tuple(values.shape)}: select with --index"
-        )
-        raise UsageError(msg)
+        values = _graph_attention(values, args=args)
     n = values.shape[-1]
     labels = tokens if tokens is not None else [str(i) for i in range(n)]
 
@@ -141,21 +191,19 @@ def run_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _graph_attention(
-    values: NDArray[Any], *, stored_shape: tuple[int, ...], args: argparse.Namespace
-) -> NDArray[Any]:
-    """``plot --kind graph``: the (layers, n, n) head-fused attention to draw, or a refusal.
+def _check_graph_shape(
+    shape: tuple[int, ...], *, stored_shape: tuple[int, ...], args: argparse.Namespace
+) -> None:
+    """``plot --kind graph``: refuse a shape that is not the attention it can draw.
 
-    A stored array of 4 or more dimensions is ambiguous: ``(layers, heads, n, n)`` per-head
-    attention and ``(batch, layers, n, n)`` fused attention look alike, and after
-    ``--index 0`` the first would be drawn with its heads as layers. So such input needs
-    ``--heads``: mean, max or min declare per-head attention (fused here after
-    ``--index``), none declares fused attention. A 3-dimensional array is read as
-    ``(layers, n, n)``.
+    Checked on the file's header, before its data is read. A stored array of 4 or more
+    dimensions is ambiguous: ``(layers, heads, n, n)`` per-head attention and
+    ``(batch, layers, n, n)`` fused attention look alike, and after ``--index 0`` the first
+    would be drawn with its heads as layers. So such input needs ``--heads``: mean, max or
+    min declare per-head attention (fused here after ``--index``), none declares fused
+    attention. A 3-dimensional array is read as ``(layers, n, n)``.
     """
-    import attnflow
-
-    after = f" (after --index {args.index}: {tuple(values.shape)})" if args.index else ""
+    after = f" (after --index {args.index}: {shape})" if args.index else ""
     given = f"{args.input} holds shape {stored_shape}{after}"
     if args.heads is None:
         if len(stored_shape) >= 4:
@@ -167,20 +215,20 @@ def _graph_attention(
                 "the heads are already fused; pick one sample with --index (batch axes only)"
             )
             raise UsageError(msg)
-        return values
+        return
     if args.heads == "none":
-        if values.ndim != 3:
+        if len(shape) != 3:
             msg = (
                 f"--heads none: the input must be fused attention (layers, n, n) after "
                 f"--index; {given}: select the sample with --index"
-                + (" (--index picks batch axes only)" if values.ndim < 3 else "")
+                + (" (--index picks batch axes only)" if len(shape) < 3 else "")
             )
             raise UsageError(msg)
-        return values
-    if values.ndim != 4:
+        return
+    if len(shape) != 4:
         hint = (
             "pick one sample with --index (batch axes only)"
-            if values.ndim > 4
+            if len(shape) > 4
             else "it has no heads axis left: --index picks batch axes only (not a layer), "
             "and fused (layers, n, n) attention takes --heads none"
         )
@@ -189,11 +237,34 @@ def _graph_attention(
             f"n) after --index; {given}: {hint}"
         )
         raise UsageError(msg)
+
+
+def _graph_attention(values: NDArray[Any], *, args: argparse.Namespace) -> NDArray[Any]:
+    """``plot --kind graph``: the (layers, n, n) head-fused attention to draw."""
+    import attnflow
+
+    if args.heads is None or args.heads == "none":
+        return values
     try:
         return np.asarray(attnflow.fuse_heads(values, heads=args.heads))
     except (ValueError, TypeError) as error:
         msg = f"--heads {args.heads}: cannot fuse the heads of {args.input}: {error}"
         raise UsageError(msg) from None
+
+
+def _image_accept(header: Any) -> None:
+    """``--image``: (H, W[, 3 or 4]) numbers of a drawable size, checked before reading."""
+    if (
+        len(header.shape) not in (2, 3)
+        or (len(header.shape) == 3 and header.shape[-1] not in (3, 4))
+        or header.dtype.kind not in "biuf"
+        or math.prod(header.shape) > _DRAWN_LIMIT
+    ):
+        msg = (
+            f"--image must be an image (H, W), (H, W, 3) or (H, W, 4) of numbers, at most "
+            f"{_DRAWN_LIMIT:,} values; the file stores {header.stored} of shape {header.shape}"
+        )
+        raise UsageError(msg)
 
 
 def _write_plot(output: Path, write: Callable[[Any], object], *, force: bool) -> Path:

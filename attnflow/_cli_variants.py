@@ -7,17 +7,20 @@ input reading, output naming, atomic writing and the top-tokens table are ``_cli
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from ._arrayio import ArrayFileError, read_array, read_arrays, read_header
+from ._arrayio import ArrayFileError, ArrayHeader, read_array, read_header, read_selected
 from ._cli import UsageError, _has_module
 from ._cli_flags import in_flags
 from ._cli_methods import (
     _attention_accept,
     _decoder_options,
     _first_row_table,
+    _layer_axis,
+    _mask_accept,
     _output_and_selection,
     _output_path,
     _parse_heads,
@@ -26,6 +29,8 @@ from ._cli_methods import (
     _read_tokens,
     _write_output,
 )
+from ._header_checks import check_encoder_decoder
+from ._validation import check_layers, check_rows
 
 __all__ = [
     "configure_encoder_decoder",
@@ -89,15 +94,18 @@ def _check_residual_rule(
         raise UsageError(msg) from None
 
 
-def _named(arrays: dict[str, np.ndarray], name: str, path: Path, why: str) -> np.ndarray:
-    """Return the array `name` of a file; refuse its absence, listing what it holds."""
-    if name not in arrays:
-        msg = f"{path} has no array named {name!r} ({why}); it holds {sorted(arrays)}"
-        raise ArrayFileError(msg)
-    return arrays[name]
-
-
 # -- attnflow gradient-rollout ------------------------------------------------------------
+
+
+def _check_gradients(gradients: ArrayHeader, attentions: ArrayHeader, path: Path) -> None:
+    """Refuse gradients that are not floats shaped as the attention, before reading either."""
+    if gradients.dtype.kind != "f" or gradients.shape != attentions.shape:
+        msg = (
+            f"{path}: the gradients {gradients.name!r} must be floating point and shaped as "
+            f"the attention, {attentions.shape}; the file stores {gradients.stored} of shape "
+            f"{gradients.shape}"
+        )
+        raise UsageError(msg)
 
 
 def configure_gradient_rollout(parser: argparse.ArgumentParser) -> None:
@@ -170,20 +178,22 @@ def run_gradient_rollout(args: argparse.Namespace) -> int:
             msg = f"{source}: {in_flags(str(error), flags=_GRADIENT_FLAGS)}"
             raise UsageError(msg) from None
         output = _output_path(source, args.output, method, force=args.force)
-        if args.gradients is None:
-            arrays = read_arrays(source)
-            key = args.key or "attentions"
-            attentions = _named(arrays, key, source, "the attention weights")
-            gradients = _named(arrays, args.gradients_key or "gradients", source, "dy/dA")
-        else:
-            attentions = read_array(source, key=args.key, default="attentions")
-            gradients = read_array(args.gradients, key=args.gradients_key, default="gradients")
+        # Every header before any data: the gradients and the mask must fit the attention.
+        gradients_file = source if args.gradients is None else Path(args.gradients)
+        gradients_key = args.gradients_key or ("gradients" if args.gradients is None else None)
+        gradients_header = read_header(gradients_file, key=gradients_key, default="gradients")
+        _check_gradients(gradients_header, header, gradients_file)
+        mask_accept = _mask_accept(header, fused=False)
+        if args.mask:
+            mask_accept(read_header(args.mask, key=args.mask_key, default="mask"))
+        attentions = read_array(source, key=args.key, default="attentions")
+        gradients = read_array(gradients_file, key=gradients_key, default="gradients")
         mask = None
         if args.mask:
-            mask = read_array(args.mask, key=args.mask_key, default="mask")
+            mask = read_array(args.mask, key=args.mask_key, default="mask", accept=mask_accept)
         tokens = _read_tokens(args.tokens, attentions, option="--tokens")
     except (ArrayFileError, OSError) as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(in_flags(str(error), flags=_GRADIENT_FLAGS)) from None
 
     try:
         result = attnflow.gradient_rollout(
@@ -204,7 +214,8 @@ def run_gradient_rollout(args: argparse.Namespace) -> int:
             raise
         raise type(error)(reworded) from error
     values = np.asarray(result)
-    table = _first_row_table(values, tokens, top=args.top)  # before writing: nothing on failure
+    axis = _layer_axis(values, rows=rows, layers=layers, each=False)
+    table = _first_row_table(values, tokens, top=args.top, layer_axis=axis)  # before writing
     written = _write_output(output, {method: values}, force=args.force)
     print(f"{method}: {source} -> {written}, shape {tuple(values.shape)}, dtype {values.dtype}")
     print("\n".join(table))
@@ -298,19 +309,30 @@ def run_encoder_decoder(args: argparse.Namespace) -> int:
             )
             raise UsageError(msg)
         output = _output_path(source, args.output, "encoder_decoder", force=args.force)
-        arrays = read_arrays(source)
-        encoder, decoder, cross = (
-            _named(arrays, name, source, "needed by every rule") for name in _ENCODER_DECODER_ARRAYS
+        gae = args.rule == "gae"
+
+        def check(headers: Mapping[str, ArrayHeader]) -> None:
+            n_layers, n_target = check_encoder_decoder(headers, fused=heads is None, gradients=gae)
+            check_layers(layers, n_layers)
+            check_rows(rows, n_target)
+
+        # Every header checked together (shapes, --rows, --layers) before any data is read;
+        # arrays the rule does not use are never read.
+        arrays = read_selected(
+            source,
+            required=_ENCODER_DECODER_ARRAYS + (_ENCODER_DECODER_GRADIENTS if gae else ()),
+            optional=("source_mask", "target_mask"),
+            check=check,
+            why=dict.fromkeys(_ENCODER_DECODER_ARRAYS, "needed by every rule")
+            | dict.fromkeys(_ENCODER_DECODER_GRADIENTS, "needed by --rule gae"),
         )
-        if args.rule == "gae":
-            options["gradients"] = tuple(
-                _named(arrays, name, source, "needed by --rule gae")
-                for name in _ENCODER_DECODER_GRADIENTS
-            )
+        encoder, decoder, cross = (arrays[name] for name in _ENCODER_DECODER_ARRAYS)
+        if gae:
+            options["gradients"] = tuple(arrays[name] for name in _ENCODER_DECODER_GRADIENTS)
         source_tokens = _read_tokens(args.source_tokens, encoder, option="--source-tokens")
         target_tokens = _read_tokens(args.target_tokens, decoder, option="--target-tokens")
     except (ArrayFileError, OSError) as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(in_flags(str(error))) from None
 
     compose = (
         attnflow.encoder_decoder_flow if args.rule == "flow" else attnflow.encoder_decoder_rollout
@@ -328,14 +350,15 @@ def run_encoder_decoder(args: argparse.Namespace) -> int:
         **options,  # type: ignore[arg-type]
     )
     values = {"source": np.asarray(result.source), "target": np.asarray(result.target)}
+    tables = []  # laid out before writing: nothing is written if this fails
+    for name, labels in (("source", source_tokens), ("target", target_tokens)):
+        axis = _layer_axis(values[name], rows=rows, layers=layers, each=False)
+        table = _first_row_table(
+            values[name], labels, top=args.top, what=f"{name} tokens", layer_axis=axis
+        )
+        tables.append("\n".join(table))
     written = _write_output(output, values, force=args.force)
     shapes = ", ".join(f"{name} {tuple(value.shape)}" for name, value in values.items())
     print(f"encoder-decoder: {source} -> {written}, {shapes}, dtype {values['source'].dtype}")
-    top = args.top
-    print(
-        "\n".join(_first_row_table(values["source"], source_tokens, top=top, what="source tokens"))
-    )
-    print(
-        "\n".join(_first_row_table(values["target"], target_tokens, top=top, what="target tokens"))
-    )
+    print("\n".join(tables))
     return 0

@@ -77,32 +77,44 @@ def _demo_file_names(sample: Any, folder: str, *, force: bool) -> list[str]:
 
 def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
     """Write the demo's HTML page and (with matplotlib) its figures; list the files."""
-    import html
     from pathlib import Path
 
-    import attnflow
-    from attnflow.html import TokenView
-
-    from ._arrayio import ArrayFileError, write_atomically
-    from ._sample import load_image_sample
+    from ._staged import Staged
 
     target = Path(folder)
     names = _demo_file_names(sample, folder, force=force)
     plotting = len(names) > 1
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        msg = f"cannot create {target}: {error}"
-        raise UsageError(msg) from None
 
-    def save(name: str, write: Callable[[Any], object]) -> str:
+    def exists(path: Path) -> Exception:
+        return UsageError(f"{path} exists; pass --force to replace it")
+
+    # Every file is staged, then all are published together: a failed or interrupted demo
+    # leaves no partial folder (a folder it made is removed again).
+    with Staged(force=force, exists=exists) as staged:
         try:
-            return str(write_atomically(target / name, write, force=force))  # exclusive
-        except ArrayFileError as error:
-            raise UsageError(str(error)) from None
+            staged.folder(target)
+        except OSError as error:
+            msg = f"cannot create {target}: {error}"
+            raise UsageError(msg) from None
+        _stage_demo_files(sample, target, staged, plotting=plotting)
+        written = staged.publish()
+    page = target / "index.html"  # first: the file to open
+    return [str(page), *(str(path) for path in written if path != page)]
+
+
+def _stage_demo_files(sample: Any, target: Any, staged: Any, *, plotting: bool) -> None:
+    """Stage the demo's figures (with matplotlib) and its page, the page last."""
+    import html
+
+    import attnflow
+    from attnflow.html import TokenView
+
+    from ._sample import load_image_sample
+
+    def save(name: str, write: Callable[[Any], object]) -> None:
+        staged.write(target / name, write)
 
     sections: list[str | TokenView] = []
-    written: list[str] = []
     for b, sentence in enumerate(sample.sentences):
         real = np.flatnonzero(sample.mask[b])
         tokens = [sample.tokens[b][i] for i in real]
@@ -147,7 +159,7 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
                 def draw(file: Any, figure: Any = figure) -> None:
                     figure.savefig(file, format="png", dpi=110)
 
-                written.append(save(name, draw))
+                save(name, draw)
                 images += (
                     f'<p><img src="{name}" alt="{kind} of sentence {b + 1}" '
                     'style="max-width: 100%"></p>\n'
@@ -155,7 +167,7 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
         sections += [f"<h2>{b + 1}. {html.escape(sentence)}</h2>", view, images]
     if plotting:
         digits = _digits_figure()
-        written.append(save("digits.png", lambda file: digits.savefig(file, format="png", dpi=110)))
+        save("digits.png", lambda file: digits.savefig(file, format="png", dpi=110))
         sections.append(
             "<h2>A vision transformer on digits</h2>\n<p>Rollout and flow of the [CLS] token "
             "of a small ViT trained on scikit-learn's 8x8 digits (2x2 patches, a 4 x 4 grid), "
@@ -163,7 +175,7 @@ def _write_demo_files(sample: Any, folder: str, *, force: bool) -> list[str]:
             '<p><img src="digits.png" alt="digits" style="max-width: 100%"></p>'
         )
     page = _demo_page(sample, sections, plotting=plotting)
-    return [save("index.html", lambda file: file.write(page.encode("utf-8"))), *written]
+    save("index.html", lambda file: file.write(page.encode("utf-8")))
 
 
 def _digits_figure() -> Any:

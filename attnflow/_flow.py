@@ -23,7 +23,7 @@ from ._pruning import prune
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
-from ._validation import AttentionLayout
+from ._validation import AttentionLayout, check_n_jobs
 
 __all__ = ["FlowCost", "WorkersLostError", "flow", "flow_cost"]
 
@@ -280,14 +280,7 @@ def _check_flow_options(
             f"{type(executor).__name__}."
         )
         raise TypeError(msg)
-    if n_jobs is not None and (
-        isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or (n_jobs < 1 and n_jobs != -1)
-    ):
-        msg = (
-            "`n_jobs` must be None (automatic), a positive number of threads or -1 (one "
-            f"per CPU core); got {n_jobs!r}."
-        )
-        raise ValueError(msg)
+    check_n_jobs(n_jobs)  # any integer scalar (np.int64 too), not a bool
     if not isinstance(progress, bool):
         msg = f"`progress` must be True or False; got {progress!r}."
         raise TypeError(msg)

@@ -125,6 +125,40 @@ def check_floating(x: Array, xp: Namespace, name: str = "attentions") -> None:
             "the equivalent in your library (attnflow does not cast silently)."
         )
         raise TypeError(msg)
+    refuse_meta(x, name)
+
+
+def refuse_meta(x: object, name: str) -> None:
+    """Refuse a PyTorch tensor on the 'meta' device (a shape, no values), naming it."""
+    if getattr(x, "is_meta", False) is True:
+        msg = (
+            f"`{name}` is a PyTorch tensor on the 'meta' device: it has a shape but no values, "
+            "so nothing can be computed from it. Pass a tensor with values (on 'cpu' or "
+            "'cuda'): load the model's weights (for example `model.to_empty(device=...)` and "
+            "`load_state_dict`) before capturing its attention."
+        )
+        raise ValueError(msg)
+
+
+def check_n_jobs(n_jobs: object) -> int | None:
+    """Check `n_jobs` (None, a positive integer or -1) and return it as an int or None.
+
+    Any integer scalar is accepted (``numbers.Integral``: ``np.int64(2)`` too), but not a
+    bool, which is an int to Python and never a number of workers.
+    """
+    if n_jobs is None:
+        return None
+    if (
+        isinstance(n_jobs, bool)
+        or not isinstance(n_jobs, numbers.Integral)
+        or (int(n_jobs) < 1 and int(n_jobs) != -1)
+    ):
+        msg = (
+            "`n_jobs` must be None (automatic), a positive number of threads or -1 (one "
+            f"per CPU core); got {n_jobs!r}."
+        )
+        raise ValueError(msg)
+    return int(n_jobs)
 
 
 def check_residual(residual: object) -> float:
@@ -515,6 +549,7 @@ def check_mask(
             f"{tuple(shape)}."
         )
         raise ValueError(msg)
+    refuse_meta(mask, name)
     if values_are_inspectable(mask) and not bool(xp.all(xp.any(mask, axis=-1))):
         msg = (
             f"`{name}` masks every token of at least one sequence; each sequence needs at "

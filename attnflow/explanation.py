@@ -562,17 +562,44 @@ class Explanation:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Explanation:
-        """Read an explanation written by :meth:`save`."""
-        with np.load(path, allow_pickle=False) as data:
-            meta = json.loads(str(data["meta"]))
-            meta["scores"] = {
-                key.split("/", 1)[1]: data[key] for key in data.files if key.startswith("scores/")
-            }
-            if "image" in data.files:
-                meta["image"] = data["image"]
-            if "probabilities" in data.files:
-                meta["probabilities"] = data["probabilities"]
-        return cls.from_dict(meta)
+        """Read an explanation written by :meth:`save`.
+
+        Every array's header is checked (shape, dtype, size, the scores' width against
+        the tokens) before its data is read, so a damaged or hostile file (a small archive
+        declaring gigabytes) is refused, never inflated, with one line naming the file.
+
+        Raises
+        ------
+        ValueError
+            On a file that is not an explanation written by :meth:`save`, damaged or
+            truncated (an ``attnflow._arrayio.ArrayFileError``, a ValueError).
+        """
+        from ._array_headers import open_entries
+        from ._arrayio import ArrayFileError, read_selected
+        from ._header_checks import check_explanation
+
+        file = Path(path)
+        meta_array = read_selected(file, required=("meta",), check=check_explanation)["meta"]
+        try:
+            meta = json.loads(str(meta_array))
+            n = len(meta["tokens"])
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            msg = f"{file}: its metadata is not an attnflow explanation's ({error!r})"
+            raise ArrayFileError(msg) from None
+        names = [name for name in open_entries(file) if name.startswith("scores/")]
+        optional = ("image", "probabilities")
+        data = read_selected(
+            file, required=names, optional=optional, check=lambda h: check_explanation(h, n=n)
+        )
+        meta["scores"] = {name.split("/", 1)[1]: data[name] for name in names}
+        for name in optional:
+            if name in data:
+                meta[name] = data[name]
+        try:
+            return cls.from_dict(meta)
+        except (KeyError, TypeError, ValueError) as error:
+            msg = f"{file}: not a valid attnflow explanation ({error})"
+            raise ArrayFileError(msg) from None
 
 
 def _checked_labels(labels: object) -> tuple[str, ...] | dict[int, str] | None:

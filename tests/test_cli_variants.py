@@ -12,7 +12,7 @@ import pytest
 from oracle import softmax_attention
 
 import attnflow
-from attnflow._cli import EXIT_FAILURE, EXIT_USAGE, main
+from attnflow._cli import EXIT_USAGE, main
 
 MASK = np.array([[True] * 6, [True] * 4 + [False] * 2])
 
@@ -238,12 +238,14 @@ def test_gradient_rollout_shape_mismatch_is_one_line(
 ) -> None:
     weights, grads = pair
     np.savez(tmp_path / "x.npz", attentions=weights, gradients=grads[:, ::-1][:, :2])
-    assert main(["gradient-rollout", str(tmp_path / "x.npz")]) == EXIT_FAILURE
+    # Refused from the headers, before any data is read: a usage error.
+    assert main(["gradient-rollout", str(tmp_path / "x.npz")]) == EXIT_USAGE
     _one_line_error(
         capsys,
-        "attnflow gradient-rollout: error: `gradients` must have the shape of `attentions`",
-        "3 layers",
-        "2 layers",
+        "attnflow gradient-rollout: error:",
+        "the gradients 'gradients' must be floating point and shaped as the attention",
+        "(2, 3, 2, 6, 6)",
+        "(2, 2, 2, 6, 6)",
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npz"]
 
@@ -468,9 +470,13 @@ def test_encoder_decoder_shape_mismatch_is_one_line(
 ) -> None:
     bad = dict(seq2seq, cross=seq2seq["cross"][..., :4])  # S = 4 columns for S = 5 sources
     np.savez(tmp_path / "s.npz", **bad)
-    assert main(["encoder-decoder", str(tmp_path / "s.npz")]) == EXIT_FAILURE
+    # Refused from the headers, before any data is read: a usage error.
+    assert main(["encoder-decoder", str(tmp_path / "s.npz")]) == EXIT_USAGE
     _one_line_error(
-        capsys, "attnflow encoder-decoder: error: `cross` must have S = 5 key columns", "4 columns"
+        capsys,
+        "attnflow encoder-decoder: error:",
+        "array 'cross' must have shape (2, 3, 3, 4, 5) to match the others",
+        "the file declares (2, 3, 3, 4, 4)",
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.npz"]
 
