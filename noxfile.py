@@ -118,7 +118,7 @@ def adapters_torch(session: nox.Session) -> None:
             "tests/experiments,tests/adapters/test_torch_encoder_decoder.py,"
             "tests/adapters/test_readme.py,tests/adapters/test_flow_minilm.py,"
             "tests/adapters/test_explain_text.py,tests/adapters/test_torch_contributions.py,"
-            "tests/adapters/test_explain_image.py"
+            "tests/adapters/test_explain_image.py,tests/adapters/test_explain_cli_checks.py"
         ),
     }
     # The sentiment experiment fine-tunes the shipped MiniLM: it needs transformers, which
@@ -131,6 +131,7 @@ def adapters_torch(session: nox.Session) -> None:
         "tests/adapters/test_flow_minilm.py",
         "tests/adapters/test_explain_text.py",
         "tests/adapters/test_explain_image.py",
+        "tests/adapters/test_explain_cli_checks.py",
         "tests/experiments/test_sentiment_torch.py",
         "tests/experiments/test_reproduction_sentiment.py",
     ]
