@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -183,7 +184,10 @@ def _model(
         if problem is None:
             record = _training_record(folder)
             assert record is not None
-            return load_agreement_model(model_folder), record
+            try:
+                return load_agreement_model(model_folder), record
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+                problem = f"holds a model that cannot be loaded ({error})"
         if not force:
             msg = (
                 f"{folder} {problem}. Use a new folder, or pass `force=True` to train a "

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -142,7 +143,7 @@ def _model(
     if os.path.lexists(model_folder):
         try:
             model, record = _given_model(model_folder, seed=seed, n_train=len(train), n_test=n_test)
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
             if not force:
                 msg = (
                     f"{folder} holds a model that this run cannot use ({error}). Use a new "
