@@ -437,7 +437,10 @@ def test_a_rerun_with_another_model_is_refused_naming_it(
     }
     attnflow.faithfulness(_identified(2), ids, output=tmp_path, **options)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    with pytest.raises(EvaluationFolderError, match="model was toy seed 2, now toy seed 5"):
+    with pytest.raises(
+        EvaluationFolderError,
+        match=r"in model \(the folder's: toy seed 2; this run's: toy seed 5\)",
+    ):
         attnflow.faithfulness(_identified(5), ids, output=tmp_path, **options)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing touched
     # force=True discards the first model's results: the report is the second model's.
@@ -474,7 +477,9 @@ def test_another_function_under_a_method_name_is_refused(
     again = attnflow.faithfulness(
         _identified(2), ids, output=tmp_path, methods={"mine": first}, **options
     )  # the same function: resumed
-    with pytest.raises(EvaluationFolderError, match=r"functions 'mine' was .*, now "):
+    with pytest.raises(
+        EvaluationFolderError, match=r"in functions 'mine' \(the folder's: .*; this run's: "
+    ):
         attnflow.faithfulness(
             _identified(2), ids, output=tmp_path, methods={"mine": second}, **options
         )
@@ -650,3 +655,21 @@ def test_saved_outputs_give_the_same_correlations(
         attnflow.evaluate.faithfulness_from_outputs(
             attentions, {"blank_out": references["blank_out"][:, :3]}
         )
+
+
+def test_a_folder_of_an_older_store_is_refused_as_such(
+    tmp_path: Path, dataset: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> None:
+    # Chunks written before the store recorded identities and checksums cannot be
+    # checked: refused (naming why), recomputed with force=True.
+    ids, mask, _ = dataset
+    options: dict[str, Any] = {"replacement": UNK, "mask": mask, "fractions": None}
+    options["references"] = ["blank_out"]
+    attnflow.faithfulness(_identified(2), ids, output=tmp_path, **options)
+    manifest = json.loads((tmp_path / "evaluation.json").read_text())
+    del manifest["store"], manifest["model"], manifest["functions"]
+    (tmp_path / "evaluation.json").write_text(json.dumps(manifest))
+    with pytest.raises(EvaluationFolderError, match="another version of attnflow"):
+        attnflow.faithfulness(_identified(2), ids, output=tmp_path, **options)
+    attnflow.faithfulness(_identified(2), ids, output=tmp_path, force=True, **options)
+    assert json.loads((tmp_path / "evaluation.json").read_text())["store"] == 2

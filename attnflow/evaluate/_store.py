@@ -327,9 +327,10 @@ def _difference(recorded: object, current: Mapping[str, Any]) -> str:
         return "its manifest is not a JSON object"
     if recorded.get("store") != current.get("store"):
         return (
-            f"it was written by another version of the store ({recorded.get('store', 1)}, "
-            f"this one writes {current.get('store')}), which did not record the model, the "
-            "methods' functions or checksums"
+            f"it was written by another version of attnflow (folder layout "
+            f"{recorded.get('store', 1)}; this one writes {current.get('store')}, which records "
+            "the model, the methods' functions and checksums), so its results cannot be "
+            "checked against this run"
         )
     parts = []
     for key in sorted(set(recorded) | set(current)):
@@ -337,16 +338,35 @@ def _difference(recorded: object, current: Mapping[str, Any]) -> str:
         if old == new:
             continue
         if isinstance(old, dict) and isinstance(new, dict):
-            for name in sorted(set(old) | set(new)):
-                if old.get(name) != new.get(name):
-                    parts.append(
-                        f"{key} {name!r} was {_short(old.get(name))}, now {_short(new.get(name))}"
-                    )
+            parts += [
+                f"{key} {name!r} ({_pair(old.get(name), new.get(name))})"
+                for name in sorted(set(old) | set(new))
+                if old.get(name) != new.get(name)
+            ]
         else:
-            parts.append(f"{key} was {_short(old)}, now {_short(new)}")
-    return "it differs in " + "; ".join(parts)
+            parts.append(f"{key} ({_pair(old, new)})")
+    return "it differs in " + "; in ".join(parts)
 
 
-def _short(value: object, limit: int = 120) -> str:
-    text = "absent" if value is None else json.dumps(value) if not isinstance(value, str) else value
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _pair(old: object, new: object) -> str:
+    """Show a recorded and a current value, from just before where they differ."""
+    before, after = _text(old), _text(new)
+    limit = 100
+    if len(before) > limit or len(after) > limit:
+        common = next(
+            (i for i, (a, b) in enumerate(zip(before, after, strict=False)) if a != b),
+            min(len(before), len(after)),
+        )
+        start = 0 if common < limit - 20 else common - 30  # show where they differ
+        before, after = (_cut(text, start, limit) for text in (before, after))
+    return f"the folder's: {before}; this run's: {after}"
+
+
+def _text(value: object) -> str:
+    return "none" if value is None else value if isinstance(value, str) else json.dumps(value)
+
+
+def _cut(text: str, start: int, limit: int) -> str:
+    head = "..." if start else ""
+    tail = "..." if len(text) > start + limit else ""
+    return f"{head}{text[start : start + limit]}{tail}"
