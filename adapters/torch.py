@@ -2261,7 +2261,65 @@ def model_functions(
             output=output,
         )
 
-    return attnflow.ModelFunctions(predict, attentions, gradients, weights_and_gradients)
+    options = {
+        "input_name": input_name,
+        "mask_name": mask_name,
+        "heads": heads,
+        "embeddings": None if embeddings is None else type(embeddings).__qualname__,
+        "reduce": reduce,
+        "output": output,
+        "contributions": contributions,
+    }
+
+    def identity() -> str:  # read when an evaluation writes to a folder
+        return _weights_identity(model, options)
+
+    return attnflow.ModelFunctions(
+        predict, attentions, gradients, weights_and_gradients, identity=identity
+    )
+
+
+def _weights_identity(model: nn.Module, options: Mapping[str, object] | None = None) -> str:
+    """Name a model by its class, a SHA-256 of its weights and buffers, and `options`.
+
+    What :func:`model_functions` records as the model's identity in an evaluation
+    folder: two models differ in it unless every tensor of their state dicts (names,
+    dtypes, shapes and bytes) is equal.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model.
+    options : mapping, optional
+        Settings of the wrapper that change the numbers, written out after the hash.
+
+    Returns
+    -------
+    str
+        ``"<module>.<class> sha256:<64 hex digits> {options}"``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from attnflow.adapters.torch import _weights_identity
+    >>> a = _weights_identity(torch.nn.Linear(2, 2))
+    >>> a.startswith("torch.nn.modules.linear.Linear sha256:"), a == _weights_identity(
+    ...     torch.nn.Linear(2, 2))
+    (True, False)
+    """
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        if tensor.is_meta:
+            msg = f"tensor {name!r} of the model is on the meta device: it has no weights to hash."
+            raise ValueError(msg)
+        flat = tensor.detach().reshape(-1).contiguous().cpu()
+        digest.update(f"{name};{flat.dtype};{tuple(tensor.shape)};".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    kind = f"{type(model).__module__}.{type(model).__qualname__}"
+    settings = ", ".join(f"{key}={value!r}" for key, value in (options or {}).items())
+    return f"{kind} sha256:{digest.hexdigest()}" + (f" {{{settings}}}" if settings else "")
 
 
 def _as_tensor(values: Any, device: torch.device) -> torch.Tensor:

@@ -16,6 +16,9 @@ Two sources:
 
 Both write per-chunk results into FOLDER (a rerun resumes), then ``report.md``,
 ``report.json``, ``report.html`` and one ``faithfulness-<rows>.png`` per explained row.
+A FOLDER holding another run's results (other settings, data, model or methods), a
+damaged chunk, or an unusable saved model is refused with what differs; ``--force``
+replaces them instead.
 """
 
 from __future__ import annotations
@@ -66,6 +69,14 @@ def configure_evaluate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=None, help="threads for attention flow")
     parser.add_argument("--chunk-size", type=int, default=64, help="samples per saved chunk")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace what FOLDER holds of another run instead of refusing it: results of "
+        "other settings, data, model or methods, damaged chunks, and (agreement, sentiment) "
+        "a saved model that is incomplete or of another seed or size, which is trained "
+        "again; files this command did not write are never touched",
+    )
     group = parser.add_argument_group("agreement and sentiment")
     group.add_argument(
         "--sentences",
@@ -250,6 +261,7 @@ def _run_saved(args: argparse.Namespace, folder: Path, rows: list[int | str]) ->
             correlation=args.correlation,
             chunk_size=args.chunk_size,
             output=folder / _row_name(row),
+            force=args.force,
             n_jobs=args.jobs,
             progress=not args.quiet,
         )
@@ -270,6 +282,7 @@ def _reproduction_options(args: argparse.Namespace, rows: list[int | str]) -> di
         "n_jobs": args.jobs,
         "progress": not args.quiet,
         "model": args.model,
+        "force": args.force,
     }
 
 
@@ -328,8 +341,25 @@ def _run_sentiment(
     return files, reports, titles
 
 
+class FolderRefused(RuntimeError):
+    """The output folder holds something this run must not reuse or replace (exit 1)."""
+
+
 def run_evaluate(args: argparse.Namespace) -> int:
     """Run ``attnflow evaluate``; print the tables and where the files went."""
+    from .evaluate import EvaluationFolderError
+
+    try:
+        return _run_evaluate(args)
+    except (EvaluationFolderError, ValueError, FileExistsError) as error:
+        text = str(error)
+        if "`force=True`" not in text:
+            raise
+        # The library's advice in the command's words.
+        raise FolderRefused(text.replace("pass `force=True`", "rerun with --force")) from None
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
     from ._cli import UsageError
 
     folder = Path(args.output)

@@ -94,3 +94,31 @@ def test_errors_are_one_line(
     assert "neither" in capsys.readouterr().err
     assert main(["evaluate", str(path), "-o", str(tmp_path / "c"), "--rows", "first"]) == 2
     assert "--rows takes" in capsys.readouterr().err
+
+
+def test_a_damaged_chunk_fails_the_command_and_force_recomputes_it(
+    tmp_path: Path, saved: tuple[Path, dict[str, np.ndarray]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 22.2: a chunk copied over another, or cut, once printed a table over the
+    # wrong samples ("over 7 samples" of 9) and exited 0.
+    path, _ = saved
+    folder = tmp_path / "run"
+    arguments = ["evaluate", str(path), "-o", str(folder), "--quiet", "--chunk-size", "2"]
+    assert main(arguments) == 0
+    printed = capsys.readouterr().out
+    chunks = folder / "rows-0"
+    (chunks / "chunk-000001.npz").write_bytes((chunks / "chunk-000002.npz").read_bytes())
+    with np.load(chunks / "chunk-000003.npz") as loaded:
+        cut = {
+            name: loaded[name] if loaded[name].ndim == 0 else loaded[name][:1] for name in loaded
+        }
+    (chunks / "chunk-000003.npz").unlink()
+    np.savez(chunks / "chunk-000003.npz", **cut)
+    assert main(arguments) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "chunk-000001.npz holds chunk 2 (samples 4-5), not chunk 1 (samples 2-3)" in captured.err
+    assert "rerun with --force" in captured.err
+    assert main([*arguments, "--force"]) == 0
+    assert capsys.readouterr().out == printed
+    assert f"over {SAMPLES} samples" in printed

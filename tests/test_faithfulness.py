@@ -401,17 +401,141 @@ def test_a_second_run_on_the_same_folder_is_refused_while_the_first_runs(tmp_pat
     from attnflow.evaluate._store import ChunkStore
 
     settings = {"methods": ["rollout"]}
+    chunks = [(0, 3)]
     with (
-        ChunkStore(tmp_path, settings).open(),
+        ChunkStore(tmp_path, settings, chunks).open(),
         pytest.raises(EvaluationFolderError, match="another evaluation is writing"),
-        ChunkStore(tmp_path, settings).open(),
+        ChunkStore(tmp_path, settings, chunks).open(),
     ):
         pass
-    with ChunkStore(tmp_path, settings).open() as store:  # released: usable again
+    with ChunkStore(tmp_path, settings, chunks).open() as store:  # released: usable again
         store.write(0, {"x": np.arange(3)})
         with pytest.raises(EvaluationFolderError, match="appeared while"):
-            store.write(0, {"x": np.arange(4)})
+            store.write(0, {"x": np.arange(1, 4)})
         np.testing.assert_array_equal(store.read(0)["x"], np.arange(3))
+
+
+def _identified(seed: int) -> attnflow.ModelFunctions:
+    model = ToyModel(seed)
+    return attnflow.ModelFunctions(
+        model.predict, model.attentions, model.input_gradients, identity=f"toy seed {seed}"
+    )
+
+
+def test_a_rerun_with_another_model_is_refused_naming_it(
+    tmp_path: Path, dataset: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> None:
+    # Issue 22.1: the folder records the model's identity; another model's rerun (or a
+    # resumed run) is refused rather than given the first model's chunks.
+    ids, mask, _ = dataset
+    options: dict[str, Any] = {
+        "replacement": UNK,
+        "mask": mask,
+        "references": ["blank_out"],
+        "fractions": None,
+        "chunk_size": 4,
+    }
+    attnflow.faithfulness(_identified(2), ids, output=tmp_path, **options)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(
+        EvaluationFolderError,
+        match=r"in model \(the folder's: toy seed 2; this run's: toy seed 5\)",
+    ):
+        attnflow.faithfulness(_identified(5), ids, output=tmp_path, **options)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing touched
+    # force=True discards the first model's results: the report is the second model's.
+    forced = attnflow.faithfulness(_identified(5), ids, output=tmp_path, force=True, **options)
+    fresh = attnflow.faithfulness(_identified(5), ids, **options)
+    for key in fresh.samples:
+        np.testing.assert_array_equal(forced.samples[key], fresh.samples[key], err_msg=key)
+    assert json.loads((tmp_path / "evaluation.json").read_text())["model"] == "toy seed 5"
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (
+            functools.partial(attnflow.rollout, residual=0.3),
+            functools.partial(attnflow.rollout, residual=0.6),
+        ),
+        (attnflow.rollout, attnflow.raw),
+        (lambda a, **k: attnflow.rollout(a, **k) * 2, lambda a, **k: attnflow.rollout(a, **k) ** 2),
+    ],
+    ids=["partial-options", "function", "lambda"],
+)
+def test_another_function_under_a_method_name_is_refused(
+    tmp_path: Path, dataset: tuple[np.ndarray, np.ndarray, np.ndarray], first: Any, second: Any
+) -> None:
+    ids, mask, _ = dataset
+    options: dict[str, Any] = {
+        "replacement": UNK,
+        "mask": mask,
+        "references": ["blank_out"],
+        "fractions": None,
+    }
+    attnflow.faithfulness(_identified(2), ids, output=tmp_path, methods={"mine": first}, **options)
+    again = attnflow.faithfulness(
+        _identified(2), ids, output=tmp_path, methods={"mine": first}, **options
+    )  # the same function: resumed
+    with pytest.raises(
+        EvaluationFolderError, match=r"in functions 'mine' \(the folder's: .*; this run's: "
+    ):
+        attnflow.faithfulness(
+            _identified(2), ids, output=tmp_path, methods={"mine": second}, **options
+        )
+    fresh = attnflow.faithfulness(_identified(2), ids, methods={"mine": first}, **options)
+    np.testing.assert_array_equal(again.samples["scores.mine"], fresh.samples["scores.mine"])
+
+
+def _damage(folder: Path, how: str) -> None:
+    """Damage chunk 0 of `folder` as a user or a faulty copy might."""
+    chunk = folder / "chunk-000000.npz"
+    if how == "copied over":
+        chunk.write_bytes((folder / "chunk-000001.npz").read_bytes())
+        return
+    with np.load(chunk, allow_pickle=False) as loaded:
+        arrays = {name: np.array(loaded[name]) for name in loaded.files}
+    if how == "rows cut":
+        arrays = {k: v if v.ndim == 0 else v[:-1] for k, v in arrays.items()}
+    else:  # values changed, shapes kept
+        arrays["scores.rollout"] = arrays["scores.rollout"][::-1].copy()
+    chunk.unlink()
+    np.savez(chunk, **arrays)
+
+
+@pytest.mark.parametrize("how", ["copied over", "rows cut", "values changed"])
+def test_a_damaged_chunk_is_refused_by_name_and_recomputed_with_force(
+    tmp_path: Path, dataset: tuple[np.ndarray, np.ndarray, np.ndarray], how: str
+) -> None:
+    # Issue 22.2: each chunk carries its number, samples, row count and checksum.
+    ids, mask, labels = dataset
+    options: dict[str, Any] = {
+        "replacement": UNK,
+        "mask": mask,
+        "targets": labels,
+        "methods": ["raw", "rollout"],
+        "fractions": None,
+        "chunk_size": 3,
+    }
+    fresh = attnflow.faithfulness(_identified(2), ids, **options)
+    attnflow.faithfulness(_identified(2), ids, output=tmp_path, **options)
+    _damage(tmp_path, how)
+    expected = {
+        "copied over": r"holds chunk 1 \(samples 3-5\), not chunk 0 \(samples 0-2\)",
+        "rows cut": "holds 2 rows where chunk 0 has 3",
+        "values changed": "does not match its checksum",
+    }[how]
+    model = ToyModel(2)
+    functions = attnflow.ModelFunctions(
+        model.predict, model.attentions, model.input_gradients, identity="toy seed 2"
+    )
+    with pytest.raises(EvaluationFolderError, match=f"chunk-000000.npz {expected}"):
+        attnflow.faithfulness(functions, ids, output=tmp_path, **options)
+    assert model.calls == 0  # checked before any work
+    forced = attnflow.faithfulness(functions, ids, output=tmp_path, force=True, **options)
+    assert model.calls == 1  # chunk 0 only
+    for key in fresh.samples:
+        np.testing.assert_array_equal(forced.samples[key], fresh.samples[key], err_msg=key)
 
 
 @pytest.mark.parametrize(
@@ -531,3 +655,21 @@ def test_saved_outputs_give_the_same_correlations(
         attnflow.evaluate.faithfulness_from_outputs(
             attentions, {"blank_out": references["blank_out"][:, :3]}
         )
+
+
+def test_a_folder_of_an_older_store_is_refused_as_such(
+    tmp_path: Path, dataset: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> None:
+    # Chunks written before the store recorded identities and checksums cannot be
+    # checked: refused (naming why), recomputed with force=True.
+    ids, mask, _ = dataset
+    options: dict[str, Any] = {"replacement": UNK, "mask": mask, "fractions": None}
+    options["references"] = ["blank_out"]
+    attnflow.faithfulness(_identified(2), ids, output=tmp_path, **options)
+    manifest = json.loads((tmp_path / "evaluation.json").read_text())
+    del manifest["store"], manifest["model"], manifest["functions"]
+    (tmp_path / "evaluation.json").write_text(json.dumps(manifest))
+    with pytest.raises(EvaluationFolderError, match="another version of attnflow"):
+        attnflow.faithfulness(_identified(2), ids, output=tmp_path, **options)
+    attnflow.faithfulness(_identified(2), ids, output=tmp_path, force=True, **options)
+    assert json.loads((tmp_path / "evaluation.json").read_text())["store"] == 2

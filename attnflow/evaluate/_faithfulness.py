@@ -32,6 +32,7 @@ from attnflow._validation import describe
 from ._blank_out import BlankOutScore, blank_out
 from ._correlation import rank_correlation
 from ._erasure import ERASER_FRACTIONS, comprehensiveness, sufficiency
+from ._identity import describe_function
 from ._predict import (
     ModelInputs,
     call_model,
@@ -82,6 +83,13 @@ class ModelFunctions:
         call and the gradients of the target classes' scores with respect to them, both
         ``(B, layers, heads, n, n)``: what gradient methods (``"gradient_rollout"``,
         :func:`attnflow.gradient_rollout`) explain with. None leaves them out.
+    identity : str or callable, optional
+        What tells this model apart from others: a text (a checkpoint's hash, a run id)
+        or a function returning one, called only when an evaluation writes to an
+        `output` folder. The folder records it and refuses a rerun or a resumed run
+        whose model has another identity, so results of two models are never mixed.
+        The adapters set it to a SHA-256 of the model's weights and their own options.
+        None: the folder cannot tell models apart (a warning is logged).
 
     See Also
     --------
@@ -106,6 +114,7 @@ class ModelFunctions:
     attentions: Callable[..., Any]
     input_gradients: Callable[..., Any] | None = None
     attention_gradients: Callable[..., Any] | None = None
+    identity: str | Callable[[], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -155,6 +164,7 @@ def faithfulness(
     chunk_size: int = 64,
     batch_size: int | None = None,
     output: str | Path | None = None,
+    force: bool = False,
     n_jobs: int | None = None,
     executor: Executor | None = None,
     progress: bool = False,
@@ -181,8 +191,12 @@ def faithfulness(
     are written to that folder as soon as it is done (``chunk-NNNNNN.npz``, no pickle,
     with the settings in ``evaluation.json``); a rerun with the same settings and data
     skips finished chunks and returns the identical report, so an interrupted run loses
-    at most the chunk in progress. Attention flow, the costly part, runs on `n_jobs`
-    threads or on `executor` (a Dask cluster's, for example).
+    at most the chunk in progress. The folder records the model's identity
+    (``model.identity``) and each method's function with its options; a run that differs
+    in any of them, or in the settings or data, is refused rather than mixed in, and
+    every chunk's identity, row count and checksum are checked when it is read. Attention
+    flow, the costly part, runs on `n_jobs` threads or on `executor` (a Dask cluster's,
+    for example).
 
     Parameters
     ----------
@@ -238,6 +252,10 @@ def faithfulness(
     output : path, optional
         A folder for the per-chunk results (created if missing; it must be empty or hold
         this evaluation's earlier results). None keeps them in memory.
+    force : bool, default False
+        With `output`: discard the folder's results when they are of another evaluation
+        (other settings, data, model or methods) and recompute damaged chunks, instead of
+        refusing. Files the evaluation did not write are never removed.
     n_jobs : int, optional
         Threads for attention flow, as for :func:`attnflow.flow`.
     executor : concurrent.futures.Executor, optional
@@ -258,7 +276,8 @@ def faithfulness(
     ValueError, TypeError
         On bad arguments, before the model is called.
     EvaluationFolderError
-        If `output` holds another evaluation or another run is writing to it.
+        If `output` holds another evaluation (the message names what differs) or a
+        damaged chunk (naming it and what is wrong), or another run is writing to it.
 
     See Also
     --------
@@ -333,10 +352,8 @@ def faithfulness(
         chunk_size=_check_positive("chunk_size", chunk_size),
     )
     batch_size = check_batch_size(batch_size)
-    given_progress: object = progress
-    if not isinstance(given_progress, bool):
-        msg = f"`progress` must be True or False; got {progress!r}."
-        raise TypeError(msg)
+    _check_flag("progress", progress)
+    _check_flag("force", force)
     dataset = read_inputs(
         inputs, mask, xp=xp, min_ndim=2, integer=True, expected="(samples, tokens)"
     )
@@ -359,13 +376,20 @@ def faithfulness(
         batch_size=batch_size,
         flow_options=flow_options,
     )
-    recorded = {
-        **settings.to_dict(),
-        "samples": n_samples,
-        "tokens": n_tokens,
-        "data": fingerprint(dataset.host, dataset.mask, host_targets, host_where),
-    }
-    samples = _run_chunks(run, n_samples, settings.chunk_size, output, recorded, progress)
+
+    def recorded() -> dict[str, Any]:  # only with `output`: identities may take a while
+        return {
+            **settings.to_dict(),
+            "samples": n_samples,
+            "tokens": n_tokens,
+            "data": fingerprint(dataset.host, dataset.mask, host_targets, host_where),
+            "model": _model_identity(model),
+            "functions": _function_identities(functions),
+        }
+
+    samples = _run_chunks(
+        run, n_samples, settings.chunk_size, output, recorded, progress, force=force
+    )
     return FaithfulnessReport(
         samples=samples,
         methods=settings.methods,
@@ -378,13 +402,42 @@ def faithfulness(
     )
 
 
+def _model_identity(model: ModelFunctions) -> str | None:
+    """Return the model's identity as the output folder records it (None: not given)."""
+    identity: object = model.identity() if callable(model.identity) else model.identity
+    if identity is None:
+        logger.warning(
+            "the model functions carry no identity, so the output folder cannot tell this "
+            "model from another one; pass ModelFunctions(..., identity=...) (e.g. a hash of "
+            "the checkpoint), as the adapters' model_functions() do"
+        )
+        return None
+    if not isinstance(identity, str):
+        msg = f"`model.identity` must be a str or a function returning one; got {identity!r}."
+        raise TypeError(msg)
+    return identity
+
+
+def _function_identities(functions: Mapping[str, Method]) -> dict[str, str]:
+    """Each method's function and options, as text (``module.qualname(options)``)."""
+    return {name: describe_function(function) for name, function in functions.items()}
+
+
+def _check_flag(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        msg = f"`{name}` must be True or False; got {value!r}."
+        raise TypeError(msg)
+
+
 def _run_chunks(
     run: Callable[[int, int], dict[str, np.ndarray]],
     n_samples: int,
     chunk_size: int,
     output: str | Path | None,
-    recorded: Mapping[str, Any],
+    recorded: Callable[[], Mapping[str, Any]],
     progress: bool,
+    *,
+    force: bool = False,
 ) -> dict[str, np.ndarray]:
     """Evaluate every chunk (skipping those already in `output`) and join the results."""
     chunks = [
@@ -400,7 +453,7 @@ def _run_chunks(
                 if bar is not None:
                     bar.update(stop - start)
         else:
-            with ChunkStore(output, recorded).open() as store:
+            with ChunkStore(output, recorded(), chunks, force=force).open() as store:
                 done = store.done()
                 if bar is not None:
                     bar.update(sum(b - a for i, (a, b) in enumerate(chunks) if i in done))
@@ -555,6 +608,7 @@ def faithfulness_from_outputs(
     nan: Literal["zero", "omit"] = "zero",
     chunk_size: int = 64,
     output: str | Path | None = None,
+    force: bool = False,
     n_jobs: int | None = None,
     executor: Executor | None = None,
     progress: bool = False,
@@ -579,7 +633,7 @@ def faithfulness_from_outputs(
         The positions that take part in the correlations (e.g. all but ``[CLS]``).
     predictions, labels : int array of shape (N,), optional
         The model's predicted classes and the gold labels, for the accuracy.
-    methods, rows, correlation, nan, chunk_size, output, n_jobs, executor, progress
+    methods, rows, correlation, nan, chunk_size, output, force, n_jobs, executor, progress
         As for :func:`faithfulness`.
 
     Returns
@@ -625,6 +679,8 @@ def faithfulness_from_outputs(
     correlation = _check_choice("correlation", correlation, ("spearman", "kendall"))  # type: ignore[assignment]
     nan = _check_choice("nan", nan, ("zero", "omit"))  # type: ignore[assignment]
     chunk_size = _check_positive("chunk_size", chunk_size)
+    _check_flag("progress", progress)
+    _check_flag("force", force)
     check_flow_options(n_jobs, executor, False, True, None)
     host = to_host(attentions, name="attentions")
     if host.ndim not in (4, 5) or host.shape[-1] != host.shape[-2]:
@@ -667,8 +723,14 @@ def faithfulness_from_outputs(
         "samples": n_samples,
         "tokens": n_tokens,
         "data": fingerprint(
-            host, host_mask, host_where, *(reference_scores[k] for k in sorted(reference_scores))
+            host,
+            host_mask,
+            host_where,
+            *(reference_scores[k] for k in sorted(reference_scores)),
+            known.get("predictions"),
+            known.get("labels"),
         ),
+        "functions": _function_identities(functions),
     }
     flow_options = {"n_jobs": n_jobs, "executor": executor}
 
@@ -694,7 +756,9 @@ def faithfulness_from_outputs(
         _correlate(out, chunk_references, included, functions, correlation, nan)
         return out
 
-    samples = _run_chunks(run, n_samples, chunk_size, output, recorded, progress)
+    samples = _run_chunks(
+        run, n_samples, chunk_size, output, lambda: recorded, progress, force=force
+    )
     return FaithfulnessReport(
         samples=samples,
         methods=tuple(functions),

@@ -15,19 +15,24 @@ This module imports PyTorch.
 from __future__ import annotations
 
 import json
+import os
 import time
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from attnflow._atomic import write_atomically, write_folder_atomically
 from attnflow._contributions import Method as ContributionMethod
 from attnflow.evaluate import ERASER_FRACTIONS, FaithfulnessReport, faithfulness
 from attnflow.evaluate._faithfulness import Method
 from attnflow.evaluate._markdown import markdown_table
 from attnflow.experiments.agreement import AgreementData, agreement_split
 from attnflow.experiments.agreement_torch import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
     accuracy,
     load_agreement_model,
     predict,
@@ -107,11 +112,16 @@ def results_folder(contributions: ContributionMethod | None, row: object) -> str
     return f"rows-{row}" if contributions is None else f"{contributions}-rows-{row}"
 
 
+TRAINING_RECORD = "training.json"
+"""The training record, saved inside the model's folder (``folder/model``) with it."""
+
+
 def _training_record(folder: Path) -> dict[str, Any] | None:
-    path = folder / "training.json"
-    if not path.exists():
-        return None
-    return dict(json.loads(path.read_text()))
+    """Return the record saved with the model (or beside it, in older folders), or None."""
+    for path in (folder / "model" / TRAINING_RECORD, folder / TRAINING_RECORD):
+        if path.exists():
+            return dict(json.loads(path.read_text()))
+    return None
 
 
 def _given_model(
@@ -151,27 +161,44 @@ def _by_attractors(predicted: np.ndarray, test: AgreementData) -> dict[str, floa
 
 
 def _model(
-    folder: Path, train: AgreementData, test: AgreementData, *, seed: int, progress: bool
+    folder: Path,
+    train: AgreementData,
+    test: AgreementData,
+    *,
+    seed: int,
+    progress: bool,
+    force: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
-    """Load the model trained by an earlier run in `folder`, or train and save it."""
+    """Load the model trained by an earlier run in `folder`, or train and save it.
+
+    The model, its configuration and its training record are published together
+    (:func:`attnflow._atomic.write_folder_atomically`): ``folder/model`` holds all three
+    or does not exist, so a run killed while saving trains again, and never finds a model
+    without its record. A model folder that cannot be used (another seed or size, or a
+    damaged one left by an older version) is refused before any training, unless `force`.
+    """
     model_folder = folder / "model"
-    record = _training_record(folder)
     wanted = {"seed": seed, "train_sentences": len(train)}
-    if record is not None and model_folder.exists():
-        if {k: record.get(k) for k in wanted} != wanted:
+    if os.path.lexists(model_folder):
+        problem = _unusable(folder, wanted)
+        if problem is None:
+            record = _training_record(folder)
+            assert record is not None
+            try:
+                return load_agreement_model(model_folder), record
+            except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+                problem = f"holds a model that cannot be loaded ({error})"
+        if not force:
             msg = (
-                f"{folder} holds a model trained with {record.get('train_sentences')} "
-                f"sentences and seed {record.get('seed')}; this run asks for "
-                f"{len(train)} and {seed}. Use a new folder."
+                f"{folder} {problem}. Use a new folder, or pass `force=True` to train a "
+                "new model in its place."
             )
             raise ValueError(msg)
-        return load_agreement_model(model_folder), record
     started = time.perf_counter()
     cpu = time.process_time()
     model = train_agreement_model(train, seed=seed, progress=progress)
     seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu
-    save_agreement_model(model, model_folder)
     by_attractors = _by_attractors(predict(model, test), test)
     record = {
         **wanted,
@@ -184,10 +211,51 @@ def _model(
             str(k): int(np.sum(test.attractors == k)) for k in np.unique(test.attractors)
         },
     }
-    temporary = folder / ".training.json.tmp"
-    temporary.write_text(json.dumps(record, indent=2) + "\n")
-    temporary.replace(folder / "training.json")
+    text = json.dumps(record, indent=2) + "\n"
+
+    def write(staged: Path) -> None:
+        save_agreement_model(model, staged)
+        write_atomically(
+            staged / TRAINING_RECORD,
+            lambda file: file.write(text.encode()),
+            replace=False,
+            exists=FileExistsError,
+            mode=None,
+        )
+
+    write_folder_atomically(model_folder, write, replace=force, exists=_model_exists)
+    (folder / TRAINING_RECORD).unlink(missing_ok=True)  # an older run's, beside the model
     return model, record
+
+
+def _unusable(folder: Path, wanted: Mapping[str, Any]) -> str | None:
+    """Why ``folder/model`` cannot be reused for a run that wants `wanted`; None if it can."""
+    model_folder = folder / "model"
+    missing = [name for name in (WEIGHTS_FILE, CONFIG_FILE) if not (model_folder / name).is_file()]
+    try:
+        record = _training_record(folder)
+    except (OSError, ValueError) as error:
+        return f"holds a model whose {TRAINING_RECORD} cannot be read ({error})"
+    if record is None or missing:
+        missing += [TRAINING_RECORD] if record is None else []
+        return (
+            f"holds an incomplete model (no {', '.join(missing)}): an earlier run was "
+            "stopped while saving it"
+        )
+    if {k: record.get(k) for k in wanted} != dict(wanted):
+        return (
+            f"holds a model trained with {record.get('train_sentences')} sentences and seed "
+            f"{record.get('seed')}; this run asks for {wanted['train_sentences']} and "
+            f"{wanted['seed']}"
+        )
+    return None
+
+
+def _model_exists(target: Path) -> FileExistsError:
+    return FileExistsError(
+        f"{target} appeared while the model was being trained; use a new folder, or pass "
+        "`force=True` to replace it."
+    )
 
 
 def reproduce_agreement(
@@ -206,13 +274,14 @@ def reproduce_agreement(
     progress: bool = True,
     model: str | Path | None = None,
     contributions: ContributionMethod | None = None,
+    force: bool = False,
 ) -> tuple[dict[int | str, FaithfulnessReport], dict[str, Any]]:
     r"""Reproduce Tables 1 and 2 of Abnar & Zuidema (2020) on synthetic agreement data.
 
     Generates disjoint training and test sets (:func:`~attnflow.experiments.agreement.
     agreement_split`), trains the paper's model on the first (or loads the one an
-    earlier run saved in ``folder/model``), and evaluates raw attention, rollout and
-    flow at every layer on the test sentences with :func:`attnflow.faithfulness`:
+    earlier run saved in ``folder/model``, which holds its training record
+    ``training.json`` too), and evaluates raw attention, rollout and flow at every layer on the test sentences with :func:`attnflow.faithfulness`:
     blank-out replaces a token by ``[UNK]`` and takes the drop of the probability of the
     correct class (the paper's text), input gradients are
     :math:`\lvert \sum_d \partial p_\text{correct} / \partial e_{i,d} \rvert` at the
@@ -242,6 +311,10 @@ def reproduce_agreement(
         Evaluate the methods over value-aware token-mixing matrices instead of the
         attention weights (:func:`attnflow.adapters.torch.model_functions`); the results
         go to ``folder/<contributions>-rows-<row>``.
+    force : bool, default False
+        Replace what `folder` holds instead of refusing it: a saved model that is
+        incomplete or of another seed or size (a new one is trained), and results of
+        another evaluation or damaged chunks (as ``faithfulness(force=True)``).
 
     Returns
     -------
@@ -254,7 +327,11 @@ def reproduce_agreement(
     Raises
     ------
     ValueError
-        If `folder` (or `model`) holds a model trained with another seed or size.
+        If `folder` (or `model`) holds a model trained with another seed or size, or
+        `folder` an incomplete one, and `force` is False.
+    EvaluationFolderError
+        If a results folder holds another evaluation (another model included) or a
+        damaged chunk, and `force` is False.
 
     References
     ----------
@@ -280,7 +357,7 @@ def reproduce_agreement(
     n_train = DEFAULT_TRAIN_SENTENCES if train_sentences is None else train_sentences
     train, test = agreement_split(n_train, sentences, seed=seed)
     if model is None:
-        classifier, record = _model(root, train, test, seed=seed, progress=progress)
+        classifier, record = _model(root, train, test, seed=seed, progress=progress, force=force)
     else:
         classifier, record = _given_model(Path(model), test, seed=seed, n_train=n_train)
     functions = model_functions(
@@ -305,6 +382,7 @@ def reproduce_agreement(
             fractions=fractions,
             chunk_size=chunk_size,
             output=root / results_folder(contributions, row),
+            force=force,
             n_jobs=n_jobs,
             progress=progress,
         )

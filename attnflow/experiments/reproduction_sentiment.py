@@ -23,7 +23,9 @@ This module imports PyTorch and transformers.
 from __future__ import annotations
 
 import json
+import os
 import time
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from attnflow._atomic import write_folder_atomically
 from attnflow._contributions import Method as ContributionMethod
 from attnflow.evaluate import ERASER_FRACTIONS, FaithfulnessReport, faithfulness
 from attnflow.evaluate._faithfulness import Method
@@ -126,13 +129,29 @@ def _given_model(
 
 
 def _model(
-    folder: Path, train: SentimentData, *, seed: int, n_test: int
+    folder: Path, train: SentimentData, *, seed: int, n_test: int, force: bool = False
 ) -> tuple[MiniLMSentimentClassifier, dict[str, Any]]:
-    """Load the classifier an earlier run saved in ``folder/model``, or fine-tune one."""
+    """Load the classifier an earlier run saved in ``folder/model``, or fine-tune one.
+
+    The classifier's weights and its configuration (with the training record in its
+    metadata) are published together (:func:`attnflow._atomic.write_folder_atomically`):
+    a run killed while saving fine-tunes again, and never finds half a model. A model
+    folder that cannot be used (other data, or a damaged one left by an older version)
+    is refused before any training, unless `force`.
+    """
     model_folder = folder / "model"
-    if model_folder.exists():
-        model, record = _given_model(model_folder, seed=seed, n_train=len(train), n_test=n_test)
-        return model, {**record, "model": "model"}
+    if os.path.lexists(model_folder):
+        try:
+            model, record = _given_model(model_folder, seed=seed, n_train=len(train), n_test=n_test)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+            if not force:
+                msg = (
+                    f"{folder} holds a model that this run cannot use ({error}). Use a new "
+                    "folder, or pass `force=True` to fine-tune a new model in its place."
+                )
+                raise ValueError(msg) from None
+        else:
+            return model, {**record, "model": "model"}
     cpu = time.process_time()
     trained = train_sentiment_classifier(train, seed=seed, max_length=MAX_LENGTH, log_every=0)
     metadata = {
@@ -144,8 +163,20 @@ def _model(
         "train_seconds": round(trained.seconds, 1),
         "train_cpu_seconds": round(time.process_time() - cpu, 1),
     }
-    save_classifier(trained.model, model_folder, metadata=metadata)
+    write_folder_atomically(
+        model_folder,
+        lambda staged: save_classifier(trained.model, staged, metadata=metadata),
+        replace=force,
+        exists=_model_exists,
+    )
     return trained.model, {"model": "model", "train_seconds": trained.seconds}
+
+
+def _model_exists(target: Path) -> FileExistsError:
+    return FileExistsError(
+        f"{target} appeared while the model was being fine-tuned; use a new folder, or pass "
+        "`force=True` to replace it."
+    )
 
 
 def gradient_sum_ratio(
@@ -218,6 +249,7 @@ def reproduce_sentiment(
     progress: bool = True,
     model: str | Path | None = None,
     contributions: ContributionMethod | None = None,
+    force: bool = False,
 ) -> tuple[dict[str, FaithfulnessReport], dict[str, Any]]:
     r"""Reproduce Table 3 of Abnar & Zuidema (2020) with the shipped MiniLM, offline.
 
@@ -259,6 +291,10 @@ def reproduce_sentiment(
         Evaluate the methods over value-aware token-mixing matrices instead of the
         attention weights (:func:`attnflow.adapters.torch.model_functions`); the results
         go to ``folder/<contributions>-rows-<row>``.
+    force : bool, default False
+        Replace what `folder` holds instead of refusing it: a saved classifier that is
+        damaged or trained on other data (a new one is fine-tuned), and results of
+        another evaluation or damaged chunks (as ``faithfulness(force=True)``).
 
     Returns
     -------
@@ -273,7 +309,10 @@ def reproduce_sentiment(
     ------
     ValueError
         If `sentences` is below 1, a reduction is unknown, or `folder` (or `model`) holds a
-        classifier trained on other data.
+        classifier trained on other data (or `folder` a damaged one) and `force` is False.
+    EvaluationFolderError
+        If a results folder holds another evaluation (another model included) or a
+        damaged chunk, and `force` is False.
 
     References
     ----------
@@ -310,7 +349,7 @@ def reproduce_sentiment(
     train, test = _split(n_train, held_out, seed)
     test = test.take(np.arange(sentences))
     if model is None:
-        classifier, record = _model(root, train, seed=seed, n_test=held_out)
+        classifier, record = _model(root, train, seed=seed, n_test=held_out, force=force)
     else:
         classifier, record = _given_model(Path(model), seed=seed, n_train=n_train, n_test=held_out)
     classifier.eval()
@@ -353,6 +392,7 @@ def reproduce_sentiment(
                 fractions=fractions if index == 0 else None,
                 chunk_size=chunk_size,
                 output=root / results_folder(contributions, key),
+                force=force,
                 n_jobs=n_jobs,
                 progress=progress,
             )

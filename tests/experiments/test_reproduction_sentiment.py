@@ -9,6 +9,7 @@ import copy
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -181,3 +182,47 @@ def test_table3_lists_the_papers_layers() -> None:
     means = paper_means()["input_gradients"]["rollout"]
     assert np.isnan(means[1])
     assert means[5] == 0.13
+
+
+def test_the_fine_tuned_model_is_saved_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, minilm: MiniLMSentimentClassifier
+) -> None:
+    # Issue 22.3: a kill between the weights and config.json left a folder that every
+    # rerun failed on. Now a kill leaves no model; an older, broken folder is refused
+    # before any fine-tuning, and replaced with force=True.
+    from types import SimpleNamespace
+
+    from attnflow.experiments import reproduction_sentiment
+    from attnflow.experiments.sentiment import sentiment_data
+
+    calls: list[int] = []
+
+    def fine_tune(train: Any, *, seed: int, max_length: int, log_every: int) -> Any:
+        calls.append(seed)
+        return SimpleNamespace(model=minilm, settings={}, seconds=0.0)
+
+    monkeypatch.setattr(reproduction_sentiment, "train_sentiment_classifier", fine_tune)
+    train = sentiment_data(8, seed=0)
+    fsync, writes = os.fsync, []
+
+    def killed(descriptor: int) -> None:
+        writes.append(descriptor)
+        if len(writes) == 2:  # config.json, after the weights
+            raise KeyboardInterrupt
+        fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", killed)
+    with pytest.raises(KeyboardInterrupt):
+        reproduction_sentiment._model(tmp_path, train, seed=0, n_test=4)
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert [p.name for p in tmp_path.iterdir()] == []
+    reproduction_sentiment._model(tmp_path, train, seed=0, n_test=4)
+    assert calls == [0, 0]
+    (tmp_path / "model" / "config.json").unlink()  # as an older version's kill left it
+    with pytest.raises(ValueError, match=r"cannot use .*pass `force=True`"):
+        reproduction_sentiment._model(tmp_path, train, seed=0, n_test=4)
+    assert calls == [0, 0]  # refused before fine-tuning
+    model, _ = reproduction_sentiment._model(tmp_path, train, seed=0, n_test=4, force=True)
+    assert calls == [0, 0, 0]
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == ["config.json", "weights.npz"]
+    assert isinstance(model, MiniLMSentimentClassifier)
