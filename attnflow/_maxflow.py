@@ -76,9 +76,10 @@ graph built once per shape (building one costs about 0.6 µs an edge); sparser a
 BOUND_BLOCK_ELEMENTS = 4_000_000
 """Elements of the ``rows x n x sinks`` temporary of one vectorised upper-bound step."""
 
-CLOSED_FORM, CERTIFIED, SOLVED = 0, 1, 2
+CLOSED_FORM, CERTIFIED, SOLVED, DEFERRED = 0, 1, 2, 3
 """Status of a pair: closed form (or nothing to carry), flow reached the bound, or solved
-to completion (by the kernel, or by igraph)."""
+to completion (by the kernel, or by igraph); `DEFERRED` is internal to the kernel path (a
+pair the first blocking flow left, solved again with backward arcs) and never returned."""
 
 
 FlowPath = Literal["one_layer", "two_layers", "kernel", "igraph"]
@@ -130,14 +131,57 @@ def _parallel_paths(upper: np.ndarray, lower: np.ndarray) -> np.ndarray:
     return out
 
 
-def _upper_bounds(mixed: np.ndarray, rows: np.ndarray, sinks: np.ndarray) -> np.ndarray:
-    """Upper bounds ``(rows, sinks)``: the top-down tree bound and the capacity into the sink."""
+def _reach(mixed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Smallest and largest input token each token of layers ``1 .. T-1`` reaches: ``(T-1, n)``.
+
+    Every input token a node reaches lies in ``[lo, hi]`` (an interval around the set, so a
+    node outside it for sink ``m`` carries none of ``m``'s flow: exact pruning). Causal
+    attention gives ``hi = j`` for token ``j``; a node with no path down gets ``lo > hi``.
+    """
+    n_layers, n = mixed.shape[0], mixed.shape[-1]
+    lo = np.empty((n_layers - 1, n), dtype=np.int32)
+    hi = np.empty((n_layers - 1, n), dtype=np.int32)
+    tokens = np.arange(n, dtype=np.int32)
+    below_lo, below_hi = tokens, tokens  # layer 0: token k reaches itself
+    for layer in range(n_layers - 1):
+        present = mixed[layer] > 0
+        lo[layer] = np.where(present, below_lo[None, :], n).min(axis=1)
+        hi[layer] = np.where(present, below_hi[None, :], -1).max(axis=1)
+        below_lo, below_hi = lo[layer], hi[layer]
+    return lo, hi
+
+
+def _source_cut(top: np.ndarray, lo: np.ndarray, hi: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """``Σ_k Ã_T[r, k] [lo_k <= m <= hi_k]`` ``(rows, sinks)``: a cut of every path to ``m``.
+
+    The source arcs into tokens that may reach ``m``: every path from row ``r`` to ``m``
+    leaves the source on one of them.
+    """
+    n = top.shape[-1]
+    spans = np.zeros((top.shape[0], n + 1))
+    keep = lo <= hi
+    np.add.at(spans.T, lo[keep], top[:, keep].T)
+    np.add.at(spans.T, hi[keep] + 1, -top[:, keep].T)
+    return np.asarray(np.cumsum(spans, axis=1)[:, sinks])
+
+
+def _upper_bounds(
+    mixed: np.ndarray,
+    rows: np.ndarray,
+    sinks: np.ndarray,
+    reach: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
+    """Upper bounds ``(rows, sinks)``: the top-down tree bound, the capacity into the sink
+    and (with `reach`) the source arcs into the tokens that may reach the sink."""
     inflow = mixed[-1][rows]
     for layer in range(mixed.shape[0] - 2, 0, -1):
         # A token forwards at most its out-capacity, 1 (rows of Ã sum to 1 or 0).
         inflow = np.minimum(_parallel_paths(inflow, mixed[layer]), 1.0)
     bound = _parallel_paths(inflow, mixed[0][:, sinks])
-    return np.asarray(np.minimum(bound, mixed[0][:, sinks].sum(axis=0)[None, :]))
+    bound = np.minimum(bound, mixed[0][:, sinks].sum(axis=0)[None, :])
+    if reach is not None:
+        bound = np.minimum(bound, _source_cut(mixed[-1][rows], reach[0][-1], reach[1][-1], sinks))
+    return np.asarray(bound)
 
 
 def _strongest_first(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -152,32 +196,52 @@ def _strongest_first(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _solve_with_kernel(
     mixed: np.ndarray, rows: np.ndarray, sinks: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Max-flows and statuses ``(rows, sinks)`` from the compiled solver (``T >= 3``)."""
+    """Max-flows and statuses ``(rows, sinks)`` from the compiled solver (``T >= 3``).
+
+    First with the forward arcs' order alone (the first blocking flow needs no more; on
+    real attention it nearly always reaches the bound), then the pairs it left (status
+    `DEFERRED`) again with the backward arcs' order as well.
+    """
     assert _kernel_solve is not None  # the caller checked
     mixed = np.ascontiguousarray(mixed, dtype=np.float64)
     middle = mixed[1:-1]
-    # Rows (forward arcs) and columns (backward arcs) of the middle layers in one sort.
-    both, both_count = _strongest_first(np.concatenate([middle, middle.transpose(0, 2, 1)]))
-    forward, backward = both[: len(middle)], both[len(middle) :]
-    forward_count, backward_count = both_count[: len(middle)], both_count[len(middle) :]
+    forward, forward_count = _strongest_first(middle)
     from_source, source_count = _strongest_first(mixed[-1][rows])
+    reach = _reach(mixed)
+    upper = np.ascontiguousarray(_upper_bounds(mixed, rows, sinks, reach))
     values = np.zeros((rows.shape[0], sinks.shape[0]))
     status = np.zeros(values.shape, dtype=np.int8)
+    placeholder = np.zeros((1, 1, 1), dtype=np.int32)
+    arguments = (forward, forward_count, placeholder, placeholder[0])
     _kernel_solve(
         mixed,
-        np.ascontiguousarray(rows, dtype=np.int64),
-        np.ascontiguousarray(sinks, dtype=np.int64),
-        np.ascontiguousarray(_upper_bounds(mixed, rows, sinks)),
-        forward,
-        forward_count,
-        backward,
-        backward_count,
+        rows.astype(np.int64),
+        sinks.astype(np.int64),
+        upper,
+        *arguments,
         from_source,
         source_count,
+        *reach,
+        False,
         TARGET_TOLERANCE,
         values,
         status,
     )
+    left = np.flatnonzero((status == DEFERRED).any(axis=1))
+    if left.size:
+        backward, backward_count = _strongest_first(middle.transpose(0, 2, 1))
+        for i in left:
+            columns = np.flatnonzero(status[i] == DEFERRED)
+            part_values = np.zeros((1, columns.size))
+            part_status = np.zeros((1, columns.size), dtype=np.int8)
+            _kernel_solve(
+                mixed, rows[i : i + 1].astype(np.int64), sinks[columns].astype(np.int64),
+                np.ascontiguousarray(upper[i : i + 1, columns]), forward, forward_count,
+                backward, backward_count, from_source[i : i + 1], source_count[i : i + 1],
+                *reach, True, TARGET_TOLERANCE, part_values, part_status,
+            )  # fmt: skip
+            values[i, columns] = part_values[0]
+            status[i, columns] = part_status[0]
     return values, status
 
 

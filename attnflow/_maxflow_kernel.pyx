@@ -57,6 +57,10 @@ cdef struct Work:
     long long* log          # middle edges touched since the last reset
     long long log_len
     long long log_cap
+    # reachability: token j of layer a reaches only input tokens in [lo, hi] (node ids)
+    const int* reach_lo
+    const int* reach_hi
+    int m                   # the current sink (input token)
 
 
 cdef inline int _degree(Work* w, int u, bint backward) noexcept nogil:
@@ -101,6 +105,11 @@ cdef inline int _arc(Work* w, int u, int i, long long* edge, char* forward) noex
     edge[0] = (a - 1) * nn + <long long>k * n + j
     forward[0] = 0
     return a * n + k
+
+
+cdef inline bint _dead(Work* w, int v) noexcept nogil:
+    """Whether token node `v` cannot reach the current sink (it never carries its flow)."""
+    return w.m < w.reach_lo[v] or w.m > w.reach_hi[v]
 
 
 cdef inline double _residual(Work* w, long long edge, char forward) noexcept nogil:
@@ -257,6 +266,8 @@ cdef bint _layer_residual_graph(Work* w) noexcept nogil:
         for i in range(degree):
             v = _arc(w, u, i, &edge, &forward)
             if w.level[v] < 0 and _residual(w, edge, forward) > 0.0:
+                if v != w.sink and _dead(w, v):
+                    continue
                 w.level[v] = w.level[u] + 1
                 if v == w.sink:
                     sink_level = w.level[v]
@@ -267,12 +278,16 @@ cdef bint _layer_residual_graph(Work* w) noexcept nogil:
 
 
 cdef void _layer_by_depth(Work* w) noexcept nogil:
-    """The first layering: every source-sink path has ``T`` edges."""
-    cdef int n = w.n, a, j
+    """The first layering: every source-sink path has ``T`` edges.
+
+    Tokens that cannot reach the sink get no level: they are never entered.
+    """
+    cdef int n = w.n, a, j, v
     for a in range(1, w.n_layers):
         for j in range(n):
-            w.level[(a - 1) * n + j] = w.n_layers - a
-            w.cur[(a - 1) * n + j] = 0
+            v = (a - 1) * n + j
+            w.level[v] = -1 if _dead(w, v) else w.n_layers - a
+            w.cur[v] = 0
     w.level[w.source] = 0
     w.cur[w.source] = 0
     w.level[w.sink] = w.n_layers
@@ -326,6 +341,9 @@ def solve(
     const int[:, ::1] bwd_count,
     const int[:, ::1] src_order,
     const int[::1] src_count,
+    const int[:, ::1] reach_lo,
+    const int[:, ::1] reach_hi,
+    bint with_backward,
     double tolerance,
     double[:, ::1] values,
     signed char[:, ::1] status,
@@ -334,6 +352,9 @@ def solve(
 
     `values` receives the max-flows; `status` 1 where the flow reached the bound (the
     value is the bound), 2 where the solver ran to completion (the value is its flow).
+    Without `with_backward` (`bwd_order` and `bwd_count` are then placeholders), a pair
+    that needs more than the first blocking flow is left with status 3, to be solved again
+    with them.
     Pairs with a zero bound are left alone (value 0, status 0).
     """
     cdef int n_layers = mixed.shape[0], n = mixed.shape[2]
@@ -357,6 +378,8 @@ def solve(
     w.fwd_count = &fwd_count[0, 0]
     w.bwd_order = &bwd_order[0, 0, 0]
     w.bwd_count = &bwd_count[0, 0]
+    w.reach_lo = &reach_lo[0, 0]
+    w.reach_hi = &reach_hi[0, 0]
     w.middle = middle
     w.source = (n_layers - 1) * n
     w.sink = w.source + 1
@@ -386,6 +409,7 @@ def solve(
             # Sinks outside, rows inside: the bottom-up bound belongs to the sink.
             for si in range(n_sinks):
                 m = <int>sinks[si]
+                w.m = m
                 refined = False
                 for k in range(n):
                     w.res[middle + n + k] = w.cap[k * <long long>n + m]
@@ -413,13 +437,22 @@ def solve(
                             bound += w.deliverable[k] if w.deliverable[k] < c else c
                         if bound < target:
                             target = bound
-                    while total < target - tolerance and _layer_residual_graph(&w):
+                    if total < target - tolerance and not with_backward:
+                        # Later phases need the backward arcs' order: the caller solves
+                        # this pair again with it.
+                        status[ri, si] = 3
+                    while (
+                        status[ri, si] != 3 and total < target - tolerance
+                        and _layer_residual_graph(&w)
+                    ):
                         if _blocking_flow(&w, True, target - tolerance, &total) < 0:
                             failed = 1
                             break
                     if failed:
                         break
-                    if total >= target - tolerance:
+                    if status[ri, si] == 3:
+                        pass
+                    elif total >= target - tolerance:
                         values[ri, si] = target
                         status[ri, si] = 1
                     else:
