@@ -38,15 +38,17 @@ import numpy as np
 from ._graph import LayeredGraph, build_layered_graph
 
 
-def _load_kernel() -> Callable[..., None] | None:
+def _load_kernel() -> tuple[Callable[..., None], ...] | None:
     try:
-        from ._maxflow_kernel import solve
+        from ._maxflow_kernel import build_arcs, build_backward_arcs, solve
     except ImportError:  # pragma: no cover - a source checkout without the compiled kernel
         return None
-    return solve
+    return solve, build_arcs, build_backward_arcs
 
 
-_kernel_solve = _load_kernel()
+_kernel = _load_kernel()
+_kernel_solve = None if _kernel is None else _kernel[0]
+_kernel_build_arcs = None if _kernel is None else _kernel[1]
 
 __all__ = [
     "KERNEL_AVAILABLE",
@@ -193,52 +195,82 @@ def _strongest_first(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, count
 
 
+@dataclass(frozen=True)
+class _Arcs:
+    """The middle layers' non-zero arcs, each token's contiguous, strongest first."""
+
+    start: np.ndarray
+    """``(T-2, n+1)`` int64: token ``j`` of matrix ``i`` has arcs ``start[i, j] ..
+    start[i, j+1]``."""
+    head: np.ndarray
+    """``(arcs,)`` int32: the token each arc enters."""
+    capacity: np.ndarray
+    """``(arcs,)`` float64."""
+    counts: np.ndarray
+    """``(T-2, n)``: arcs of each token."""
+
+
+def _arcs(middle: np.ndarray) -> _Arcs:
+    """Arc lists of the middle matrices ``Ã_2 .. Ã_{T-1}`` (zero capacities dropped)."""
+    assert _kernel_build_arcs is not None  # the caller checked
+    n_mats, n = middle.shape[0], middle.shape[1]
+    counts = np.count_nonzero(middle > 0, axis=-1)
+    offsets = np.zeros(n_mats * n + 1, dtype=np.int64)
+    np.cumsum(counts.ravel(), out=offsets[1:])
+    start = np.empty((n_mats, n + 1), dtype=np.int64)
+    start[:, :n] = offsets[:-1].reshape(n_mats, n)
+    start[:, n] = offsets[n::n]
+    head = np.empty(offsets[-1], dtype=np.int32)
+    capacity = np.empty(offsets[-1])
+    _kernel_build_arcs(middle, start, head, capacity)
+    return _Arcs(start, head, capacity, counts)
+
+
+def _backward_arcs(arcs: _Arcs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The arcs into each token: ``(start, arc ids, tails)`` (see `build_backward_arcs`)."""
+    assert _kernel is not None  # the caller checked
+    start = np.empty_like(arcs.start)
+    ids = np.empty(arcs.head.shape[0], dtype=np.int64)
+    tails = np.empty(arcs.head.shape[0], dtype=np.int32)
+    _kernel[2](arcs.start, arcs.head, start, ids, tails)
+    return start, ids, tails
+
+
 def _solve_with_kernel(
     mixed: np.ndarray, rows: np.ndarray, sinks: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Max-flows and statuses ``(rows, sinks)`` from the compiled solver (``T >= 3``).
 
-    First with the forward arcs' order alone (the first blocking flow needs no more; on
-    real attention it nearly always reaches the bound), then the pairs it left (status
-    `DEFERRED`) again with the backward arcs' order as well.
+    First with the forward arcs alone (the first blocking flow needs no more; on real
+    attention it nearly always reaches the bound), then the pairs it left (status
+    `DEFERRED`) again with the backward arcs as well.
     """
     assert _kernel_solve is not None  # the caller checked
     mixed = np.ascontiguousarray(mixed, dtype=np.float64)
-    middle = mixed[1:-1]
-    forward, forward_count = _strongest_first(middle)
+    arcs = _arcs(mixed[1:-1])
     from_source, source_count = _strongest_first(mixed[-1][rows])
     reach = _reach(mixed)
     upper = np.ascontiguousarray(_upper_bounds(mixed, rows, sinks, reach))
     values = np.zeros((rows.shape[0], sinks.shape[0]))
     status = np.zeros(values.shape, dtype=np.int8)
-    placeholder = np.zeros((1, 1, 1), dtype=np.int32)
-    arguments = (forward, forward_count, placeholder, placeholder[0])
+    forward = (arcs.start, arcs.head, arcs.capacity)
+    none = (np.zeros((1, 1), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, np.int32))
     _kernel_solve(
-        mixed,
-        rows.astype(np.int64),
-        sinks.astype(np.int64),
-        upper,
-        *arguments,
-        from_source,
-        source_count,
-        *reach,
-        False,
-        TARGET_TOLERANCE,
-        values,
-        status,
-    )
+        mixed, rows.astype(np.int64), sinks.astype(np.int64), upper, *forward, *none,
+        from_source, source_count, *reach, False, TARGET_TOLERANCE, values, status,
+    )  # fmt: skip
     left = np.flatnonzero((status == DEFERRED).any(axis=1))
     if left.size:
-        backward, backward_count = _strongest_first(middle.transpose(0, 2, 1))
+        backward = _backward_arcs(arcs)
         for i in left:
             columns = np.flatnonzero(status[i] == DEFERRED)
             part_values = np.zeros((1, columns.size))
             part_status = np.zeros((1, columns.size), dtype=np.int8)
             _kernel_solve(
                 mixed, rows[i : i + 1].astype(np.int64), sinks[columns].astype(np.int64),
-                np.ascontiguousarray(upper[i : i + 1, columns]), forward, forward_count,
-                backward, backward_count, from_source[i : i + 1], source_count[i : i + 1],
-                *reach, True, TARGET_TOLERANCE, part_values, part_status,
+                np.ascontiguousarray(upper[i : i + 1, columns]), *forward, *backward,
+                from_source[i : i + 1], source_count[i : i + 1], *reach, True,
+                TARGET_TOLERANCE, part_values, part_status,
             )  # fmt: skip
             values[i, columns] = part_values[0]
             status[i, columns] = part_status[0]
