@@ -728,7 +728,15 @@ def _capacities(
         keys = valid.reshape(*valid.shape[:-1], *extra, valid.shape[-1])
     xp = _numpy_namespace()
     pruned, alpha = prune(host, prepared.pruning, xp, residual=prepared.residual, valid_keys=keys)
-    return np.asarray(mix_residual(pruned, alpha, xp, valid_keys=keys))
+    if alpha in (0.0, 1.0):
+        return np.asarray(mix_residual(pruned, alpha, xp, valid_keys=keys))
+    # mix_residual's (1 - α) Ã + α I with one temporary instead of three (the graph of a
+    # long context is large): the same float operations, so the same values.
+    mixed = np.multiply(pruned, 1.0 - alpha)
+    diagonal = np.einsum("...ii->...i", mixed)  # a writeable view
+    identity = np.float64(alpha) if keys is None else np.where(keys[..., 0, :], alpha, 0.0)
+    diagonal += identity
+    return mixed
 
 
 def _causal_baseline(

@@ -29,6 +29,8 @@ magnitude. ``ENGINE = "igraph"`` selects it explicitly (the tests do).
 from __future__ import annotations
 
 import functools
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -167,18 +169,29 @@ def _source_cut(top: np.ndarray, lo: np.ndarray, hi: np.ndarray, sinks: np.ndarr
     return np.asarray(np.cumsum(spans, axis=1)[:, sinks])
 
 
+def _top_down(mixed: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``u_1``: what each token of layer 1 can receive from each of `rows`, tree-unfolded."""
+    inflow = mixed[-1][rows]
+    for layer in range(mixed.shape[0] - 2, 0, -1):
+        # A token forwards at most its out-capacity, 1 (rows of Ã sum to 1 or 0).
+        inflow = np.minimum(_parallel_paths(inflow, mixed[layer]), 1.0)
+    return np.asarray(inflow)
+
+
 def _upper_bounds(
     mixed: np.ndarray,
     rows: np.ndarray,
     sinks: np.ndarray,
     reach: tuple[np.ndarray, np.ndarray] | None = None,
+    inflow: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Upper bounds ``(rows, sinks)``: the top-down tree bound, the capacity into the sink
-    and (with `reach`) the source arcs into the tokens that may reach the sink."""
-    inflow = mixed[-1][rows]
-    for layer in range(mixed.shape[0] - 2, 0, -1):
-        # A token forwards at most its out-capacity, 1 (rows of Ã sum to 1 or 0).
-        inflow = np.minimum(_parallel_paths(inflow, mixed[layer]), 1.0)
+    """Upper bounds ``(rows, sinks)`` on the max-flows.
+
+    The top-down tree bound (`inflow`, computed if not given), the capacity into the sink
+    and (with `reach`) the source arcs into the tokens that may reach the sink.
+    """
+    if inflow is None:
+        inflow = _top_down(mixed, rows)
     bound = _parallel_paths(inflow, mixed[0][:, sinks])
     bound = np.minimum(bound, mixed[0][:, sinks].sum(axis=0)[None, :])
     if reach is not None:
@@ -227,13 +240,88 @@ def _arcs(middle: np.ndarray) -> _Arcs:
 
 
 def _backward_arcs(arcs: _Arcs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The arcs into each token: ``(start, arc ids, tails)`` (see `build_backward_arcs`)."""
+    """List the arcs into each token: ``(start, arc ids, tails)``, see `build_backward_arcs`."""
     assert _kernel is not None  # the caller checked
     start = np.empty_like(arcs.start)
     ids = np.empty(arcs.head.shape[0], dtype=np.int64)
     tails = np.empty(arcs.head.shape[0], dtype=np.int32)
     _kernel[2](arcs.start, arcs.head, start, ids, tails)
     return start, ids, tails
+
+
+class _Prepared:
+    """What every task on one graph shares: arcs, reachability, residual buffers.
+
+    Built once per sequence-layer problem, however many tasks its input tokens were split
+    into (`attnflow._flow` splits long problems so that the progress bar moves).
+    """
+
+    def __init__(self, mixed: np.ndarray) -> None:
+        self.source = weakref.ref(mixed)  # the entry lives as long as its array
+        self.n = mixed.shape[-1]
+        self.arcs = _arcs(mixed[1:-1])
+        self.reach = _reach(mixed)
+        self._lock = threading.Lock()
+        self._backward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._inflow: dict[bytes, np.ndarray] = {}
+        self._buffers: list[np.ndarray] = []
+
+    def backward(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        with self._lock:
+            if self._backward is None:
+                self._backward = _backward_arcs(self.arcs)
+            return self._backward
+
+    def inflow(self, mixed: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The top-down tree bound at layer 1 of `rows` (see `_upper_bounds`)."""
+        key = rows.tobytes()
+        with self._lock:
+            found = self._inflow.get(key)
+        if found is None:
+            found = _top_down(mixed, rows)
+            with self._lock:
+                self._inflow[key] = found
+        return found
+
+    def take_buffer(self) -> np.ndarray:
+        """Residuals with every middle arc at its capacity (one per running call)."""
+        with self._lock:
+            if self._buffers:
+                return self._buffers.pop()
+        buffer = np.empty(self.arcs.capacity.shape[0] + 2 * self.n)
+        buffer[: self.arcs.capacity.shape[0]] = self.arcs.capacity
+        return buffer
+
+    def give_back(self, buffer: np.ndarray) -> None:
+        with self._lock:
+            self._buffers.append(buffer)
+
+
+_PREPARED: list[_Prepared] = []
+_PREPARED_LOCK = threading.Lock()
+PREPARED_KEPT = 4
+"""Graphs kept prepared, the latest ones (each only while its array lives): enough for the
+tasks of one sequence in a row, and for a few threads on a few sequences."""
+
+
+def _forget(entry: _Prepared) -> None:
+    with _PREPARED_LOCK:
+        if entry in _PREPARED:
+            _PREPARED.remove(entry)
+
+
+def _prepared(mixed: np.ndarray) -> _Prepared:
+    """The prepared graph of `mixed` (the same array object as an earlier task's), or a new one."""
+    with _PREPARED_LOCK:
+        for entry in _PREPARED:
+            if entry.source() is mixed:
+                return entry
+    entry = _Prepared(mixed)
+    weakref.finalize(mixed, _forget, entry)
+    with _PREPARED_LOCK:
+        _PREPARED.insert(0, entry)
+        del _PREPARED[PREPARED_KEPT:]
+    return entry
 
 
 def _solve_with_kernel(
@@ -246,34 +334,37 @@ def _solve_with_kernel(
     `DEFERRED`) again with the backward arcs as well.
     """
     assert _kernel_solve is not None  # the caller checked
-    mixed = np.ascontiguousarray(mixed, dtype=np.float64)
-    arcs = _arcs(mixed[1:-1])
+    if not (mixed.dtype == np.float64 and mixed.flags.c_contiguous):
+        mixed = np.ascontiguousarray(mixed, dtype=np.float64)
+    graph = _prepared(mixed)
+    arcs, reach = graph.arcs, graph.reach
     from_source, source_count = _strongest_first(mixed[-1][rows])
-    reach = _reach(mixed)
-    upper = np.ascontiguousarray(_upper_bounds(mixed, rows, sinks, reach))
+    upper = np.ascontiguousarray(
+        _upper_bounds(mixed, rows, sinks, reach, graph.inflow(mixed, rows))
+    )
     values = np.zeros((rows.shape[0], sinks.shape[0]))
     status = np.zeros(values.shape, dtype=np.int8)
     forward = (arcs.start, arcs.head, arcs.capacity)
     none = (np.zeros((1, 1), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, np.int32))
+    buffer = graph.take_buffer()
     _kernel_solve(
         mixed, rows.astype(np.int64), sinks.astype(np.int64), upper, *forward, *none,
-        from_source, source_count, *reach, False, TARGET_TOLERANCE, values, status,
+        from_source, source_count, *reach, False, TARGET_TOLERANCE, buffer, values, status,
     )  # fmt: skip
     left = np.flatnonzero((status == DEFERRED).any(axis=1))
-    if left.size:
-        backward = _backward_arcs(arcs)
-        for i in left:
-            columns = np.flatnonzero(status[i] == DEFERRED)
-            part_values = np.zeros((1, columns.size))
-            part_status = np.zeros((1, columns.size), dtype=np.int8)
-            _kernel_solve(
-                mixed, rows[i : i + 1].astype(np.int64), sinks[columns].astype(np.int64),
-                np.ascontiguousarray(upper[i : i + 1, columns]), *forward, *backward,
-                from_source[i : i + 1], source_count[i : i + 1], *reach, True,
-                TARGET_TOLERANCE, part_values, part_status,
-            )  # fmt: skip
-            values[i, columns] = part_values[0]
-            status[i, columns] = part_status[0]
+    for i in left:
+        columns = np.flatnonzero(status[i] == DEFERRED)
+        part_values = np.zeros((1, columns.size))
+        part_status = np.zeros((1, columns.size), dtype=np.int8)
+        _kernel_solve(
+            mixed, rows[i : i + 1].astype(np.int64), sinks[columns].astype(np.int64),
+            np.ascontiguousarray(upper[i : i + 1, columns]), *forward, *graph.backward(),
+            from_source[i : i + 1], source_count[i : i + 1], *reach, True,
+            TARGET_TOLERANCE, buffer, part_values, part_status,
+        )  # fmt: skip
+        values[i, columns] = part_values[0]
+        status[i, columns] = part_status[0]
+    graph.give_back(buffer)  # not on an error: its residuals may be left half-used
     return values, status
 
 

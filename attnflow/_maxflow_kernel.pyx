@@ -461,6 +461,7 @@ def solve(
     const int[:, ::1] reach_hi,
     bint with_backward,
     double tolerance,
+    double[::1] residual,
     double[:, ::1] values,
     signed char[:, ::1] status,
 ):
@@ -470,7 +471,9 @@ def solve(
     value is the bound), 2 where the solver ran to completion (the value is its flow).
     Without `with_backward` (`bwd_*` are then placeholders), a pair that needs more than
     the first blocking flow is left with status 3, to be solved again with them.
-    Pairs with a zero bound are left alone (value 0, status 0).
+    Pairs with a zero bound are left alone (value 0, status 0). `residual` (``arcs + 2 n``)
+    must hold `arc_cap` in its first ``arcs`` entries; it is given back so, every touched
+    arc restored, so that one buffer serves call after call.
     """
     cdef int n_layers = mixed.shape[0], n = mixed.shape[2]
     cdef Py_ssize_t n_rows = rows.shape[0], n_sinks = sinks.shape[0]
@@ -500,7 +503,9 @@ def solve(
     w.middle = middle
     w.source = (n_layers - 1) * n
     w.sink = w.source + 1
-    w.res = <double*>malloc(n_edges * sizeof(double))
+    if residual.shape[0] != n_edges:
+        raise ValueError("`residual` must have one entry per arc, then 2 n")
+    w.res = &residual[0]
     w.level = <int*>malloc(n_nodes * sizeof(int))
     w.cur = <int*>malloc(n_nodes * sizeof(int))
     w.path_node = <int*>malloc((n_nodes + 1) * sizeof(int))
@@ -513,14 +518,12 @@ def solve(
     w.log = <long long*>malloc(w.log_cap * sizeof(long long))
     try:
         if (
-            w.res == NULL or w.level == NULL or w.cur == NULL
+            w.level == NULL or w.cur == NULL
             or w.path_node == NULL or w.path_edge == NULL or w.path_forward == NULL
             or w.queue == NULL or w.deliverable == NULL or w.log == NULL
         ):
             raise MemoryError()
         with nogil:
-            if middle > 0:
-                memcpy(w.res, w.arc_cap, middle * sizeof(double))
             # Sinks outside, rows inside: the bottom-up bound belongs to the sink.
             for si in range(n_sinks):
                 m = <int>sinks[si]
@@ -581,7 +584,6 @@ def solve(
         if failed:
             raise MemoryError()
     finally:
-        free(w.res)
         free(w.level)
         free(w.cur)
         free(w.path_node)
