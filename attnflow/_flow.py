@@ -736,7 +736,7 @@ def _capacities(
     diagonal = np.einsum("...ii->...i", mixed)  # a writeable view
     identity = np.float64(alpha) if keys is None else np.where(keys[..., 0, :], alpha, 0.0)
     diagonal += identity
-    return mixed
+    return np.asarray(mixed)
 
 
 def _causal_baseline(

@@ -273,7 +273,7 @@ class _Prepared:
             return self._backward
 
     def inflow(self, mixed: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """The top-down tree bound at layer 1 of `rows` (see `_upper_bounds`)."""
+        """Return the top-down tree bound at layer 1 of `rows` (see `_upper_bounds`)."""
         key = rows.tobytes()
         with self._lock:
             found = self._inflow.get(key)
@@ -311,7 +311,7 @@ def _forget(entry: _Prepared) -> None:
 
 
 def _prepared(mixed: np.ndarray) -> _Prepared:
-    """The prepared graph of `mixed` (the same array object as an earlier task's), or a new one."""
+    """Return the prepared graph of `mixed` (the array object of an earlier task) or a new one."""
     with _PREPARED_LOCK:
         for entry in _PREPARED:
             if entry.source() is mixed:
