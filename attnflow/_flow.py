@@ -27,14 +27,17 @@ from ._validation import AttentionLayout, check_n_jobs
 
 __all__ = ["FlowCost", "WorkersLostError", "flow", "flow_cost"]
 
-SECONDS_PER_PAIR_TOKEN = 1.0e-8
-"""Cost of one max-flow of the compiled solver, per squared token count: on attention of
-MiniLM (real text, n = 64 to 512) and ViT-B/16 size (sinks, low rank, random logits) the
-solver's flow reaches the upper bound in one blocking flow that costs 0.8 to 1.1e-8 s x n²,
-nearly independent of depth (measured on a 2-core x86-64 machine)."""
+SECONDS_PER_PAIR_TOKEN = 2.3e-10
+"""Cost of one max-flow of the compiled solver, per squared token count and per layer: the
+solver's flow reaches the upper bound in one blocking flow that touches a part of the
+graph. Measured on a 2-core x86-64 machine (shared, loaded): 2.2-2.6e-10 s x n² x T on
+the last row of SmolLM2 (30 layers, real text, n = 512 to 1,024, causal) and of a
+GPT-2-size random decoder (12 layers, n = 1,024), about 3e-10 on ViT-B/16-size [CLS] rows
+(12 layers, n = 197; fixed costs included)."""
 
-SECONDS_PER_SORTED_ENTRY = 4.0e-8
-"""Cost per capacity of ordering every node's arcs, once per task (same machine)."""
+SECONDS_PER_SORTED_ENTRY = 5.0e-9
+"""Cost per capacity of the preparation, once per sequence-layer problem: arc lists by a
+linear counting sort, reachability intervals (same machine)."""
 
 SECONDS_PER_BOUND_TERM = 1.0e-9
 """Cost of one ``min`` term of the vectorised upper bounds (same machine)."""
@@ -134,9 +137,10 @@ def _solve_seconds(n_layers: int, n_rows: int, n_valid: int) -> float:
     squared = n_valid * n_valid
     if flow_path(n_layers) in ("one_layer", "two_layers"):
         return SECONDS_PER_CLOSED_FORM_TASK + pairs * n_valid * SECONDS_PER_BOUND_TERM
-    ordering = 2 * (n_layers - 2) * squared * SECONDS_PER_SORTED_ENTRY
+    ordering = n_layers * squared * SECONDS_PER_SORTED_ENTRY
     bounds = n_layers * n_rows * squared * SECONDS_PER_BOUND_TERM  # top-down, all sinks
-    return SECONDS_PER_TASK + pairs * squared * SECONDS_PER_PAIR_TOKEN + ordering + bounds
+    solving = pairs * squared * n_layers * SECONDS_PER_PAIR_TOKEN
+    return SECONDS_PER_TASK + solving + ordering + bounds
 
 
 def _plan(
@@ -721,7 +725,15 @@ def _capacities(
         keys = valid.reshape(*valid.shape[:-1], *extra, valid.shape[-1])
     xp = _numpy_namespace()
     pruned, alpha = prune(host, prepared.pruning, xp, residual=prepared.residual, valid_keys=keys)
-    return np.asarray(mix_residual(pruned, alpha, xp, valid_keys=keys))
+    if alpha in (0.0, 1.0):
+        return np.asarray(mix_residual(pruned, alpha, xp, valid_keys=keys))
+    # mix_residual's (1 - α) Ã + α I with one temporary instead of three (the graph of a
+    # long context is large): the same float operations, so the same values.
+    mixed = np.multiply(pruned, 1.0 - alpha)
+    diagonal = np.einsum("...ii->...i", mixed)  # a writeable view
+    identity = np.float64(alpha) if keys is None else np.where(keys[..., 0, :], alpha, 0.0)
+    diagonal += identity
+    return np.asarray(mixed)
 
 
 def _causal_baseline(

@@ -29,6 +29,8 @@ magnitude. ``ENGINE = "igraph"`` selects it explicitly (the tests do).
 from __future__ import annotations
 
 import functools
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -38,15 +40,17 @@ import numpy as np
 from ._graph import LayeredGraph, build_layered_graph
 
 
-def _load_kernel() -> Callable[..., None] | None:
+def _load_kernel() -> tuple[Callable[..., None], ...] | None:
     try:
-        from ._maxflow_kernel import solve
+        from ._maxflow_kernel import build_arcs, build_backward_arcs, solve
     except ImportError:  # pragma: no cover - a source checkout without the compiled kernel
         return None
-    return solve
+    return solve, build_arcs, build_backward_arcs
 
 
-_kernel_solve = _load_kernel()
+_kernel = _load_kernel()
+_kernel_solve = None if _kernel is None else _kernel[0]
+_kernel_build_arcs = None if _kernel is None else _kernel[1]
 
 __all__ = [
     "KERNEL_AVAILABLE",
@@ -76,9 +80,10 @@ graph built once per shape (building one costs about 0.6 µs an edge); sparser a
 BOUND_BLOCK_ELEMENTS = 4_000_000
 """Elements of the ``rows x n x sinks`` temporary of one vectorised upper-bound step."""
 
-CLOSED_FORM, CERTIFIED, SOLVED = 0, 1, 2
+CLOSED_FORM, CERTIFIED, SOLVED, DEFERRED = 0, 1, 2, 3
 """Status of a pair: closed form (or nothing to carry), flow reached the bound, or solved
-to completion (by the kernel, or by igraph)."""
+to completion (by the kernel, or by igraph); `DEFERRED` is internal to the kernel path (a
+pair the first blocking flow left, solved again with backward arcs) and never returned."""
 
 
 FlowPath = Literal["one_layer", "two_layers", "kernel", "igraph"]
@@ -130,14 +135,68 @@ def _parallel_paths(upper: np.ndarray, lower: np.ndarray) -> np.ndarray:
     return out
 
 
-def _upper_bounds(mixed: np.ndarray, rows: np.ndarray, sinks: np.ndarray) -> np.ndarray:
-    """Upper bounds ``(rows, sinks)``: the top-down tree bound and the capacity into the sink."""
+def _reach(mixed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Smallest and largest input token each token of layers ``1 .. T-1`` reaches: ``(T-1, n)``.
+
+    Every input token a node reaches lies in ``[lo, hi]`` (an interval around the set, so a
+    node outside it for sink ``m`` carries none of ``m``'s flow: exact pruning). Causal
+    attention gives ``hi = j`` for token ``j``; a node with no path down gets ``lo > hi``.
+    """
+    n_layers, n = mixed.shape[0], mixed.shape[-1]
+    lo = np.empty((n_layers - 1, n), dtype=np.int32)
+    hi = np.empty((n_layers - 1, n), dtype=np.int32)
+    tokens = np.arange(n, dtype=np.int32)
+    below_lo, below_hi = tokens, tokens  # layer 0: token k reaches itself
+    for layer in range(n_layers - 1):
+        present = mixed[layer] > 0
+        lo[layer] = np.where(present, below_lo[None, :], n).min(axis=1)
+        hi[layer] = np.where(present, below_hi[None, :], -1).max(axis=1)
+        below_lo, below_hi = lo[layer], hi[layer]
+    return lo, hi
+
+
+def _source_cut(top: np.ndarray, lo: np.ndarray, hi: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """``Σ_k Ã_T[r, k] [lo_k <= m <= hi_k]`` ``(rows, sinks)``: a cut of every path to ``m``.
+
+    The source arcs into tokens that may reach ``m``: every path from row ``r`` to ``m``
+    leaves the source on one of them.
+    """
+    n = top.shape[-1]
+    spans = np.zeros((top.shape[0], n + 1))
+    keep = lo <= hi
+    np.add.at(spans.T, lo[keep], top[:, keep].T)
+    np.add.at(spans.T, hi[keep] + 1, -top[:, keep].T)
+    return np.asarray(np.cumsum(spans, axis=1)[:, sinks])
+
+
+def _top_down(mixed: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``u_1``: what each token of layer 1 can receive from each of `rows`, tree-unfolded."""
     inflow = mixed[-1][rows]
     for layer in range(mixed.shape[0] - 2, 0, -1):
         # A token forwards at most its out-capacity, 1 (rows of Ã sum to 1 or 0).
         inflow = np.minimum(_parallel_paths(inflow, mixed[layer]), 1.0)
+    return np.asarray(inflow)
+
+
+def _upper_bounds(
+    mixed: np.ndarray,
+    rows: np.ndarray,
+    sinks: np.ndarray,
+    reach: tuple[np.ndarray, np.ndarray] | None = None,
+    inflow: np.ndarray | None = None,
+) -> np.ndarray:
+    """Upper bounds ``(rows, sinks)`` on the max-flows.
+
+    The top-down tree bound (`inflow`, computed if not given), the capacity into the sink
+    and (with `reach`) the source arcs into the tokens that may reach the sink.
+    """
+    if inflow is None:
+        inflow = _top_down(mixed, rows)
     bound = _parallel_paths(inflow, mixed[0][:, sinks])
-    return np.asarray(np.minimum(bound, mixed[0][:, sinks].sum(axis=0)[None, :]))
+    bound = np.minimum(bound, mixed[0][:, sinks].sum(axis=0)[None, :])
+    if reach is not None:
+        bound = np.minimum(bound, _source_cut(mixed[-1][rows], reach[0][-1], reach[1][-1], sinks))
+    return np.asarray(bound)
 
 
 def _strongest_first(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -149,35 +208,163 @@ def _strongest_first(matrices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, count
 
 
+@dataclass(frozen=True)
+class _Arcs:
+    """The middle layers' non-zero arcs, each token's contiguous, strongest first."""
+
+    start: np.ndarray
+    """``(T-2, n+1)`` int64: token ``j`` of matrix ``i`` has arcs ``start[i, j] ..
+    start[i, j+1]``."""
+    head: np.ndarray
+    """``(arcs,)`` int32: the token each arc enters."""
+    capacity: np.ndarray
+    """``(arcs,)`` float64."""
+    counts: np.ndarray
+    """``(T-2, n)``: arcs of each token."""
+
+
+def _arcs(middle: np.ndarray) -> _Arcs:
+    """Arc lists of the middle matrices ``Ã_2 .. Ã_{T-1}`` (zero capacities dropped)."""
+    assert _kernel_build_arcs is not None  # the caller checked
+    n_mats, n = middle.shape[0], middle.shape[1]
+    counts = np.count_nonzero(middle > 0, axis=-1)
+    offsets = np.zeros(n_mats * n + 1, dtype=np.int64)
+    np.cumsum(counts.ravel(), out=offsets[1:])
+    start = np.empty((n_mats, n + 1), dtype=np.int64)
+    start[:, :n] = offsets[:-1].reshape(n_mats, n)
+    start[:, n] = offsets[n::n]
+    head = np.empty(offsets[-1], dtype=np.int32)
+    capacity = np.empty(offsets[-1])
+    _kernel_build_arcs(middle, start, head, capacity)
+    return _Arcs(start, head, capacity, counts)
+
+
+def _backward_arcs(arcs: _Arcs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """List the arcs into each token: ``(start, arc ids, tails)``, see `build_backward_arcs`."""
+    assert _kernel is not None  # the caller checked
+    start = np.empty_like(arcs.start)
+    ids = np.empty(arcs.head.shape[0], dtype=np.int64)
+    tails = np.empty(arcs.head.shape[0], dtype=np.int32)
+    _kernel[2](arcs.start, arcs.head, start, ids, tails)
+    return start, ids, tails
+
+
+class _Prepared:
+    """What every task on one graph shares: arcs, reachability, residual buffers.
+
+    Built once per sequence-layer problem, however many tasks its input tokens were split
+    into (`attnflow._flow` splits long problems so that the progress bar moves).
+    """
+
+    def __init__(self, mixed: np.ndarray) -> None:
+        self.source = weakref.ref(mixed)  # the entry lives as long as its array
+        self.n = mixed.shape[-1]
+        self.arcs = _arcs(mixed[1:-1])
+        self.reach = _reach(mixed)
+        self._lock = threading.Lock()
+        self._backward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._inflow: dict[bytes, np.ndarray] = {}
+        self._buffers: list[np.ndarray] = []
+
+    def backward(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        with self._lock:
+            if self._backward is None:
+                self._backward = _backward_arcs(self.arcs)
+            return self._backward
+
+    def inflow(self, mixed: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Return the top-down tree bound at layer 1 of `rows` (see `_upper_bounds`)."""
+        key = rows.tobytes()
+        with self._lock:
+            found = self._inflow.get(key)
+        if found is None:
+            found = _top_down(mixed, rows)
+            with self._lock:
+                self._inflow[key] = found
+        return found
+
+    def take_buffer(self) -> np.ndarray:
+        """Residuals with every middle arc at its capacity (one per running call)."""
+        with self._lock:
+            if self._buffers:
+                return self._buffers.pop()
+        buffer = np.empty(self.arcs.capacity.shape[0] + 2 * self.n)
+        buffer[: self.arcs.capacity.shape[0]] = self.arcs.capacity
+        return buffer
+
+    def give_back(self, buffer: np.ndarray) -> None:
+        with self._lock:
+            self._buffers.append(buffer)
+
+
+_PREPARED: list[_Prepared] = []
+_PREPARED_LOCK = threading.Lock()
+PREPARED_KEPT = 4
+"""Graphs kept prepared, the latest ones (each only while its array lives): enough for the
+tasks of one sequence in a row, and for a few threads on a few sequences."""
+
+
+def _forget(entry: _Prepared) -> None:
+    with _PREPARED_LOCK:
+        if entry in _PREPARED:
+            _PREPARED.remove(entry)
+
+
+def _prepared(mixed: np.ndarray) -> _Prepared:
+    """Return the prepared graph of `mixed` (the array object of an earlier task) or a new one."""
+    with _PREPARED_LOCK:
+        for entry in _PREPARED:
+            if entry.source() is mixed:
+                return entry
+    entry = _Prepared(mixed)
+    weakref.finalize(mixed, _forget, entry)
+    with _PREPARED_LOCK:
+        _PREPARED.insert(0, entry)
+        del _PREPARED[PREPARED_KEPT:]
+    return entry
+
+
 def _solve_with_kernel(
     mixed: np.ndarray, rows: np.ndarray, sinks: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Max-flows and statuses ``(rows, sinks)`` from the compiled solver (``T >= 3``)."""
+    """Max-flows and statuses ``(rows, sinks)`` from the compiled solver (``T >= 3``).
+
+    First with the forward arcs alone (the first blocking flow needs no more; on real
+    attention it nearly always reaches the bound), then the pairs it left (status
+    `DEFERRED`) again with the backward arcs as well.
+    """
     assert _kernel_solve is not None  # the caller checked
-    mixed = np.ascontiguousarray(mixed, dtype=np.float64)
-    middle = mixed[1:-1]
-    # Rows (forward arcs) and columns (backward arcs) of the middle layers in one sort.
-    both, both_count = _strongest_first(np.concatenate([middle, middle.transpose(0, 2, 1)]))
-    forward, backward = both[: len(middle)], both[len(middle) :]
-    forward_count, backward_count = both_count[: len(middle)], both_count[len(middle) :]
+    if not (mixed.dtype == np.float64 and mixed.flags.c_contiguous):
+        mixed = np.ascontiguousarray(mixed, dtype=np.float64)
+    graph = _prepared(mixed)
+    arcs, reach = graph.arcs, graph.reach
     from_source, source_count = _strongest_first(mixed[-1][rows])
+    upper = np.ascontiguousarray(
+        _upper_bounds(mixed, rows, sinks, reach, graph.inflow(mixed, rows))
+    )
     values = np.zeros((rows.shape[0], sinks.shape[0]))
     status = np.zeros(values.shape, dtype=np.int8)
+    forward = (arcs.start, arcs.head, arcs.capacity)
+    none = (np.zeros((1, 1), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, np.int32))
+    buffer = graph.take_buffer()
     _kernel_solve(
-        mixed,
-        np.ascontiguousarray(rows, dtype=np.int64),
-        np.ascontiguousarray(sinks, dtype=np.int64),
-        np.ascontiguousarray(_upper_bounds(mixed, rows, sinks)),
-        forward,
-        forward_count,
-        backward,
-        backward_count,
-        from_source,
-        source_count,
-        TARGET_TOLERANCE,
-        values,
-        status,
-    )
+        mixed, rows.astype(np.int64), sinks.astype(np.int64), upper, *forward, *none,
+        from_source, source_count, *reach, False, TARGET_TOLERANCE, buffer, values, status,
+    )  # fmt: skip
+    left = np.flatnonzero((status == DEFERRED).any(axis=1))
+    for i in left:
+        columns = np.flatnonzero(status[i] == DEFERRED)
+        part_values = np.zeros((1, columns.size))
+        part_status = np.zeros((1, columns.size), dtype=np.int8)
+        _kernel_solve(
+            mixed, rows[i : i + 1].astype(np.int64), sinks[columns].astype(np.int64),
+            np.ascontiguousarray(upper[i : i + 1, columns]), *forward, *graph.backward(),
+            from_source[i : i + 1], source_count[i : i + 1], *reach, True,
+            TARGET_TOLERANCE, buffer, part_values, part_status,
+        )  # fmt: skip
+        values[i, columns] = part_values[0]
+        status[i, columns] = part_status[0]
+    graph.give_back(buffer)  # not on an error: its residuals may be left half-used
     return values, status
 
 

@@ -2,18 +2,34 @@
 
 import numpy as np
 
+def build_arcs(
+    matrices: np.ndarray, start: np.ndarray, head: np.ndarray, capacity: np.ndarray
+) -> None: ...
+def build_backward_arcs(
+    start: np.ndarray,
+    head: np.ndarray,
+    bwd_start: np.ndarray,
+    bwd_arc: np.ndarray,
+    bwd_tail: np.ndarray,
+) -> None: ...
 def solve(
     mixed: np.ndarray,
     rows: np.ndarray,
     sinks: np.ndarray,
     upper: np.ndarray,
-    fwd_order: np.ndarray,
-    fwd_count: np.ndarray,
-    bwd_order: np.ndarray,
-    bwd_count: np.ndarray,
+    fwd_start: np.ndarray,
+    arc_head: np.ndarray,
+    arc_cap: np.ndarray,
+    bwd_start: np.ndarray,
+    bwd_arc: np.ndarray,
+    bwd_tail: np.ndarray,
     src_order: np.ndarray,
     src_count: np.ndarray,
+    reach_lo: np.ndarray,
+    reach_hi: np.ndarray,
+    with_backward: bool,
     tolerance: float,
+    residual: np.ndarray,
     values: np.ndarray,
     status: np.ndarray,
 ) -> None: ...

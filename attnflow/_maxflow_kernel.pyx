@@ -20,33 +20,43 @@ Why this is fast on attention: the first layering is the graph's own layers (eve
 from source to sink has ``T`` edges), so the first blocking flow needs no search, and the
 arcs of every node are tried from the strongest down, so that most of the flow takes a few
 wide paths. On real attention the first blocking flow nearly always reaches the bound.
-Residuals, not flows, are stored, so that a saturated arc is exactly zero; only the arcs
-that an augmentation touched are reset between pairs.
+Residuals, not flows, are stored, so that a saturated arc is exactly zero (a middle arc's
+flow is its capacity less its residual); only the arcs that an augmentation touched are
+reset between pairs.
+
+The middle layers are held as lists of arcs (`build_arcs`): each token's non-zero arcs,
+contiguous, strongest first by powers of two (a counting sort, linear in the entries; the
+order only guides the search, any order is exact). Zero capacities take no memory, and a
+node's arcs are read in sequence. Tokens that cannot reach the current sink (outside the
+interval of input tokens they reach; in causal attention every token before the sink)
+are never entered.
 
 Everything runs without the GIL: threads can solve tasks side by side.
 """
 
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 
 cdef struct Work:
     # the graph
     int n_layers            # T
     int n                   # tokens per layer
-    const double* cap       # Ã_1 .. Ã_T, (T, n, n)
-    const int* fwd_order    # (T-2, n, n): per middle matrix, each row's columns, strongest first
-    const int* fwd_count    # (T-2, n): non-zero entries of each row
-    const int* bwd_order    # (T-2, n, n): per middle matrix, each column's rows, strongest first
-    const int* bwd_count    # (T-2, n): non-zero entries of each column
+    const double* cap       # Ã_1 .. Ã_T, (T, n, n): the source row and sink column are read here
+    const long long* fwd_start  # (T-2, n+1): arcs of token j of matrix i are start[i, j] ..
+    const int* arc_head     # (arcs,): the token each arc enters, one layer down
+    const double* arc_cap   # (arcs,)
+    const long long* bwd_start  # (T-2, n+1): arcs into token j of matrix i, strongest first
+    const long long* bwd_arc    # (arcs,): their arc ids
+    const int* bwd_tail     # (arcs,): the token each one leaves, one layer up
     const int* src_order    # (n,): the source row's columns, strongest first
     int src_count
-    long long middle        # (T-2) n²: edge ids of the middle matrices come first
+    long long middle        # number of middle arcs: edge ids of source, sink edges follow
     int source              # node ids: token j of layer a is (a-1) n + j, then source, sink
     int sink
-    # the residual graph: edge e has forward residual res[e] and backward residual flow[e]
+    # the residual graph: edge e has forward residual res[e]; a middle edge's backward
+    # residual is arc_cap[e] - res[e]
     double* res
-    double* flow
     int* level
     int* cur
     int* path_node
@@ -57,6 +67,25 @@ cdef struct Work:
     long long* log          # middle edges touched since the last reset
     long long log_len
     long long log_cap
+    # reachability: token j of layer a reaches only input tokens in [lo, hi] (node ids)
+    const int* reach_lo
+    const int* reach_hi
+    int m                   # the current sink (input token)
+
+
+cdef inline bint _dead(Work* w, int v) noexcept nogil:
+    """Whether token node `v` cannot reach the current sink (it never carries its flow)."""
+    return w.m < w.reach_lo[v] or w.m > w.reach_hi[v]
+
+
+cdef inline int _forward_count(Work* w, int a, int j) noexcept nogil:
+    cdef long long i = <long long>(a - 2) * (w.n + 1) + j
+    return <int>(w.fwd_start[i + 1] - w.fwd_start[i])
+
+
+cdef inline int _backward_count(Work* w, int a, int j) noexcept nogil:
+    cdef long long i = <long long>(a - 1) * (w.n + 1) + j
+    return <int>(w.bwd_start[i + 1] - w.bwd_start[i])
 
 
 cdef inline int _degree(Work* w, int u, bint backward) noexcept nogil:
@@ -66,16 +95,16 @@ cdef inline int _degree(Work* w, int u, bint backward) noexcept nogil:
         return w.src_count
     a = u // n + 1
     j = u - (a - 1) * n
-    count = 1 if a == 1 else w.fwd_count[(a - 2) * n + j]
+    count = 1 if a == 1 else _forward_count(w, a, j)
     if backward and a <= w.n_layers - 2:
-        count += w.bwd_count[(a - 1) * n + j]
+        count += _backward_count(w, a, j)
     return count
 
 
 cdef inline int _arc(Work* w, int u, int i, long long* edge, char* forward) noexcept nogil:
     """Head of arc `i` of node `u`; sets its edge id and direction."""
     cdef int n = w.n, a, j, k, nf
-    cdef long long nn = <long long>n * n
+    cdef long long p
     if u == w.source:
         k = w.src_order[i]
         edge[0] = w.middle + k
@@ -90,21 +119,21 @@ cdef inline int _arc(Work* w, int u, int i, long long* edge, char* forward) noex
             forward[0] = 1
             return w.sink
     else:
-        nf = w.fwd_count[(a - 2) * n + j]
+        nf = _forward_count(w, a, j)
         if i < nf:
-            k = w.fwd_order[((a - 2) * n + j) * <long long>n + i]
-            edge[0] = (a - 2) * nn + <long long>j * n + k
+            p = w.fwd_start[<long long>(a - 2) * (n + 1) + j] + i
+            edge[0] = p
             forward[0] = 1
-            return (a - 2) * n + k
+            return (a - 2) * n + w.arc_head[p]
     # backward: the edge from token k of layer a + 1 into token j
-    k = w.bwd_order[((a - 1) * n + j) * <long long>n + (i - nf)]
-    edge[0] = (a - 1) * nn + <long long>k * n + j
+    p = w.bwd_start[<long long>(a - 1) * (n + 1) + j] + (i - nf)
+    edge[0] = w.bwd_arc[p]
     forward[0] = 0
-    return a * n + k
+    return a * n + w.bwd_tail[p]
 
 
 cdef inline double _residual(Work* w, long long edge, char forward) noexcept nogil:
-    return w.res[edge] if forward else w.flow[edge]
+    return w.res[edge] if forward else w.arc_cap[edge] - w.res[edge]
 
 
 cdef int _log_edge(Work* w, long long edge) noexcept nogil:
@@ -128,8 +157,8 @@ cdef inline int _admissible_arc(
     """Advance `u`'s current arc to the next admissible one; its head, or -1 if none is left."""
     cdef int n = w.n, a, j, k, i, nf, degree, v
     cdef int want = w.level[u] + 1
-    cdef long long nn = <long long>n * n, base
-    cdef const int* order
+    cdef long long base, p, q
+    cdef const int* heads
     i = w.cur[u]
     if u == w.source:
         # Arcs into layer T-1, strongest first.
@@ -155,29 +184,28 @@ cdef inline int _admissible_arc(
                 return w.sink
             i = 1
     else:
-        nf = w.fwd_count[(a - 2) * n + j]
-        order = w.fwd_order + ((a - 2) * n + j) * <long long>n
-        base = (a - 2) * nn + <long long>j * n
+        p = w.fwd_start[<long long>(a - 2) * (n + 1) + j]
+        nf = <int>(w.fwd_start[<long long>(a - 2) * (n + 1) + j + 1] - p)
+        base = <long long>(a - 2) * n
+        heads = w.arc_head + p
         while i < nf:
-            k = order[i]
-            v = (a - 2) * n + k
-            if w.level[v] == want and w.res[base + k] > 0.0:
+            v = <int>(base + heads[i])
+            if w.level[v] == want and w.res[p + i] > 0.0:
                 w.cur[u] = i
-                edge[0] = base + k
+                edge[0] = p + i
                 forward[0] = 1
                 return v
             i += 1
     if backward and a <= w.n_layers - 2:
         # Arcs back up: the edges from tokens k of layer a + 1 into token j.
-        degree = nf + w.bwd_count[(a - 1) * n + j]
-        order = w.bwd_order + ((a - 1) * n + j) * <long long>n
+        p = w.bwd_start[<long long>(a - 1) * (n + 1) + j]
+        degree = nf + <int>(w.bwd_start[<long long>(a - 1) * (n + 1) + j + 1] - p)
         while i < degree:
-            k = order[i - nf]
-            v = a * n + k
-            base = (a - 1) * nn + <long long>k * n + j
-            if w.level[v] == want and w.flow[base] > 0.0:
+            v = a * n + w.bwd_tail[p + i - nf]
+            q = w.bwd_arc[p + i - nf]
+            if w.level[v] == want and w.arc_cap[q] - w.res[q] > 0.0:
                 w.cur[u] = i
-                edge[0] = base
+                edge[0] = q
                 forward[0] = 0
                 return v
             i += 1
@@ -207,13 +235,11 @@ cdef int _blocking_flow(
                 edge = w.path_edge[i]
                 if w.path_forward[i]:
                     w.res[edge] -= bottleneck
-                    w.flow[edge] += bottleneck
                     if w.res[edge] <= 0.0 and cut == depth:
                         cut = i
                 else:
-                    w.flow[edge] -= bottleneck
                     w.res[edge] += bottleneck
-                    if w.flow[edge] <= 0.0 and cut == depth:
+                    if w.arc_cap[edge] - w.res[edge] <= 0.0 and cut == depth:
                         cut = i
                 if _log_edge(w, edge) < 0:
                     return -1
@@ -257,6 +283,8 @@ cdef bint _layer_residual_graph(Work* w) noexcept nogil:
         for i in range(degree):
             v = _arc(w, u, i, &edge, &forward)
             if w.level[v] < 0 and _residual(w, edge, forward) > 0.0:
+                if v != w.sink and _dead(w, v):
+                    continue
                 w.level[v] = w.level[u] + 1
                 if v == w.sink:
                     sink_level = w.level[v]
@@ -267,12 +295,16 @@ cdef bint _layer_residual_graph(Work* w) noexcept nogil:
 
 
 cdef void _layer_by_depth(Work* w) noexcept nogil:
-    """The first layering: every source-sink path has ``T`` edges."""
-    cdef int n = w.n, a, j
+    """The first layering: every source-sink path has ``T`` edges.
+
+    Tokens that cannot reach the sink get no level: they are never entered.
+    """
+    cdef int n = w.n, a, j, v
     for a in range(1, w.n_layers):
         for j in range(n):
-            w.level[(a - 1) * n + j] = w.n_layers - a
-            w.cur[(a - 1) * n + j] = 0
+            v = (a - 1) * n + j
+            w.level[v] = -1 if _dead(w, v) else w.n_layers - a
+            w.cur[v] = 0
     w.level[w.source] = 0
     w.cur[w.source] = 0
     w.level[w.sink] = w.n_layers
@@ -280,22 +312,22 @@ cdef void _layer_by_depth(Work* w) noexcept nogil:
 
 cdef void _bottom_up(Work* w, int m) noexcept nogil:
     """``d_{T-1}``: what each token of layer ``T-1`` can deliver to sink `m`, tree-unfolded."""
-    cdef int n = w.n, a, j, k
-    cdef long long nn = <long long>n * n
+    cdef int n = w.n, a, j
+    cdef long long p, start
     cdef double* below = w.deliverable
     cdef double* above = w.deliverable + n
     cdef double* swap
-    cdef double s, c
-    cdef const double* row
-    for k in range(n):
-        below[k] = w.cap[<long long>k * n + m]
+    cdef double s, c, d
+    for j in range(n):
+        below[j] = w.cap[<long long>j * n + m]
     for a in range(2, w.n_layers):
         for j in range(n):
-            row = w.cap + (a - 1) * nn + <long long>j * n
+            start = (a - 2) * (<long long>n + 1) + j
             s = 0.0
-            for k in range(n):
-                c = row[k]
-                s += c if c < below[k] else below[k]
+            for p in range(w.fwd_start[start], w.fwd_start[start + 1]):
+                c = w.arc_cap[p]
+                d = below[w.arc_head[p]]
+                s += c if c < d else d
             above[j] = s
         swap = below
         below = above
@@ -307,12 +339,109 @@ cdef void _bottom_up(Work* w, int m) noexcept nogil:
 cdef void _reset(Work* w) noexcept nogil:
     """Give every middle edge an augmentation touched its capacity back."""
     cdef long long i, edge
-    cdef long long nn = <long long>w.n * w.n
     for i in range(w.log_len):
         edge = w.log[i]
-        w.res[edge] = w.cap[nn + edge]  # middle edge ids are offsets into Ã_2 ..
-        w.flow[edge] = 0.0
+        w.res[edge] = w.arc_cap[edge]
     w.log_len = 0
+
+
+cdef enum:
+    N_BUCKETS = 64
+
+
+def build_arcs(
+    const double[:, :, ::1] matrices,
+    long long[:, ::1] start,
+    int[::1] head,
+    double[::1] capacity,
+):
+    """Each row's non-zero entries as arcs, strongest first by powers of two.
+
+    ``start`` ``(L, n+1)`` must hold, on entry, the global offset of each row's first arc
+    (``start[l, j]``, with ``start[l, n]`` the next matrix's first); `head` and `capacity`
+    have one slot per non-zero entry. A counting sort on the binary exponent (64 buckets,
+    the last one for everything below ``2**-62``): linear in the entries.
+    """
+    cdef Py_ssize_t n_mats = matrices.shape[0], n = matrices.shape[1], l, j, k
+    cdef long long counts[N_BUCKETS]
+    cdef long long place[N_BUCKETS]
+    cdef int b, e
+    cdef long long total
+    cdef double c
+    cdef const double* row
+    cdef unsigned long long bits
+    with nogil:
+        for l in range(n_mats):
+            for j in range(n):
+                row = &matrices[l, j, 0]
+                memset(counts, 0, sizeof(counts))
+                for k in range(n):
+                    c = row[k]
+                    if c > 0.0:
+                        memcpy(&bits, &c, sizeof(double))
+                        e = <int>(bits >> 52)
+                        b = 1023 - e + 1  # (0.5, 1] and above: bucket 0 or 1
+                        if b < 0:
+                            b = 0
+                        elif b >= N_BUCKETS:
+                            b = N_BUCKETS - 1
+                        counts[b] += 1
+                total = start[l, j]
+                for b in range(N_BUCKETS):
+                    place[b] = total
+                    total += counts[b]
+                for k in range(n):
+                    c = row[k]
+                    if c > 0.0:
+                        memcpy(&bits, &c, sizeof(double))
+                        e = <int>(bits >> 52)
+                        b = 1023 - e + 1
+                        if b < 0:
+                            b = 0
+                        elif b >= N_BUCKETS:
+                            b = N_BUCKETS - 1
+                        head[place[b]] = <int>k
+                        capacity[place[b]] = c
+                        place[b] += 1
+
+
+def build_backward_arcs(
+    const long long[:, ::1] start,
+    const int[::1] head,
+    long long[:, ::1] bwd_start,
+    long long[::1] bwd_arc,
+    int[::1] bwd_tail,
+):
+    """The arcs into each token of each matrix, by a counting sort on their heads.
+
+    Fills ``bwd_start`` ``(L, n+1)`` (arcs into token ``k`` of matrix ``i`` are
+    ``bwd_start[i, k] .. bwd_start[i, k+1]``, in the same global range as the matrix's
+    forward arcs), their arc ids `bwd_arc` and the tokens they leave, `bwd_tail`. Linear
+    in the arcs.
+    """
+    cdef Py_ssize_t n_mats = start.shape[0], n = start.shape[1] - 1, i, j, k
+    cdef long long p, total
+    with nogil:
+        for i in range(n_mats):
+            for k in range(n + 1):
+                bwd_start[i, k] = 0
+            for p in range(start[i, 0], start[i, n]):
+                bwd_start[i, head[p] + 1] += 1
+            total = start[i, 0]
+            for k in range(n + 1):
+                total += bwd_start[i, k]
+                bwd_start[i, k] = total
+            # bwd_start[i, k] is now the end of token k - 1's arcs = the start of token k's
+            for j in range(n):
+                for p in range(start[i, j], start[i, j + 1]):
+                    k = head[p]
+                    bwd_arc[bwd_start[i, k]] = p
+                    bwd_tail[bwd_start[i, k]] = <int>j
+                    bwd_start[i, k] += 1
+            # each start advanced to its token's end, the next token's start: shift back
+            for k in range(n, 0, -1):
+                bwd_start[i, k] = bwd_start[i, k - 1]
+            bwd_start[i, 0] = start[i, 0]
 
 
 def solve(
@@ -320,13 +449,19 @@ def solve(
     const long long[::1] rows,
     const long long[::1] sinks,
     const double[:, ::1] upper,
-    const int[:, :, ::1] fwd_order,
-    const int[:, ::1] fwd_count,
-    const int[:, :, ::1] bwd_order,
-    const int[:, ::1] bwd_count,
+    const long long[:, ::1] fwd_start,
+    const int[::1] arc_head,
+    const double[::1] arc_cap,
+    const long long[:, ::1] bwd_start,
+    const long long[::1] bwd_arc,
+    const int[::1] bwd_tail,
     const int[:, ::1] src_order,
     const int[::1] src_count,
+    const int[:, ::1] reach_lo,
+    const int[:, ::1] reach_hi,
+    bint with_backward,
     double tolerance,
+    double[::1] residual,
     double[:, ::1] values,
     signed char[:, ::1] status,
 ):
@@ -334,12 +469,16 @@ def solve(
 
     `values` receives the max-flows; `status` 1 where the flow reached the bound (the
     value is the bound), 2 where the solver ran to completion (the value is its flow).
-    Pairs with a zero bound are left alone (value 0, status 0).
+    Without `with_backward` (`bwd_*` are then placeholders), a pair that needs more than
+    the first blocking flow is left with status 3, to be solved again with them.
+    Pairs with a zero bound are left alone (value 0, status 0). `residual` (``arcs + 2 n``)
+    must hold `arc_cap` in its first ``arcs`` entries; it is given back so, every touched
+    arc restored, so that one buffer serves call after call.
     """
     cdef int n_layers = mixed.shape[0], n = mixed.shape[2]
     cdef Py_ssize_t n_rows = rows.shape[0], n_sinks = sinks.shape[0]
     cdef Work w
-    cdef long long middle = <long long>(n_layers - 2) * n * n
+    cdef long long middle = arc_cap.shape[0]
     cdef long long n_edges = middle + 2 * n
     cdef int n_nodes = (n_layers - 1) * n + 2
     cdef Py_ssize_t ri, si, k
@@ -353,15 +492,20 @@ def solve(
     w.n_layers = n_layers
     w.n = n
     w.cap = &mixed[0, 0, 0]
-    w.fwd_order = &fwd_order[0, 0, 0]
-    w.fwd_count = &fwd_count[0, 0]
-    w.bwd_order = &bwd_order[0, 0, 0]
-    w.bwd_count = &bwd_count[0, 0]
+    w.fwd_start = &fwd_start[0, 0]
+    w.arc_head = &arc_head[0] if middle > 0 else NULL
+    w.arc_cap = &arc_cap[0] if middle > 0 else NULL
+    w.bwd_start = &bwd_start[0, 0]
+    w.bwd_arc = &bwd_arc[0] if bwd_arc.shape[0] > 0 else NULL
+    w.bwd_tail = &bwd_tail[0] if bwd_tail.shape[0] > 0 else NULL
+    w.reach_lo = &reach_lo[0, 0]
+    w.reach_hi = &reach_hi[0, 0]
     w.middle = middle
     w.source = (n_layers - 1) * n
     w.sink = w.source + 1
-    w.res = <double*>malloc(n_edges * sizeof(double))
-    w.flow = <double*>malloc(n_edges * sizeof(double))
+    if residual.shape[0] != n_edges:
+        raise ValueError("`residual` must have one entry per arc, then 2 n")
+    w.res = &residual[0]
     w.level = <int*>malloc(n_nodes * sizeof(int))
     w.cur = <int*>malloc(n_nodes * sizeof(int))
     w.path_node = <int*>malloc((n_nodes + 1) * sizeof(int))
@@ -374,18 +518,16 @@ def solve(
     w.log = <long long*>malloc(w.log_cap * sizeof(long long))
     try:
         if (
-            w.res == NULL or w.flow == NULL or w.level == NULL or w.cur == NULL
+            w.level == NULL or w.cur == NULL
             or w.path_node == NULL or w.path_edge == NULL or w.path_forward == NULL
             or w.queue == NULL or w.deliverable == NULL or w.log == NULL
         ):
             raise MemoryError()
         with nogil:
-            memcpy(w.res, w.cap + nn, middle * sizeof(double))
-            for k in range(n_edges):
-                w.flow[k] = 0.0
             # Sinks outside, rows inside: the bottom-up bound belongs to the sink.
             for si in range(n_sinks):
                 m = <int>sinks[si]
+                w.m = m
                 refined = False
                 for k in range(n):
                     w.res[middle + n + k] = w.cap[k * <long long>n + m]
@@ -413,13 +555,22 @@ def solve(
                             bound += w.deliverable[k] if w.deliverable[k] < c else c
                         if bound < target:
                             target = bound
-                    while total < target - tolerance and _layer_residual_graph(&w):
+                    if total < target - tolerance and not with_backward:
+                        # Later phases need the backward arcs: the caller solves this
+                        # pair again with them.
+                        status[ri, si] = 3
+                    while (
+                        status[ri, si] != 3 and total < target - tolerance
+                        and _layer_residual_graph(&w)
+                    ):
                         if _blocking_flow(&w, True, target - tolerance, &total) < 0:
                             failed = 1
                             break
                     if failed:
                         break
-                    if total >= target - tolerance:
+                    if status[ri, si] == 3:
+                        pass
+                    elif total >= target - tolerance:
                         values[ri, si] = target
                         status[ri, si] = 1
                     else:
@@ -427,17 +578,12 @@ def solve(
                         status[ri, si] = 2
                     _reset(&w)
                     for k in range(n):
-                        w.flow[middle + k] = 0.0
-                        w.flow[middle + n + k] = 0.0
-                    for k in range(n):
                         w.res[middle + n + k] = w.cap[k * <long long>n + m]
                 if failed:
                     break
         if failed:
             raise MemoryError()
     finally:
-        free(w.res)
-        free(w.flow)
         free(w.level)
         free(w.cur)
         free(w.path_node)

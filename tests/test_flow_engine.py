@@ -188,3 +188,153 @@ def test_sinks_against_networkx() -> None:
     got = attnflow.flow(weights, rows=[0, 11], normalize=False, n_jobs=1)
     expected = oracle_flow(weights, rows=[0, 11], normalize=False)
     np.testing.assert_allclose(got, expected, atol=1e-10, rtol=0)
+
+
+# --------------------------------------------------------------------------- causal graphs
+# The engine prunes tokens that cannot reach the sink (reachability intervals), bounds each
+# pair by the source arcs into tokens that may reach it, keeps only non-zero arcs, orders
+# the backward arcs only for pairs that need them and shares one preparation between the
+# tasks of a sequence. Each of these is checked on small random causal attention.
+
+
+def _sparse_causal(rng: np.random.Generator, layers: int, n: int) -> np.ndarray:
+    """Causal attention with exact zeros inside the causal part (sparse, top-k-like)."""
+    weights = _causal(rng, layers, n)
+    weights[rng.random(weights.shape) < 0.4] = 0.0
+    weights[..., 0] += 1e-3  # every row keeps mass
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+def _networkx_flows(mixed: np.ndarray, row: int) -> np.ndarray:
+    """Max-flows from `row` at the top to every input token: networkx on the full graph."""
+    import networkx as nx
+
+    layers, n, _ = mixed.shape
+    graph = nx.DiGraph()
+    for layer in range(layers):
+        for k, m in zip(*np.nonzero(mixed[layer] > 0), strict=True):
+            graph.add_edge((layer + 1, int(k)), (layer, int(m)), capacity=mixed[layer, k, m])
+    return np.array(
+        [
+            nx.maximum_flow_value(graph, (layers, row), (0, m)) if (0, m) in graph else 0.0
+            for m in range(n)
+        ]
+    )
+
+
+@pytest.mark.parametrize("residual", [0.5, 0.0])
+@pytest.mark.parametrize("pattern", ["causal", "sparse-causal"])
+def test_causal_last_row_equals_networkx(pattern: str, residual: float) -> None:
+    # The decoder's case: the last row to every input token, against networkx on the full
+    # layered graph (nothing reduced, nothing pruned), and against igraph on every row.
+    rng = np.random.default_rng(21)
+    make = _causal if pattern == "causal" else _sparse_causal
+    for layers, n in [(3, 9), (6, 14)]:
+        mixed = _mixed(make(rng, layers, n), residual)
+        task = FlowTask((), mixed, np.array([n - 1]), np.array([0]), np.arange(n))
+        values, status = solve_flow_task_with_status(task)
+        np.testing.assert_allclose(values[0], _networkx_flows(mixed, n - 1), atol=EXACT, rtol=0)
+        assert not np.any(status == engine.DEFERRED)
+
+
+@pytest.mark.parametrize("pattern", ["causal", "sparse-causal"])
+def test_causal_every_row_equals_igraph(pattern: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    make = _causal if pattern == "causal" else _sparse_causal
+    mixed = _mixed(make(np.random.default_rng(4), 7, 24), 0.3)
+    values, _, reference = _both_engines(mixed, np.arange(24), monkeypatch)
+    np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+
+
+def test_causal_solved_to_completion_with_backward_arcs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An unreachable target: every pair is deferred by the first pass and solved again
+    # with the backward arc lists (only non-zero arcs, sparse causal), to completion.
+    mixed = _mixed(_sparse_causal(np.random.default_rng(8), 6, 20), 0.2)
+    monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)
+    values, status, reference = _both_engines(mixed, np.array([19, 12, 5]), monkeypatch)
+    assert np.all(status[reference > 0] == SOLVED)
+    np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+
+
+def test_reach_intervals_hold_every_reachable_token() -> None:
+    # [lo, hi] of each node holds every input token it reaches, and lo and hi are reached
+    # (the interval is the tightest one); a node that reaches nothing has lo > hi.
+    rng = np.random.default_rng(2)
+    mixed = _mixed(_sparse_causal(rng, 5, 12), 0.0)
+    mixed[2, 7] = 0.0  # token 7 of layer 3 has no arc down
+    lo, hi = engine._reach(mixed)
+    reached = [np.eye(12, dtype=bool)]  # layer 0
+    for layer in range(mixed.shape[0] - 1):
+        reached.append((mixed[layer] > 0).astype(int) @ reached[-1].astype(int) > 0)
+    for layer in range(1, mixed.shape[0]):
+        for token in range(12):
+            inputs = np.flatnonzero(reached[layer][token])
+            if inputs.size == 0:
+                assert lo[layer - 1, token] > hi[layer - 1, token]
+            else:
+                assert (lo[layer - 1, token], hi[layer - 1, token]) == (inputs[0], inputs[-1])
+    assert lo[2, 7] > hi[2, 7]
+
+
+def test_source_cut_is_an_upper_bound_and_tight_on_causal_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every bound is at least the max-flow; on causal attention the cheap bounds (into the
+    # sink, out of the source) are the max-flow for most pairs.
+    mixed = _mixed(_causal(np.random.default_rng(6), 6, 30), 0.5)
+    rows = np.arange(30)
+    _, _, reference = _both_engines(mixed, rows, monkeypatch)
+    upper = engine._upper_bounds(mixed, rows, np.arange(30), engine._reach(mixed))
+    assert np.all(upper >= reference - 1e-15)
+    assert np.mean(np.abs(upper - reference) < 1e-13) > 0.5
+
+
+def test_arc_lists_hold_each_row_non_zero_entries_strongest_first() -> None:
+    middle = _mixed(_sparse_causal(np.random.default_rng(9), 4, 16), 0.0)
+    middle[0, 3] *= 1e-30  # tiny capacities go to the last bucket, never lost
+    arcs = engine._arcs(np.ascontiguousarray(middle))
+    for i in range(middle.shape[0]):
+        for j in range(16):
+            part = slice(arcs.start[i, j], arcs.start[i, j + 1])
+            heads, capacity = arcs.head[part], arcs.capacity[part]
+            assert sorted(heads) == list(np.flatnonzero(middle[i, j] > 0))
+            np.testing.assert_array_equal(capacity, middle[i, j, heads])
+            exponents = np.minimum(np.frexp(capacity)[1], 1)
+            assert np.all(np.diff(np.maximum(exponents, -61)) <= 0)  # powers of two, down
+
+
+def test_tasks_of_one_sequence_share_one_preparation() -> None:
+    # Sinks split over tasks (as flow splits long problems) give the values of one task,
+    # prepare the graph once, and the preparation goes when the array does.
+    import gc
+
+    mixed = _mixed(_causal(np.random.default_rng(10), 5, 26), 0.5)
+    rows = np.array([25, 3])
+    whole = solve_flow_task_with_status(FlowTask((), mixed, rows, rows, np.arange(26)))[0]
+    built = []
+    original = engine._Prepared.__init__
+
+    def counting(self: engine._Prepared, array: np.ndarray) -> None:
+        built.append(1)
+        original(self, array)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine._Prepared, "__init__", counting)
+        parts = [
+            solve_flow_task_with_status(FlowTask((), mixed, rows, rows, sinks))[0]
+            for sinks in np.array_split(np.arange(26), 4)
+        ]
+    assert len(built) == 0  # prepared by the first call already
+    np.testing.assert_array_equal(np.concatenate(parts, axis=1), whole)
+    assert any(entry.source() is mixed for entry in engine._PREPARED)
+    del mixed
+    gc.collect()
+    assert all(entry.source() is not None for entry in engine._PREPARED)
+
+
+def test_decoder_flow_through_the_public_call_equals_networkx() -> None:
+    if "numpy" not in {v.library for v in selected_variants()}:
+        pytest.skip("once per matrix run, in the numpy session")
+    weights = _causal(np.random.default_rng(12), 5, 12)
+    got = attnflow.flow(weights, rows=-1, normalize=False, n_jobs=1)
+    expected = oracle_flow(weights, rows=[11], normalize=False)[..., 0, :]
+    np.testing.assert_allclose(got, expected, atol=1e-10, rtol=0)
