@@ -129,7 +129,13 @@ def _given_model(
 
 
 def _model(
-    folder: Path, train: SentimentData, *, seed: int, n_test: int, force: bool = False
+    folder: Path,
+    train: SentimentData,
+    *,
+    seed: int,
+    n_test: int,
+    force: bool = False,
+    progress: bool = False,
 ) -> tuple[MiniLMSentimentClassifier, dict[str, Any]]:
     """Load the classifier an earlier run saved in ``folder/model``, or fine-tune one.
 
@@ -153,7 +159,9 @@ def _model(
         else:
             return model, {**record, "model": "model"}
     cpu = time.process_time()
-    trained = train_sentiment_classifier(train, seed=seed, max_length=MAX_LENGTH, log_every=0)
+    trained = train_sentiment_classifier(
+        train, seed=seed, max_length=MAX_LENGTH, log_every=0, progress=progress
+    )
     metadata = {
         "task": "attnflow.experiments.sentiment",
         "seed": seed,
@@ -349,7 +357,9 @@ def reproduce_sentiment(
     train, test = _split(n_train, held_out, seed)
     test = test.take(np.arange(sentences))
     if model is None:
-        classifier, record = _model(root, train, seed=seed, n_test=held_out, force=force)
+        classifier, record = _model(
+            root, train, seed=seed, n_test=held_out, force=force, progress=progress
+        )
     else:
         classifier, record = _given_model(Path(model), seed=seed, n_train=n_train, n_test=held_out)
     classifier.eval()

@@ -41,6 +41,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -349,6 +350,45 @@ class TrainedClassifier:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+def _line(text: str) -> None:
+    """Write one line of progress to stderr at once (without tqdm)."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+class _TrainingProgress:
+    """The fine-tuning steps on stderr: a tqdm bar if tqdm is installed, else plain lines."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self.total = total
+        self.enabled = enabled
+        self.done = 0
+        self.bar: Any = None
+        if not enabled:
+            return
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            _line(f"fine-tuning MiniLM: {total} steps")
+            return
+        self.bar = tqdm(total=total, desc="fine-tuning MiniLM", unit="step")
+
+    def step(self, epoch: int, epochs: int, loss: float, seconds: float) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(epoch=f"{epoch}/{epochs}", loss=f"{loss:.3f}")
+        elif self.enabled:
+            _line(
+                f"fine-tuning MiniLM: step {self.done}/{self.total} (epoch {epoch}/{epochs}), "
+                f"loss {loss:.4f}, {seconds:.0f} s"
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def train_sentiment_classifier(
     train: SentimentData,
     *,
@@ -362,6 +402,7 @@ def train_sentiment_classifier(
     freeze_word_embeddings: bool = True,
     attn_implementation: Implementation = "sdpa",
     log_every: int = 10,
+    progress: bool = False,
 ) -> TrainedClassifier:
     r"""Fine-tune the pretrained MiniLM with a linear head on labelled sentences.
 
@@ -405,6 +446,9 @@ def train_sentiment_classifier(
     log_every : int, default 10
         Log the running loss every `log_every` steps (logger
         ``attnflow.experiments.sentiment_torch``, level INFO); 0 logs only the end.
+    progress : bool, default False
+        Show the steps on stderr as they run: a tqdm bar (with the running loss) if tqdm
+        is installed (``attnflow[progress]``), else one plain line per step.
 
     Returns
     -------
@@ -495,6 +539,7 @@ def train_sentiment_classifier(
             learning_rate,
             len(decayed) + len(undecayed),
         )
+        shown = _TrainingProgress(total, enabled=progress)
         for epoch in range(epochs):
             order = order_rng.permutation(len(train))
             for first in range(0, len(train), batch_size):
@@ -511,6 +556,7 @@ def train_sentiment_classifier(
                 schedule.step()
                 losses.append(float(loss.detach()))
                 step = len(losses)
+                shown.step(epoch + 1, epochs, losses[-1], time.perf_counter() - start)
                 if log_every and (step % log_every == 0 or step == total):
                     recent = losses[-log_every:]
                     _LOG.info(
@@ -522,6 +568,7 @@ def train_sentiment_classifier(
                         len(recent),
                         time.perf_counter() - start,
                     )
+        shown.close()
         model.eval()
         seconds = time.perf_counter() - start
     _LOG.info("fine-tuning done in %.1f s, final loss %.4f", seconds, losses[-1])

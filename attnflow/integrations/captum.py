@@ -22,11 +22,17 @@ Shapes, for ``inputs`` of shape
 The model is called as ``model(inputs, *additional_forward_args)`` and must be a
 ``torch.nn.Module`` (attnflow hooks its submodules). Captum classes are not subclassed:
 captum's ``Attribution`` base brings nothing these methods use.
+
+The attributions are contiguous tensors (captum's metrics flatten them with ``view``).
+captum's metrics that call the model (``infidelity``) need a tensor of logits; a Hugging
+Face model returns a ``ModelOutput``. :class:`Logits` wraps a model to return its
+``.logits``, and each class's ``forward_func`` (captum's name for the wrapped model) is
+such a wrapper: ``infidelity(explainer.forward_func, perturb, inputs, attributions)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -34,7 +40,89 @@ from torch import nn
 
 from ._patches import pixel_maps, prefix_tokens_of, token_scores
 
-__all__ = ["AttentionFlow", "AttentionRollout", "GradientRollout"]
+__all__ = ["AttentionFlow", "AttentionRollout", "GradientRollout", "Logits"]
+
+
+def _check_module(model: object) -> None:
+    if not isinstance(model, nn.Module):
+        msg = (
+            f"`model` must be a torch.nn.Module (attnflow captures attention from its "
+            f"submodules); got {type(model).__name__}. Wrap a forward function in a "
+            "Module."
+        )
+        raise TypeError(msg)
+
+
+class Logits(nn.Module):
+    """A model that returns its logits as a tensor, for captum's metrics.
+
+    captum's ``infidelity`` subtracts the model's outputs; a Hugging Face model returns a
+    ``ModelOutput``. Calling this module calls `model` with the same arguments and
+    returns:
+
+    * a tensor output as it is;
+    * the ``logits`` of a ``ModelOutput`` (any object with a tensor ``.logits``) or of a
+      mapping with a ``"logits"`` key.
+
+    Anything else is a ``TypeError`` naming what the model returned. The model is a
+    submodule, so attnflow still finds its attention: ``AttentionRollout(Logits(model))``
+    gives the maps of ``AttentionRollout(model)``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model, e.g. a Hugging Face ``...ForImageClassification``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformers.modeling_outputs import SequenceClassifierOutput
+    >>> from attnflow.integrations.captum import Logits
+    >>> class Classifier(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         return SequenceClassifierOutput(logits=2 * x)
+    >>> Logits(Classifier())(torch.ones(1, 3))
+    tensor([[2., 2., 2.]])
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        _check_module(model)
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Call the model and return its logits (see the class docstring).
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The model's arguments.
+
+        Returns
+        -------
+        Tensor
+            The logits.
+
+        Raises
+        ------
+        TypeError
+            If the output is neither a tensor nor carries a tensor ``logits``.
+        """
+        output = self.model(*args, **kwargs)
+        if isinstance(output, torch.Tensor):
+            return output
+        logits = getattr(output, "logits", None)
+        if logits is None and isinstance(output, Mapping):
+            logits = output.get("logits")
+        if isinstance(logits, torch.Tensor):
+            return logits
+        msg = (
+            f"The model returned a {type(output).__name__}, not a tensor of logits nor an "
+            "output with a tensor `.logits` (a Hugging Face ModelOutput). Wrap it in a "
+            "Module whose forward returns the logits (for a Hugging Face model, leave "
+            "return_dict at its default True)."
+        )
+        raise TypeError(msg)
 
 
 class _AttentionAttribution:
@@ -43,15 +131,11 @@ class _AttentionAttribution:
     method: ClassVar[str]
 
     def __init__(self, model: nn.Module) -> None:
-        given: object = model  # checked at run time: callers may pass any callable
-        if not isinstance(given, nn.Module):
-            msg = (
-                f"`model` must be a torch.nn.Module (attnflow captures attention from its "
-                f"submodules); got {type(model).__name__}. Wrap a forward function in a "
-                "Module."
-            )
-            raise TypeError(msg)
-        self.forward_func = model  # captum's name for the wrapped model
+        _check_module(model)  # checked at run time: callers may pass any callable
+        # captum's name for the wrapped model; it returns logits, so that captum's metrics
+        # can take it: infidelity(explainer.forward_func, ...).
+        self.forward_func = model if isinstance(model, Logits) else Logits(model)
+        self.model: nn.Module = self.forward_func.model  # what attnflow runs and reads
 
     @staticmethod
     def has_convergence_delta() -> bool:
@@ -129,10 +213,10 @@ class _AttentionAttribution:
             raise ValueError(msg)
         image = tensor.ndim == 4
         if image:
-            prefix = prefix_tokens_of(self.forward_func, prefix_tokens)
+            prefix = prefix_tokens_of(self.model, prefix_tokens)
         arguments = [tensor, *_as_tuple(additional_forward_args)]
         scores = token_scores(
-            self.forward_func,
+            self.model,
             arguments,
             method=self.method,
             row=row,
@@ -146,7 +230,8 @@ class _AttentionAttribution:
                 size=(tensor.shape[-2], tensor.shape[-1]),
                 interpolate=interpolate,
             )
-            result = maps[:, None].expand_as(tensor).to(tensor.device)
+            # Contiguous copies, not stride-0 views: captum's metrics flatten with view().
+            result = maps[:, None].expand_as(tensor).to(tensor.device).contiguous()
             return (result,) if wrap else result
         if scores.shape != tensor.shape[:2]:
             msg = (
@@ -155,7 +240,7 @@ class _AttentionAttribution:
                 "Pass the token axis of the model's attention as the second axis of `inputs`."
             )
             raise ValueError(msg)
-        result = scores[..., None].expand_as(tensor) if tensor.ndim == 3 else scores
+        result = scores[..., None].expand_as(tensor).contiguous() if tensor.ndim == 3 else scores
         return (result,) if wrap else result
 
 

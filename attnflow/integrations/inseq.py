@@ -36,14 +36,18 @@ as inseq's gradient methods do: the model on the prefix, inside ``capture`` with
 gradients, then the gradient of the logit of the next token (at the last position) with
 respect to every attention weight, and the GAE row of that position.
 
-Options go through ``attribute(...)`` keyword arguments: ``heads``, ``residual`` and
-``layers`` (``"last"`` or one decoder layer index) for rollout and flow; ``normalize`` and
-``max_work`` for flow; ``layers`` and ``normalize`` for gradient rollout.
+Options go through ``attribute(...)`` keyword arguments (or its ``attribution_args``) and
+are passed to attnflow's function; :data:`OPTIONS` lists those each method takes, for
+decoder-only and for encoder-decoder models. Any other keyword is refused by name, with the
+list of accepted options, before inseq tokenises or generates anything: a misspelt option
+never silently falls back to its default.
 """
 
 from __future__ import annotations
 
+import difflib
 import warnings
+from inspect import signature
 from typing import Any
 
 import torch
@@ -52,16 +56,111 @@ with warnings.catch_warnings():
     # inseq 0.7 reads its model_config.yaml through a file it never closes.
     warnings.simplefilter("ignore", ResourceWarning)
     from inseq.attr.feat.internals_attribution import InternalsAttributionRegistry
+    from inseq.attr.step_functions import STEP_SCORES_MAP
     from inseq.data.attribution import CoarseFeatureAttributionStepOutput
     from inseq.utils.typing import InseqAttribution
 
 import attnflow
-from attnflow._flow import DEFAULT_MAX_WORK
 from attnflow.adapters.torch import capture  # type: ignore[import-not-found,unused-ignore]
 
 from ._options import check_layer_choice
 
-__all__ = ["AttentionFlowAttribution", "AttentionRolloutAttribution", "GradientRolloutAttribution"]
+__all__ = [
+    "OPTIONS",
+    "AttentionFlowAttribution",
+    "AttentionRolloutAttribution",
+    "GradientRolloutAttribution",
+]
+
+_PRUNING = ("threshold", "top_k", "discard", "receptive_field", "exclude", "renormalize")
+OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
+    "attention_rollout": {
+        "decoder-only": ("heads", "residual", "layers", *_PRUNING),
+        "encoder-decoder": ("heads", "residual", "layers", "normalize"),
+    },
+    "attention_flow": {
+        "decoder-only": (
+            "heads",
+            "residual",
+            "layers",
+            *_PRUNING,
+            "normalize",
+            "n_jobs",
+            "max_work",
+        ),
+        "encoder-decoder": ("heads", "residual", "layers", "normalize", "max_work"),
+    },
+    "gradient_rollout": {
+        "decoder-only": (
+            "layers",
+            "normalize",
+            "rule",
+            "residual",
+            "exclude_self",
+            "receptive_field",
+            "exclude",
+        ),
+        "encoder-decoder": ("layers", "normalize"),
+    },
+}
+"""The options of ``attribute(...)`` each method takes, by model kind.
+
+They are keyword arguments of the attnflow function the method calls
+(:func:`attnflow.rollout`, :func:`attnflow.flow`, :func:`attnflow.gradient_rollout`;
+:func:`attnflow.encoder_decoder_rollout`, :func:`attnflow.encoder_decoder_flow`), with
+their meaning and defaults there; ``layers`` is ``"last"`` or one decoder layer index.
+The rows, masks and gradients are set by the method.
+"""
+
+_INSEQ_OWN = ("skip_special_tokens",)  # inseq adds it to the options it hands on
+
+
+def check_options(
+    method_name: str, encoder_decoder: bool, given: Any, *, step_scores: bool
+) -> None:
+    """Refuse every option of `given` that `method_name` does not take, by name.
+
+    Parameters
+    ----------
+    method_name : str
+        A key of :data:`OPTIONS`.
+    encoder_decoder : bool
+        The model's kind.
+    given : iterable of str
+        The option names.
+    step_scores : bool
+        Let through the parameters of inseq's step functions (inseq computes step
+        scores alongside gradient rollout, with these arguments).
+
+    Raises
+    ------
+    ValueError
+        Naming the first unknown option, the accepted ones and the closest match.
+    """
+    kind = "encoder-decoder" if encoder_decoder else "decoder-only"
+    accepted = OPTIONS[method_name][kind]
+    passed_on: set[str] = set(_INSEQ_OWN)
+    if step_scores:
+        for function in STEP_SCORES_MAP.values():
+            passed_on.update(signature(function).parameters)
+    for name in given:
+        if name in accepted or name in passed_on:
+            continue
+        other = "decoder-only" if encoder_decoder else "encoder-decoder"
+        if name in OPTIONS[method_name][other]:
+            why = f"is an option for {other} models only; this is an {kind} model"
+            why = why.replace("an decoder", "a decoder")
+        else:
+            why = "is not an option of this method"
+        close = difflib.get_close_matches(name, accepted, n=1)
+        hint = f" (did you mean `{close[0]}`?)" if close else ""
+        msg = (
+            f"inseq method {method_name!r}: `{name}` {why}{hint}. On {kind} models it accepts: "
+            f"{', '.join(accepted)} (attnflow's options of the same name; see "
+            "attnflow.integrations.inseq.OPTIONS). Remove or correct it."
+        )
+        raise ValueError(msg)
+
 
 # inseq 0.7 passes the batch to a method only inside captum's ``additional_forward_args``;
 # these are the positions of its tensors there (see inseq's ``format_attribution_args``).
@@ -110,7 +209,14 @@ def _attribute(
     options: dict[str, Any],
 ) -> Any:
     """Capture the model's attention on inseq's batch, apply attnflow, lay out for inseq."""
-    check_layer_choice(options["layers"])
+    check_layer_choice(options.get("layers", "last"))
+    heads = options.get("heads")
+    if isinstance(heads, str) and heads == "each":
+        msg = (
+            '`heads="each"` gives one map per head; inseq takes one map per step. Fuse the '
+            'heads ("mean", "max", "min", weights) or call attnflow on captured weights.'
+        )
+        raise ValueError(msg)
     encoder_decoder = bool(forward_func.is_encoder_decoder)
     arguments = _model_inputs(encoder_decoder, inputs, additional_forward_args)
     model = forward_func.model
@@ -147,7 +253,7 @@ def _attribute_gradient(
     options: dict[str, Any],
 ) -> Any:
     """GAE for the next token: capture with gradients, d logit / d A, one row per sequence."""
-    check_layer_choice(options["layers"])
+    check_layer_choice(options.get("layers", "last"))
     encoder_decoder = bool(forward_func.is_encoder_decoder)
     arguments = _model_inputs(encoder_decoder, inputs, additional_forward_args)
     targets = arguments.pop("target_ids").reshape(-1, 1)
@@ -186,86 +292,110 @@ def _attribute_gradient(
     )
 
 
-class _Rollout(InseqAttribution):  # type: ignore[misc]
-    """The callable inseq calls with the batch and the user's options."""
+class _Method(InseqAttribution):  # type: ignore[misc]
+    """The callable inseq calls with the batch and the user's options (checked before)."""
+
+    function: str
 
     @staticmethod
     def has_convergence_delta() -> bool:
         return False
 
     def attribute(
-        self,
-        inputs: tuple[Any, ...],
-        additional_forward_args: tuple[Any, ...],
-        heads: Any = "mean",
-        residual: float = 0.5,
-        layers: str | int = "last",
+        self, inputs: tuple[Any, ...], additional_forward_args: tuple[Any, ...], **options: Any
     ) -> Any:
-        options = {"heads": heads, "residual": residual, "layers": layers}
-        return _attribute("rollout", self.forward_func, inputs, additional_forward_args, options)
+        if self.function == "gradient_rollout":
+            return _attribute_gradient(self.forward_func, inputs, additional_forward_args, options)
+        return _attribute(
+            self.function, self.forward_func, inputs, additional_forward_args, options
+        )
 
 
-class _Flow(InseqAttribution):  # type: ignore[misc]
-    """The callable inseq calls with the batch and the user's options."""
+class _Rollout(_Method):
+    function = "rollout"
 
-    @staticmethod
-    def has_convergence_delta() -> bool:
-        return False
 
-    def attribute(
-        self,
-        inputs: tuple[Any, ...],
-        additional_forward_args: tuple[Any, ...],
-        heads: Any = "mean",
-        residual: float = 0.5,
-        layers: str | int = "last",
-        normalize: bool = True,
-        max_work: float | None = DEFAULT_MAX_WORK,
+class _Flow(_Method):
+    function = "flow"
+
+
+class _GradientRollout(_Method):
+    function = "gradient_rollout"
+
+
+class _Checked:
+    """Takes the user's options by name (:data:`OPTIONS`), refusing any other one."""
+
+    method_name: str
+    attribution_model: Any
+    is_final_step_method: bool
+    method: _Method
+
+    def get_attribution_args(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Split inseq's keyword arguments into this method's options and inseq's own.
+
+        inseq calls this before it tokenises or generates; an unknown option is refused
+        here, by name (step-score arguments pass for gradient rollout, which inseq may
+        compute step scores beside).
+
+        Parameters
+        ----------
+        **kwargs
+            The keyword arguments of ``attribute(...)`` that inseq did not take itself.
+
+        Returns
+        -------
+        tuple of dict
+            The options, and the rest (inseq's step-score arguments).
+
+        Raises
+        ------
+        ValueError
+            On an option this method does not take (see :func:`check_options`).
+        """
+        encoder_decoder = bool(self.attribution_model.is_encoder_decoder)
+        check_options(
+            self.method_name, encoder_decoder, kwargs, step_scores=not self.is_final_step_method
+        )
+        kind = "encoder-decoder" if encoder_decoder else "decoder-only"
+        accepted = OPTIONS[self.method_name][kind]
+        options = {name: value for name, value in kwargs.items() if name in accepted}
+        rest = {name: value for name, value in kwargs.items() if name not in accepted}
+        return options, rest
+
+    def attribute_step(
+        self, attribute_fn_main_args: dict[str, Any], attribution_args: dict[str, Any]
     ) -> Any:
-        options = {
-            "heads": heads,
-            "residual": residual,
-            "layers": layers,
-            "normalize": normalize,
-            "max_work": max_work,
-        }
-        return _attribute("flow", self.forward_func, inputs, additional_forward_args, options)
+        """Attribute one step: the whole sequence for rollout and flow, a prefix for GAE.
 
+        Parameters
+        ----------
+        attribute_fn_main_args : dict
+            inseq's ``inputs`` and ``additional_forward_args``.
+        attribution_args : dict
+            The user's options (:data:`OPTIONS`), also those given as ``attribution_args``.
 
-class _GradientRollout(InseqAttribution):  # type: ignore[misc]
-    """The callable inseq calls with the batch of one step and the user's options."""
-
-    @staticmethod
-    def has_convergence_delta() -> bool:
-        return False
-
-    def attribute(
-        self,
-        inputs: tuple[Any, ...],
-        additional_forward_args: tuple[Any, ...],
-        layers: str | int = "last",
-        normalize: bool = False,
-    ) -> Any:
-        options = {"layers": layers, "normalize": normalize}
-        return _attribute_gradient(self.forward_func, inputs, additional_forward_args, options)
+        Returns
+        -------
+        inseq.data.attribution.CoarseFeatureAttributionStepOutput
+            One score per source token and per target-prefix token.
+        """
+        encoder_decoder = bool(self.attribution_model.is_encoder_decoder)
+        check_options(self.method_name, encoder_decoder, attribution_args, step_scores=False)
+        return self.method.attribute(**attribute_fn_main_args, **attribution_args)
 
 
 class _FinalStep:
     """What both methods share: one model call on the finished sequence, no gradients."""
 
-    def _setup(self, attribution_model: Any, method: InseqAttribution) -> None:
+    def _setup(self, attribution_model: Any, method: type[_Method]) -> None:
         self.use_attention_weights = False  # captured by attnflow, eager or SDPA alike
         self.use_predicted_target = False  # the maps do not depend on the predicted token
         self.is_final_step_method = True
         self.method = method(attribution_model)
 
-    def attribute_step(
-        self, attribute_fn_main_args: dict[str, Any], attribution_args: dict[str, Any]
-    ) -> Any:
-        return self.method.attribute(**attribute_fn_main_args, **attribution_args)
 
-
-class AttentionRolloutAttribution(_FinalStep, InternalsAttributionRegistry):  # type: ignore[misc]
+class AttentionRolloutAttribution(_Checked, _FinalStep, InternalsAttributionRegistry):  # type: ignore[misc]
     """inseq method ``"attention_rollout"``: attention rollout by attnflow.
 
     Registered with inseq when this module is imported; load it by name,
@@ -280,9 +410,11 @@ class AttentionRolloutAttribution(_FinalStep, InternalsAttributionRegistry):  # 
 
     Notes
     -----
-    Options of ``attribute(...)``: ``heads`` (``"mean"``, ``"max"``, ``"min"``, weights or a
-    callable; see :func:`attnflow.fuse_heads`), ``residual`` (α, default 0.5) and
-    ``layers`` (``"last"`` or the index of one decoder layer).
+    Options of ``attribute(...)``: :data:`OPTIONS` ``["attention_rollout"]``, e.g. ``heads``
+    (``"mean"``, ``"max"``, ``"min"``, weights or a callable; see
+    :func:`attnflow.fuse_heads`), ``residual`` (α, default 0.5), ``layers`` (``"last"`` or
+    the index of one decoder layer), and for decoder-only models ``receptive_field`` and
+    ``exclude`` (see :func:`attnflow.rollout`). Any other option is refused by name.
     """
 
     method_name = "attention_rollout"
@@ -292,7 +424,7 @@ class AttentionRolloutAttribution(_FinalStep, InternalsAttributionRegistry):  # 
         self._setup(attribution_model, _Rollout)
 
 
-class AttentionFlowAttribution(_FinalStep, InternalsAttributionRegistry):  # type: ignore[misc]
+class AttentionFlowAttribution(_Checked, _FinalStep, InternalsAttributionRegistry):  # type: ignore[misc]
     """inseq method ``"attention_flow"``: attention flow by attnflow.
 
     Registered with inseq when this module is imported; load it by name,
@@ -307,10 +439,12 @@ class AttentionFlowAttribution(_FinalStep, InternalsAttributionRegistry):  # typ
 
     Notes
     -----
-    Options of ``attribute(...)``: those of ``"attention_rollout"``, plus ``normalize``
-    (divide each position's flow by its sum, default True) and ``max_work`` (refuse a
-    graph whose max-flow work exceeds it; see :func:`attnflow.flow_cost`). Flow solves
-    one max-flow per position and token: it is meant for short texts.
+    Options of ``attribute(...)``: :data:`OPTIONS` ``["attention_flow"]``: those of
+    ``"attention_rollout"``, plus ``normalize`` (divide each position's flow by its sum,
+    default True) and ``max_work`` (refuse a graph whose max-flow work exceeds it; see
+    :func:`attnflow.flow_cost`), and ``n_jobs`` for decoder-only models. Any other option
+    is refused by name. Flow solves one max-flow per position and token: it is meant for
+    short texts.
     """
 
     method_name = "attention_flow"
@@ -320,7 +454,7 @@ class AttentionFlowAttribution(_FinalStep, InternalsAttributionRegistry):  # typ
         self._setup(attribution_model, _Flow)
 
 
-class GradientRolloutAttribution(InternalsAttributionRegistry):  # type: ignore[misc]
+class GradientRolloutAttribution(_Checked, InternalsAttributionRegistry):  # type: ignore[misc]
     """inseq method ``"gradient_rollout"``: Chefer et al.'s GAE by attnflow, per generated token.
 
     Registered with inseq when this module is imported; load it by name,
@@ -338,9 +472,12 @@ class GradientRolloutAttribution(InternalsAttributionRegistry):  # type: ignore[
     For each generated token, the model runs on the prefix and the logit of that token at
     the last position is differentiated with respect to every attention weight
     (:func:`attnflow.gradient_rollout`; :func:`attnflow.encoder_decoder_rollout` with
-    ``rule="gae"`` for encoder-decoder models). Options of ``attribute(...)``: ``layers``
-    (``"last"`` or one decoder layer index) and ``normalize`` (divide each map by its sum;
-    GAE relevance is not normalised by default).
+    ``rule="gae"`` for encoder-decoder models). Options of ``attribute(...)``:
+    :data:`OPTIONS` ``["gradient_rollout"]``: ``layers`` (``"last"`` or one decoder layer
+    index) and ``normalize`` (divide each map by its sum; GAE relevance is not normalised
+    by default), and for decoder-only models ``rule``, ``residual``, ``exclude_self``,
+    ``receptive_field`` and ``exclude`` (see :func:`attnflow.gradient_rollout`). Any
+    other option is refused by name.
     """
 
     method_name = "gradient_rollout"
@@ -349,22 +486,3 @@ class GradientRolloutAttribution(InternalsAttributionRegistry):  # type: ignore[
         super().__init__(attribution_model)
         self.use_attention_weights = False  # captured by attnflow, with their gradients
         self.method = _GradientRollout(attribution_model)
-
-    def attribute_step(
-        self, attribute_fn_main_args: dict[str, Any], attribution_args: dict[str, Any]
-    ) -> Any:
-        """Attribute one generation step (inseq calls this once per generated token).
-
-        Parameters
-        ----------
-        attribute_fn_main_args : dict
-            inseq's ``inputs`` and ``additional_forward_args`` of the step.
-        attribution_args : dict
-            The user's options (``layers``, ``normalize``).
-
-        Returns
-        -------
-        inseq.data.attribution.CoarseFeatureAttributionStepOutput
-            One score per source token and per target-prefix token.
-        """
-        return self.method.attribute(**attribute_fn_main_args, **attribution_args)

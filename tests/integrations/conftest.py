@@ -78,7 +78,10 @@ def _vit_class() -> Any:
     from torch import nn
 
     class TinyViT(nn.Module):
-        """[CLS], `registers` register tokens, then `patch` x `patch` patches row by row."""
+        """[CLS], `registers` register tokens, then `patch` x `patch` patches row by row.
+
+        Images have `channels` channels: 1 (grey, the digits) or 3 (RGB).
+        """
 
         def __init__(
             self,
@@ -88,11 +91,12 @@ def _vit_class() -> Any:
             registers: int = 0,
             size: int = 16,
             layers: int = 2,
+            channels: int = 1,
         ) -> None:
             super().__init__()
             self.num_prefix_tokens = 1 + registers  # timm's name for it
             tokens = self.num_prefix_tokens + (height // patch) * (width // patch)
-            self.embed = nn.Conv2d(1, size, kernel_size=patch, stride=patch)
+            self.embed = nn.Conv2d(channels, size, kernel_size=patch, stride=patch)
             self.prefix = nn.Parameter(torch.randn(1, self.num_prefix_tokens, size) * 0.02)
             self.position = nn.Parameter(torch.randn(1, tokens, size) * 0.02)
             layer = nn.TransformerEncoderLayer(

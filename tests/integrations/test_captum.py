@@ -171,3 +171,98 @@ def test_pretrained_minilm_encoder_with_padding() -> None:
     assert scores.shape == batch["input_ids"].shape
     torch.testing.assert_close(scores, reference, atol=ATOL, rtol=0)  # 7.5e-9 measured
     assert (scores[~mask] == 0).all()  # padding gets exactly nothing
+
+
+def _shifted(inputs: Any, *_: Any) -> Any:
+    """A fixed perturbation (captum's perturb_func), so the metric has a closed form."""
+    return inputs + 0.05 * torch.sin(torch.arange(inputs.numel())).reshape(inputs.shape)
+
+
+def _sensitivity_reference(attribute: Any, x: Any, **kwargs: Any) -> Any:
+    """captum's definition for one perturbation: ||A(x + d) - A(x)|| / ||A(x)|| per sample."""
+    before = attribute(x, **kwargs).flatten(1)
+    after = attribute(_shifted(x), **kwargs).flatten(1)
+    return (after - before).norm(dim=1) / before.norm(dim=1)
+
+
+@pytest.mark.parametrize("kind", ["rgb", "embeddings"])
+def test_sensitivity_max_on_rgb_images_and_embeddings(
+    vit_class: Any, classifier: Any, kind: str
+) -> None:
+    """Maps spread over channels or an embedding axis must be usable by captum's metrics."""
+    torch.manual_seed(3)
+    if kind == "rgb":  # 3 channels: the map is repeated over them, not a stride-0 view
+        model: Any = vit_class(height=8, width=12, registers=2, channels=3).eval()
+        x = torch.rand(2, 3, 8, 12)
+    else:
+        model, x = classifier, torch.randn(2, 5, 16)
+    explainer = AttentionRollout(model)
+    attributions = explainer.attribute(x)
+    assert attributions.shape == x.shape
+    assert attributions.is_contiguous()
+    assert torch.equal(attributions, attributions[:, :1].expand_as(x)) == (kind == "rgb")
+    result = metrics.sensitivity_max(
+        explainer.attribute, x, perturb_func=_shifted, n_perturb_samples=1, residual=0.3
+    )
+    reference = _sensitivity_reference(explainer.attribute, x, residual=0.3)
+    assert (reference > 1e-4).all()  # the perturbation moves the maps
+    torch.testing.assert_close(result, reference, atol=1e-6, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def hf_vit() -> Any:
+    """A Hugging Face ViT classifier on RGB 8x8 images (2x2 patches): it returns a ModelOutput."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(4)
+    config = transformers.ViTConfig(
+        image_size=8,
+        patch_size=2,
+        num_channels=3,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=3,
+    )
+    return transformers.ViTForImageClassification(config).eval()
+
+
+def test_infidelity_on_a_hugging_face_model(hf_vit: Any) -> None:
+    """The documented call, on a model that returns a ModelOutput rather than logits."""
+    x, y = torch.rand(2, 3, 8, 8), torch.tensor([0, 2])
+    explainer = AttentionRollout(hf_vit)
+    attributions = explainer.attribute(x, target=y)
+    noise = 0.1 * torch.cos(torch.arange(x[0].numel())).reshape(x.shape[1:]).expand_as(x)
+
+    def perturb(inputs: Any) -> Any:  # the same noise for every copy captum makes
+        fixed = noise[:1].expand_as(inputs)
+        return fixed, inputs - fixed
+
+    with torch.no_grad():
+        logits = hf_vit(pixel_values=x).logits
+        dropped = hf_vit(pixel_values=x - noise).logits
+    change = (logits - dropped).gather(1, y[:, None])[:, 0]
+    reference = ((noise * attributions).flatten(1).sum(1) - change) ** 2
+    result = metrics.infidelity(
+        explainer.forward_func, perturb, x, attributions, target=y, n_perturb_samples=1
+    )
+    torch.testing.assert_close(result, reference, atol=1e-6, rtol=1e-5)
+    from attnflow.integrations.captum import Logits
+
+    result = metrics.infidelity(Logits(hf_vit), perturb, x, attributions, target=y)
+    torch.testing.assert_close(result, reference, atol=1e-6, rtol=1e-5)  # 10 equal samples
+    # The wrapper is a Module holding the model: attnflow still finds its attention.
+    torch.testing.assert_close(AttentionRollout(Logits(hf_vit)).attribute(x), attributions)
+
+
+def test_logits_refuses_an_output_without_logits() -> None:
+    from attnflow.integrations.captum import Logits
+
+    class Pair(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return x, x
+
+    with pytest.raises(TypeError, match=r"returned a tuple.*`\.logits`"):
+        Logits(Pair())(torch.zeros(1, 2))
+    with pytest.raises(TypeError, match=r"`model` must be a torch\.nn\.Module"):
+        Logits(lambda x: x)

@@ -249,3 +249,58 @@ def test_unknown_argument_layout_is_an_error_not_wrong_numbers() -> None:
     embeddings = torch.zeros(1, 3, 4)
     with pytest.raises(RuntimeError, match="'input_ids' at position 0"):
         _model_inputs(False, (embeddings,), (embeddings, None, None, None))
+
+
+@pytest.mark.parametrize("method", ["rollout", "flow"])
+def test_receptive_field_and_exclude_reach_attnflow(gpt2: Any, tokenizer: Any, method: str) -> None:
+    """Both options change the maps, and each column is attnflow's map with them."""
+    model = inseq.load_model(gpt2, f"attention_{method}", tokenizer=tokenizer)
+    options = {"receptive_field": True, "exclude": 0, "residual": 0.3}
+    out = model.attribute(PROMPT, GENERATED, show_progress=False, **options)
+    scores = out.sequence_attributions[0].target_attributions
+    plain = model.attribute(PROMPT, GENERATED, show_progress=False)
+    assert not torch.allclose(
+        scores.nan_to_num(), plain.sequence_attributions[0].target_attributions.nan_to_num()
+    )
+    with torch.no_grad(), capture(gpt2) as cap:
+        gpt2(_ids(tokenizer, GENERATED))
+    reference = getattr(attnflow, method)(cap.attentions, **options)[0]
+    start = len(PROMPT.split())
+    for step in range(3):
+        position = start + step - 1
+        known = scores[: position + 1, step]
+        assert known[0] == 0  # the excluded first column
+        torch.testing.assert_close(known, reference[position, : position + 1], atol=ATOL, rtol=0)
+
+
+def test_gradient_rollout_takes_receptive_field_and_exclude(gpt2: Any, tokenizer: Any) -> None:
+    model = inseq.load_model(gpt2, "gradient_rollout", tokenizer=tokenizer)
+    options = {"receptive_field": True, "exclude": 0}
+    out = model.attribute(PROMPT, GENERATED, show_progress=False, **options)
+    scores = out.sequence_attributions[0].target_attributions
+    ids = _ids(tokenizer, GENERATED)
+    position = len(PROMPT.split())  # the first generated token
+    gpt2.zero_grad()
+    cap = _gae_next_token(gpt2, {"input_ids": ids[:, :position]}, int(ids[0, position]))
+    reference = attnflow.gradient_rollout(
+        cap.attentions.detach(), cap.gradients, rows=-1, **options
+    )
+    gpt2.zero_grad(set_to_none=True)
+    assert scores[0, 0] == 0
+    torch.testing.assert_close(scores[:position, 0], reference[0], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("method", ["attention_rollout", "attention_flow", "gradient_rollout"])
+def test_a_misspelt_option_is_refused_by_name(gpt2: Any, tokenizer: Any, method: str) -> None:
+    model = inseq.load_model(gpt2, method, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match=r"`residul`.*did you mean `residual`.*accepts: .*\bresidual\b"):
+        model.attribute(PROMPT, GENERATED, show_progress=False, residul=0.3)
+    with pytest.raises(ValueError, match=r"`layer`.*did you mean `layers`"):
+        model.attribute(PROMPT, GENERATED, show_progress=False, attribution_args={"layer": 1})
+
+
+def test_decoder_only_options_are_refused_on_an_encoder_decoder(bart: Any, tokenizer: Any) -> None:
+    model = inseq.load_model(bart, "attention_rollout", tokenizer=tokenizer)
+    for option in ("receptive_field", "exclude"):
+        with pytest.raises(ValueError, match=rf"`{option}`.*encoder-decoder.*accepts"):
+            model.attribute(SOURCE, TARGET, show_progress=False, **{option: 0})
