@@ -5,7 +5,7 @@
   ``"gradient_rollout"``.
 * ``attnflow.integrations.captum`` (extra ``attnflow[captum]``): captum-style
   ``AttentionRollout(model).attribute(inputs, ...)``, ``AttentionFlow`` and
-  ``GradientRollout``.
+  ``GradientRollout``, and ``Logits`` (a model's logits for captum's metrics).
 * ``attnflow.integrations.quantus`` (extra ``attnflow[quantus]``): a Quantus
   ``explain_func`` for vision transformers, patch maps upsampled to pixels.
 

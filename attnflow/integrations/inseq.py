@@ -115,7 +115,7 @@ The rows, masks and gradients are set by the method.
 _INSEQ_OWN = ("skip_special_tokens",)  # inseq adds it to the options it hands on
 
 
-def check_options(
+def _check_options(
     method_name: str, encoder_decoder: bool, given: Any, *, step_scores: bool
 ) -> None:
     """Refuse every option of `given` that `method_name` does not take, by name.
@@ -351,10 +351,10 @@ class _Checked:
         Raises
         ------
         ValueError
-            On an option this method does not take (see :func:`check_options`).
+            On an option this method does not take (see :func:`_check_options`).
         """
         encoder_decoder = bool(self.attribution_model.is_encoder_decoder)
-        check_options(
+        _check_options(
             self.method_name, encoder_decoder, kwargs, step_scores=not self.is_final_step_method
         )
         kind = "encoder-decoder" if encoder_decoder else "decoder-only"
@@ -381,7 +381,7 @@ class _Checked:
             One score per source token and per target-prefix token.
         """
         encoder_decoder = bool(self.attribution_model.is_encoder_decoder)
-        check_options(self.method_name, encoder_decoder, attribution_args, step_scores=False)
+        _check_options(self.method_name, encoder_decoder, attribution_args, step_scores=False)
         return self.method.attribute(**attribute_fn_main_args, **attribution_args)
 
 
