@@ -293,7 +293,9 @@ def test_gradient_rollout_takes_receptive_field_and_exclude(gpt2: Any, tokenizer
 @pytest.mark.parametrize("method", ["attention_rollout", "attention_flow", "gradient_rollout"])
 def test_a_misspelt_option_is_refused_by_name(gpt2: Any, tokenizer: Any, method: str) -> None:
     model = inseq.load_model(gpt2, method, tokenizer=tokenizer)
-    with pytest.raises(ValueError, match=r"`residul`.*did you mean `residual`.*accepts: .*\bresidual\b"):
+    with pytest.raises(
+        ValueError, match=r"`residul`.*did you mean `residual`.*accepts: .*\bresidual\b"
+    ):
         model.attribute(PROMPT, GENERATED, show_progress=False, residul=0.3)
     with pytest.raises(ValueError, match=r"`layer`.*did you mean `layers`"):
         model.attribute(PROMPT, GENERATED, show_progress=False, attribution_args={"layer": 1})
