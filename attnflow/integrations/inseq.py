@@ -39,8 +39,9 @@ respect to every attention weight, and the GAE row of that position.
 Options go through ``attribute(...)`` keyword arguments (or its ``attribution_args``) and
 are passed to attnflow's function; :data:`OPTIONS` lists those each method takes, for
 decoder-only and for encoder-decoder models. Any other keyword is refused by name, with the
-list of accepted options, before inseq tokenises or generates anything: a misspelt option
-never silently falls back to its default.
+list of accepted options, before inseq tokenises or generates anything (an entry of
+``attribution_args``, which inseq hands on unread, when the first step runs): a misspelt
+option never silently falls back to its default.
 """
 
 from __future__ import annotations
