@@ -293,10 +293,16 @@ def test_gradient_rollout_takes_receptive_field_and_exclude(gpt2: Any, tokenizer
 @pytest.mark.parametrize("method", ["attention_rollout", "attention_flow", "gradient_rollout"])
 def test_a_misspelt_option_is_refused_by_name(gpt2: Any, tokenizer: Any, method: str) -> None:
     model = inseq.load_model(gpt2, method, tokenizer=tokenizer)
-    with pytest.raises(
-        ValueError, match=r"`residul`.*did you mean `residual`.*accepts: .*\bresidual\b"
-    ):
-        model.attribute(PROMPT, GENERATED, show_progress=False, residul=0.3)
+    calls = []
+    handle = gpt2.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(
+            ValueError, match=r"`residul`.*did you mean `residual`.*accepts: .*\bresidual\b"
+        ):  # generating 3 tokens would call the model
+            model.attribute(PROMPT, generation_args={"max_new_tokens": 3}, residul=0.3)
+    finally:
+        handle.remove()
+    assert calls == []  # refused before any work
     with pytest.raises(ValueError, match=r"`layer`.*did you mean `layers`"):
         model.attribute(PROMPT, GENERATED, show_progress=False, attribution_args={"layer": 1})
 
