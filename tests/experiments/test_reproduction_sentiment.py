@@ -197,7 +197,7 @@ def test_the_fine_tuned_model_is_saved_whole_or_not_at_all(
 
     calls: list[int] = []
 
-    def fine_tune(train: Any, *, seed: int, max_length: int, log_every: int) -> Any:
+    def fine_tune(train: Any, *, seed: int, max_length: int, log_every: int, progress: bool) -> Any:
         calls.append(seed)
         return SimpleNamespace(model=minilm, settings={}, seconds=0.0)
 
