@@ -133,6 +133,7 @@ def adapters_torch(session: nox.Session) -> None:
         "tests/adapters/test_explain_image.py",
         "tests/adapters/test_explain_cli_checks.py",
         "tests/experiments/test_sentiment_torch.py",
+        "tests/experiments/test_sentiment_training_progress.py",
         "tests/experiments/test_reproduction_sentiment.py",
     ]
     session.run("pytest", *tests, *session.posargs, env=env)
