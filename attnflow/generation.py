@@ -458,6 +458,12 @@ class GenerationExplanation:
         if not isinstance(meta, dict):
             msg = f"{file}: its 'meta' array is not a JSON object"
             raise ValueError(msg)  # noqa: TRY004 - a damaged file, as every load error
+        if meta.get("format") != _FORMAT:
+            msg = (
+                f"{file}: not an attnflow generation explanation (format "
+                f"{meta.get('format')!r}, expected {_FORMAT!r})"
+            )
+            raise ValueError(msg)
         meta["scores"] = {
             key.split("/", 1)[1]: values
             for key, values in arrays.items()
