@@ -35,7 +35,7 @@ from torch import nn
 
 import attnflow
 from attnflow._causal_cache import CausalRolloutCache
-from attnflow._validation import check_receptive_field, check_residual
+from attnflow._validation import check_receptive_field, check_residual, check_validate
 from attnflow.generation import GenerationExplanation
 
 from ._common import HEAD_REDUCTIONS
@@ -275,7 +275,7 @@ def explain_generation(
     chosen = _check_methods(methods)
     steps = _check_max_new_tokens(max_new_tokens)
     settings = _check_options(options, chosen, model)
-    generation = _check_generate_kwargs(generate_kwargs)
+    generation = _check_generate_kwargs(generate_kwargs, model)
     if "gradient_rollout" in chosen:
         _check_autograd(model)
     device = _device(model)
@@ -381,8 +381,16 @@ def _check_options(
             '("each" gives one map per head, not one row per generated token).'
         )
         raise ValueError(msg)
+    config = getattr(model, "config", None)
+    n_layers = getattr(config, "num_hidden_layers", None)
+    n_heads = getattr(config, "num_attention_heads", None)
+    if not isinstance(heads, str) and isinstance(n_layers, int) and isinstance(n_heads, int):
+        # Weights or a callable: tried on uniform rows of the model's shape, before it runs.
+        uniform = torch.ones(n_layers, n_heads, 1, 1, dtype=torch.float64)
+        attnflow.fuse_heads(uniform, heads=heads)
+    if "validate" in options:
+        check_validate(options["validate"])
     layers = options.get("layers", "last")
-    n_layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     if layers != "last":
         if isinstance(layers, bool) or not isinstance(layers, numbers.Integral):
             msg = (
@@ -435,7 +443,7 @@ def _check_exclude_range(exclude: Any, width: int) -> None:
         raise IndexError(msg)
 
 
-def _check_generate_kwargs(generate_kwargs: object) -> dict[str, Any]:
+def _check_generate_kwargs(generate_kwargs: object, model: nn.Module) -> dict[str, Any]:
     if generate_kwargs is None:
         return dict(_GREEDY)
     if not isinstance(generate_kwargs, Mapping) or not all(
@@ -453,7 +461,7 @@ def _check_generate_kwargs(generate_kwargs: object) -> dict[str, Any]:
                 "prompt, its mask and `max_new_tokens` itself."
             )
             raise ValueError(msg)
-    config = generate_kwargs.get("generation_config")
+    config = generate_kwargs.get("generation_config", getattr(model, "generation_config", None))
     for name in _ONE_SEQUENCE:
         value = generate_kwargs.get(name, getattr(config, name, 1))
         if value not in (None, 1):
@@ -549,7 +557,7 @@ class _StepFollower:
         rollout, raw = settings["rollout"], settings["raw"]
         shared = rollout if self.rollout else raw
         self.heads = shared.get("heads", "mean")
-        self.validate = bool(shared.get("validate", True))
+        self.validate = shared.get("validate", True) is not False
         self.layers = {"rollout": rollout.get("layers", "last"), "raw": raw.get("layers", "last")}
         self.exclude = _positions(rollout.get("exclude"))
         self.cache = CausalRolloutCache(

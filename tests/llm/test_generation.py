@@ -275,6 +275,8 @@ ERRORS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"layers": "all"}, ValueError, r"`layers` must be 'last' or an int"),
     ({"layers": 3}, IndexError, r"the model's 3 layers"),
     ({"residual": 1.5}, ValueError, r"`residual` must be in \[0, 1\]"),
+    ({"heads": [1.0, 2.0]}, ValueError, r"weights must have shape \(4,\) or \(3, 4\)"),
+    ({"validate": "yes"}, TypeError, r"`validate` must be True"),
     ({"exclude": -1}, ValueError, r"non-negative positions .* a different token in each row"),
     ({"exclude": 9}, IndexError, r"0 to 8 for this prompt and max_new_tokens"),
     ({"generate_kwargs": {"num_beams": 2}}, ValueError, r"num_beams=2: .* follows one sequence"),
@@ -293,6 +295,14 @@ def test_errors_before_any_work(untouched, options, error, message):
     settings = {"max_new_tokens": 5, **options}
     with pytest.raises(error, match=message):
         adapter.explain_generation(untouched, _Tokenizer(), "abcd", **settings)
+
+
+def test_the_models_own_beam_search_is_refused(untouched, monkeypatch):
+    monkeypatch.setattr(untouched.generation_config, "num_beams", 2)
+    with pytest.raises(ValueError, match=r"num_beams=2: .* follows one sequence"):
+        adapter.explain_generation(
+            untouched, _Tokenizer(), "abcd", max_new_tokens=2, generate_kwargs={}
+        )
 
 
 def test_prompt_errors(untouched):
