@@ -25,6 +25,7 @@ on the captured weights) gives on that token's prefix alone.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -35,7 +36,12 @@ from torch import nn
 
 import attnflow
 from attnflow._causal_cache import CausalRolloutCache
-from attnflow._validation import check_receptive_field, check_residual, check_validate
+from attnflow._validation import (
+    check_receptive_field,
+    check_residual,
+    check_validate,
+    stored_precision,
+)
 from attnflow.generation import GenerationExplanation
 
 from ._common import HEAD_REDUCTIONS
@@ -213,7 +219,8 @@ def explain_generation(
     Notes
     -----
     The rollout cache holds ``L`` lower-triangular ``(P + T) x (P + T)`` states in the
-    model's dtype (120 MB for 30 layers at 1,000 tokens in float32), and the prompt's
+    model's dtype, float32 for a half-precision model (120 MB for 30 layers at 1,000
+    tokens in float32), and the prompt's
     ``P x P`` block is rolled out with full matrix products, :math:`O(L P^3)`: fine for
     prompts of hundreds of tokens. Under capture attention is computed explicitly, which
     holds one step's ``L x H x q x k`` weights: the prompt's ``H x P x P`` per layer at the
@@ -623,10 +630,18 @@ class _StepFollower:
             )
             raise RuntimeError(msg)
         block = block[0, ..., q - new :, :].detach()
-        if per_head:
-            block = attnflow.fuse_heads(block, heads=self.heads, validate=self.validate)
-        if self.rollout:
-            self.cache.append(block)
+        precision: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if block.dtype in (torch.float16, torch.bfloat16):
+            # Products over every layer lose too much in half precision: roll out in
+            # float32, checking the rows against the precision they were computed in.
+            name = str(block.dtype).removeprefix("torch.")
+            precision = stored_precision(name, torch.finfo(block.dtype).eps)
+            block = block.float()
+        with precision:
+            if per_head:
+                block = attnflow.fuse_heads(block, heads=self.heads, validate=self.validate)
+            if self.rollout:
+                self.cache.append(block)
         if self.raw:
             layer = -1 if self.layers["raw"] == "last" else int(self.layers["raw"])
             self.raw_steps.append(block[layer, -1, :])

@@ -240,6 +240,26 @@ def test_random_llama_rows_equal_each_prefix(llama, case):
     assert explained.special.tolist() == [True] + [False] * 9  # BOS
 
 
+def test_half_precision_model_rolls_out_in_float32(llama):
+    model = llama["sdpa"]
+    full = adapter.explain_generation(
+        model, _Tokenizer(), "abcd", max_new_tokens=4, methods="rollout"
+    )
+    half = adapter.explain_generation(
+        model.to(torch.bfloat16),
+        _Tokenizer(),
+        "abcd",
+        max_new_tokens=4,
+        methods="rollout",
+        generate_kwargs={"do_sample": False, "min_new_tokens": 4},
+    )
+    model.to(torch.float64)
+    # bfloat16 rows are checked against bfloat16's rounding, not float32's, and rolled
+    # out in float32: within bfloat16's error of the float64 model's rows.
+    assert half.generated_ids.tolist() == full.generated_ids.tolist()
+    np.testing.assert_allclose(half.scores["rollout"], full.scores["rollout"], atol=3e-2)
+
+
 # -- errors, each before the model runs ----------------------------------------------------
 @pytest.fixture
 def untouched(llama, monkeypatch):
