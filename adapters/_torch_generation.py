@@ -16,8 +16,9 @@ token at the position that predicted it:
 - ``"gradient_rollout"`` (Chefer et al. 2021, GAE): the gradient of the generated token's
   logit at the predicting position with respect to every attention weight needs one
   backward pass per token, so it runs the prefix of each generated token once more with
-  autograd (:func:`attnflow.adapters.torch.attention_gradients`) and rolls it out with
-  :func:`attnflow.gradient_rollout`: ``T`` forward and backward passes.
+  autograd (:func:`attnflow.adapters.torch.explain` with the token as its vocabulary
+  target) and rolls it out with :func:`attnflow.gradient_rollout`: ``T`` forward and
+  backward passes.
 
 Each row equals what :func:`attnflow.adapters.torch.explain` (or :func:`attnflow.rollout`
 on the captured weights) gives on that token's prefix alone.
@@ -136,7 +137,7 @@ def explain_generation(
       generated token at the predicting position,
       :math:`\bar A_l = \operatorname{mean}_h((\nabla_{A_{l,h}} y \odot A_{l,h})^+)`,
       :math:`R \leftarrow R + \bar A_l R`; one forward and backward pass over each
-      token's prefix (:func:`attention_gradients`), ``T`` in all.
+      token's prefix (:func:`explain` with ``target`` the token), ``T`` in all.
 
     Each row equals what :func:`explain` gives on that token's prefix alone (rollout: the
     same as :func:`attnflow.rollout` on the prefix's captured weights, ``rows=-1``).
@@ -612,7 +613,8 @@ class _StepFollower:
         if not records:
             return  # nothing captured: capture raises when its block ends
         per_head = not isinstance(self.heads, str)
-        block = torch.stack(records, dim=-4 if per_head else -3)  # (B, L, [H,] q, k)
+        # (B, L, H, q, k); one head, already fused, when capture fuses a named `heads`.
+        block = torch.stack(records, dim=-4)
         if block.shape[0] != 1:
             msg = (
                 f"The model was called on {block.shape[0]} sequences at once (beam search, "
@@ -640,6 +642,8 @@ class _StepFollower:
         with precision:
             if per_head:
                 block = attnflow.fuse_heads(block, heads=self.heads, validate=self.validate)
+            else:
+                block = block[..., 0, :, :]
             if self.rollout:
                 self.cache.append(block)
         if self.raw:
@@ -675,28 +679,27 @@ def _gradient_rows(
     options: Mapping[str, Any],
     device: torch.device,
 ) -> np.ndarray:
-    """GAE rows: for each generated token, d logit / d A over its prefix, rolled out."""
-    from .torch import attention_gradients
+    """GAE rows: for each generated token, :func:`explain` on its prefix, its id the target.
+
+    ``explain(method="gradient_rollout", rows=-1, target=token)`` differentiates the
+    token's logit at the prefix's last position by every attention weight (one forward
+    and one backward pass) and rolls the weights and gradients out.
+    """
+    from .torch import explain
 
     n_generated = int(sequence.shape[0]) - n_prompt
     width = n_prompt + n_generated - 1
     rows = np.zeros((n_generated, width))
-    settings = dict(options)
-    layers = settings.pop("layers", "last")
     for index in range(n_generated):
         end = n_prompt + index
         prefix = sequence[:end][None].to(device)
-        token = int(sequence[end])
-
-        def logit(output: Any, token: int = token) -> torch.Tensor:
-            logits: torch.Tensor = output.logits if hasattr(output, "logits") else output
-            return logits[0, -1, token]
-
-        weights, gradients = attention_gradients(
+        row = explain(
             model,
             {"input_ids": prefix, "attention_mask": torch.ones_like(prefix)},
-            target=logit,
+            method="gradient_rollout",
+            rows=-1,
+            target=int(sequence[end]),
+            **options,
         )
-        row = attnflow.gradient_rollout(weights, gradients, rows=-1, layers=layers, **settings)
         rows[index, :end] = row[0].double().cpu().numpy()
     return rows

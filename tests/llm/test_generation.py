@@ -232,11 +232,16 @@ def test_random_llama_rows_equal_each_prefix(llama, case):
     reference = _reference(
         llama["eager"], ids, n_prompt, gradients="gradient_rollout" in methods, **options
     )
-    for method, key in (("rollout", "rollout"), ("raw", "raw"), ("gradient_rollout", "gae")):
+    # GAE goes through a backward pass: eager and SDPA order their sums differently, and
+    # the gradients carry that rounding (about 1e-10 here) into the rows.
+    checks = (
+        ("rollout", "rollout", 1e-10),
+        ("raw", "raw", 1e-10),
+        ("gradient_rollout", "gae", 1e-8),
+    )
+    for method, key, tol in checks:
         if method in methods:
-            np.testing.assert_allclose(
-                explained.scores[method], reference[key], rtol=1e-9, atol=1e-10
-            )
+            np.testing.assert_allclose(explained.scores[method], reference[key], rtol=0, atol=tol)
     assert explained.special.tolist() == [True] + [False] * 9  # BOS
 
 
