@@ -172,10 +172,11 @@ class GenerationExplanation:
                 raise ValueError(msg)
             check_finite(array, f"scores[{name!r}]")
             if array[beyond].any():
-                step = int(np.flatnonzero(array[beyond.any(axis=1)].any(axis=1))[0])
+                step = int(np.flatnonzero((np.where(beyond, array, 0.0) != 0).any(axis=1))[0])
                 msg = (
-                    f"`scores[{name!r}]` must be zero beyond each row's prefix: row t covers "
-                    f"the tokens before generated token t only; a row ({step}th) is not."
+                    f"`scores[{name!r}]` must be zero beyond each row's prefix (row t covers "
+                    f"the {self.prompt_length} + t tokens before generated token t); row "
+                    f"{step} has a score at position {self.prompt_length + step} or later."
                 )
                 raise ValueError(msg)
             self.scores[str(name)] = array

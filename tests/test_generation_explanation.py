@@ -205,7 +205,10 @@ def _rewrite(source: Path, target: Path, **changes: object) -> Path:
         ({"meta": "[1, 2]"}, r"'meta' array is not a JSON object"),
         ({"meta": None}, r"no 'meta' array"),
         ({"image": np.zeros(2)}, r"'image' of shape \(2,\): not part of a generation expl"),
-        ({"scores__rollout": np.ones((3, 5))}, r"must be zero beyond each row's prefix"),
+        (
+            {"scores__rollout": np.ones((3, 5))},
+            r"must be zero beyond each row.s prefix .*; row 0 has a score at position 3 or later",
+        ),
         ({"scores__rollout": np.zeros((2, 5))}, r"must have shape \(T, P \+ T - 1\) = \(3, 5\)"),
         ({"scores__rollout": np.zeros(5)}, r"scores must be a 2-d float array"),
         ({"scores__rollout": np.full((3, 5), np.nan)}, r"must be finite"),
