@@ -112,9 +112,7 @@ def main() -> None:
         steps = min(args.tokens)
         settings = {"do_sample": False, "min_new_tokens": steps}
         with torch.no_grad():
-            base = _measure(
-                lambda: model.generate(**encoded, max_new_tokens=steps, **settings)
-            )
+            base = _measure(lambda: model.generate(**encoded, max_new_tokens=steps, **settings))
         gae = _measure(
             lambda: explain_generation(
                 model,
