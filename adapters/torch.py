@@ -106,12 +106,14 @@ from ._common import (
     reject_heads,
 )
 from ._torch_contributions import BlockRecorder, find_blocks
+from ._torch_generation import explain_generation
 
 __all__ = [
     "Capture",
     "attention_gradients",
     "capture",
     "explain",
+    "explain_generation",
     "explain_image",
     "explain_text",
     "input_gradients",
