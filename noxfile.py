@@ -176,6 +176,10 @@ def adapters_llm(session: nox.Session) -> None:
         "ATTNFLOW_FORBID_SKIPS": "tests/llm",
     }
     session.run("pytest", "tests/llm", *session.posargs, env=env)
+    # Examples of the adapter's modules that --pyargs attnflow.adapters.torch does not reach.
+    session.run(
+        "pytest", "--doctest-modules", "--pyargs", "attnflow.adapters._torch_generation", env=env
+    )
 
 
 @nox.session
