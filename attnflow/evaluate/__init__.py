@@ -6,7 +6,9 @@ two independent importance scores of the input tokens, blank-out and input gradi
 metrics (ERASER comprehensiveness and sufficiency with AOPC, deletion and insertion curves
 for images), and runs all of it over whole datasets. Models are plain callables, so the
 package imports no deep-learning framework; the adapters build the callables for PyTorch,
-JAX and Keras models.
+JAX and Keras models. For causal LMs, prompts with a known source token (copying,
+key-value retrieval, stated facts) give ground truth: :func:`ground_truth` reports how
+often each method ranks the source first.
 """
 
 from __future__ import annotations
@@ -22,6 +24,21 @@ from ._erasure import (
     sufficiency,
 )
 from ._faithfulness import ModelFunctions, faithfulness, faithfulness_from_outputs
+from ._llm_ground_truth import (
+    GroundTruthReport,
+    competing_positions,
+    ground_truth,
+    max_attention,
+    source_ranks,
+)
+from ._llm_tasks import (
+    TaskItem,
+    TaskTokens,
+    copying_task,
+    locate_source,
+    retrieval_task,
+    stated_facts_task,
+)
 from ._report import FaithfulnessReport
 from ._store import EvaluationFolderError
 
@@ -29,14 +46,25 @@ __all__ = [
     "ERASER_FRACTIONS",
     "EvaluationFolderError",
     "FaithfulnessReport",
+    "GroundTruthReport",
     "ModelFunctions",
     "PerturbationCurve",
+    "TaskItem",
+    "TaskTokens",
     "blank_out",
+    "competing_positions",
     "comprehensiveness",
+    "copying_task",
     "deletion",
     "faithfulness",
     "faithfulness_from_outputs",
+    "ground_truth",
     "insertion",
+    "locate_source",
+    "max_attention",
     "rank_correlation",
+    "retrieval_task",
+    "source_ranks",
+    "stated_facts_task",
     "sufficiency",
 ]

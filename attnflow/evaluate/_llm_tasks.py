@@ -1,0 +1,411 @@
+r"""Prompts whose answer has a known source token: ground truth for causal LMs.
+
+Three task families where the prompt token that determines the next word is known by
+construction (issue 21, item 7):
+
+- :func:`copying_task`: a list of distinct words, then the start of its repetition; the
+  next word's source is its earlier occurrence ("List: apple, river, stone. Again: apple,"
+  -> " river").
+- :func:`retrieval_task`: key-value pairs, then one key again; the source is that key's
+  value ("red: apple, blue: river, green: stone. blue:" -> " river").
+- :func:`stated_facts_task`: facts about people, then a question about one of them; the
+  source is that person's object ("Anna lives in Paris. Tom lives in Rome. Where does Anna
+  live? Anna lives in" -> " Paris").
+
+Every answer appears exactly once in its prompt, as a whole word preceded by a space.
+Items are plain strings with the character span of the source; :func:`locate_source`
+turns an item into token ids, the answer's first token id and the source's token position
+using any tokenizer's ids and character offsets. Everything here is pure Python and NumPy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "TaskItem",
+    "TaskTokens",
+    "copying_task",
+    "locate_source",
+    "retrieval_task",
+    "stated_facts_task",
+]
+
+# Common English words, each one token with a leading space for GPT-2-style BPE
+# vocabularies such as SmolLM2's (checked in tests/llm/test_llm_ground_truth.py).
+NOUNS = (
+    "apple", "river", "stone", "cloud", "horse", "bread", "chair", "table", "window",
+    "garden", "paper", "music", "water", "money", "light", "night", "house", "phone",
+    "street", "glass", "sugar", "train", "plant", "shirt", "mouse", "heart", "beach",
+    "bottle", "forest", "island", "letter", "market", "pencil", "rabbit", "school",
+    "silver", "summer", "winter", "doctor", "camera", "coffee", "dinner", "engine",
+    "flower", "guitar", "hammer", "jacket", "kitchen", "ladder", "mirror",
+)  # fmt: skip
+KEYS = (
+    "red", "blue", "green", "black", "white", "brown", "pink", "gold", "north",
+    "south", "east", "west", "left", "right", "first", "last",
+)  # fmt: skip
+NAMES = (
+    "Anna", "Tom", "Maria", "John", "Sarah", "David", "Emma", "James", "Laura", "Peter",
+    "Lucy", "Mark", "Alice", "Paul", "Kate", "Sam",
+)  # fmt: skip
+CITIES = (
+    "Paris", "Rome", "London", "Berlin", "Madrid", "Tokyo", "Boston", "Vienna", "Dublin",
+    "Chicago", "Moscow", "Sydney", "Toronto", "Denver", "Seattle", "Cairo",
+)  # fmt: skip
+JOBS = (
+    "doctor", "teacher", "lawyer", "farmer", "pilot", "writer", "nurse", "singer",
+    "painter", "baker", "driver", "judge", "chef", "dancer",
+)  # fmt: skip
+ANIMALS = (
+    "dog", "cat", "horse", "rabbit", "snake", "parrot", "tiger", "mouse", "goat", "duck",
+    "sheep", "fish", "turtle", "pig",
+)  # fmt: skip
+RELATIONS = (
+    ("lives in", CITIES, "Where does {} live?"),
+    ("works as a", JOBS, "What is {}'s job?"),
+    ("has a pet", ANIMALS, "What pet does {} have?"),
+)
+
+
+@dataclass(frozen=True)
+class TaskItem:
+    """One prompt whose next word is known, with the character span of its source.
+
+    Parameters
+    ----------
+    prompt : str
+        The text given to the model.
+    answer : str
+        The correct continuation, with its leading space (e.g. ``" river"``).
+    source : tuple of int
+        ``(start, stop)``: the characters of `prompt` that hold the earlier occurrence of
+        the answer word (without the space), ``prompt[start:stop] == answer.strip()``.
+    task : str
+        The task family: ``"copying"``, ``"retrieval"`` or ``"stated_facts"``.
+    """
+
+    prompt: str
+    answer: str
+    source: tuple[int, int]
+    task: str
+
+
+@dataclass(frozen=True)
+class TaskTokens:
+    """A :class:`TaskItem` tokenized: what an evaluation needs.
+
+    Parameters
+    ----------
+    ids : ndarray of int64, shape (n,)
+        The prompt's token ids, as the tokenizer returns them (special tokens included).
+    answer_id : int
+        The first token of the answer, tokenized in context (``prompt + answer``).
+    source : int
+        The position in `ids` of the answer's earlier occurrence: the token whose
+        character span holds the first character of the source word; its id is
+        `answer_id`, and no other prompt token has that id.
+    item : TaskItem
+        The item it comes from.
+    """
+
+    ids: np.ndarray
+    answer_id: int
+    source: int
+    item: TaskItem
+
+
+def _check_count(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        msg = f"`{name}` must be an int; got {type(value).__name__} {value!r}."
+        raise TypeError(msg)
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        msg = f"`{name}` must be {bound}; got {value}."
+        raise ValueError(msg)
+    return int(value)
+
+
+def _rng(seed: object) -> np.random.Generator:
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        msg = f"`seed` must be a non-negative int (items are deterministic per seed); got {seed!r}."
+        raise TypeError(msg) if not isinstance(seed, int | np.integer) else ValueError(msg)
+    return np.random.default_rng(int(seed))
+
+
+class _Builder:
+    """Appends text pieces and remembers the span of one of them."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.length = 0
+        self.span: tuple[int, int] | None = None
+
+    def add(self, text: str, *, mark: bool = False) -> None:
+        if mark:
+            self.span = (self.length, self.length + len(text))
+        self.parts.append(text)
+        self.length += len(text)
+
+    def item(self, answer: str, task: str) -> TaskItem:
+        prompt = "".join(self.parts)
+        assert self.span is not None
+        assert prompt[self.span[0] : self.span[1]] == answer.strip()
+        return TaskItem(prompt=prompt, answer=answer, source=self.span, task=task)
+
+
+def copying_task(count: int, /, *, seed: int = 0, words: int = 12) -> list[TaskItem]:
+    """In-context copying: a list of words, then the start of its repetition.
+
+    ``"List: w1, w2, ..., wm. Again: w1, ..., wk,"`` with answer ``" w(k+1)"``, whose
+    source is the word ``w(k+1)`` of the first list. The `words` distinct words are drawn
+    from a fixed list of common nouns; ``k`` is uniform in ``2 .. words - 2``.
+
+    Parameters
+    ----------
+    count : int
+        Number of items (>= 0).
+    seed : int, default 0
+        Seed of the generator: the same seed gives the same items.
+    words : int, default 12
+        Length of the list, 4 to 50.
+
+    Returns
+    -------
+    list of TaskItem
+
+    See Also
+    --------
+    retrieval_task, stated_facts_task, locate_source
+
+    Examples
+    --------
+    >>> from attnflow.evaluate import copying_task
+    >>> item = copying_task(1, seed=0, words=4)[0]
+    >>> item.prompt, item.answer
+    ('List: money, heart, camera, letter. Again: money, heart,', ' camera')
+    >>> item.prompt[slice(*item.source)]
+    'camera'
+    """
+    count = _check_count("count", count, 0)
+    words = _check_count("words", words, 4, len(NOUNS))
+    rng = _rng(seed)
+    items = []
+    for _ in range(count):
+        chosen = [NOUNS[i] for i in rng.choice(len(NOUNS), size=words, replace=False)]
+        repeated = int(rng.integers(2, words - 1))
+        text = _Builder()
+        text.add("List:")
+        for i, word in enumerate(chosen):
+            text.add(" ")
+            text.add(word, mark=i == repeated)
+            text.add("," if i < words - 1 else ".")
+        text.add(" Again:")
+        for word in chosen[:repeated]:
+            text.add(f" {word},")
+        items.append(text.item(" " + chosen[repeated], "copying"))
+    return items
+
+
+def retrieval_task(count: int, /, *, seed: int = 0, pairs: int = 7) -> list[TaskItem]:
+    """Key-value retrieval: pairs ``key: value``, then one key again.
+
+    ``"red: apple, blue: river, ..., gold: stone. blue:"`` with answer ``" river"``, whose
+    source is the value of that key in the list. Keys (colours, directions) and values
+    (nouns) are distinct within an item; the queried pair is uniform among the pairs.
+
+    Parameters
+    ----------
+    count : int
+        Number of items (>= 0).
+    seed : int, default 0
+        Seed of the generator.
+    pairs : int, default 7
+        Number of key-value pairs, 2 to 16.
+
+    Returns
+    -------
+    list of TaskItem
+
+    Examples
+    --------
+    >>> from attnflow.evaluate import retrieval_task
+    >>> item = retrieval_task(1, seed=0, pairs=3)[0]
+    >>> item.prompt, item.answer
+    ('south: apple, north: cloud, west: river. north:', ' cloud')
+    """
+    count = _check_count("count", count, 0)
+    pairs = _check_count("pairs", pairs, 2, len(KEYS))
+    rng = _rng(seed)
+    items = []
+    for _ in range(count):
+        keys = [KEYS[i] for i in rng.choice(len(KEYS), size=pairs, replace=False)]
+        values = [NOUNS[i] for i in rng.choice(len(NOUNS), size=pairs, replace=False)]
+        asked = int(rng.integers(0, pairs))
+        text = _Builder()
+        for i, (key, value) in enumerate(zip(keys, values, strict=True)):
+            text.add(("" if i == 0 else " ") + f"{key}: ")
+            text.add(value, mark=i == asked)
+            text.add("," if i < pairs - 1 else ".")
+        text.add(f" {keys[asked]}:")
+        items.append(text.item(" " + values[asked], "retrieval"))
+    return items
+
+
+def stated_facts_task(count: int, /, *, seed: int = 0, facts: int = 3) -> list[TaskItem]:
+    """Facts stated in the prompt, then a question about one of them.
+
+    ``"Anna lives in Paris. Tom lives in Rome. Where does Anna live? Anna lives in"`` with
+    answer ``" Paris"``. Each item uses one relation (``lives in`` a city, ``works as a``
+    job, ``has a pet`` animal), `facts` distinct people with distinct objects, and asks
+    about one of them; the answer's source is that person's object in the prompt. (The
+    question before the answer helps small models: SmolLM2-135M answers the bare
+    ``"... Anna lives in"`` form with a frequent city.)
+
+    Parameters
+    ----------
+    count : int
+        Number of items (>= 0).
+    seed : int, default 0
+        Seed of the generator.
+    facts : int, default 3
+        Number of stated facts, 2 to 14.
+
+    Returns
+    -------
+    list of TaskItem
+
+    Examples
+    --------
+    >>> from attnflow.evaluate import stated_facts_task
+    >>> item = stated_facts_task(1, seed=1, facts=2)[0]
+    >>> item.prompt, item.answer
+    ("James works as a doctor. Alice works as a lawyer. What is Alice's job? Alice works as a", ' lawyer')
+    """
+    count = _check_count("count", count, 0)
+    facts = _check_count("facts", facts, 2, min(len(NAMES), *(len(r[1]) for r in RELATIONS)))
+    rng = _rng(seed)
+    items = []
+    for _ in range(count):
+        relation, objects, question = RELATIONS[int(rng.integers(0, len(RELATIONS)))]
+        people = [NAMES[i] for i in rng.choice(len(NAMES), size=facts, replace=False)]
+        things = [objects[i] for i in rng.choice(len(objects), size=facts, replace=False)]
+        asked = int(rng.integers(0, facts))
+        text = _Builder()
+        for i, (person, thing) in enumerate(zip(people, things, strict=True)):
+            text.add(("" if i == 0 else " ") + f"{person} {relation} ")
+            text.add(thing, mark=i == asked)
+            text.add(".")
+        text.add(" " + question.format(people[asked]) + f" {people[asked]} {relation}")
+        items.append(text.item(" " + things[asked], "stated_facts"))
+    return items
+
+
+Tokenize = Callable[[str], tuple[Sequence[int], Sequence[tuple[int, int]]]]
+
+
+def locate_source(item: TaskItem, tokenize: Tokenize, /) -> TaskTokens:
+    """Tokenize an item and find the answer's first token and its source position.
+
+    The answer token is read in context: ``prompt + answer`` is tokenized, its first
+    tokens must be the prompt's tokens, and the next one is the answer's first token. The
+    source position is the prompt token whose character span ``[start, stop)`` holds the
+    first character of the source word (a leading-space token such as ``" apple"``
+    spans the space too). Both are checked: the source token must have the answer's id,
+    and no other prompt token may have it, so that the source is unambiguous.
+
+    Parameters
+    ----------
+    item : TaskItem
+        From :func:`copying_task`, :func:`retrieval_task` or :func:`stated_facts_task`.
+    tokenize : callable
+        ``tokenize(text) -> (ids, offsets)``: the token ids and each token's character
+        span ``(start, stop)`` in `text`, as a Hugging Face tokenizer gives with
+        ``return_offsets_mapping=True`` (special tokens get an empty span).
+
+    Returns
+    -------
+    TaskTokens
+
+    Raises
+    ------
+    ValueError
+        If the tokenization of ``prompt + answer`` does not start with the prompt's, or
+        the source token is not the answer's first token, or that token occurs more than
+        once in the prompt.
+
+    Examples
+    --------
+    A whitespace tokenizer whose tokens carry their leading space, as BPE vocabularies do:
+
+    >>> import re
+    >>> from attnflow.evaluate import copying_task, locate_source
+    >>> vocabulary = {}
+    >>> def tokenize(text):
+    ...     spans = [m.span() for m in re.finditer(r" ?[^ ,.:]+|[,.:]", text)]
+    ...     ids = [vocabulary.setdefault(text[a:b], len(vocabulary)) for a, b in spans]
+    ...     return ids, spans
+    >>> located = locate_source(copying_task(1, seed=0, words=4)[0], tokenize)
+    >>> located.source, located.answer_id == int(located.ids[located.source])
+    (6, True)
+    """
+    given: object = item
+    if not isinstance(given, TaskItem):
+        msg = f"`item` must be a TaskItem (from copying_task & co.); got {type(given).__name__}."
+        raise TypeError(msg)
+    function: object = tokenize
+    if not callable(function):
+        msg = f"`tokenize` must be callable: text -> (ids, offsets); got {type(function).__name__}."
+        raise TypeError(msg)
+    ids, offsets = _tokenized(tokenize, item.prompt)
+    full_ids, _ = _tokenized(tokenize, item.prompt + item.answer)
+    n = len(ids)
+    if len(full_ids) <= n or list(full_ids[:n]) != list(ids):
+        msg = (
+            f"the tokens of prompt + answer must start with the prompt's tokens, so that the "
+            f"answer's first token is the next token; they do not for {item.prompt!r} + "
+            f"{item.answer!r}. Use a tokenizer that splits at the space before a word."
+        )
+        raise ValueError(msg)
+    answer_id = int(full_ids[n])
+    start = item.source[0]
+    source = [i for i, (a, b) in enumerate(offsets) if a <= start < b]
+    if len(source) != 1 or int(ids[source[0]]) != answer_id:
+        msg = (
+            f"the source word {item.prompt[slice(*item.source)]!r} of {item.prompt!r} must be "
+            f"one token equal to the answer's first token (id {answer_id}); the tokens at "
+            f"character {start} are {[int(ids[i]) for i in source]}."
+        )
+        raise ValueError(msg)
+    occurrences = int(np.count_nonzero(np.asarray(ids) == answer_id))
+    if occurrences != 1:
+        msg = (
+            f"the answer's first token (id {answer_id}) occurs {occurrences} times in "
+            f"{item.prompt!r}: the source is ambiguous."
+        )
+        raise ValueError(msg)
+    return TaskTokens(
+        ids=np.asarray(ids, dtype=np.int64), answer_id=answer_id, source=source[0], item=item
+    )
+
+
+def _tokenized(tokenize: Tokenize, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    result: Any = tokenize(text)
+    try:
+        ids, offsets = result
+        ids = [int(i) for i in ids]
+        offsets = [(int(a), int(b)) for a, b in offsets]
+    except (TypeError, ValueError):
+        msg = (
+            "`tokenize(text)` must return (ids, offsets): a sequence of token ids and one "
+            f"(start, stop) character span per token; got {type(result).__name__}."
+        )
+        raise TypeError(msg) from None
+    if len(ids) != len(offsets):
+        msg = f"`tokenize(text)` returned {len(ids)} ids but {len(offsets)} offsets."
+        raise ValueError(msg)
+    return ids, offsets

@@ -1,0 +1,113 @@
+"""Ground truth on SmolLM2: the pipeline of attnflow.evaluate.ground_truth end to end.
+
+Four copying items; the ranks that ``ground_truth`` reports (through the torch helper, which
+captures under SDPA) are recomputed independently from the eager model's
+``output_attentions`` (and their autograd gradients), ranked by a sort.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import attnflow
+from attnflow.evaluate import _llm_tasks as tasks
+from attnflow.evaluate import (
+    copying_task,
+    ground_truth,
+    locate_source,
+    retrieval_task,
+    stated_facts_task,
+)
+
+torch = pytest.importorskip("torch")
+
+
+def tokenizer_function(tokenizer):
+    def tokenize(text):
+        encoded = tokenizer(text, return_offsets_mapping=True)
+        return encoded["input_ids"], encoded["offset_mapping"]
+
+    return tokenize
+
+
+def sorted_rank(scores: np.ndarray, source: int) -> int:
+    """1 + the competitors (all but the first and last positions) scoring at least the source."""
+    competitors = [j for j in range(1, len(scores) - 1) if j != source]
+    return 1 + sum(scores[j] >= scores[source] for j in competitors)
+
+
+def test_every_task_word_is_one_leading_space_token(smollm2):
+    _, tokenizer = smollm2
+    words = [*tasks.NOUNS, *tasks.KEYS, *tasks.NAMES, *tasks.CITIES, *tasks.JOBS, *tasks.ANIMALS]
+    assert [w for w in words if len(tokenizer(" " + w)["input_ids"]) != 1] == []
+    tokenize = tokenizer_function(tokenizer)
+    for generate in (copying_task, retrieval_task, stated_facts_task):
+        for item in generate(5, seed=7):
+            located = locate_source(item, tokenize)
+            assert tokenizer.decode([located.answer_id]) == item.answer
+            assert tokenizer.decode([int(located.ids[located.source])]) == item.answer
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: several times faster than two on a shared, loaded machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_ground_truth_ranks_equal_an_independent_computation(smollm2):
+    from attnflow.adapters._torch_llm import ground_truth_methods, next_token_log_probabilities
+
+    models, tokenizer = smollm2
+    tokenize = tokenizer_function(tokenizer)
+    items = [locate_source(item, tokenize) for item in copying_task(4, seed=11)]
+    methods = ground_truth_methods(models["sdpa"], methods=("rollout", "gradient rollout"))
+    replacement = tokenizer(" the")["input_ids"][0]
+    report = ground_truth(
+        items,
+        methods,
+        next_token_log_probabilities(models["sdpa"]),
+        replacement=replacement,
+        fractions=(0.01,),
+        erase=("rollout",),
+    )
+    eager = models["eager"]
+    for index, item in enumerate(items):
+        ids = torch.as_tensor(item.ids[None])
+        output = eager(ids, output_attentions=True)
+        logits = output.logits[0, -1].double()
+        assert bool(report.correct[index]) == (int(logits.argmax()) == item.answer_id)
+        weights = torch.stack(output.attentions, dim=1)  # (1, L, H, n, n)
+        gradients = torch.autograd.grad(
+            output.logits[0, -1, item.answer_id], list(output.attentions)
+        )
+        weights64 = weights.detach().double()[0].numpy()
+        grads64 = torch.stack(gradients, dim=1).double()[0].numpy()
+        rolled = np.asarray(attnflow.rollout(weights64, rows=-1, layers="all"))
+        gae = np.asarray(attnflow.gradient_rollout(weights64, grads64, rows=-1, layers="all"))
+        expected = {
+            "rollout": [sorted_rank(row, item.source) for row in rolled],
+            "gradient rollout": [sorted_rank(row, item.source) for row in gae],
+        }
+        for name, ranks in expected.items():
+            # Float noise between SDPA capture and eager weights may swap near-ties only.
+            got = report.ranks[name][index]
+            assert np.mean(got == np.array(ranks)) >= 0.9, (name, got, ranks)
+            assert got[-1] == ranks[-1]
+        # Comprehensiveness at 1 %: the top competing token of the top rollout layer, replaced.
+        top = 1 + int(np.argmax(rolled[-1][1:-1]))
+        erased = ids.clone()
+        erased[0, top] = replacement
+        with torch.no_grad():
+            before = torch.log_softmax(eager(ids).logits[0, -1].double(), -1)[item.answer_id]
+            after = torch.log_softmax(eager(erased).logits[0, -1].double(), -1)[item.answer_id]
+        np.testing.assert_allclose(
+            report.comprehensiveness["rollout"][index, 0], float(before - after), atol=1e-3
+        )
+    # The copying task is easy for SmolLM2, and gradient rollout finds the copied word.
+    assert report.accuracy >= 0.75
+    assert report.hit_rate("gradient rollout") >= 0.75

@@ -1,0 +1,268 @@
+"""Ground truth for causal LMs: task generators, source location, ranks (NumPy, no model)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from attnflow.evaluate import (
+    TaskItem,
+    TaskTokens,
+    competing_positions,
+    copying_task,
+    ground_truth,
+    locate_source,
+    max_attention,
+    retrieval_task,
+    source_ranks,
+    stated_facts_task,
+)
+
+GENERATORS = [copying_task, retrieval_task, stated_facts_task]
+
+
+def word_tokenizer(space_in_token: bool = True):
+    """Words with their leading space (BPE style), punctuation alone; one id per string."""
+    vocabulary: dict[str, int] = {}
+    pattern = r" ?[^ ,.:?]+|[,.:?]" if space_in_token else r"[^ ,.:?]+|[,.:?]"
+
+    def tokenize(text: str):
+        spans = [m.span() for m in re.finditer(pattern, text)]
+        ids = [vocabulary.setdefault(text[a:b].strip(), len(vocabulary)) for a, b in spans]
+        return ids, spans
+
+    return tokenize
+
+
+@pytest.mark.parametrize("generate", GENERATORS)
+def test_items_are_deterministic_and_the_source_is_the_only_occurrence(generate):
+    items = generate(12, seed=3)
+    assert items == generate(12, seed=3)
+    assert items != generate(12, seed=4)
+    for item in items:
+        word = item.answer.strip()
+        assert item.answer == " " + word
+        assert item.prompt[slice(*item.source)] == word
+        # The answer is a whole word of the prompt exactly once: at the source.
+        starts = [m.start() for m in re.finditer(rf"(?<![A-Za-z]){word}(?![A-Za-z])", item.prompt)]
+        assert starts == [item.source[0]]
+        assert item.prompt[item.source[0] - 1] == " "
+
+
+def test_copying_repeats_the_list_up_to_the_answer():
+    for item in copying_task(20, seed=0, words=6):
+        listed, again = item.prompt.removeprefix("List: ").split(". Again: ")
+        words = listed.split(", ")
+        repeated = again.rstrip(",").split(", ")
+        assert len(words) == 6
+        assert words[: len(repeated)] == repeated
+        assert words[len(repeated)] == item.answer.strip()
+
+
+def test_retrieval_asks_for_a_stated_key():
+    for item in retrieval_task(20, seed=0, pairs=5):
+        pairs, key = item.prompt.rsplit(". ", 1)
+        table = dict(pair.split(": ") for pair in pairs.split(", "))
+        assert len(table) == 5
+        assert table[key.removesuffix(":")] == item.answer.strip()
+
+
+def test_stated_facts_ask_about_a_stated_person():
+    for item in stated_facts_task(20, seed=0, facts=4):
+        person = item.prompt.rsplit("? ", 1)[1].split(" ")[0]
+        fact = re.search(rf"{person} (lives in|works as a|has a pet) (\w+)\.", item.prompt)
+        assert fact is not None
+        assert fact.group(2) == item.answer.strip()
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (lambda: copying_task(-1), ValueError),
+        (lambda: copying_task(2.0), TypeError),
+        (lambda: copying_task(1, words=3), ValueError),
+        (lambda: retrieval_task(1, pairs=17), ValueError),
+        (lambda: stated_facts_task(1, facts=1), ValueError),
+        (lambda: stated_facts_task(1, seed=-1), ValueError),
+    ],
+)
+def test_bad_arguments_are_refused(call, error):
+    with pytest.raises(error):
+        call()
+
+
+@pytest.mark.parametrize("space_in_token", [True, False])
+@pytest.mark.parametrize("generate", GENERATORS)
+def test_locate_source_finds_the_answer_token(generate, space_in_token):
+    tokenize = word_tokenizer(space_in_token)
+    for item in generate(10, seed=1):
+        located = locate_source(item, tokenize)
+        ids, spans = tokenize(item.prompt)
+        assert located.ids.tolist() == ids
+        a, b = spans[located.source]
+        assert item.prompt[a:b].strip() == item.answer.strip()
+        assert located.answer_id == tokenize(item.prompt + item.answer)[0][len(ids)]
+        assert 0 < located.source < len(ids) - 1
+
+
+def test_locate_source_refuses_an_ambiguous_or_misaligned_source():
+    tokenize = word_tokenizer()
+    twice = TaskItem("List: a, b, a, b. Again: a,", " b", (9, 10), "copying")
+    with pytest.raises(ValueError, match="occurs 2 times"):
+        locate_source(twice, tokenize)
+    wrong = TaskItem("List: a, b, c. Again: a,", " b", (6, 7), "copying")  # points at "a"
+    with pytest.raises(ValueError, match="source word 'a'"):
+        locate_source(wrong, tokenize)
+
+    def merging(text: str):  # merges across the prompt/answer boundary
+        ids, spans = tokenize(text)
+        return (
+            ([*ids[:-2], 99], [*spans[:-2], (spans[-2][0], spans[-1][1])])
+            if len(ids) > 9
+            else (ids, spans)
+        )
+
+    with pytest.raises(ValueError, match="must start with the prompt's tokens"):
+        locate_source(copying_task(1, words=4)[0], merging)
+    with pytest.raises(TypeError, match="tokenize"):
+        locate_source(copying_task(1)[0], lambda text: 3)
+
+
+def oracle_rank(scores: np.ndarray, source: int) -> int:
+    """Position of the source in a sort of the competitors, ties against the source."""
+    n = scores.shape[0]
+    competitors = list(range(1, n - 1))
+    order = sorted(competitors, key=lambda j: (-scores[j], j != source))
+    return (
+        1
+        + sum(1 for j in order[: order.index(source)] if True)
+        + sum(1 for j in order[order.index(source) + 1 :] if scores[j] == scores[source])
+    )
+
+
+def test_source_ranks_match_an_oracle_with_ties():
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 4, size=(50, 3, 9)).astype(np.float64)  # many ties
+    sources = rng.integers(1, 8, size=50)
+    ranks = source_ranks(scores, sources)
+    assert ranks.shape == (50, 3)
+    for b in range(50):
+        for k in range(3):
+            assert ranks[b, k] == oracle_rank(scores[b, k], int(sources[b]))
+    # A constant score never ranks the source first; the first and last never compete.
+    assert source_ranks(np.ones((1, 6)), [2])[0] == 4
+    assert source_ranks(np.array([[9.0, 0.1, 0.5, 0.2, 9.0]]), [2])[0] == 1
+
+
+def test_source_ranks_refuse_bad_sources():
+    with pytest.raises(ValueError, match="competing positions"):
+        source_ranks(np.ones((1, 5)), [0])
+    with pytest.raises(ValueError, match="competing positions"):
+        source_ranks(np.ones((1, 5)), [4])
+    with pytest.raises(ValueError, match="one int position per item"):
+        source_ranks(np.ones((2, 5)), [1])
+    with pytest.raises(ValueError, match="NaN"):
+        source_ranks(np.full((1, 5), np.nan), [1])
+
+
+def test_competing_positions():
+    assert competing_positions(4).tolist() == [False, True, True, False]
+    assert competing_positions(5, explained=2).tolist() == [False, True, False, True, True]
+    with pytest.raises(ValueError, match="an int >= 3"):
+        competing_positions(2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_attention_is_the_max_over_layers_and_heads(dtype):
+    rng = np.random.default_rng(1)
+    weights = rng.random((2, 3, 4, 6, 6)).astype(dtype)
+    got = max_attention(weights, rows=-2)
+    expected = np.zeros((2, 6), dtype=dtype)
+    for b in range(2):
+        for j in range(6):
+            expected[b, j] = max(weights[b, l, h, 4, j] for l in range(3) for h in range(4))
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, expected)
+    with pytest.raises(IndexError):
+        max_attention(weights, rows=6)
+    with pytest.raises(ValueError, match="layers, heads, n, n"):
+        max_attention(weights[0, 0])
+
+
+def test_max_attention_array_api_strict():
+    xp = pytest.importorskip("array_api_strict")
+    weights = np.random.default_rng(2).random((2, 2, 4, 4))
+    got = max_attention(xp.asarray(weights))
+    np.testing.assert_allclose(np.asarray(got), weights[:, :, -1].max(axis=(0, 1)))
+
+
+def induction_log_probabilities(ids: np.ndarray) -> np.ndarray:
+    """A toy LM: predicts the token after the last earlier occurrence of the last token."""
+    out = np.full((len(ids), 12), np.log(0.01 / 11))
+    for b, row in enumerate(np.asarray(ids)):
+        earlier = np.flatnonzero(row[:-1] == row[-1])
+        out[b, row[earlier[-1] + 1] if earlier.size else 0] = np.log(0.99)
+    return out
+
+
+def test_ground_truth_end_to_end_on_a_toy_model():
+    item = TaskItem("x", " y", (0, 1), "copying")  # text unused by ground_truth
+    tokens = [
+        TaskTokens(np.array([11, 1, 2, 3, 4, 1, 2]), 3, 3, item),  # correct
+        TaskTokens(np.array([11, 5, 6, 7, 5, 6]), 8, 3, item),  # wrong: predicts 7
+    ]
+
+    def pointer(t: TaskTokens) -> np.ndarray:
+        ids = t.ids
+        scores = np.linspace(0.1, 0.2, len(ids))
+        scores[np.flatnonzero(ids[:-1] == ids[-1])[-1] + 1] = 1.0
+        return np.stack([np.linspace(0.2, 0.1, len(ids)), scores])  # two "layers"
+
+    def first(t: TaskTokens) -> np.ndarray:
+        return np.linspace(1.0, 0.0, len(t.ids))
+
+    report = ground_truth(
+        tokens, {"pointer": pointer, "first": first}, induction_log_probabilities, replacement=0
+    )
+    assert report.correct.tolist() == [True, False]
+    assert report.accuracy == 0.5
+    assert report.ranks["pointer"].tolist() == [[3, 1], [3, 1]]
+    assert report.hit_rate("pointer") == 1.0
+    assert report.hit_rate("pointer", layer=0) == 0.0
+    assert report.mean_rank("first") == 3.0  # positions 1, 2 outrank the source 3
+    assert report.best_layer("pointer") == 1
+    # Comprehensiveness at 1 % removes the top competing token: the source, by hand.
+    removed = tokens[0].ids.copy()
+    removed[3] = 0
+    drop = (
+        induction_log_probabilities(tokens[0].ids[None])[0, 3]
+        - (induction_log_probabilities(removed[None])[0, 3])
+    )
+    np.testing.assert_allclose(report.comprehensiveness["pointer"][0, 0], drop, rtol=1e-9)
+    # Sufficiency at 50 % of 5 competitors keeps the top 3 of the top layer (the source 3,
+    # then 5 and 4) and replaces 1 and 2, which the toy model needs.
+    kept = tokens[0].ids.copy()
+    kept[[1, 2]] = 0
+    drop = (
+        induction_log_probabilities(tokens[0].ids[None])[0, 3]
+        - (induction_log_probabilities(kept[None])[0, 3])
+    )
+    assert drop > 1
+    np.testing.assert_allclose(report.sufficiency["pointer"][0, -1], drop, rtol=1e-9)
+    assert "| pointer | 1.00 | 1.0 | 1: 1.00 (1.0) |" in report.to_markdown()
+
+
+def test_ground_truth_refuses_bad_arguments():
+    item = TaskTokens(np.array([11, 1, 2, 1]), 2, 2, TaskItem("x", " y", (0, 1), "copying"))
+    with pytest.raises(TypeError, match="`items`"):
+        ground_truth([1], {"a": lambda t: t.ids}, induction_log_probabilities)
+    with pytest.raises(TypeError, match="`methods`"):
+        ground_truth([item], {}, induction_log_probabilities)
+    with pytest.raises(ValueError, match="shape"):
+        ground_truth([item], {"a": lambda t: np.ones(3)}, induction_log_probabilities)
+    with pytest.raises(TypeError, match="`replacement`"):
+        ground_truth(
+            [item], {"a": lambda t: np.ones(4)}, induction_log_probabilities, replacement=1.5
+        )
