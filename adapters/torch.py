@@ -1026,6 +1026,7 @@ def explain(
     method: Method = "rollout",
     rows: int | Sequence[int] | None = 0,
     target: int | Sequence[int] | torch.Tensor | None = None,
+    blockwise: bool | None = None,
     **options: Any,
 ) -> torch.Tensor:
     """Capture a model's attention on `inputs` and return rollout, flow, GAE or value-aware maps.
@@ -1065,6 +1066,17 @@ def explain(
         ``"gradient_rollout"`` only: the class whose logit is explained, None for each
         sample's predicted class (argmax of its logits), an int for the same class in
         every sample, or one class per sample.
+    blockwise : bool or None, default None
+        Causal LMs of Llama, Mistral or Qwen2 style, ``"rollout"`` and
+        ``"gradient_rollout"``: compute the `rows` from each layer's recomputed queries and
+        keys in blocks of query rows (``r_{l-1}^T = r_l^T Ã_l``, docs/maths.md), never
+        holding an ``(heads, n, n)`` array, while the model keeps its fast attention kernel.
+        Equal to the materialised path up to rounding; `target` is then the vocabulary id
+        whose logit at each explained row is differentiated (default: the argmax there).
+        Not for ``rows=None``, pruning, ``heads="each"`` or a callable. True raises a
+        ValueError where unsupported; None (the default) goes blockwise when the captured
+        weights would take over a quarter of the free memory (or the attention kernel
+        cannot be captured); False always captures.
     **options
         Passed on to the method (``heads``, ``residual``, ``layers``, ``mask``,
         ``normalize``, ``rule``, ``exclude_self``...). For rollout and flow a string
@@ -1122,6 +1134,12 @@ def explain(
     True
     """
     check_method(method)
+    from . import _torch_blockwise
+
+    if _torch_blockwise.use_blockwise(model, inputs, method, blockwise, options):
+        return _torch_blockwise.explain_rows(
+            model, inputs, method=method, rows=rows, target=target, **options
+        )
     if method == "gradient_rollout":
         return _explain_gradient_rollout(model, inputs, rows=rows, target=target, **options)
     if method in ("norm", "globenc", "alti") and target is None:
