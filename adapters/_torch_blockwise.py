@@ -454,7 +454,7 @@ def _block_rows(batch: int, heads: int, keys: int) -> int:
     return max(16, BLOCK_BYTES // max(1, 4 * batch * heads * keys))
 
 
-def _probabilities(
+def _exponentials(
     q: torch.Tensor,
     k: torch.Tensor,
     start: int,
@@ -462,8 +462,13 @@ def _probabilities(
     first_key: int,
     valid: torch.Tensor,
     window: int | None,
-) -> torch.Tensor:
-    """Softmax weights ``(B, H, b, kk)`` of queries ``start..stop-1``, grouped-query aware."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``exp(s - max s)`` ``(B, H, b, kk)`` of queries ``start..stop-1`` and its row sums.
+
+    The softmax weights are the first divided by the second (``(B, H, b)``); callers fold
+    the division into their row weights where they can. Grouped-query aware: each key-value
+    head's keys meet its group of query heads in one matmul.
+    """
     batch, heads, _, head_dim = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
@@ -471,10 +476,14 @@ def _probabilities(
     grouped = q[:, :, start:stop].reshape(batch, kv_heads, group * b, head_dim)
     scores = torch.matmul(grouped, k[:, :, first_key:stop].transpose(-1, -2))
     scores = scores.view(batch, heads, b, stop - first_key)
-    scores.masked_fill_(~_allowed(start, stop, first_key, valid, window), -math.inf)
+    if window is None and bool(valid[:, :stop].all()):
+        # Every earlier key is allowed: only the diagonal square needs the causal mask.
+        diagonal = scores[..., start - first_key :]
+        diagonal.masked_fill_(~_allowed(start, stop, start, valid, None), -math.inf)
+    else:
+        scores.masked_fill_(~_allowed(start, stop, first_key, valid, window), -math.inf)
     scores.sub_(scores.amax(dim=-1, keepdim=True)).exp_()
-    scores.div_(scores.sum(dim=-1, keepdim=True))
-    return scores
+    return scores, scores.sum(dim=-1)
 
 
 def _first_key(start: int, window: int | None) -> int:
@@ -549,34 +558,53 @@ def _weighted_column_sums(
     dO = None
     if grad_out is not None:
         dO = grad_out[:, :length].reshape(batch, length, heads, -1).transpose(1, 2).to(dtype)
+    linear = settings.fusion.kind in ("mean", "weights")
+    if settings.method == "gradient_rollout":
+        linear = settings.rule == "gae"
+    head_weights = (
+        _head_weights(settings.fusion, layer.index, dtype)
+        if settings.fusion.kind == "weights" and settings.method == "rollout"
+        else torch.full((heads,), 1.0 / heads, dtype=dtype, device=chains.device)
+    )
     for start in range(0, length, rows_per_block):
         stop = min(start + rows_per_block, length)
         weights = chains[:, :, start:stop]
         if not bool(weights.any()):
             continue
         first = _first_key(start, layer.window)
-        p = _probabilities(q, k, start, stop, first, valid, layer.window)
+        e, sums = _exponentials(q, k, start, stop, first, valid, layer.window)
         if dO is not None and v is not None:
-            fused = _gae_block(p, dO, v, start, stop, first)
-            if settings.rule == "weighted":
-                fused = _renormalise(fused, start, first, valid)
+            e = _gradient_times(e, dO, v, start, stop, first)  # (∇A ⊙ exp)^+: sums > 0
+        if linear:
+            # Σ_h w_h Σ_i r_i e[h, i] / sums[h, i]: the softmax division folded into the
+            # row weights, one (C x H b) @ (H b x kk) product.
+            scale = head_weights[None, :, None] / sums  # (B, H, b)
+            row_weights = weights[:, :, None, :] * scale[:, None]  # (B, C, H, b)
+            columns = torch.bmm(
+                row_weights.reshape(batch, -1, heads * (stop - start)),
+                e.view(batch, heads * (stop - start), stop - first),
+            )
         else:
-            fused = _fuse(p, settings.fusion, layer.index, start, first, valid)
-        del p
-        result[:, :, first:stop] += torch.bmm(weights, fused)
+            p = e.div_(sums[..., None])
+            if dO is not None:  # rule="weighted": the GAE mean, rows renormalised
+                fused = _renormalise(p.mean(dim=1), start, first, valid)
+            else:
+                fused = _fuse(p, settings.fusion, layer.index, start, first, valid)
+            columns = torch.bmm(weights, fused)
+        del e
+        result[:, :, first:stop] += columns
     return result
 
 
-def _gae_block(
-    p: torch.Tensor, dO: torch.Tensor, v: torch.Tensor, start: int, stop: int, first: int
+def _gradient_times(
+    e: torch.Tensor, dO: torch.Tensor, v: torch.Tensor, start: int, stop: int, first: int
 ) -> torch.Tensor:
-    """``mean_h (∇A ⊙ A)^+`` of a block, with ``∇A = dO Vᵀ`` (one key-value head per group)."""
-    batch, heads, b, kk = p.shape
+    """Return ``(∇A ⊙ e)^+`` of a block, ``∇A = dO Vᵀ`` (one key-value head per group)."""
+    batch, heads, b, kk = e.shape
     kv_heads, head_dim = v.shape[1], v.shape[-1]
     grouped = dO[:, :, start:stop].reshape(batch, kv_heads, (heads // kv_heads) * b, head_dim)
     grad = torch.matmul(grouped, v[:, :, first:stop].transpose(-1, -2)).view(batch, heads, b, kk)
-    grad.mul_(p).clamp_(min=0)
-    return grad.mean(dim=1)
+    return grad.mul_(e).clamp_(min=0)
 
 
 def _sdpa_column_sums(
@@ -841,21 +869,31 @@ def _check_memory(
     device: torch.device,
     itemsize: int,
 ) -> None:
-    """Refuse, before any work, a context whose recorded states cannot fit."""
+    """Refuse, before any work, a context whose recorded states cannot fit.
+
+    The attention inputs of the used layers, one layer's queries, keys and values, and
+    about three blocks of scores (the block, its mask, a temporary).
+    """
     hidden = int(modules[0].q_proj.in_features)
     heads = int(modules[0].config.num_attention_heads)
     states = settings.used_layers * batch * n * hidden * itemsize
-    blocks = 4 * BLOCK_BYTES + 4 * batch * n * heads * int(modules[0].head_dim) * 3
-    needed = states + blocks
+    rows = min(n, _block_rows(batch, heads, n))
+    block = 4 * batch * heads * rows * n
+    projections = 4 * batch * n * heads * int(modules[0].head_dim) * 3
+    needed = states + 3 * block + projections
     available = available_bytes(device)
     if needed > available:
         msg = (
             f"explain(..., blockwise=True) on {batch} x {n} tokens keeps the attention inputs "
-            f"of {settings.used_layers} layers ({states / 2**30:.2f} GiB) plus blocks, about "
-            f"{needed / 2**30:.2f} GiB, but {available / 2**30:.2f} GiB are available on "
-            f"{device}. Shorten the context, explain a lower layer (layers=int) or free memory."
+            f"of {settings.used_layers} layers ({_mib(states)}) plus blocks of scores, about "
+            f"{_mib(needed)} in all, but {_mib(available)} are available on {device}. "
+            "Shorten the context, explain a lower layer (layers=int) or free memory."
         )
         raise MemoryError(msg)
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.2f} MiB"
 
 
 def _valid(
