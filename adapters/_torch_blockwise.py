@@ -42,6 +42,7 @@ from typing import Any
 import array_api_compat.torch as xp_torch
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from attnflow._receptive_field import normalize_attribution
@@ -969,9 +970,14 @@ def _gae_rows(
     handles = [l.module.o_proj.register_forward_pre_hook(on_o_proj(l)) for l in layers]
     batch = _shape_of(inputs)[0]  # type: ignore[index]
     results = []
+    restore = _checkpoint_blocks(model, [layer.module for layer in recorder.layers])
     try:
         with torch.enable_grad():
             output = _run(model, inputs, extra)
+            # Recomputing checkpointed blocks in the backward pass must not record again.
+            recorder.remove()
+            for handle in handles:
+                handle.remove()
             logits = output if isinstance(output, torch.Tensor) else output.logits
             if not all(outputs[l.index].requires_grad for l in layers):
                 msg = (
@@ -1028,7 +1034,50 @@ def _gae_rows(
         recorder.remove()
         for handle in handles:
             handle.remove()
+        restore()
     return _assemble(results, settings, valid, n, dtype)
+
+
+def _checkpoint_blocks(model: nn.Module, attention: list[nn.Module]) -> Callable[[], None]:
+    """Checkpoint each block that holds an attention module; return the undo.
+
+    GAE needs only the gradient at each attention output, not the parameters': the
+    backward pass then keeps each block's input instead of all its activations and
+    recomputes one block at a time (``torch.utils.checkpoint``, non-reentrant, so the
+    hooks on the first forward's tensors still fire). At 4,096 tokens on SmolLM2 that is
+    about 0.3 GB of block inputs instead of several GB of activations.
+    """
+    wanted = {id(module) for module in attention}
+    blocks = [
+        module
+        for module in model.modules()
+        if any(id(child) in wanted for child in module.children())
+    ]
+    undo: list[Callable[[], None]] = []
+    for block in blocks:
+        original = block.forward
+        own = "forward" in vars(block)
+
+        def forward(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            return torch.utils.checkpoint.checkpoint(
+                _original, *args, use_reentrant=False, **kwargs
+            )
+
+        block.forward = forward
+
+        def restore(block: nn.Module = block, original: Any = original, own: bool = own) -> None:
+            if own:
+                block.forward = original
+            else:
+                del block.forward
+
+        undo.append(restore)
+
+    def restore_all() -> None:
+        for step in undo:
+            step()
+
+    return restore_all
 
 
 def _assemble(
