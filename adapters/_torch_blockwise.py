@@ -619,13 +619,16 @@ def _sdpa_column_sums(
 ) -> torch.Tensor:
     """Compute the same weighted column sums as the ``dV`` of SDPA's backward, ``dO = Rᵀ``.
 
-    ``out = A V'`` for a dummy ``V'`` (``(B, KV, kk, c)``, ``c`` >= the chains, at least 8)
-    has ``dV' = Aᵀ dO``; with ``dO[h, i, c] = w_h r_c[i]`` the sum of ``dV'`` over the
-    key-value heads (each already summed over its query group) is ``Σ_h w_h r_cᵀ A_h``.
+    ``out = A V'`` for a dummy ``V'`` (``(B, H, kk, c)``, ``c`` >= the chains, at least 8)
+    has ``dV' = Aᵀ dO``; with ``dO[h, i, c] = w_h r_c[i]`` the sum of ``dV'`` over the heads
+    is ``Σ_h w_h r_cᵀ A_h``. The keys are repeated over each query group, ``(B, H, kk, hd)``
+    (O(n) memory): the memory-efficient CUDA kernel, the one that takes float32 and a mask,
+    has no grouped-query mode, and SDPA would otherwise fall back to its math kernel, which
+    materialises the weights.
     """
     batch, chains_count = chains.shape[:2]
     heads, head_dim = q.shape[1], q.shape[-1]
-    kv_heads = k.shape[1]
+    k = k.repeat_interleave(heads // k.shape[1], dim=1)  # head h reads key-value head h // G
     width = max(8, -(-chains_count // 8) * 8)
     if q.device.type == "cuda" and chains_count <= head_dim:
         width = head_dim  # flash kernels want equal head dims
@@ -646,7 +649,7 @@ def _sdpa_column_sums(
         first = _first_key(start, layer.window)
         dummy = torch.zeros(
             batch,
-            kv_heads,
+            heads,
             stop - first,
             width,
             dtype=q.dtype,
@@ -665,7 +668,6 @@ def _sdpa_column_sums(
                     dummy,
                     is_causal=True,
                     scale=1.0,
-                    enable_gqa=True,
                 )
             else:
                 mask = _allowed(start, stop, first, valid, layer.window)
@@ -675,7 +677,6 @@ def _sdpa_column_sums(
                     dummy,
                     attn_mask=mask,
                     scale=1.0,
-                    enable_gqa=True,
                 )
             (grad_dummy,) = torch.autograd.grad(out, dummy, grad_outputs=grad_out)
         columns = grad_dummy.sum(dim=1)[..., :chains_count]  # (B, kk, C)
