@@ -114,6 +114,11 @@ def test_gae_rows_with_a_given_target_each_row_its_own_logit():
         model, inputs, method="gradient_rollout", rows=[5, -1], target=7, blockwise=True
     )
     torch.testing.assert_close(got, expected, atol=1e-11, rtol=0)
+    # explain's materialised path gives a causal LM's target the same meaning.
+    materialised = adapter.explain(
+        model, inputs, method="gradient_rollout", rows=[5, -1], target=7, blockwise=False
+    )
+    torch.testing.assert_close(got, materialised, atol=1e-11, rtol=0)
 
 
 # -- small random models, float64 ---------------------------------------------------------------
