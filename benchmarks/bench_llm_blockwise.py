@@ -116,31 +116,33 @@ def main(argv: list[str] | None = None) -> None:
         [(512, ["forward", "forward_lean", "rollout", "gae"])]
         if args.quick
         else [
-            (4096, ["forward", "forward_lean", "rollout", "gae"]),
-            (8192, ["forward", "forward_lean", "rollout"]),
+            (4096, ["forward", "rollout", "gae"]),
+            (8192, ["forward", "rollout", "forward_lean"]),
         ]
     )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     print(f"# SmolLM2-135M-Instruct, float32, {THREADS} threads, {platform.processor() or ''}")
-    print(f"# load average at start: {os.getloadavg()}")
+    print(f"# load average at start: {os.getloadavg()}", flush=True)
     goals = {
         (4096, "rollout"): (600, 4.0),
         (8192, "rollout"): (1200, None),
         (4096, "gae"): (None, 8.0),
     }
+    header = (
+        f"{'n':>5} {'':28} {'wall s':>8} {'CPU s':>8} {'peak MB':>8} {'extra MB':>9} "
+        f"{'x wall':>7} {'x CPU':>6}"
+    )
+    print(header, flush=True)
     for n, tasks in plan:
-        results = {task: measure(task, n) for task in tasks}
-        base = results["forward"]
-        print(f"\nn = {n}")
-        print(
-            f"{'':28} {'wall s':>8} {'CPU s':>8} {'peak MB':>8} {'extra MB':>9} {'x wall':>7} {'x CPU':>6}"
-        )
-        for task, result in results.items():
+        base = measure("forward", n)
+        for task in tasks:
+            result = base if task == "forward" else measure(task, n)
             extra = (result["peak"] - base["peak"]) / 1e6
             print(
-                f"{LABELS[task]:28} {result['wall']:8.1f} {result['cpu']:8.1f} "
+                f"{n:5} {LABELS[task]:28} {result['wall']:8.1f} {result['cpu']:8.1f} "
                 f"{result['peak'] / 1e6:8.0f} {extra:9.0f} {result['wall'] / base['wall']:7.2f} "
-                f"{result['cpu'] / base['cpu']:6.2f}"
+                f"{result['cpu'] / base['cpu']:6.2f}   load {os.getloadavg()[0]:.1f}",
+                flush=True,
             )
             goal = goals.get((n, task))
             if goal is not None:
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
                 if ratio is not None:
                     met = result["cpu"] / base["cpu"] <= ratio
                     words.append(f"CPU <= {ratio}x forward: {'met' if met else 'MISSED'}")
-                print(f"{'':28} goal: {'; '.join(words)}")
+                print(f"{'':34} goal: {'; '.join(words)}", flush=True)
     print(f"\n# load average at end: {os.getloadavg()}")
 
 
