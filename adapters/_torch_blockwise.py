@@ -795,8 +795,12 @@ def explain_rows(
     over the batch (`target`: None for the argmax at that row, an int for every sample, or
     one vocabulary id per sample).
 
-    Extra option ``engine``: ``"matmul"`` (blocks of ``softmax(q Kᵀ)``) or ``"sdpa"`` (the
-    ``dV`` of SDPA's backward; linear head fusions of rollout only, the default on CUDA).
+    Options are those of the method, with three differences: the padding is the model's
+    own (its call's ``attention_mask``), and a `mask` given in the options is combined with
+    it (None: the model's padding alone); `validate` is accepted and has nothing to check
+    (the weights are softmax rows by construction); and ``engine`` chooses ``"matmul"``
+    (blocks of ``softmax(q Kᵀ)``) or ``"sdpa"`` (the ``dV`` of SDPA's backward; linear head
+    fusions of rollout only, the default on CUDA, unverified on a GPU).
 
     Examples
     --------
