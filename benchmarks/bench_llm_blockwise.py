@@ -28,6 +28,20 @@ model once)::
     HF_HUB_OFFLINE=1 python benchmarks/bench_llm_blockwise.py            # ~10 minutes
     HF_HUB_OFFLINE=1 python benchmarks/bench_llm_blockwise.py --quick    # n = 512, smoke
 
+One run on the shared 2-core machine (2026-11-25, load average 6-16 during the run, so
+wall times are inflated; ratios are of CPU seconds within the run)::
+
+        n  measurement                    wall s    CPU s  peak MB  extra MB  x CPU
+     4096  plain forward                    86.8     27.8     1051         0   1.00
+     4096  rollout row (blockwise)         216.4     63.0      734      -317   2.26
+     4096  GAE row (blockwise)             280.5    135.1     2411      1360   4.86
+     8192  plain forward                    88.6     61.5     2216         0   1.00
+     8192  rollout row (blockwise)         211.5    141.0      816     -1400   2.29
+     8192  forward, last logit only         97.8     56.1      369     -1847   0.91
+
+The plain forward's peak holds all ``n x vocab`` logits (0.8 GB at 4,096) and the KV
+cache; against the lean forward (369 MB at 8,192) the rollout row costs 447 MB more.
+
 The machine's load average is printed: on a shared machine wall times are noisy and CPU
 times inflate under contention; compare ratios within one run.
 """
