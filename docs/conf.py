@@ -110,6 +110,8 @@ numpydoc_validation_exclude = {
     r"\.TokenView\.\w+$",
     r"\.InteractiveView\.\w+$",
     r"\.Explanation\.\w+$",  # methods documented in one line each, as TokenView's
+    r"\.GenerationExplanation\.\w+$",  # likewise
+    r"\.GroundTruthReport\.\w+$",  # likewise: the class's Examples read them
     # A NamedTuple: its fields and tuple methods (count, index) carry generated docstrings.
     r"\.EncoderDecoderAttribution\.\w+$",
     # The adapters' Capture classes: their properties' docstrings pass every check but EX01

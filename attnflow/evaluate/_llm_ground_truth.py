@@ -57,6 +57,7 @@ def competing_positions(n: int, /, *, explained: int = -1) -> np.ndarray:
     Returns
     -------
     ndarray of bool, shape (n,)
+        True for the positions that compete for the first rank.
 
     Examples
     --------
@@ -228,6 +229,19 @@ class GroundTruthReport:
         The ERASER fractions.
     tasks : ndarray of str, shape (B,)
         The task of each item.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnflow.evaluate import GroundTruthReport
+    >>> report = GroundTruthReport(
+    ...     correct=np.array([True, True, False]),
+    ...     ranks={"gae": np.array([[3, 1], [2, 1], [5, 4]])},
+    ... )
+    >>> report.accuracy, report.hit_rate("gae"), report.mean_rank("gae", layer=0)
+    (0.6666666666666666, 1.0, 2.5)
+    >>> report.best_layer("gae")
+    1
     """
 
     correct: np.ndarray
@@ -381,6 +395,7 @@ def ground_truth(
     Returns
     -------
     GroundTruthReport
+        Accuracy, the source's rank per method and layer, and the erasure metrics.
 
     Examples
     --------

@@ -87,6 +87,13 @@ class TaskItem:
         the answer word (without the space), ``prompt[start:stop] == answer.strip()``.
     task : str
         The task family: ``"copying"``, ``"retrieval"`` or ``"stated_facts"``.
+
+    Examples
+    --------
+    >>> from attnflow.evaluate import TaskItem
+    >>> item = TaskItem("a b c. a b", " c", (4, 5), "copying")
+    >>> item.prompt[slice(*item.source)] == item.answer.strip()
+    True
     """
 
     prompt: str
@@ -111,6 +118,15 @@ class TaskTokens:
         `answer_id`, and no other prompt token has that id.
     item : TaskItem
         The item it comes from.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnflow.evaluate import TaskItem, TaskTokens
+    >>> item = TaskItem("a b c. a b", " c", (4, 5), "copying")
+    >>> tokens = TaskTokens(np.array([1, 2, 3, 4, 1, 2]), 3, 2, item)
+    >>> int(tokens.ids[tokens.source]) == tokens.answer_id
+    True
     """
 
     ids: np.ndarray
@@ -177,6 +193,7 @@ def copying_task(count: int, /, *, seed: int = 0, words: int = 12) -> list[TaskI
     Returns
     -------
     list of TaskItem
+        `count` prompts, each with its answer and the character span of its source.
 
     See Also
     --------
@@ -230,6 +247,7 @@ def retrieval_task(count: int, /, *, seed: int = 0, pairs: int = 7) -> list[Task
     Returns
     -------
     list of TaskItem
+        `count` prompts, each with its answer and the character span of its source.
 
     Examples
     --------
@@ -257,7 +275,7 @@ def retrieval_task(count: int, /, *, seed: int = 0, pairs: int = 7) -> list[Task
 
 
 def stated_facts_task(count: int, /, *, seed: int = 0, facts: int = 3) -> list[TaskItem]:
-    """Facts stated in the prompt, then a question about one of them.
+    """Generate facts stated in the prompt, then a question about one of them.
 
     ``"Anna lives in Paris. Tom lives in Rome. Where does Anna live? Anna lives in"`` with
     answer ``" Paris"``. Each item uses one relation (``lives in`` a city, ``works as a``
@@ -278,6 +296,7 @@ def stated_facts_task(count: int, /, *, seed: int = 0, facts: int = 3) -> list[T
     Returns
     -------
     list of TaskItem
+        `count` prompts, each with its answer and the character span of its source.
 
     Examples
     --------
@@ -330,6 +349,7 @@ def locate_source(item: TaskItem, tokenize: Tokenize, /) -> TaskTokens:
     Returns
     -------
     TaskTokens
+        The prompt's ids, the answer's first token id and the source position.
 
     Raises
     ------
