@@ -244,7 +244,9 @@ def explain_generation(
     >>> config = transformers.LlamaConfig(
     ...     vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
     ...     num_attention_heads=4, num_key_value_heads=2,
+    ...     bos_token_id=1, eos_token_id=None, pad_token_id=0,  # no end token: 4 new tokens
     ... )
+    >>> _ = torch.manual_seed(0)
     >>> model = transformers.LlamaForCausalLM(config).eval()
     >>> class Tokenizer:  # a stand-in for a Hugging Face tokenizer
     ...     def __call__(self, text, return_tensors="pt"):
