@@ -37,7 +37,7 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
 
 
 def encode_png(pixels: Any) -> bytes:
-    """Encode uint8 pixels ``(H, W)``, ``(H, W, 3)`` or ``(H, W, 4)`` as a PNG file.
+    r"""Encode uint8 pixels ``(H, W)``, ``(H, W, 3)`` or ``(H, W, 4)`` as a PNG file.
 
     Parameters
     ----------
@@ -58,7 +58,7 @@ def encode_png(pixels: Any) -> bytes:
     --------
     >>> import numpy as np
     >>> data = encode_png(np.zeros((2, 3, 3), dtype=np.uint8))
-    >>> data[:8] == b"\\x89PNG\\r\\n\\x1a\\n"
+    >>> data[:8] == b"\x89PNG\r\n\x1a\n"
     True
     """
     array = np.asarray(pixels)

@@ -209,6 +209,7 @@ class TokenView:
     ...     np.array([0.4, 0.1, 0.3, 0.2, 0.0]),
     ...     ["[CLS]", "(0,0)", "(0,1)", "(1,0)", "(1,1)"],
     ...     grid=(2, 2),
+    ...     scale_exclude=[0],
     ...     image=picture,
     ... ).to_html()
     >>> "data:image/png;base64," in page and "rgba(192, 57, 43, 0.75)" in page
@@ -671,10 +672,8 @@ class InteractiveView:
         layer_text = f"{layer + 1} of {layers}"
         head_text = f"{head + 1} of {heads}" if heads else ""
         disabled = " disabled" if layers == 1 else ""
-        lines = [
-            f'<div class="attnflow-view attnflow-interactive" id="{uid}"'
-            f"{_image_style(self._image)}>"
-        ]
+        picture = _image_style(self._image)
+        lines = [f'<div class="attnflow-view attnflow-interactive" id="{uid}"{picture}>']
         if self.title is not None:
             lines.append(f'<div class="attnflow-title">{html.escape(self.title)}</div>')
         lines += [
@@ -853,7 +852,7 @@ def _cell_style(value: float, top: float, rgb: tuple[int, int, int]) -> tuple[st
     return f"rgba({red}, {green}, {blue}, {thousandths / 1000:g})", "#222"
 
 
-def _image_url(image: object, grid: tuple[int, int] | None) -> str | None:
+def _image_url(image: Any, grid: tuple[int, int] | None) -> str | None:
     """Validate a view's `image` (it needs a `grid`); return it as a PNG data: URL."""
     if image is None:
         return None
@@ -914,9 +913,7 @@ def _content(escaped: str, cell: bool) -> str:
     return f'<span class="attnflow-cell-text">{escaped}</span>' if cell else escaped
 
 
-def _arranged(
-    elements: Sequence[str], grid: tuple[int, int], *, over_image: bool = False
-) -> str:
+def _arranged(elements: Sequence[str], grid: tuple[int, int], *, over_image: bool = False) -> str:
     """Lay out the tokens' elements: the leading spans on a line, then the grid of cells.
 
     With `over_image` the grid draws the view's picture under its cells.

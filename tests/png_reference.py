@@ -26,9 +26,11 @@ def read_png(data: bytes) -> np.ndarray:
         assert zlib.crc32(kind + body) & 0xFFFFFFFF == crc, f"bad CRC in {kind!r}"
         chunks.append((kind, body))
         at += 12 + length
-    assert chunks[0][0] == b"IHDR" and chunks[-1][0] == b"IEND"
+    assert chunks[0][0] == b"IHDR"
+    assert chunks[-1][0] == b"IEND"
     width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", chunks[0][1])
-    assert depth == 8 and interlace == 0 and colour in CHANNELS
+    assert (depth, interlace) == (8, 0)
+    assert colour in CHANNELS
     channels = CHANNELS[colour]
     raw = zlib.decompress(b"".join(body for kind, body in chunks if kind == b"IDAT"))
     stride = width * channels
