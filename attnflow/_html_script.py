@@ -5,7 +5,8 @@ view's JSON data from ``<script type="application/json" id="ID-data">``, wires t
 controls and re-colours the token spans and, for a view with a patch grid, its cells (the
 token elements in document order: the leading spans, then the cells row by row). It computes colours and formats values exactly
 as the Python side does for the first render (see :func:`attnflow.html._token_style`),
-so a page looks the same before and after the script runs. Tokens left out of the scale
+so a page looks the same before and after the script runs (over an image, the cells as
+:func:`attnflow.html._cell_style` does). Tokens left out of the scale
 get no colour of it: their inline colours are removed and the ``attnflow-unscaled`` class
 of the shared style sheet (``attnflow.html._CSS``) gives them their neutral look.
 """
@@ -75,6 +76,11 @@ INTERACTIVE_JS = """\
     var dark = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] < 140;
     return ["rgb(" + rgb.join(", ") + ")", dark ? "#fff" : "#222"];
   }
+  function cellColour(value, top) {  /* over an image: the colour, more opaque with the score */
+    var strength = top > 0 ? Math.min(1, Math.max(0, value / top)) : 0;
+    var alpha = Math.floor(1000 * data.cellOpacity * strength + 0.5) / 1000;
+    return ["rgba(" + data.rgb.join(", ") + ", " + String(alpha) + ")", "#222"];
+  }
   function pickedLayer(m) { return Math.min(state.layer, m.layers - 1); }
   function pickedHead(m) { return m.heads ? Math.min(state.head, m.heads - 1) : 0; }
 
@@ -89,7 +95,9 @@ INTERACTIVE_JS = """\
     var position = data.rows === null ? -1 : data.rows[state.row];
     for (i = 0; i < tokens.length; i++) {
       var span = tokens[i], shown = format(values[i]), scaled = data.inScale[i];
-      var paint = scaled ? colour(values[i], top) : ["", ""];  /* "": the class's look */
+      var overImage = data.overImage && span.classList.contains("attnflow-cell");
+      var paint = !scaled ? ["", ""] :  /* "": the class's look */
+        (overImage ? cellColour(values[i], top) : colour(values[i], top));
       span.style.backgroundColor = paint[0];
       span.style.color = paint[1];
       span.classList.toggle("attnflow-unscaled", !scaled);

@@ -13,7 +13,8 @@ An image explanation (:func:`attnflow.adapters.torch.explain_image`) has the sam
 and scores, the tokens being the vision transformer's non-patch tokens (CLS, distillation,
 registers) followed by its patches row by row, plus the patch ``grid`` and the image the
 model saw; its figure draws the patch scores over that image, its HTML views (page and
-notebook) draw the patches as a grid of coloured cells below the non-patch tokens, and its
+notebook) draw the patches as a grid of coloured cells below the non-patch tokens (over
+the image, when it is kept: each cell more opaque the higher its score), and its
 terminal view is a summary (the non-patch tokens, the top patches, a character map of the
 grid).
 """
@@ -309,6 +310,7 @@ class Explanation:
             title=self._heading(layer),
             scale_exclude=self._excluded(scale_special),
             grid=self.grid,
+            image=self.image,
         )
 
     def _interactive(self, layer: int, *, scale_special: bool) -> Any:
@@ -329,6 +331,7 @@ class Explanation:
             scale_exclude=self._excluded(scale_special),
             layer=layer,
             grid=self.grid,
+            image=self.image,
         )
 
     def _render(self, layer: int, *, scale_special: bool, page: bool) -> str:
@@ -375,7 +378,8 @@ class Explanation:
         With several methods or layers the page picks them interactively (starting at
         `layer`), above the static table of every method at `layer` for readers without
         scripts. With a patch `grid` (an image) the patches are drawn as a grid of
-        coloured cells, the non-patch tokens (CLS, registers) as tokens above it. The file
+        coloured cells, the non-patch tokens (CLS, registers) as tokens above it; the
+        `image`, when kept, lies under the grid and shows through its cells. The file
         is written atomically and never replaces an existing one unless `overwrite`.
         """
         from .html import _write_page

@@ -12,7 +12,8 @@ dashed outline (the ``attnflow-unscaled`` class), their value written beside the
 and the scale's legend counts them.
 With ``grid=(rows, cols)`` (an image: the last ``rows * cols`` tokens are its patches, row
 by row) both draw the patches as a grid of square cells, the tokens before them (CLS,
-registers) as spans above it.
+registers) as spans above it; with ``image=`` the picture lies under the grid (embedded as
+a PNG ``data:`` URL) and each cell is the colour at an opacity that grows with its score.
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ _CSS = """\
   overflow-wrap: anywhere; }
 .attnflow-view .attnflow-grid-small .attnflow-cell-text { position: absolute; width: 1px;
   height: 1px; overflow: hidden; clip: rect(0 0 0 0); white-space: nowrap; }
+.attnflow-view .attnflow-grid-image { background-image: var(--attnflow-image);
+  background-size: 100% 100%; background-repeat: no-repeat; }
+.attnflow-view .attnflow-grid-image .attnflow-cell { border-color: rgba(255, 255, 255, 0.3); }
+.attnflow-view .attnflow-grid-image .attnflow-unscaled.attnflow-cell {
+  background-color: rgba(238, 238, 238, 0.55); border-color: #8c8c8c; }
+.attnflow-view .attnflow-grid-image .attnflow-cell-text { color: #222;
+  background: rgba(255, 255, 255, 0.8); border-radius: 2px; padding: 0 2px; }
 .attnflow-view .attnflow-cell:hover { outline: 1px solid #333; z-index: 5; }
 .attnflow-view .attnflow-cell:hover::after { content: attr(title);
   position: absolute; left: 50%; bottom: 110%; transform: translateX(-50%);
@@ -90,6 +98,9 @@ _GRID_WIDTH = 500
 _GRID_GAP = 2
 #: The smallest and largest cells (px), and the smallest whose label is drawn in it.
 _CELL_MIN, _CELL_MAX, _CELL_LABELLED = 6, 64, 48
+#: Over an image, a cell is the colour at this opacity times its share of the scale's
+#: maximum: clear where the score is 0, so the picture shows through.
+_CELL_OPACITY = 0.75
 
 
 def _parse_colour(colour: str) -> tuple[int, int, int]:
@@ -137,6 +148,12 @@ class TokenView:
         when cells are large enough); the tokens before them (CLS, distillation, register
         tokens) are drawn as token spans above the grid. Several rows of scores are drawn
         as grids side by side. None (the default): all tokens in one line.
+    image : array of shape (H, W), (H, W, 3) or (H, W, 4), optional
+        With `grid`: the picture the patches cut (e.g. the image the model saw), drawn
+        under each grid, stretched to it. Each cell is then `color` at an opacity from 0
+        (score 0: the picture shows) to 0.75 (the scale's maximum). uint8, or floats in
+        ``[0, 1]`` (other floats are stretched from their minimum to their maximum). It is
+        embedded in the page as a PNG (``data:`` URL), shrunk if longer than 1024 px.
 
     Attributes
     ----------
@@ -153,8 +170,9 @@ class TokenView:
     ------
     ValueError
         If a row is not one-dimensional or not finite, does not have one score per token,
-        `scores` is an empty mapping, `color` is not ``'#rrggbb'``, or `grid` is not a
-        pair of positive ints or has more cells than there are tokens.
+        `scores` is an empty mapping, `color` is not ``'#rrggbb'``, `grid` is not a
+        pair of positive ints or has more cells than there are tokens, or `image` is given
+        without `grid` or is not a picture.
     TypeError
         If `tokens` is not a sequence of strings.
 
@@ -183,6 +201,19 @@ class TokenView:
     ... )
     >>> patches.to_html().count('class="attnflow-cell"')
     4
+
+    The same over a 32 x 32 picture (cells semi-transparent, the picture under them):
+
+    >>> picture = np.linspace(0, 1, 32 * 32).reshape(32, 32)
+    >>> page = TokenView(
+    ...     np.array([0.4, 0.1, 0.3, 0.2, 0.0]),
+    ...     ["[CLS]", "(0,0)", "(0,1)", "(1,0)", "(1,1)"],
+    ...     grid=(2, 2),
+    ...     scale_exclude=[0],
+    ...     image=picture,
+    ... ).to_html()
+    >>> "data:image/png;base64," in page and "rgba(192, 57, 43, 0.75)" in page
+    True
     """
 
     def __init__(
@@ -195,6 +226,7 @@ class TokenView:
         precision: int = 4,
         scale_exclude: Sequence[int] = (),
         grid: tuple[int, int] | None = None,
+        image: Any = None,
     ) -> None:
         named: list[tuple[str | None, Any]]
         if isinstance(scores, Mapping):
@@ -227,6 +259,7 @@ class TokenView:
         self.rows = rows
         self.tokens = tuple(check_tokens(tokens, n, "scores"))
         self.grid = _checked_grid(grid, n)
+        self._image = _image_url(image, self.grid)
         self.title = title
         self._rgb = _parse_colour(color)
         digits: object = precision
@@ -277,7 +310,7 @@ class TokenView:
 
     def _body(self) -> str:
         """Render the view's markup, without its style sheet."""
-        lines = ['<div class="attnflow-view">']
+        lines = [f'<div class="attnflow-view"{_image_style(self._image)}>']
         if self.title is not None:
             lines.append(f'<div class="attnflow-title">{html.escape(self.title)}</div>')
         first_cell = len(self.tokens) - _cells(self.grid)
@@ -292,7 +325,10 @@ class TokenView:
                 escaped = html.escape(token, quote=True)
                 kind = "attnflow-cell" if i >= first_cell else "attnflow-tok"
                 if in_scale:
-                    background, text = self._background(float(value))
+                    if kind == "attnflow-cell" and self._image is not None:
+                        background, text = _cell_style(float(value), self.scale_max, self._rgb)
+                    else:
+                        background, text = self._background(float(value))
                     look = f'class="{kind}" style="background-color: {background}; color: {text}"'
                 else:  # no colour of the scale, whatever the value: the neutral look
                     look = f'class="{kind} {_UNSCALED}"'
@@ -308,9 +344,8 @@ class TokenView:
                 )
             else:
                 named = "" if key is None else f'<div class="attnflow-label">{label}</div>'
-                lines.append(
-                    f'<div class="attnflow-grid-row">{named}{_arranged(spans, self.grid)}</div>'
-                )
+                grid = _arranged(spans, self.grid, over_image=self._image is not None)
+                lines.append(f'<div class="attnflow-grid-row">{named}{grid}</div>')
         if self.grid is not None:
             lines.append("</div>")
         top, _ = self._background(self.scale_max)
@@ -414,6 +449,9 @@ class InteractiveView:
         the tooltip; a click, or Enter on a focused cell, picks the cell's output row); the
         tokens before them (CLS, registers) are drawn as token spans above the grid.
         None (the default): all tokens in one line.
+    image : array of shape (H, W), (H, W, 3) or (H, W, 4), optional
+        With `grid`: the picture drawn under the grid, as in :class:`TokenView`; the
+        script then colours the cells at an opacity that grows with their score.
 
     Attributes
     ----------
@@ -436,8 +474,9 @@ class InteractiveView:
     ValueError
         If scores are not finite, have the wrong number of dimensions or of tokens, the
         methods do not share their rows, `rows` does not match them, an initial choice is
-        out of range, `color` or `precision` is invalid, or `grid` is not a pair of
-        positive ints or has more cells than there are tokens.
+        out of range, `color` or `precision` is invalid, `grid` is not a pair of
+        positive ints or has more cells than there are tokens, or `image` is given
+        without `grid` or is not a picture.
     TypeError
         If `tokens` is not a sequence of strings, or a position is not an int.
 
@@ -489,6 +528,7 @@ class InteractiveView:
         row: int | None = None,
         head: int = 0,
         grid: tuple[int, int] | None = None,
+        image: Any = None,
     ) -> None:
         named = (
             [(str(key), value) for key, value in scores.items()]
@@ -525,6 +565,7 @@ class InteractiveView:
                 raise ValueError(msg)
         self.tokens = tuple(check_tokens(tokens, n, "scores"))
         self.grid = _checked_grid(grid, n)
+        self._image = _image_url(image, self.grid)
         self.rows = _row_positions(rows, n_rows, n)
         self.title = title
         self._rgb = _parse_colour(color)
@@ -587,6 +628,8 @@ class InteractiveView:
             "rgb": list(self._rgb),
             "precision": self._precision,
             "initial": self._initial,
+            "overImage": self._image is not None,
+            "cellOpacity": _CELL_OPACITY,
             "methods": [
                 {
                     "name": name,
@@ -629,7 +672,8 @@ class InteractiveView:
         layer_text = f"{layer + 1} of {layers}"
         head_text = f"{head + 1} of {heads}" if heads else ""
         disabled = " disabled" if layers == 1 else ""
-        lines = [f'<div class="attnflow-view attnflow-interactive" id="{uid}">']
+        picture = _image_style(self._image)
+        lines = [f'<div class="attnflow-view attnflow-interactive" id="{uid}"{picture}>']
         if self.title is not None:
             lines.append(f'<div class="attnflow-title">{html.escape(self.title)}</div>')
         lines += [
@@ -665,7 +709,10 @@ class InteractiveView:
             current = " attnflow-current" if i == position else ""
             kind = "attnflow-cell" if i >= first_cell else "attnflow-tok"
             if self._in_scale[i]:
-                background, text = _token_style(float(value), top, self._rgb)
+                if kind == "attnflow-cell" and self._image is not None:
+                    background, text = _cell_style(float(value), top, self._rgb)
+                else:
+                    background, text = _token_style(float(value), top, self._rgb)
                 look = (
                     f'class="{kind}{current}" style="background-color: {background}; color: {text}"'
                 )
@@ -678,7 +725,7 @@ class InteractiveView:
         if self.grid is None:
             lines.append(f'<div class="attnflow-row"><span>{"".join(spans)}</span></div>')
         else:
-            lines.append(_arranged(spans, self.grid))
+            lines.append(_arranged(spans, self.grid, over_image=self._image is not None))
         full, _ = _token_style(top, top, self._rgb)
         status = [name, f"layer {layer_text}"]
         if position >= 0:
@@ -793,6 +840,45 @@ def _token_style(value: float, top: float, rgb: tuple[int, int, int]) -> tuple[s
     return f"rgb({red}, {green}, {blue})", "#fff" if dark else "#222"
 
 
+def _cell_style(value: float, top: float, rgb: tuple[int, int, int]) -> tuple[str, str]:
+    """CSS colours of a grid cell over an image, as the page's script computes them.
+
+    The view's colour at an opacity of `_CELL_OPACITY` times the score's share of `top`
+    (in thousandths): the picture under a cell of score 0 shows unchanged.
+    """
+    strength = min(1.0, max(0.0, value / top)) if top > 0 else 0.0
+    thousandths = math.floor(1000 * _CELL_OPACITY * strength + 0.5)
+    red, green, blue = rgb
+    return f"rgba({red}, {green}, {blue}, {thousandths / 1000:g})", "#222"
+
+
+def _image_url(image: Any, grid: tuple[int, int] | None) -> str | None:
+    """Validate a view's `image` (it needs a `grid`); return it as a PNG data: URL."""
+    if image is None:
+        return None
+    if grid is None:
+        msg = (
+            "`image` needs `grid=(rows, cols)`: the picture is drawn under the patch grid; "
+            "pass the grid or leave `image` out."
+        )
+        raise ValueError(msg)
+    from ._png import png_data_url
+
+    shape = np.shape(image)
+    if not (len(shape) == 2 or (len(shape) == 3 and shape[-1] in (3, 4))) or 0 in shape:
+        msg = (
+            f"`image` must be a picture of shape (H, W), (H, W, 3) or (H, W, 4); got shape "
+            f"{shape}. Move a channel-first (3, H, W) array's channels last."
+        )
+        raise ValueError(msg)
+    return png_data_url(image)
+
+
+def _image_style(url: str | None) -> str:
+    """Return the view's style attribute that puts `url` under its grids ('' for none)."""
+    return "" if url is None else f" style=\"--attnflow-image: url('{url}')\""
+
+
 def _checked_grid(grid: object, n: int) -> tuple[int, int] | None:
     """Validate a view's `grid` against its `n` tokens: None or (rows, cols) as ints."""
     if grid is None:
@@ -827,12 +913,16 @@ def _content(escaped: str, cell: bool) -> str:
     return f'<span class="attnflow-cell-text">{escaped}</span>' if cell else escaped
 
 
-def _arranged(elements: Sequence[str], grid: tuple[int, int]) -> str:
-    """Lay out the tokens' elements: the leading spans on a line, then the grid of cells."""
+def _arranged(elements: Sequence[str], grid: tuple[int, int], *, over_image: bool = False) -> str:
+    """Lay out the tokens' elements: the leading spans on a line, then the grid of cells.
+
+    With `over_image` the grid draws the view's picture under its cells.
+    """
     rows, cols = grid
     first_cell = len(elements) - rows * cols
     size = _cell_size(grid)
     small = "" if size >= _CELL_LABELLED else " attnflow-grid-small"
+    small += " attnflow-grid-image" if over_image else ""
     parts = ['<div class="attnflow-patches">']
     if first_cell:
         parts.append(f'<div class="attnflow-extra">{"".join(elements[:first_cell])}</div>')

@@ -89,11 +89,15 @@ def _figure_and_axes(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Fig
     return ax.figure.figure, ax  # the root figure, also for an axes in a subfigure
 
 
-def _label_tokens(ax: Axes, tokens: Sequence[str]) -> None:
-    """Token names on the x axis, rotated when they would collide."""
+def _label_tokens(ax: Axes, tokens: Sequence[str], room: float | None = None) -> None:
+    """Token names on the x axis, rotated when they would collide.
+
+    `room`: inches per token, when known (about 0.09 inch per character of 10 pt text).
+    """
     ax.set_xticks(range(len(tokens)))
     longest = max((len(token) for token in tokens), default=0)
-    if len(tokens) > 8 or longest * len(tokens) > 40:
+    crowded = longest * 0.09 > room if room is not None else longest * len(tokens) > 40
+    if len(tokens) > 8 or crowded:
         ax.set_xticklabels(tokens, rotation=45, ha="right", rotation_mode="anchor")
     else:
         ax.set_xticklabels(tokens)
@@ -101,6 +105,41 @@ def _label_tokens(ax: Axes, tokens: Sequence[str]) -> None:
 
 def _token_axis_width(n: int) -> float:
     return max(3.0, 0.5 * n + 1.0)
+
+
+#: The widest figure (inches) that multi-panel functions aim for: shown at a page's content
+#: width (about 800 px), default 10 pt tick labels stay 9 px or more.
+_MAX_WIDTH = 12.0
+#: Inches per token on a token axis: the preferred width, and the least before wrapping
+#: panels onto more rows (45-degree labels of 10 pt text still clear each other).
+_TOKEN_WIDTH, _TOKEN_WIDTH_MIN = 0.34, 0.25
+#: Inches around the panels: the layer axis (label and ticks), the room between panels,
+#: and a colour bar with its ticks.
+_LAYER_AXIS, _PANEL_GAP, _COLOUR_BAR = 0.8, 0.35, 0.75
+
+
+def _panel_layout(
+    n_panels: int, n: int, *, least: float, per_panel_bar: bool, columns: int | None
+) -> tuple[int, float]:
+    """Choose the columns of a panel grid and the width (inches) of each panel's axes.
+
+    The most columns (up to `n_panels`) whose row fits `_MAX_WIDTH` with at least
+    `_TOKEN_WIDTH_MIN` inches per token (and `least` inches per axes, for its title); one
+    column when even that does not fit.
+    """
+
+    def room(c: int) -> float:
+        bars = c if per_panel_bar else 1
+        return (_MAX_WIDTH - _LAYER_AXIS - c * _PANEL_GAP - bars * _COLOUR_BAR) / c
+
+    chosen = columns if columns is not None else 1
+    if columns is None:
+        for c in range(n_panels, 0, -1):
+            if room(c) >= max(least, _TOKEN_WIDTH_MIN * n):
+                chosen = c
+                break
+    width = max(least, min(_TOKEN_WIDTH * n, room(chosen)), _TOKEN_WIDTH_MIN * n)
+    return chosen, width
 
 
 # -- token_heatmap -------------------------------------------------------------------------
@@ -279,12 +318,15 @@ def layer_token_map(
     title: str | None = None,
     figsize: tuple[float, float] | None = None,
     ylabel: str = "layer",
+    columns: int | None = None,
 ) -> Figure:
     """Draw layer x input-token maps side by side (Abnar & Zuidema 2020, Figures 2-3).
 
     Each panel shows, for one output position, the attention to every input token
     (x axis) at every layer (y axis, layer 1 at the bottom as in the paper). Pass raw
-    attention, rollout and flow together to compare them.
+    attention, rollout and flow together to compare them. Panels that would make the
+    figure wider than about 12 inches wrap onto more rows, so that the tick labels stay
+    legible when the figure is shown at a page's width.
 
     Parameters
     ----------
@@ -313,9 +355,14 @@ def layer_token_map(
     title : str, optional
         Title above all panels.
     figsize : tuple of float, optional
-        Figure size in inches; by default it grows with the number of tokens and layers.
+        Figure size in inches; by default it grows with the number of tokens and layers,
+        up to about 12 inches wide (more only when one panel needs it).
     ylabel : str, default "layer"
         What the rows are: ``"head"`` for the maps of ``heads="each"`` at one layer.
+    columns : int, optional
+        Panels per row. By default as many as fit in about 12 inches at 0.25 to 0.34
+        inches per token (all of them for short sentences); the others wrap onto
+        further rows.
 
     Returns
     -------
@@ -327,7 +374,7 @@ def layer_token_map(
     ------
     ValueError
         If a map is not two-dimensional or not finite, `tokens` or `titles` has the wrong
-        length, or `maps` is empty.
+        length, `maps` is empty, or `columns` is not a positive int.
     TypeError
         If `tokens` is not a sequence of strings.
 
@@ -361,17 +408,41 @@ def layer_token_map(
             )
             raise ValueError(msg)
     labels = check_tokens(tokens, n, "maps")
+    given: object = columns
+    if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
+        msg = f"`columns` must be a positive int (panels per row) or None; got {columns!r}."
+        raise ValueError(msg)
+    # Room for each panel's title (about 0.1 inch per character at the default 12 pt).
+    least = max([1.2] + [0.1 * len(name) for name, _ in panels if name is not None])
+    n_columns, axis_width = _panel_layout(
+        len(panels), n, least=least, per_panel_bar=not shared_scale, columns=columns
+    )
+    n_rows = -(-len(panels) // min(n_columns, len(panels)))
+    if columns is None:  # balanced rows: four panels as 2 x 2, not 3 + 1
+        n_columns = -(-len(panels) // n_rows)
+        axis_width = _panel_layout(
+            n_columns, n, least=least, per_panel_bar=not shared_scale, columns=n_columns
+        )[1]
+    n_columns = min(n_columns, len(panels))
     n_layers = max(array.shape[0] for _, array in panels)
     if figsize is None:
-        width = len(panels) * _token_axis_width(n) + 1.0
-        height = max(2.6, 0.38 * n_layers + 1.8)
+        bars = n_columns if not shared_scale else 1
+        width = _LAYER_AXIS + n_columns * (axis_width + _PANEL_GAP) + bars * _COLOUR_BAR
+        longest = max((len(label) for label in labels), default=0)
+        labels_height = 0.25 + 0.07 * min(longest, 14)  # 45-degree token labels
+        row_height = max(2.2, 0.3 * n_layers + 0.7 + labels_height)
+        height = n_rows * row_height + (0.35 if title is not None else 0.0)
         figsize = (width, height)
 
     from matplotlib.colors import Normalize
 
     figure = _new_figure(figsize)
-    axes_grid = figure.subplots(1, len(panels), squeeze=False)
-    axes = list(axes_grid[0])
+    axes_grid = figure.subplots(n_rows, n_columns, squeeze=False)
+    every_axes = [ax for line in axes_grid for ax in line]
+    axes = every_axes[: len(panels)]
+    for unused in every_axes[len(panels) :]:
+        figure.delaxes(unused)
+    same_rows = len({array.shape[0] for _, array in panels}) == 1
     shared = None
     if shared_scale:
         every = np.concatenate([array.ravel() for _, array in panels])
@@ -386,15 +457,19 @@ def layer_token_map(
         layers = array.shape[0]
         ax.set_yticks(range(layers))
         ax.set_yticklabels([str(layer + 1) for layer in range(layers)])
-        if index == 0:
+        if index % n_columns == 0:
             ax.set_ylabel(ylabel)
-        _label_tokens(ax, labels)
+        elif same_rows:  # the row labels of the panel on the left hold for this one
+            ax.tick_params(axis="y", labelleft=False)
+        _label_tokens(ax, labels, room=axis_width / max(n, 1))
         if panel_title is not None:
             ax.set_title(panel_title)
         if shared is None:
             figure.colorbar(image, ax=ax, fraction=0.08, pad=0.02)
     if shared is not None:
-        figure.colorbar(images[0], ax=axes, fraction=0.04, pad=0.02)
+        figure.colorbar(
+            images[0], ax=axes, fraction=0.04 if n_rows == 1 else 0.03, pad=0.02, aspect=25
+        )
     if title is not None:
         figure.suptitle(title)
     return figure
@@ -876,6 +951,12 @@ def faithfulness_by_layer(
     figure = _new_figure(figsize or (width, 3.4))
     axes = figure.subplots(1, len(panels), squeeze=False)[0]
     layers = np.arange(1, report.n_layers + 1)
+    # Published tables may have more layers than the model evaluated (the paper's six
+    # beside a smaller model): each line is drawn over its own layers.
+    longest = max(
+        [report.n_layers]
+        + [len(values) for lines in (paper or {}).values() for values in lines.values()]
+    )
     name = report.correlation.capitalize()
     for ax, (kind, which) in zip(axes, panels, strict=True):
         for index, method in enumerate(report.methods):
@@ -899,10 +980,10 @@ def faithfulness_by_layer(
             published = (paper or {}).get(which, {}).get(method)
             if published is not None:
                 # Published tables may skip layers (NaN): join the reported ones.
-                shown = np.asarray(published, dtype=float)
+                shown = np.asarray(published, dtype=float).reshape(-1)
                 reported = np.isfinite(shown)
                 ax.plot(
-                    layers[: shown.size][reported],
+                    np.arange(1, shown.size + 1)[reported],
                     shown[reported],
                     ":",
                     color=colour,
@@ -921,7 +1002,7 @@ def faithfulness_by_layer(
             ax.set_title(f"{which} AOPC {arrow}")
             ax.set_ylabel("AOPC (mean)")
         ax.set_xlabel("layer")
-        ax.set_xticks(layers)
+        ax.set_xticks(np.arange(1, longest + 1))
         ax.grid(axis="y", color="0.9", linewidth=0.6)
     # One legend for all panels, below them, so that it never hides a line.
     # Each label once, from whichever panel has it (the paper's lines may be on some only).
@@ -931,8 +1012,62 @@ def faithfulness_by_layer(
             entries.setdefault(label, handle)
     handles, labels = list(entries.values()), list(entries)
     figure.legend(
-        handles, labels, loc="outside lower center", ncols=min(len(labels), 6), frameon=False
+        handles,
+        labels,
+        loc="outside lower center",
+        ncols=_legend_columns(labels, figure.get_figwidth()),
+        frameon=False,
     )
     if title is not None:
-        figure.suptitle(title)
+        figure.suptitle(_wrapped(title, figure.get_figwidth()))
     return figure
+
+
+def _text_width(text: str, size: Any) -> float:
+    """Return the width (points) of `text` in the default font at `size`."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    width, _, _ = TextToPath().get_text_width_height_descent(
+        text, FontProperties(size=size), ismath=False
+    )
+    return float(width)
+
+
+def _legend_columns(labels: Sequence[str], width_inches: float) -> int:
+    """Return the most legend columns (up to 6) whose widest entries fit the figure."""
+    from matplotlib import rcParams
+
+    size = rcParams["legend.fontsize"]
+    em = _text_width("M", size) / 0.8  # about one font size, in points
+    entry = (
+        max(_text_width(label, size) for label in labels)
+        + (
+            rcParams["legend.handlelength"]
+            + rcParams["legend.handletextpad"]
+            + rcParams["legend.columnspacing"]
+        )
+        * em
+    )
+    fitting = int(0.95 * width_inches * 72.0 // entry)
+    return max(1, min(len(labels), 6, fitting))
+
+
+def _wrapped(title: str, width_inches: float) -> str:
+    """Break `title` at spaces into lines that fit the figure's width as a suptitle."""
+    from matplotlib import rcParams
+
+    size = rcParams["figure.titlesize"]
+    room = 0.95 * width_inches * 72.0
+    lines: list[str] = []
+    for paragraph in title.split("\n"):
+        line = ""
+        for word in paragraph.split(" "):
+            longer = f"{line} {word}" if line else word
+            if line and _text_width(longer, size) > room:
+                lines.append(line)
+                line = word
+            else:
+                line = longer
+        lines.append(line)
+    return "\n".join(lines)

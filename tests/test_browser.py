@@ -336,3 +336,104 @@ def test_interactive_grid_lays_out_and_follows_its_controls_in_headless_chromium
         assert base64.b64decode(shot)[:4] == b"\x89PNG"
     finally:
         browser.close()
+
+
+# The patch grids of a page as drawn: the picture under each, and every cell's colour.
+IMAGE_GRID_SNAPSHOT = """(function () {
+  var grids = Array.prototype.map.call(document.querySelectorAll(".attnflow-grid"),
+    function (grid) {
+      var box = grid.getBoundingClientRect(), style = getComputedStyle(grid);
+      return {image: style.backgroundImage, size: style.backgroundSize,
+              box: [box.left, box.top, box.width, box.height], inView:
+                grid.closest("noscript") === null && box.width > 0};
+    });
+  var root = document.querySelector(".attnflow-interactive");
+  var cells = Array.prototype.map.call(root.querySelectorAll(".attnflow-cell"),
+    function (cell) {
+      var box = cell.getBoundingClientRect();
+      /* A point a fifth of the way into the cell: clear of its centred label. */
+      return [getComputedStyle(cell).backgroundColor, box.left + box.width / 5,
+              box.top + box.height / 5];
+    });
+  return {grids: grids, cells: cells, dpr: window.devicePixelRatio};
+})()"""
+
+
+def _rgba(css: str) -> tuple[float, float, float, float]:
+    """Parse a computed CSS colour, "rgb(r, g, b)" or "rgba(r, g, b, a)"."""
+    numbers = [float(x) for x in re.findall(r"[\d.]+", css)]
+    return (*numbers[:3], numbers[3] if len(numbers) == 4 else 1.0)  # type: ignore[return-value]
+
+
+def test_image_explanation_page_draws_the_picture_under_its_grid_in_headless_chromium(
+    tmp_path: Path,
+) -> None:
+    """The picture the model saw lies under the patch grid and shows through its cells."""
+    if "numpy" not in {v.library for v in selected_variants()}:
+        pytest.skip("rendered once per matrix run, in the numpy session")
+    from png_reference import read_png
+
+    from attnflow._png import png_data_url
+    from attnflow.explanation import Explanation
+
+    chromium = _chromium()
+    rows, cols, patch = 3, 4, 16
+    # Each patch one flat colour, so the pixel under a cell's centre is known exactly.
+    rng = np.random.default_rng(3)
+    colours = rng.integers(20, 236, size=(rows, cols, 3), dtype=np.uint8)
+    image = np.repeat(np.repeat(colours, patch, axis=0), patch, axis=1)  # (48, 64, 3)
+    tokens = ["[CLS]"] + [f"({r},{c})" for r in range(rows) for c in range(cols)]
+    n = len(tokens)
+    scores = rng.random((2, 2, n))  # (methods, layers, n)
+    scores[0, -1, 1 + 5] = 0.0  # patch (1,1): a score of 0, the picture alone
+    explanation = Explanation(
+        tokens,
+        {"rollout": scores[0], "flow": scores[1]},
+        special=[True] + [False] * (n - 1),
+        grid=(rows, cols),
+        image=image,
+    )
+    page = tmp_path / "image.html"
+    explanation.to_html(page)
+    browser = Browser(chromium, [*FLAGS, "--window-size=900,900"], page.as_uri(), tmp_path / "p")
+    try:
+        browser.wait_for("document.querySelector('[data-ready=\"1\"]') !== null")
+        before = browser.evaluate(IMAGE_GRID_SNAPSHOT)
+        (grid,) = [g for g in before["grids"] if g["inView"]]
+        left, top, width, height = grid["box"]
+        clip = {"x": left, "y": top, "width": width, "height": height, "scale": 1}
+        shot = browser.call("Page.captureScreenshot", format="png", clip=clip)["data"]
+        browser.evaluate(
+            "(function () { var m = document.querySelector('[data-control=\"method\"]');"
+            " m.value = '1'; m.dispatchEvent(new Event('change')); })()"
+        )
+        after = browser.evaluate(IMAGE_GRID_SNAPSHOT)
+    finally:
+        browser.close()
+    # The grid has the picture under it, stretched to the grid: the PNG attnflow encoded
+    # (the static grids for readers without scripts, in <noscript>, name it too).
+    url = png_data_url(image)
+    assert [g["image"] for g in before["grids"]] == [f'url("{url}")']
+    assert grid["size"] == "100% 100%"
+    assert page.read_text(encoding="utf-8").count(f"--attnflow-image: url('{url}')") == 2
+    # Each cell in the scale is the hue (192, 57, 43) at an opacity of 0.75 x score / max,
+    # before and after the script recolours the cells for another method.
+    for shown, method in ((before, 0), (after, 1)):
+        values = scores[method, -1, 1:]
+        for (css, _, _), value in zip(shown["cells"], values, strict=True):
+            red, green, blue, alpha = _rgba(css)
+            assert (red, green, blue) == (192, 57, 43)
+            assert alpha == pytest.approx(0.75 * value / values.max(), abs=1 / 255 + 1e-3)
+    # What a person sees: in each cell the blend of the hue over the picture's pixel there
+    # (exactly the picture where the score is 0).
+    pixels = read_png(base64.b64decode(shot))[..., :3].astype(float)
+    scale = before["dpr"]
+    values = scores[0, -1, 1:]
+    for index, (css, x, y) in enumerate(before["cells"]):
+        alpha = _rgba(css)[3]
+        below = colours[index // cols, index % cols].astype(float)
+        blend = alpha * np.array([192.0, 57.0, 43.0]) + (1 - alpha) * below
+        seen = pixels[round((y - top) * scale), round((x - left) * scale)]
+        assert np.abs(seen - blend).max() <= 4, (index, seen, blend)
+        if values[index] == 0:
+            assert np.abs(seen - below).max() <= 2

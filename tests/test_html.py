@@ -209,9 +209,12 @@ def test_the_out_of_scale_look_is_one_class_of_the_shared_style_sheet() -> None:
 
 
 def test_importing_attnflow_html_imports_no_plotting_library() -> None:
+    """Nor does drawing a picture under a grid (its PNG encoder is zlib and struct)."""
     code = (
-        "import sys, attnflow.html\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'IPython'}), "
+        "import sys, numpy as np, attnflow.html\n"
+        "attnflow.html.TokenView(np.ones(5), list('abcde'), grid=(2, 2), image=np.zeros((4, 4)))"
+        ".to_html()\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'matplotlib', 'IPython', 'PIL'}), "
         "'attnflow.plot' in sys.modules)\n"
     )
     out = subprocess.run(
@@ -525,3 +528,107 @@ def test_bad_grids_are_refused_before_any_rendering(
     # The largest grid the tokens allow, and a grid of numpy ints, are fine.
     assert TokenView(scores, GRID_TOKENS, grid=(2, 7)).grid == (2, 7)
     assert InteractiveView(scores, GRID_TOKENS, grid=(np.int64(3), np.int64(4))).grid == GRID
+
+
+# -- the picture under a patch grid ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (5, 7, 3), (5, 7, 4), (1, 1, 3), (300, 2, 3)], ids=str)
+def test_png_encoder_round_trips_through_a_reader_written_from_the_spec(
+    shape: tuple[int, ...],
+) -> None:
+    from png_reference import read_png
+
+    from attnflow._png import encode_png
+
+    pixels = np.random.default_rng(len(shape)).integers(0, 256, size=shape, dtype=np.uint8)
+    decoded = read_png(encode_png(pixels))
+    np.testing.assert_array_equal(decoded.reshape(shape), pixels)
+    try:  # and through Pillow, where the environment has it (matplotlib brings it)
+        from PIL import Image
+    except ImportError:
+        return
+    import io
+
+    with Image.open(io.BytesIO(encode_png(pixels))) as opened:
+        np.testing.assert_array_equal(np.asarray(opened).reshape(shape), pixels)
+
+
+def test_pictures_become_8_bit_as_the_figures_read_them() -> None:
+    from attnflow._png import encode_png, to_uint8
+
+    ramp01 = np.linspace(0.0, 1.0, 6).reshape(2, 3)
+    np.testing.assert_array_equal(to_uint8(ramp01), [[0, 51, 102], [153, 204, 255]])
+    np.testing.assert_array_equal(to_uint8(ramp01 * 255), to_uint8(ramp01))  # 8-bit floats
+    normalised = ramp01 * 4 - 2  # a mean/std-normalised input: its own range
+    np.testing.assert_array_equal(to_uint8(normalised), to_uint8(ramp01))
+    ints = np.array([[0, 7], [200, 255]], dtype=np.int64)
+    assert to_uint8(ints).dtype == np.uint8
+    np.testing.assert_array_equal(to_uint8(ints), ints)
+    # Long pictures are shrunk by an integer factor, each pixel the mean of its block.
+    big = np.zeros((2050, 10), dtype=np.uint8)
+    big[::2] = 200
+    small = to_uint8(big)
+    assert small.shape == (683, 3)
+    np.testing.assert_array_equal(
+        small, np.where(np.arange(683) % 2 == 0, 133, 67)[:, None] + np.zeros((1, 3), int)
+    )
+    with pytest.raises(ValueError, match="8-bit values"):
+        to_uint8(np.array([[256]]))
+    with pytest.raises(ValueError, match="`image` must be finite"):
+        to_uint8(np.array([[np.nan]]))
+    with pytest.raises(ValueError, match="`pixels` must be uint8"):
+        encode_png(np.zeros((2, 2)))
+
+
+def test_views_draw_the_picture_under_the_grid_and_their_cells_see_through() -> None:
+    from png_reference import read_png
+
+    image = np.random.default_rng(1).integers(0, 256, size=(30, 40, 3), dtype=np.uint8)
+    scores = {"rollout": _grid_scores(), "flow": _grid_scores()[::-1].copy()}
+    exclude = [0, 1, 2 + 5]
+    plain = TokenView(scores, GRID_TOKENS, scale_exclude=exclude, grid=GRID)
+    over = TokenView(scores, GRID_TOKENS, scale_exclude=exclude, grid=GRID, image=image)
+    interactive = InteractiveView(
+        {"rollout": scores["rollout"]}, GRID_TOKENS, scale_exclude=exclude, grid=GRID, image=image
+    )
+    for view, text in ((over, over.to_html()), (interactive, interactive.to_html())):
+        (url,) = set(re.findall(r"--attnflow-image: url\('data:image/png;base64,([^']*)'\)", text))
+        import base64
+
+        np.testing.assert_array_equal(read_png(base64.b64decode(url)), image)
+        page = parse(text)
+        assert page.grids
+        assert all("attnflow-grid-image" in g["class"] for g in page.grids)
+        values = list(scores.values()) if view is over else [scores["rollout"]]
+        top = max(
+            float(v[[i for i in range(len(GRID_TOKENS)) if i not in exclude]].max()) for v in values
+        )
+        for r, row in enumerate(values):
+            cells = page.cells[12 * r : 12 * r + 12]
+            for i, (cell, value) in enumerate(zip(cells, row[2:], strict=True)):
+                if i + 2 in exclude:
+                    assert unscaled(cell)
+                    continue
+                alpha = np.floor(1000 * 0.75 * max(0.0, value) / top + 0.5) / 1000
+                assert f"background-color: rgba(192, 57, 43, {alpha:g})" in cell["style"]
+        # The leading tokens (not over the picture) keep the opaque ramp.
+        assert all("rgba" not in span.get("style", "") for span in page.tokens)
+    assert "attnflow-image" not in plain.to_html().split("</style>", 1)[1]
+    # The style sheet: the picture fills each grid; cells out of the scale stay see-through.
+    assert ".attnflow-grid-image { background-image: var(--attnflow-image);" in _CSS
+    assert "background-color: rgba(238, 238, 238, 0.55)" in _CSS
+    # The script's data says whether the cells are over a picture, and how opaque at most.
+    data = interactive._data()
+    assert (data["overImage"], data["cellOpacity"]) == (True, 0.75)
+
+
+def test_an_image_needs_a_grid_and_must_be_a_picture() -> None:
+    scores = _grid_scores()
+    for make in (TokenView, InteractiveView):
+        with pytest.raises(ValueError, match=r"`image` needs `grid=\(rows, cols\)`"):
+            make(scores, GRID_TOKENS, image=np.zeros((4, 4)))
+        with pytest.raises(ValueError, match=r"`image` must be a picture .*\(3, 8, 8\)"):
+            make(scores, GRID_TOKENS, grid=GRID, image=np.zeros((3, 8, 8)))
+        with pytest.raises(ValueError, match="8-bit values"):
+            make(scores, GRID_TOKENS, grid=GRID, image=np.full((4, 4), 300))

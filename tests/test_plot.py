@@ -261,6 +261,122 @@ def test_layer_token_map_bad_input_names_the_parameter() -> None:
         layer_token_map(np.ones((1, 2, 3, 4)), tokens=["a", "b", "c", "d"])
 
 
+def _drawn(figure: Figure) -> Any:
+    """Draw `figure` with Agg and return its renderer (for the extents of what it drew)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def _inside(extent: Any, figure: Figure) -> bool:
+    box = figure.bbox
+    return bool(
+        extent.x0 >= box.x0 - 0.5
+        and extent.y0 >= box.y0 - 0.5
+        and extent.x1 <= box.x1 + 0.5
+        and extent.y1 <= box.y1 + 0.5
+    )
+
+
+#: The documentation's content width (px) at which a figure must stay legible.
+PAGE_WIDTH = 800
+
+
+@pytest.mark.parametrize(("panels", "n", "columns"), [(3, 11, 3), (4, 12, 2), (2, 11, 2)])
+def test_layer_token_map_stays_legible_at_page_width(panels: int, n: int, columns: int) -> None:
+    """The gallery's figures: tick labels of 9 px or more when shown 800 px wide."""
+    rng = np.random.default_rng(0)
+    tokens = ["<|endoftext|>"] + [f"word{i}" for i in range(n - 1)]
+    names = ["rollout", "receptive_field=True", "exclude=0", "both"][:panels]
+    maps = {name: rng.dirichlet(np.ones(n), size=6) for name in names}
+    figure = layer_token_map(maps, tokens=tokens, title="last token")
+    renderer = _drawn(figure)
+    width = figure.get_figwidth()
+    drawn = figure.axes[:panels]
+    assert len({round(ax.get_position().x0, 3) for ax in drawn}) == columns
+    for ax in drawn:
+        for label in [*ax.get_xticklabels(), *ax.get_yticklabels()]:
+            if label.get_visible() and label.get_text():
+                # Its size in px when the whole figure is scaled to the page's width.
+                assert label.get_fontsize() / 72 * PAGE_WIDTH / width >= 9, width
+                assert _inside(label.get_window_extent(renderer), figure), label.get_text()
+        assert _inside(ax.title.get_window_extent(renderer), figure)
+    # No panel overlaps another, nor the colour bar.
+    boxes = [ax.get_window_extent(renderer) for ax in figure.axes]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not a.overlaps(b)
+    # Every panel still shows its map, layer 1 at the bottom.
+    for ax, expected in zip(drawn, maps.values(), strict=True):
+        np.testing.assert_allclose(image_data(ax), expected)
+
+
+def test_layer_token_map_columns_and_bad_columns() -> None:
+    maps = [np.full((2, 3), 1 / 3)] * 4
+    figure = layer_token_map(maps, tokens=["a", "b", "c"], columns=1)
+    assert len({round(ax.get_position().x0, 3) for ax in figure.axes[:4]}) == 1
+    with pytest.raises(ValueError, match=r"`columns` must be a positive int .*got 0"):
+        layer_token_map(maps, tokens=["a", "b", "c"], columns=0)
+
+
+# -- faithfulness_by_layer --------------------------------------------------------------------
+
+
+def _report(layers: int = 6, references: tuple[str, ...] = ("blank_out", "input_gradients")) -> Any:
+    from attnflow.evaluate import FaithfulnessReport
+
+    rng = np.random.default_rng(0)
+    methods = ("raw", "rollout", "flow")
+    samples = {
+        f"correlation.{m}.{r}": rng.normal(shift, 0.2, (20, layers))
+        for m, shift in zip(methods, (0.1, 0.5, 0.6), strict=True)
+        for r in references
+    }
+    return FaithfulnessReport(samples, methods, references, "spearman", "drop", 0)
+
+
+def test_faithfulness_figure_keeps_its_title_and_legend_inside() -> None:
+    """Two panels, six legend entries and a long title: nothing is cut at the edges."""
+    from attnflow.plot import faithfulness_by_layer
+
+    paper = {r: {m: [0.3] * 6 for m in ("raw", "rollout", "flow")} for r in ("blank_out",)}
+    title = (
+        "Abnar & Zuidema (2020), Table 3 analogue: MiniLM on offline sentiment: [CLS] row, "
+        "input gradients as the gradient norm (l2)"
+    )
+    for figure in (
+        faithfulness_by_layer(_report(), paper=paper, title=title),
+        faithfulness_by_layer(_report(references=("blank_out",)), paper=paper, title=title),
+    ):
+        renderer = _drawn(figure)
+        suptitle = figure.get_suptitle()
+        assert suptitle.replace("\n", " ") == title
+        assert _inside(figure._suptitle.get_window_extent(renderer), figure)  # type: ignore[union-attr]
+        (legend,) = figure.legends
+        assert [t.get_text() for t in legend.get_texts()] == [
+            "raw", "raw (paper)", "rollout", "rollout (paper)", "flow", "flow (paper)"
+        ]  # fmt: skip
+        assert _inside(legend.get_window_extent(renderer), figure)
+        for ax in figure.axes:
+            assert _inside(ax.get_tightbbox(renderer), figure)
+            assert not ax.get_window_extent(renderer).overlaps(legend.get_window_extent(renderer))
+
+
+def test_faithfulness_figure_draws_the_papers_layers_beside_a_smaller_model() -> None:
+    """The paper's six layers beside a three-layer model: each line over its own layers."""
+    from attnflow.plot import faithfulness_by_layer
+
+    published = [0.32, 0.38, np.nan, 0.62, 0.70, 0.71]  # a layer the table skips
+    figure = faithfulness_by_layer(_report(layers=3), paper={"blank_out": {"rollout": published}})
+    lines = {line.get_label(): line for line in figure.axes[0].get_lines()}
+    np.testing.assert_array_equal(lines["rollout"].get_xdata(), [1, 2, 3])
+    np.testing.assert_array_equal(lines["rollout (paper)"].get_xdata(), [1, 2, 4, 5, 6])
+    np.testing.assert_allclose(lines["rollout (paper)"].get_ydata(), [0.32, 0.38, 0.62, 0.70, 0.71])
+    assert list(figure.axes[0].get_xticks()) == [1, 2, 3, 4, 5, 6]
+
+
 # -- image_overlay ----------------------------------------------------------------------------
 
 

@@ -96,6 +96,10 @@ def test_one_call_equals_capture_and_the_methods(picture: np.ndarray) -> None:
     assert e.image.dtype == np.uint8
     seen = (inputs["pixel_values"][0].permute(1, 2, 0).double() * 0.5 + 0.5) * 255
     assert np.abs(e.image.astype(float) - seen.numpy()).max() <= 0.5 + 1e-9
+    # Its page draws that picture under the patch grid (tests/test_browser.py: as shown).
+    from attnflow._png import png_data_url
+
+    assert f"--attnflow-image: url('{png_data_url(e.image)}')" in e.to_html()
 
 
 def test_another_row_and_gradient_rollout(picture: np.ndarray) -> None:
