@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import os
-import resource
 import subprocess
 import sys
 import zipfile
@@ -292,20 +291,23 @@ def test_an_output_in_a_missing_folder_is_refused_before_reading(
 # -- item 5: bounded text reads ------------------------------------------------------------
 
 
-def _limited() -> None:
-    # A read without bound fails here at 3 GiB instead of taking the machine's memory.
-    resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+# The child limits its own memory before attnflow runs: a read without bound fails there at
+# 3 GiB instead of taking the machine's memory. (Not via preexec_fn: it forces a fork, which
+# JAX, imported by the test session, warns about.)
+_LIMITED = (
+    "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30)); "
+    "from attnflow._cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def run_cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONSAFEPATH": "1", "OPENBLAS_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "attnflow", *argv],
+        [sys.executable, "-c", _LIMITED, *argv],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=env,
-        preexec_fn=_limited,  # the child only: no threads there yet
         check=False,
     )
 
