@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._host import to_host
-from attnflow._namespace import array_namespace, enter_boundary
+from attnflow._namespace import array_device, array_namespace, enter_boundary
 from attnflow._typing import Array, Namespace
 from attnflow._validation import describe
 
@@ -88,7 +88,7 @@ def source_ranks(
     /,
     *,
     explained: int = -1,
-) -> np.ndarray:
+) -> Array:
     r"""Rank of each item's source position in its scores, among the competing positions.
 
     .. math::
@@ -111,8 +111,8 @@ def source_ranks(
 
     Returns
     -------
-    ndarray of int64, shape (B, ...)
-        Ranks from 1 (best) to ``n - 2``.
+    array of int64, shape (B, ...)
+        Ranks from 1 (best) to ``n - 2``, in the namespace and on the device of `scores`.
 
     Examples
     --------
@@ -122,7 +122,7 @@ def source_ranks(
     >>> source_ranks(scores, [2, 1])
     array([1, 2])
     """
-    (converted,), _ = enter_boundary([scores], ["scores"])
+    (converted,), boundary = enter_boundary([scores], ["scores"])
     if getattr(converted, "shape", None) is None or len(converted.shape) < 2:
         msg = f"`scores` must be an array of shape (B, ..., n); got {describe(scores)}."
         raise ValueError(msg)
@@ -146,8 +146,11 @@ def source_ranks(
     own = np.take_along_axis(flat, positions[:, None, None], axis=-1)
     others = competing[None, None, :] & (np.arange(n) != positions[:, None, None])
     ranks = 1 + np.sum(others & (flat >= own), axis=-1)
-    result: np.ndarray = ranks.reshape(host.shape[:-1]).astype(np.int64)
-    return result
+    result = ranks.reshape(host.shape[:-1]).astype(np.int64)
+    # Counted on the host; handed back in the caller's namespace and device, as int64.
+    xp = array_namespace(converted)
+    back = xp.asarray(result, device=array_device(converted))
+    return boundary.restore(back)
 
 
 def max_attention(attentions: Array, /, *, rows: int = -1, xp: Namespace | None = None) -> Array:
