@@ -1,6 +1,7 @@
 """The one place where arrays cross between their device and the host.
 
-Attention flow solves max-flow problems with igraph, which runs on the CPU on NumPy data;
+Attention flow solves max-flow problems on the CPU on NumPy data (the compiled kernel, or
+igraph);
 the evaluation (`attnflow.evaluate`) builds perturbed inputs and reads model outputs on
 the host. Rollout never leaves the caller's device.
 """

@@ -1,7 +1,8 @@
 """Unvalidated attention flow on NaN input: NaN out where rollout would give NaN.
 
 Max-flow cannot use a NaN or infinite capacity (igraph reads it as no edge, which
-silently gives zeros). With ``validate=False`` flow therefore solves on the finite
+silently gives zeros; the compiled kernel's bounds and comparisons are meaningless on
+NaN). With ``validate=False`` flow therefore solves on the finite
 capacities (the bad ones zeroed) and then marks as NaN every result that the bad values
 reach, by the rule that matrix products follow in rollout: ``(A B)[i, j]`` is NaN when row
 ``i`` of ``A`` or column ``j`` of ``B`` holds one. Validated input never gets here.

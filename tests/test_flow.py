@@ -12,7 +12,7 @@ from oracle import oracle_flow, oracle_rollout, softmax_attention
 
 import attnflow
 
-EXACT = 1e-8  # the bar: equal to the independent max-flow within 1e-8 (float64)
+EXACT = 1e-12  # the README's promise: equal to the independent max-flow within 1e-12 (float64)
 
 
 def _random(seed: int, shape: tuple[int, ...], *, sparse: bool = False) -> np.ndarray:

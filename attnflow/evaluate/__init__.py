@@ -5,8 +5,9 @@ two independent importance scores of the input tokens, blank-out and input gradi
 (Tables 1-3). This package computes those scores and correlations, the standard erasure
 metrics (ERASER comprehensiveness and sufficiency with AOPC, deletion and insertion curves
 for images), and runs all of it over whole datasets. Models are plain callables, so the
-package imports no deep-learning framework; the adapters build the callables for PyTorch,
-JAX and Keras models. For causal LMs, prompts with a known source token (copying,
+package imports no deep-learning framework; for PyTorch models
+:func:`attnflow.adapters.torch.model_functions` builds the callables (for JAX and Keras,
+write the two or three small functions described in :func:`faithfulness`). For causal LMs, prompts with a known source token (copying,
 key-value retrieval, stated facts) give ground truth: :func:`ground_truth` reports how
 often each method ranks the source first.
 """
