@@ -17,6 +17,7 @@ from ._encoder_decoder_flow import encoder_decoder_flow
 from ._flow import FlowCost, flow, flow_cost
 from ._gradient_rollout import gradient_rollout
 from ._heads import fuse_heads
+from ._lost_workers import WorkersLostError
 from ._residual import add_residual
 from ._rollout import raw, rollout
 from .evaluate import (
@@ -38,6 +39,7 @@ __all__ = [
     "FlowCost",
     "ModelFunctions",
     "PerturbationCurve",
+    "WorkersLostError",
     "__version__",
     "add_residual",
     "attention_terms",

@@ -15,7 +15,7 @@ import numpy as np
 
 from ._graph import layered_graph_edges
 from ._host import from_host, to_host
-from ._lost_workers import lost_workers_message
+from ._lost_workers import WorkersLostError, lost_workers_message
 from ._maxflow import FlowTask, flow_path, solve_flow_task
 from ._nonfinite import clear_non_finite
 from ._prepare import PreparedAttention, check_arguments, prepare_attention
@@ -25,7 +25,7 @@ from ._residual import mix_residual
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 from ._validation import AttentionLayout, check_n_jobs
 
-__all__ = ["FlowCost", "WorkersLostError", "flow", "flow_cost"]
+__all__ = ["FlowCost", "flow", "flow_cost"]
 
 SECONDS_PER_PAIR_TOKEN = 2.3e-10
 """Cost of one max-flow of the compiled solver, per squared token count and per layer: the
@@ -58,10 +58,6 @@ frame to interrupt)."""
 
 DEFAULT_MAX_WORK = 2.5e10
 """Edge visits (max-flows x edges) above which `flow` refuses to start by default."""
-
-
-class WorkersLostError(RuntimeError):
-    """Attention flow's worker processes died (killed, or out of memory) before finishing."""
 
 
 @dataclass(frozen=True)

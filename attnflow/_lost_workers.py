@@ -13,7 +13,33 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["lost_workers_message", "unguarded_main_script"]
+__all__ = ["WorkersLostError", "lost_workers_message", "unguarded_main_script"]
+
+
+class WorkersLostError(RuntimeError):
+    """Attention flow's worker processes died (killed, or out of memory) before finishing.
+
+    :func:`attnflow.flow` raises it when a process pool it was given (``executor=``) loses
+    its workers; the message says why where it can tell (a script without the
+    ``if __name__ == "__main__":`` guard, a signal, memory). Nothing partial is returned.
+
+    Parameters
+    ----------
+    message : str
+        What happened and how to fix it.
+
+    Examples
+    --------
+    >>> import attnflow
+    >>> issubclass(attnflow.WorkersLostError, RuntimeError)
+    True
+    >>> try:
+    ...     raise attnflow.WorkersLostError("the workers died")
+    ... except attnflow.WorkersLostError as error:
+    ...     print(error)
+    the workers died
+    """
+
 
 _GUARD = re.compile(r"""__name__\s*==\s*["']__main__["']|["']__main__["']\s*==\s*__name__""")
 

@@ -20,10 +20,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from attnflow._flow import WorkersLostError, flow
 from attnflow._flow import _check_flow_options as check_flow_options
+from attnflow._flow import flow
 from attnflow._gradient_rollout import gradient_rollout
 from attnflow._host import to_host
+from attnflow._lost_workers import WorkersLostError
 from attnflow._namespace import array_device, array_namespace, enter_boundary
 from attnflow._rollout import raw, rollout
 from attnflow._typing import Array, Namespace
