@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import math
 import numbers
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, Self
 
 import attnflow
+from attnflow._methods import method_spec
 
 __all__ = [
     "CONTRIBUTIONS",
@@ -52,9 +54,10 @@ HEAD_REDUCTIONS: tuple[HeadReduction, ...] = ("mean", "max", "min")
 #: The value-aware token-mixing rules of attnflow.contributions.
 Contributions = Literal["norm", "globenc", "alti"]
 CONTRIBUTIONS: tuple[Contributions, ...] = ("norm", "globenc", "alti")
-#: The methods of the adapters' ``explain`` functions.
-Method = Literal["rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"]
-METHODS: tuple[Method, ...] = ("rollout", "flow", "gradient_rollout", "norm", "globenc", "alti")
+#: The methods of the adapters' ``explain`` functions: every method of the registry
+#: (:data:`attnflow._methods.METHODS`).
+Method = Literal["raw", "rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"]
+METHODS: tuple[Method, ...] = typing.get_args(Method)
 #: How input gradients are reduced over the hidden axis.
 Reduction = Literal["l2", "sum_abs", "x_input"]
 #: What input gradients differentiate: the target class's probability or its logit.
@@ -178,13 +181,8 @@ class CaptureBlock:
 
 # -- explain ----------------------------------------------------------------------------------
 def check_method(method: object) -> None:
-    """Check `explain`'s `method`: one of :data:`METHODS`."""
-    if method not in METHODS:
-        msg = (
-            '`method` must be "rollout", "flow", "gradient_rollout", "norm", "globenc" or '
-            f'"alti"; got {method!r}.'
-        )
-        raise ValueError(msg)
+    """Check `explain`'s `method`: a name of the method registry."""
+    method_spec(method)
 
 
 def check_no_target(method: object, target: object) -> None:
@@ -214,10 +212,9 @@ def explain_weights(
     heads: Any,
     options: Mapping[str, Any] | None,
 ) -> Any:
-    """Rollout (``method="rollout"``) or flow over captured weights, the mask by default."""
+    """Raw attention, rollout or flow over captured weights, the mask by default."""
     settings = {"mask": mask, **(options or {})}
-    function = attnflow.rollout if method == "rollout" else attnflow.flow
-    return function(attentions, rows=rows, heads=heads, **settings)
+    return method_spec(method).function()(attentions, rows=rows, heads=heads, **settings)
 
 
 def explain_gradients(

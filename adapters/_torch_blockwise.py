@@ -370,7 +370,7 @@ class _Recorder:
     def _on_model_call(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        from .torch import _padding_mask
+        from ._torch_capture import _padding_mask
 
         self.padding = _padding_mask(module, args, kwargs)
 
@@ -824,7 +824,7 @@ def explain_rows(
     if method == "rollout":
         check_no_target(method, target)
     else:
-        from .torch import _describe_target
+        from ._torch_gradients import _describe_target
 
         check_target_type(target, _describe_target)
     shape = _shape_of(inputs)
@@ -949,7 +949,7 @@ def _gae_rows(
     dtype: torch.dtype,
     target: Any,
 ) -> torch.Tensor:
-    from .torch import _target_classes
+    from ._torch_gradients import _target_classes
 
     if torch.is_inference_mode_enabled():
         msg = (

@@ -586,7 +586,7 @@ class _StepFollower:
         if not (self.rollout or self.raw):
             output = generate(**inputs, max_new_tokens=steps, **generation)
             return self._sequence(output)
-        from .torch import capture
+        from ._torch_capture import capture
 
         fuse_now = isinstance(self.heads, str)
         with capture(self.model, heads=self.heads if fuse_now else None) as cap:
@@ -687,7 +687,7 @@ def _gradient_rows(
     token's logit at the prefix's last position by every attention weight (one forward
     and one backward pass) and rolls the weights and gradients out.
     """
-    from .torch import explain
+    from ._torch_explain import explain
 
     n_generated = int(sequence.shape[0]) - n_prompt
     width = n_prompt + n_generated - 1

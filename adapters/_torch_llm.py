@@ -86,7 +86,7 @@ class _Captured:
         """``(layers, heads, n, n)`` float64."""
         ids = self._select(item)
         if self.weights is None:
-            from .torch import capture
+            from ._torch_capture import capture
 
             with torch.no_grad(), capture(self.model) as recorded:
                 self.model(ids)
@@ -97,7 +97,7 @@ class _Captured:
         """Weights and ``d logit[answer] / d weights`` at the last position."""
         ids = self._select(item)
         if self.gradients is None:
-            from .torch import attention_gradients
+            from ._torch_gradients import attention_gradients
 
             answer = item.answer_id
             weights, gradients = attention_gradients(

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from ._cli_common import PROG, UsageError
+
 __all__ = ["COMMANDS", "EXIT_FAILURE", "EXIT_USAGE", "Command", "main"]
 
 EXIT_FAILURE = 1
@@ -26,16 +28,6 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 """Exit status of a usage error (unknown command or option, bad value)."""
 _EXIT_INTERRUPTED = 130
-
-PROG = "attnflow"
-PAPER = (
-    'S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020, '
-    "https://arxiv.org/abs/2005.00928"
-)
-
-
-class UsageError(Exception):
-    """A bad command line; reported in one line with exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -121,12 +113,6 @@ def _configure_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-files", action="store_true", help="print the table only; write no files"
     )
-
-
-def _has_module(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is not None
 
 
 def _demo() -> Any:

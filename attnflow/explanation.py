@@ -30,6 +30,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from ._deprecation import MISSING, Missing, renamed_keyword, warn_renamed
 from ._display import check_patch_grid
 
 __all__ = ["Explanation"]
@@ -49,8 +50,10 @@ class Explanation:
     scores : mapping of str to array
         Per method (``"raw"``, ``"rollout"``, ``"flow"``...), the scores of the explained
         row at every layer, ``(layers, n)`` (first layer first), or at one layer, ``(n,)``.
-    row : int, default 0
-        The output position explained (0: ``[CLS]`` for BERT-like models).
+    rows : int, default 0
+        The output position explained (0: ``[CLS]`` for BERT-like models). One position:
+        the name is the core's (``rollout(..., rows=...)``). ``row`` is its deprecated
+        spelling.
     special : sequence of bool, optional
         True for special tokens (``[CLS]``, ``[SEP]``, padding). They stay in the data;
         the HTML views leave them out of the colour scale (drawn grey with a dashed
@@ -82,7 +85,7 @@ class Explanation:
     tokens : tuple of str
     scores : dict of str to ndarray
         ``(layers, n)`` float64 per method.
-    row, target, predicted : int or None
+    rows, target, predicted : int or None
     special : ndarray of bool
     probabilities : ndarray or None
     labels : tuple of str, dict of int to str, or None
@@ -135,7 +138,7 @@ class Explanation:
         tokens: Sequence[str],
         scores: Mapping[str, Any],
         *,
-        row: int = 0,
+        rows: int = 0,
         special: Sequence[bool] | None = None,
         target: int | None = None,
         predicted: int | None = None,
@@ -145,6 +148,7 @@ class Explanation:
         grid: tuple[int, int] | None = None,
         image: Any = None,
         notes: Sequence[str] = (),
+        row: int | Missing = MISSING,
     ) -> None:
         given: object = tokens  # checked at run time: callers may not be type-checked
         if not isinstance(given, Sequence) or isinstance(given, str):
@@ -170,7 +174,11 @@ class Explanation:
                 )
                 raise ValueError(msg)
             self.scores[str(name)] = array
-        self.row = _optional_int(row, "row")
+        chosen: object = renamed_keyword("row", "rows", row, rows, default=0)
+        if chosen is None:  # every view names the explained token
+            msg = "`rows` must be an int (the explained position); got None."
+            raise TypeError(msg)
+        self.rows: int = _optional_int(chosen, "rows")
         self.special = np.zeros(n, dtype=bool) if special is None else np.asarray(special, bool)
         if self.special.shape != (n,):
             msg = f"`special` must hold one bool per token ({n}); got shape {self.special.shape}."
@@ -190,6 +198,12 @@ class Explanation:
         self.notes = tuple(notes)
 
     @property
+    def row(self) -> int:
+        """Return the explained position: the deprecated spelling of :attr:`rows`."""
+        warn_renamed("Explanation.row", "Explanation.rows")
+        return self.rows
+
+    @property
     def extra_tokens(self) -> int:
         """The leading tokens that are not patches (CLS, registers...); 0 without a grid."""
         return 0 if self.grid is None else len(self.tokens) - self.grid[0] * self.grid[1]
@@ -198,7 +212,7 @@ class Explanation:
         methods = ", ".join(self.scores)
         return (
             f"Explanation(tokens={len(self.tokens)}, methods=[{methods}], "
-            f"layers={self.n_layers}, row={self.row}, predicted={self._class(self.predicted)})"
+            f"layers={self.n_layers}, rows={self.rows}, predicted={self._class(self.predicted)})"
         )
 
     @property
@@ -232,8 +246,8 @@ class Explanation:
         return str(index)
 
     def _heading(self, layer: int | None) -> str:
-        token = self.tokens[self.row] if 0 <= self.row < len(self.tokens) else "?"
-        parts = [f"row {self.row} ({token})"]
+        token = self.tokens[self.rows] if 0 <= self.rows < len(self.tokens) else "?"
+        parts = [f"row {self.rows} ({token})"]
         if layer is not None:
             parts[0] += f", layer {layer % self.n_layers + 1} of {self.n_layers}"
         if self.predicted is not None:
@@ -283,8 +297,8 @@ class Explanation:
         if scale_special:
             return []
         out = self.special.copy()
-        if self.row is not None and 0 <= self.row < len(self.tokens):
-            out[self.row] = True
+        if 0 <= self.rows < len(self.tokens):
+            out[self.rows] = True
         exclude = [int(i) for i in np.flatnonzero(out)]
         return [] if len(exclude) == len(self.tokens) else exclude  # none left to scale by
 
@@ -322,7 +336,7 @@ class Explanation:
         if not -self.n_layers <= layer < self.n_layers:
             msg = f"`layer` must index the {self.n_layers} layers; got {layer}."
             raise IndexError(msg)
-        rows = [self.row] if self.row is not None and 0 <= self.row < len(self.tokens) else None
+        rows = [self.rows] if 0 <= self.rows < len(self.tokens) else None
         return InteractiveView(
             self.scores,
             self.tokens,
@@ -505,7 +519,7 @@ class Explanation:
             "format": _FORMAT,
             "tokens": list(self.tokens),
             "scores": {name: values.tolist() for name, values in self.scores.items()},
-            "row": self.row,
+            "rows": self.rows,
             "special": self.special.tolist(),
             "target": self.target,
             "predicted": self.predicted,
@@ -526,7 +540,7 @@ class Explanation:
         return cls(
             data["tokens"],
             {name: np.asarray(values) for name, values in data["scores"].items()},
-            row=data["row"],
+            rows=data["rows"] if "rows" in data else data["row"],  # "row" before 0.1
             special=data["special"],
             target=data["target"],
             predicted=data["predicted"],

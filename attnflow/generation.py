@@ -243,7 +243,7 @@ class GenerationExplanation:
         return Explanation(
             list(self.tokens[:end]),
             {name: values[index, :end] for name, values in self.scores.items()},
-            row=end - 1,
+            rows=end - 1,
             special=self.special[:end].tolist(),
             target=int(self.generated_ids[index]),
             text=self.prompt,

@@ -15,7 +15,7 @@ import pytest
 from backends import selected_variants
 
 import attnflow
-from attnflow import _cli_methods, _demo
+from attnflow import _cli_common, _demo
 from attnflow._cli import EXIT_FAILURE, EXIT_USAGE, main
 from attnflow._sample import Sample, load_sample
 
@@ -131,7 +131,7 @@ def test_demo_ascii_bars() -> None:
     [(0.0, ""), (1.0, "\u2588" * 3), (0.5, "\u2588\u258c"), (1 / 24, "\u258f")],
 )
 def test_bar(fraction: float, expected: str) -> None:
-    assert _cli_methods._bar(fraction, 3, unicode=True) == expected
+    assert _cli_common.bar(fraction, 3, unicode=True) == expected
 
 
 # -- errors --------------------------------------------------------------------------------

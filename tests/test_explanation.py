@@ -24,7 +24,7 @@ def _explanation() -> Explanation:
     return Explanation(
         TOKENS,
         {"raw": rng.random((3, 5)), "rollout": rollout, "gradient_rollout": rng.random(5)},
-        row=0,
+        rows=0,
         special=SPECIAL,
         target=1,
         predicted=1,
@@ -88,7 +88,7 @@ def test_dict_and_npz_round_trips_keep_everything(tmp_path: Path) -> None:
             np.testing.assert_array_equal(copy.scores[name], e.scores[name])
         np.testing.assert_array_equal(copy.special, e.special)
         np.testing.assert_array_equal(copy.probabilities, e.probabilities)
-        assert (copy.row, copy.target, copy.predicted) == (0, 1, 1)
+        assert (copy.rows, copy.target, copy.predicted) == (0, 1, 1)
         assert (copy.labels, copy.text) == (e.labels, e.text)
     with np.load(tmp_path / "e.npz", allow_pickle=False) as stored:  # no pickle inside
         assert sorted(stored.files) == [
@@ -183,7 +183,7 @@ def test_labels_of_some_classes_for_a_vocabulary(tmp_path):
     e = Explanation(
         ["The", " capital", " is"],
         {"rollout": np.array([0.5, 0.3, 0.2])},
-        row=2,
+        rows=2,
         predicted=7,
         probabilities=probabilities,
         labels={7: " Paris", 9: " Rome"},
@@ -210,7 +210,7 @@ def test_the_explained_position_never_sets_the_colour_scale(tmp_path):
     e = Explanation(
         tokens,
         {"rollout": values},
-        row=0,
+        rows=0,
         special=[False] * 6,  # not marked special: the row is left out all the same
         notes=["A note on the scores."],
     )
@@ -221,7 +221,7 @@ def test_the_explained_position_never_sets_the_colour_scale(tmp_path):
     assert "Left out of the colour scale" in page
     assert "A note on the scores." in page
     assert page.index("attnflow-note") < page.index('class="attnflow-view"')
-    in_scale = Explanation(tokens, {"rollout": values}, row=0).to_html(scale_special=True)
+    in_scale = Explanation(tokens, {"rollout": values}, rows=0).to_html(scale_special=True)
     assert "attnflow-unscaled" not in in_scale.split("</style>")[-1]
     assert "Left out of the colour scale" not in in_scale
     loaded = Explanation.load(e.save(tmp_path / "e.npz"))
@@ -231,3 +231,19 @@ def test_the_explained_position_never_sets_the_colour_scale(tmp_path):
     assert out.getvalue().splitlines()[1] == "A note on the scores."
     with pytest.raises(TypeError, match="`notes` must be a sequence of str"):
         Explanation(tokens, {"rollout": values}, notes="one string")
+
+
+def test_the_old_spelling_row_still_works_with_a_warning() -> None:
+    # `row` was renamed `rows` (the core's name) before 0.1; it keeps working one release.
+    tokens, values = ["[CLS]", "a", "b"], np.array([[0.2, 0.5, 0.3]])
+    with pytest.warns(DeprecationWarning, match="`row` is renamed `rows`"):
+        old = Explanation(tokens, {"rollout": values}, row=1)
+    assert old.rows == 1
+    with pytest.warns(DeprecationWarning, match="`Explanation.row` is renamed"):
+        assert old.row == 1
+    with pytest.raises(TypeError, match="pass `rows` only"):
+        Explanation(tokens, {"rollout": values}, rows=2, row=1)
+    # Files written before the rename (their metadata says "row") still load.
+    data = Explanation(tokens, {"rollout": values}, rows=2).to_dict()
+    data["row"] = data.pop("rows")
+    assert Explanation.from_dict(data).rows == 2

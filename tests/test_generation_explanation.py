@@ -75,7 +75,7 @@ def test_explanation_of_one_step_is_its_prefix() -> None:
     one = g.explanation(1)
     assert isinstance(one, Explanation)
     assert one.tokens == tuple(TOKENS[:4])
-    assert one.row == 3
+    assert one.rows == 3
     assert one.target == 42
     np.testing.assert_array_equal(one.scores["rollout"][0], g.scores["rollout"][1, :4])
     with pytest.raises(IndexError, match=r"`step` must index the 3 generated tokens"):

@@ -175,33 +175,29 @@ def _module_name(path: Path) -> str:
     return ".".join([prefix, *parts])
 
 
-def _module_level_imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """The attnflow modules `path` imports when it is imported (not inside functions or
-    ``if TYPE_CHECKING:``)."""
+def _imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The attnflow modules `path` imports, at module level or inside functions (not under
+    ``if TYPE_CHECKING:``, which never runs).
+
+    A function-level import is still an edge of the layering: it runs on the first call, and
+    a cycle or an upward import through it is as real as one at the top of the file.
+    """
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-
-    def visit(nodes: list[ast.stmt]) -> None:
-        for node in nodes:
-            if isinstance(node, ast.If):
-                if "TYPE_CHECKING" not in ast.unparse(node.test):
-                    visit(node.body)
-                visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
-            elif isinstance(node, ast.Import):
-                found.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")
-                    anchor = anchor[: len(anchor) - node.level + 1]
-                    base = ".".join([*anchor, base] if base else anchor)
-                if node.module:  # `from . import _x` imports _x, not the package's body
-                    found.add(base)
-                found.update(f"{base}.{alias.name}" for alias in node.names)
-
-    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = []  # ast.walk reads the children after this visit
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if node.module:  # `from . import _x` imports _x, not the package's body
+                found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
     return {module for module in found if module in known and module != name}
 
 
@@ -210,7 +206,7 @@ def test_module_imports_are_acyclic_and_the_core_never_imports_upwards() -> None
 
     modules = {_module_name(path): path for path in _source_modules()}
     known = set(modules)
-    graph = {name: _module_level_imports(path, name, known) for name, path in modules.items()}
+    graph = {name: _imports(path, name, known) for name, path in modules.items()}
     assert graph["attnflow._flow"] >= {"attnflow._prepare"}  # the reader sees imports
     order = list(graphlib.TopologicalSorter(graph).static_order())  # CycleError on a cycle
     assert set(order) == known

@@ -105,7 +105,7 @@ def test_one_call_equals_capture_and_the_methods(picture: np.ndarray) -> None:
 def test_another_row_and_gradient_rollout(picture: np.ndarray) -> None:
     model, images = small_vit(), processor()
     e = adapter.explain_image(
-        model, images, picture, methods=["rollout", "gradient_rollout"], row=5, target=2
+        model, images, picture, methods=["rollout", "gradient_rollout"], rows=5, target=2
     )
     inputs = images(images=picture, return_tensors="pt")
     np.testing.assert_array_equal(e.scores["rollout"], by_hand(model, inputs, row=5)["rollout"])
@@ -114,7 +114,7 @@ def test_another_row_and_gradient_rollout(picture: np.ndarray) -> None:
     )  # shown without the explained patch's own relevance, as Chefer et al. do
     np.testing.assert_array_equal(e.scores["gradient_rollout"], gae[0].double().numpy())
     assert (e.scores["gradient_rollout"][:, 5] == 0).all()
-    assert e.row == 5
+    assert e.rows == 5
     assert e.target == 2
 
 
@@ -182,8 +182,8 @@ def test_bad_arguments_are_refused_before_the_model_runs(picture: np.ndarray) ->
         adapter.explain_image(model, images, np.stack([picture, picture]))
     with pytest.raises(ValueError, match="`methods` must name some of"):
         adapter.explain_image(model, images, picture, methods=["attention"])
-    with pytest.raises(ValueError, match="`row` must index the 17 tokens"):
-        adapter.explain_image(model, images, picture, row=17)
+    with pytest.raises(ValueError, match="`rows` must index the 17 tokens"):
+        adapter.explain_image(model, images, picture, rows=17)
     with pytest.raises(ValueError, match=r"grid 5 x 5 \(25 patches\) does not fit the 17"):
         adapter.explain_image(model, images, picture, grid=(5, 5))
 

@@ -135,8 +135,17 @@ def test_bad_arguments_fail_before_the_model_runs(model_and_tokenizer: tuple) ->
         adapter.explain_text(model, tokenizer, ["two", "texts"])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`methods` must name some of"):
         adapter.explain_text(model, tokenizer, TEXT, methods=["attention"])
-    with pytest.raises(ValueError, match="`row` must index the 11 tokens"):
-        adapter.explain_text(model, tokenizer, TEXT, row=11)
+    with pytest.raises(ValueError, match="`rows` must index the 11 tokens"):
+        adapter.explain_text(model, tokenizer, TEXT, rows=11)
+
+
+def test_the_old_keyword_row_still_works_with_a_warning(model_and_tokenizer: tuple) -> None:
+    model, tokenizer = model_and_tokenizer
+    with pytest.warns(DeprecationWarning, match="`row` is renamed `rows`"):
+        old = adapter.explain_text(model, tokenizer, TEXT, methods=["rollout"], row=2)
+    new = adapter.explain_text(model, tokenizer, TEXT, methods=["rollout"], rows=2)
+    assert old.rows == new.rows == 2
+    np.testing.assert_array_equal(old.scores["rollout"], new.scores["rollout"])
 
 
 def test_the_command_prints_the_table_and_writes_the_page(folder: str, tmp_path: Path) -> None:

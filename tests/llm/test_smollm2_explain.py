@@ -69,7 +69,7 @@ def test_explain_text_on_a_causal_lm(smollm2, tmp_path):
     text = "The capital of France is"
     e = adapter.explain_text(models["sdpa"], tokenizer, text)
     n = len(tokenizer(text)["input_ids"])
-    assert e.row == n - 1  # the position that predicts the next token
+    assert e.rows == n - 1  # the position that predicts the next token
     assert list(e.scores) == ["raw", "rollout", "flow", "gradient_rollout"]
     assert all(values.shape == (30, n) for values in e.scores.values())
     assert e.labels is not None

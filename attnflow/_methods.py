@@ -1,0 +1,226 @@
+"""The attribution methods by name, and what each one needs.
+
+The one table every entry point reads.
+
+``explain`` (every adapter), ``explain_text``/``explain_image``, ``attnflow explain``, the
+evaluation, the integrations and the tests' expectations (host only, refuses ``jax.jit``,
+needs gradients) all look a method up here, so a new method is one row of
+:data:`METHODS` plus its function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal
+
+from ._flow import flow
+from ._gradient_rollout import gradient_rollout
+from ._rollout import raw, rollout
+
+__all__ = [
+    "ATTENTION_METHODS",
+    "METHODS",
+    "VALUE_AWARE_METHODS",
+    "MethodSpec",
+    "check_methods",
+    "method_of_function",
+    "method_spec",
+]
+
+Matrix = Literal["attention", "norm", "globenc", "alti"]
+Composition = Literal["raw", "rollout", "flow", "gradient_rollout"]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One attribution method: what it composes, over which matrices, and what it needs.
+
+    Parameters
+    ----------
+    name : str
+        The name users pass (``method="rollout"``, ``--method rollout``).
+    summary : str
+        One line for help texts and pages.
+    composes : {"raw", "rollout", "flow", "gradient_rollout"}
+        The core function that turns the per-layer matrices into scores.
+    matrix : {"attention", "norm", "globenc", "alti"}
+        The per-layer matrices it reads: the attention weights, or a value-aware
+        token-mixing matrix captured with ``capture(model, contributions=matrix)``.
+    gradients : bool
+        Whether it also needs the gradients of the attention weights (a backward pass).
+    host_only : bool
+        Whether it runs on the host (max-flow): it accepts ``n_jobs``/``executor`` and
+        cannot be traced by ``jax.jit``.
+    each_head : bool
+        Whether it gives one map per head (``heads="each"``).
+    residual : float or None
+        For value-aware matrices, the weight of the identity mixed into each layer (the
+        norm-based matrix has no residual path, so it gets the paper's 0.5; GlobEnc and
+        ALTI carry theirs); None for attention, where the function's own default holds.
+    renormalize : bool
+        Whether each layer's rows are renormalised to sum to one before composing.
+    """
+
+    name: str
+    summary: str
+    composes: Composition
+    matrix: Matrix = "attention"
+    gradients: bool = False
+    host_only: bool = False
+    each_head: bool = False
+    residual: float | None = None
+    renormalize: bool = False
+
+    @property
+    def value_aware(self) -> bool:
+        """Whether it reads a value-aware matrix rather than the attention weights."""
+        return self.matrix != "attention"
+
+    def function(self) -> Callable[..., Any]:
+        """Return the core function it composes with."""
+        return _FUNCTIONS[self.composes]
+
+    def settings(self) -> dict[str, Any]:
+        """Return the options its composing function gets (the value-aware rules)."""
+        if not self.value_aware:
+            return {}
+        assert self.residual is not None  # every value-aware row of the table sets it
+        return {"heads": None, "residual": self.residual, "renormalize": self.renormalize}
+
+
+METHODS: Mapping[str, MethodSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (
+            MethodSpec(
+                "raw",
+                "the attention weights of one layer",
+                composes="raw",
+                each_head=True,
+            ),
+            MethodSpec(
+                "rollout",
+                "attention rollout: the product of the residual-mixed layers",
+                composes="rollout",
+                each_head=True,
+            ),
+            MethodSpec(
+                "flow",
+                "attention flow: the max-flow through the layered attention graph",
+                composes="flow",
+                host_only=True,
+                each_head=True,
+            ),
+            MethodSpec(
+                "gradient_rollout",
+                "gradient-weighted rollout (Chefer et al. 2021, GAE)",
+                composes="gradient_rollout",
+                gradients=True,
+            ),
+            MethodSpec(
+                "norm",
+                "rollout of the norm-based matrices (Kobayashi et al. 2020)",
+                composes="rollout",
+                matrix="norm",
+                residual=0.5,
+                renormalize=True,
+            ),
+            MethodSpec(
+                "globenc",
+                "rollout of GlobEnc's matrices (Modarressi et al. 2022)",
+                composes="rollout",
+                matrix="globenc",
+                residual=0.0,
+                renormalize=True,
+            ),
+            MethodSpec(
+                "alti",
+                "rollout of ALTI's matrices (Ferrando et al. 2022)",
+                composes="rollout",
+                matrix="alti",
+                residual=0.0,
+                renormalize=True,
+            ),
+        )
+    }
+)
+"""Every method by name, in the order help texts list them."""
+
+ATTENTION_METHODS = tuple(name for name, spec in METHODS.items() if not spec.value_aware)
+"""The methods over attention weights: raw, rollout, flow, gradient_rollout."""
+VALUE_AWARE_METHODS = tuple(name for name, spec in METHODS.items() if spec.value_aware)
+"""The methods over value-aware matrices: norm, globenc, alti."""
+
+
+_FUNCTIONS: Mapping[Composition, Callable[..., Any]] = MappingProxyType(
+    {"raw": raw, "rollout": rollout, "flow": flow, "gradient_rollout": gradient_rollout}
+)
+
+
+def _listed(names: Iterable[str]) -> str:
+    quoted = [f'"{name}"' for name in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def method_spec(
+    name: object, *, parameter: str = "`method`", among: Iterable[str] | None = None
+) -> MethodSpec:
+    """Look `name` up, refusing an unknown one (or one outside `among`) with the choices.
+
+    Examples
+    --------
+    >>> from attnflow._methods import method_spec
+    >>> method_spec("flow").host_only
+    True
+    >>> method_spec("rolout")
+    Traceback (most recent call last):
+    ...
+    ValueError: `method` must be "raw", "rollout", "flow", "gradient_rollout", "norm", \
+"globenc" or "alti"; got 'rolout'.
+    """
+    allowed = tuple(METHODS) if among is None else tuple(among)
+    if not isinstance(name, str) or name not in allowed:
+        msg = f"{parameter} must be {_listed(allowed)}; got {name!r}."
+        raise ValueError(msg)
+    return METHODS[name]
+
+
+def check_methods(
+    names: object, *, parameter: str = "`methods`", among: Iterable[str] | None = None
+) -> list[MethodSpec]:
+    """Look up a non-empty sequence of method names (not a string), refusing unknown ones."""
+    allowed = tuple(METHODS) if among is None else tuple(among)
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        msg = f"{parameter} must be a sequence of method names, some of {list(allowed)}; "
+        msg += f"got {names!r}."
+        raise TypeError(msg)
+    chosen = list(names)
+    unknown = [name for name in chosen if name not in allowed]
+    if not chosen or unknown:
+        msg = f"{parameter} must name some of {list(allowed)}; got {chosen!r}."
+        raise ValueError(msg)
+    return [METHODS[name] for name in chosen]
+
+
+def method_of_function(function: object) -> MethodSpec | None:
+    """Return the attention method a callable composes with (``functools.partial`` too).
+
+    The evaluation takes methods as callables; this tells which need gradients or run on
+    the host. None for a callable of the user's own.
+
+    Examples
+    --------
+    >>> import functools, attnflow
+    >>> from attnflow._methods import method_of_function
+    >>> method_of_function(functools.partial(attnflow.flow, residual=0.3)).name
+    'flow'
+    >>> method_of_function(len) is None
+    True
+    """
+    target = getattr(function, "func", function)
+    for spec in METHODS.values():
+        if not spec.value_aware and spec.function() is target:
+            return spec
+    return None

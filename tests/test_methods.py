@@ -1,0 +1,83 @@
+"""The method registry: one table of names, each with the function it composes and what it
+needs, read by every entry point."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+import attnflow
+from attnflow._methods import (
+    ATTENTION_METHODS,
+    METHODS,
+    VALUE_AWARE_METHODS,
+    check_methods,
+    method_of_function,
+    method_spec,
+)
+
+
+def test_the_table_names_each_method_once_with_its_function() -> None:
+    assert list(METHODS) == [
+        "raw",
+        "rollout",
+        "flow",
+        "gradient_rollout",
+        "norm",
+        "globenc",
+        "alti",
+    ]
+    assert tuple(METHODS) == ATTENTION_METHODS + VALUE_AWARE_METHODS
+    for name, spec in METHODS.items():
+        assert spec.name == name
+        assert spec.function() is getattr(attnflow, spec.composes)
+    assert [n for n, s in METHODS.items() if s.gradients] == ["gradient_rollout"]
+    assert [n for n, s in METHODS.items() if s.host_only] == ["flow"]
+    # The value-aware rule: the norm-based matrix has no residual path (the paper's 0.5);
+    # GlobEnc and ALTI carry theirs.
+    assert {n: METHODS[n].settings()["residual"] for n in VALUE_AWARE_METHODS} == {
+        "norm": 0.5,
+        "globenc": 0.0,
+        "alti": 0.0,
+    }
+    assert METHODS["rollout"].settings() == {}
+
+
+def test_a_method_is_told_from_its_function_through_partials() -> None:
+    assert method_of_function(attnflow.flow) is METHODS["flow"]
+    partial = functools.partial(attnflow.gradient_rollout, rows=0)
+    assert method_of_function(partial) is METHODS["gradient_rollout"]
+    assert method_of_function(lambda weights: weights) is None
+
+
+def test_unknown_names_are_refused_with_the_choices() -> None:
+    with pytest.raises(ValueError, match=r'`method` must be "raw", .* or "alti"; got \'rolout\''):
+        method_spec("rolout")
+    with pytest.raises(ValueError, match=r'--method must be "rollout" or "flow"; got \'raw\''):
+        method_spec("raw", parameter="--method", among=("rollout", "flow"))
+    with pytest.raises(TypeError, match="a sequence of method names"):
+        check_methods("rollout")
+    with pytest.raises(ValueError, match=r"`methods` must name some of .*; got \[\]"):
+        check_methods([])
+    assert [spec.name for spec in check_methods(("flow", "raw"))] == ["flow", "raw"]
+
+
+@pytest.mark.parametrize("name", ATTENTION_METHODS)
+def test_the_cli_and_explain_text_accept_every_name(name: str) -> None:
+    from attnflow import _cli_explain
+
+    assert name in _cli_explain.METHODS
+    # The registry's function runs on attention weights as the entry points call it.
+    weights = np.full((1, 2, 1, 3, 3), 1 / 3)
+    # Two layers of uniform attention U (U @ U = U), row 0, worked by hand: rollout and flow
+    # compose M = (I + U) / 2, so M @ M = (I + 3 U) / 4; GAE adds U once per layer to I.
+    expected = {
+        "raw": [1 / 3] * 3,
+        "rollout": [0.5, 0.25, 0.25],
+        "flow": [0.5, 0.25, 0.25],
+        "gradient_rollout": [2.0, 1.0, 1.0],
+    }[name]
+    arrays = (weights, np.ones_like(weights)) if METHODS[name].gradients else (weights,)
+    np.testing.assert_allclose(METHODS[name].function()(*arrays, rows=0), [expected])
