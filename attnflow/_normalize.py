@@ -8,7 +8,13 @@ from ._typing import Array, Namespace
 __all__ = ["normalize_rows"]
 
 
-def normalize_rows(attention: Array, xp: Namespace, *, valid_rows: Array | None = None) -> Array:
+def normalize_rows(
+    attention: Array,
+    xp: Namespace,
+    *,
+    valid_rows: Array | None = None,
+    first_row: int | None = None,
+) -> Array:
     """Divide each row of `attention` by its sum, over the last axis, keeping dimensions.
 
     A row with no mass cannot be normalised. When its query is a real token it becomes a
@@ -25,6 +31,10 @@ def normalize_rows(attention: Array, xp: Namespace, *, valid_rows: Array | None 
         The array namespace of `attention`.
     valid_rows : array of bool, shape broadcastable to (..., n, 1), optional
         True where the query is a real token. None means every query is real.
+    first_row : int, optional
+        `attention` is the block of rows ``first_row, first_row + 1, ...`` of square
+        ``(..., n, n)`` matrices (a block of a blocked pass): an empty real row becomes
+        its own position's self-attention row. None: `attention` holds whole matrices.
 
     Returns
     -------
@@ -36,10 +46,10 @@ def normalize_rows(attention: Array, xp: Namespace, *, valid_rows: Array | None 
     # Divide by 1 where the row is empty so that no 0/0 NaN is ever produced.
     safe = xp.where(has_mass, sums, xp.ones_like(sums))
     normalised = attention / safe
-    if attention.shape[-1] != attention.shape[-2]:
+    n_rows, n = attention.shape[-2], attention.shape[-1]
+    if first_row is None and n_rows != n:
         return normalised  # cross-attention has no self to fall back on: empty rows stay 0
     empty = sums == 0  # not `~has_mass`: a NaN sum is not an empty row
     empty = empty if valid_rows is None else (empty & valid_rows)
-    n = attention.shape[-1]
-    eye = xp.eye(n, dtype=attention.dtype, device=array_device(attention))
+    eye = xp.eye(n_rows, n, k=first_row or 0, dtype=attention.dtype, device=array_device(attention))
     return xp.where(empty, eye, normalised)

@@ -6,12 +6,18 @@ forms, validate them the same way and apply masks and head fusion identically.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._heads import apply_head_fusion
-from ._namespace import Boundary, array_device, enter_boundary, resolve_namespace
+from ._namespace import (
+    Boundary,
+    array_device,
+    enter_boundary,
+    resolve_namespace,
+    values_are_inspectable,
+)
 from ._normalize import normalize_rows
 from ._typing import Namespace
 from ._validation import (
@@ -29,6 +35,7 @@ from ._validation import (
     check_pruning,
     check_receptive_field,
     check_residual,
+    check_row_statistics,
     check_rows,
     check_validate,
     checks_every_head,
@@ -37,11 +44,75 @@ from ._validation import (
 
 __all__ = [
     "CheckedArguments",
+    "FusedLayers",
     "PreparedAttention",
     "check_arguments",
+    "layer_of",
     "prepare_attention",
     "select_rows",
 ]
+
+
+class FusedLayers:
+    """Head-fused layers ``(*batch, L, n, n)``, each computed when a method first asks for it.
+
+    Rollout's chains read every layer once, in an order of their own (top-down for
+    selected rows): computing each layer there, and dropping it after use, keeps the
+    memory beyond the input to about one fused layer instead of all of them. Value
+    checks are reduced block by block while the data is in cache and decided by
+    `check`, which runs by itself once every layer has been computed, before the method
+    can return: a bad value raises the error of the eager checks, with the same rules.
+    """
+
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        dtype: Any,
+        device: Any,
+        compute: Callable[[int], Any],
+        check: Callable[[], None],
+    ) -> None:
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+        self._compute = compute
+        self._check = check
+        self._pending = set(range(shape[-3]))
+
+    @property
+    def ndim(self) -> int:
+        """The number of axes of the stacked layers."""
+        return len(self.shape)
+
+    def layer(self, i: int) -> Any:
+        """Layer `i` (0 = first), ``(*batch, n, n)``; checks everything after the last one."""
+        fused = self._compute(i)
+        self._pending.discard(i)
+        if not self._pending:
+            self.check()
+        return fused
+
+    def check(self) -> None:
+        """Decide the value checks of every layer computed so far (once)."""
+        check, self._check = self._check, _nothing
+        check()
+
+    def map(self, function: Callable[[Any], Any]) -> FusedLayers:
+        """The same layers with `function` applied to each (rows renormalised, say)."""
+        return FusedLayers(
+            self.shape, self.dtype, self.device, lambda i: function(self.layer(i)), self.check
+        )
+
+
+def _nothing() -> None:
+    return None
+
+
+def layer_of(fused: Any, i: int) -> Any:
+    """Layer `i` of fused layers ``(*batch, L, n, n)``: an array or :class:`FusedLayers`."""
+    if isinstance(fused, FusedLayers):
+        return fused.layer(i)
+    return fused[..., i, :, :]
 
 
 @dataclass(frozen=True)
@@ -78,7 +149,8 @@ class PreparedAttention:
     boundary: Boundary
     layout: AttentionLayout
     fused: Any
-    """Head-fused, masked attention ``(*batch, used_layers, n, n)``; rows sum to 1 or 0."""
+    """Head-fused, masked attention ``(*batch, used_layers, n, n)``; rows sum to 1 or 0.
+    A :class:`FusedLayers` where :func:`prepare_attention` was asked to stream."""
     residual: float
     rows: int | tuple[int, ...] | None
     all_layers: bool
@@ -217,7 +289,7 @@ def check_arguments(
     )
 
 
-def prepare_attention(checked: CheckedArguments) -> PreparedAttention:
+def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> PreparedAttention:
     """Mask, normalise and fuse the used layers of a call whose arguments are checked.
 
     Every check on shapes, dtypes and options has run (:func:`check_arguments`, with
@@ -227,6 +299,12 @@ def prepare_attention(checked: CheckedArguments) -> PreparedAttention:
     there and are applied by the method. With `renormalize` the rows of every input
     matrix are divided by their sum instead of required to sum to one (value-aware
     token-mixing matrices); the values are then checked to be finite and non-negative only.
+
+    With `stream` (a method that reads each fused layer once, in its own order: rollout
+    without pruning or head maps) the common case, a mean or weighted mean of unmasked
+    heads, returns :class:`FusedLayers`: each layer is fused and its values reduced for
+    the checks when the method asks for it, so no stack of every fused layer is ever
+    held.
     """
     renormalize = checked.renormalize
     namespace, layout, mask = checked.xp, checked.layout, checked.mask
@@ -236,6 +314,35 @@ def prepare_attention(checked: CheckedArguments) -> PreparedAttention:
     do_validate, normalise_field = checked.validate, checked.receptive_field
     boundary, alpha, selected_rows = checked.boundary, checked.residual, checked.rows
     pruning, excluded = checked.pruning, checked.exclude
+
+    # Unmasked (weighted) means are checked on the fused layers; with a stream, each
+    # layer is fused (and reduced for the checks) only when the method reads it.
+    validate_fused_only = not do_validate or not (
+        normalise_field or checks_every_head(do_validate, spec.kind, masked=False)
+    )
+    if (
+        stream
+        and mask is None
+        and not renormalize
+        and pruning is None
+        and spec.kind in {"mean", "weights"}
+        and validate_fused_only
+    ):
+        fused_layers = _stream_fused(checked, arrays, stacked, check=bool(do_validate))
+        return PreparedAttention(
+            xp=namespace,
+            boundary=boundary,
+            layout=layout,
+            fused=fused_layers,
+            residual=alpha,
+            rows=selected_rows,
+            all_layers=all_layers,
+            valid_keys=None,
+            pruning=pruning,
+            receptive_field=normalise_field,
+            exclude=excluded,
+        )
+
 
     # Layers above the requested one never influence it: they are neither stacked nor read.
     if arrays is not None:
@@ -297,6 +404,49 @@ def prepare_attention(checked: CheckedArguments) -> PreparedAttention:
         receptive_field=normalise_field,
         exclude=excluded,
     )
+
+
+def _stream_fused(
+    checked: CheckedArguments, arrays: list[Any] | None, stacked: Any, *, check: bool
+) -> FusedLayers:
+    """The used layers of unmasked attention fused by a (weighted) mean, one at a time.
+
+    Each layer's row sums and row minima are taken while the fused layer is in cache;
+    they are judged together (:func:`check_row_statistics`) once every layer is fused.
+    """
+    xp, layout, spec = checked.xp, checked.layout, checked.spec
+    used = checked.used_layers
+    sums: list[Any] = []
+    minima: list[Any] = []
+
+    def compute(i: int) -> Any:
+        heads = arrays[i] if arrays is not None else stacked[..., i, :, :, :]
+        fused_spec = spec
+        if spec.kind == "weights" and spec.weights is not None and spec.weights.ndim == 2:
+            fused_spec = HeadFusionSpec("weights", weights=spec.weights[i, ...])
+        fused = apply_head_fusion(heads, fused_spec, xp, check=check)
+        if check and values_are_inspectable(fused):
+            sums.append(xp.sum(fused, axis=-1))
+            minima.append(xp.min(fused, axis=-1))
+        return fused
+
+    def decide() -> None:
+        if not sums:
+            return
+        check_row_statistics(
+            xp.stack(sums, axis=-2),
+            xp.stack(minima, axis=-2),
+            xp,
+            valid_rows=None,
+            dtype=checked.first.dtype,
+            n_tokens=layout.n_tokens,
+            heads_fused=True,
+        )
+        sums.clear()
+        minima.clear()
+
+    shape = (*layout.batch_shape, used, layout.n_tokens, layout.n_tokens)
+    return FusedLayers(shape, checked.first.dtype, array_device(checked.first), compute, decide)
 
 
 def select_rows(matrices: Any, rows: int | tuple[int, ...] | None, xp: Namespace) -> Any:

@@ -7,7 +7,14 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from ._namespace import array_device
-from ._prepare import PreparedAttention, check_arguments, prepare_attention, select_rows
+from ._prepare import (
+    FusedLayers,
+    PreparedAttention,
+    check_arguments,
+    layer_of,
+    prepare_attention,
+    select_rows,
+)
 from ._pruning import prune
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
@@ -16,10 +23,14 @@ from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 __all__ = ["head_products", "raw", "rollout", "rollout_products"]
 
 
+def _device(fused: Any) -> Any:
+    return fused.device if isinstance(fused, FusedLayers) else array_device(fused)
+
+
 def _identity_rows(fused: Any, rows: tuple[int, ...], valid_keys: Any | None, xp: Namespace) -> Any:
     """Rows `rows` of the identity, zero on padded tokens: ``(*batch | 1, r, n)``."""
     n = fused.shape[-1]
-    eye = xp.eye(n, dtype=fused.dtype, device=array_device(fused))
+    eye = xp.eye(n, dtype=fused.dtype, device=_device(fused))
     unit_rows = select_rows(eye, rows, xp)
     if valid_keys is None:
         return unit_rows
@@ -42,24 +53,24 @@ def rollout_products(
     are never formed: a product with ``Ã_l`` is ``(1 - α) (A_l x) + α x``, which also
     holds with a padding mask because everything ``Ã_1`` touches is already zero on padded
     positions. Selected rows are chains of vector-matrix products started from the top
-    layer, O(L n²) per row instead of the O(L n³) of full products.
+    layer, O(L n²) per row instead of the O(L n³) of full products. `fused` may be
+    :class:`FusedLayers`: each layer is then read once, when the chain reaches it.
     """
     n_layers, n = fused.shape[-3], fused.shape[-1]
     alpha = residual
-    layer = [fused[..., i, :, :] for i in range(n_layers)]
     padded_keys = None if valid_keys is None else valid_keys[..., 0, :, :]
 
-    def times_mixed(left: Any, i: int) -> Any:
-        """``left @ Ã_i`` for row vectors `left` that are zero on padded tokens."""
-        product = xp.matmul(left, layer[i])
+    def times_mixed(left: Any, matrix: Any) -> Any:
+        """``left @ Ã`` for row vectors `left` that are zero on padded tokens."""
+        product = xp.matmul(left, matrix)
         return product if alpha == 0.0 else (1.0 - alpha) * product + alpha * left
 
     if rows is None:
         # R_1 = Ã_1 is the only mixed matrix formed, then R_l = (1 - α) A_l R + α R.
-        product = mix_residual(layer[0], alpha, xp, valid_keys=padded_keys)
+        product = mix_residual(layer_of(fused, 0), alpha, xp, valid_keys=padded_keys)
         products = [product]
         for i in range(1, n_layers):
-            step = xp.matmul(layer[i], product)
+            step = xp.matmul(layer_of(fused, i), product)
             product = step if alpha == 0.0 else (1.0 - alpha) * step + alpha * product
             products.append(product)
         return xp.stack(products, axis=-3) if all_layers else product
@@ -67,18 +78,18 @@ def rollout_products(
     index = (rows,) if isinstance(rows, int) else rows
     n_rows = len(index)
 
-    def mixed_rows(i: int) -> Any:
-        """Rows `index` of Ã_i: ``(1 - α) A_i[rows] + α I[rows]`` (real tokens only)."""
-        attention_rows = select_rows(layer[i], index, xp)
+    def mixed_rows(matrix: Any) -> Any:
+        """Rows `index` of Ã: ``(1 - α) A[rows] + α I[rows]`` (real tokens only)."""
+        attention_rows = select_rows(matrix, index, xp)
         if alpha == 0.0:
             return attention_rows
         unit_rows = _identity_rows(fused, index, valid_keys, xp)
         return (1.0 - alpha) * attention_rows + alpha * unit_rows
 
     if not all_layers:
-        vectors = mixed_rows(n_layers - 1)
+        vectors = mixed_rows(layer_of(fused, n_layers - 1))
         for i in range(n_layers - 2, -1, -1):
-            vectors = times_mixed(vectors, i)
+            vectors = times_mixed(vectors, layer_of(fused, i))
         return vectors[..., 0, :] if isinstance(rows, int) else vectors
 
     # Every layer's rows. Row chains cost about r·L²/2 vector-matrix products against
@@ -90,9 +101,10 @@ def rollout_products(
         return select_rows(full, rows, xp)
     # Walk down from the top layer, carrying one block of row vectors per target layer:
     # the chain for layer l starts at layer l and is multiplied by every layer below it.
-    chains = mixed_rows(n_layers - 1)
+    chains = mixed_rows(layer_of(fused, n_layers - 1))
     for i in range(n_layers - 2, -1, -1):
-        chains = xp.concat([mixed_rows(i), times_mixed(chains, i)], axis=-2)
+        matrix = layer_of(fused, i)
+        chains = xp.concat([mixed_rows(matrix), times_mixed(chains, matrix)], axis=-2)
     batch = tuple(chains.shape[:-2])
     chains = xp.reshape(chains, (*batch, n_layers, n_rows, n))
     return chains[..., 0, :] if isinstance(rows, int) else chains
@@ -227,7 +239,7 @@ def _decoder_normalise(prepared: PreparedAttention, result: Any) -> Any:
             fused.shape[-1],
             valid_keys=prepared.valid_keys,
             dtype=fused.dtype,
-            device=array_device(fused),
+            device=_device(fused),
             xp=xp,
         )
         uniform = xp.broadcast_to(uniform, tuple(fused.shape))
@@ -501,7 +513,8 @@ def rollout(
             receptive_field=receptive_field,
             exclude=exclude,
             renormalize=renormalize,
-        )
+        ),
+        stream=True,
     )
     result = _compose(prepared)
     if prepared.receptive_field or prepared.exclude:

@@ -37,6 +37,7 @@ __all__ = [
     "check_pruning",
     "check_receptive_field",
     "check_residual",
+    "check_row_statistics",
     "check_rows",
     "check_validate",
     "checks_every_head",
@@ -615,11 +616,40 @@ def check_attention_values(
     """
     if not values_are_inspectable(attentions):
         return
+    check_row_statistics(
+        xp.sum(attentions, axis=-1),
+        xp.min(attentions, axis=-1),
+        xp,
+        valid_rows=None if valid_rows is None else valid_rows[..., 0],
+        dtype=attentions.dtype,
+        n_tokens=attentions.shape[-1],
+        name=name,
+        heads_fused=heads_fused,
+        row_sums=row_sums,
+    )
+
+
+def check_row_statistics(
+    sums: Array,
+    minima: Array,
+    xp: Namespace,
+    *,
+    valid_rows: Array | None,
+    dtype: Any,
+    n_tokens: int,
+    name: str = "attentions",
+    heads_fused: bool = False,
+    row_sums: bool = True,
+) -> None:
+    """Judge attention from its row sums and row minima (what :func:`check_attention_values` reads).
+
+    Lets a caller that already streams over the attention (block by block, layer by
+    layer) reduce each block while it is in cache and decide once, with the same rules
+    and messages. `sums` and `minima` have one entry per row, ``(..., rows)``;
+    `valid_rows` (bool, broadcastable to them) marks the rows of real queries.
+    """
     subject = f"`{name}`, averaged over heads," if heads_fused else f"`{name}`"
-    sums = xp.sum(attentions, axis=-1)
-    minima = xp.min(attentions, axis=-1)
     if valid_rows is not None:
-        valid_rows = valid_rows[..., 0]  # (..., n, 1) -> (..., n), like the reductions
         sums = xp.where(valid_rows, sums, xp.ones_like(sums))
         minima = xp.where(valid_rows, minima, xp.zeros_like(minima))
     # Decide on the device with `bool`; read numbers (`float`) only to word an error.
@@ -640,14 +670,14 @@ def check_attention_values(
         raise ValueError(msg)
     if not row_sums:
         return
-    tolerance = row_sum_tolerance(xp, attentions.dtype, attentions.shape[-1])
+    tolerance = row_sum_tolerance(xp, dtype, n_tokens)
     deviations = xp.abs(sums - 1)
     if bool(xp.any(deviations > tolerance)):
         deviation = float(xp.max(deviations))
         msg = (
             f"{subject} rows must sum to 1 over the keys (softmax outputs, rows = queries); "
             f"the largest deviation is {deviation:.3g}, above the tolerance {tolerance:.3g} "
-            f"for {_precision(xp, attentions.dtype)[0]}. Check the axis order (*batch, layers, heads, queries, "
+            f"for {_precision(xp, dtype)[0]}. Check the axis order (*batch, layers, heads, queries, "
             "keys), pass the padding `mask` for padded sequences, or pass `validate=False` "
             "for weights that are not row-stochastic on purpose."
         )
