@@ -98,7 +98,7 @@ class FusedLayers:
         check()
 
     def map(self, function: Callable[[Any], Any]) -> FusedLayers:
-        """The same layers with `function` applied to each (rows renormalised, say)."""
+        """Return the same layers with `function` applied to each (rows renormalised, say)."""
         return FusedLayers(
             self.shape, self.dtype, self.device, lambda i: function(self.layer(i)), self.check
         )
@@ -343,7 +343,6 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
             exclude=excluded,
         )
 
-
     # Layers above the requested one never influence it: they are neither stacked nor read.
     if arrays is not None:
         stacked = namespace.stack(arrays[:used_layers], axis=layout.layer_axis)
@@ -409,7 +408,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
 def _stream_fused(
     checked: CheckedArguments, arrays: list[Any] | None, stacked: Any, *, check: bool
 ) -> FusedLayers:
-    """The used layers of unmasked attention fused by a (weighted) mean, one at a time.
+    """Stream the used layers of unmasked attention, fused by a (weighted) mean, one by one.
 
     Each layer's row sums and row minima are taken while the fused layer is in cache;
     they are judged together (:func:`check_row_statistics`) once every layer is fused.
