@@ -431,21 +431,31 @@ def _gradient_weighted_layers(
     totals: list[Any] = []
     per_row = math.prod(batch) * (layout.n_heads or 1) * n * (xp.finfo(first_a.dtype).bits // 8)
 
-    def compute(i: int) -> Any:
+    def compute(i: int, rows: tuple[int, ...] | None) -> Any:
         weights, grads = attention(i), gradient(i)
         inspectable = values_are_inspectable(weights)
         # Lazy arrays (a jit trace, a Dask graph) get the layer whole: their compiler fuses.
         step = max(1, BLOCK_BYTES // per_row) if inspectable else n
+        spans = (
+            [(r, r + 1) for r in rows]
+            if rows is not None
+            else [(start, min(n, start + step)) for start in range(0, n, step)]
+        )
         blocks = []
-        for start in range(0, n, step):
-            stop = min(n, start + step)
+        for start, stop in spans:
             a, g = weights[..., start:stop, :], grads[..., start:stop, :]
             block_rows = None if rows_ok is None else rows_ok[..., start:stop, :]
             if check and inspectable:
                 sums.append(xp.sum(a, axis=-1))
-                minima.append(xp.min(a, axis=-1))
-                if block_rows is not None:
-                    real.append(block_rows[..., 0])
+                if block_rows is None:
+                    # One minimum per block: cheaper than per row, and the same verdict.
+                    minima.append(xp.reshape(xp.min(a), (1,)))
+                else:  # padded rows may hold anything: per row, to leave them out
+                    row_minima = xp.min(a, axis=-1)
+                    real_rows = xp.broadcast_to(block_rows[..., 0], tuple(row_minima.shape))
+                    real_rows = xp.reshape(real_rows, (-1,))
+                    minima.append(xp.reshape(row_minima, (-1,)))
+                    real.append(real_rows)
             if block_rows is not None:
                 keep = block_rows & keys_ok
                 a = xp.where(keep, a, zero)
@@ -461,11 +471,16 @@ def _gradient_weighted_layers(
     def decide() -> None:
         if not sums:
             return
+        row_sums, low = xp.concat(sums, axis=-1), xp.concat(minima)
+        if real:  # padded queries may hold anything: only real rows are judged
+            row_sums, valid = xp.concat([xp.reshape(x, (-1,)) for x in sums]), xp.concat(real)
+            row_sums = xp.where(valid, row_sums, xp.ones_like(row_sums))
+            low = xp.where(valid, low, xp.zeros_like(low))
         check_row_statistics(
-            xp.concat(sums, axis=-1),
-            xp.concat(minima, axis=-1),
+            row_sums,
+            low,
             xp,
-            valid_rows=xp.concat(real, axis=-1) if real else None,
+            valid_rows=None,
             dtype=first_a.dtype,
             n_tokens=n,
         )
@@ -480,7 +495,7 @@ def _gradient_weighted_layers(
                 _check_gradients_finite(gradient(i), keep, xp)
 
     shape = (*batch, used_layers, n, n)
-    layers = FusedLayers(shape, first_a.dtype, array_device(first_a), compute, decide)
+    layers = FusedLayers(shape, first_a.dtype, array_device(first_a), xp, compute, decide)
     return _Streamed(layers, attention, gradient)
 
 

@@ -69,12 +69,14 @@ class FusedLayers:
         shape: tuple[int, ...],
         dtype: Any,
         device: Any,
-        compute: Callable[[int], Any],
+        xp: Namespace,
+        compute: Callable[[int, tuple[int, ...] | None], Any],
         check: Callable[[], None],
     ) -> None:
         self.shape = shape
         self.dtype = dtype
         self.device = device
+        self.xp = xp
         self._compute = compute
         self._check = check
         self._pending = set(range(shape[-3]))
@@ -84,9 +86,14 @@ class FusedLayers:
         """The number of axes of the stacked layers."""
         return len(self.shape)
 
-    def layer(self, i: int) -> Any:
-        """Layer `i` (0 = first), ``(*batch, n, n)``; checks everything after the last one."""
-        fused = self._compute(i)
+    def layer(self, i: int, rows: tuple[int, ...] | None = None) -> Any:
+        """Layer `i` (0 = first), ``(*batch, n, n)``, or its rows `rows`, ``(*batch, r, n)``.
+
+        A chain that reads only some rows of a layer (the top one, for selected rows)
+        asks for those: the rest of that layer is neither fused nor checked, as it
+        cannot influence the result. Every check is decided after the last layer.
+        """
+        fused = self._compute(i, rows)
         self._pending.discard(i)
         if not self._pending:
             self.check()
@@ -99,20 +106,25 @@ class FusedLayers:
 
     def map(self, function: Callable[[Any], Any]) -> FusedLayers:
         """Return the same layers with `function` applied to each (rows renormalised, say)."""
-        return FusedLayers(
-            self.shape, self.dtype, self.device, lambda i: function(self.layer(i)), self.check
-        )
+
+        def compute(i: int, rows: tuple[int, ...] | None) -> Any:
+            return select_rows(function(self.layer(i)), rows, self.xp)
+
+        return FusedLayers(self.shape, self.dtype, self.device, self.xp, compute, self.check)
 
 
 def _nothing() -> None:
     return None
 
 
-def layer_of(fused: Any, i: int) -> Any:
-    """Layer `i` of fused layers ``(*batch, L, n, n)``: an array or :class:`FusedLayers`."""
+def layer_of(fused: Any, i: int, rows: tuple[int, ...] | None = None, xp: Any = None) -> Any:
+    """Layer `i` of fused layers ``(*batch, L, n, n)`` (an array or :class:`FusedLayers`).
+
+    With `rows`, only those rows, ``(*batch, r, n)``.
+    """
     if isinstance(fused, FusedLayers):
-        return fused.layer(i)
-    return fused[..., i, :, :]
+        return fused.layer(i, rows)
+    return select_rows(fused[..., i, :, :], rows, xp)
 
 
 @dataclass(frozen=True)
@@ -418,23 +430,24 @@ def _stream_fused(
     sums: list[Any] = []
     minima: list[Any] = []
 
-    def compute(i: int) -> Any:
+    def compute(i: int, rows: tuple[int, ...] | None) -> Any:
         heads = arrays[i] if arrays is not None else stacked[..., i, :, :, :]
+        heads = select_rows(heads, rows, xp)
         fused_spec = spec
         if spec.kind == "weights" and spec.weights is not None and spec.weights.ndim == 2:
             fused_spec = HeadFusionSpec("weights", weights=spec.weights[i, ...])
         fused = apply_head_fusion(heads, fused_spec, xp, check=check)
         if check and values_are_inspectable(fused):
             sums.append(xp.sum(fused, axis=-1))
-            minima.append(xp.min(fused, axis=-1))
+            minima.append(xp.min(fused))  # one minimum per layer: the same verdict
         return fused
 
     def decide() -> None:
         if not sums:
             return
         check_row_statistics(
-            xp.stack(sums, axis=-2),
-            xp.stack(minima, axis=-2),
+            xp.concat([xp.reshape(x, (-1,)) for x in sums]),
+            xp.concat([xp.reshape(x, (-1,)) for x in minima]),
             xp,
             valid_rows=None,
             dtype=checked.first.dtype,
@@ -445,7 +458,8 @@ def _stream_fused(
         minima.clear()
 
     shape = (*layout.batch_shape, used, layout.n_tokens, layout.n_tokens)
-    return FusedLayers(shape, checked.first.dtype, array_device(checked.first), compute, decide)
+    device = array_device(checked.first)
+    return FusedLayers(shape, checked.first.dtype, device, xp, compute, decide)
 
 
 def select_rows(matrices: Any, rows: int | tuple[int, ...] | None, xp: Namespace) -> Any:

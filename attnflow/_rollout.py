@@ -78,16 +78,15 @@ def rollout_products(
     index = (rows,) if isinstance(rows, int) else rows
     n_rows = len(index)
 
-    def mixed_rows(matrix: Any) -> Any:
-        """Rows `index` of Ã: ``(1 - α) A[rows] + α I[rows]`` (real tokens only)."""
-        attention_rows = select_rows(matrix, index, xp)
+    def mixed_rows(attention_rows: Any) -> Any:
+        """Rows `index` of Ã from those of A: ``(1 - α) A[rows] + α I[rows]`` (real tokens)."""
         if alpha == 0.0:
             return attention_rows
         unit_rows = _identity_rows(fused, index, valid_keys, xp)
         return (1.0 - alpha) * attention_rows + alpha * unit_rows
 
     if not all_layers:
-        vectors = mixed_rows(layer_of(fused, n_layers - 1))
+        vectors = mixed_rows(layer_of(fused, n_layers - 1, index, xp))
         for i in range(n_layers - 2, -1, -1):
             vectors = times_mixed(vectors, layer_of(fused, i))
         return vectors[..., 0, :] if isinstance(rows, int) else vectors
@@ -101,10 +100,11 @@ def rollout_products(
         return select_rows(full, rows, xp)
     # Walk down from the top layer, carrying one block of row vectors per target layer:
     # the chain for layer l starts at layer l and is multiplied by every layer below it.
-    chains = mixed_rows(layer_of(fused, n_layers - 1))
+    chains = mixed_rows(layer_of(fused, n_layers - 1, index, xp))
     for i in range(n_layers - 2, -1, -1):
         matrix = layer_of(fused, i)
-        chains = xp.concat([mixed_rows(matrix), times_mixed(chains, matrix)], axis=-2)
+        unit = mixed_rows(select_rows(matrix, index, xp))
+        chains = xp.concat([unit, times_mixed(chains, matrix)], axis=-2)
     batch = tuple(chains.shape[:-2])
     chains = xp.reshape(chains, (*batch, n_layers, n_rows, n))
     return chains[..., 0, :] if isinstance(rows, int) else chains
