@@ -34,6 +34,7 @@ from ._validation import (
     check_rows,
     check_validate,
     describe,
+    sum_rows,
 )
 
 __all__ = ["gradient_rollout"]
@@ -446,7 +447,7 @@ def _gradient_weighted_layers(
             a, g = weights[..., start:stop, :], grads[..., start:stop, :]
             block_rows = None if rows_ok is None else rows_ok[..., start:stop, :]
             if check and inspectable:
-                sums.append(xp.sum(a, axis=-1))
+                sums.append(sum_rows(a, xp))
                 if block_rows is None:
                     # One minimum per block: cheaper than per row, and the same verdict.
                     minima.append(xp.reshape(xp.min(a), (1,)))
@@ -463,7 +464,7 @@ def _gradient_weighted_layers(
                 g = xp.where(keep, g, zero)
             product = g * a
             if check and inspectable:
-                totals.append(xp.sum(product))
+                totals.append(xp.sum(sum_rows(product, xp)))
             # (·)^+ as a maximum with a 0-d zero: one pass (a `where` on a comparison is slower).
             blocks.append(xp.mean(xp.maximum(product, zero), axis=-3))
         return blocks[0] if len(blocks) == 1 else xp.concat(blocks, axis=-2)

