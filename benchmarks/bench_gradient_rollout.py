@@ -104,7 +104,9 @@ def _backend(name: str, a: np.ndarray, g: np.ndarray) -> tuple[Any, Any, Any, Ca
     raise ValueError(msg)
 
 
-def _time(cases: dict[str, Callable[[], Any]], finish: Callable[[Any], Any], repeats: int) -> dict[str, tuple[float, float]]:
+def _time(
+    cases: dict[str, Callable[[], Any]], finish: Callable[[Any], Any], repeats: int
+) -> dict[str, tuple[float, float]]:
     for function in cases.values():
         finish(function())
     wall: dict[str, list[float]] = {key: [] for key in cases}
@@ -116,6 +118,22 @@ def _time(cases: dict[str, Callable[[], Any]], finish: Callable[[Any], Any], rep
             wall[key].append(time.perf_counter() - start)
             cpu[key].append(time.process_time() - start_cpu)
     return {key: (statistics.median(wall[key]), statistics.median(cpu[key])) for key in cases}
+
+
+def _cases(a: Any, g: Any, xp: Any) -> dict[str, Callable[[], Any]]:
+    return {
+        "rollout(a, rows=0)": lambda: attnflow.rollout(a, rows=0),
+        "hand batched GAE, row 0": lambda: _hand_batched(a, g, xp),
+        "Chefer loop, row 0": lambda: _chefer_loop(a, g, xp),
+        "gradient_rollout(a, g, rows=0)": lambda: attnflow.gradient_rollout(a, g, rows=0),
+        "gradient_rollout(a, g, rows=0, validate=False)": lambda: attnflow.gradient_rollout(
+            a, g, rows=0, validate=False
+        ),
+        'gradient_rollout(a, g, rows=0, rule="weighted")': lambda: attnflow.gradient_rollout(
+            a, g, rows=0, rule="weighted"
+        ),
+        "gradient_rollout(a, g)": lambda: attnflow.gradient_rollout(a, g),
+    }
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -152,16 +170,7 @@ def main() -> None:
         except ImportError as exc:
             print(f"\n{name}: not installed ({exc}); skipped")
             continue
-        cases: dict[str, Callable[[], Any]] = {
-            "rollout(a, rows=0)": lambda: attnflow.rollout(a, rows=0),
-            "hand batched GAE, row 0": lambda: _hand_batched(a, g, xp),
-            "Chefer loop, row 0": lambda: _chefer_loop(a, g, xp),
-            "gradient_rollout(a, g, rows=0)": lambda: attnflow.gradient_rollout(a, g, rows=0),
-            'gradient_rollout(a, g, rows=0, rule="weighted")': lambda: attnflow.gradient_rollout(
-                a, g, rows=0, rule="weighted"
-            ),
-            "gradient_rollout(a, g)": lambda: attnflow.gradient_rollout(a, g),
-        }
+        cases = _cases(a, g, xp)
         if name == "dask" or (name in {"strict", "jax"} and batch * n > 2000):
             del cases["Chefer loop, row 0"]  # per-sample graphs / copies: minutes, not figures
         ours = _to_numpy(attnflow.gradient_rollout(a, g, rows=0)).astype(np.float64)

@@ -24,6 +24,16 @@ the minimum.
 (d) full           ``attnflow.rollout(a)``: the full ``n x n`` rollout of every sample.
 (e) all layers     ``attnflow.rollout(a, rows=0, layers="all")`` and
                    ``attnflow.rollout(a, layers="all")``.
+(h) hand chain     the head mean of every layer, then the row-0 vector-matrix chain with
+                   the residual applied to the vector; no checks. The goal is (c) within
+                   1.1x of it, validated.
+
+``--memory`` measures peak memory instead: each case runs in a fresh process on
+attention built in place (by default ``(1, 12, 12, 2048, 2048)`` float32, 2.4 GB), and
+reports the peak resident memory during the call beyond what the process held before it
+(Linux ``VmHWM``, reset just before the call), as a percentage of the input. Cases: the
+hand chain (one fused layer at a time, top-down) and ``attnflow.rollout(a, rows=0)``,
+validated and not. The goal is at most 1 % of the input for selected rows.
 
 The table gives each case's median and minimum time, its ratio to the floor (a) and its
 speed-up over the baseline (b), plus the effective bandwidth: bytes of the attention
@@ -65,6 +75,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import array_api_compat
@@ -74,6 +85,7 @@ import attnflow
 
 BACKENDS = ("numpy", "torch", "jax", "cupy")
 GOAL = 1.3
+HAND_GOAL = 1.1
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 RESIDUAL = 0.5
 
@@ -95,6 +107,8 @@ class Config:
     breakdown: bool
     seed: int
     budget: float
+    memory: bool = False
+    memory_case: str | None = None
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -125,6 +139,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, for a CI smoke run")
     parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="peak memory of the CLS rollout beyond the input instead of timings "
+        "(default shape 1 x 12 x 12 x 2048 x 2048; Linux only)",
+    )
+    parser.add_argument("--memory-case", help=argparse.SUPPRESS)
+    parser.add_argument(
         "--no-breakdown",
         dest="breakdown",
         action="store_false",
@@ -140,6 +161,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     args = parser.parse_args(argv)
 
     defaults = (4, 4, 4, 50, 7) if args.quick else (32, 12, 12, 197, 7)
+    if args.memory or args.memory_case:
+        defaults = (1, 12, 12, 2048, 1)
     given = (args.batch, args.layers, args.heads, args.tokens, args.repeats)
     batch, layers, heads, tokens, repeats = (
         d if g is None else g for g, d in zip(given, defaults, strict=True)
@@ -161,6 +184,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         breakdown=args.breakdown,
         seed=args.seed,
         budget=args.budget if args.budget is not None else (5.0 if args.quick else 25.0),
+        memory=args.memory,
+        memory_case=args.memory_case,
     )
 
 
@@ -396,6 +421,11 @@ def cases_for(backend: Backend) -> list[Case]:
     return [
         Case("a", "(a) floor: xp.mean(a, axis=2)", lambda: xp.mean(a, axis=2)),
         Case("b", "(b) baseline: per-sample loop, CLS", lambda: baseline_cls_rollout(a, xp)),
+        Case(
+            "h",
+            "(h) hand chain: head mean, then row chain",
+            lambda: chain_without_mix(xp.mean(a, axis=2), 0, RESIDUAL, xp),
+        ),
         Case("c", "(c) rollout(a, rows=0)", lambda: attnflow.rollout(a, rows=0)),
         Case(
             "c-nv",
@@ -574,6 +604,12 @@ def report_goal(backend: Backend, timings: dict[str, Timing], nbytes: int) -> No
         f"goal on {backend.label}: CLS rollout {checked:.2f}x floor validated ({status}), "
         f"{unchecked:.2f}x with validate=False (by minima: {best:.2f}x, {best_unchecked:.2f}x)"
     )
+    hand = timings["h"].median
+    print(
+        f"against the hand chain (h) on {backend.label}: CLS rollout "
+        f"{timings['c'].median / hand:.2f}x validated, {timings['c-nv'].median / hand:.2f}x "
+        f"with validate=False (goal: at most {HAND_GOAL}x validated)"
+    )
     if backend.on_gpu:
         print(
             f"effective memory bandwidth on {backend.label}: "
@@ -583,8 +619,107 @@ def report_goal(backend: Backend, timings: dict[str, Timing], nbytes: int) -> No
         )
 
 
+# --------------------------------------------------------------------------- memory
+
+MEMORY_CASES = {
+    "hand": "hand chain: one fused layer at a time, top-down",
+    "rollout": "attnflow.rollout(a, rows=0)",
+    "rollout-nv": "attnflow.rollout(a, rows=0, validate=False)",
+}
+
+
+def _status_kib(field_name: str) -> int:
+    with Path("/proc/self/status").open(encoding="ascii") as status:
+        for line in status:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    msg = f"no {field_name} in /proc/self/status"
+    raise RuntimeError(msg)
+
+
+def _memory_child(config: Config) -> int:
+    """Build the attention in place, then measure one case's peak beyond it (in a child)."""
+    backend_name, case = config.backends[0], config.memory_case or "rollout"
+    b, layers, h, n, _ = config.shape
+    rng = np.random.default_rng(config.seed)
+    host = np.empty(config.shape, dtype=np.float32)
+    for i in range(b):
+        for layer in range(layers):
+            for head in range(h):  # one (n, n) temporary at a time
+                block = host[i, layer, head]
+                block[...] = rng.random((n, n), dtype=np.float32)
+                block /= block.sum(axis=-1, keepdims=True)
+    backend = make_backend(backend_name, host, "cpu")
+    assert backend is not None
+    a, xp = backend.data, backend.xp
+    run = {
+        "hand": lambda: _hand_chain_by_layer(a, xp),
+        "rollout": lambda: attnflow.rollout(a, rows=0),
+        "rollout-nv": lambda: attnflow.rollout(a, rows=0, validate=False),
+    }[case]
+    import gc
+
+    gc.collect()
+    with Path("/proc/self/clear_refs").open("w", encoding="ascii") as clear:
+        clear.write("5")  # reset the peak resident set size (VmHWM) to the current one
+    before = _status_kib("VmRSS")
+    result = run()
+    peak = _status_kib("VmHWM")
+    del result
+    print(f"{(peak - before) * 1024} {host.nbytes}")
+    return 0
+
+
+def _hand_chain_by_layer(a: Any, xp: Any) -> Any:
+    """Row 0 of the rollout, fusing one layer at a time from the top (the memory floor)."""
+    n, layers = a.shape[-1], a.shape[-4]
+    eye_row = xp.eye(n, dtype=a.dtype)[0, :]
+    vector = (1 - RESIDUAL) * xp.mean(a[..., layers - 1, :, 0, :], axis=-2) + RESIDUAL * eye_row
+    for layer in range(layers - 2, -1, -1):
+        fused = xp.mean(a[..., layer, :, :, :], axis=-3)
+        product = xp.matmul(vector[..., None, :], fused)[..., 0, :]
+        vector = (1 - RESIDUAL) * product + RESIDUAL * vector
+    return vector
+
+
+def memory_report(config: Config) -> int:
+    """Run every memory case in its own process and print the peaks beyond the input."""
+    import subprocess
+
+    b, layers, h, n, _ = config.shape
+    print(
+        f"peak memory beyond the input, CLS row, ({b}, {layers}, {h}, {n}, {n}) float32; "
+        "each case in a fresh process (Linux VmHWM reset before the call)"
+    )
+    print("| backend | case | peak beyond input MB | % of input |")
+    print("|---|---|---|---|")
+    for backend in config.backends:
+        for case, label in MEMORY_CASES.items():
+            command = [
+                sys.executable,
+                __file__,
+                f"--memory-case={case}",
+                f"--backend={backend}",
+                f"--batch={b}",
+                f"--layers={layers}",
+                f"--heads={h}",
+                f"--tokens={n}",
+            ]
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                print(f"| {backend} | {label} | failed: {done.stderr.strip()[-200:]} | |")
+                continue
+            extra, nbytes = (int(x) for x in done.stdout.split()[-2:])
+            print(f"| {backend} | `{label}` | {extra / 1e6:.0f} | {100 * extra / nbytes:.2f} |")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
+    if config.memory_case:
+        return _memory_child(config)
+    if config.memory:
+        return memory_report(config)
     print_machine()
     start = time.perf_counter()
     host = make_attention(config.shape, config.seed)

@@ -434,3 +434,121 @@ def test_receptive_field_refuses_encoder_attention(data: tuple[np.ndarray, np.nd
         attnflow.gradient_rollout(*data, receptive_field=1)  # type: ignore[arg-type]
     with pytest.raises(IndexError, match="`exclude` must index"):
         attnflow.gradient_rollout(*data, exclude=7)
+
+
+# -- the blocked pass (issue 24): rows, blocks and the checks it reduces -----------------
+
+
+@pytest.mark.parametrize("block_bytes", [1, 1 << 40], ids=["row-blocks", "whole-layers"])
+@pytest.mark.parametrize("masked", [False, True], ids=["full", "padded"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"rule": "weighted"}, {"layers": "all"}, {"rule": "weighted", "layers": -2}],
+    ids=["gae", "weighted", "gae-all-layers", "weighted-layer"],
+)
+def test_selected_rows_equal_the_full_maps_rows(
+    backend: Variant,
+    dtype_name: str,
+    data: tuple[np.ndarray, np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
+    block_bytes: int,
+    masked: bool,
+    options: dict[str, Any],
+) -> None:
+    """Rows computed alone (the top layer fused only there) are the full map's rows."""
+    from attnflow import _gradient_rollout
+
+    monkeypatch.setattr(_gradient_rollout, "BLOCK_BYTES", block_bytes)
+    weights, gradients = data
+    extra: dict[str, Any] = {}
+    if masked:
+        weights, gradients, mask = _padded(data, "nan")
+        extra["mask"] = mask
+    weights, gradients = weights.astype(dtype_name), gradients.astype(dtype_name)
+    expected = oracle_gradient_rollout(weights, gradients, **options, **extra)
+    if masked:
+        extra["mask"] = backend.asarray(extra["mask"])
+    a, g = backend.asarray(weights), backend.asarray(gradients)
+    full_options = {**options, **extra}
+    full = backend.check(
+        _run(backend, a, g, **full_options), dtype_name=dtype_name, shape=_expected_shape(options)
+    )
+    tol = tolerance(dtype_name)
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(full, expected, rtol=tol, atol=tol * scale)
+    for rows in (0, -1, [4, 1]):
+        row_options = {**options, "rows": rows}
+        part = backend.check(
+            _run(backend, a, g, **row_options, **extra),
+            dtype_name=dtype_name,
+            shape=_expected_shape(row_options),
+        )
+        index = rows if isinstance(rows, int) else np.asarray(rows)
+        np.testing.assert_allclose(part, full[..., index, :], rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+@pytest.mark.parametrize("block_bytes", [1, 1 << 40], ids=["row-blocks", "whole-layers"])
+def test_real_rows_emptied_by_the_mask_become_their_own_identity_rows(
+    monkeypatch: pytest.MonkeyPatch, dtype_name: str, block_bytes: int
+) -> None:
+    """A real query whose weight is all on padded keys attends to itself, in any block."""
+    from attnflow import _gradient_rollout
+
+    monkeypatch.setattr(_gradient_rollout, "BLOCK_BYTES", block_bytes)
+    rng = np.random.default_rng(5)
+    weights = softmax_attention(rng, (2, 2, 2, 6, 6))
+    mask = np.ones((2, 6), dtype=bool)
+    mask[1, 4:] = False
+    weights[1, :, :, 3, :] = 0.0
+    weights[1, :, :, 3, 5] = 1.0  # query 3 of item 1 looks only at a padded key
+    gradients = rng.normal(size=weights.shape)
+    weights, gradients = weights.astype(dtype_name), gradients.astype(dtype_name)
+    for rule in ("gae", "weighted"):
+        result = attnflow.gradient_rollout(weights, gradients, mask=mask, rule=rule)
+        expected = oracle_gradient_rollout(weights, gradients, mask=mask, rule=rule)
+        tol = tolerance(dtype_name)
+        scale = max(1.0, float(np.abs(expected).max()))
+        np.testing.assert_allclose(result, expected, rtol=tol, atol=tol * scale)
+        # Both layers' row 3 is the identity row before the gradient weighting.
+        assert result[1, 3, 3] > 0
+
+
+@pytest.mark.parametrize("block_bytes", [1, 1 << 40], ids=["row-blocks", "whole-layers"])
+def test_checks_in_the_blocked_pass_keep_every_verdict(
+    data: tuple[np.ndarray, np.ndarray], monkeypatch: pytest.MonkeyPatch, block_bytes: int
+) -> None:
+    """Every head and every gradient is still checked, whatever the blocks."""
+    from attnflow import _gradient_rollout
+
+    monkeypatch.setattr(_gradient_rollout, "BLOCK_BYTES", block_bytes)
+    weights, gradients = data
+    # -inf where the attention is positive: the clip (·)^+ would turn it into 0.
+    bad = gradients.copy()
+    bad[1, 0, 2, 3, 4] = -np.inf
+    assert weights[1, 0, 2, 3, 4] > 0
+    with pytest.raises(ValueError, match="`gradients` must be finite; found 1 NaN or infinite"):
+        attnflow.gradient_rollout(weights, bad, rows=0)
+    # A negative weight in one head, made up for in another: the head mean looks fine.
+    shifted = weights.copy()
+    shifted[2, 1, 0, 5, :2] += [-0.5, 0.5]
+    shifted[2, 1, 1, 5, :2] += [0.5, -0.5]
+    shifted[2, 1, 1, 5, :2] = np.abs(shifted[2, 1, 1, 5, :2])
+    shifted[2, 1, 1, 5] /= shifted[2, 1, 1, 5].sum()
+    with pytest.raises(ValueError, match="`attentions` must be non-negative"):
+        attnflow.gradient_rollout(shifted, gradients, rows=0)
+    # Row sums off by +-0.1 in two heads: their mean sums to one.
+    off = weights.copy()
+    off[0, 2, 0, 1, :] *= 1.1
+    off[0, 2, 1, 1, :] *= 0.9
+    with pytest.raises(ValueError, match="`attentions` rows must sum to 1"):
+        attnflow.gradient_rollout(off, gradients, rule="weighted")
+    nan = weights.copy()
+    nan[0, 3, 2, 6, 0] = np.nan
+    with pytest.raises(ValueError, match="`attentions` must be finite"):
+        attnflow.gradient_rollout(nan, gradients, rows=[0, 6], layers="all")
+    # Finite gradients whose products overflow a float32 sum are accepted.
+    huge = np.full(SHAPE, 3e38, dtype=np.float32)
+    with np.errstate(all="ignore"):  # NumPy warns of the overflowing sum (and chain)
+        result = attnflow.gradient_rollout(weights.astype(np.float32), huge, rows=0)
+    assert result.shape == (SHAPE[0], SHAPE[-1])

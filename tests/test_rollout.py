@@ -268,3 +268,70 @@ def test_fuse_heads_of_cross_attention() -> None:
     disjoint = np.zeros((2, 1, 3))
     disjoint[0, 0, 0] = disjoint[1, 0, 2] = 1.0
     np.testing.assert_array_equal(attnflow.fuse_heads(disjoint, heads="min"), np.zeros((1, 3)))
+
+
+# -- layers fused as the chain reads them (issue 24) -------------------------------------
+
+
+@pytest.mark.parametrize("layers", ["last", "all", 2])
+@pytest.mark.parametrize("heads", ["mean", "layer-weights"])
+def test_streamed_rows_equal_the_full_maps_rows(
+    backend: Variant, dtype_name: str, weights: np.ndarray, layers: object, heads: str
+) -> None:
+    """Rows of layers fused one at a time (top layer: only its rows) equal the full map's."""
+    data = weights.astype(dtype_name)
+    fusion: Any = heads
+    oracle_heads: Any = heads
+    if heads == "layer-weights":
+        oracle_heads = np.random.default_rng(3).random((SHAPE[1], SHAPE[2])) + 0.1
+        fusion = backend.asarray(oracle_heads.astype(dtype_name))
+    options: dict[str, Any] = {"layers": layers, "heads": fusion}
+    shape_options = {"layers": layers}
+    full = backend.check(
+        backend.run(attnflow.rollout, backend.asarray(data), **options),
+        dtype_name=dtype_name,
+        shape=_expected_shape(shape_options),
+    )
+    expected = oracle_rollout(data, heads=oracle_heads, layers=layers)
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(full, expected, rtol=tol, atol=tol)
+    for rows in (0, -1, [4, 1]):
+        part = backend.check(
+            backend.run(attnflow.rollout, backend.asarray(data), rows=rows, **options),
+            dtype_name=dtype_name,
+            shape=_expected_shape({**shape_options, "rows": rows}),
+        )
+        index = rows if isinstance(rows, int) else np.asarray(rows)
+        np.testing.assert_allclose(part, full[..., index, :], rtol=tol, atol=tol)
+
+
+def test_streamed_checks_read_every_layer_the_chain_reads(weights: np.ndarray) -> None:
+    """Values are judged after the chain, with the eager checks' messages, in every layer."""
+    nan = weights.copy()
+    nan[1, 0, 2, 6, 3] = np.nan  # the first layer, a row the chain multiplies through
+    with pytest.raises(ValueError, match="averaged over heads, must be finite; found NaN"):
+        attnflow.rollout(nan, rows=0)
+    with pytest.raises(ValueError, match="averaged over heads, must be finite"):
+        attnflow.rollout(list(np.moveaxis(nan, 1, 0)), rows=[0, 2], layers="all")
+    negative = weights.copy()
+    negative[0, 2, :, 4, 1] = -0.5
+    negative[0, 2, :, 4, 2] += 0.5
+    with pytest.raises(ValueError, match="must be non-negative"):
+        attnflow.rollout(negative, rows=0)
+    scaled = weights.copy()
+    scaled[2, -1, :, 0, :] *= 1.01  # the top layer's row 0, the one row read there
+    with pytest.raises(ValueError, match="rows must sum to 1"):
+        attnflow.rollout(scaled, rows=0)
+    attnflow.rollout(scaled, rows=0, validate=False)
+
+
+def test_rows_of_the_top_layer_that_no_chain_reads_are_not_checked(weights: np.ndarray) -> None:
+    """`validate` checks what the method consumes: the top layer only in the rows asked."""
+    bad = weights.copy()
+    bad[0, -1, 1, 5, :] = np.nan
+    result = attnflow.rollout(bad, rows=[0, 1])
+    assert np.all(np.isfinite(result))
+    with pytest.raises(ValueError, match="must be finite"):
+        attnflow.rollout(bad, rows=[0, 5])
+    with pytest.raises(ValueError, match="must be finite"):
+        attnflow.rollout(bad)
