@@ -191,9 +191,12 @@ def gradient_rollout(
         from the end), rows renormalised over the remaining real tokens, as for
         :func:`attnflow.rollout`.
     validate : bool or "heads", default True
-        Check the values first: attention finite, non-negative, rows summing to one
-        (every head); gradients finite. Skipped where values cannot be read cheaply
-        (inside ``jax.jit``, on Dask graphs). Shapes are always checked.
+        Check the values: attention finite, non-negative, rows summing to one (every
+        head); gradients finite; in every weight the result reads (with `rows`, the top
+        layer only in those rows). The checks are reduced in the same pass that weights
+        the attention and decided before anything is returned, with the same messages.
+        Skipped where values cannot be read cheaply (inside ``jax.jit``, on Dask
+        graphs). Shapes are always checked.
     xp : namespace, optional
         The array namespace; inferred from `attentions` by default.
 
@@ -222,7 +225,12 @@ def gradient_rollout(
     -----
     The gradients must be paired with the attention of the same layer: a reversed list
     (vit-explain issue #6) gives a different, wrong map, and cannot be detected from the
-    values, so only the shapes are checked. The GAE product is computed as
+    values, so only the shapes are checked.
+
+    :math:`\bar A_l` is formed one layer at a time, in blocks of query rows of about
+    2 MiB, so that the product, its clip and the head mean of a block stay in cache and
+    no temporary of the input's size is allocated; a row chain reads only its rows of
+    the top layer. Lazy arrays (``jax.jit``, Dask) get whole layers. The GAE product is computed as
     :math:`2^l` times the rollout of :math:`\bar A` with :math:`\alpha = 0.5`, which is
     exact (a power of two) and reuses rollout's row chains, O(L n²) per selected row.
 
@@ -432,6 +440,8 @@ def _gradient_weighted_layers(
     totals: list[Any] = []
     per_row = math.prod(batch) * (layout.n_heads or 1) * n * (xp.finfo(first_a.dtype).bits // 8)
 
+    empty_batch = math.prod(batch) == 0  # nothing to check (and no minimum to take)
+
     def compute(i: int, rows: tuple[int, ...] | None) -> Any:
         weights, grads = attention(i), gradient(i)
         inspectable = values_are_inspectable(weights)
@@ -446,7 +456,7 @@ def _gradient_weighted_layers(
         for start, stop in spans:
             a, g = weights[..., start:stop, :], grads[..., start:stop, :]
             block_rows = None if rows_ok is None else rows_ok[..., start:stop, :]
-            if check and inspectable:
+            if check and inspectable and not empty_batch:
                 sums.append(sum_rows(a, xp))
                 if block_rows is None:
                     # One minimum per block: cheaper than per row, and the same verdict.
@@ -463,7 +473,7 @@ def _gradient_weighted_layers(
                 a = normalize_rows(a, xp, valid_rows=block_rows, first_row=start)
                 g = xp.where(keep, g, zero)
             product = g * a
-            if check and inspectable:
+            if check and inspectable and not empty_batch:
                 totals.append(xp.sum(sum_rows(product, xp)))
             # (·)^+ as a maximum with a 0-d zero: one pass (a `where` on a comparison is slower).
             blocks.append(xp.mean(xp.maximum(product, zero), axis=-3))

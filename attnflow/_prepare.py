@@ -6,6 +6,7 @@ forms, validate them the same way and apply masks and head fusion identically.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -438,7 +439,7 @@ def _stream_fused(
         if spec.kind == "weights" and spec.weights is not None and spec.weights.ndim == 2:
             fused_spec = HeadFusionSpec("weights", weights=spec.weights[i, ...])
         fused = apply_head_fusion(heads, fused_spec, xp, check=check)
-        if check and values_are_inspectable(fused):
+        if check and values_are_inspectable(fused) and math.prod(fused.shape) > 0:
             sums.append(sum_rows(fused, xp))
             minima.append(xp.min(fused))  # one minimum per layer: the same verdict
         return fused
