@@ -1,7 +1,7 @@
 """Gradient-weighted rollout (GAE) against plain rollout and hand-written GAE, in one run.
 
     python benchmarks/bench_gradient_rollout.py [--backend numpy,torch,jax,dask,strict]
-        [--shape B L H n] [--repeats R]
+        [--shape B L H n] [--repeats R] [--quick]
 
 Random float32 attention (softmax of standard-normal logits) and standard-normal
 gradients of shape ``(B, L, H, n, n)``, by default ``(8, 12, 12, 197, 197)`` (a ViT-B/16
@@ -145,13 +145,15 @@ def _to_numpy(x: Any) -> np.ndarray:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="numpy,torch")
-    parser.add_argument("--shape", type=int, nargs=4, default=[8, 12, 12, 197])
+    parser.add_argument("--shape", type=int, nargs=4, help="B L H n (default 8 12 12 197)")
+    parser.add_argument("--quick", action="store_true", help="shape 2 4 4 50: a smoke test")
     parser.add_argument("--repeats", type=int, default=5)
     # `nox -s benchmark -- ...` hands the same options to every script.
     args, unknown = parser.parse_known_args()
     if unknown:
         print(f"note: ignoring options this script does not take: {' '.join(unknown)}")
-    batch, layers, heads, n = args.shape
+    default_shape = [2, 4, 4, 50] if args.quick else [8, 12, 12, 197]
+    batch, layers, heads, n = args.shape or default_shape
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(batch, layers, heads, n, n)).astype(np.float32)
     weights = np.exp(logits - logits.max(-1, keepdims=True))
@@ -169,6 +171,9 @@ def main() -> None:
             a, g, xp, finish = _backend(name, weights, gradients)
         except ImportError as exc:
             print(f"\n{name}: not installed ({exc}); skipped")
+            continue
+        except ValueError as exc:
+            print(f"\n{name}: {exc}; skipped (numpy, torch, jax, dask or strict)")
             continue
         cases = _cases(a, g, xp)
         if name == "dask" or (name in {"strict", "jax"} and batch * n > 2000):
