@@ -51,5 +51,10 @@ def normalize_rows(
         return normalised  # cross-attention has no self to fall back on: empty rows stay 0
     empty = sums == 0  # not `~has_mass`: a NaN sum is not an empty row
     empty = empty if valid_rows is None else (empty & valid_rows)
-    eye = xp.eye(n_rows, n, k=first_row or 0, dtype=attention.dtype, device=array_device(attention))
+    device = array_device(attention)
+    if first_row is None:
+        eye = xp.eye(n, dtype=attention.dtype, device=device)
+    else:  # rows first_row.. of the identity (not `eye(k=...)`: Dask loses its chunks)
+        own = xp.arange(first_row, first_row + n_rows, device=device)[:, None]
+        eye = xp.astype(own == xp.arange(n, device=device)[None, :], attention.dtype)
     return xp.where(empty, eye, normalised)
