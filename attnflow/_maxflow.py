@@ -221,6 +221,9 @@ class _Arcs:
     """``(arcs,)`` float64."""
     counts: np.ndarray
     """``(T-2, n)``: arcs of each token."""
+    bucket_end: np.ndarray
+    """``(T-2, n, 64)`` int32: where each power of two's arcs of a token end (heads
+    descend within one)."""
 
 
 def _arcs(middle: np.ndarray) -> _Arcs:
@@ -235,8 +238,9 @@ def _arcs(middle: np.ndarray) -> _Arcs:
     start[:, n] = offsets[n::n]
     head = np.empty(offsets[-1], dtype=np.int32)
     capacity = np.empty(offsets[-1])
-    _kernel_build_arcs(middle, start, head, capacity)
-    return _Arcs(start, head, capacity, counts)
+    bucket_end = np.empty((n_mats, n, 64), dtype=np.int32)
+    _kernel_build_arcs(middle, start, head, capacity, bucket_end)
+    return _Arcs(start, head, capacity, counts, bucket_end)
 
 
 def _backward_arcs(arcs: _Arcs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -247,6 +251,17 @@ def _backward_arcs(arcs: _Arcs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     tails = np.empty(arcs.head.shape[0], dtype=np.int32)
     _kernel[2](arcs.start, arcs.head, start, ids, tails)
     return start, ids, tails
+
+
+def _sorted_heads(hi: np.ndarray) -> np.ndarray:
+    """``(T-2,)`` uint8: 1 for each middle matrix whose heads reach no further as they descend.
+
+    Matrix ``Ã_{i+2}`` has its heads at layer ``i + 1``; where the largest input token
+    that those tokens reach never decreases with the token (causal attention, banded
+    attention), a head that cannot reach the sink from below is followed, within its
+    strength class (heads descending), by heads that cannot either: the solver skips them.
+    """
+    return np.asarray((np.diff(hi[:-1], axis=1) >= 0).all(axis=1), dtype=np.uint8)
 
 
 class _Prepared:
@@ -261,6 +276,7 @@ class _Prepared:
         self.n = mixed.shape[-1]
         self.arcs = _arcs(mixed[1:-1])
         self.reach = _reach(mixed)
+        self.sorted_heads = _sorted_heads(self.reach[1])
         self._lock = threading.Lock()
         self._backward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._inflow: dict[bytes, np.ndarray] = {}
@@ -349,7 +365,7 @@ def _solve_with_kernel(
     buffer = graph.take_buffer()
     _kernel_solve(
         mixed, rows.astype(np.int64), sinks.astype(np.int64), upper, *forward, *none,
-        from_source, source_count, *reach, False, TARGET_TOLERANCE, buffer, values, status,
+        arcs.bucket_end, graph.sorted_heads, from_source, source_count, *reach, False, TARGET_TOLERANCE, buffer, values, status,
     )  # fmt: skip
     left = np.flatnonzero((status == DEFERRED).any(axis=1))
     for i in left:
@@ -359,7 +375,7 @@ def _solve_with_kernel(
         _kernel_solve(
             mixed, rows[i : i + 1].astype(np.int64), sinks[columns].astype(np.int64),
             np.ascontiguousarray(upper[i : i + 1, columns]), *forward, *graph.backward(),
-            from_source[i : i + 1], source_count[i : i + 1], *reach, True,
+            arcs.bucket_end, graph.sorted_heads, from_source[i : i + 1], source_count[i : i + 1], *reach, True,
             TARGET_TOLERANCE, buffer, part_values, part_status,
         )  # fmt: skip
         values[i, columns] = part_values[0]

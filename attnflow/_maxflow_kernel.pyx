@@ -49,6 +49,9 @@ cdef struct Work:
     const long long* bwd_start  # (T-2, n+1): arcs into token j of matrix i, strongest first
     const long long* bwd_arc    # (arcs,): their arc ids
     const int* bwd_tail     # (arcs,): the token each one leaves, one layer up
+    const int* bucket_end   # (T-2, n, N_BUCKETS): end of each strength class of a token's arcs
+    const unsigned char* sorted_heads  # (T-2,): 1 where dead heads end their strength class
+    int* bucket             # (nodes,): the strength class of each node's current arc
     const int* src_order    # (n,): the source row's columns, strongest first
     int src_count
     long long middle        # number of middle arcs: edge ids of source, sink edges follow
@@ -62,6 +65,7 @@ cdef struct Work:
     int* path_node
     long long* path_edge
     char* path_forward
+    double* path_value      # forward residual of each arc of the current path
     int* queue
     double* deliverable     # bottom-up bound of one sink, per token of one layer (2 n)
     long long* log          # middle edges touched since the last reset
@@ -155,10 +159,12 @@ cdef inline int _admissible_arc(
     Work* w, int u, bint backward, long long* edge, char* forward
 ) noexcept nogil:
     """Advance `u`'s current arc to the next admissible one; its head, or -1 if none is left."""
-    cdef int n = w.n, a, j, k, i, nf, degree, v
+    cdef int n = w.n, a, j, k, i, nf, degree, v, b
     cdef int want = w.level[u] + 1
     cdef long long base, p, q
     cdef const int* heads
+    cdef const int* ends
+    cdef bint skip
     i = w.cur[u]
     if u == w.source:
         # Arcs into layer T-1, strongest first.
@@ -188,6 +194,8 @@ cdef inline int _admissible_arc(
         nf = <int>(w.fwd_start[<long long>(a - 2) * (n + 1) + j + 1] - p)
         base = <long long>(a - 2) * n
         heads = w.arc_head + p
+        skip = w.sorted_heads[a - 2]
+        ends = w.bucket_end + (<long long>(a - 2) * n + j) * N_BUCKETS
         while i < nf:
             v = <int>(base + heads[i])
             if w.level[v] == want and w.res[p + i] > 0.0:
@@ -195,6 +203,15 @@ cdef inline int _admissible_arc(
                 edge[0] = p + i
                 forward[0] = 1
                 return v
+            if skip and w.reach_hi[v] < w.m:
+                # Heads descend within a strength class and reach no further as they
+                # do: the rest of this class cannot reach the sink either.
+                b = w.bucket[u]
+                while ends[b] <= i:
+                    b += 1
+                w.bucket[u] = b
+                i = ends[b]
+                continue
             i += 1
     if backward and a <= w.n_layers - 2:
         # Arcs back up: the edges from tokens k of layer a + 1 into token j.
@@ -213,10 +230,25 @@ cdef inline int _admissible_arc(
     return -1
 
 
+cdef inline int _pop(Work* w, int i) noexcept nogil:
+    """Write the residual of path arc `i`, kept on the path while it was there, back."""
+    cdef long long edge = w.path_edge[i]
+    w.res[edge] = w.path_value[i]
+    return _log_edge(w, edge)
+
+
 cdef int _blocking_flow(
     Work* w, bint backward, double target, double* total
 ) noexcept nogil:
-    """Augment along admissible arcs (``level + 1``) until blocked or `target` is reached."""
+    """Augment along admissible arcs (``level + 1``) until blocked or `target` is reached.
+
+    The arcs of the current path keep their residuals on the path (`path_value`, the
+    forward residual ``res`` of each edge) and are written back when they leave it: an
+    augmentation then touches a short local array instead of the graph, and each arc is
+    written and logged once per visit instead of once per augmentation. The arithmetic
+    is the same, so the residuals are the same to the last bit. No other arc of the level
+    graph reads an arc of the path (every admissible arc goes one level down).
+    """
     cdef int depth = 0, u, v, i, cut
     cdef long long edge
     cdef char forward
@@ -225,33 +257,40 @@ cdef int _blocking_flow(
     while True:
         u = w.path_node[depth]
         if u == w.sink:
-            bottleneck = _residual(w, w.path_edge[0], w.path_forward[0])
-            for i in range(1, depth):
-                r = _residual(w, w.path_edge[i], w.path_forward[i])
-                if r < bottleneck:
+            bottleneck = 0.0
+            for i in range(depth):
+                if w.path_forward[i]:
+                    r = w.path_value[i]
+                else:
+                    r = w.arc_cap[w.path_edge[i]] - w.path_value[i]
+                if i == 0 or r < bottleneck:
                     bottleneck = r
             cut = depth
             for i in range(depth):
-                edge = w.path_edge[i]
                 if w.path_forward[i]:
-                    w.res[edge] -= bottleneck
-                    if w.res[edge] <= 0.0 and cut == depth:
+                    w.path_value[i] -= bottleneck
+                    if w.path_value[i] <= 0.0 and cut == depth:
                         cut = i
                 else:
-                    w.res[edge] += bottleneck
-                    if w.arc_cap[edge] - w.res[edge] <= 0.0 and cut == depth:
+                    w.path_value[i] += bottleneck
+                    if w.arc_cap[w.path_edge[i]] - w.path_value[i] <= 0.0 and cut == depth:
                         cut = i
-                if _log_edge(w, edge) < 0:
-                    return -1
             total[0] += bottleneck
             if total[0] >= target:
+                for i in range(depth):
+                    if _pop(w, i) < 0:
+                        return -1
                 return 0
+            for i in range(cut, depth):
+                if _pop(w, i) < 0:
+                    return -1
             depth = cut  # retreat to the tail of the first saturated arc
             continue
         v = _admissible_arc(w, u, backward, &edge, &forward)
         if v >= 0:
             w.path_edge[depth] = edge
             w.path_forward[depth] = forward
+            w.path_value[depth] = w.res[edge]
             depth += 1
             w.path_node[depth] = v
             continue
@@ -259,6 +298,8 @@ cdef int _blocking_flow(
         if depth == 0:
             return 0
         depth -= 1
+        if _pop(w, depth) < 0:
+            return -1
         w.cur[w.path_node[depth]] += 1
 
 
@@ -271,6 +312,7 @@ cdef bint _layer_residual_graph(Work* w) noexcept nogil:
     for u in range(n_nodes):
         w.level[u] = -1
         w.cur[u] = 0
+        w.bucket[u] = 0
     w.level[w.source] = 0
     w.queue[tail] = w.source
     tail += 1
@@ -305,6 +347,7 @@ cdef void _layer_by_depth(Work* w) noexcept nogil:
             v = (a - 1) * n + j
             w.level[v] = -1 if _dead(w, v) else w.n_layers - a
             w.cur[v] = 0
+            w.bucket[v] = 0
     w.level[w.source] = 0
     w.cur[w.source] = 0
     w.level[w.sink] = w.n_layers
@@ -349,13 +392,18 @@ cdef enum:
     N_BUCKETS = 64
 
 
+
 def build_arcs(
     const double[:, :, ::1] matrices,
     long long[:, ::1] start,
     int[::1] head,
     double[::1] capacity,
+    int[:, :, ::1] bucket_end,
 ):
     """Each row's non-zero entries as arcs, strongest first by powers of two.
+
+    Within a power of two, heads descend. `bucket_end` ``(L, n, 64)`` receives, for each
+    row, where each power's arcs end (relative to the row's first arc).
 
     ``start`` ``(L, n+1)`` must hold, on entry, the global offset of each row's first arc
     (``start[l, j]``, with ``start[l, n]`` the next matrix's first); `head` and `capacity`
@@ -390,7 +438,8 @@ def build_arcs(
                 for b in range(N_BUCKETS):
                     place[b] = total
                     total += counts[b]
-                for k in range(n):
+                    bucket_end[l, j, b] = <int>(total - start[l, j])
+                for k in range(n - 1, -1, -1):
                     c = row[k]
                     if c > 0.0:
                         memcpy(&bits, &c, sizeof(double))
@@ -455,6 +504,8 @@ def solve(
     const long long[:, ::1] bwd_start,
     const long long[::1] bwd_arc,
     const int[::1] bwd_tail,
+    const int[:, :, ::1] bucket_end,
+    const unsigned char[::1] sorted_heads,
     const int[:, ::1] src_order,
     const int[::1] src_count,
     const int[:, ::1] reach_lo,
@@ -499,6 +550,8 @@ def solve(
     w.bwd_arc = &bwd_arc[0] if bwd_arc.shape[0] > 0 else NULL
     w.bwd_tail = &bwd_tail[0] if bwd_tail.shape[0] > 0 else NULL
     w.reach_lo = &reach_lo[0, 0]
+    w.bucket_end = &bucket_end[0, 0, 0]
+    w.sorted_heads = &sorted_heads[0]
     w.reach_hi = &reach_hi[0, 0]
     w.middle = middle
     w.source = (n_layers - 1) * n
@@ -508,9 +561,11 @@ def solve(
     w.res = &residual[0]
     w.level = <int*>malloc(n_nodes * sizeof(int))
     w.cur = <int*>malloc(n_nodes * sizeof(int))
+    w.bucket = <int*>malloc(n_nodes * sizeof(int))
     w.path_node = <int*>malloc((n_nodes + 1) * sizeof(int))
     w.path_edge = <long long*>malloc((n_nodes + 1) * sizeof(long long))
     w.path_forward = <char*>malloc((n_nodes + 1) * sizeof(char))
+    w.path_value = <double*>malloc((n_nodes + 1) * sizeof(double))
     w.queue = <int*>malloc(n_nodes * sizeof(int))
     w.deliverable = <double*>malloc(2 * n * sizeof(double))
     w.log_cap = 1024
@@ -518,8 +573,9 @@ def solve(
     w.log = <long long*>malloc(w.log_cap * sizeof(long long))
     try:
         if (
-            w.level == NULL or w.cur == NULL
+            w.level == NULL or w.cur == NULL or w.bucket == NULL
             or w.path_node == NULL or w.path_edge == NULL or w.path_forward == NULL
+            or w.path_value == NULL
             or w.queue == NULL or w.deliverable == NULL or w.log == NULL
         ):
             raise MemoryError()
@@ -586,9 +642,11 @@ def solve(
     finally:
         free(w.level)
         free(w.cur)
+        free(w.bucket)
         free(w.path_node)
         free(w.path_edge)
         free(w.path_forward)
+        free(w.path_value)
         free(w.queue)
         free(w.deliverable)
         free(w.log)

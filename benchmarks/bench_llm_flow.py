@@ -59,7 +59,8 @@ BASELINE_SCRIPT = """
 import json, sys, time
 import numpy as np
 import attnflow
-a = np.load(sys.argv[1]).astype(np.float64)[:, None]
+a = np.load(sys.argv[1])
+a = a.reshape(-1, a.shape[-1], a.shape[-1]).astype(np.float64)[:, None]  # (L, H=1, n, n)
 cpu, wall = time.process_time(), time.perf_counter()
 values = attnflow.flow(a, rows=-1, n_jobs=1, max_work=None)
 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
@@ -75,6 +76,7 @@ def text() -> str:
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while defined
     spec.loader.exec_module(module)
     return str(module.TEXT)
 
@@ -174,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.baseline and min(args.sizes) <= args.baseline_max:
             baseline = build_baseline(args.baseline, Path(scratch))
         for n in args.sizes:
-            attention = np.load(paths[n]).astype(np.float64)[:, None]
+            # (L, H=1, n, n); older caches hold (L, n, n), newer (L, 1, n, n)
+            attention = np.load(paths[n]).reshape(-1, n, n).astype(np.float64)[:, None]
             estimate = attnflow.flow_cost(attention, rows=-1).estimated_seconds
             cpu, wall = time.process_time(), time.perf_counter()
             values = attnflow.flow(attention, rows=-1, n_jobs=1, max_work=None)
