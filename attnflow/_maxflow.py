@@ -77,6 +77,11 @@ DENSE_GRAPH_ZEROS = 0.25
 graph built once per shape (building one costs about 0.6 µs an edge); sparser attention
 (causal, heavy padding) gets a graph of its non-zero edges."""
 
+DENSE_LAYERS = 6
+"""Layers ``2 .. D + 1`` whose arcs first blocking flows read dense, through bit sets of the
+tokens below that may still carry flow (most of the search happens near the sink, where
+tokens block as their arcs into the sink fill): ``D n²`` more float64 residuals."""
+
 BOUND_BLOCK_ELEMENTS = 4_000_000
 """Elements of the ``rows x n x sinks`` temporary of one vectorised upper-bound step."""
 
@@ -277,6 +282,11 @@ class _Prepared:
         self.arcs = _arcs(mixed[1:-1])
         self.reach = _reach(mixed)
         self.sorted_heads = _sorted_heads(self.reach[1])
+        self.dense_layers = min(DENSE_LAYERS, mixed.shape[0] - 2)
+        present = mixed[1 : self.dense_layers + 1] > 0
+        self.dense_top = np.where(
+            present.any(axis=-1), self.n - 1 - np.argmax(present[..., ::-1], axis=-1), -1
+        ).astype(np.int32)
         self._lock = threading.Lock()
         self._backward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._inflow: dict[bytes, np.ndarray] = {}
@@ -299,13 +309,15 @@ class _Prepared:
                 self._inflow[key] = found
         return found
 
-    def take_buffer(self) -> np.ndarray:
-        """Residuals with every middle arc at its capacity (one per running call)."""
+    def take_buffer(self, mixed: np.ndarray) -> np.ndarray:
+        """Residuals: every middle arc at its capacity, then ``Ã_2`` dense (one per call)."""
         with self._lock:
             if self._buffers:
                 return self._buffers.pop()
-        buffer = np.empty(self.arcs.capacity.shape[0] + 2 * self.n)
-        buffer[: self.arcs.capacity.shape[0]] = self.arcs.capacity
+        arcs = self.arcs.capacity.shape[0]
+        buffer = np.empty(arcs + 2 * self.n + self.dense_layers * self.n * self.n)
+        buffer[:arcs] = self.arcs.capacity
+        buffer[arcs + 2 * self.n :] = mixed[1 : self.dense_layers + 1].ravel()
         return buffer
 
     def give_back(self, buffer: np.ndarray) -> None:
@@ -362,10 +374,10 @@ def _solve_with_kernel(
     status = np.zeros(values.shape, dtype=np.int8)
     forward = (arcs.start, arcs.head, arcs.capacity)
     none = (np.zeros((1, 1), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, np.int32))
-    buffer = graph.take_buffer()
+    buffer = graph.take_buffer(mixed)
     _kernel_solve(
         mixed, rows.astype(np.int64), sinks.astype(np.int64), upper, *forward, *none,
-        arcs.bucket_end, graph.sorted_heads, from_source, source_count, *reach, False, TARGET_TOLERANCE, buffer, values, status,
+        arcs.bucket_end, graph.sorted_heads, graph.dense_top, from_source, source_count, *reach, False, TARGET_TOLERANCE, buffer, values, status,
     )  # fmt: skip
     left = np.flatnonzero((status == DEFERRED).any(axis=1))
     for i in left:
@@ -375,7 +387,7 @@ def _solve_with_kernel(
         _kernel_solve(
             mixed, rows[i : i + 1].astype(np.int64), sinks[columns].astype(np.int64),
             np.ascontiguousarray(upper[i : i + 1, columns]), *forward, *graph.backward(),
-            arcs.bucket_end, graph.sorted_heads, from_source[i : i + 1], source_count[i : i + 1], *reach, True,
+            arcs.bucket_end, graph.sorted_heads, graph.dense_top, from_source[i : i + 1], source_count[i : i + 1], *reach, True,
             TARGET_TOLERANCE, buffer, part_values, part_status,
         )  # fmt: skip
         values[i, columns] = part_values[0]

@@ -38,6 +38,10 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memset
 
 
+cdef extern from *:
+    int __builtin_clzll(unsigned long long) nogil
+
+
 cdef struct Work:
     # the graph
     int n_layers            # T
@@ -75,6 +79,15 @@ cdef struct Work:
     const int* reach_lo
     const int* reach_hi
     int m                   # the current sink (input token)
+    # the arcs of layers 2 .. D + 1, dense (first blocking flows only): arc (j, k) of
+    # Ã_a is edge `dense + (a-2) n² + j n + k`; the tokens of layers 1 .. D that may still
+    # carry flow are set in `alive` (layer l's bits from word (l-1) W)
+    bint dense_on
+    int dense_layers        # D
+    int words               # W, words of one layer's bits
+    long long dense
+    const int* dense_top    # (D, n): the largest k with Ã_a[j, k] > 0 (-1: none)
+    unsigned long long* alive
 
 
 cdef inline bint _dead(Work* w, int v) noexcept nogil:
@@ -142,7 +155,7 @@ cdef inline double _residual(Work* w, long long edge, char forward) noexcept nog
 
 cdef int _log_edge(Work* w, long long edge) noexcept nogil:
     cdef long long* grown
-    if edge >= w.middle:
+    if w.middle <= edge < w.dense:
         return 0  # source and sink edges are reset wholesale
     if w.log_len == w.log_cap:
         grown = <long long*>realloc(w.log, 2 * w.log_cap * sizeof(long long))
@@ -181,6 +194,8 @@ cdef inline int _admissible_arc(
         return -1
     a = u // n + 1
     j = u - (a - 1) * n
+    if w.dense_on and a <= w.dense_layers + 1 and a >= 2:
+        return _admissible_dense(w, u, a, j, edge, forward)
     if a == 1:
         nf = 1
         if i == 0:
@@ -235,6 +250,45 @@ cdef inline int _pop(Work* w, int i) noexcept nogil:
     cdef long long edge = w.path_edge[i]
     w.res[edge] = w.path_value[i]
     return _log_edge(w, edge)
+
+
+cdef inline int _admissible_dense(
+    Work* w, int u, int a, int j, long long* edge, char* forward
+) noexcept nogil:
+    """`_admissible_arc` for token `j` of layer ``2 <= a <= D + 1`` in a first blocking flow.
+
+    Its arcs are read from the dense residuals of ``Ã_a``, heads descending, only into the
+    tokens of layer ``a - 1`` still `alive` (a bit set: 64 dead or blocked tokens skipped at
+    once). The current arc ``cur[u] = i`` stands for the head ``dense_top[a-2, j] - i``.
+    """
+    cdef int n = w.n, top = w.dense_top[(a - 2) * n + j], k, word
+    cdef unsigned long long bits
+    cdef long long first = w.dense + (<long long>(a - 2) * n + j) * n
+    cdef const double* row = w.res + first
+    cdef const unsigned long long* alive = w.alive + (a - 2) * w.words
+    k = top - w.cur[u]
+    while k >= 0:
+        word = k >> 6
+        if (k & 63) == 63:
+            bits = alive[word]
+        else:
+            bits = alive[word] & ((<unsigned long long>2 << (k & 63)) - 1)
+        while bits == 0:
+            word -= 1
+            if word < 0:
+                break
+            bits = alive[word]
+        if bits == 0:
+            break
+        k = (word << 6) + 63 - __builtin_clzll(bits)
+        if row[k] > 0.0:
+            w.cur[u] = top - k
+            edge[0] = first + k
+            forward[0] = 1
+            return (a - 2) * n + k
+        k -= 1
+    w.cur[u] = top + 1
+    return -1
 
 
 cdef int _blocking_flow(
@@ -295,6 +349,9 @@ cdef int _blocking_flow(
             w.path_node[depth] = v
             continue
         w.level[u] = -1  # dead end for the rest of this phase
+        if u < w.dense_layers * w.n:
+            i = u % w.n
+            w.alive[(u // w.n) * w.words + (i >> 6)] &= ~(<unsigned long long>1 << (i & 63))
         if depth == 0:
             return 0
         depth -= 1
@@ -342,6 +399,13 @@ cdef void _layer_by_depth(Work* w) noexcept nogil:
     Tokens that cannot reach the sink get no level: they are never entered.
     """
     cdef int n = w.n, a, j, v
+    cdef unsigned long long* alive
+    memset(w.alive, 0, w.dense_layers * w.words * sizeof(unsigned long long))
+    for a in range(1, w.dense_layers + 1):
+        alive = w.alive + (a - 1) * w.words
+        for j in range(n):
+            if not _dead(w, (a - 1) * n + j):
+                alive[j >> 6] |= <unsigned long long>1 << (j & 63)
     for a in range(1, w.n_layers):
         for j in range(n):
             v = (a - 1) * n + j
@@ -384,7 +448,10 @@ cdef void _reset(Work* w) noexcept nogil:
     cdef long long i, edge
     for i in range(w.log_len):
         edge = w.log[i]
-        w.res[edge] = w.arc_cap[edge]
+        if edge < w.middle:
+            w.res[edge] = w.arc_cap[edge]
+        else:  # a dense arc of Ã_2
+            w.res[edge] = w.cap[<long long>w.n * w.n + edge - w.dense]
     w.log_len = 0
 
 
@@ -506,6 +573,7 @@ def solve(
     const int[::1] bwd_tail,
     const int[:, :, ::1] bucket_end,
     const unsigned char[::1] sorted_heads,
+    const int[:, ::1] dense_top,
     const int[:, ::1] src_order,
     const int[::1] src_count,
     const int[:, ::1] reach_lo,
@@ -522,15 +590,19 @@ def solve(
     value is the bound), 2 where the solver ran to completion (the value is its flow).
     Without `with_backward` (`bwd_*` are then placeholders), a pair that needs more than
     the first blocking flow is left with status 3, to be solved again with them.
-    Pairs with a zero bound are left alone (value 0, status 0). `residual` (``arcs + 2 n``)
-    must hold `arc_cap` in its first ``arcs`` entries; it is given back so, every touched
+    Pairs with a zero bound are left alone (value 0, status 0). `residual` (``arcs + 2 n
+    + D n²``) must hold `arc_cap` in its first ``arcs`` entries and ``Ã_2 .. Ã_{D+1}``
+    (row-major) in its last ``D n²`` (those layers' arcs, dense, read by first blocking
+    flows without `with_backward`; `dense_top` ``(D, n)`` is each row's last non-zero
+    column, -1 for none); it is given back so, every touched
     arc restored, so that one buffer serves call after call.
     """
     cdef int n_layers = mixed.shape[0], n = mixed.shape[2]
     cdef Py_ssize_t n_rows = rows.shape[0], n_sinks = sinks.shape[0]
     cdef Work w
     cdef long long middle = arc_cap.shape[0]
-    cdef long long n_edges = middle + 2 * n
+    cdef int dense_layers = dense_top.shape[0]
+    cdef long long n_edges = middle + 2 * n + dense_layers * <long long>n * n
     cdef int n_nodes = (n_layers - 1) * n + 2
     cdef Py_ssize_t ri, si, k
     cdef int s, m, failed = 0
@@ -552,16 +624,26 @@ def solve(
     w.reach_lo = &reach_lo[0, 0]
     w.bucket_end = &bucket_end[0, 0, 0]
     w.sorted_heads = &sorted_heads[0]
+    w.dense = middle + 2 * n
+    w.dense_on = not with_backward
+    w.dense_top = &dense_top[0, 0]
+    w.dense_layers = dense_layers
+    w.words = (n + 63) >> 6
+    if dense_layers < 1 or dense_layers > n_layers - 2:
+        raise ValueError("`dense_top` must have between 1 and T - 2 rows")
     w.reach_hi = &reach_hi[0, 0]
     w.middle = middle
     w.source = (n_layers - 1) * n
     w.sink = w.source + 1
     if residual.shape[0] != n_edges:
-        raise ValueError("`residual` must have one entry per arc, then 2 n")
+        raise ValueError("`residual` must have one entry per arc, then 2 n, then D n²")
     w.res = &residual[0]
     w.level = <int*>malloc(n_nodes * sizeof(int))
     w.cur = <int*>malloc(n_nodes * sizeof(int))
     w.bucket = <int*>malloc(n_nodes * sizeof(int))
+    w.alive = <unsigned long long*>malloc(
+        dense_layers * ((n + 63) >> 6) * sizeof(unsigned long long)
+    )
     w.path_node = <int*>malloc((n_nodes + 1) * sizeof(int))
     w.path_edge = <long long*>malloc((n_nodes + 1) * sizeof(long long))
     w.path_forward = <char*>malloc((n_nodes + 1) * sizeof(char))
@@ -573,7 +655,7 @@ def solve(
     w.log = <long long*>malloc(w.log_cap * sizeof(long long))
     try:
         if (
-            w.level == NULL or w.cur == NULL or w.bucket == NULL
+            w.level == NULL or w.cur == NULL or w.bucket == NULL or w.alive == NULL
             or w.path_node == NULL or w.path_edge == NULL or w.path_forward == NULL
             or w.path_value == NULL
             or w.queue == NULL or w.deliverable == NULL or w.log == NULL
@@ -643,6 +725,7 @@ def solve(
         free(w.level)
         free(w.cur)
         free(w.bucket)
+        free(w.alive)
         free(w.path_node)
         free(w.path_edge)
         free(w.path_forward)
