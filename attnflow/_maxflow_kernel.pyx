@@ -291,6 +291,55 @@ cdef inline int _admissible_dense(
     return -1
 
 
+cdef inline void _block_first_layer(Work* w, int k) noexcept nogil:
+    w.level[k] = -1
+    w.alive[k >> 6] &= ~(<unsigned long long>1 << (k & 63))
+
+
+cdef double _fan_out(Work* w, int u, int depth, double total, double target) noexcept nogil:
+    """Send flow from layer-2 token `u` into the sink through layer-1 tokens; return it.
+
+    At most what the path into `u` can still carry (its smallest residual), stopping once
+    ``total + sent`` reaches `target`. Each step fills an arc into layer 1, the arc of that token into
+    the sink (the token then blocks) or the path's bottleneck. -1 on memory failure.
+    """
+    cdef int n = w.n, j = u - n, k, i
+    cdef long long edge, into_sink
+    cdef char forward
+    cdef double beta, sent = 0.0, d, r_arc, r_sink
+    beta = w.path_value[0]
+    for i in range(1, depth):
+        if w.path_value[i] < beta:
+            beta = w.path_value[i]
+    while beta - sent > 0.0 and total + sent < target:
+        k = _admissible_dense(w, u, 2, j, &edge, &forward)
+        if k < 0:
+            break
+        into_sink = w.middle + n + k
+        r_sink = w.res[into_sink]
+        if r_sink <= 0.0:
+            _block_first_layer(w, k)
+            continue
+        r_arc = w.res[edge]
+        d = beta - sent
+        if r_arc < d:
+            d = r_arc
+        if r_sink < d:
+            d = r_sink
+        w.res[edge] = r_arc - d
+        w.res[into_sink] = r_sink - d
+        if _log_edge(w, edge) < 0:
+            return -1.0
+        if sent + d == sent:
+            break  # below rounding: the path is full
+        sent += d
+        if w.res[edge] <= 0.0:
+            w.cur[u] += 1
+        if w.res[into_sink] <= 0.0:
+            _block_first_layer(w, k)
+    return sent
+
+
 cdef int _blocking_flow(
     Work* w, bint backward, double target, double* total
 ) noexcept nogil:
@@ -306,11 +355,36 @@ cdef int _blocking_flow(
     cdef int depth = 0, u, v, i, cut
     cdef long long edge
     cdef char forward
-    cdef double bottleneck, r
+    cdef double bottleneck, r, sent
     w.path_node[0] = w.source
     while True:
         u = w.path_node[depth]
-        if u == w.sink:
+        if w.dense_on and w.n <= u < 2 * w.n:
+            # A token of layer 2: send what the path brings into as many layer-1 tokens
+            # as it takes, then update the path once (most augmentations end here).
+            sent = _fan_out(w, u, depth, total[0], target)
+            if sent < 0.0:
+                return -1
+            if sent > 0.0:
+                total[0] += sent
+                cut = depth
+                for i in range(depth):
+                    w.path_value[i] -= sent
+                    if w.path_value[i] <= 0.0 and cut == depth:
+                        cut = i
+                if total[0] >= target:
+                    for i in range(depth):
+                        if _pop(w, i) < 0:
+                            return -1
+                    return 0
+                if cut < depth:
+                    for i in range(cut, depth):
+                        if _pop(w, i) < 0:
+                            return -1
+                    depth = cut
+                    continue
+            # nothing left to send into: a dead end, below
+        elif u == w.sink:
             bottleneck = 0.0
             for i in range(depth):
                 if w.path_forward[i]:
@@ -340,7 +414,9 @@ cdef int _blocking_flow(
                     return -1
             depth = cut  # retreat to the tail of the first saturated arc
             continue
-        v = _admissible_arc(w, u, backward, &edge, &forward)
+        v = -1 if w.dense_on and w.n <= u < 2 * w.n else _admissible_arc(
+            w, u, backward, &edge, &forward
+        )
         if v >= 0:
             w.path_edge[depth] = edge
             w.path_forward[depth] = forward
