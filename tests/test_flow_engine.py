@@ -299,7 +299,14 @@ def test_arc_lists_hold_each_row_non_zero_entries_strongest_first() -> None:
             assert sorted(heads) == list(np.flatnonzero(middle[i, j] > 0))
             np.testing.assert_array_equal(capacity, middle[i, j, heads])
             exponents = np.minimum(np.frexp(capacity)[1], 1)
-            assert np.all(np.diff(np.maximum(exponents, -61)) <= 0)  # powers of two, down
+            classes = np.maximum(exponents, -61)
+            assert np.all(np.diff(classes) <= 0)  # powers of two, down
+            # within a power of two heads descend, and each class ends where it says
+            ends = arcs.bucket_end[i, j]
+            assert ends[-1] == heads.size and np.all(np.diff(ends) >= 0)
+            for first, last in zip(np.r_[0, ends[:-1]], ends, strict=True):
+                assert np.all(np.diff(heads[first:last]) < 0)
+                assert np.unique(classes[first:last]).size <= 1
 
 
 def test_tasks_of_one_sequence_share_one_preparation() -> None:
@@ -338,3 +345,47 @@ def test_decoder_flow_through_the_public_call_equals_networkx() -> None:
     got = attnflow.flow(weights, rows=-1, normalize=False, n_jobs=1)
     expected = oracle_flow(weights, rows=[11], normalize=False)[..., 0, :]
     np.testing.assert_allclose(got, expected, atol=1e-10, rtol=0)
+
+
+# ----------------------------------------------------------- the kernel's search structures
+# Heads descending within a strength class (a causal token's arcs into tokens that cannot
+# reach the sink end each class: skipped), the lowest layers read dense through bit sets
+# of the tokens still alive, and layer-2 tokens fanning out into layer 1: each must leave
+# every max-flow exact, padded sequences and shallow graphs included.
+
+
+@pytest.mark.parametrize("dense_layers", [1, 64])
+@pytest.mark.parametrize("pattern", ["causal", "sparse-causal", "local-window"])
+def test_dense_layers_and_fan_out_equal_igraph(
+    pattern: str, dense_layers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make = {"causal": _causal, "sparse-causal": _sparse_causal}.get(pattern) or PATTERNS[pattern]
+    monkeypatch.setattr(engine, "DENSE_LAYERS", dense_layers)
+    for layers, n in [(3, 70), (5, 66)]:  # more than 64 tokens: two words of bits
+        mixed = _mixed(make(np.random.default_rng(layers + n), layers, n), 0.4)
+        values, status, reference = _both_engines(mixed, np.array([n - 1, 40]), monkeypatch)
+        np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+        assert np.all(status[reference > 0] > 0)
+
+
+@pytest.mark.parametrize("padding", ["left", "right", "middle"])
+def test_padded_causal_rows_equal_igraph(padding: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Padded tokens reach nothing (an empty interval): with left padding the largest token
+    # each token reaches still never decreases (dead heads end a class), otherwise not.
+    n = 30
+    weights = _causal(np.random.default_rng(3), 6, n)
+    pad = {"left": np.arange(6), "right": np.arange(24, n), "middle": np.arange(12, 17)}[padding]
+    weights[..., pad] = 0.0
+    weights[..., pad, :] = 0.0
+    real = np.setdiff1d(np.arange(n), pad)
+    weights[..., real, real[0]] += 1e-3  # every real row keeps mass
+    sums = weights.sum(axis=-1, keepdims=True)
+    weights = np.divide(weights, sums, out=np.zeros_like(weights), where=sums > 0)
+    fused = weights.mean(axis=1)
+    mixed = np.ascontiguousarray(0.5 * fused + 0.5 * np.diag(np.isin(np.arange(n), real)))
+    sorted_heads = engine._sorted_heads(engine._reach(mixed)[1])
+    assert bool(sorted_heads.all()) is (padding == "left")
+    rows = real[[-1, 3, 10]]
+    values, _, reference = _both_engines(mixed, rows, monkeypatch)
+    np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+    assert np.all(values[:, pad] == 0.0)
