@@ -80,7 +80,8 @@ graph built once per shape (building one costs about 0.6 µs an edge); sparser a
 DENSE_LAYERS = 6
 """Layers ``2 .. D + 1`` whose arcs first blocking flows read dense, through bit sets of the
 tokens below that may still carry flow (most of the search happens near the sink, where
-tokens block as their arcs into the sink fill): ``D n²`` more float64 residuals."""
+tokens block as their arcs into the sink fill): ``D n²`` more float64 residuals. Graphs
+where most tokens reach the last input token (bidirectional attention) use one."""
 
 BOUND_BLOCK_ELEMENTS = 4_000_000
 """Elements of the ``rows x n x sinks`` temporary of one vectorised upper-bound step."""
@@ -282,7 +283,11 @@ class _Prepared:
         self.arcs = _arcs(mixed[1:-1])
         self.reach = _reach(mixed)
         self.sorted_heads = _sorted_heads(self.reach[1])
-        self.dense_layers = min(DENSE_LAYERS, mixed.shape[0] - 2)
+        # Causal (and banded) graphs block many tokens near the sink; elsewhere the
+        # strongest-first arc lists find wide paths sooner from the third layer up.
+        ordered = self.sorted_heads.all() and np.mean(self.reach[1][:-1] < self.n - 1) > 0.5
+        dense = DENSE_LAYERS if ordered else min(DENSE_LAYERS, 1)
+        self.dense_layers = min(dense, mixed.shape[0] - 2)
         present = mixed[1 : self.dense_layers + 1] > 0
         self.dense_top = np.where(
             present.any(axis=-1), self.n - 1 - np.argmax(present[..., ::-1], axis=-1), -1

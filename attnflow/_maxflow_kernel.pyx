@@ -34,6 +34,7 @@ are never entered.
 Everything runs without the GIL: threads can solve tasks side by side.
 """
 
+from libc.math cimport INFINITY
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memset
 
@@ -70,6 +71,7 @@ cdef struct Work:
     long long* path_edge
     char* path_forward
     double* path_value      # forward residual of each arc of the current path
+    double* path_min        # path_min[d]: the smallest of the first d (forward) residuals
     int* queue
     double* deliverable     # bottom-up bound of one sink, per token of one layer (2 n)
     long long* log          # middle edges touched since the last reset
@@ -291,6 +293,36 @@ cdef inline int _admissible_dense(
     return -1
 
 
+cdef inline int _first_at_most(Work* w, int depth, double amount) noexcept nogil:
+    """The first arc of the path whose residual is at most `amount`; `depth` if none."""
+    cdef int lo = 1, hi = depth, mid
+    if w.path_min[depth] > amount:
+        return depth
+    while lo < hi:  # path_min never increases: the first d with path_min[d] <= amount
+        mid = (lo + hi) >> 1
+        if w.path_min[mid] <= amount:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo - 1
+
+
+cdef inline int _spend(Work* w, int depth, double amount) noexcept nogil:
+    """Push `amount` along the (forward) path; return the first arc it fills (or `depth`).
+
+    Subtraction rounds monotonically, so the running minima stay the minima of the
+    updated residuals, and an arc is full exactly when its residual was at most `amount`.
+    """
+    cdef int i, cut = _first_at_most(w, depth, amount)
+    cdef double* value = w.path_value
+    cdef double* low = w.path_min
+    for i in range(depth):
+        value[i] -= amount
+    for i in range(1, depth + 1):
+        low[i] -= amount
+    return cut
+
+
 cdef inline void _block_first_layer(Work* w, int k) noexcept nogil:
     w.level[k] = -1
     w.alive[k >> 6] &= ~(<unsigned long long>1 << (k & 63))
@@ -307,10 +339,7 @@ cdef double _fan_out(Work* w, int u, int depth, double total, double target) noe
     cdef long long edge, into_sink
     cdef char forward
     cdef double beta, sent = 0.0, d, r_arc, r_sink
-    beta = w.path_value[0]
-    for i in range(1, depth):
-        if w.path_value[i] < beta:
-            beta = w.path_value[i]
+    beta = w.path_min[depth]
     while beta - sent > 0.0 and total + sent < target:
         k = _admissible_dense(w, u, 2, j, &edge, &forward)
         if k < 0:
@@ -357,6 +386,7 @@ cdef int _blocking_flow(
     cdef char forward
     cdef double bottleneck, r, sent
     w.path_node[0] = w.source
+    w.path_min[0] = INFINITY
     while True:
         u = w.path_node[depth]
         if w.dense_on and w.n <= u < 2 * w.n:
@@ -367,11 +397,7 @@ cdef int _blocking_flow(
                 return -1
             if sent > 0.0:
                 total[0] += sent
-                cut = depth
-                for i in range(depth):
-                    w.path_value[i] -= sent
-                    if w.path_value[i] <= 0.0 and cut == depth:
-                        cut = i
+                cut = _spend(w, depth, sent)
                 if total[0] >= target:
                     for i in range(depth):
                         if _pop(w, i) < 0:
@@ -384,6 +410,21 @@ cdef int _blocking_flow(
                     depth = cut
                     continue
             # nothing left to send into: a dead end, below
+        elif u == w.sink and not backward:
+            # A forward path: the bottleneck is its running minimum.
+            bottleneck = w.path_min[depth]
+            cut = _spend(w, depth, bottleneck)
+            total[0] += bottleneck
+            if total[0] >= target:
+                for i in range(depth):
+                    if _pop(w, i) < 0:
+                        return -1
+                return 0
+            for i in range(cut, depth):
+                if _pop(w, i) < 0:
+                    return -1
+            depth = cut
+            continue
         elif u == w.sink:
             bottleneck = 0.0
             for i in range(depth):
@@ -421,6 +462,9 @@ cdef int _blocking_flow(
             w.path_edge[depth] = edge
             w.path_forward[depth] = forward
             w.path_value[depth] = w.res[edge]
+            if not backward:
+                r = w.path_value[depth]
+                w.path_min[depth + 1] = r if r < w.path_min[depth] else w.path_min[depth]
             depth += 1
             w.path_node[depth] = v
             continue
@@ -701,12 +745,12 @@ def solve(
     w.bucket_end = &bucket_end[0, 0, 0]
     w.sorted_heads = &sorted_heads[0]
     w.dense = middle + 2 * n
-    w.dense_on = not with_backward
-    w.dense_top = &dense_top[0, 0]
+    w.dense_on = dense_layers > 0 and not with_backward
+    w.dense_top = &dense_top[0, 0] if dense_layers > 0 else NULL
     w.dense_layers = dense_layers
     w.words = (n + 63) >> 6
-    if dense_layers < 1 or dense_layers > n_layers - 2:
-        raise ValueError("`dense_top` must have between 1 and T - 2 rows")
+    if dense_layers > n_layers - 2:
+        raise ValueError("`dense_top` must have at most T - 2 rows")
     w.reach_hi = &reach_hi[0, 0]
     w.middle = middle
     w.source = (n_layers - 1) * n
@@ -718,12 +762,13 @@ def solve(
     w.cur = <int*>malloc(n_nodes * sizeof(int))
     w.bucket = <int*>malloc(n_nodes * sizeof(int))
     w.alive = <unsigned long long*>malloc(
-        dense_layers * ((n + 63) >> 6) * sizeof(unsigned long long)
+        (dense_layers + 1) * ((n + 63) >> 6) * sizeof(unsigned long long)
     )
     w.path_node = <int*>malloc((n_nodes + 1) * sizeof(int))
     w.path_edge = <long long*>malloc((n_nodes + 1) * sizeof(long long))
     w.path_forward = <char*>malloc((n_nodes + 1) * sizeof(char))
     w.path_value = <double*>malloc((n_nodes + 1) * sizeof(double))
+    w.path_min = <double*>malloc((n_nodes + 2) * sizeof(double))
     w.queue = <int*>malloc(n_nodes * sizeof(int))
     w.deliverable = <double*>malloc(2 * n * sizeof(double))
     w.log_cap = 1024
@@ -733,7 +778,7 @@ def solve(
         if (
             w.level == NULL or w.cur == NULL or w.bucket == NULL or w.alive == NULL
             or w.path_node == NULL or w.path_edge == NULL or w.path_forward == NULL
-            or w.path_value == NULL
+            or w.path_value == NULL or w.path_min == NULL
             or w.queue == NULL or w.deliverable == NULL or w.log == NULL
         ):
             raise MemoryError()
@@ -806,6 +851,7 @@ def solve(
         free(w.path_edge)
         free(w.path_forward)
         free(w.path_value)
+        free(w.path_min)
         free(w.queue)
         free(w.deliverable)
         free(w.log)
