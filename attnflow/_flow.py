@@ -27,13 +27,18 @@ from ._validation import AttentionLayout, check_n_jobs
 
 __all__ = ["FlowCost", "flow", "flow_cost"]
 
-SECONDS_PER_PAIR_TOKEN = 2.3e-10
+SECONDS_PER_PAIR_TOKEN = 6.0e-11
 """Cost of one max-flow of the compiled solver, per squared token count and per layer: the
 solver's flow reaches the upper bound in one blocking flow that touches a part of the
-graph. Measured on a 2-core x86-64 machine (shared, loaded): 2.2-2.6e-10 s x n² x T on
-the last row of SmolLM2 (30 layers, real text, n = 512 to 1,024, causal) and of a
-GPT-2-size random decoder (12 layers, n = 1,024), about 3e-10 on ViT-B/16-size [CLS] rows
-(12 layers, n = 197; fixed costs included)."""
+graph. Measured on a 2-core x86-64 machine (shared, loaded): 5.8-6.5e-11 s x n² x T on
+the last row of SmolLM2 (30 layers, real text, n = 512 to 1,024, causal). Bidirectional
+attention costs more per pair (no token is pruned; all rows of MiniLM at n = 128 about
+1e-9), and pairs solved to completion (strongly local attention) far more."""
+
+SECONDS_PER_INPUT_ENTRY = 1.5e-8
+"""Cost per attention weight of the input ``(*batch, L, H, n, n)``, once per call: checks,
+head fusion, residual mixing and the host copy (same machine; a third of the call on
+SmolLM2 at n = 1,024, most of it on a 12-head GPT-2-size decoder)."""
 
 SECONDS_PER_SORTED_ENTRY = 5.0e-9
 """Cost per capacity of the preparation, once per sequence-layer problem: arc lists by a
@@ -76,11 +81,13 @@ class FlowCost:
         The sum over max-flows of the edges of their graph: the work.
     estimated_seconds : float
         A rough single-core estimate of what the engine will do, from shapes alone: about
-        1e-8 s x n² per max-flow on n tokens, plus ordering each graph's arcs, measured on
-        a 2-core x86-64 machine on real and synthetic attention where the solver's flow
-        reaches its upper bound (nearly every pair we measured); pairs where it does not
-        (strongly local attention) are solved to completion and can cost up to about
-        1e-7 s per edge each. Divide by the number of workers.
+        6e-11 s x n² x L per max-flow on n tokens and L layers, plus ordering each graph's
+        arcs and preparing the input (about 1.5e-8 s per attention weight), measured on a
+        2-core x86-64 machine on a decoder's causal attention, where the solver's flow
+        reaches its upper bound (nearly every pair we measured). Bidirectional attention
+        costs more per max-flow (up to about 1e-9 s x n² x L on all rows of MiniLM);
+        pairs where the bound is not reached (strongly local attention) are solved to
+        completion and can cost up to about 1e-7 s per edge each. Divide by the number of workers.
 
     See Also
     --------
@@ -238,6 +245,8 @@ def _cost(
         largest = max(largest, int(edges.max(initial=0)))
         visits += float(np.sum(pairs.astype(np.float64) * edges * copies))
         seconds += float(np.sum(np.where(pairs > 0, per_task, 0.0) * copies))
+    entries = float(np.sum(counts * n_valid.astype(np.float64) ** 2))
+    seconds += entries * used_layers * (layout.n_heads or 1) * SECONDS_PER_INPUT_ENTRY
     return FlowCost(max_flows, largest, visits, seconds)
 
 
