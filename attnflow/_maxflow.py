@@ -77,11 +77,15 @@ DENSE_GRAPH_ZEROS = 0.25
 graph built once per shape (building one costs about 0.6 µs an edge); sparser attention
 (causal, heavy padding) gets a graph of its non-zero edges."""
 
-DENSE_LAYERS = 6
+DENSE_LAYERS = 12
 """Layers ``2 .. D + 1`` whose arcs first blocking flows read dense, through bit sets of the
 tokens below that may still carry flow (most of the search happens near the sink, where
 tokens block as their arcs into the sink fill): ``D n²`` more float64 residuals. Graphs
 where most tokens reach the last input token (bidirectional attention) use one."""
+
+DENSE_BYTES = 512 * 2**20
+"""At most this much memory for the dense layers (at least one layer): 16 layers at
+n = 2,048, 4 at 4,096."""
 
 BOUND_BLOCK_ELEMENTS = 4_000_000
 """Elements of the ``rows x n x sinks`` temporary of one vectorised upper-bound step."""
@@ -287,7 +291,8 @@ class _Prepared:
         # strongest-first arc lists find wide paths sooner from the third layer up.
         ordered = self.sorted_heads.all() and np.mean(self.reach[1][:-1] < self.n - 1) > 0.5
         dense = DENSE_LAYERS if ordered else min(DENSE_LAYERS, 1)
-        self.dense_layers = min(dense, mixed.shape[0] - 2)
+        affordable = max(1, DENSE_BYTES // (8 * self.n * self.n))
+        self.dense_layers = min(dense, affordable, mixed.shape[0] - 2)
         present = mixed[1 : self.dense_layers + 1] > 0
         self.dense_top = np.where(
             present.any(axis=-1), self.n - 1 - np.argmax(present[..., ::-1], axis=-1), -1
