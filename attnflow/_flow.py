@@ -27,13 +27,15 @@ from ._validation import AttentionLayout, check_n_jobs
 
 __all__ = ["FlowCost", "flow", "flow_cost"]
 
-SECONDS_PER_PAIR_TOKEN = 6.0e-11
+SECONDS_PER_PAIR_TOKEN = 1.2e-10
 """Cost of one max-flow of the compiled solver, per squared token count and per layer: the
 solver's flow reaches the upper bound in one blocking flow that touches a part of the
-graph. Measured on a 2-core x86-64 machine (shared, loaded): 5.8-6.5e-11 s x n² x T on
-the last row of SmolLM2 (30 layers, real text, n = 512 to 1,024, causal). Bidirectional
-attention costs more per pair (no token is pruned; all rows of MiniLM at n = 128 about
-1e-9), and pairs solved to completion (strongly local attention) far more."""
+graph. Measured on a 2-core x86-64 machine (shared, loaded): 6-10e-11 s x n² x T on the
+last row of SmolLM2 (30 layers, real text, n = 512 to 2,048, causal); random
+bidirectional attention about 2e-10 (no token is pruned), all rows of MiniLM at n = 128
+about 1e-9, and pairs solved to completion (strongly local attention) far more. A value
+between them: within 2x on decoders, and tasks (cut at `TASK_SECONDS` by this estimate)
+stay about a second long on bidirectional attention."""
 
 SECONDS_PER_INPUT_ENTRY = 1.5e-8
 """Cost per attention weight of the input ``(*batch, L, H, n, n)``, once per call: checks,
@@ -81,7 +83,7 @@ class FlowCost:
         The sum over max-flows of the edges of their graph: the work.
     estimated_seconds : float
         A rough single-core estimate of what the engine will do, from shapes alone: about
-        6e-11 s x n² x L per max-flow on n tokens and L layers, plus ordering each graph's
+        1.2e-10 s x n² x L per max-flow on n tokens and L layers, plus ordering each graph's
         arcs and preparing the input (about 1.5e-8 s per attention weight), measured on a
         2-core x86-64 machine on a decoder's causal attention, where the solver's flow
         reaches its upper bound (nearly every pair we measured). Bidirectional attention
