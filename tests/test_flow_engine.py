@@ -303,7 +303,8 @@ def test_arc_lists_hold_each_row_non_zero_entries_strongest_first() -> None:
             assert np.all(np.diff(classes) <= 0)  # powers of two, down
             # within a power of two heads descend, and each class ends where it says
             ends = arcs.bucket_end[i, j]
-            assert ends[-1] == heads.size and np.all(np.diff(ends) >= 0)
+            assert ends[-1] == heads.size
+            assert np.all(np.diff(ends) >= 0)
             for first, last in zip(np.r_[0, ends[:-1]], ends, strict=True):
                 assert np.all(np.diff(heads[first:last]) < 0)
                 assert np.unique(classes[first:last]).size <= 1
