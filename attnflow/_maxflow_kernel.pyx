@@ -29,7 +29,15 @@ contiguous, strongest first by powers of two (a counting sort, linear in the ent
 order only guides the search, any order is exact). Zero capacities take no memory, and a
 node's arcs are read in sequence. Tokens that cannot reach the current sink (outside the
 interval of input tokens they reach; in causal attention every token before the sink)
-are never entered.
+are never entered; within a power of two heads descend, so where the tokens of a layer
+reach no further as they descend (causal, banded) such arcs end the run and are skipped.
+
+First blocking flows read the arcs of the lowest layers (``2 .. D + 1``) from dense
+residual matrices, through bit sets of the tokens below that can still carry flow (64
+blocked tokens skipped at once: near the sink, layer-1 tokens block as soon as their arc
+into the sink fills), and a layer-2 token fans out into as many layer-1 tokens as the
+path's bottleneck takes before the path is updated once. The current path keeps its
+residuals and running minima and writes each arc back once, when it leaves the path.
 
 Everything runs without the GIL: threads can solve tasks side by side.
 """
