@@ -236,11 +236,27 @@ def explain_contributions(
     rows: int | Sequence[int] | None,
     options: Mapping[str, Any] | None,
 ) -> Any:
-    """Rollout over the renormalised value-aware matrices."""
+    """Rollout over the value-aware matrices, composed as each method's authors do.
+
+    The norm-based matrix and ALTI: rows renormalised (``renormalize=True``). GlobEnc: the
+    raw N-Enc matrices multiplied without renormalising rows, as Modarressi et al.'s code
+    does (:func:`attnflow._contributions.compose_unnormalized`); ``renormalize=True`` in
+    `options` gives the renormalised variant.
+    """
     # GlobEnc and ALTI carry the residual connection; the norm-based matrix has none, so
     # it is mixed with the identity as attention is (the paper's 0.5).
-    settings = {"mask": mask, "residual": 0.5 if method == "norm" else 0.0, **(options or {})}
-    return attnflow.rollout(contributions, heads=None, rows=rows, renormalize=True, **settings)
+    settings = {"residual": 0.5 if method == "norm" else 0.0, **(options or {})}
+    renormalize = settings.pop("renormalize", method != "globenc")
+    given_mask = settings.pop("mask", mask)
+    if renormalize is False:
+        from attnflow._contributions import compose_unnormalized
+
+        return compose_unnormalized(
+            attnflow.rollout, contributions, heads=None, rows=rows, mask=given_mask, **settings
+        )
+    return attnflow.rollout(
+        contributions, heads=None, rows=rows, mask=given_mask, renormalize=renormalize, **settings
+    )
 
 
 # -- input gradients --------------------------------------------------------------------------

@@ -201,8 +201,9 @@ class ContributionCapture(NamedTuple):
     contributions : jax.Array
         ``(*batch, layers, n, n)``, rows = receiving token, one matrix per attention
         block in the order the blocks ran. Roll them out with
-        ``attnflow.rollout(c, heads=None, residual=0.0, renormalize=True)`` (GlobEnc,
-        ALTI; ``residual=0.5`` for the norm-based matrix, which has no residual).
+        ``attnflow.rollout(c, heads=None, residual=0.0, renormalize=True)`` (ALTI;
+        ``residual=0.5`` for the norm-based matrix, which has no residual; GlobEnc's
+        authors multiply the raw matrices, ``renormalize=False, validate=False``).
     outputs : jax.Array
         ``(*batch, layers, n, d)``: each block's output rebuilt from its decomposition,
         :math:`\sum_j T_i(x_j) + b_i` (the LayerNorm output of a post-LN block, the
@@ -1187,7 +1188,9 @@ def explain_linen(
         (``capture_linen(..., contributions=method)``) and roll them out:
         ``attnflow.rollout(cap.contributions, heads=None, renormalize=True,
         residual=0.0, mask=cap.mask)`` (``residual=0.5`` for ``"norm"``, whose matrix
-        has no residual); `options` may override ``residual`` and ``mask``.
+        has no residual); GlobEnc as its authors do, the raw matrices multiplied without
+        renormalising rows (``renormalize=True`` in `options` for the renormalised
+        variant); `options` may override ``residual`` and ``mask``.
     rows : int, sequence of int or None, default 0
         Output positions to explain.
     heads : {"mean", "max", "min"}, default "mean"

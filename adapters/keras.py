@@ -556,9 +556,12 @@ def explain(
     method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"}, default "rollout"
         The attribution method. ``"norm"``, ``"globenc"`` and ``"alti"`` capture the
         value-aware token-mixing matrices (``capture(model, contributions=method)``) and
-        return their rollout, rows renormalised (``renormalize=True``), with
-        ``residual=0`` for GlobEnc and ALTI, whose matrices carry the residual connection,
-        and the paper's ``0.5`` mix for the norm-based matrix, which has none; `residual`
+        return their rollout, with ``residual=0`` for GlobEnc and ALTI, whose matrices
+        carry the residual connection, and the paper's ``0.5`` mix for the norm-based
+        matrix, which has none. The norm-based and ALTI rows are renormalised
+        (``renormalize=True``); GlobEnc follows its authors (Modarressi et al. 2022): the
+        raw N-Enc matrices are multiplied without renormalising rows, so the values are
+        not shares; ``renormalize=True`` gives the renormalised variant; `residual`
         in `options` overrides it. For flow over them, call :func:`attnflow.flow` on
         ``cap.contributions``.
     rows : int, sequence of int or None, default 0

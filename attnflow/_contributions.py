@@ -9,7 +9,8 @@ blocks, the LayerNorm after the sum) is split exactly into one vector per input 
 
 and each method turns these vectors into a row of a token-mixing matrix (rows = receiving
 token). The matrices are what rollout and flow compose across layers instead of the
-attention weights (``heads=None, renormalize=True``).
+attention weights (``heads=None``; rows renormalised for the norm-based matrix and ALTI,
+raw products for GlobEnc as its authors compute them, :func:`compose_unnormalized`).
 
 Everything here is written once against the array API standard. The ``(n, n, d)`` tensor
 of one layer's terms is never formed whole when it is large: it is built for a block of
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn, TypeAlias
 
@@ -32,6 +33,7 @@ __all__ = [
     "LayerNormParameters",
     "Method",
     "attention_terms",
+    "compose_unnormalized",
     "contributions",
     "contributions_and_outputs",
     "head_values",
@@ -767,10 +769,15 @@ def contributions(
     bias counts as a source that no token gets credit for. A row with no positive entry
     stays zero.
 
-    ``"norm"`` and ``"globenc"`` are returned as norms (rows do not sum to one): roll
-    them out with ``attnflow.rollout(c, heads=None, renormalize=True, residual=...)``,
-    ``residual=0`` for GlobEnc and ALTI (their matrices carry the residual) and the
-    paper's ``0.5`` mix for the norm-based matrix, which has none.
+    ``"norm"`` and ``"globenc"`` are returned as norms (rows do not sum to one). Roll
+    them out as their authors do: ALTI with ``attnflow.rollout(c, heads=None,
+    residual=0.0, renormalize=True)`` (its matrices carry the residual), the norm-based
+    matrix with rows renormalised and the paper's ``0.5`` identity mix (it has no
+    residual), and GlobEnc *without* renormalising its rows,
+    ``attnflow.rollout(c, heads=None, residual=0.0, validate=False)`` (the authors'
+    ``AttentionRollout`` multiplies the raw :math:`N_{\mathrm{Enc}}` matrices; with
+    padding use :func:`compose_unnormalized`, since a mask renormalises rows).
+    ``renormalize=True`` gives the renormalised GlobEnc variant.
 
     The ``(n, n, d)`` tensor of terms is built for a block of receiving tokens at a time
     (at most 2**22 elements), so memory stays near one layer's attention weights.
@@ -864,3 +871,95 @@ def contributions(
         xp=xp,
     )
     return matrices  # type: ignore[no-any-return]
+
+
+def compose_unnormalized(
+    function: Callable[..., Any], matrices: Any, /, *, mask: Any | None = None, **options: Any
+) -> Any:
+    r"""Roll out (or flow through) raw token-mixing matrices, rows never renormalised.
+
+    GlobEnc as its authors aggregate it (Modarressi et al. 2022; ``mohsenfayyaz/GlobEnc``,
+    ``src/attention_rollout.py``): the :math:`N_{\mathrm{Enc}}` matrices of the layers
+    are multiplied as they are, :math:`R_L = C_L \cdots C_1`, with no residual mixed in
+    and no row divided by its sum, so a layer whose norms are larger weighs more. This
+    is ``function(matrices, residual=0, validate=False, **options)`` with the padding
+    handled here rather than by `function`: :func:`attnflow.rollout` and
+    :func:`attnflow.flow` renormalise each row over the real keys when given a mask, so
+    the padded rows and columns are zeroed here and no mask is passed on. Padded tokens
+    then get exactly zero and carry nothing.
+
+    Parameters
+    ----------
+    function : callable
+        :func:`attnflow.rollout` or :func:`attnflow.flow` (or a function with their
+        signature).
+    matrices : array of shape ``(*batch, layers, [1,] n, n)``
+        The raw matrices, e.g. ``capture(model, contributions="globenc").contributions``.
+    mask : bool array of shape ``(*batch, n)``, optional
+        True for real tokens.
+    **options
+        Passed on to `function` (``rows``, ``layers``, ``heads``...); ``residual``
+        defaults to 0 and ``validate`` to False.
+
+    Returns
+    -------
+    array
+        What `function` returns, in the library of `matrices`.
+
+    Raises
+    ------
+    ValueError
+        On a mask that does not fit the matrices, or (with padding present) on
+        ``receptive_field``, ``discard`` or ``mask`` among the options: those read the
+        mask inside `function`, which would renormalise the rows.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import attnflow
+    >>> from attnflow._contributions import compose_unnormalized
+    >>> c = np.array([[[2.0, 1.0], [0.0, 3.0]], [[1.0, 1.0], [1.0, 0.0]]])  # (L, n, n)
+    >>> compose_unnormalized(attnflow.rollout, c, heads=None)
+    array([[2., 4.],
+           [2., 1.]])
+    """
+    if "mask" in options:
+        msg = "`mask` is given twice; pass it once, as `mask`."
+        raise ValueError(msg)
+    options.setdefault("residual", 0.0)
+    options.setdefault("validate", False)
+    if mask is None:
+        return function(matrices, mask=None, **options)
+    (converted, converted_mask), boundary = enter_boundary(
+        [matrices, mask], ["contributions", "mask"]
+    )
+    xp = resolve_namespace(converted, converted_mask, xp=None, names=["contributions", "mask"])
+    shape = tuple(converted.shape)
+    mask_shape = tuple(converted_mask.shape)
+    batch = len(mask_shape) - 1
+    if (
+        not xp.isdtype(converted_mask.dtype, "bool")
+        or batch < 0
+        or len(shape) < batch + 3
+        or mask_shape != (*shape[:batch], shape[-1])
+    ):
+        msg = (
+            f"`mask` must be a boolean array of shape (*batch, n) = "
+            f"({', '.join(map(str, shape[: max(batch, 0)]))}, {shape[-1]}) for matrices of "
+            f"shape {shape}; got {describe(mask)}."
+        )
+        raise ValueError(msg)
+    # Read the mask's values only when an option needs them (the zeroing below traces).
+    reads_mask = [name for name in ("receptive_field", "discard") if options.get(name)]
+    if reads_mask and not bool(xp.all(converted_mask)):
+        msg = (
+            f"{', '.join(reads_mask)} reads the padding mask, which renormalises every row; "
+            "with unnormalised matrices and padding, explain one sequence at a time (no "
+            "padding), or pass renormalize=True for the renormalised variant."
+        )
+        raise ValueError(msg)
+    extra = len(shape) - batch - 2  # the layers (and heads) axes
+    keys = xp.reshape(converted_mask, (*shape[:batch], *([1] * extra), 1, shape[-1]))
+    queries = xp.reshape(converted_mask, (*shape[:batch], *([1] * extra), shape[-1], 1))
+    zeroed = xp.where(keys & queries, converted, xp.zeros_like(converted))
+    return boundary.restore(function(zeroed, mask=None, **options))

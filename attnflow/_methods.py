@@ -129,11 +129,12 @@ METHODS: Mapping[str, MethodSpec] = MappingProxyType(
             ),
             MethodSpec(
                 "globenc",
-                "rollout of GlobEnc's matrices (Modarressi et al. 2022)",
+                "rollout of GlobEnc's matrices as its authors aggregate them, rows not "
+                "renormalised (Modarressi et al. 2022)",
                 composes="rollout",
                 matrix="globenc",
                 residual=0.0,
-                renormalize=True,
+                renormalize=False,
             ),
             MethodSpec(
                 "alti",

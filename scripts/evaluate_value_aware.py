@@ -15,7 +15,12 @@ Usage (no network access is needed; the per-chunk results are resumable)::
 
     python scripts/evaluate_value_aware.py --output runs/value-aware \
         [--sentiment-model sentiment-model] [--agreement-model agreement-model] \
-        [--sentences 300] [--jobs 2] [--tables docs/_data]
+        [--sentences 300] [--jobs 2] [--tables docs/_data] [--matrices globenc]
+
+With ``--matrices`` only those matrix kinds are evaluated, and their rows replace the
+rows of the same kinds in the existing tables (the other rows are kept; the run record
+gains an ``updates`` entry). Issue 23 re-ran GlobEnc this way, composed as its authors
+do, beside the renormalised variant.
 
 Without ``--*-model`` the classifiers are trained into ``--output`` first (a minute for
 sentiment, several for agreement on two cores).
@@ -34,7 +39,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from attnflow.experiments.value_aware import evaluate_value_aware, value_aware_markdown
+from attnflow.evaluate._markdown import markdown_table
+from attnflow.experiments.value_aware import (
+    _LABELS,
+    MATRICES,
+    evaluate_value_aware,
+    value_aware_markdown,
+)
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -49,7 +60,30 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--tables", type=Path, default=Path("docs/_data"), help="where the tables go"
     )
     parser.add_argument("--tasks", nargs="+", default=["agreement", "sentiment"])
+    parser.add_argument(
+        "--matrices",
+        nargs="+",
+        default=None,
+        choices=MATRICES,
+        help="evaluate only these matrix kinds and replace their rows in the tables",
+    )
     return parser.parse_args(argv)
+
+
+def _splice(old: str, new: str, matrices: Sequence[str]) -> str:
+    """Replace the rows of `matrices` in the table `old` by the rows of the table `new`."""
+    plain = ("raw", "rollout", "flow", "gradient rollout")  # attention's rows: no prefix
+    labels = tuple(
+        f"| {name} " for m in matrices for name in ([_LABELS[m]] if _LABELS[m] else plain)
+    )
+    old_lines, new_lines = old.splitlines(), new.splitlines()
+    kept = [line for line in old_lines[2:] if not line.startswith(labels)]
+    first = next(i for i, line in enumerate(old_lines[2:]) if line.startswith(labels))
+    rows = kept[:first] + new_lines[2:] + kept[first:]
+    # Re-render so that the columns line up again.
+    cells = [[cell.strip() for cell in line.strip("|").split("|")] for line in rows]
+    header = [cell.strip() for cell in new_lines[0].strip("|").split("|")]
+    return markdown_table(header, cells)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sentences=arguments.sentences,
             model=model,
             n_jobs=arguments.jobs,
+            **({} if arguments.matrices is None else {"matrices": arguments.matrices}),
         )
         record["wall_seconds"] = time.perf_counter() - started
         record["cpu_seconds"] = time.process_time() - cpu
@@ -72,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n{task}: {arguments.sentences} test sentences, [CLS] row, last layer\n")
         print(table)
         target = arguments.tables / f"value_aware_{task}.md"
+        if arguments.matrices is not None:
+            table = _splice(target.read_text(), table, arguments.matrices)
+            previous = json.loads(target.with_suffix(".json").read_text())
+            record = {**previous, "updates": [*previous.get("updates", []), record]}
         temporary = target.with_suffix(".md.tmp")
         temporary.write_text(table + "\n")
         temporary.replace(target)

@@ -387,3 +387,97 @@ def test_bad_input_is_refused(block: dict[str, np.ndarray]) -> None:
         attnflow.head_values(
             x, block["w_v"][:, :2], block["w_o"], heads=3, value_heads=1, value_bias=block["b_v"]
         )
+
+
+# -- GlobEnc as its authors aggregate it (issue 23) -----------------------------------------
+def _authors_globenc(matrices: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Modarressi et al.'s rollout, from their description: ``J_1 = C_1``,
+    ``J_l = C_l J_{l-1}`` over the raw N-Enc matrices, no residual, no row divided by its
+    sum; each sentence on its real tokens (the authors run one unpadded sentence)."""
+    out = np.zeros(matrices.shape[:1] + matrices.shape[2:])
+    for b, real in enumerate(mask):
+        joint = matrices[b, 0][np.ix_(real, real)]
+        for layer in matrices[b, 1:]:
+            joint = layer[np.ix_(real, real)] @ joint
+        out[b][np.ix_(real, real)] = joint
+    return out
+
+
+def _authors_flow_row(matrices: np.ndarray, row: int) -> np.ndarray:
+    """The authors' max flow (``src/attention_max_flow.py``, from its description): the raw
+    matrices as capacities of the layered graph, one max-flow from output node `row` to
+    each input node, the row then divided by its sum; networkx, float capacities."""
+    import networkx as nx
+
+    layers, n, _ = matrices.shape
+    graph = nx.DiGraph()
+    for layer in range(layers):
+        for k in range(n):
+            for j in range(n):
+                if matrices[layer, k, j] > 0:
+                    graph.add_edge((layer + 1, k), (layer, j), capacity=matrices[layer, k, j])
+    flows = np.array([nx.maximum_flow_value(graph, (layers, row), (0, j)) for j in range(n)])
+    return flows / flows.sum()
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded"])
+def test_globenc_composed_as_its_authors_do(
+    backend: Variant, dtype_name: str, stacked: dict[str, np.ndarray], padded: bool
+) -> None:
+    matrices = stacked["globenc"].astype(dtype_name).astype(np.float64)
+    mask = np.ones((BATCH, N), dtype=bool)
+    if padded:
+        mask[1, -2:] = False
+    compose = _contributions.compose_unnormalized
+    result = backend.run(
+        lambda a, mask=None: compose(attnflow.rollout, a, heads=None, mask=mask),
+        backend.asarray(matrices, dtype_name),
+        mask=backend.asarray(mask),
+    )
+    values = backend.check(result, dtype_name=dtype_name, shape=(BATCH, N, N))
+    expected = _authors_globenc(matrices, mask)
+    np.testing.assert_allclose(values, expected, rtol=tolerance(dtype_name))
+    assert (values[1, :, ~mask[1]] == 0).all()
+    assert (values[1, ~mask[1]] == 0).all()
+    # The renormalised variant is another method, even once its rows are made shares.
+    renormalised = oracle_rollout(_renormalised(matrices[:1]), heads=None, residual=0.0)[0]
+    shares = expected[0] / expected[0].sum(-1, keepdims=True)
+    assert np.abs(shares - renormalised).max() > 1e-3
+
+
+def test_globenc_flow_as_its_authors_compute_it(stacked: dict[str, np.ndarray]) -> None:
+    matrices = stacked["globenc"]
+    mask = np.ones((BATCH, N), dtype=bool)
+    got = _contributions.compose_unnormalized(attnflow.flow, matrices, heads=None, rows=0)
+    for b in range(BATCH):
+        np.testing.assert_allclose(got[b], _authors_flow_row(matrices[b], 0), rtol=1e-9)
+    masked = mask.copy()
+    masked[0, -1] = False
+    got = _contributions.compose_unnormalized(
+        attnflow.flow, matrices, heads=None, rows=0, mask=masked
+    )
+    cropped = matrices[0][:, : N - 1, : N - 1]
+    np.testing.assert_allclose(got[0, : N - 1], _authors_flow_row(cropped, 0), rtol=1e-9)
+    assert got[0, -1] == 0
+
+
+def test_unnormalised_composition_refuses_what_reads_the_mask(
+    stacked: dict[str, np.ndarray],
+) -> None:
+    matrices = stacked["globenc"]
+    mask = np.ones((BATCH, N), dtype=bool)
+    compose = _contributions.compose_unnormalized
+    with pytest.raises(ValueError, match=r"`mask` must be a boolean array of shape \(\*batch"):
+        compose(attnflow.rollout, matrices, heads=None, mask=mask[:, :-1])
+    with pytest.raises(ValueError, match="`mask` must be a boolean"):
+        compose(attnflow.rollout, matrices, heads=None, mask=mask.astype(int))
+    mask[0, -1] = False
+    with pytest.raises(ValueError, match="discard reads the padding mask"):
+        compose(attnflow.rollout, matrices, heads=None, mask=mask, discard=0.5)
+    # Without padding the mask is never read for renormalisation, so discard is fine.
+    full = np.ones((BATCH, N), dtype=bool)
+    assert compose(attnflow.rollout, matrices, heads=None, mask=full, discard=0.5).shape == (
+        BATCH,
+        N,
+        N,
+    )

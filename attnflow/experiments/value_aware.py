@@ -16,8 +16,15 @@ How each matrix is composed across layers:
   as :math:`0.5 I + 0.5 A`);
 * norm-based: its rows renormalised, mixed with the identity like attention (the norm
   of the attention output alone has no residual);
-* GlobEnc and ALTI: their rows renormalised and taken as they are (``residual=0``),
-  since they already hold the residual connection's share.
+* ALTI: its rows renormalised and taken as they are (``residual=0``), since it already
+  holds the residual connection's share;
+* GlobEnc: as its authors aggregate it (``mohsenfayyaz/GlobEnc``,
+  ``src/attention_rollout.py``), the raw :math:`N_{\mathrm{Enc}}` matrices multiplied
+  without renormalising rows and with no residual mixed in
+  (:func:`attnflow._contributions.compose_unnormalized`); flow over the raw norms as
+  capacities, its rows normalised at the end as the authors' max-flow does. The
+  renormalised variant (attnflow's composition before issue 23) is evaluated beside it
+  as ``rollout_renormalized`` and ``flow_renormalized``.
 
 Running the evaluation imports PyTorch and transformers (importing this module does not).
 """
@@ -31,6 +38,7 @@ from typing import Any, Literal
 
 import attnflow
 from attnflow._contributions import Method as ContributionMethod
+from attnflow._contributions import compose_unnormalized
 from attnflow.evaluate import FaithfulnessReport
 from attnflow.evaluate._faithfulness import Method
 from attnflow.evaluate._markdown import markdown_table
@@ -63,13 +71,17 @@ def matrix_methods(matrix: Matrix) -> dict[str, Method]:
     -------
     dict
         Method name to a function with :func:`attnflow.rollout`'s signature:
-        ``raw``, ``rollout``, ``flow`` (and ``gradient_rollout`` for attention).
+        ``raw``, ``rollout``, ``flow`` (and ``gradient_rollout`` for attention; and
+        ``rollout_renormalized``, ``flow_renormalized`` for GlobEnc, whose ``rollout``
+        and ``flow`` follow its authors and never renormalise rows).
 
     Examples
     --------
     >>> from attnflow.experiments.value_aware import matrix_methods
     >>> sorted(matrix_methods("alti"))
     ['flow', 'raw', 'rollout']
+    >>> list(matrix_methods("globenc"))
+    ['raw', 'rollout', 'flow', 'rollout_renormalized', 'flow_renormalized']
     """
     if matrix == "attention":
         return {
@@ -82,12 +94,21 @@ def matrix_methods(matrix: Matrix) -> dict[str, Method]:
         msg = f"`matrix` must be one of {list(MATRICES)}; got {matrix!r}."
         raise ValueError(msg)
     residual = 0.5 if matrix == "norm" else 0.0
-    return {
-        # Rows of norm-based and GlobEnc matrices are not normalised; ranking a row is
-        # unchanged by scaling it, so the raw matrix is read as it is.
-        "raw": functools.partial(attnflow.raw, validate=False),
+    renormalized: dict[str, Method] = {
         "rollout": functools.partial(attnflow.rollout, residual=residual, renormalize=True),
         "flow": functools.partial(attnflow.flow, residual=residual, renormalize=True),
+    }
+    # Rows of norm-based and GlobEnc matrices are not normalised; ranking a row is
+    # unchanged by scaling it, so the raw matrix is read as it is.
+    raw: Method = functools.partial(attnflow.raw, validate=False)
+    if matrix != "globenc":
+        return {"raw": raw, **renormalized}
+    return {
+        "raw": raw,
+        "rollout": functools.partial(compose_unnormalized, attnflow.rollout),
+        "flow": functools.partial(compose_unnormalized, attnflow.flow),
+        "rollout_renormalized": renormalized["rollout"],
+        "flow_renormalized": renormalized["flow"],
     }
 
 

@@ -28,9 +28,15 @@ def test_methods_compose_each_matrix_kind_as_documented() -> None:
         for layer in rows:  # the oracle: renormalise, mix with the identity, compose
             mixed = residual * eye + (1 - residual) * layer
             expected = mixed @ expected
-        got = methods["rollout"](matrices[None], heads=None)[0]
+        renormalized = "rollout_renormalized" if kind == "globenc" else "rollout"
+        got = methods[renormalized](matrices[None], heads=None)[0]
         np.testing.assert_allclose(got, expected, rtol=1e-12)
         np.testing.assert_allclose(methods["raw"](matrices, heads=None), matrices[-1])
+    # GlobEnc as its authors aggregate it: the raw matrices multiplied, C_3 C_2 C_1.
+    authors = matrices[2] @ matrices[1] @ matrices[0]
+    got = matrix_methods("globenc")["rollout"](matrices[None], heads=None)[0]
+    np.testing.assert_allclose(got, authors, rtol=1e-12)
+    assert not np.allclose(authors / authors.sum(-1, keepdims=True), expected)
     assert set(matrix_methods("attention")) == {"raw", "rollout", "flow", "gradient_rollout"}
     assert matrix_methods("attention")["gradient_rollout"] is attnflow.gradient_rollout
 
