@@ -105,6 +105,94 @@ def test_where_and_mask_limit_what_is_removed(
     assert all((padded != MASK_ID).all() for padded in seen)
 
 
+def loop_deletion(
+    model: TokenClassifier, ids: np.ndarray, scores: np.ndarray, kind: str, eligible: np.ndarray
+) -> np.ndarray:
+    """ERASER with the tokens deleted (DeYoung et al.; ALTI's aupc.py): the kept tokens, in
+    their order, make a shorter sequence; padding (not eligible, not real) is dropped too."""
+    out = np.full((*scores.shape[:-1], len(FRACTIONS)), np.nan)
+    for b in range(ids.shape[0]):
+        real = eligible[b] if kind == "padding" else np.ones(N, dtype=bool)
+        p = model.probabilities(ids[b : b + 1])[0]
+        t = int(np.argmax(p))
+        candidates = [i for i in range(N) if eligible[b, i]]
+        for e in range(scores.shape[1]):
+            ranked = sorted(candidates, key=lambda i: (-scores[b, e, i], i))
+            for j, f in enumerate(FRACTIONS):
+                rationale = set(ranked[: max(1, math.ceil(f * len(candidates)))])
+                kept = [
+                    i
+                    for i in range(N)
+                    if real[i]
+                    and not (
+                        i in rationale
+                        if kind == "comprehensiveness"
+                        else (i in candidates and i not in rationale)
+                    )
+                ]
+                out[b, e, j] = p[t] - model.probabilities(ids[b, kept][None])[0, t]
+    return out
+
+
+@pytest.mark.parametrize("kind", ["comprehensiveness", "sufficiency"])
+def test_deletion_shortens_the_sequence(
+    backend: Variant,
+    dtype_name: str,
+    model: TokenClassifier,
+    data: tuple[np.ndarray, np.ndarray],
+    kind: str,
+) -> None:
+    # replacement=None deletes the tokens (issue 23.4: ALTI's AUPC protocol); [CLS] and
+    # the last token ([SEP]) stay, as ALTI keeps them.
+    ids, scores = data
+    where = np.ones((BATCH, N), dtype=bool)
+    where[:, [0, -1]] = False
+    result = getattr(attnflow, kind)(
+        predict_for(backend, model, dtype_name),
+        backend.asarray(ids),
+        backend.asarray(scores),
+        replacement=None,
+        fractions=FRACTIONS,
+        where=backend.asarray(where),
+    )
+    values = backend.check(result, dtype_name=dtype_name, shape=(BATCH, LAYERS, len(FRACTIONS)))
+    expected = loop_deletion(model, ids, scores, kind, where)
+    tol = 1e-10 if dtype_name == "float64" else 2e-5
+    np.testing.assert_allclose(values, expected, rtol=0, atol=tol)
+    replaced = loop_erasure(model, ids, scores, kind, where)
+    assert np.abs(expected - replaced).max() > 1e-2  # deleting is not masking
+
+
+def test_deletion_drops_padding_and_refuses_empty_inputs(
+    model: TokenClassifier, data: tuple[np.ndarray, np.ndarray]
+) -> None:
+    ids, scores = data
+    mask = np.arange(N)[None, :] < np.array([8, 5, 3])[:, None]
+    widths: list[tuple[int, bool]] = []
+
+    def predict(batch: np.ndarray, batch_mask: np.ndarray) -> np.ndarray:
+        widths.append((batch.shape[1], bool(batch_mask.all())))
+        return model.probabilities(batch, batch_mask)
+
+    result = attnflow.comprehensiveness(
+        predict, ids, scores, replacement=None, fractions=FRACTIONS[:3], mask=mask
+    )
+    # The originals are predicted with their padding and mask; deleted inputs are cropped.
+    assert widths[0] == (N, False)
+    assert all(full for _, full in widths[1:])
+    for b, length in enumerate((8, 5, 3)):
+        p = model.probabilities(ids[b : b + 1, :length])[0]
+        t = int(np.argmax(p))
+        ranked = sorted(range(length), key=lambda i: (-scores[b, 0, i], i))
+        for j, f in enumerate(FRACTIONS[:3]):
+            gone = set(ranked[: max(1, math.ceil(f * length))])
+            kept = [i for i in range(length) if i not in gone]
+            expected = p[t] - model.probabilities(ids[b, kept][None])[0, t]
+            assert result[b, 0, j] == pytest.approx(expected, abs=1e-12)
+    with pytest.raises(ValueError, match=r"replacement=None \(deletion\), input 0 would lose"):
+        attnflow.comprehensiveness(predict, ids, scores, replacement=None, fractions=[1.0])
+
+
 def test_short_sequences_reuse_model_calls(model: TokenClassifier) -> None:
     ids = np.array([[3, 4, 5]])
     rows: list[int] = []

@@ -9,7 +9,7 @@ explanation's scores, replace a prefix of that order, and call the model on the 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -208,14 +208,41 @@ def _check_common(predict: object, channels: object, patch_size: object) -> tupl
     return patch_size
 
 
+def _deleted_batches(
+    units: _Units, jobs: list[tuple[int, np.ndarray]], order: np.ndarray, batch_size: int | None
+) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    """Yield the jobs in `order` with their removed tokens (and padding) deleted.
+
+    Batches hold one length each, so no padding is added (all-True masks when the caller
+    gave one).
+    """
+    host, mask = units.inputs.host, units.inputs.mask
+    kept = [~replaced if mask is None else ~replaced & mask[row] for row, replaced in jobs]
+    step = len(jobs) if batch_size is None else batch_size
+    start = 0
+    while start < len(order):
+        length = int(kept[order[start]].sum())
+        stop = start
+        while stop < len(order) and stop - start < step and kept[order[stop]].sum() == length:
+            stop += 1
+        ids = np.stack([host[jobs[j][0]][kept[j]] for j in order[start:stop]])
+        yield ids, None if mask is None else np.ones(ids.shape, dtype=bool)
+        start = stop
+
+
 def _evaluate(
     predict: Predict,
     units: _Units,
     targets_given: object,
     jobs: list[tuple[int, np.ndarray]],
     batch_size: int | None,
+    *,
+    delete: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.dtype[Any]]:
-    """Target probabilities of the originals and of each job (row, replaced units)."""
+    """Target probabilities of the originals and of each job (row, replaced units).
+
+    With `delete` the replaced tokens are removed instead (the sequence gets shorter).
+    """
     inputs = units.inputs
     batch = inputs.host.shape[0]
     mask = inputs.mask
@@ -233,7 +260,16 @@ def _evaluate(
         return units.apply(chosen, replaced), None if mask is None else mask[chosen]
 
     after = np.zeros(0)
-    if jobs:
+    if jobs and delete:
+        lengths = np.array([int((~r if mask is None else ~r & mask[i]).sum()) for i, r in jobs])
+        order = np.argsort(lengths, kind="stable")
+        probabilities, _ = call_model(
+            predict, _deleted_batches(units, jobs, order, batch_size), inputs, len(jobs)
+        )
+        unsorted = np.empty_like(probabilities)
+        unsorted[order] = probabilities
+        after = target_probabilities(unsorted, targets[rows])
+    elif jobs:
         probabilities, _ = call_model(
             predict, row_batches(len(jobs), batch_size, perturbed), inputs, len(jobs)
         )
@@ -247,7 +283,7 @@ def _erasure(
     inputs: Array,
     scores: Array,
     *,
-    replacement: int,
+    replacement: int | None,
     target: object,
     fractions: Sequence[float],
     mask: Array | None,
@@ -256,7 +292,8 @@ def _erasure(
     xp: Namespace | None,
 ) -> Array:
     _check_common(predict, "first", None)
-    replacement = check_replacement(replacement, integer=True)
+    delete = replacement is None
+    replacement = 0 if delete else check_replacement(replacement, integer=True)
     batch_size = check_batch_size(batch_size)
     bins = _check_fractions(fractions)
     model_inputs = read_inputs(
@@ -292,7 +329,16 @@ def _erasure(
                     seen[k] = len(jobs)
                     jobs.append((row, replaced))
                 slots[row, explanation, position] = seen[k]
-    before, after, dtype = _evaluate(predict, units, target, jobs, batch_size)
+    if delete:
+        real = model_inputs.mask
+        empty = [row for row, r in jobs if not (~r if real is None else ~r & real[row]).any()]
+        if empty:
+            msg = (
+                f"with replacement=None (deletion), input {empty[0]} would lose every token; "
+                "keep some tokens out of `where` (e.g. [CLS] and [SEP]) or lower `fractions`."
+            )
+            raise ValueError(msg)
+    before, after, dtype = _evaluate(predict, units, target, jobs, batch_size, delete=delete)
     values = np.full(slots.shape, np.nan)
     filled = slots >= 0
     values[filled] = (
@@ -326,8 +372,11 @@ _ERASURE_DOC_PARAMETERS = """
     scores : array of shape (B, ..., n)
         The explanation: one importance per token (higher = more important), e.g. one
         row of rollout, or ``(B, layers, n)`` for every layer at once. Any array library.
-    replacement : int
-        The id of the token that replaces removed tokens (e.g. the mask token).
+    replacement : int or None
+        The id of the token that replaces removed tokens (e.g. the mask token), or None
+        to delete them: the sequence gets shorter, as in DeYoung et al.'s ERASER and in
+        ALTI's AUPC evaluation (Ferrando et al. 2022). Deleted inputs are batched by
+        length, without padding (with `mask`, `predict` gets all-True masks).
     target : int, sequence or array of int, optional
         The class to explain; None (default) takes the predicted class of each input.
     fractions : sequence of float, default (0.01, 0.05, 0.1, 0.2, 0.5)
@@ -358,7 +407,7 @@ def comprehensiveness(
     scores: Array,
     /,
     *,
-    replacement: int,
+    replacement: int | None,
     target: int | Sequence[int] | Array | None = None,
     fractions: Sequence[float] = ERASER_FRACTIONS,
     mask: Array | None = None,
@@ -377,10 +426,10 @@ def comprehensiveness(
         \text{comprehensiveness}_f = p_t(x) - p_t(x \setminus r_f),
         \qquad \text{AOPC} = \frac{1}{|F|} \sum_{f \in F} \text{comprehensiveness}_f ,
 
-    where removing means replacing by `replacement`. Higher is more faithful: the
-    explanation found what the prediction rests on. DeYoung et al. (2020) delete the
-    tokens; replacing them by the mask token (DecompX, ALTI's AOPC) keeps positions and
-    lengths, as attention explanations need.
+    where removing means replacing by `replacement`, or deleting the tokens with
+    ``replacement=None``. Higher is more faithful: the explanation found what the
+    prediction rests on. DeYoung et al. (2020) and ALTI's evaluation delete the tokens;
+    replacing them by the mask token (DecompX) keeps positions and lengths.
     """
     return _erasure(
         "comprehensiveness",
@@ -403,7 +452,7 @@ def sufficiency(
     scores: Array,
     /,
     *,
-    replacement: int,
+    replacement: int | None,
     target: int | Sequence[int] | Array | None = None,
     fractions: Sequence[float] = ERASER_FRACTIONS,
     mask: Array | None = None,

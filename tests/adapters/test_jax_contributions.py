@@ -211,14 +211,22 @@ def test_explain_linen_is_rollout_of_the_renormalised_matrices(method: str) -> N
     rows = matrices / np.where(sums > 0, sums, 1.0)
     residual = 0.5 if method == "norm" else 0.0
     expected = oracle_rollout(rows, heads=None, residual=residual, mask=VALID)
+    if method == "globenc":  # issue 23: the authors' raw products, C_L ... C_1
+        expected = np.zeros_like(expected)
+        for b, real in enumerate(np.asarray(VALID, dtype=bool)):
+            product = np.eye(int(real.sum()))
+            for layer in matrices[b][:, real][:, :, real]:
+                product = layer @ product
+            expected[b][np.ix_(real, real)] = product
     np.testing.assert_allclose(np.asarray(scores), expected, rtol=1e-9, atol=1e-10)
 
 
 def test_explain_rows_and_options() -> None:
     model, variables, x, mask = linen_model(True)
     _, cap = adapter.capture_linen(model, variables, x, mask, contributions="globenc")
+    options = {"residual": 0.25, "renormalize": True}  # GlobEnc's renormalised variant
     got = adapter.explain_linen(
-        model, variables, x, mask, method="globenc", rows=0, options={"residual": 0.25}
+        model, variables, x, mask, method="globenc", rows=0, options=options
     )
     expected = attnflow.rollout(
         cap.contributions, heads=None, residual=0.25, renormalize=True, rows=0, mask=cap.mask

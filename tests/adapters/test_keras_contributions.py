@@ -320,9 +320,20 @@ def test_explain_is_rollout_over_the_renormalised_matrices(method):
         rows=None,
         mask=inputs[1],
     )
-    found = adapter.explain(model, inputs, method=method, rows=None)
+    renormalize = {"renormalize": True} if method == "globenc" else {}
+    found = adapter.explain(model, inputs, method=method, rows=None, **renormalize)
     np.testing.assert_allclose(to_numpy(found), expected, rtol=1e-5, atol=1e-6)
-    first = adapter.explain(model, inputs, method=method, residual=0.2, mask=None)
+    if method == "globenc":  # issue 23: by default the authors' raw products, C_L ... C_1
+        raw = to_numpy(adapter.explain(model, inputs, method=method, rows=None))
+        matrices = to_numpy(cap.contributions).astype(np.float64)
+        for b, real in enumerate(np.asarray(inputs[1], dtype=bool)):
+            product = np.eye(int(real.sum()))
+            for layer in matrices[b][:, real][:, :, real]:
+                product = layer @ product
+            np.testing.assert_allclose(raw[b][np.ix_(real, real)], product, rtol=1e-4)
+            assert (raw[b][~real] == 0).all()
+            assert (raw[b][:, ~real] == 0).all()
+    first = adapter.explain(model, inputs, method=method, residual=0.2, mask=None, **renormalize)
     expected = attnflow.rollout(
         to_numpy(cap.contributions), heads=None, residual=0.2, renormalize=True, rows=0
     )
