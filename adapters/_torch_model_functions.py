@@ -83,7 +83,9 @@ def model_functions(
         ``(B, L, 1, n, n)``, instead of the attention weights (`heads` is then unused).
         Evaluate them with methods that take their rows as they are, e.g.
         ``functools.partial(attnflow.rollout, residual=0.0, renormalize=True)`` for
-        GlobEnc and ALTI, which carry the residual connection.
+        ALTI, which carries the residual connection, or, for GlobEnc as its authors
+        aggregate it (raw products),
+        ``functools.partial(attnflow._contributions.compose_unnormalized, attnflow.rollout)``.
 
     Returns
     -------

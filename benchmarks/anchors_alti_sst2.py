@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             [
                 np.asarray(
                     method(
-                        capture(ids[s : s + chunk], mask[s : s + chunk]),
+                        capture(ids[s : s + chunk], mask[s : s + chunk]).detach().cpu().numpy(),
                         rows=0,
                         mask=mask[s : s + chunk],
                     )
