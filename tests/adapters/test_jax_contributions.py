@@ -410,6 +410,13 @@ def test_nnx_float64_and_explain(method: str) -> None:
     sums = expected.sum(-1, keepdims=True)
     residual = 0.5 if method == "norm" else 0.0
     rollout = oracle_rollout(expected / sums, heads=None, residual=residual, mask=VALID)
+    if method == "globenc":  # issue 23: the authors' raw products, C_L ... C_1
+        rollout = np.zeros_like(rollout)
+        for b, real in enumerate(np.asarray(VALID, dtype=bool)):
+            product = np.eye(int(real.sum()))
+            for layer in expected[b][:, real][:, :, real]:
+                product = layer @ product
+            rollout[b][np.ix_(real, real)] = product
     np.testing.assert_allclose(np.asarray(scores), rollout, rtol=1e-9, atol=1e-10)
 
 
