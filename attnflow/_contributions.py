@@ -13,8 +13,11 @@ attention weights (``heads=None``; rows renormalised for the norm-based matrix a
 raw products for GlobEnc as its authors compute them, :func:`compose_unnormalized`).
 
 Everything here is written once against the array API standard. The ``(n, n, d)`` tensor
-of one layer's terms is never formed whole when it is large: it is built for a block of
-receiving tokens at a time and reduced before the next block.
+of one layer's terms is never formed whole when it is large. The Euclidean rules (norm,
+GlobEnc) never form it at all: ``‖Σ_h α^h_ij v^h_j‖² = a_ij^T G_j a_ij`` with each key's
+Gram matrix ``G_j[h, h'] = v^h_j · v^h'_j`` (see docs/maths.md, "Cost: Gram matrices
+instead of terms"). ALTI's Manhattan distance has no such form: its terms are built for a
+block of receiving tokens at a time and reduced before the next block.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ Method: TypeAlias = Literal["norm", "globenc", "alti"]
 LayerNormParameters: TypeAlias = tuple[Any | None, Any | None, float]
 
 _METHODS = ("norm", "globenc", "alti")
-#: Elements of one block of terms ``(*batch, rows, n, d)``: 2**22 is 16 MiB in float32,
+#: Elements of one block of ALTI's terms ``(*batch, rows, n, d)`` (or of the Gram path's
+#: ``(*batch, n, rows, H)`` products, all rows at once for MiniLM): 2**22 is 16 MiB in float32,
 #: so MiniLM on 4 x 256 tokens (d = 384) takes 10 receiving tokens at a time. Blocks that
 #: stay in cache between the matmul and the reductions after it are faster: on one CPU
 #: thread 10 rows ran 1.6x faster than 42 (2**24 elements), and 1 or 2 rows slower.
@@ -268,6 +272,10 @@ class _Block:
     """T_i(x_j): residual and LayerNorm included."""
     offset: Any
     """b_i, ``(*batch, n, d)``."""
+    attended: Any
+    """``Σ_h α^h f^h``, ``(*batch, n, d)``: the attention's output before its bias."""
+    gain: Any | None = None
+    """The gain (weight) of the post-LN LayerNorm (None: pre-LN, or no affine part)."""
 
     @property
     def shape(self) -> tuple[tuple[int, ...], int, int]:
@@ -393,12 +401,12 @@ def _prepare(
 
     # The stream before the LayerNorm (post-LN) or the block output (pre-LN):
     # u_i = Σ_h Σ_j α^h_ij f^h(z_j) + x_i + b_O, computed without any (n, n, d) tensor.
-    stream = namespace.sum(namespace.matmul(alpha, f), axis=-3) + x
+    attended = _head_sum(alpha, f, namespace)
     bias_vector = namespace.zeros((d,), dtype=x.dtype, device=array_device(x)) if b is None else b
-    stream = stream + bias_vector
+    stream = attended + x + bias_vector
     if checked_norm is None:
         offset = namespace.broadcast_to(bias_vector, tuple(x.shape))
-        block = _Block(namespace, boundary, alpha, f, _Linear(f, x, None), offset)
+        block = _Block(namespace, boundary, alpha, f, _Linear(f, x, None), offset, attended)
         return block, (second_input, second_gamma)
     gamma, beta, eps = checked_norm
     # LayerNorm is linear once the std of the actual pre-LN vector is fixed:
@@ -409,7 +417,7 @@ def _prepare(
     if beta is not None:
         offset = offset + beta
     terms = _Linear(_centre(f, gamma, namespace), _centre(x, gamma, namespace), inverse_std)
-    block = _Block(namespace, boundary, alpha, f, terms, offset)
+    block = _Block(namespace, boundary, alpha, f, terms, offset, attended, gamma)
     return block, (second_input, second_gamma)
 
 
@@ -422,6 +430,46 @@ def _centre(vectors: Any, gamma: Any | None, xp: Namespace) -> Any:
 def _rows_per_chunk(batch: tuple[int, ...], n: int, d: int) -> int:
     per_row = max(1, math.prod(batch) * n * d)
     return max(1, min(n, _CHUNK_ELEMENTS // per_row))
+
+
+def _head_sum(alpha: Any, values: Any, xp: Namespace) -> Any:
+    """``Σ_h α^h v^h``, ``(*batch, n, d)``, as one matmul over the (head, key) pairs.
+
+    ``(*batch, n, H n) @ (*batch, H n, d)``: one large product instead of H products and
+    a ``(*batch, H, n, d)`` temporary summed afterwards.
+    """
+    nb = alpha.ndim - 3
+    batch = tuple(alpha.shape[:-3])
+    heads, rows, n = alpha.shape[-3], alpha.shape[-2], alpha.shape[-1]
+    by_row = xp.permute_dims(alpha, (*range(nb), nb + 1, nb, nb + 2))  # (*batch, r, H, n)
+    by_row = xp.reshape(by_row, (*batch, rows, heads * n))
+    flat = xp.reshape(values, (*batch, heads * n, values.shape[-1]))
+    return xp.matmul(by_row, flat)
+
+
+def _gram(values: Any, xp: Namespace) -> Any:
+    """Each key's Gram matrix of its head vectors, ``G_j[h, h'] = v^h_j · v^h'_j``.
+
+    ``(*batch, H, n, d)`` to ``(*batch, n, H, H)``.
+    """
+    keyed = _by_key(values, xp)  # (*batch, n, H, d)
+    return xp.matmul(keyed, xp.matrix_transpose(keyed))
+
+
+def _gram_norms(alpha: Any, gram: Any, xp: Namespace) -> Any:
+    r"""``‖Σ_h α^h_ij v^h_j‖₂`` for a block of rows from the Gram matrices, ``(*batch, r, n)``.
+
+    ``‖Σ_h α^h v^h‖² = Σ_{h,h'} α^h α^{h'} (v^h · v^{h'}) = a^T G_j a`` with
+    :math:`a = (α^1_{ij}, …, α^H_{ij})`: ``H²`` products per pair of tokens instead of
+    ``H d`` (and no ``(r, n, d)`` block). `alpha` holds the rows ``(*batch, H, r, n)``,
+    scaled by their ``c_i`` where there is one (``c_i ≥ 0`` factors out of the norm).
+    Rounding can leave a tiny negative square where heads cancel: it is clipped to 0.
+    """
+    nb = alpha.ndim - 3
+    by_key = xp.permute_dims(alpha, (*range(nb), nb + 2, nb + 1, nb))  # (*batch, n, r, H)
+    squares = xp.sum(xp.matmul(by_key, gram) * by_key, axis=-1)  # (*batch, n, r)
+    squares = xp.maximum(squares, xp.zeros_like(squares))
+    return _to_rows(xp.sqrt(squares), xp)
 
 
 def _by_key(values: Any, xp: Namespace) -> Any:
@@ -466,6 +514,15 @@ def _off_diagonal(
     return _mix(_rows(alpha, start, stop, linear.scale), keyed, xp)
 
 
+def _key_terms(by_key: Any, keyed: Any, start: int, stop: int, xp: Namespace) -> Any:
+    """``T_i(x_j)`` without the residual for keys ``start:stop`` and every i: exact off the diagonal.
+
+    `by_key` holds ``c_i α^h_ij`` key-major, ``(*batch, n_j, n_i, H)``, `keyed` the values
+    ``(*batch, n_j, H, d)``; the result is ``(*batch, k, n_i, d)``.
+    """
+    return xp.matmul(by_key[..., start:stop, :, :], keyed[..., start:stop, :, :])
+
+
 def _diagonal(linear: _Linear, alpha: Any, xp: Namespace) -> Any:
     """``T_i(x_i)`` for every i, ``(*batch, n, d)``: the only terms with the residual."""
     n = alpha.shape[-1]
@@ -475,10 +532,17 @@ def _diagonal(linear: _Linear, alpha: Any, xp: Namespace) -> Any:
     return terms if linear.scale is None else terms * linear.scale
 
 
-def _summed(linear: _Linear, alpha: Any, xp: Namespace) -> Any:
-    """``Σ_j T_i(x_j)``, ``(*batch, n, d)``, without forming the terms."""
-    total = xp.sum(xp.matmul(alpha, linear.values), axis=-3) + linear.residual
-    return total if linear.scale is None else total * linear.scale
+def _summed(block: _Block, xp: Namespace) -> Any:
+    """``Σ_j T_i(x_j)``, ``(*batch, n, d)``, without forming the terms.
+
+    From the attention's head sum ``u = Σ_h α^h f^h``: a post-LN block's centring and gain
+    are linear, so ``Σ_h α^h g ⊙ (f^h − mean f^h) = g ⊙ (u − mean u)`` (``g`` the gain),
+    and no second product with the weights is needed.
+    """
+    linear = block.terms
+    if linear.scale is None:  # pre-LN: the terms are the values and the residual as given
+        return block.attended + linear.residual
+    return (_centre(block.attended, block.gain, xp) + linear.residual) * linear.scale
 
 
 def _is_diagonal(start: int, stop: int, n: int, xp: Namespace, device: Any) -> Any:
@@ -500,6 +564,17 @@ def _with_diagonal(matrix: Any, own: Any, start: int, stop: int, xp: Namespace, 
 def _chunks(n: int, size: int) -> Iterator[tuple[int, int]]:
     for start in range(0, n, size):
         yield start, min(n, start + size)
+
+
+def _manhattan(vectors: Any, xp: Namespace) -> Any:
+    """Manhattan norms over the last axis.
+
+    ``sum(abs(v))``, not the linalg extension's ``vector_norm(ord=1)``: in torch 2.13 on CPU
+    that ran slower and, in float32, put ALTI 7x further from the float64 result (3e-4
+    against 4e-5 on a MiniLM-sized block), ALTI's difference of two large norms being
+    sensitive to how the sums are rounded.
+    """
+    return xp.sum(xp.abs(vectors), axis=-1)
 
 
 def _l2(vectors: Any, xp: Namespace) -> Any:
@@ -681,31 +756,41 @@ def contributions_and_outputs(
             _centre(linear.residual, gamma2, namespace),
             scale,
         )
-    outputs = _summed(block.terms, alpha, namespace) + block.offset
-    own = own_rest = None
-    if method != "norm":
-        own = _diagonal(linear, alpha, namespace)
-        own_rest = namespace.sum(namespace.abs(outputs - own), axis=-1)  # ‖y_i − T_i(x_i)‖₁
-
+    outputs = _summed(block, namespace) + block.offset
     rows: list[Any] = []
-    keyed = _by_key(block.values if method == "norm" else linear.values, namespace)
-    for start, stop in _chunks(n, _rows_per_chunk(batch, n, d)):
-        if method == "norm":
-            mixed = _mix(alpha[..., :, start:stop, :], keyed, namespace)
-            rows.append(_to_rows(_l2(mixed, namespace), namespace))
-            continue
-        terms = _off_diagonal(linear, keyed, alpha, start, stop, namespace)  # (*b, n, r, d)
-        assert own is not None
-        if method == "globenc":
-            norms = _to_rows(_l2(terms, namespace), namespace)
-            rows.append(_with_diagonal(norms, _l2(own, namespace), start, stop, namespace, device))
-            continue
-        y = outputs[..., start:stop, :]
-        total = namespace.sum(namespace.abs(y), axis=-1)[..., None]  # ‖y_i‖₁, (*batch, r, 1)
-        rest = namespace.sum(namespace.abs(y[..., None, :, :] - terms), axis=-1)  # (*b, n, r)
-        assert own_rest is not None
-        rest = _with_diagonal(_to_rows(rest, namespace), own_rest, start, stop, namespace, device)
-        rows.append(namespace.maximum(total - rest, namespace.zeros_like(rest)))
+    if method != "alti":
+        # ‖Σ_h α^h_ij v^h_j‖ from each key's Gram matrix of its head vectors: no (n, n, d)
+        # terms at all. GlobEnc's residual sits only on the diagonal, set apart.
+        values = block.values if method == "norm" else linear.values
+        scale = None if method == "norm" else linear.scale
+        gram = _gram(values, namespace)
+        own_norms = (
+            None if method == "norm" else _l2(_diagonal(linear, alpha, namespace), namespace)
+        )
+        heads = alpha.shape[-3]
+        for start, stop in _chunks(n, _rows_per_chunk(batch, n, heads)):
+            norms = _gram_norms(_rows(alpha, start, stop, scale), gram, namespace)
+            if own_norms is not None:
+                norms = _with_diagonal(norms, own_norms, start, stop, namespace, device)
+            rows.append(norms)
+    else:
+        # ALTI's Manhattan distance needs the terms themselves: built a block of keys at a
+        # time, all receiving tokens at once, key-major (a few large products per block,
+        # not one tiny product per key and receiving block), then transposed once.
+        own_rest = _manhattan(outputs - _diagonal(linear, alpha, namespace), namespace)
+        total = _manhattan(outputs, namespace)[..., None, :]  # ‖y_i‖₁, (*batch, 1, n)
+        scaled = alpha if linear.scale is None else alpha * linear.scale[..., None, :, :]
+        nb = alpha.ndim - 3
+        by_key = namespace.permute_dims(scaled, (*range(nb), nb + 2, nb + 1, nb))  # (*b, n, n, H)
+        keyed = _by_key(linear.values, namespace)  # (*batch, n, H, d)
+        y = outputs[..., None, :, :]
+        for start, stop in _chunks(n, _rows_per_chunk(batch, n, d)):
+            terms = _key_terms(by_key, keyed, start, stop, namespace)  # (*batch, k, n, d)
+            rest = _with_diagonal(
+                _manhattan(y - terms, namespace), own_rest, start, stop, namespace, device
+            )  # ‖y_i − T_i(x_j)‖₁ at [j, i], the diagonal's own term set apart
+            rows.append(namespace.maximum(total - rest, namespace.zeros_like(rest)))
+        rows = [_to_rows(namespace.concat(rows, axis=-2), namespace)]
     matrices = rows[0] if len(rows) == 1 else namespace.concat(rows, axis=-2)
     if method == "alti":
         sums = namespace.sum(matrices, axis=-1, keepdims=True)
@@ -779,8 +864,13 @@ def contributions(
     padding use :func:`compose_unnormalized`, since a mask renormalises rows).
     ``renormalize=True`` gives the renormalised GlobEnc variant.
 
-    The ``(n, n, d)`` tensor of terms is built for a block of receiving tokens at a time
-    (at most 2**22 elements), so memory stays near one layer's attention weights.
+    ``"norm"`` and ``"globenc"`` never build the ``(n, n, d)`` tensor of terms: the
+    squared norm of :math:`\sum_h \alpha^h_{ij} v^h_j` is :math:`a^\top G_j a` with
+    :math:`a_h = \alpha^h_{ij}` and each key's Gram matrix
+    :math:`G_j[h, h'] = v^h_j \cdot v^{h'}_j` (:math:`H^2` products per pair of tokens
+    instead of :math:`H d`). ``"alti"``'s Manhattan distance has no such form: its terms
+    are built for a block of receiving tokens at a time (at most 2**22 elements), so memory
+    stays near one layer's attention weights.
 
     Parameters
     ----------

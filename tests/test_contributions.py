@@ -265,6 +265,50 @@ def test_padded_keys_get_nothing(block: dict[str, np.ndarray]) -> None:
         assert (c[:, :-1, -1] == 0).all(), method
 
 
+@pytest.mark.parametrize("method", ["norm", "globenc"])
+def test_gram_norms_equal_the_norms_of_the_terms(
+    backend: Variant, dtype_name: str, method: str
+) -> None:
+    """The Gram path equals the norms of the terms built whole, at a model-like width.
+
+    ``‖Σ_h α^h_ij v^h_j‖`` read from each key's Gram matrix of its head vectors, against
+    :func:`attnflow.attention_terms` (the ``(n, n, d)`` tensor formed and its norms taken),
+    with 12 heads of which two pairs nearly cancel and a padded key.
+    """
+    rng = np.random.default_rng(7)
+    batch, heads, n, d = 2, 12, 9, 48
+    alpha = softmax_attention(rng, (batch, heads, n, n), scale=2.0)
+    alpha[..., -1] = 0.0  # a padded key
+    alpha /= alpha.sum(-1, keepdims=True)
+    values = rng.normal(size=(batch, heads, n, d))
+    values[:, 1] = -values[:, 0] * (1 + 1e-3)  # heads whose sum almost cancels
+    values[:, 3] = -values[:, 2]
+    alpha[:, 1] = alpha[:, 0]
+    alpha[:, 3] = alpha[:, 2]
+    x = rng.normal(size=(batch, n, d))
+    gamma, beta = 1.0 + rng.normal(scale=0.3, size=d), rng.normal(scale=0.3, size=d)
+    arrays = {"alpha": alpha, "f": values, "x": x, "gamma": gamma, "beta": beta}
+    exact = {k: v.astype(dtype_name).astype(np.float64) for k, v in arrays.items()}
+    native = _native(backend, arrays, dtype_name)
+    norm = (exact["gamma"], exact["beta"], EPS)
+    if method == "norm":  # the attention alone: the terms of a block without residual
+        zero = np.zeros_like(exact["x"])
+        terms, _ = attnflow.attention_terms(exact["alpha"], exact["f"], zero)
+    else:
+        terms, _ = attnflow.attention_terms(exact["alpha"], exact["f"], exact["x"], norm=norm)
+    expected = np.linalg.norm(terms, axis=-1)
+
+    def run(alpha: Any, f: Any, x: Any, gamma: Any, beta: Any) -> Any:
+        post = None if method == "norm" else (gamma, beta, EPS)
+        return attnflow.contributions(alpha, f, x, method=method, norm=post)  # type: ignore[arg-type]
+
+    result = _call(backend, run, [native[k] for k in ("alpha", "f", "x", "gamma", "beta")])
+    got = backend.check(result, dtype_name=dtype_name, shape=(batch, n, n))
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * expected.max())
+    assert (got[:, :-1, -1] == 0).all()
+
+
 # -- rollout and flow over the matrices ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def stacked(block: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -673,3 +674,73 @@ def test_a_folder_of_an_older_store_is_refused_as_such(
         attnflow.faithfulness(_identified(2), ids, output=tmp_path, **options)
     attnflow.faithfulness(_identified(2), ids, output=tmp_path, force=True, **options)
     assert json.loads((tmp_path / "evaluation.json").read_text())["store"] == 2
+
+
+class CountingModel(ToyModel):
+    """ToyModel that records every row (ids and mask) handed to `predict`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[bytes] = []
+
+    def predict(self, ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        ids, mask = np.asarray(ids), np.asarray(mask)
+        self.seen += [
+            row.tobytes() + row_mask.tobytes() for row, row_mask in zip(ids, mask, strict=True)
+        ]
+        return super().predict(ids, mask)
+
+
+def _counting_run(
+    dataset: tuple[np.ndarray, np.ndarray, np.ndarray], chunk_size: int = 3
+) -> tuple[CountingModel, attnflow.evaluate.FaithfulnessReport]:
+    ids, mask, labels = dataset
+    model = CountingModel()
+    report = attnflow.faithfulness(
+        model.functions(),
+        ids,
+        replacement=UNK,
+        targets=labels,
+        mask=mask,
+        references=["blank_out"],
+        fractions=(0.2, 0.5, 1.0),
+        chunk_size=chunk_size,
+    )
+    return model, report
+
+
+def test_each_chunk_predicts_each_input_once(
+    dataset: tuple[np.ndarray, np.ndarray, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One pass over the unperturbed sequences per chunk, shared by every metric and method.
+
+    Blank-out, and comprehensiveness and sufficiency of the three methods, each need the
+    prediction of the originals (8 passes per chunk without the chunk's cache), and the
+    methods often remove the same tokens. The results are those of the uncached path, bit
+    for bit.
+    """
+    ids, mask, _ = dataset
+    originals = [
+        row.tobytes() + row_mask.tobytes() for row, row_mask in zip(ids, mask, strict=True)
+    ]
+    assert len(set(originals)) == SAMPLES
+    model, report = _counting_run(dataset)
+    for original in originals:
+        assert model.seen.count(original) == 1
+    one_chunk, _ = _counting_run(dataset, chunk_size=SAMPLES)
+    assert len(one_chunk.seen) == len(set(one_chunk.seen))  # no input of a chunk twice
+
+    from attnflow.evaluate import _faithfulness
+
+    monkeypatch.setattr(
+        _faithfulness, "shared_predictions", lambda predict: contextlib.nullcontext()
+    )
+    uncached, expected = _counting_run(dataset)
+    # The prediction, blank-out, 2 metrics x 3 methods, and sufficiency at fraction 1
+    # (every token kept: the original again) x 3 methods.
+    for original in originals:
+        assert uncached.seen.count(original) == 11
+    assert len(uncached.seen) > len(model.seen)
+    assert report.samples.keys() == expected.samples.keys()
+    for key, values in expected.samples.items():
+        np.testing.assert_array_equal(report.samples[key], values, err_msg=key)

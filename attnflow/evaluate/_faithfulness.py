@@ -42,6 +42,7 @@ from ._predict import (
     read_inputs,
     resolve_targets,
     row_batches,
+    shared_predictions,
 )
 from ._report import FaithfulnessReport
 from ._store import ChunkStore, fingerprint
@@ -487,12 +488,49 @@ def _evaluate_chunk(
     batch_size: int | None,
     flow_options: Mapping[str, Any],
 ) -> dict[str, np.ndarray]:
-    """Every result of samples ``start:stop``, as host arrays keyed by name."""
+    """Every result of samples ``start:stop``, as host arrays keyed by name.
+
+    The model sees each distinct input of the chunk once: the unperturbed sequences are
+    predicted here, and blank-out, comprehensiveness and sufficiency of every method read
+    them (and any perturbed copy another metric already made) from the chunk's cache.
+    """
+    host_mask = None if dataset.mask is None else dataset.mask[start:stop]
+    predict = _with_mask(model.predict, has_mask=host_mask is not None)
+    with shared_predictions(predict):
+        return _evaluate_chunk_once(
+            start,
+            stop,
+            predict,
+            model=model,
+            functions=functions,
+            dataset=dataset,
+            targets=targets,
+            where=where,
+            settings=settings,
+            batch_size=batch_size,
+            flow_options=flow_options,
+        )
+
+
+def _evaluate_chunk_once(
+    start: int,
+    stop: int,
+    predict: Callable[..., Any],
+    *,
+    model: ModelFunctions,
+    functions: Mapping[str, Method],
+    dataset: ModelInputs,
+    targets: np.ndarray | None,
+    where: np.ndarray | None,
+    settings: _Settings,
+    batch_size: int | None,
+    flow_options: Mapping[str, Any],
+) -> dict[str, np.ndarray]:
+    """:func:`_evaluate_chunk` with its prediction cache in place."""
     host_ids = dataset.host[start:stop]
     host_mask = None if dataset.mask is None else dataset.mask[start:stop]
     ids = dataset.to_model(host_ids)
     mask = None if host_mask is None else dataset.to_model(host_mask)
-    predict = _with_mask(model.predict, has_mask=mask is not None)
 
     def originals(begin: int, end: int) -> tuple[np.ndarray, np.ndarray | None]:
         return host_ids[begin:end], None if host_mask is None else host_mask[begin:end]

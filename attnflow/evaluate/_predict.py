@@ -11,7 +11,9 @@ import hashlib
 import math
 import numbers
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,7 @@ __all__ = [
     "check_replacement",
     "read_inputs",
     "resolve_targets",
+    "shared_predictions",
     "target_probabilities",
 ]
 
@@ -131,6 +134,39 @@ def check_batch_size(batch_size: object) -> int | None:
     return batch_size
 
 
+@dataclass
+class PredictionCache:
+    """The probabilities of every row one `predict` has seen, by row digest.
+
+    :func:`call_model` reads and fills it while :func:`shared_predictions` is active for
+    the same `predict`, so the metrics of one evaluation chunk (blank-out,
+    comprehensiveness and sufficiency of every method) predict each distinct input once:
+    the unperturbed sequences above all, which each of them needs.
+    """
+
+    predict: Predict
+    known: dict[bytes, np.ndarray] = field(default_factory=dict)
+    dtype: np.dtype[Any] | None = None
+    """The dtype `predict` returned (the metrics answer in it)."""
+    classes: int | None = None
+    predicted: int = 0
+    """Rows handed to `predict` so far."""
+
+
+_SHARED: ContextVar[PredictionCache | None] = ContextVar("attnflow_predictions", default=None)
+
+
+@contextmanager
+def shared_predictions(predict: Predict) -> Iterator[PredictionCache]:
+    """Share predictions of `predict` between the :func:`call_model` calls in this block."""
+    cache = PredictionCache(predict)
+    token = _SHARED.set(cache)
+    try:
+        yield cache
+    finally:
+        _SHARED.reset(token)
+
+
 def call_model(
     predict: Predict,
     batches: Iterator[tuple[np.ndarray, np.ndarray | None]],
@@ -142,12 +178,17 @@ def call_model(
     A perturbed input that occurs more than once in one call (the same tokens removed for
     two layers, two fractions or two positions) is predicted once: erasure curves repeat
     most of their inputs, and the model calls are the cost. The batches are still made
-    one at a time, so lazily built image perturbations never all sit in memory.
+    one at a time, so lazily built image perturbations never all sit in memory. Inside
+    :func:`shared_predictions` for the same `predict`, rows predicted by earlier calls are
+    not predicted again.
     """
+    shared = _SHARED.get()
+    if shared is None or shared.predict is not predict:
+        shared = PredictionCache(predict)  # this call's rows only
     outputs: list[np.ndarray] = []
-    known: dict[bytes, np.ndarray] = {}  # digest of (row, mask row) -> its probabilities
-    dtype: np.dtype[Any] = np.dtype(np.float64)
-    classes: int | None = None
+    known = shared.known  # digest of (row, mask row) -> its probabilities
+    dtype: np.dtype[Any] = np.dtype(np.float64) if shared.dtype is None else shared.dtype
+    classes = shared.classes
     done = predicted = 0
     for batch, batch_mask in batches:
         keys = _row_digests(batch, batch_mask)
@@ -167,9 +208,11 @@ def call_model(
                     f"{classes} for another; it must always return (batch, classes)."
                 )
                 raise ValueError(msg)
-            classes = probabilities.shape[1]
+            classes = shared.classes = probabilities.shape[1]
+            shared.dtype = dtype
             known.update(zip(fresh, probabilities, strict=True))
             predicted += len(pick)
+            shared.predicted += len(pick)
         outputs.append(np.stack([known[key] for key in keys]))
         done += len(batch)
     if done != total:  # pragma: no cover - the batch generators are internal

@@ -394,7 +394,11 @@ def test_transformer_encoder_matrices_equal_the_oracle(norm_first: bool, method:
 def test_terms_are_never_formed_whole(
     minilm: dict[str, Any], method: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With a budget of two receiving tokens, no block of terms is larger, same matrices."""
+    """With a budget of two receiving tokens, no block is larger, same matrices.
+
+    ALTI builds its terms a block of keys at a time; norm and GlobEnc build none (their
+    norms come from the Gram matrices of the head vectors), in blocks of the same budget.
+    """
     from attnflow import _contributions
 
     model, batch = minilm["eager"], minilm["batch"]
@@ -402,20 +406,34 @@ def test_terms_are_never_formed_whole(
         model(**batch)
     batch_size, n = batch["input_ids"].shape
     budget = 2 * batch_size * n * model.config.hidden_size
-    sizes: list[int] = []
-    mix = _contributions._mix
+    terms: list[int] = []
+    grams: list[int] = []
+    key_terms, gram_norms = _contributions._key_terms, _contributions._gram_norms
 
-    def spy(alpha: Any, values: Any, xp: Any) -> Any:
-        mixed = mix(alpha, values, xp)
-        sizes.append(mixed.numel())
-        return mixed
+    def spy(by_key: Any, values: Any, start: int, stop: int, xp: Any) -> Any:
+        block = key_terms(by_key, values, start, stop, xp)
+        terms.append(block.numel())
+        return block
+
+    def gram_spy(alpha: Any, gram: Any, xp: Any) -> Any:
+        grams.append(alpha.numel())  # (*batch, H, r, n): the (*batch, n, r, H) products
+        return gram_norms(alpha, gram, xp)
 
     monkeypatch.setattr(_contributions, "_CHUNK_ELEMENTS", budget)
-    monkeypatch.setattr(_contributions, "_mix", spy)
+    monkeypatch.setattr(_contributions, "_key_terms", spy)
+    monkeypatch.setattr(_contributions, "_gram_norms", gram_spy)
     with torch.no_grad(), adapter.capture(model, contributions=method) as chunked:
         model(**batch)
-    assert max(sizes) <= budget
-    assert len(sizes) == model.config.num_hidden_layers * (n // 2)
+    layers = model.config.num_hidden_layers
+    if method == "alti":
+        assert not grams
+        assert max(terms) <= budget
+        assert len(terms) == layers * (n // 2)
+    else:
+        assert not terms
+        rows = budget // (batch_size * n * model.config.num_attention_heads)
+        assert max(grams) <= budget
+        assert len(grams) == layers * -(-n // rows)
     torch.testing.assert_close(chunked.contributions, whole.contributions, rtol=1e-5, atol=1e-6)
 
 
