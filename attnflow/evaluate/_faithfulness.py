@@ -21,12 +21,10 @@ from typing import Any, Literal
 import numpy as np
 
 from attnflow._flow import _check_flow_options as check_flow_options
-from attnflow._flow import flow
-from attnflow._gradient_rollout import gradient_rollout
 from attnflow._host import to_host
 from attnflow._lost_workers import WorkersLostError
+from attnflow._methods import ATTENTION_METHODS, METHODS, method_of_function
 from attnflow._namespace import array_device, array_namespace, enter_boundary
-from attnflow._rollout import raw, rollout
 from attnflow._typing import Array, Namespace
 from attnflow._validation import describe
 
@@ -837,12 +835,15 @@ def _with_mask(predict: Callable[..., Any], *, has_mask: bool) -> Callable[..., 
 
 
 def _uses_gradients(method: Method) -> bool:
-    """Whether `method` is gradient rollout (or a partial of it): it takes the gradients too."""
-    return getattr(method, "func", method) is gradient_rollout
+    """Whether `method` (or a partial of it) needs the gradients too, by the registry."""
+    spec = method_of_function(method)
+    return spec is not None and spec.gradients
 
 
 def _is_flow(method: Method) -> bool:
-    return getattr(method, "func", method) is flow
+    """Whether `method` (or a partial of it) runs on the host (max-flow), by the registry."""
+    spec = method_of_function(method)
+    return spec is not None and spec.host_only
 
 
 def _read_pair(given: object) -> tuple[Any, Any]:
@@ -909,12 +910,8 @@ def _read_per_token(values: Any, shape: tuple[int, ...]) -> np.ndarray:
     return to_host(converted, name="input_gradients(...)")
 
 
-_KNOWN_METHODS: dict[str, Method] = {
-    "raw": raw,
-    "rollout": rollout,
-    "flow": flow,
-    "gradient_rollout": gradient_rollout,
-}
+# The methods known by name: the registry's methods over attention weights.
+_KNOWN_METHODS: dict[str, Method] = {name: METHODS[name].function() for name in ATTENTION_METHODS}
 
 
 def _check_model(model: object) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnflow._methods import method_spec
 from attnflow.adapters.torch import explain  # type: ignore[import-not-found,unused-ignore]
 
 from ._options import check_layer_choice
@@ -22,18 +23,15 @@ __all__ = [
     "token_scores",
 ]
 
+#: The registry's methods the toolkits' attribute calls offer: one map per input, from
+#: the attention of one model call (and its gradients).
 METHODS = ("rollout", "flow", "gradient_rollout")
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 
 
 def check_method(method: object) -> None:
-    """Refuse an unknown attribution method before the model runs."""
-    if method not in METHODS:
-        msg = (
-            f'`method` must be "rollout", "flow" or "gradient_rollout"; got {method!r}. '
-            "Pick one of the three."
-        )
-        raise ValueError(msg)
+    """Refuse an unknown attribution method before the model runs (by the registry)."""
+    method_spec(method, among=METHODS)
 
 
 def token_scores(
