@@ -243,10 +243,12 @@ def explain_contributions(
     does (:func:`attnflow._contributions.compose_unnormalized`); ``renormalize=True`` in
     `options` gives the renormalised variant.
     """
-    # GlobEnc and ALTI carry the residual connection; the norm-based matrix has none, so
-    # it is mixed with the identity as attention is (the paper's 0.5).
-    settings = {"residual": 0.5 if method == "norm" else 0.0, **(options or {})}
-    renormalize = settings.pop("renormalize", method != "globenc")
+    # The registry holds each rule: GlobEnc and ALTI carry the residual connection, the
+    # norm-based matrix has none (mixed with the identity as attention is, the paper's 0.5);
+    # GlobEnc's authors never renormalise rows.
+    spec = method_spec(method)
+    settings = {"residual": spec.residual, **(options or {})}
+    renormalize = settings.pop("renormalize", spec.renormalize)
     given_mask = settings.pop("mask", mask)
     if renormalize is False:
         from attnflow._contributions import compose_unnormalized

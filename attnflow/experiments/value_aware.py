@@ -39,6 +39,7 @@ from typing import Any, Literal
 import attnflow
 from attnflow._contributions import Method as ContributionMethod
 from attnflow._contributions import compose_unnormalized
+from attnflow._methods import ATTENTION_METHODS, METHODS
 from attnflow.evaluate import FaithfulnessReport
 from attnflow.evaluate._faithfulness import Method
 from attnflow.evaluate._markdown import markdown_table
@@ -84,16 +85,13 @@ def matrix_methods(matrix: Matrix) -> dict[str, Method]:
     ['raw', 'rollout', 'flow', 'rollout_renormalized', 'flow_renormalized']
     """
     if matrix == "attention":
-        return {
-            "raw": attnflow.raw,
-            "rollout": attnflow.rollout,
-            "flow": attnflow.flow,
-            "gradient_rollout": attnflow.gradient_rollout,
-        }
+        return {name: METHODS[name].function() for name in ATTENTION_METHODS}
     if matrix not in ("norm", "globenc", "alti"):
         msg = f"`matrix` must be one of {list(MATRICES)}; got {matrix!r}."
         raise ValueError(msg)
-    residual = 0.5 if matrix == "norm" else 0.0
+    rule = METHODS[matrix]  # the registry's residual and renormalisation of this matrix
+    residual = rule.residual
+    assert residual is not None  # every value-aware row of the registry sets it
     renormalized: dict[str, Method] = {
         "rollout": functools.partial(attnflow.rollout, residual=residual, renormalize=True),
         "flow": functools.partial(attnflow.flow, residual=residual, renormalize=True),
@@ -101,7 +99,7 @@ def matrix_methods(matrix: Matrix) -> dict[str, Method]:
     # Rows of norm-based and GlobEnc matrices are not normalised; ranking a row is
     # unchanged by scaling it, so the raw matrix is read as it is.
     raw: Method = functools.partial(attnflow.raw, validate=False)
-    if matrix != "globenc":
+    if rule.renormalize:
         return {"raw": raw, **renormalized}
     return {
         "raw": raw,
