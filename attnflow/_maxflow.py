@@ -253,13 +253,24 @@ def _arcs(middle: np.ndarray) -> _Arcs:
     return _Arcs(start, head, capacity, counts, bucket_end)
 
 
-def _backward_arcs(arcs: _Arcs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """List the arcs into each token: ``(start, arc ids, tails)``, see `build_backward_arcs`."""
+def _backward_arcs(
+    arcs: _Arcs, reach: tuple[np.ndarray, np.ndarray], low: int, high: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """List the arcs into each token: ``(start, arc ids, tails)``, see `build_backward_arcs`.
+
+    Only into the tokens that may reach an input token in ``[low, high]`` (their interval
+    ``[lo, hi]`` of `_reach` meets it): the solver never enters the others while it solves
+    for a sink in that range, so their backward arcs are never read (in causal attention,
+    the tokens before the sink; for a sink near the end, most of the graph).
+    """
     assert _kernel is not None  # the caller checked
+    lo, hi = reach
+    # Matrix i (Ã_{i+2}) has its heads at layer i + 1: row i of `reach`.
+    keep = ((lo[:-1] <= high) & (hi[:-1] >= low)).astype(np.uint8)
     start = np.empty_like(arcs.start)
     ids = np.empty(arcs.head.shape[0], dtype=np.int64)
     tails = np.empty(arcs.head.shape[0], dtype=np.int32)
-    _kernel[2](arcs.start, arcs.head, start, ids, tails)
+    _kernel[2](arcs.start, arcs.head, keep, start, ids, tails)
     return start, ids, tails
 
 
@@ -299,13 +310,25 @@ class _Prepared:
         ).astype(np.int32)
         self._lock = threading.Lock()
         self._backward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._backward_sinks = (0, -1)  # the input tokens `_backward` serves
         self._inflow: dict[bytes, np.ndarray] = {}
         self._buffers: list[np.ndarray] = []
 
-    def backward(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def backward(self, sinks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Backward arcs that serve every input token of `sinks` (built when first needed).
+
+        Listed for a range of input tokens, widened (and rebuilt) when a later pair needs
+        a token outside it.
+        """
+        low, high = int(sinks.min()), int(sinks.max())
         with self._lock:
-            if self._backward is None:
-                self._backward = _backward_arcs(self.arcs)
+            covered_low, covered_high = self._backward_sinks
+            if self._backward is None or low < covered_low or high > covered_high:
+                if self._backward is not None:
+                    low, high = min(low, covered_low), max(high, covered_high)
+                self._backward = None  # free the old lists before the new ones are built
+                self._backward = _backward_arcs(self.arcs, self.reach, low, high)
+                self._backward_sinks = (low, high)
             return self._backward
 
     def inflow(self, mixed: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -396,7 +419,7 @@ def _solve_with_kernel(
         part_status = np.zeros((1, columns.size), dtype=np.int8)
         _kernel_solve(
             mixed, rows[i : i + 1].astype(np.int64), sinks[columns].astype(np.int64),
-            np.ascontiguousarray(upper[i : i + 1, columns]), *forward, *graph.backward(),
+            np.ascontiguousarray(upper[i : i + 1, columns]), *forward, *graph.backward(sinks[columns]),
             arcs.bucket_end, graph.sorted_heads, graph.dense_top, from_source[i : i + 1], source_count[i : i + 1], *reach, True,
             TARGET_TOLERANCE, buffer, part_values, part_status,
         )  # fmt: skip

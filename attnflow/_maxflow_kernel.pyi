@@ -8,6 +8,7 @@ def build_arcs(
 def build_backward_arcs(
     start: np.ndarray,
     head: np.ndarray,
+    keep: np.ndarray,
     bwd_start: np.ndarray,
     bwd_arc: np.ndarray,
     bwd_tail: np.ndarray,

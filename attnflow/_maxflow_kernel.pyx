@@ -652,6 +652,7 @@ def build_arcs(
 def build_backward_arcs(
     const long long[:, ::1] start,
     const int[::1] head,
+    const unsigned char[:, ::1] keep,
     long long[:, ::1] bwd_start,
     long long[::1] bwd_arc,
     int[::1] bwd_tail,
@@ -659,9 +660,11 @@ def build_backward_arcs(
     """The arcs into each token of each matrix, by a counting sort on their heads.
 
     Fills ``bwd_start`` ``(L, n+1)`` (arcs into token ``k`` of matrix ``i`` are
-    ``bwd_start[i, k] .. bwd_start[i, k+1]``, in the same global range as the matrix's
-    forward arcs), their arc ids `bwd_arc` and the tokens they leave, `bwd_tail`. Linear
-    in the arcs.
+    ``bwd_start[i, k] .. bwd_start[i, k+1]``, within the matrix's global range of forward
+    arcs), their arc ids `bwd_arc` and the tokens they leave, `bwd_tail`. Only the arcs
+    into tokens with ``keep[i, k]`` are listed (the others get none: the solver never
+    enters a token that cannot reach the sink, so its backward arcs are never read).
+    Linear in the arcs; only the kept ones are written.
     """
     cdef Py_ssize_t n_mats = start.shape[0], n = start.shape[1] - 1, i, j, k
     cdef long long p, total
@@ -670,7 +673,8 @@ def build_backward_arcs(
             for k in range(n + 1):
                 bwd_start[i, k] = 0
             for p in range(start[i, 0], start[i, n]):
-                bwd_start[i, head[p] + 1] += 1
+                if keep[i, head[p]]:
+                    bwd_start[i, head[p] + 1] += 1
             total = start[i, 0]
             for k in range(n + 1):
                 total += bwd_start[i, k]
@@ -679,6 +683,8 @@ def build_backward_arcs(
             for j in range(n):
                 for p in range(start[i, j], start[i, j + 1]):
                     k = head[p]
+                    if not keep[i, k]:
+                        continue
                     bwd_arc[bwd_start[i, k]] = p
                     bwd_tail[bwd_start[i, k]] = <int>j
                     bwd_start[i, k] += 1

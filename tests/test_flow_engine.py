@@ -255,6 +255,37 @@ def test_causal_solved_to_completion_with_backward_arcs(monkeypatch: pytest.Monk
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
 
 
+def test_backward_arcs_serve_later_sinks_outside_their_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Backward arcs are listed only into tokens that may reach the deferred sinks: tasks on
+    # the same graph, the late sinks first, then earlier ones (the lists widen), all solved
+    # to completion and equal to igraph; the lists hold exactly the arcs into those tokens.
+    mixed = _mixed(_sparse_causal(np.random.default_rng(8), 6, 20), 0.2)
+    monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)
+    rows = np.array([19, 12])
+    for sinks in (np.arange(14, 20), np.arange(9, 12), np.arange(0, 4)):
+        task = FlowTask((), mixed, rows, np.arange(2), sinks)
+        values, status = solve_flow_task_with_status(task)
+        with monkeypatch.context() as patch:
+            patch.setattr(engine, "ENGINE", "igraph")
+            reference, _ = solve_flow_task_with_status(task)
+        assert np.all(status[reference > 0] == SOLVED)
+        np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+        graph = engine._prepared(mixed)
+        low, high = graph._backward_sinks
+        assert low <= sinks.min() and sinks.max() <= high
+        start, ids, tails = graph.backward(sinks)
+        lo, hi = graph.reach
+        for i in range(mixed.shape[0] - 2):
+            for k in range(20):
+                listed = ids[start[i, k] : start[i, k + 1]]
+                kept = lo[i, k] <= high and hi[i, k] >= low
+                into = np.flatnonzero(mixed[i + 1, :, k] > 0) if kept else []
+                assert sorted(tails[start[i, k] : start[i, k + 1]]) == list(into)
+                assert np.all(graph.arcs.head[listed] == k)
+
+
 def test_reach_intervals_hold_every_reachable_token() -> None:
     # [lo, hi] of each node holds every input token it reaches, and lo and hi are reached
     # (the interval is the tightest one); a node that reaches nothing has lo > hi.
