@@ -274,7 +274,8 @@ def test_backward_arcs_serve_later_sinks_outside_their_range(
         np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
         graph = engine._prepared(mixed)
         low, high = graph._backward_sinks
-        assert low <= sinks.min() and sinks.max() <= high
+        assert low <= sinks.min()
+        assert sinks.max() <= high
         start, ids, tails = graph.backward(sinks)
         lo, hi = graph.reach
         for i in range(mixed.shape[0] - 2):
