@@ -676,7 +676,12 @@ def flow(
     # The one host hop: fused attention (and the reported heads) to float64 NumPy,
     # pruned and mixed there; results back at the end.
     valid = _host_mask(prepared)
-    mixed = _capacities(prepared, to_host(prepared.fused), valid, head_axis=False)
+    host = to_host(prepared.fused)
+    # Head fusion computed `prepared.fused` afresh (a mean, a weighted sum or renormalised
+    # rows: never the caller's array), and only its shape and kind are read after this: the
+    # residual may be mixed into it in place (one (L, n, n) float64 array fewer).
+    owned = prepared.layout.n_heads is not None and host.flags.writeable
+    mixed = _capacities(prepared, host, valid, head_axis=False, in_place=owned)
     mixed_heads = None
     if prepared.per_head is not None:
         mixed_heads = _capacities(prepared, to_host(prepared.per_head), valid, head_axis=True)
@@ -723,9 +728,17 @@ def flow(
 
 
 def _capacities(
-    prepared: PreparedAttention, host: np.ndarray, valid: np.ndarray | None, *, head_axis: bool
+    prepared: PreparedAttention,
+    host: np.ndarray,
+    valid: np.ndarray | None,
+    *,
+    head_axis: bool,
+    in_place: bool = False,
 ) -> np.ndarray:
-    """Edge capacities ``Ã_l`` on the host: pruned as asked, residual mixed in."""
+    """Edge capacities ``Ã_l`` on the host: pruned as asked, residual mixed in.
+
+    With `in_place`, `host` is the caller's to overwrite (the result may be `host` itself).
+    """
     keys = None
     if valid is not None:
         extra = (1, 1, 1) if head_axis else (1, 1)  # layers, [heads,] queries
@@ -736,7 +749,9 @@ def _capacities(
         return np.asarray(mix_residual(pruned, alpha, xp, valid_keys=keys))
     # mix_residual's (1 - α) Ã + α I with one temporary instead of three (the graph of a
     # long context is large): the same float operations, so the same values.
-    mixed = np.multiply(pruned, 1.0 - alpha)
+    # Pruning returns a new array or `host` itself (nothing pruned).
+    writable = in_place if pruned is host else True
+    mixed = np.multiply(pruned, 1.0 - alpha, out=pruned if writable else None)
     diagonal = np.einsum("...ii->...i", mixed)  # a writeable view
     identity = np.float64(alpha) if keys is None else np.where(keys[..., 0, :], alpha, 0.0)
     diagonal += identity

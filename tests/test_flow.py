@@ -170,6 +170,24 @@ def test_a_dask_worker_killed_mid_run_still_gives_the_serial_result() -> None:
     np.testing.assert_array_equal(clustered, serial)
 
 
+@pytest.mark.parametrize(
+    ("heads", "shape"), [(None, (4, 7, 7)), ("mean", (4, 1, 7, 7)), ("mean", (4, 3, 7, 7))]
+)
+def test_flow_leaves_the_callers_attention_untouched(
+    heads: str | None, shape: tuple[int, ...]
+) -> None:
+    # The residual is mixed in place into head fusion's own array, never into the caller's
+    # (fused input, or one head whose mean is itself); the values do not depend on it.
+    rng = np.random.default_rng(3)
+    attention = softmax_attention(rng, shape)
+    kept = attention.copy()
+    values = attnflow.flow(attention, heads=heads, rows=-1)
+    np.testing.assert_array_equal(attention, kept)
+    fused = attention if heads is None else attention.mean(axis=1)
+    reference = attnflow.flow(fused[:, None], heads="mean", rows=-1)
+    np.testing.assert_array_equal(values, reference)
+
+
 def test_progress_bar_counts_max_flows(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("tqdm")
     attnflow.flow(_random(2, (3, 2, 5, 5)), rows=[0, 1], progress=True, n_jobs=1)
