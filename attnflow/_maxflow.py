@@ -253,6 +253,23 @@ def _arcs(middle: np.ndarray) -> _Arcs:
     return _Arcs(start, head, capacity, counts, bucket_end)
 
 
+def _last_heads(arcs: _Arcs, layers: int) -> np.ndarray:
+    """Return the largest head of each token's arcs in the first `layers` middle matrices.
+
+    ``(layers, n)`` int32: each row's last non-zero column, -1 for a row without arcs.
+    """
+    if layers == 0:
+        return np.empty((0, arcs.counts.shape[-1]), dtype=np.int32)
+    counts = arcs.counts[:layers].ravel()
+    top = np.full(counts.shape, -1, dtype=np.int32)
+    present = counts > 0
+    if present.any():
+        # Rows with arcs, each to the next one's first arc (rows between have none).
+        heads = arcs.head[: arcs.start[layers - 1, -1]]
+        top[present] = np.maximum.reduceat(heads, arcs.start[:layers, :-1].ravel()[present])
+    return top.reshape(layers, -1)
+
+
 def _backward_arcs(
     arcs: _Arcs, reach: tuple[np.ndarray, np.ndarray], low: int, high: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -304,10 +321,7 @@ class _Prepared:
         dense = DENSE_LAYERS if ordered else min(DENSE_LAYERS, 1)
         affordable = max(1, DENSE_BYTES // (8 * self.n * self.n))
         self.dense_layers = min(dense, affordable, mixed.shape[0] - 2)
-        present = mixed[1 : self.dense_layers + 1] > 0
-        self.dense_top = np.where(
-            present.any(axis=-1), self.n - 1 - np.argmax(present[..., ::-1], axis=-1), -1
-        ).astype(np.int32)
+        self.dense_top = _last_heads(self.arcs, self.dense_layers)
         self._lock = threading.Lock()
         self._backward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._backward_sinks = (0, -1)  # the input tokens `_backward` serves

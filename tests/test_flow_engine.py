@@ -320,6 +320,22 @@ def test_source_cut_is_an_upper_bound_and_tight_on_causal_rows(
     assert np.mean(np.abs(upper - reference) < 1e-13) > 0.5
 
 
+def test_last_heads_are_each_rows_last_non_zero_column() -> None:
+    middle = _mixed(_sparse_causal(np.random.default_rng(5), 5, 16), 0.0)
+    middle[0, 4] = 0.0  # rows without arcs: first, inside and last of a matrix
+    middle[1, 0] = 0.0
+    middle[2, 15] = 0.0
+    arcs = engine._arcs(np.ascontiguousarray(middle))
+    for layers in range(middle.shape[0] + 1):
+        expected = [
+            [np.flatnonzero(row > 0).max() if np.any(row > 0) else -1 for row in matrix]
+            for matrix in middle[:layers]
+        ]
+        top = engine._last_heads(arcs, layers)
+        assert top.shape == (layers, 16)
+        assert top.tolist() == expected
+
+
 def test_arc_lists_hold_each_row_non_zero_entries_strongest_first() -> None:
     middle = _mixed(_sparse_causal(np.random.default_rng(9), 4, 16), 0.0)
     middle[0, 3] *= 1e-30  # tiny capacities go to the last bucket, never lost
