@@ -322,6 +322,8 @@ class _Prepared:
         affordable = max(1, DENSE_BYTES // (8 * self.n * self.n))
         self.dense_layers = min(dense, affordable, mixed.shape[0] - 2)
         self.dense_top = _last_heads(self.arcs, self.dense_layers)
+        # Ã_1 transposed: the capacities into each sink, contiguous (copied for every pair).
+        self.sink_columns = np.ascontiguousarray(mixed[0].T)
         self._lock = threading.Lock()
         self._backward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._backward_sinks = (0, -1)  # the input tokens `_backward` serves
@@ -423,7 +425,7 @@ def _solve_with_kernel(
     none = (np.zeros((1, 1), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, np.int32))
     buffer = graph.take_buffer(mixed)
     _kernel_solve(
-        mixed, rows.astype(np.int64), sinks.astype(np.int64), upper, *forward, *none,
+        mixed, graph.sink_columns, rows.astype(np.int64), sinks.astype(np.int64), upper, *forward, *none,
         arcs.bucket_end, graph.sorted_heads, graph.dense_top, from_source, source_count, *reach, False, TARGET_TOLERANCE, buffer, values, status,
     )  # fmt: skip
     left = np.flatnonzero((status == DEFERRED).any(axis=1))
@@ -432,7 +434,7 @@ def _solve_with_kernel(
         part_values = np.zeros((1, columns.size))
         part_status = np.zeros((1, columns.size), dtype=np.int8)
         _kernel_solve(
-            mixed, rows[i : i + 1].astype(np.int64), sinks[columns].astype(np.int64),
+            mixed, graph.sink_columns, rows[i : i + 1].astype(np.int64), sinks[columns].astype(np.int64),
             np.ascontiguousarray(upper[i : i + 1, columns]), *forward, *graph.backward(sinks[columns]),
             arcs.bucket_end, graph.sorted_heads, graph.dense_top, from_source[i : i + 1], source_count[i : i + 1], *reach, True,
             TARGET_TOLERANCE, buffer, part_values, part_status,

@@ -15,6 +15,7 @@ def build_backward_arcs(
 ) -> None: ...
 def solve(
     mixed: np.ndarray,
+    sink_columns: np.ndarray,
     rows: np.ndarray,
     sinks: np.ndarray,
     upper: np.ndarray,

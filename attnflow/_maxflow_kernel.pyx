@@ -55,7 +55,8 @@ cdef struct Work:
     # the graph
     int n_layers            # T
     int n                   # tokens per layer
-    const double* cap       # Ã_1 .. Ã_T, (T, n, n): the source row and sink column are read here
+    const double* cap       # Ã_1 .. Ã_T, (T, n, n): the source row is read here
+    const double* sink_cols # Ã_1 transposed, (n, n): row m holds the capacities into sink m
     const long long* fwd_start  # (T-2, n+1): arcs of token j of matrix i are start[i, j] ..
     const int* arc_head     # (arcs,): the token each arc enters, one layer down
     const double* arc_cap   # (arcs,)
@@ -554,7 +555,7 @@ cdef void _bottom_up(Work* w, int m) noexcept nogil:
     cdef double* swap
     cdef double s, c, d
     for j in range(n):
-        below[j] = w.cap[<long long>j * n + m]
+        below[j] = w.sink_cols[<long long>m * n + j]
     for a in range(2, w.n_layers):
         for j in range(n):
             start = (a - 2) * (<long long>n + 1) + j
@@ -696,6 +697,7 @@ def build_backward_arcs(
 
 def solve(
     const double[:, :, ::1] mixed,
+    const double[:, ::1] sink_columns,
     const long long[::1] rows,
     const long long[::1] sinks,
     const double[:, ::1] upper,
@@ -720,7 +722,8 @@ def solve(
 ):
     """Max-flows from each of `rows` (layer ``T``) to each of `sinks`; see the module doc.
 
-    `values` receives the max-flows; `status` 1 where the flow reached the bound (the
+    `sink_columns` is ``Ã_1`` transposed (C-contiguous): row ``m`` holds the capacities
+    into sink ``m``, copied whole for each pair. `values` receives the max-flows; `status` 1 where the flow reached the bound (the
     value is the bound), 2 where the solver ran to completion (the value is its flow).
     Without `with_backward` (`bwd_*` are then placeholders), a pair that needs more than
     the first blocking flow is left with status 3, to be solved again with them.
@@ -749,6 +752,9 @@ def solve(
     w.n_layers = n_layers
     w.n = n
     w.cap = &mixed[0, 0, 0]
+    if sink_columns.shape[0] != n or sink_columns.shape[1] != n:
+        raise ValueError("`sink_columns` must be Ã_1 transposed, (n, n)")
+    w.sink_cols = &sink_columns[0, 0]
     w.fwd_start = &fwd_start[0, 0]
     w.arc_head = &arc_head[0] if middle > 0 else NULL
     w.arc_cap = &arc_cap[0] if middle > 0 else NULL
@@ -802,8 +808,7 @@ def solve(
                 m = <int>sinks[si]
                 w.m = m
                 refined = False
-                for k in range(n):
-                    w.res[middle + n + k] = w.cap[k * <long long>n + m]
+                memcpy(w.res + middle + n, w.sink_cols + <long long>m * n, n * sizeof(double))
                 for ri in range(n_rows):
                     target = upper[ri, si]
                     if target <= 0.0:
@@ -850,8 +855,7 @@ def solve(
                         values[ri, si] = total
                         status[ri, si] = 2
                     _reset(&w)
-                    for k in range(n):
-                        w.res[middle + n + k] = w.cap[k * <long long>n + m]
+                    memcpy(w.res + middle + n, w.sink_cols + <long long>m * n, n * sizeof(double))
                 if failed:
                     break
         if failed:
