@@ -51,6 +51,22 @@ def test_items_are_deterministic_and_the_source_is_the_only_occurrence(generate)
         assert item.prompt[item.source[0] - 1] == " "
 
 
+@pytest.mark.parametrize("generate", GENERATORS)
+def test_the_context_holds_the_source_and_the_query_follows_it(generate):
+    for item in generate(12, seed=5):
+        start, stop = item.context
+        assert start == 0
+        assert start <= item.source[0] < item.source[1] <= stop < len(item.prompt)
+        # The query names what to retrieve but never holds the answer word.
+        assert item.answer.strip() not in re.findall(r"\w+", item.prompt[stop:])
+        located = locate_source(item, word_tokenizer())
+        first, last = located.context
+        assert first == 0
+        assert first < located.source < last < len(located.ids)
+        _, spans = word_tokenizer()(item.prompt)
+        assert [a < stop for a, _ in spans] == [i < last for i in range(len(spans))]
+
+
 def test_copying_repeats_the_list_up_to_the_answer():
     for item in copying_task(20, seed=0, words=6):
         listed, again = item.prompt.removeprefix("List: ").split(". Again: ")
@@ -170,8 +186,41 @@ def test_source_ranks_refuse_bad_sources():
 def test_competing_positions():
     assert competing_positions(4).tolist() == [False, True, True, False]
     assert competing_positions(5, explained=2).tolist() == [False, True, False, True, True]
+    assert competing_positions(6, context=(0, 3)).tolist() == [False, True, True] + [False] * 3
+    assert competing_positions(6, context=(2, 6)).tolist() == [
+        False,
+        False,
+        True,
+        True,
+        True,
+        False,
+    ]
     with pytest.raises(ValueError, match="an int >= 3"):
         competing_positions(2)
+    with pytest.raises(ValueError, match="start < stop"):
+        competing_positions(6, context=(3, 3))
+    with pytest.raises(TypeError, match="`context`"):
+        competing_positions(6, context=(0.0, 3))
+
+
+def test_source_ranks_within_a_context_match_an_oracle():
+    rng = np.random.default_rng(3)
+    scores = rng.integers(0, 4, size=(40, 2, 10)).astype(np.float64)
+    stops = rng.integers(4, 10, size=40)
+    sources = np.array([rng.integers(1, stop - 1) for stop in stops])
+    contexts = [(0, int(stop)) for stop in stops]
+    ranks = source_ranks(scores, sources, contexts=contexts)
+    for b in range(40):
+        s, stop = int(sources[b]), int(stops[b])
+        for k in range(2):
+            inside = [j for j in range(1, min(stop, 9)) if j != s]
+            assert ranks[b, k] == 1 + sum(scores[b, k, j] >= scores[b, k, s] for j in inside)
+    # Without contexts every position but the first and last competes.
+    assert (source_ranks(scores, sources) >= ranks).all()
+    with pytest.raises(ValueError, match="competing positions"):
+        source_ranks(np.ones((1, 6)), [4], contexts=[(0, 3)])
+    with pytest.raises(ValueError, match="one \\(start, stop\\)"):
+        source_ranks(np.ones((2, 6)), [1, 2], contexts=[(0, 3)])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -251,7 +300,33 @@ def test_ground_truth_end_to_end_on_a_toy_model():
     )
     assert drop > 1
     np.testing.assert_allclose(report.sufficiency["pointer"][0, -1], drop, rtol=1e-9)
-    assert "| pointer | 1.00 | 1.0 | 1: 1.00 (1.0) |" in report.to_markdown()
+    assert "| pointer | 1.00 | 1.0 | 1: 1.00 (1.0) | 1.00 (1.0) |" in report.to_markdown()
+
+
+def test_ground_truth_ranks_within_the_context_and_over_the_whole_prompt():
+    item = TaskItem("x", " y", (0, 1), "copying")
+    # Context: positions 0-3; the query 4-5 holds the highest-scoring competitor, 4.
+    tokens = [TaskTokens(np.array([11, 1, 2, 3, 1, 2]), 3, 3, item, context=(0, 4))]
+
+    def query_first(t: TaskTokens) -> np.ndarray:
+        return np.array([0.0, 0.1, 0.2, 0.5, 0.9, 0.0])
+
+    report = ground_truth(tokens, {"m": query_first}, induction_log_probabilities, replacement=0)
+    assert report.ranks["m"].tolist() == [[1]]
+    assert report.prompt_ranks["m"].tolist() == [[2]]
+    assert report.hit_rate("m") == 1.0
+    assert report.hit_rate("m", scope="prompt") == 0.0
+    assert report.mean_rank("m", scope="prompt") == 2.0
+    with pytest.raises(ValueError, match="`scope`"):
+        report.hit_rate("m", scope="query")
+    # Erasure removes context positions only (1, 2, 3): at 1 %, the source.
+    removed = tokens[0].ids.copy()
+    removed[3] = 0
+    drop = (
+        induction_log_probabilities(tokens[0].ids[None])[0, 3]
+        - (induction_log_probabilities(removed[None])[0, 3])
+    )
+    np.testing.assert_allclose(report.comprehensiveness["m"][0, 0], drop, rtol=1e-9)
 
 
 def test_ground_truth_refuses_bad_arguments():

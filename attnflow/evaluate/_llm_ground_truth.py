@@ -39,13 +39,19 @@ __all__ = [
 _FLOOR = 200.0
 
 
-def competing_positions(n: int, /, *, explained: int = -1) -> np.ndarray:
+def competing_positions(
+    n: int, /, *, explained: int = -1, context: tuple[int, int] | None = None
+) -> np.ndarray:
     """Mark the prompt positions that compete for rank 1: all but the first and the explained.
 
     Position 0 is left out because a causal LM uses its first token as an attention sink
     (SmolLM2's tokenizer adds no BOS, so the first word plays that part), and a source is
     never there by construction; the explained position (the last, whose next token is
-    the answer) is left out because attributions give it its own residual stream.
+    the answer) is left out because attributions give it its own residual stream. With
+    `context`, only the context's positions compete: the query after the context (the
+    repeated words, the asked key, the question) says *which* context token to use and is
+    not a candidate source, as in context attribution (ContextCite, Cohen-Wang et al.
+    2024, arXiv 2409.00729).
 
     Parameters
     ----------
@@ -53,6 +59,8 @@ def competing_positions(n: int, /, *, explained: int = -1) -> np.ndarray:
         Number of prompt tokens (>= 3).
     explained : int, default -1
         The explained position (negative counts from the end).
+    context : tuple of int, optional
+        ``(start, stop)``: only positions ``start <= j < stop`` compete (``TaskTokens.context``).
 
     Returns
     -------
@@ -64,6 +72,8 @@ def competing_positions(n: int, /, *, explained: int = -1) -> np.ndarray:
     >>> from attnflow.evaluate import competing_positions
     >>> competing_positions(5)
     array([False,  True,  True,  True, False])
+    >>> competing_positions(5, context=(0, 3))
+    array([False,  True,  True, False, False])
     """
     size: object = n
     if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 3:
@@ -77,6 +87,16 @@ def competing_positions(n: int, /, *, explained: int = -1) -> np.ndarray:
         msg = f"`explained` must be a position in [-{n}, {n}); got {explained}."
         raise IndexError(msg)
     competing = np.ones(n, dtype=bool)
+    if context is not None:
+        bounds = tuple(context)
+        if len(bounds) != 2 or not all(isinstance(b, int | np.integer) for b in bounds):
+            msg = f"`context` must be (start, stop) ints or None; got {context!r}."
+            raise TypeError(msg)
+        if not 0 <= bounds[0] < bounds[1] <= n:
+            msg = f"`context` must satisfy 0 <= start < stop <= n = {n}; got {context!r}."
+            raise ValueError(msg)
+        competing[: bounds[0]] = False
+        competing[bounds[1] :] = False
     competing[0] = False
     competing[explained % n] = False
     return competing
@@ -88,6 +108,7 @@ def source_ranks(
     /,
     *,
     explained: int = -1,
+    contexts: Sequence[tuple[int, int] | None] | None = None,
 ) -> Array:
     r"""Rank of each item's source position in its scores, among the competing positions.
 
@@ -108,6 +129,9 @@ def source_ranks(
         The source position of each item, a competing position.
     explained : int, default -1
         The explained position, left out of the competition.
+    contexts : sequence of (start, stop) or None, optional
+        Per item, the context positions that compete (``TaskTokens.context``); None (or a
+        None entry): the whole prompt.
 
     Returns
     -------
@@ -121,6 +145,13 @@ def source_ranks(
     >>> scores = np.array([[0.9, 0.1, 0.5, 0.2, 0.8], [0.3, 0.3, 0.3, 0.1, 0.0]])
     >>> source_ranks(scores, [2, 1])
     array([1, 2])
+
+    Only the context competes with ``contexts``: position 3 (a query token) outranks the
+    source 2 over the whole prompt, not within the context ``(0, 3)``:
+
+    >>> scores = np.array([[0.9, 0.1, 0.5, 0.7, 0.8]])
+    >>> source_ranks(scores, [2]), source_ranks(scores, [2], contexts=[(0, 3)])
+    (array([2]), array([1]))
     """
     (converted,), boundary = enter_boundary([scores], ["scores"])
     if getattr(converted, "shape", None) is None or len(converted.shape) < 2:
@@ -131,20 +162,27 @@ def source_ranks(
         msg = "`scores` holds NaN; a rank is undefined."
         raise ValueError(msg)
     batch, n = host.shape[0], host.shape[-1]
-    competing = competing_positions(n, explained=explained)
+    spans = [None] * batch if contexts is None else list(contexts)
+    if len(spans) != batch:
+        msg = (
+            f"`contexts` must hold one (start, stop) or None per item ({batch}); got {len(spans)}."
+        )
+        raise ValueError(msg)
+    competing = np.stack([competing_positions(n, explained=explained, context=c) for c in spans])
     positions = np.asarray(sources)
     if positions.shape != (batch,) or positions.dtype.kind not in "iu":
         msg = f"`sources` must hold one int position per item, shape ({batch},); got {describe(sources)}."
         raise ValueError(msg)
-    if not competing[np.clip(positions, 0, n - 1)].all() or (positions >= n).any():
+    clipped = np.clip(positions, 0, n - 1)
+    if not competing[np.arange(batch), clipped].all() or (positions >= n).any():
         msg = (
-            f"`sources` must be competing positions (1 .. n - 2 = {n - 2}, not the explained "
-            f"one); got {positions.tolist()}."
+            f"`sources` must be competing positions (1 .. n - 2 = {n - 2}, inside the context, "
+            f"not the explained one); got {positions.tolist()}."
         )
         raise ValueError(msg)
     flat = host.reshape(batch, -1, n)
     own = np.take_along_axis(flat, positions[:, None, None], axis=-1)
-    others = competing[None, None, :] & (np.arange(n) != positions[:, None, None])
+    others = competing[:, None, :] & (np.arange(n) != positions[:, None, None])
     ranks = 1 + np.sum(others & (flat >= own), axis=-1)
     result = ranks.reshape(host.shape[:-1]).astype(np.int64)
     # Counted on the host; handed back in the caller's namespace and device, as int64.
@@ -222,8 +260,8 @@ class GroundTruthReport:
     correct : ndarray of bool, shape (B,)
         Whether the model's top next token is the answer's first token.
     ranks : dict of str to ndarray of int64, shape (B, layers)
-        Per method, the rank of the source at each reported layer (one column for methods
-        without layers); NaN-free, for every item (correct or not).
+        Per method, the rank of the source among the context's positions at each reported
+        layer (one column for methods without layers); for every item (correct or not).
     comprehensiveness, sufficiency : dict of str to ndarray, shape (B, K)
         Per method (its top layer), the drop of the answer's log-probability (nats) when
         the top-ranked `fractions` of the removable tokens are replaced (comprehensiveness),
@@ -232,6 +270,9 @@ class GroundTruthReport:
         The ERASER fractions.
     tasks : ndarray of str, shape (B,)
         The task of each item.
+    prompt_ranks : dict of str to ndarray of int64, shape (B, layers)
+        The same ranks among every prompt position (the query's tokens compete too);
+        ``scope="prompt"`` in the accessors.
 
     Examples
     --------
@@ -253,25 +294,37 @@ class GroundTruthReport:
     sufficiency: dict[str, np.ndarray] = field(default_factory=dict)
     fractions: tuple[float, ...] = ERASER_FRACTIONS
     tasks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=str))
+    prompt_ranks: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def _ranks(self, method: str, scope: str) -> np.ndarray:
+        if scope not in ("context", "prompt"):
+            msg = f"`scope` must be 'context' or 'prompt'; got {scope!r}."
+            raise ValueError(msg)
+        table = self.ranks if scope == "context" else self.prompt_ranks
+        if method not in table:
+            msg = f"no {scope} ranks for method {method!r}; methods: {sorted(table)}."
+            raise KeyError(msg)
+        chosen: np.ndarray = table[method][self.correct]
+        return chosen
 
     @property
     def accuracy(self) -> float:
         """The share of items the model answers correctly."""
         return float(self.correct.mean()) if self.correct.size else math.nan
 
-    def hit_rate(self, method: str, *, layer: int = -1) -> float:
+    def hit_rate(self, method: str, *, layer: int = -1, scope: str = "context") -> float:
         """hit@1 of `method` at `layer` over the correctly answered items."""
-        ranks = self.ranks[method][self.correct, layer]
+        ranks = self._ranks(method, scope)[:, layer]
         return float(np.mean(ranks == 1)) if ranks.size else math.nan
 
-    def mean_rank(self, method: str, *, layer: int = -1) -> float:
+    def mean_rank(self, method: str, *, layer: int = -1, scope: str = "context") -> float:
         """Mean rank of the source under `method` at `layer`, over the correct items."""
-        ranks = self.ranks[method][self.correct, layer]
+        ranks = self._ranks(method, scope)[:, layer]
         return float(np.mean(ranks)) if ranks.size else math.nan
 
-    def best_layer(self, method: str) -> int:
+    def best_layer(self, method: str, *, scope: str = "context") -> int:
         """Return the layer with the highest hit@1 (ties: the lowest mean rank, then the first)."""
-        ranks = self.ranks[method][self.correct]
+        ranks = self._ranks(method, scope)
         if not ranks.size:
             return int(ranks.shape[1]) - 1
         keys = [(-np.mean(col == 1), np.mean(col)) for col in ranks.T]
@@ -282,9 +335,10 @@ class GroundTruthReport:
         """Return a table: per method, hit@1 and mean rank (top and best layer), AOPCs."""
         header = (
             "| method | hit@1 | mean rank | best layer: hit@1 (mean rank) | "
+            "whole prompt: hit@1 (mean rank) | "
             "comprehensiveness (AOPC, nats) | sufficiency (AOPC, nats) |"
         )
-        lines = [header, "|---|---|---|---|---|---|"]
+        lines = [header, "|---|---|---|---|---|---|---|"]
         for name, ranks in self.ranks.items():
             best = self.best_layer(name)
             layered = ranks.shape[1] > 1
@@ -298,9 +352,15 @@ class GroundTruthReport:
             suff = self._aopc(self.sufficiency.get(name))
             if not self.correct.any():
                 best_text = "-"
+            whole = (
+                f"{self.hit_rate(name, scope='prompt'):.2f} "
+                f"({self.mean_rank(name, scope='prompt'):.1f})"
+                if name in self.prompt_ranks
+                else "-"
+            )
             lines.append(
                 f"| {name} | {self.hit_rate(name):.2f} | {self.mean_rank(name):.1f} | "
-                f"{best_text} | {comp} | {suff} |"
+                f"{best_text} | {whole} | {comp} | {suff} |"
             )
         return "\n".join(lines)
 
@@ -367,12 +427,14 @@ def ground_truth(
     - the model is correct if the top next token after the prompt is the answer's first
       token;
     - each method gives one score per prompt token, per layer, for the last position; the
-      rank of ``s`` among the competing positions (:func:`competing_positions`: all but the
-      first token and the last) is :func:`source_ranks`;
+      rank of ``s`` among the competing positions (:func:`competing_positions`: the
+      context's tokens, ``item.context``, but the first token and the last) is
+      :func:`source_ranks`; the rank among every prompt position is kept too
+      (``prompt_ranks``);
     - with `replacement`, the top layer's scores go through ERASER comprehensiveness and
       sufficiency (:func:`comprehensiveness`, :func:`sufficiency`) of the answer's
-      log-probability at the last position, removing only competing positions (the first
-      token and the explained one stay), replaced by the token `replacement`.
+      log-probability at the last position, removing only competing positions (the query,
+      the first token and the explained one stay), replaced by the token `replacement`.
 
     hit@1 and mean ranks are read over the correctly answered items
     (:class:`GroundTruthReport`).
@@ -447,6 +509,7 @@ def ground_truth(
         raise ValueError(msg)
     correct = np.zeros(len(chosen), dtype=bool)
     ranks: dict[str, list[np.ndarray]] = {name: [] for name in named}
+    whole: dict[str, list[np.ndarray]] = {name: [] for name in named}
     comp: dict[str, list[np.ndarray]] = {name: [] for name in named}
     suff: dict[str, list[np.ndarray]] = {name: [] for name in named}
     for index, item in enumerate(chosen):
@@ -454,11 +517,14 @@ def ground_truth(
         n = ids.shape[1]
         base = _log_probabilities_of(log_probabilities, ids)
         correct[index] = int(np.argmax(base[0])) == item.answer_id
-        where = competing_positions(n)[None]
+        where = competing_positions(n, context=item.context)[None]
         predict = _answer_predict(log_probabilities, item.answer_id)
         for name, method in named.items():
             scores = _scores_of(name, method(item), n)
-            ranks[name].append(source_ranks(scores[None], [item.source])[0])
+            ranks[name].append(
+                source_ranks(scores[None], [item.source], contexts=[item.context])[0]
+            )
+            whole[name].append(source_ranks(scores[None], [item.source])[0])
             if replacement is None or name not in erased:
                 continue
             top = scores[-1][None]
@@ -481,6 +547,7 @@ def ground_truth(
         sufficiency={k: np.stack(v) for k, v in suff.items() if v},
         fractions=bins,
         tasks=np.array([item.item.task for item in chosen]),
+        prompt_ranks={name: np.stack(values) for name, values in whole.items() if widths[name]},
     )
 
 

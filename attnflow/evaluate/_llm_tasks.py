@@ -87,6 +87,10 @@ class TaskItem:
         the answer word (without the space), ``prompt[start:stop] == answer.strip()``.
     task : str
         The task family: ``"copying"``, ``"retrieval"`` or ``"stated_facts"``.
+    context : tuple of int, optional
+        ``(start, stop)``: the characters of `prompt` that hold the context (the list, the
+        pairs, the facts) as opposed to the query after it; the source competes with the
+        context's tokens only (:func:`locate_source`). None: the whole prompt.
 
     Examples
     --------
@@ -100,6 +104,7 @@ class TaskItem:
     answer: str
     source: tuple[int, int]
     task: str
+    context: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,9 @@ class TaskTokens:
         `answer_id`, and no other prompt token has that id.
     item : TaskItem
         The item it comes from.
+    context : tuple of int, optional
+        ``(start, stop)``: the positions of the context's tokens, ``start <= source <
+        stop``; None: the whole prompt.
 
     Examples
     --------
@@ -133,6 +141,7 @@ class TaskTokens:
     answer_id: int
     source: int
     item: TaskItem
+    context: tuple[int, int] | None = None
 
 
 def _check_count(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
@@ -153,25 +162,39 @@ def _rng(seed: object) -> np.random.Generator:
     return np.random.default_rng(int(seed))
 
 
-class _Builder:
-    """Appends text pieces and remembers the span of one of them."""
+Piece = tuple[str, bool]
+"""A piece of context text, and whether it is the source word."""
 
-    def __init__(self) -> None:
-        self.parts: list[str] = []
-        self.length = 0
-        self.span: tuple[int, int] | None = None
 
-    def add(self, text: str, *, mark: bool = False) -> None:
-        if mark:
-            self.span = (self.length, self.length + len(text))
-        self.parts.append(text)
-        self.length += len(text)
+def _generate(
+    task: str,
+    count: object,
+    seed: object,
+    compose: Callable[[np.random.Generator], tuple[list[Piece], str, str]],
+) -> list[TaskItem]:
+    """Draw `count` items: ``compose(rng) -> (context pieces, query, answer)``, one per item.
 
-    def item(self, answer: str, task: str) -> TaskItem:
-        prompt = "".join(self.parts)
-        assert self.span is not None
-        assert prompt[self.span[0] : self.span[1]] == answer.strip()
-        return TaskItem(prompt=prompt, answer=answer, source=self.span, task=task)
+    The prompt is the context (the pieces joined) followed by the query; the one piece
+    marked True is the source, and must equal the answer without its space.
+    """
+    number = _check_count("count", count, 0)
+    rng = _rng(seed)
+    items = []
+    for _ in range(number):
+        pieces, query, answer = compose(rng)
+        context = "".join(text for text, _ in pieces)
+        marked = [i for i, (_, is_source) in enumerate(pieces) if is_source]
+        assert len(marked) == 1
+        start = sum(len(text) for text, _ in pieces[: marked[0]])
+        span = (start, start + len(pieces[marked[0]][0]))
+        assert context[slice(*span)] == answer.strip()
+        items.append(TaskItem(context + query, answer, span, task, context=(0, len(context))))
+    return items
+
+
+def _draw(rng: np.random.Generator, pool: Sequence[str], size: int) -> list[str]:
+    """`size` distinct entries of `pool`, in random order."""
+    return [pool[i] for i in rng.choice(len(pool), size=size, replace=False)]
 
 
 def copying_task(count: int, /, *, seed: int = 0, words: int = 12) -> list[TaskItem]:
@@ -208,24 +231,18 @@ def copying_task(count: int, /, *, seed: int = 0, words: int = 12) -> list[TaskI
     >>> item.prompt[slice(*item.source)]
     'camera'
     """
-    count = _check_count("count", count, 0)
     words = _check_count("words", words, 4, len(NOUNS))
-    rng = _rng(seed)
-    items = []
-    for _ in range(count):
-        chosen = [NOUNS[i] for i in rng.choice(len(NOUNS), size=words, replace=False)]
+
+    def compose(rng: np.random.Generator) -> tuple[list[Piece], str, str]:
+        chosen = _draw(rng, NOUNS, words)
         repeated = int(rng.integers(2, words - 1))
-        text = _Builder()
-        text.add("List:")
+        pieces: list[Piece] = [("List:", False)]
         for i, word in enumerate(chosen):
-            text.add(" ")
-            text.add(word, mark=i == repeated)
-            text.add("," if i < words - 1 else ".")
-        text.add(" Again:")
-        for word in chosen[:repeated]:
-            text.add(f" {word},")
-        items.append(text.item(" " + chosen[repeated], "copying"))
-    return items
+            pieces += [(" ", False), (word, i == repeated), ("," if i < words - 1 else ".", False)]
+        query = " Again:" + "".join(f" {word}," for word in chosen[:repeated])
+        return pieces, query, " " + chosen[repeated]
+
+    return _generate("copying", count, seed, compose)
 
 
 def retrieval_task(count: int, /, *, seed: int = 0, pairs: int = 7) -> list[TaskItem]:
@@ -256,22 +273,18 @@ def retrieval_task(count: int, /, *, seed: int = 0, pairs: int = 7) -> list[Task
     >>> item.prompt, item.answer
     ('south: apple, north: cloud, west: river. north:', ' cloud')
     """
-    count = _check_count("count", count, 0)
     pairs = _check_count("pairs", pairs, 2, len(KEYS))
-    rng = _rng(seed)
-    items = []
-    for _ in range(count):
-        keys = [KEYS[i] for i in rng.choice(len(KEYS), size=pairs, replace=False)]
-        values = [NOUNS[i] for i in rng.choice(len(NOUNS), size=pairs, replace=False)]
+
+    def compose(rng: np.random.Generator) -> tuple[list[Piece], str, str]:
+        keys, values = _draw(rng, KEYS, pairs), _draw(rng, NOUNS, pairs)
         asked = int(rng.integers(0, pairs))
-        text = _Builder()
+        pieces: list[Piece] = []
         for i, (key, value) in enumerate(zip(keys, values, strict=True)):
-            text.add(("" if i == 0 else " ") + f"{key}: ")
-            text.add(value, mark=i == asked)
-            text.add("," if i < pairs - 1 else ".")
-        text.add(f" {keys[asked]}:")
-        items.append(text.item(" " + values[asked], "retrieval"))
-    return items
+            pieces += [(("" if i == 0 else " ") + f"{key}: ", False), (value, i == asked)]
+            pieces.append(("," if i < pairs - 1 else ".", False))
+        return pieces, f" {keys[asked]}:", " " + values[asked]
+
+    return _generate("retrieval", count, seed, compose)
 
 
 def stated_facts_task(count: int, /, *, seed: int = 0, facts: int = 3) -> list[TaskItem]:
@@ -305,23 +318,20 @@ def stated_facts_task(count: int, /, *, seed: int = 0, facts: int = 3) -> list[T
     >>> item.prompt, item.answer
     ("James works as a doctor. Alice works as a lawyer. What is Alice's job? Alice works as a", ' lawyer')
     """
-    count = _check_count("count", count, 0)
     facts = _check_count("facts", facts, 2, min(len(NAMES), *(len(r[1]) for r in RELATIONS)))
-    rng = _rng(seed)
-    items = []
-    for _ in range(count):
+
+    def compose(rng: np.random.Generator) -> tuple[list[Piece], str, str]:
         relation, objects, question = RELATIONS[int(rng.integers(0, len(RELATIONS)))]
-        people = [NAMES[i] for i in rng.choice(len(NAMES), size=facts, replace=False)]
-        things = [objects[i] for i in rng.choice(len(objects), size=facts, replace=False)]
+        people, things = _draw(rng, NAMES, facts), _draw(rng, objects, facts)
         asked = int(rng.integers(0, facts))
-        text = _Builder()
+        pieces: list[Piece] = []
         for i, (person, thing) in enumerate(zip(people, things, strict=True)):
-            text.add(("" if i == 0 else " ") + f"{person} {relation} ")
-            text.add(thing, mark=i == asked)
-            text.add(".")
-        text.add(" " + question.format(people[asked]) + f" {people[asked]} {relation}")
-        items.append(text.item(" " + things[asked], "stated_facts"))
-    return items
+            pieces += [(("" if i == 0 else " ") + f"{person} {relation} ", False)]
+            pieces += [(thing, i == asked), (".", False)]
+        query = " " + question.format(people[asked]) + f" {people[asked]} {relation}"
+        return pieces, query, " " + things[asked]
+
+    return _generate("stated_facts", count, seed, compose)
 
 
 Tokenize = Callable[[str], tuple[Sequence[int], Sequence[tuple[int, int]]]]
@@ -409,8 +419,29 @@ def locate_source(item: TaskItem, tokenize: Tokenize, /) -> TaskTokens:
         )
         raise ValueError(msg)
     return TaskTokens(
-        ids=np.asarray(ids, dtype=np.int64), answer_id=answer_id, source=source[0], item=item
+        ids=np.asarray(ids, dtype=np.int64),
+        answer_id=answer_id,
+        source=source[0],
+        item=item,
+        context=_context_tokens(item, offsets, source[0]),
     )
+
+
+def _context_tokens(
+    item: TaskItem, offsets: list[tuple[int, int]], source: int
+) -> tuple[int, int] | None:
+    """Return the positions ``[start, stop)`` of the tokens that start inside the context."""
+    if item.context is None:
+        return None
+    first, last = item.context
+    inside = [i for i, (a, b) in enumerate(offsets) if b > a and first <= a < last]
+    if not inside or not inside[0] <= source <= inside[-1]:
+        msg = (
+            f"the context {item.context} of {item.prompt!r} must hold the source token; its "
+            f"tokens are {inside}, the source is at {source}."
+        )
+        raise ValueError(msg)
+    return inside[0], inside[-1] + 1
 
 
 def _tokenized(tokenize: Tokenize, text: str) -> tuple[list[int], list[tuple[int, int]]]:
