@@ -9,6 +9,7 @@ method.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,13 +54,19 @@ def next_token_log_probabilities(
         msg = f"`batch_size` must be a positive int; got {batch_size!r}."
         raise ValueError(msg)
     device = next(model.parameters()).device
+    # Hugging Face causal LMs can skip the vocabulary projection of all but the last position.
+    keep = (
+        {"logits_to_keep": 1}
+        if "logits_to_keep" in inspect.signature(model.forward).parameters
+        else {}
+    )
 
     def log_probabilities(ids: Any) -> np.ndarray:
         tokens = torch.as_tensor(np.asarray(ids), dtype=torch.long, device=device)
         parts = []
         with torch.no_grad():
             for start in range(0, tokens.shape[0], batch_size):
-                logits = model(tokens[start : start + batch_size]).logits[:, -1]
+                logits = model(tokens[start : start + batch_size], **keep).logits[:, -1]
                 parts.append(torch.log_softmax(logits.double(), dim=-1).cpu().numpy())
         return np.concatenate(parts)
 

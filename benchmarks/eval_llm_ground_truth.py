@@ -49,6 +49,10 @@ from typing import Any
 import numpy as np
 
 
+ERASED = ("rollout", "flow (exclude=0)", "gradient rollout", "max attention")
+"""The methods whose comprehensiveness and sufficiency are measured (2 batched calls each)."""
+
+
 def _cpu() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     return own.ru_utime + own.ru_stime
@@ -155,6 +159,78 @@ class _Variants:
         )
 
 
+def _kept(
+    method: Callable[[Any], Any], store: list[np.ndarray], timed: dict[str, float], name: str
+) -> Callable[[Any], Any]:
+    """Wrap `method`: keep its scores and add its CPU time to ``timed[name]``."""
+
+    def run(item: Any) -> Any:
+        start = _cpu()
+        scores = np.asarray(method(item))
+        timed[name] += _cpu() - start
+        store.append(scores)
+        return scores
+
+    return run
+
+
+def _per_layer(report: Any) -> str:
+    """hit@1 and mean rank of the source at every layer, per layered method (correct items)."""
+    lines = []
+    for name, ranks in report.ranks.items():
+        if ranks.shape[1] == 1:
+            continue
+        cells = [
+            f"{layer}: {report.hit_rate(name, layer=layer):.2f}/{report.mean_rank(name, layer=layer):.1f}"
+            for layer in range(ranks.shape[1])
+        ]
+        lines.append(f"- {name} (hit@1/mean rank): " + ", ".join(cells))
+    return "per layer:\n" + "\n".join(lines)
+
+
+def _tops(report: Any, items: Any, kept: dict[str, list[np.ndarray]], tokenizer: Any) -> str:
+    """Where each method's top context token lies relative to the source, when it misses."""
+    from attnflow.evaluate import competing_positions
+
+    lines = []
+    for name, scores in kept.items():
+        offsets: dict[str, int] = {}
+        for ok, item, values in zip(report.correct, items, scores, strict=True):
+            row = values[-1] if values.ndim == 2 else values
+            where = competing_positions(len(item.ids), context=item.context)
+            top = int(np.argmax(np.where(where, row, -np.inf)))
+            if not ok or top == item.source:
+                continue
+            word = tokenizer.decode([int(item.ids[top])])
+            key = f"{top - item.source:+d} {word.strip() or repr(word)}"
+            offsets[key] = offsets.get(key, 0) + 1
+        if offsets:
+            common = sorted(offsets.items(), key=lambda kv: -kv[1])[:6]
+            lines.append(f"- {name}: " + ", ".join(f"{k} x{v}" for k, v in common))
+    return "top context token when it is not the source (offset from the source, token):\n" + (
+        "\n".join(lines) or "- none"
+    )
+
+
+def _save(path: Path, report: Any, items: Any, kept: dict[str, list[np.ndarray]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays: dict[str, Any] = {
+        "correct": report.correct,
+        "sources": np.array([item.source for item in items]),
+        "contexts": np.array([item.context or (0, len(item.ids)) for item in items]),
+    }
+    for name in report.ranks:
+        arrays[f"ranks/{name}"] = report.ranks[name]
+        arrays[f"prompt_ranks/{name}"] = report.prompt_ranks[name]
+        arrays[f"scores/{name}"] = np.array(
+            [np.atleast_2d(v)[-1] for v in kept[name]], dtype=object
+        )
+    for name, values in report.comprehensiveness.items():
+        arrays[f"comprehensiveness/{name}"] = values
+        arrays[f"sufficiency/{name}"] = report.sufficiency[name]
+    np.savez(path, **arrays)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=40, help="items per task")
@@ -163,6 +239,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", default="copying,retrieval,stated_facts")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: fastest on a shared machine)"
+    )
+    parser.add_argument(
+        "--save", default="", help="folder for one .npz per task: ranks, scores, items"
     )
     arguments = parser.parse_args(argv)
 
@@ -203,9 +282,12 @@ def main(argv: list[str] | None = None) -> None:
             for item in generators[task](arguments.items, seed=arguments.seed)
         ]
         methods = ground_truth_methods(model)
-        main_methods = list(methods)
+        main_methods = [m for m in ERASED if m in methods]
         if variants is not None:
             methods.update(variants.methods())
+        kept: dict[str, list[np.ndarray]] = {name: [] for name in methods}
+        timed: dict[str, float] = dict.fromkeys(methods, 0.0)
+        methods = {name: _kept(method, kept[name], timed, name) for name, method in methods.items()}
         wall, cpu = time.perf_counter(), _cpu()
         report = ground_truth(
             items, methods, log_probabilities, replacement=replacement, erase=main_methods
@@ -217,6 +299,12 @@ def main(argv: list[str] | None = None) -> None:
             f"({int(report.correct.sum())} correct)\n"
         )
         print(report.to_markdown())
+        print("\nCPU s per item and method (capture shared, charged to the first user):")
+        print(", ".join(f"{name} {t / len(items):.2f}" for name, t in timed.items()))
+        print("\n" + _per_layer(report))
+        print("\n" + _tops(report, items, kept, tokenizer))
+        if arguments.save:
+            _save(Path(arguments.save) / f"{task}.npz", report, items, kept)
         if variants is not None and report.correct.any():
             print("\n" + variants.diagnostics(items, report.correct))
         print(f"\n({time.perf_counter() - wall:.0f} s wall, {_cpu() - cpu:.0f} s CPU)", flush=True)

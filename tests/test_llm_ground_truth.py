@@ -26,7 +26,7 @@ GENERATORS = [copying_task, retrieval_task, stated_facts_task]
 def word_tokenizer(space_in_token: bool = True):
     """Words with their leading space (BPE style), punctuation alone; one id per string."""
     vocabulary: dict[str, int] = {}
-    pattern = r" ?[^ ,.:?]+|[,.:?]" if space_in_token else r"[^ ,.:?]+|[,.:?]"
+    pattern = r" ?[^ ,.:?\n]+|[,.:?\n]" if space_in_token else r"[^ ,.:?\n]+|[,.:?\n]"
 
     def tokenize(text: str):
         spans = [m.span() for m in re.finditer(pattern, text)]
@@ -79,10 +79,34 @@ def test_copying_repeats_the_list_up_to_the_answer():
 
 def test_retrieval_asks_for_a_stated_key():
     for item in retrieval_task(20, seed=0, pairs=5):
-        pairs, key = item.prompt.rsplit(". ", 1)
-        table = dict(pair.split(": ") for pair in pairs.split(", "))
+        *pairs, key = item.prompt.split("\n")
+        table = dict(pair.split(": ") for pair in pairs)
         assert len(table) == 5
         assert table[key.removesuffix(":")] == item.answer.strip()
+        assert item.prompt[slice(*item.context)] == "\n".join(pairs)
+
+
+def chat_template(message: str) -> str:
+    return f"<|user|>\n{message}<|end|>\n<|assistant|>\n"
+
+
+@pytest.mark.parametrize("generate", [retrieval_task, stated_facts_task])
+def test_chat_prompts_wrap_the_context_and_request_as_the_user_message(generate):
+    plain = generate(8, seed=2)
+    chatted = generate(8, seed=2, chat=chat_template)
+    for before, after in zip(plain, chatted, strict=True):
+        assert after.answer == before.answer
+        context = before.prompt[slice(*before.context)]
+        assert after.prompt.startswith("<|user|>\n" + context)
+        assert after.prompt[slice(*after.context)] == context
+        assert after.prompt[slice(*after.source)] == after.answer.strip()
+        # The assistant's turn starts with the query's last line, without its space.
+        start = before.prompt.rsplit("\n" if generate is retrieval_task else "?", 1)[1]
+        assert after.prompt.endswith("<|assistant|>\n" + start.lstrip())
+    with pytest.raises(TypeError, match="`chat`"):
+        generate(1, chat="template")
+    with pytest.raises(ValueError, match="exactly once"):
+        generate(1, chat=lambda message: "no message")
 
 
 def test_stated_facts_ask_about_a_stated_person():

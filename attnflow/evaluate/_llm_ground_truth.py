@@ -265,7 +265,7 @@ class GroundTruthReport:
     comprehensiveness, sufficiency : dict of str to ndarray, shape (B, K)
         Per method (its top layer), the drop of the answer's log-probability (nats) when
         the top-ranked `fractions` of the removable tokens are replaced (comprehensiveness),
-        or when all but them are (sufficiency).
+        or when all but them are (sufficiency); NaN for the items answered wrongly.
     fractions : tuple of float
         The ERASER fractions.
     tasks : ndarray of str, shape (B,)
@@ -455,7 +455,7 @@ def ground_truth(
         The ERASER fractions of the removable tokens.
     erase : sequence of str, optional
         The methods whose erasure metrics are computed (each costs two batched model
-        calls per item); None: all of them.
+        calls per correctly answered item; wrong items get NaN rows); None: all of them.
 
     Returns
     -------
@@ -526,6 +526,10 @@ def ground_truth(
             )
             whole[name].append(source_ranks(scores[None], [item.source])[0])
             if replacement is None or name not in erased:
+                continue
+            if not correct[index]:  # a wrong answer has no known source: not erased
+                comp[name].append(np.full(len(bins), np.nan))
+                suff[name].append(np.full(len(bins), np.nan))
                 continue
             top = scores[-1][None]
             for kind, store in ((comprehensiveness, comp), (sufficiency, suff)):

@@ -65,6 +65,8 @@ ANIMALS = (
     "dog", "cat", "horse", "rabbit", "snake", "parrot", "tiger", "mouse", "goat", "duck",
     "sheep", "fish", "turtle", "pig",
 )  # fmt: skip
+RETRIEVAL_INSTRUCTION = "Repeat the line of the last key."
+"""The request after the pairs in a chat prompt (:func:`retrieval_task` with `chat`)."""
 RELATIONS = (
     ("lives in", CITIES, "Where does {} live?"),
     ("works as a", JOBS, "What is {}'s job?"),
@@ -165,30 +167,63 @@ def _rng(seed: object) -> np.random.Generator:
 Piece = tuple[str, bool]
 """A piece of context text, and whether it is the source word."""
 
+Draft = tuple[list[Piece], str, str, str]
+"""``(context pieces, request, answer start, answer)`` of one item (see :func:`_generate`)."""
+
+Chat = Callable[[str], str]
+
+
+def _check_chat(chat: object) -> Chat | None:
+    if chat is not None and not callable(chat):
+        msg = (
+            "`chat` must be None or a callable user message -> prompt text (the chat "
+            "template with the assistant's turn opened, e.g. tokenizer.apply_chat_template"
+            f"(..., tokenize=False, add_generation_prompt=True)); got {type(chat).__name__}."
+        )
+        raise TypeError(msg)
+    return chat  # type: ignore[return-value]
+
 
 def _generate(
     task: str,
     count: object,
     seed: object,
-    compose: Callable[[np.random.Generator], tuple[list[Piece], str, str]],
+    compose: Callable[[np.random.Generator, bool], Draft],
+    chat: Chat | None = None,
 ) -> list[TaskItem]:
-    """Draw `count` items: ``compose(rng) -> (context pieces, query, answer)``, one per item.
+    """Draw `count` items with ``compose(rng, chatting) -> (pieces, request, start, answer)``.
 
-    The prompt is the context (the pieces joined) followed by the query; the one piece
-    marked True is the source, and must equal the answer without its space.
+    The context is the pieces joined (the one marked True is the source, equal to the
+    answer without its space). The prompt is ``context + request + start``, or with a chat
+    template ``chat(context + request) + start.lstrip()``: the context and the request
+    (an instruction or question) make the user's message, and the assistant's answer
+    begins with `start` (e.g. the asked key ``"blue:"``), whose next word is the answer.
     """
     number = _check_count("count", count, 0)
     rng = _rng(seed)
     items = []
     for _ in range(number):
-        pieces, query, answer = compose(rng)
+        pieces, request, start, answer = compose(rng, chat is not None)
         context = "".join(text for text, _ in pieces)
         marked = [i for i, (_, is_source) in enumerate(pieces) if is_source]
         assert len(marked) == 1
-        start = sum(len(text) for text, _ in pieces[: marked[0]])
-        span = (start, start + len(pieces[marked[0]][0]))
-        assert context[slice(*span)] == answer.strip()
-        items.append(TaskItem(context + query, answer, span, task, context=(0, len(context))))
+        first = sum(len(text) for text, _ in pieces[: marked[0]])
+        if chat is None:
+            prompt, offset = context + request + start, 0
+        else:
+            message = context + request
+            wrapped = chat(message)
+            if not isinstance(wrapped, str) or wrapped.count(message) != 1:
+                msg = (
+                    "`chat(message)` must return the prompt text holding the message exactly "
+                    f"once; got {wrapped!r} for {message!r}."
+                )
+                raise ValueError(msg)
+            offset = wrapped.index(message)
+            prompt = wrapped + start.lstrip()
+        span = (offset + first, offset + first + len(pieces[marked[0]][0]))
+        assert prompt[slice(*span)] == answer.strip()
+        items.append(TaskItem(prompt, answer, span, task, context=(offset, offset + len(context))))
     return items
 
 
@@ -233,24 +268,33 @@ def copying_task(count: int, /, *, seed: int = 0, words: int = 12) -> list[TaskI
     """
     words = _check_count("words", words, 4, len(NOUNS))
 
-    def compose(rng: np.random.Generator) -> tuple[list[Piece], str, str]:
+    def compose(rng: np.random.Generator, _chatting: bool) -> Draft:
         chosen = _draw(rng, NOUNS, words)
         repeated = int(rng.integers(2, words - 1))
         pieces: list[Piece] = [("List:", False)]
         for i, word in enumerate(chosen):
             pieces += [(" ", False), (word, i == repeated), ("," if i < words - 1 else ".", False)]
         query = " Again:" + "".join(f" {word}," for word in chosen[:repeated])
-        return pieces, query, " " + chosen[repeated]
+        return pieces, "", query, " " + chosen[repeated]
 
     return _generate("copying", count, seed, compose)
 
 
-def retrieval_task(count: int, /, *, seed: int = 0, pairs: int = 7) -> list[TaskItem]:
-    """Key-value retrieval: pairs ``key: value``, then one key again.
+def retrieval_task(
+    count: int, /, *, seed: int = 0, pairs: int = 5, chat: Chat | None = None
+) -> list[TaskItem]:
+    r"""Key-value retrieval: lines ``key: value``, then one key again.
 
-    ``"red: apple, blue: river, ..., gold: stone. blue:"`` with answer ``" river"``, whose
-    source is the value of that key in the list. Keys (colours, directions) and values
-    (nouns) are distinct within an item; the queried pair is uniform among the pairs.
+    ``"red: apple\nblue: river\n...\ngold: stone\nblue:"`` with answer ``" river"``,
+    whose source is the value of that key in the list. Keys (colours, directions) and
+    values (nouns) are distinct within an item; the queried pair is uniform among the
+    pairs. The context (:attr:`TaskItem.context`) is the lines; the asked key after them
+    is the query.
+
+    With `chat`, the lines and :data:`RETRIEVAL_INSTRUCTION` are the user's message in the
+    model's chat template, and the assistant's turn starts with ``"blue:"``. SmolLM2-135M-
+    Instruct answers 0.80 of 5-pair items this way, against 0.23 as plain text (40 items,
+    every format tried is listed in docs/evaluation.md).
 
     Parameters
     ----------
@@ -258,44 +302,57 @@ def retrieval_task(count: int, /, *, seed: int = 0, pairs: int = 7) -> list[Task
         Number of items (>= 0).
     seed : int, default 0
         Seed of the generator.
-    pairs : int, default 7
+    pairs : int, default 5
         Number of key-value pairs, 2 to 16.
+    chat : callable, optional
+        ``chat(message) -> text``: the chat template applied to one user message, with the
+        assistant's turn opened, e.g. ``lambda m: tokenizer.apply_chat_template([{"role":
+        "user", "content": m}], tokenize=False, add_generation_prompt=True)``. The result
+        must hold the message once. None: plain text.
 
     Returns
     -------
     list of TaskItem
-        `count` prompts, each with its answer and the character span of its source.
+        `count` prompts, each with its answer and the character spans of its source and
+        context.
 
     Examples
     --------
     >>> from attnflow.evaluate import retrieval_task
     >>> item = retrieval_task(1, seed=0, pairs=3)[0]
     >>> item.prompt, item.answer
-    ('south: apple, north: cloud, west: river. north:', ' cloud')
+    ('south: apple\nnorth: cloud\nwest: river\nnorth:', ' cloud')
+    >>> chat = lambda message: f"<user>{message}</user><assistant>"
+    >>> retrieval_task(1, seed=0, pairs=3, chat=chat)[0].prompt
+    '<user>south: apple\nnorth: cloud\nwest: river\nRepeat the line of the last key.</user><assistant>north:'
     """
     pairs = _check_count("pairs", pairs, 2, len(KEYS))
+    chat = _check_chat(chat)
 
-    def compose(rng: np.random.Generator) -> tuple[list[Piece], str, str]:
+    def compose(rng: np.random.Generator, chatting: bool) -> Draft:
         keys, values = _draw(rng, KEYS, pairs), _draw(rng, NOUNS, pairs)
         asked = int(rng.integers(0, pairs))
         pieces: list[Piece] = []
         for i, (key, value) in enumerate(zip(keys, values, strict=True)):
-            pieces += [(("" if i == 0 else " ") + f"{key}: ", False), (value, i == asked)]
-            pieces.append(("," if i < pairs - 1 else ".", False))
-        return pieces, f" {keys[asked]}:", " " + values[asked]
+            pieces += [(("" if i == 0 else "\n") + f"{key}: ", False), (value, i == asked)]
+        request = "\n" + RETRIEVAL_INSTRUCTION if chatting else "\n"
+        return pieces, request, f"{keys[asked]}:", " " + values[asked]
 
-    return _generate("retrieval", count, seed, compose)
+    return _generate("retrieval", count, seed, compose, chat)
 
 
-def stated_facts_task(count: int, /, *, seed: int = 0, facts: int = 3) -> list[TaskItem]:
+def stated_facts_task(
+    count: int, /, *, seed: int = 0, facts: int = 3, chat: Chat | None = None
+) -> list[TaskItem]:
     """Generate facts stated in the prompt, then a question about one of them.
 
     ``"Anna lives in Paris. Tom lives in Rome. Where does Anna live? Anna lives in"`` with
     answer ``" Paris"``. Each item uses one relation (``lives in`` a city, ``works as a``
     job, ``has a pet`` animal), `facts` distinct people with distinct objects, and asks
-    about one of them; the answer's source is that person's object in the prompt. (The
-    question before the answer helps small models: SmolLM2-135M answers the bare
-    ``"... Anna lives in"`` form with a frequent city.)
+    about one of them; the answer's source is that person's object in the prompt. The
+    context (:attr:`TaskItem.context`) is the facts; the question and the answer's start
+    are the query. (The question before the answer helps small models: SmolLM2-135M
+    answers the bare ``"... Anna lives in"`` form with a frequent city.)
 
     Parameters
     ----------
@@ -305,6 +362,9 @@ def stated_facts_task(count: int, /, *, seed: int = 0, facts: int = 3) -> list[T
         Seed of the generator.
     facts : int, default 3
         Number of stated facts, 2 to 14.
+    chat : callable, optional
+        As in :func:`retrieval_task`: the facts and the question are the user's message,
+        and the assistant's turn starts with ``"Anna lives in"``. None: plain text.
 
     Returns
     -------
@@ -319,8 +379,9 @@ def stated_facts_task(count: int, /, *, seed: int = 0, facts: int = 3) -> list[T
     ("James works as a doctor. Alice works as a lawyer. What is Alice's job? Alice works as a", ' lawyer')
     """
     facts = _check_count("facts", facts, 2, min(len(NAMES), *(len(r[1]) for r in RELATIONS)))
+    chat = _check_chat(chat)
 
-    def compose(rng: np.random.Generator) -> tuple[list[Piece], str, str]:
+    def compose(rng: np.random.Generator, _chatting: bool) -> Draft:
         relation, objects, question = RELATIONS[int(rng.integers(0, len(RELATIONS)))]
         people, things = _draw(rng, NAMES, facts), _draw(rng, objects, facts)
         asked = int(rng.integers(0, facts))
@@ -328,10 +389,10 @@ def stated_facts_task(count: int, /, *, seed: int = 0, facts: int = 3) -> list[T
         for i, (person, thing) in enumerate(zip(people, things, strict=True)):
             pieces += [(("" if i == 0 else " ") + f"{person} {relation} ", False)]
             pieces += [(thing, i == asked), (".", False)]
-        query = " " + question.format(people[asked]) + f" {people[asked]} {relation}"
-        return pieces, query, " " + things[asked]
+        request = " " + question.format(people[asked])
+        return pieces, request, f" {people[asked]} {relation}", " " + things[asked]
 
-    return _generate("stated_facts", count, seed, compose)
+    return _generate("stated_facts", count, seed, compose, chat)
 
 
 Tokenize = Callable[[str], tuple[Sequence[int], Sequence[tuple[int, int]]]]
