@@ -181,7 +181,7 @@ def _check_chat(chat: object) -> Chat | None:
             f"(..., tokenize=False, add_generation_prompt=True)); got {type(chat).__name__}."
         )
         raise TypeError(msg)
-    return chat  # type: ignore[return-value]
+    return chat
 
 
 def _generate(
@@ -212,7 +212,7 @@ def _generate(
             prompt, offset = context + request + start, 0
         else:
             message = context + request
-            wrapped = chat(message)
+            wrapped: object = chat(message)
             if not isinstance(wrapped, str) or wrapped.count(message) != 1:
                 msg = (
                     "`chat(message)` must return the prompt text holding the message exactly "
