@@ -48,7 +48,6 @@ from typing import Any
 
 import numpy as np
 
-
 ERASED = ("rollout", "flow (exclude=0)", "gradient rollout", "max attention")
 """The methods whose comprehensiveness and sufficiency are measured (2 batched calls each)."""
 
@@ -241,6 +240,11 @@ def main(argv: list[str] | None = None) -> None:
         "--threads", type=int, default=1, help="torch threads (1: fastest on a shared machine)"
     )
     parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="plain-text retrieval and facts prompts instead of the chat template",
+    )
+    parser.add_argument(
         "--save", default="", help="folder for one .npz per task: ranks, scores, items"
     )
     arguments = parser.parse_args(argv)
@@ -268,6 +272,13 @@ def main(argv: list[str] | None = None) -> None:
         encoded = tokenizer(text, return_offsets_mapping=True)
         return encoded["input_ids"], encoded["offset_mapping"]
 
+    def chat(message: str) -> str:
+        conversation = [{"role": "user", "content": message}]
+        text: str = tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=True
+        )
+        return text
+
     generators = {
         "copying": copying_task,
         "retrieval": retrieval_task,
@@ -277,9 +288,10 @@ def main(argv: list[str] | None = None) -> None:
     log_probabilities = next_token_log_probabilities(model)
     variants = _Variants(model) if arguments.variants else None
     for task in arguments.tasks.split(","):
+        options = {} if task == "copying" or arguments.plain else {"chat": chat}
         items = [
             locate_source(item, tokenize)
-            for item in generators[task](arguments.items, seed=arguments.seed)
+            for item in generators[task](arguments.items, seed=arguments.seed, **options)
         ]
         methods = ground_truth_methods(model)
         main_methods = [m for m in ERASED if m in methods]

@@ -65,7 +65,7 @@ ANIMALS = (
     "dog", "cat", "horse", "rabbit", "snake", "parrot", "tiger", "mouse", "goat", "duck",
     "sheep", "fish", "turtle", "pig",
 )  # fmt: skip
-RETRIEVAL_INSTRUCTION = "Repeat the line of the last key."
+RETRIEVAL_INSTRUCTION = "Complete the line of the key I ask for."
 """The request after the pairs in a chat prompt (:func:`retrieval_task` with `chat`)."""
 RELATIONS = (
     ("lives in", CITIES, "Where does {} live?"),
@@ -324,7 +324,7 @@ def retrieval_task(
     ('south: apple\nnorth: cloud\nwest: river\nnorth:', ' cloud')
     >>> chat = lambda message: f"<user>{message}</user><assistant>"
     >>> retrieval_task(1, seed=0, pairs=3, chat=chat)[0].prompt
-    '<user>south: apple\nnorth: cloud\nwest: river\nRepeat the line of the last key.</user><assistant>north:'
+    '<user>south: apple\nnorth: cloud\nwest: river\nComplete the line of the key I ask for.</user><assistant>north:'
     """
     pairs = _check_count("pairs", pairs, 2, len(KEYS))
     chat = _check_chat(chat)

@@ -49,6 +49,27 @@ def test_every_task_word_is_one_leading_space_token(smollm2):
             assert tokenizer.decode([int(located.ids[located.source])]) == item.answer
 
 
+def test_chat_template_items_locate_their_source_inside_the_user_message(smollm2):
+    _, tokenizer = smollm2
+    tokenize = tokenizer_function(tokenizer)
+
+    def chat(message):
+        conversation = [{"role": "user", "content": message}]
+        return tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=True
+        )
+
+    for generate in (retrieval_task, stated_facts_task):
+        for item in generate(4, seed=3, chat=chat):
+            located = locate_source(item, tokenize)
+            first, last = located.context
+            context = tokenizer.decode(located.ids[first:last].tolist())
+            # The context tokens are exactly the user's pairs or facts, nothing of the template.
+            assert context == item.prompt[slice(*item.context)]
+            assert tokenizer.decode([int(located.ids[located.source])]) == item.answer
+            assert tokenizer.decode(located.ids.tolist()) == item.prompt
+
+
 @pytest.fixture
 def one_thread():
     """One torch thread: several times faster than two on a shared, loaded machine."""
