@@ -48,6 +48,12 @@ from typing import Any
 
 import numpy as np
 
+SIZES: dict[str, dict[str, int]] = {
+    "copying": {"words": 12},
+    "retrieval": {"pairs": 5},
+    "stated_facts": {"facts": 2},
+}
+"""The sizes of the items: those SmolLM2 answers reliably (docs/evaluation.md, formats)."""
 ERASED = ("rollout", "flow (exclude=0)", "gradient rollout", "max attention")
 """The methods whose comprehensiveness and sufficiency are measured (2 batched calls each)."""
 
@@ -288,7 +294,9 @@ def main(argv: list[str] | None = None) -> None:
     log_probabilities = next_token_log_probabilities(model)
     variants = _Variants(model) if arguments.variants else None
     for task in arguments.tasks.split(","):
-        options = {} if task == "copying" or arguments.plain else {"chat": chat}
+        options: dict[str, Any] = dict(SIZES[task])
+        if task != "copying" and not arguments.plain:
+            options["chat"] = chat
         items = [
             locate_source(item, tokenize)
             for item in generators[task](arguments.items, seed=arguments.seed, **options)
