@@ -291,10 +291,10 @@ def retrieval_task(
     pairs. The context (:attr:`TaskItem.context`) is the lines; the asked key after them
     is the query.
 
-    With `chat`, the lines and :data:`RETRIEVAL_INSTRUCTION` are the user's message in the
-    model's chat template, and the assistant's turn starts with ``"blue:"``. SmolLM2-135M-
-    Instruct answers 0.80 of 5-pair items this way, against 0.23 as plain text (40 items,
-    every format tried is listed in docs/evaluation.md).
+    With `chat`, the lines and the request ``"Complete the line of the key I ask for."``
+    are the user's message in the model's chat template, and the assistant's turn starts
+    with ``"blue:"``. SmolLM2-135M-Instruct answers 0.80 of 5-pair items this way, against
+    0.23 as plain text (40 items; every format tried is listed in docs/evaluation.md).
 
     Parameters
     ----------
