@@ -31,9 +31,10 @@ def tokenizer_function(tokenizer):
     return tokenize
 
 
-def sorted_rank(scores: np.ndarray, source: int) -> int:
-    """1 + the competitors (all but the first and last positions) scoring at least the source."""
-    competitors = [j for j in range(1, len(scores) - 1) if j != source]
+def sorted_rank(scores: np.ndarray, source: int, stop: int | None = None) -> int:
+    """1 + the competitors (all but the first and last, before `stop`) scoring at least it."""
+    end = len(scores) - 1 if stop is None else min(stop, len(scores) - 1)
+    competitors = [j for j in range(1, end) if j != source]
     return 1 + sum(scores[j] >= scores[source] for j in competitors)
 
 
@@ -116,11 +117,15 @@ def test_ground_truth_ranks_equal_an_independent_computation(smollm2):
         }
         for name, ranks in expected.items():
             # Float noise between SDPA capture and eager weights may swap near-ties only.
-            got = report.ranks[name][index]
+            got = report.prompt_ranks[name][index]
             assert np.mean(got == np.array(ranks)) >= 0.9, (name, got, ranks)
             assert got[-1] == ranks[-1]
-        # Comprehensiveness at 1 %: the top competing token of the top rollout layer, replaced.
-        top = 1 + int(np.argmax(rolled[-1][1:-1]))
+        # Within the context (the list before " Again:") only the list's tokens compete.
+        stop = item.context[1]
+        within = sorted_rank(gae[-1], item.source, stop)
+        assert report.ranks["gradient rollout"][index, -1] == within
+        # Comprehensiveness at 1 %: the top context token of the top rollout layer, replaced.
+        top = 1 + int(np.argmax(rolled[-1][1:stop]))
         erased = ids.clone()
         erased[0, top] = replacement
         with torch.no_grad():
