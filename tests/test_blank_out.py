@@ -121,6 +121,40 @@ def test_mask_skips_padding_and_reaches_predict(
     assert sum(backend.to_numpy(call[1]).shape[0] for call in calls) == 3 + 13
 
 
+def test_last_token_zero_is_the_paper_codes_eos(
+    backend: Variant, dtype_name: str, model: TokenClassifier, ids: np.ndarray
+) -> None:
+    # The paper's code blanks out positions 0..n-2 of each sentence and appends 0 for its
+    # final <eos>: the last *real* token, wherever padding starts.
+    lengths = np.array([7, 4, 2])
+    mask = np.arange(N)[None, :] < lengths[:, None]
+    calls: list[Any] = []
+    predict = predict_for(backend, model, dtype_name, calls=calls)
+    result = attnflow.blank_out(
+        predict,
+        backend.asarray(ids),
+        replacement=UNK,
+        target=backend.asarray(np.array([0, 1, 2])),
+        score="abs",
+        mask=backend.asarray(mask),
+        last_token="zero",
+    )
+    values = backend.check(result, dtype_name=dtype_name, shape=(BATCH, N))
+    expected = loop_blank_out(model, ids, score="abs", target=[0, 1, 2], mask=mask)
+    last = lengths - 1
+    assert np.abs(expected[np.arange(BATCH), last]).min() > 1e-4  # zeroing changes something
+    expected[np.arange(BATCH), last] = 0.0
+    np.testing.assert_allclose(values, expected, rtol=0, atol=_tolerance(dtype_name))
+    assert np.isnan(values[~mask]).all()
+    # The last tokens were never evaluated: 3 originals, then 13 - 3 copies.
+    assert sum(backend.to_numpy(call[0]).shape[0] for call in calls) == 3 + 10
+
+
+def test_last_token_option_is_checked(model: TokenClassifier, ids: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="`last_token` must be one of"):
+        attnflow.blank_out(model.probabilities, ids, replacement=UNK, last_token="drop")  # type: ignore[arg-type]
+
+
 def test_logits_are_refused_with_a_hint(model: TokenClassifier, ids: np.ndarray) -> None:
     def logits(batch: np.ndarray) -> np.ndarray:
         return np.log(model.probabilities(batch)) + 3.0

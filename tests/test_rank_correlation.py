@@ -149,3 +149,60 @@ def test_long_rows_are_processed_in_blocks() -> None:
     result = attnflow.rank_correlation(scores, reference)
     expected = [stats.spearmanr(a, b).statistic for a, b in zip(scores, reference, strict=True)]
     np.testing.assert_allclose(result, expected, rtol=0, atol=1e-12)
+
+
+# -- "spearman_dense": the paper code's formula --------------------------------------------------
+def _dense_oracle(x: np.ndarray, y: np.ndarray) -> float:
+    """pandas ``rank(method="dense")`` and ``1 - 6 sum d^2 / (m (m^2 - 1))``, by hand."""
+    m = len(x)
+    if m < 2:
+        return 0.0  # the paper's code: NaN (0/0) counts as 0
+
+    def dense(values: np.ndarray) -> np.ndarray:
+        distinct = sorted(set(values.tolist()))
+        return np.array([distinct.index(v) + 1 for v in values.tolist()], dtype=np.float64)
+
+    d = dense(x) - dense(y)
+    return float(1 - 6 * np.sum(d * d) / (m * (m * m - 1)))
+
+
+def test_spearman_dense_equals_hand_oracle_with_ties(backend: Variant, dtype_name: str) -> None:
+    scores, reference = _tied_data(dtype_name, seed=5)
+    where = np.ones((BATCH, 1, N), dtype=bool)
+    where[1, :, 6:] = False  # padding
+    where[3, :, 1:] = False  # one position: NaN in the paper's code, counted as 0
+    result = backend.run(
+        lambda s, r, w: attnflow.rank_correlation(s, r, where=w, method="spearman_dense"),
+        backend.asarray(scores),
+        r=backend.asarray(reference),
+        w=backend.asarray(where),
+    )
+    values = backend.check(result, dtype_name=dtype_name, shape=(BATCH, LAYERS))
+    expected = np.empty((BATCH, LAYERS))
+    for b, layer in np.ndindex(BATCH, LAYERS):
+        keep = where[b, 0]
+        expected[b, layer] = _dense_oracle(scores[b, layer][keep], reference[b, 0][keep])
+    np.testing.assert_allclose(values, expected, rtol=0, atol=_tolerance(dtype_name))
+    # Under ties it is not scipy's Spearman (average ranks, tie-corrected).
+    assert np.abs(expected - _expected("spearman", scores, reference, where, "zero")).max() > 0.05
+    assert (values[3] == 0).all()
+
+
+def test_spearman_dense_without_ties_equals_scipy(dtype_name: str) -> None:
+    rng = np.random.default_rng(21)
+    scores = rng.random((BATCH, LAYERS, N)).astype(dtype_name)
+    reference = rng.random((BATCH, 1, N)).astype(dtype_name)
+    result = attnflow.rank_correlation(scores, reference, method="spearman_dense")
+    expected = _expected("spearman", scores, reference, None, "zero")
+    np.testing.assert_allclose(result, expected, rtol=0, atol=_tolerance(dtype_name))
+    assert result.dtype == np.dtype(dtype_name)
+
+
+def test_spearman_dense_of_a_constant_row_is_not_undefined() -> None:
+    # Dense ranks of a constant row are all 1: the formula gives (2 - m) / (m + 1), as
+    # the paper's code did, where scipy's Spearman is undefined.
+    m = 7
+    result = attnflow.rank_correlation(
+        np.ones(m), np.arange(m, dtype=np.float64), method="spearman_dense", nan="omit"
+    )
+    np.testing.assert_allclose(result, (2 - m) / (m + 1), rtol=0, atol=1e-12)

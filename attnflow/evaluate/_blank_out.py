@@ -25,6 +25,8 @@ __all__ = ["blank_out"]
 
 BlankOutScore = Literal["drop", "abs", "margin", "abs_margin"]
 _SCORES = ("drop", "abs", "margin", "abs_margin")
+LastToken = Literal["blank", "zero"]
+_LAST_TOKEN = ("blank", "zero")
 
 
 def blank_out(
@@ -38,6 +40,7 @@ def blank_out(
     score: BlankOutScore = "drop",
     mask: Array | None = None,
     batch_size: int | None = None,
+    last_token: LastToken = "blank",
     xp: Namespace | None = None,
 ) -> Array:
     r"""Blank-out importance: how much the prediction changes when one token is replaced.
@@ -80,6 +83,13 @@ def blank_out(
         True = real token. Padded positions are not evaluated.
     batch_size : int, optional
         Sequences per call of `predict`; None puts every copy in one call.
+    last_token : {"blank", "zero"}, default "blank"
+        The last real token of each sequence (the first one before padding): blanked out
+        like the others (``"blank"``), or given the score 0 without being evaluated
+        (``"zero"``). Abnar & Zuidema's code for Tables 1-2 ends each input with
+        ``<eos>`` at the verb position, blanks out positions 0 to n-2 only and appends 0
+        for ``<eos>``: ``score="abs"``, the gold class as `target` and
+        ``last_token="zero"``.
     xp : namespace, optional
         The array namespace of `inputs`; inferred by default.
 
@@ -121,9 +131,17 @@ def blank_out(
     array([[0.   , 0.762, 0.   , 0.   ]])
     >>> attnflow.blank_out(predict, ids, replacement=0, positions=[1, 2]).round(3)
     array([[  nan, 0.762, 0.   ,   nan]])
+    >>> attnflow.blank_out(predict, ids, replacement=0, last_token="zero").round(3)
+    array([[0.   , 0.762, 0.   , 0.   ]])
     """
     if score not in _SCORES:
         msg = f"`score` must be one of {_SCORES}; got {score!r}."
+        raise ValueError(msg)
+    if last_token not in _LAST_TOKEN:
+        msg = (
+            f"`last_token` must be one of {_LAST_TOKEN} (blank the last real token out like "
+            f"the others, or score it 0 as the paper's code scores `<eos>`); got {last_token!r}."
+        )
         raise ValueError(msg)
     given_predict: object = predict
     if not callable(given_predict):
@@ -140,6 +158,9 @@ def blank_out(
         raise ValueError(msg)
     batch, n = ids.shape
     evaluated = _evaluated_positions(positions, n, batch, model_inputs.mask)
+    last = _last_real(n, batch, model_inputs.mask)
+    if last_token == "zero":
+        evaluated[last] = False
     rows, columns = np.nonzero(evaluated)
     host_mask = model_inputs.mask
 
@@ -165,7 +186,17 @@ def blank_out(
         after = target_probabilities(blanked_probabilities, targets[rows], margin=margin)
         change = before[rows] - after
         values[rows, columns] = np.abs(change) if score.startswith("abs") else change
+    if last_token == "zero":
+        values[last] = 0.0
     return result_array(values, model_inputs, dtype)
+
+
+def _last_real(n: int, batch: int, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Rows with a real token, and the position of the last real token of each."""
+    if mask is None:
+        return np.arange(batch if n else 0), np.full(batch if n else 0, n - 1, dtype=np.intp)
+    rows = np.flatnonzero(mask.any(axis=1))
+    return rows, (n - 1 - np.argmax(mask[rows, ::-1], axis=1)).astype(np.intp)
 
 
 def _evaluated_positions(

@@ -11,7 +11,7 @@ from attnflow._validation import describe
 
 __all__ = ["rank_correlation"]
 
-_METHODS = ("spearman", "kendall")
+_METHODS = ("spearman", "kendall", "spearman_dense")
 _NAN_POLICIES = ("zero", "omit")
 # Pairwise comparisons hold (rows, n, n) booleans; rows are processed in blocks of at most
 # this many comparisons so that memory stays bounded for long sequences and big batches.
@@ -23,7 +23,7 @@ def rank_correlation(
     reference: Array,
     /,
     *,
-    method: Literal["spearman", "kendall"] = "spearman",
+    method: Literal["spearman", "kendall", "spearman_dense"] = "spearman",
     axis: int = -1,
     where: Array | None = None,
     nan: Literal["zero", "omit"] = "zero",
@@ -43,7 +43,19 @@ def rank_correlation(
           \tau_b = \frac{n_c - n_d}{\sqrt{(n_0 - n_1)(n_0 - n_2)}},
 
       with :math:`n_c, n_d` the concordant and discordant pairs, :math:`n_0 = m(m-1)/2`
-      the pairs of :math:`m` positions and :math:`n_1, n_2` the pairs tied in each input.
+      the pairs of :math:`m` positions and :math:`n_1, n_2` the pairs tied in each input;
+    * ``"spearman_dense"``: the formula Abnar & Zuidema's code used for Tables 1-2
+      (``pandas`` ``rank(method="dense")`` and then the no-ties formula),
+
+      .. math::
+
+          \rho_\text{dense} = 1 - \frac{6 \sum_i (r_i - s_i)^2}{m (m^2 - 1)},
+
+      with :math:`r_i, s_i` the dense ranks (tied values share a rank, and the next
+      distinct value gets the next integer). Without ties it equals ``"spearman"``; with
+      ties it is not a correlation: a constant input against distinct values gives
+      :math:`(2 - m)/(m + 1)`, not an undefined value. Only fewer than two positions are
+      degenerate (NaN, or 0 with ``nan="zero"`` as in the paper's code).
 
     This is how Abnar & Zuidema (2020, Tables 1-3) compare attention-based importance
     with blank-out and input-gradient importance, one sentence at a time.
@@ -53,8 +65,8 @@ def rank_correlation(
     scores, reference : array
         Real floating arrays of one library whose shapes broadcast together, e.g.
         explanations ``(batch, layers, n)`` and a reference ``(batch, 1, n)``.
-    method : {"spearman", "kendall"}, default "spearman"
-        The coefficient.
+    method : {"spearman", "kendall", "spearman_dense"}, default "spearman"
+        The coefficient; ``"spearman_dense"`` reproduces the paper's code.
     axis : int, default -1
         The axis along which samples are ranked (the tokens).
     where : bool array, optional
@@ -110,6 +122,14 @@ def rank_correlation(
     array([ 1., -1.])
     >>> attnflow.rank_correlation(scores, reference, method="kendall")
     array([ 1., -1.])
+
+    Dense ranks and the no-ties formula (the paper's code) differ under ties only:
+
+    >>> tied = np.array([[0.1, 0.2, 0.2, 0.3]])
+    >>> attnflow.rank_correlation(tied, np.array([[1.0, 2.0, 3.0, 4.0]])).round(4)
+    array([0.9487])
+    >>> attnflow.rank_correlation(tied, np.array([[1.0, 2.0, 3.0, 4.0]]), method="spearman_dense")
+    array([0.8])
     >>> keep = np.array([True, True, True, False])
     >>> attnflow.rank_correlation(scores, np.ones(4), where=keep, nan="omit")
     array([nan, nan])
@@ -188,7 +208,9 @@ def rank_correlation(
     rows = math.prod(batch_shape)
     x2, y2, v2 = (namespace.reshape(a, (rows, n)) for a in (x, y, valid))
     block = max(1, _BLOCK_ELEMENTS // max(1, n * n))
-    compute = _spearman if method == "spearman" else _kendall
+    compute = {"spearman": _spearman, "kendall": _kendall, "spearman_dense": _spearman_dense}[
+        method
+    ]
     parts = []
     for start in range(0, rows, block):
         stop = min(rows, start + block)  # in-bounds slices: the standard leaves others open
@@ -254,6 +276,25 @@ def _spearman(x: Array, y: Array, valid: Array, xp: Namespace) -> tuple[Array, A
     denominator = xp.where(degenerate, xp.ones_like(sxx), xp.sqrt(sxx * syy))
     rho = xp.clip(sxy / denominator, -1.0, 1.0)
     return rho, degenerate
+
+
+def _dense_ranks(x: Array, valid: Array, xp: Namespace) -> Array:
+    """1-based dense ranks among the valid positions: 1 + the distinct values below."""
+    others = xp.astype(valid[..., None, :], x.dtype)
+    tied = xp.sum(xp.astype(x[..., None, :] == x[..., :, None], x.dtype) * others, axis=-1)
+    # Each value j below x_i counts 1 / (its multiplicity), so a group of ties counts once.
+    share = others / xp.where(tied > 0, tied, xp.ones_like(tied))[..., None, :]
+    below = xp.sum(xp.astype(x[..., :, None] > x[..., None, :], x.dtype) * share, axis=-1)
+    return xp.round(below) + 1
+
+
+def _spearman_dense(x: Array, y: Array, valid: Array, xp: Namespace) -> tuple[Array, Array]:
+    weight = xp.astype(valid, x.dtype)
+    count = xp.sum(weight, axis=-1)
+    difference = (_dense_ranks(x, valid, xp) - _dense_ranks(y, valid, xp)) * weight
+    degenerate = count < 2
+    denominator = xp.where(degenerate, xp.ones_like(count), count * (count * count - 1))
+    return 1 - 6 * xp.sum(difference * difference, axis=-1) / denominator, degenerate
 
 
 def _kendall(x: Array, y: Array, valid: Array, xp: Namespace) -> tuple[Array, Array]:

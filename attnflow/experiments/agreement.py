@@ -72,6 +72,8 @@ __all__ = [
     "CATEGORIES",
     "CLS",
     "DEFAULT_MAX_LENGTH",
+    "EOS",
+    "EOS_VOCABULARY",
     "MAX_ATTRACTORS",
     "NOUN_NUMBER",
     "OPENINGS",
@@ -85,6 +87,7 @@ __all__ = [
     "agreement_split",
     "decode",
     "encode",
+    "with_end_token",
 ]
 
 _T = TypeVar("_T")
@@ -322,6 +325,11 @@ CLS: int = _ID["[CLS]"]
 """Id of ``[CLS]``, the first token of every sentence."""
 UNK: int = _ID["[UNK]"]
 """Id of ``[UNK]``: rare words and the blank-out replacement."""
+
+EOS_VOCABULARY: tuple[str, ...] = (*VOCABULARY, "<eos>")
+""":data:`VOCABULARY` with ``<eos>`` appended: the vocabulary of :func:`with_end_token`."""
+EOS: int = len(VOCABULARY)
+"""Id of ``<eos>`` in :data:`EOS_VOCABULARY` (the token at the verb position)."""
 
 
 def _number_table(numbers: dict[str, int]) -> NDArray[np.int8]:
@@ -703,7 +711,10 @@ class AgreementData:
     @property
     def noun_number(self) -> NDArray[np.int8]:
         """Number of each vocabulary word: 0 singular noun, 1 plural noun, -1 not a noun."""
-        return NOUN_NUMBER
+        extra = len(self.vocabulary) - len(NOUN_NUMBER)
+        if extra <= 0:
+            return NOUN_NUMBER
+        return np.concatenate([NOUN_NUMBER, np.full(extra, -1, dtype=np.int8)])
 
     def words(self, index: int, /) -> list[str]:
         """Return the tokens of sentence `index`, ``[CLS]`` first, without padding.
@@ -782,14 +793,89 @@ class AgreementData:
             intervening=self.intervening[index],
             structure=self.structure[index],
             opening=self.opening[index],
+            vocabulary=self.vocabulary,
+            replacement=self.replacement,
         )
 
 
-def _frozen(**arrays: NDArray[np.generic]) -> AgreementData:
+def _frozen(
+    *,
+    vocabulary: tuple[str, ...] = VOCABULARY,
+    replacement: int = UNK,
+    **arrays: NDArray[np.generic],
+) -> AgreementData:
     copies = {name: np.array(value) for name, value in arrays.items()}
     for value in copies.values():
         value.setflags(write=False)
-    return AgreementData(**copies)  # type: ignore[arg-type]
+    return AgreementData(**copies, vocabulary=vocabulary, replacement=replacement)
+
+
+def with_end_token(data: AgreementData, /) -> AgreementData:
+    """Write ``<eos>`` at the verb position of every sentence: the paper code's input.
+
+    Abnar & Zuidema's code for Tables 1-2 (``samiraabnar/Reflect``, notebook
+    ``attention_flow.ipynb``, on Linzen's ``word_sv_agreement_vp`` task) feeds the
+    sentence up to the verb with ``<eos>`` written where the verb was, after a ``<bos>``
+    token that serves as CLS. Here ``[CLS]`` (position 0, whose final state is
+    classified) plays ``<bos>``'s role, and this function appends ``<eos>``
+    (:data:`EOS`) after each sentence's last token. Blank-out in that code leaves
+    ``<eos>`` out and scores it 0 (``blank_out(..., last_token="zero")``).
+
+    Parameters
+    ----------
+    data : AgreementData
+        Sentences without ``<eos>`` (vocabulary :data:`VOCABULARY`).
+
+    Returns
+    -------
+    AgreementData
+        The same sentences one token longer, with vocabulary :data:`EOS_VOCABULARY`;
+        labels, subjects and the other annotations are unchanged.
+
+    Raises
+    ------
+    ValueError
+        If `data` already uses another vocabulary (e.g. it already ends with ``<eos>``).
+
+    References
+    ----------
+    Abnar & Zuidema (2020), §2 and Tables 1-2; the code at ``samiraabnar/Reflect``
+    commit ``d28ddd5``.
+
+    Examples
+    --------
+    >>> from attnflow.experiments.agreement import agreement_data, with_end_token
+    >>> data = with_end_token(agreement_data(2, seed=0))
+    >>> data.words(0)[0], data.words(0)[-1]
+    ('[CLS]', '<eos>')
+    """
+    if data.vocabulary != VOCABULARY:
+        msg = (
+            "`data` must use the plain vocabulary VOCABULARY (sentences without <eos>); "
+            f"got a vocabulary of {len(data.vocabulary)} words ending with "
+            f"{data.vocabulary[-1]!r}. Pass the data as agreement_data() made it."
+        )
+        raise ValueError(msg)
+    count, width = data.ids.shape
+    lengths = data.lengths
+    ids = np.zeros((count, width + 1), dtype=np.int64)
+    ids[:, :width] = data.ids
+    ids[np.arange(count), lengths] = EOS
+    mask = np.zeros((count, width + 1), dtype=np.bool_)
+    mask[:, :width] = data.mask
+    mask[np.arange(count), lengths] = True
+    return _frozen(
+        ids=ids,
+        mask=mask,
+        labels=data.labels,
+        subject=data.subject,
+        attractors=data.attractors,
+        intervening=data.intervening,
+        structure=data.structure,
+        opening=data.opening,
+        vocabulary=EOS_VOCABULARY,
+        replacement=data.replacement,
+    )
 
 
 def _generate(

@@ -94,6 +94,12 @@ class AgreementConfig:
         (active in training mode only).
     n_classes : int, default 2
         Output classes (singular, plural).
+    attention_dropout, embedding_dropout : float, optional
+        Dropout on the attention weights and on the summed embeddings, when they differ
+        from `dropout` (which then applies to the residual branches only). None uses
+        `dropout`. The paper code's distilled student uses 0.4 (residual), 0.6
+        (attention) and 0.2 (embedding): :func:`~attnflow.experiments.agreement_distill.
+        student_config`.
 
     Examples
     --------
@@ -109,11 +115,21 @@ class AgreementConfig:
     hidden: int = 128
     dropout: float = 0.1
     n_classes: int = 2
+    attention_dropout: float | None = None
+    embedding_dropout: float | None = None
 
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
-            if field.name == "dropout":
+            if field.name in ("attention_dropout", "embedding_dropout"):
+                if value is not None and (
+                    isinstance(value, bool)
+                    or not isinstance(value, int | float)
+                    or not 0.0 <= value < 1.0
+                ):
+                    msg = f"`{field.name}` must be None or a number in [0, 1); got {value!r}."
+                    raise ValueError(msg)
+            elif field.name == "dropout":
                 if not isinstance(value, int | float) or not 0.0 <= value < 1.0:
                     msg = f"`dropout` must be a number in [0, 1); got {value!r}."
                     raise ValueError(msg)
@@ -131,7 +147,9 @@ class _SelfAttention(nn.Module):
     def __init__(self, config: AgreementConfig) -> None:
         super().__init__()
         self.n_heads = config.n_heads
-        self.dropout = config.dropout
+        self.dropout = (
+            config.dropout if config.attention_dropout is None else config.attention_dropout
+        )
         self.qkv = nn.Linear(config.hidden, 3 * config.hidden)
         self.proj = nn.Linear(config.hidden, config.hidden)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -216,7 +234,9 @@ class AgreementTransformer(nn.Module):
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.hidden)
         self.position_embedding = nn.Embedding(config.n_positions, config.hidden)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = nn.Dropout(
+            config.dropout if config.embedding_dropout is None else config.embedding_dropout
+        )
         self.blocks = nn.ModuleList(_Block(config) for _ in range(config.n_layers))
         self.ln_f = nn.LayerNorm(config.hidden)
         self.classifier = nn.Linear(config.hidden, config.n_classes)
@@ -633,7 +653,8 @@ def save_agreement_model(
     document = {
         "format": _FORMAT,
         "version": _FORMAT_VERSION,
-        "config": asdict(model.config),
+        # Unset optional sizes are left out, so older readers still load default models.
+        "config": {k: v for k, v in asdict(model.config).items() if v is not None},
         "vocabulary": None if vocabulary is None else list(vocabulary),
         "metadata": dict(metadata or {}),
     }

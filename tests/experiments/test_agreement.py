@@ -257,3 +257,26 @@ def test_importing_the_generator_imports_no_framework() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip() == "[]"
+
+
+def test_with_end_token_writes_eos_at_the_verb_position(data: AgreementData) -> None:
+    small = data.take(np.arange(50))
+    ended = agreement.with_end_token(small)
+    lengths = small.lengths
+    assert ended.vocabulary == (*VOCABULARY, "<eos>") == agreement.EOS_VOCABULARY
+    assert ended.vocabulary[agreement.EOS] == "<eos>"
+    np.testing.assert_array_equal(ended.lengths, lengths + 1)
+    np.testing.assert_array_equal(ended.ids[np.arange(50), lengths], agreement.EOS)
+    for i in range(50):  # the sentence is unchanged before <eos>, padding after it
+        assert ended.words(i) == [*small.words(i), "<eos>"]
+        assert (ended.ids[i, lengths[i] + 1 :] == PAD).all()
+    for name in ("labels", "subject", "attractors", "intervening", "structure", "opening"):
+        np.testing.assert_array_equal(getattr(ended, name), getattr(small, name))
+    assert ended.replacement == UNK
+    assert not ended.ids.flags.writeable
+    # take() keeps the vocabulary; the noun table covers <eos> (not a noun).
+    assert ended.take([3, 1]).vocabulary == ended.vocabulary
+    assert ended.noun_number[agreement.EOS] == -1
+    assert len(ended.noun_number) == len(ended.vocabulary)
+    with pytest.raises(ValueError, match="plain vocabulary"):
+        agreement.with_end_token(ended)

@@ -1,0 +1,135 @@
+"""The paper code's distilled student (attnflow.experiments.agreement_distill), tiny configs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the distillation needs PyTorch")
+
+from attnflow.experiments.agreement import agreement_split, with_end_token
+from attnflow.experiments.agreement_distill import (
+    LSTMTeacher,
+    student_config,
+    train_distilled_agreement_model,
+)
+from attnflow.experiments.agreement_torch import (
+    AgreementConfig,
+    AgreementTransformer,
+    accuracy,
+    load_agreement_model,
+    save_agreement_model,
+)
+
+
+@pytest.fixture(scope="module")
+def split():
+    train, test = agreement_split(1500, 200, seed=3)
+    return with_end_token(train), with_end_token(test)
+
+
+def test_the_student_is_the_paper_codes() -> None:
+    config = student_config(300)
+    assert (config.n_layers, config.n_heads, config.hidden) == (6, 8, 128)
+    assert (config.dropout, config.attention_dropout, config.embedding_dropout) == (0.4, 0.6, 0.2)
+    model = AgreementTransformer(config)
+    assert model.drop.p == 0.2
+    assert model.blocks[0].attn.dropout == 0.6
+    assert model.blocks[0].attn.resid_dropout.p == 0.4
+    assert model.blocks[0].mlp[3].p == 0.4
+    teacher = LSTMTeacher(300)
+    assert (teacher.lstm.num_layers, teacher.lstm.hidden_size) == (2, 256)
+    assert teacher.embedding.embedding_dim == 256
+
+
+def test_the_dropouts_survive_saving(tmp_path) -> None:
+    config = AgreementConfig(vocab_size=10, n_layers=1, hidden=16, attention_dropout=0.6)
+    save_agreement_model(AgreementTransformer(config), tmp_path)
+    assert load_agreement_model(tmp_path).config == config
+    assert '"embedding_dropout"' not in (tmp_path / "config.json").read_text()
+
+
+@pytest.mark.parametrize("field", ["attention_dropout", "embedding_dropout"])
+@pytest.mark.parametrize("value", [1.0, -0.1, True])
+def test_bad_dropouts(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"`{field}` must be None or a number"):
+        AgreementConfig(vocab_size=10, **{field: value})
+
+
+def test_the_teacher_ignores_padding() -> None:
+    torch.manual_seed(1)
+    teacher = LSTMTeacher(12, hidden=8).eval()
+    ids = torch.tensor([[1, 4, 5, 7], [1, 3, 6, 0]])
+    mask = ids != 0
+    with torch.no_grad():
+        both = teacher(ids, mask)
+        assert torch.allclose(both[1], teacher(ids[1:, :3])[0])
+        assert torch.allclose(both[0], teacher(ids[:1])[0])
+
+
+def test_a_tiny_student_learns_from_its_teacher(split) -> None:
+    train, test = split
+    tiny = AgreementConfig(
+        len(train.vocabulary),
+        n_layers=2,
+        n_heads=2,
+        hidden=32,
+        dropout=0.1,
+        attention_dropout=0.1,
+        embedding_dropout=0.1,
+    )
+    student, teacher = train_distilled_agreement_model(
+        train, seed=0, config=tiny, teacher_hidden=64, epochs=6, lr=3e-3, progress=False
+    )
+    assert not student.training
+    assert not teacher.training
+    # Both learn the task well above chance (0.5); the student is trained mostly (0.9)
+    # on the teacher's outputs, so it agrees with the teacher more often than chance too.
+    assert accuracy(student, test) > 0.65
+    with torch.no_grad():
+        ids, mask = torch.tensor(test.ids), torch.tensor(test.mask)
+        taught = teacher(ids, mask).argmax(-1).numpy()
+        learned = student(ids, mask).argmax(-1).numpy()
+    assert np.mean(taught == test.labels) > 0.65
+    assert np.mean(taught == learned) > 0.65
+
+
+def test_training_is_reproducible(split) -> None:
+    # The same data and seed give the same student (weights, dropout and batch order).
+    train, _ = split
+    tiny = AgreementConfig(len(train.vocabulary), n_layers=1, n_heads=2, hidden=16)
+    first, _ = train_distilled_agreement_model(
+        train,
+        seed=0,
+        config=tiny,
+        teacher_hidden=16,
+        epochs=1,
+        distill_rate=1.0,
+        progress=False,
+    )
+    again, _ = train_distilled_agreement_model(
+        train,
+        seed=0,
+        config=tiny,
+        teacher_hidden=16,
+        epochs=1,
+        distill_rate=1.0,
+        progress=False,
+    )
+    ids = torch.tensor(train.ids[:8])
+    mask = torch.tensor(train.mask[:8])
+    with torch.no_grad():
+        assert torch.equal(first(ids, mask), again(ids, mask))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"distill_rate": 1.5}, "`distill_rate` must lie in"),
+        ({"temperature": 0.0}, "`temperature` be positive"),
+        ({"epochs": 0}, "need epochs >= 1"),
+    ],
+)
+def test_bad_settings(split, kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        train_distilled_agreement_model(split[0], seed=0, progress=False, **kwargs)  # type: ignore[arg-type]
