@@ -25,6 +25,9 @@ Usage (2 threads of a shared machine; see ``docs/reproduction.md`` for the run):
     python benchmarks/ablation_paper_protocol.py train distilled -o runs/paper-ablation
     python benchmarks/ablation_paper_protocol.py evaluate -o runs/paper-ablation
 
+(``evaluate-model NAME`` evaluates one model as soon as it is trained; ``evaluate`` then
+reads its saved chunks.)
+
 The training sizes are fixed before the run (``--train-sentences``, ``--epochs``), the
 same for the three models.
 """
@@ -279,7 +282,7 @@ def evaluate(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("train", "evaluate"))
+    parser.add_argument("command", choices=("train", "evaluate", "evaluate-model"))
     parser.add_argument("model", nargs="?", choices=MODELS)
     parser.add_argument("-o", "--output", type=Path, default=Path("runs/paper-ablation"))
     parser.add_argument("--seed", type=int, default=0)
@@ -290,10 +293,13 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     args.output.mkdir(parents=True, exist_ok=True)
+    if args.command in ("train", "evaluate-model") and args.model is None:
+        parser.error(f"{args.command} needs a model: one of " + ", ".join(MODELS))
     if args.command == "train":
-        if args.model is None:
-            parser.error("train needs a model: one of " + ", ".join(MODELS))
         train(args)
+    elif args.command == "evaluate-model":  # fills the model's resumable chunks early
+        result = _evaluate_model(args, args.model)
+        print(json.dumps({k: v for k, v in result.items() if k not in ("report", "test")}))
     else:
         evaluate(args)
 

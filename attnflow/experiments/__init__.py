@@ -6,6 +6,8 @@
 * :mod:`attnflow.experiments.agreement_torch`: the paper's model (a 6-layer, 8-head
   encoder of GPT-2 blocks without causal masking, classifying from ``[CLS]``), its
   training, and saving and loading it without pickle. Imports PyTorch.
+* :mod:`attnflow.experiments.agreement_distill`: the model the paper's code used, a
+  student of that shape distilled online from a 2-layer LSTM teacher. Imports PyTorch.
 * :mod:`attnflow.experiments.reproduction`: the paper's Tables 1-2 on the agreement task.
 * :mod:`attnflow.experiments.sentiment`: a seeded generator of English-like review
   sentences with negation, contrast and concession (the paper's Table 3 analogue, SST-2
