@@ -37,8 +37,8 @@ def model_functions(
     reduce: Reduction = "l2",
     output: Score = "probability",
     contributions: Contributions | None = None,
-) -> attnflow.ModelFunctions:
-    """Wrap a PyTorch classifier for :func:`attnflow.faithfulness`.
+) -> attnflow.evaluate.ModelFunctions:
+    """Wrap a PyTorch classifier for :func:`attnflow.evaluate.faithfulness`.
 
     Builds the functions the evaluation calls on a batch of token ids ``(B, n)`` and its
     padding mask (arrays of any library; they are moved to the model's device):
@@ -89,7 +89,7 @@ def model_functions(
 
     Returns
     -------
-    attnflow.ModelFunctions
+    attnflow.evaluate.ModelFunctions
         ``predict``, ``attentions``, ``input_gradients`` and ``attention_gradients``,
         returning torch tensors.
 
@@ -102,7 +102,7 @@ def model_functions(
 
     See Also
     --------
-    attnflow.faithfulness : Runs the evaluation.
+    attnflow.evaluate.faithfulness : Runs the evaluation.
 
     Examples
     --------
@@ -131,7 +131,7 @@ def model_functions(
     torch.Size([2, 2])
     >>> functions.attentions(ids, None).shape
     torch.Size([2, 2, 1, 4, 4])
-    >>> report = attnflow.faithfulness(functions, ids, replacement=0, fractions=None)
+    >>> report = attnflow.evaluate.faithfulness(functions, ids, replacement=0, fractions=None)
     >>> report.n_layers
     2
     """
@@ -205,7 +205,7 @@ def model_functions(
     def identity() -> str:  # read when an evaluation writes to a folder
         return _weights_identity(model, options)
 
-    return attnflow.ModelFunctions(
+    return attnflow.evaluate.ModelFunctions(
         predict, attentions, gradients, weights_and_gradients, identity=identity
     )
 

@@ -883,7 +883,7 @@ def faithfulness_by_layer(
     Parameters
     ----------
     report : FaithfulnessReport
-        From :func:`attnflow.faithfulness`.
+        From :func:`attnflow.evaluate.faithfulness`.
     references : sequence of str, optional
         The reference panels to draw; by default all of the report's.
     aopc : bool, default True
@@ -913,7 +913,7 @@ def faithfulness_by_layer(
 
     See Also
     --------
-    attnflow.faithfulness : Produces the report.
+    attnflow.evaluate.faithfulness : Produces the report.
 
     References
     ----------

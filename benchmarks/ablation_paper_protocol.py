@@ -205,7 +205,7 @@ def _floor(lengths: np.ndarray, *, cls: bool, eos: bool, method: str, seed: int)
             a[:, 0] = b[:, 0] = 2.0
         if eos:
             a[:, -1] = b[:, -1] = -1.0
-        rho = attnflow.rank_correlation(a, b, method=method)  # type: ignore[arg-type]
+        rho = attnflow.evaluate.rank_correlation(a, b, method=method)  # type: ignore[arg-type]
         values.append(float(np.mean(rho)))
     return float(np.mean(values))
 
@@ -241,7 +241,7 @@ def evaluate(args: argparse.Namespace) -> None:
         for reference, values in references.items():
             table[reference] = {}
             for m in METHODS:
-                rho = attnflow.rank_correlation(
+                rho = attnflow.evaluate.rank_correlation(
                     samples[f"scores.{m}"][:count],
                     values[:, None, :],
                     where=where[:, None, :],

@@ -13,7 +13,7 @@ MiniLM fine-tuned on the synthetic reviews, held-out test sentences):
 * tokens are ranked by score, ties to the earlier token; ``[CLS]`` and ``[SEP]`` are never
   removed; of the :math:`m` other tokens the top :math:`k = \lceil f m \rceil` are
   **deleted** (the sequence gets shorter; ``replacement=None`` in
-  :func:`attnflow.comprehensiveness` / :func:`attnflow.sufficiency`), for comprehensiveness,
+  :func:`attnflow.evaluate.comprehensiveness` / :func:`attnflow.evaluate.sufficiency`), for comprehensiveness,
   or all but them are, for sufficiency;
 * the curves are made monotone as ``aupc.py`` does: the probability after deleting the
   top-:math:`k` is the running minimum over the bins so far (starting from the full
@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         options = {"replacement": None, "mask": mask, "where": where}
         comprehensive = np.asarray(
-            attnflow.comprehensiveness(
+            attnflow.evaluate.comprehensiveness(
                 predict,
                 ids,
                 scores,
@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
         sufficient = np.asarray(
-            attnflow.sufficiency(
+            attnflow.evaluate.sufficiency(
                 predict, ids, scores, fractions=BINS, batch_size=arguments.batch_size, **options
             )
         )

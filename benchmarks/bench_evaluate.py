@@ -2,7 +2,7 @@
 
 What is measured
 ----------------
-The whole protocol of ``attnflow.faithfulness`` on the synthetic subject-verb agreement
+The whole protocol of ``attnflow.evaluate.faithfulness`` on the synthetic subject-verb agreement
 task with the paper's model (6 layers, 8 heads, hidden 128; PyTorch, CPU): per sentence
 the prediction, the captured attention, raw attention, rollout and **flow at every
 layer** for the ``[CLS]`` row, blank-out (one model call per chunk for all copies),
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def evaluate(count: int, **options: Any) -> Any:
-        return attnflow.faithfulness(
+        return attnflow.evaluate.faithfulness(
             functions,
             test.ids[:count],
             replacement=test.replacement,

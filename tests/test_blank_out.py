@@ -66,7 +66,9 @@ def test_equals_loop_over_positions(
 ) -> None:
     calls: list[Any] = []
     predict = predict_for(backend, model, dtype_name, calls=calls)
-    result = attnflow.blank_out(predict, backend.asarray(ids), replacement=UNK, score=score)
+    result = attnflow.evaluate.blank_out(
+        predict, backend.asarray(ids), replacement=UNK, score=score
+    )
     values = backend.check(result, dtype_name=dtype_name, shape=(BATCH, N))
     expected = loop_blank_out(model, ids, score=score)
     np.testing.assert_allclose(values, expected, rtol=0, atol=_tolerance(dtype_name))
@@ -92,7 +94,7 @@ def test_options_equal_loop(
     given = dict(options)
     if isinstance(given.get("target"), list):
         given["target"] = backend.asarray(np.array(given["target"]))
-    result = attnflow.blank_out(predict, backend.asarray(ids), replacement=UNK, **given)
+    result = attnflow.evaluate.blank_out(predict, backend.asarray(ids), replacement=UNK, **given)
     values = backend.check(result, dtype_name="float64", shape=(BATCH, N))
     reference = {k: v for k, v in options.items() if k != "batch_size"}
     expected = loop_blank_out(model, ids, **reference)
@@ -106,7 +108,7 @@ def test_mask_skips_padding_and_reaches_predict(
     mask = np.arange(N)[None, :] < np.array([7, 4, 2])[:, None]
     calls: list[Any] = []
     predict = predict_for(backend, model, "float64", calls=calls)
-    result = attnflow.blank_out(
+    result = attnflow.evaluate.blank_out(
         predict, backend.asarray(ids), replacement=UNK, mask=backend.asarray(mask), batch_size=5
     )
     values = backend.check(result, dtype_name="float64", shape=(BATCH, N))
@@ -130,7 +132,7 @@ def test_last_token_zero_is_the_paper_codes_eos(
     mask = np.arange(N)[None, :] < lengths[:, None]
     calls: list[Any] = []
     predict = predict_for(backend, model, dtype_name, calls=calls)
-    result = attnflow.blank_out(
+    result = attnflow.evaluate.blank_out(
         predict,
         backend.asarray(ids),
         replacement=UNK,
@@ -152,7 +154,7 @@ def test_last_token_zero_is_the_paper_codes_eos(
 
 def test_last_token_option_is_checked(model: TokenClassifier, ids: np.ndarray) -> None:
     with pytest.raises(ValueError, match="`last_token` must be one of"):
-        attnflow.blank_out(model.probabilities, ids, replacement=UNK, last_token="drop")  # type: ignore[arg-type]
+        attnflow.evaluate.blank_out(model.probabilities, ids, replacement=UNK, last_token="drop")  # type: ignore[arg-type]
 
 
 def test_logits_are_refused_with_a_hint(model: TokenClassifier, ids: np.ndarray) -> None:
@@ -160,7 +162,7 @@ def test_logits_are_refused_with_a_hint(model: TokenClassifier, ids: np.ndarray)
         return np.log(model.probabilities(batch)) + 3.0
 
     with pytest.raises(ValueError, match="apply a softmax"):
-        attnflow.blank_out(logits, ids, replacement=UNK)
+        attnflow.evaluate.blank_out(logits, ids, replacement=UNK)
 
 
 @pytest.mark.parametrize(
@@ -192,7 +194,7 @@ def test_bad_arguments_fail_before_predict(
 
     options = {"replacement": UNK, **kwargs}
     with pytest.raises(error, match=match):
-        attnflow.blank_out(predict, ids, **options)
+        attnflow.evaluate.blank_out(predict, ids, **options)
     # Target errors need the number of classes: only the originals were predicted.
     assert len(calls) <= (1 if "target" in kwargs else 0)
 
@@ -201,8 +203,8 @@ def test_float_inputs_and_wrong_outputs_are_refused(
     model: TokenClassifier, ids: np.ndarray
 ) -> None:
     with pytest.raises(TypeError, match="token ids"):
-        attnflow.blank_out(model.probabilities, ids.astype(float), replacement=UNK)
+        attnflow.evaluate.blank_out(model.probabilities, ids.astype(float), replacement=UNK)
     with pytest.raises(ValueError, match=r"shape \(batch, classes\)"):
-        attnflow.blank_out(lambda b: model.probabilities(b)[:1], ids, replacement=UNK)
+        attnflow.evaluate.blank_out(lambda b: model.probabilities(b)[:1], ids, replacement=UNK)
     with pytest.raises(TypeError, match="must be callable"):
-        attnflow.blank_out("model", ids, replacement=UNK)  # type: ignore[arg-type]
+        attnflow.evaluate.blank_out("model", ids, replacement=UNK)  # type: ignore[arg-type]

@@ -67,7 +67,7 @@ def test_equals_definition(
     kind: str,
 ) -> None:
     ids, scores = data
-    function = getattr(attnflow, kind)
+    function = getattr(attnflow.evaluate, kind)
     predict = predict_for(backend, model, dtype_name)
     result = function(
         predict,
@@ -96,7 +96,7 @@ def test_where_and_mask_limit_what_is_removed(
         seen.append(batch[~batch_mask])
         return model.probabilities(batch)  # the test model ignores padding differently
 
-    result = attnflow.comprehensiveness(
+    result = attnflow.evaluate.comprehensiveness(
         predict, ids, scores, replacement=MASK_ID, fractions=FRACTIONS, mask=mask, where=where
     )
     expected = loop_erasure(model, ids, scores, "comprehensiveness", mask & where)
@@ -147,7 +147,7 @@ def test_deletion_shortens_the_sequence(
     ids, scores = data
     where = np.ones((BATCH, N), dtype=bool)
     where[:, [0, -1]] = False
-    result = getattr(attnflow, kind)(
+    result = getattr(attnflow.evaluate, kind)(
         predict_for(backend, model, dtype_name),
         backend.asarray(ids),
         backend.asarray(scores),
@@ -174,7 +174,7 @@ def test_deletion_drops_padding_and_refuses_empty_inputs(
         widths.append((batch.shape[1], bool(batch_mask.all())))
         return model.probabilities(batch, batch_mask)
 
-    result = attnflow.comprehensiveness(
+    result = attnflow.evaluate.comprehensiveness(
         predict, ids, scores, replacement=None, fractions=FRACTIONS[:3], mask=mask
     )
     # The originals are predicted with their padding and mask; deleted inputs are cropped.
@@ -190,7 +190,7 @@ def test_deletion_drops_padding_and_refuses_empty_inputs(
             expected = p[t] - model.probabilities(ids[b, kept][None])[0, t]
             assert result[b, 0, j] == pytest.approx(expected, abs=1e-12)
     with pytest.raises(ValueError, match=r"replacement=None \(deletion\), input 0 would lose"):
-        attnflow.comprehensiveness(predict, ids, scores, replacement=None, fractions=[1.0])
+        attnflow.evaluate.comprehensiveness(predict, ids, scores, replacement=None, fractions=[1.0])
 
 
 def test_short_sequences_reuse_model_calls(model: TokenClassifier) -> None:
@@ -201,7 +201,9 @@ def test_short_sequences_reuse_model_calls(model: TokenClassifier) -> None:
         rows.append(len(batch))
         return model.probabilities(batch)
 
-    attnflow.comprehensiveness(predict, ids, np.array([[0.3, 0.2, 0.1]]), replacement=MASK_ID)
+    attnflow.evaluate.comprehensiveness(
+        predict, ids, np.array([[0.3, 0.2, 0.1]]), replacement=MASK_ID
+    )
     # ERASER's 1, 5, 10 and 20 % all round up to one token of three; 50 % to two.
     assert rows == [1, 2]
 
@@ -223,8 +225,8 @@ def test_repeated_perturbations_are_predicted_once(model: TokenClassifier) -> No
     three: list[int] = []
     one: list[int] = []
     options = {"replacement": MASK_ID, "fractions": FRACTIONS}
-    result = attnflow.comprehensiveness(counting(three), ids, scores, **options)
-    single = attnflow.comprehensiveness(counting(one), ids, scores[:, :1], **options)
+    result = attnflow.evaluate.comprehensiveness(counting(three), ids, scores, **options)
+    single = attnflow.evaluate.comprehensiveness(counting(one), ids, scores[:, :1], **options)
     np.testing.assert_array_equal(result, np.repeat(single, 3, axis=1))
     assert sum(three) == sum(one)
     expected = loop_erasure(model, ids, scores, "comprehensiveness", np.ones(ids.shape, bool))
@@ -268,7 +270,7 @@ def test_image_curves_equal_definition(model: TokenClassifier, kind: str) -> Non
     rng = np.random.default_rng(2)
     images = rng.random((2, 2, 4, 6))  # channels first; 2x2 patches: a 2x3 grid
     scores = rng.random((2, 6))
-    curve = getattr(attnflow, kind)(
+    curve = getattr(attnflow.evaluate, kind)(
         lambda x: model_image_probabilities(model, x),
         images,
         scores,
@@ -281,7 +283,7 @@ def test_image_curves_equal_definition(model: TokenClassifier, kind: str) -> Non
     areas = [np.sum((e[1:] + e[:-1]) / 2) / 6 for e in expected]
     np.testing.assert_allclose(curve.area, areas, rtol=0, atol=1e-12)
     # Channels last gives the same curve.
-    last = getattr(attnflow, kind)(
+    last = getattr(attnflow.evaluate, kind)(
         lambda x: model_image_probabilities(model, np.moveaxis(x, -1, 1)),
         np.moveaxis(images, 1, -1),
         scores,
@@ -296,7 +298,7 @@ def test_token_deletion_in_steps(backend: Variant, model: TokenClassifier) -> No
     ids = np.random.default_rng(4).integers(1, VOCABULARY, size=(2, 6))
     scores = np.random.default_rng(5).random((2, 6))
     predict = predict_for(backend, model, "float64")
-    curve = attnflow.deletion(
+    curve = attnflow.evaluate.deletion(
         predict, backend.asarray(ids), backend.asarray(scores), replacement=MASK_ID, steps=3
     )
     values = backend.check(curve.probabilities, dtype_name="float64", shape=(2, 4))
@@ -332,19 +334,21 @@ def test_bad_arguments(
     options = {"replacement": MASK_ID, **kwargs}
     given_scores = options.pop("scores", scores)
     with pytest.raises(error, match=match):
-        attnflow.comprehensiveness(model.probabilities, ids, given_scores, **options)
+        attnflow.evaluate.comprehensiveness(model.probabilities, ids, given_scores, **options)
 
 
 def test_bad_curve_arguments(model: TokenClassifier) -> None:
     images = np.zeros((1, 2, 4, 6))
     predict = lambda x: model_image_probabilities(model, x)
     with pytest.raises(ValueError, match="must divide the image size"):
-        attnflow.deletion(predict, images, np.zeros((1, 6)), replacement=0.0, patch_size=4)
+        attnflow.evaluate.deletion(predict, images, np.zeros((1, 6)), replacement=0.0, patch_size=4)
     with pytest.raises(ValueError, match="`channels` must be"):
-        attnflow.insertion(
+        attnflow.evaluate.insertion(
             predict, images, np.zeros((1, 6)), replacement=0.0, patch_size=2, channels="middle"
         )  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`steps` must be"):
-        attnflow.deletion(predict, images, np.zeros((1, 6)), replacement=0.0, patch_size=2, steps=0)
+        attnflow.evaluate.deletion(
+            predict, images, np.zeros((1, 6)), replacement=0.0, patch_size=2, steps=0
+        )
     with pytest.raises(ValueError, match="one score per unit"):
-        attnflow.deletion(predict, images, np.zeros((1, 7)), replacement=0.0, patch_size=2)
+        attnflow.evaluate.deletion(predict, images, np.zeros((1, 7)), replacement=0.0, patch_size=2)

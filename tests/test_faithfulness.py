@@ -55,8 +55,8 @@ class ToyModel:
         states = self.classifier.embeddings[np.asarray(ids)]
         return np.abs(states @ self.classifier.output[:, 0]) + np.asarray(targets)[:, None]
 
-    def functions(self) -> attnflow.ModelFunctions:
-        return attnflow.ModelFunctions(self.predict, self.attentions, self.input_gradients)
+    def functions(self) -> attnflow.evaluate.ModelFunctions:
+        return attnflow.evaluate.ModelFunctions(self.predict, self.attentions, self.input_gradients)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_report_equals_the_pieces(
     model = ToyModel()
     where = np.ones(N, dtype=bool)
     where[0] = False  # [CLS] takes no part
-    report = attnflow.faithfulness(
+    report = attnflow.evaluate.faithfulness(
         model.functions(),
         ids,
         replacement=UNK,
@@ -91,7 +91,7 @@ def test_report_equals_the_pieces(
     )
     attentions = model.attentions(ids, mask)
     predict = functools.partial(model.predict)
-    blank = attnflow.blank_out(predict, ids, replacement=UNK, target=labels, mask=mask)
+    blank = attnflow.evaluate.blank_out(predict, ids, replacement=UNK, target=labels, mask=mask)
     gradients = model.input_gradients(ids, mask, labels)
     included = mask & where
     for name, method in (
@@ -109,7 +109,7 @@ def test_report_equals_the_pieces(
         np.testing.assert_allclose(report.samples[f"scores.{name}"], explained, rtol=0, atol=1e-12)
         for reference, values in (("blank_out", blank), ("input_gradients", gradients)):
             usable = included & np.isfinite(values)
-            expected = attnflow.rank_correlation(
+            expected = attnflow.evaluate.rank_correlation(
                 explained, values[:, None, :], where=usable[:, None, :]
             )
             got = report.samples[f"correlation.{name}.{reference}"]
@@ -121,7 +121,7 @@ def test_report_equals_the_pieces(
                 report.correlation_std(name, reference), expected.std(axis=0)
             )
         for metric in ("comprehensiveness", "sufficiency"):
-            expected = getattr(attnflow, metric)(
+            expected = getattr(attnflow.evaluate, metric)(
                 predict,
                 ids,
                 explained,
@@ -148,10 +148,10 @@ def test_chunking_does_not_change_the_numbers(
     dataset: tuple[np.ndarray, np.ndarray, np.ndarray],
 ) -> None:
     ids, mask, _ = dataset
-    one = attnflow.faithfulness(
+    one = attnflow.evaluate.faithfulness(
         ToyModel().functions(), ids, replacement=UNK, mask=mask, chunk_size=100
     )
-    many = attnflow.faithfulness(
+    many = attnflow.evaluate.faithfulness(
         ToyModel().functions(), ids, replacement=UNK, mask=mask, chunk_size=2
     )
     assert one.samples.keys() == many.samples.keys()
@@ -174,8 +174,8 @@ def test_any_backend_reaches_the_model_in_its_own_arrays(
             toy.attentions(backend.to_numpy(batch), backend.to_numpy(batch_mask))
         )
 
-    functions = attnflow.ModelFunctions(predict, attentions)
-    report = attnflow.faithfulness(
+    functions = attnflow.evaluate.ModelFunctions(predict, attentions)
+    report = attnflow.evaluate.faithfulness(
         functions,
         backend.asarray(ids),
         replacement=UNK,
@@ -186,8 +186,8 @@ def test_any_backend_reaches_the_model_in_its_own_arrays(
         fractions=(0.5,),
         chunk_size=4,
     )
-    host = attnflow.faithfulness(
-        attnflow.ModelFunctions(toy.predict, toy.attentions),
+    host = attnflow.evaluate.faithfulness(
+        attnflow.evaluate.ModelFunctions(toy.predict, toy.attentions),
         ids,
         replacement=UNK,
         mask=mask,
@@ -208,7 +208,7 @@ def test_resumed_run_gives_the_identical_report(
 ) -> None:
     ids, mask, labels = dataset
     options: dict[str, Any] = {"replacement": UNK, "mask": mask, "targets": labels, "chunk_size": 2}
-    fresh = attnflow.faithfulness(ToyModel().functions(), ids, **options)
+    fresh = attnflow.evaluate.faithfulness(ToyModel().functions(), ids, **options)
 
     class Interrupted(Exception):
         pass
@@ -223,21 +223,23 @@ def test_resumed_run_gives_the_identical_report(
 
     failing.attentions = attentions  # type: ignore[method-assign]
     with pytest.raises(Interrupted):
-        attnflow.faithfulness(failing.functions(), ids, output=tmp_path, **options)
+        attnflow.evaluate.faithfulness(failing.functions(), ids, output=tmp_path, **options)
     assert sorted(p.name for p in tmp_path.glob("chunk-*.npz")) == [
         "chunk-000000.npz",
         "chunk-000001.npz",
     ]
 
     resumed_model = ToyModel()
-    resumed = attnflow.faithfulness(resumed_model.functions(), ids, output=tmp_path, **options)
+    resumed = attnflow.evaluate.faithfulness(
+        resumed_model.functions(), ids, output=tmp_path, **options
+    )
     assert resumed_model.calls == 2  # chunks 2 and 3 of 4 only
     assert resumed.to_markdown() == fresh.to_markdown()
     for key in fresh.samples:
         np.testing.assert_array_equal(resumed.samples[key], fresh.samples[key], err_msg=key)
     # A third run computes nothing and gives the same report again.
     idle = ToyModel()
-    again = attnflow.faithfulness(idle.functions(), ids, output=tmp_path, **options)
+    again = attnflow.evaluate.faithfulness(idle.functions(), ids, output=tmp_path, **options)
     assert idle.calls == 0
     assert again.to_markdown() == fresh.to_markdown()
     manifest = json.loads((tmp_path / "evaluation.json").read_text())
@@ -273,8 +275,8 @@ def test_killed_process_resumes_to_the_identical_table(tmp_path: Path) -> None:
                 w = np.repeat(w, 3, axis=1)
                 return w / w.sum(axis=-1, keepdims=True)
 
-            report = attnflow.faithfulness(
-                attnflow.ModelFunctions(predict, attentions), ids, replacement=0,
+            report = attnflow.evaluate.faithfulness(
+                attnflow.evaluate.ModelFunctions(predict, attentions), ids, replacement=0,
                 references=["blank_out"], chunk_size=2, output=sys.argv[1] or None,
             )
             print(report.to_markdown())
@@ -323,9 +325,11 @@ def test_flow_workers_lost_costs_one_retry_of_that_chunk(
         "references": ["blank_out"],
         "fractions": None,
     }
-    serial = attnflow.faithfulness(ToyModel().functions(), ids, **options)
+    serial = attnflow.evaluate.faithfulness(ToyModel().functions(), ids, **options)
     with DiesOnce(max_workers=2) as executor:
-        retried = attnflow.faithfulness(ToyModel().functions(), ids, executor=executor, **options)
+        retried = attnflow.evaluate.faithfulness(
+            ToyModel().functions(), ids, executor=executor, **options
+        )
     for key in serial.samples:
         np.testing.assert_array_equal(retried.samples[key], serial.samples[key], err_msg=key)
     assert "running them again" in caplog.text
@@ -342,14 +346,14 @@ def test_dask_local_cluster_equals_serial(
         )
     ids, mask, labels = dataset
     options: dict[str, Any] = {"replacement": UNK, "mask": mask, "targets": labels, "chunk_size": 3}
-    serial = attnflow.faithfulness(ToyModel().functions(), ids, **options)
+    serial = attnflow.evaluate.faithfulness(ToyModel().functions(), ids, **options)
     with (
         distributed.LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
-        clustered = attnflow.faithfulness(
+        clustered = attnflow.evaluate.faithfulness(
             ToyModel().functions(), ids, executor=client.get_executor(), **options
         )
     for key in serial.samples:
@@ -366,8 +370,8 @@ def test_two_processes_with_n_jobs_equal_serial(
         "targets": labels,
         "methods": ["flow"],
     }
-    serial = attnflow.faithfulness(ToyModel().functions(), ids, n_jobs=1, **options)
-    parallel = attnflow.faithfulness(ToyModel().functions(), ids, n_jobs=2, **options)
+    serial = attnflow.evaluate.faithfulness(ToyModel().functions(), ids, n_jobs=1, **options)
+    parallel = attnflow.evaluate.faithfulness(ToyModel().functions(), ids, n_jobs=2, **options)
     for key in serial.samples:
         np.testing.assert_array_equal(parallel.samples[key], serial.samples[key], err_msg=key)
 
@@ -382,19 +386,23 @@ def test_folder_of_another_evaluation_is_refused(
         "fractions": None,
         "references": ["blank_out"],
     }
-    attnflow.faithfulness(ToyModel().functions(), ids, output=tmp_path, **options)
+    attnflow.evaluate.faithfulness(ToyModel().functions(), ids, output=tmp_path, **options)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     with pytest.raises(EvaluationFolderError, match="differs in rows"):
-        attnflow.faithfulness(ToyModel().functions(), ids, output=tmp_path, rows="max", **options)
+        attnflow.evaluate.faithfulness(
+            ToyModel().functions(), ids, output=tmp_path, rows="max", **options
+        )
     with pytest.raises(EvaluationFolderError, match="differs in data"):
-        attnflow.faithfulness(ToyModel().functions(), ids[::-1].copy(), output=tmp_path, **options)
+        attnflow.evaluate.faithfulness(
+            ToyModel().functions(), ids[::-1].copy(), output=tmp_path, **options
+        )
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing touched
 
     unrelated = tmp_path / "unrelated"
     unrelated.mkdir()
     (unrelated / "notes.txt").write_text("mine")
     with pytest.raises(EvaluationFolderError, match="is not empty"):
-        attnflow.faithfulness(ToyModel().functions(), ids, output=unrelated, **options)
+        attnflow.evaluate.faithfulness(ToyModel().functions(), ids, output=unrelated, **options)
     assert (unrelated / "notes.txt").read_text() == "mine"
 
 
@@ -416,9 +424,9 @@ def test_a_second_run_on_the_same_folder_is_refused_while_the_first_runs(tmp_pat
         np.testing.assert_array_equal(store.read(0)["x"], np.arange(3))
 
 
-def _identified(seed: int) -> attnflow.ModelFunctions:
+def _identified(seed: int) -> attnflow.evaluate.ModelFunctions:
     model = ToyModel(seed)
-    return attnflow.ModelFunctions(
+    return attnflow.evaluate.ModelFunctions(
         model.predict, model.attentions, model.input_gradients, identity=f"toy seed {seed}"
     )
 
@@ -436,17 +444,19 @@ def test_a_rerun_with_another_model_is_refused_naming_it(
         "fractions": None,
         "chunk_size": 4,
     }
-    attnflow.faithfulness(_identified(2), ids, output=tmp_path, **options)
+    attnflow.evaluate.faithfulness(_identified(2), ids, output=tmp_path, **options)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     with pytest.raises(
         EvaluationFolderError,
         match=r"in model \(the folder's: toy seed 2; this run's: toy seed 5\)",
     ):
-        attnflow.faithfulness(_identified(5), ids, output=tmp_path, **options)
+        attnflow.evaluate.faithfulness(_identified(5), ids, output=tmp_path, **options)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing touched
     # force=True discards the first model's results: the report is the second model's.
-    forced = attnflow.faithfulness(_identified(5), ids, output=tmp_path, force=True, **options)
-    fresh = attnflow.faithfulness(_identified(5), ids, **options)
+    forced = attnflow.evaluate.faithfulness(
+        _identified(5), ids, output=tmp_path, force=True, **options
+    )
+    fresh = attnflow.evaluate.faithfulness(_identified(5), ids, **options)
     for key in fresh.samples:
         np.testing.assert_array_equal(forced.samples[key], fresh.samples[key], err_msg=key)
     assert json.loads((tmp_path / "evaluation.json").read_text())["model"] == "toy seed 5"
@@ -474,17 +484,19 @@ def test_another_function_under_a_method_name_is_refused(
         "references": ["blank_out"],
         "fractions": None,
     }
-    attnflow.faithfulness(_identified(2), ids, output=tmp_path, methods={"mine": first}, **options)
-    again = attnflow.faithfulness(
+    attnflow.evaluate.faithfulness(
+        _identified(2), ids, output=tmp_path, methods={"mine": first}, **options
+    )
+    again = attnflow.evaluate.faithfulness(
         _identified(2), ids, output=tmp_path, methods={"mine": first}, **options
     )  # the same function: resumed
     with pytest.raises(
         EvaluationFolderError, match=r"in functions 'mine' \(the folder's: .*; this run's: "
     ):
-        attnflow.faithfulness(
+        attnflow.evaluate.faithfulness(
             _identified(2), ids, output=tmp_path, methods={"mine": second}, **options
         )
-    fresh = attnflow.faithfulness(_identified(2), ids, methods={"mine": first}, **options)
+    fresh = attnflow.evaluate.faithfulness(_identified(2), ids, methods={"mine": first}, **options)
     np.testing.assert_array_equal(again.samples["scores.mine"], fresh.samples["scores.mine"])
 
 
@@ -518,8 +530,8 @@ def test_a_damaged_chunk_is_refused_by_name_and_recomputed_with_force(
         "fractions": None,
         "chunk_size": 3,
     }
-    fresh = attnflow.faithfulness(_identified(2), ids, **options)
-    attnflow.faithfulness(_identified(2), ids, output=tmp_path, **options)
+    fresh = attnflow.evaluate.faithfulness(_identified(2), ids, **options)
+    attnflow.evaluate.faithfulness(_identified(2), ids, output=tmp_path, **options)
     _damage(tmp_path, how)
     expected = {
         "copied over": r"holds chunk 1 \(samples 3-5\), not chunk 0 \(samples 0-2\)",
@@ -527,13 +539,13 @@ def test_a_damaged_chunk_is_refused_by_name_and_recomputed_with_force(
         "values changed": "does not match its checksum",
     }[how]
     model = ToyModel(2)
-    functions = attnflow.ModelFunctions(
+    functions = attnflow.evaluate.ModelFunctions(
         model.predict, model.attentions, model.input_gradients, identity="toy seed 2"
     )
     with pytest.raises(EvaluationFolderError, match=f"chunk-000000.npz {expected}"):
-        attnflow.faithfulness(functions, ids, output=tmp_path, **options)
+        attnflow.evaluate.faithfulness(functions, ids, output=tmp_path, **options)
     assert model.calls == 0  # checked before any work
-    forced = attnflow.faithfulness(functions, ids, output=tmp_path, force=True, **options)
+    forced = attnflow.evaluate.faithfulness(functions, ids, output=tmp_path, force=True, **options)
     assert model.calls == 1  # chunk 0 only
     for key in fresh.samples:
         np.testing.assert_array_equal(forced.samples[key], fresh.samples[key], err_msg=key)
@@ -563,7 +575,7 @@ def test_bad_arguments_fail_before_the_model_runs(
     ids, mask, _ = dataset
     model = ToyModel()
     with pytest.raises(error, match=match):
-        attnflow.faithfulness(model.functions(), ids, replacement=UNK, mask=mask, **kwargs)
+        attnflow.evaluate.faithfulness(model.functions(), ids, replacement=UNK, mask=mask, **kwargs)
     assert model.calls == 0
 
 
@@ -572,16 +584,16 @@ def test_gradients_reference_needs_a_gradient_function(
 ) -> None:
     ids, _, _ = dataset
     model = ToyModel()
-    functions = attnflow.ModelFunctions(model.predict, model.attentions)
+    functions = attnflow.evaluate.ModelFunctions(model.predict, model.attentions)
     with pytest.raises(ValueError, match=r"`model\.input_gradients` is None"):
-        attnflow.faithfulness(functions, ids, replacement=UNK)
-    with pytest.raises(TypeError, match=r"must be an attnflow\.ModelFunctions"):
-        attnflow.faithfulness(model, ids, replacement=UNK)  # type: ignore[arg-type]
+        attnflow.evaluate.faithfulness(functions, ids, replacement=UNK)
+    with pytest.raises(TypeError, match=r"must be an attnflow\.evaluate\.ModelFunctions"):
+        attnflow.evaluate.faithfulness(model, ids, replacement=UNK)  # type: ignore[arg-type]
 
 
 def test_report_tables_and_figure(dataset: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
     ids, mask, labels = dataset
-    report = attnflow.faithfulness(
+    report = attnflow.evaluate.faithfulness(
         ToyModel().functions(), ids, replacement=UNK, mask=mask, targets=labels
     )
     text = report.to_markdown()
@@ -602,7 +614,7 @@ def test_report_figure(dataset: tuple[np.ndarray, np.ndarray, np.ndarray]) -> No
     if "numpy" not in {v.library for v in selected_variants()}:
         pytest.importorskip("matplotlib", reason="the figures are tested in the numpy session")
     ids, mask, labels = dataset
-    report = attnflow.faithfulness(
+    report = attnflow.evaluate.faithfulness(
         ToyModel().functions(), ids, replacement=UNK, mask=mask, targets=labels
     )
     figure = report.plot()
@@ -620,7 +632,7 @@ def test_saved_outputs_give_the_same_correlations(
 ) -> None:
     ids, mask, labels = dataset
     model = ToyModel()
-    report = attnflow.faithfulness(
+    report = attnflow.evaluate.faithfulness(
         model.functions(),
         ids,
         replacement=UNK,
@@ -666,13 +678,13 @@ def test_a_folder_of_an_older_store_is_refused_as_such(
     ids, mask, _ = dataset
     options: dict[str, Any] = {"replacement": UNK, "mask": mask, "fractions": None}
     options["references"] = ["blank_out"]
-    attnflow.faithfulness(_identified(2), ids, output=tmp_path, **options)
+    attnflow.evaluate.faithfulness(_identified(2), ids, output=tmp_path, **options)
     manifest = json.loads((tmp_path / "evaluation.json").read_text())
     del manifest["store"], manifest["model"], manifest["functions"]
     (tmp_path / "evaluation.json").write_text(json.dumps(manifest))
     with pytest.raises(EvaluationFolderError, match="another version of attnflow"):
-        attnflow.faithfulness(_identified(2), ids, output=tmp_path, **options)
-    attnflow.faithfulness(_identified(2), ids, output=tmp_path, force=True, **options)
+        attnflow.evaluate.faithfulness(_identified(2), ids, output=tmp_path, **options)
+    attnflow.evaluate.faithfulness(_identified(2), ids, output=tmp_path, force=True, **options)
     assert json.loads((tmp_path / "evaluation.json").read_text())["store"] == 2
 
 
@@ -696,7 +708,7 @@ def _counting_run(
 ) -> tuple[CountingModel, attnflow.evaluate.FaithfulnessReport]:
     ids, mask, labels = dataset
     model = CountingModel()
-    report = attnflow.faithfulness(
+    report = attnflow.evaluate.faithfulness(
         model.functions(),
         ids,
         replacement=UNK,

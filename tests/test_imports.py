@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import attnflow
 import attnflow.adapters
 
@@ -74,12 +76,30 @@ def test_signatures_follow_the_conventions() -> None:
     arrays = {"blank_out": 2, "rank_correlation": 2, "comprehensiveness": 3}
     arrays |= {"sufficiency": 3, "deletion": 3, "insertion": 3}
     for name, count in arrays.items():
-        parameters = list(inspect.signature(getattr(attnflow, name)).parameters.values())
+        parameters = list(inspect.signature(getattr(attnflow.evaluate, name)).parameters.values())
         kinds = [p.kind for p in parameters]
         assert kinds[:count] == [inspect.Parameter.POSITIONAL_ONLY] * count, name
         assert all(kind is inspect.Parameter.KEYWORD_ONLY for kind in kinds[count:]), name
         assert parameters[-1].name == "xp", name
         assert parameters[-1].default is None, name
+
+
+def test_the_evaluation_names_moved_to_attnflow_evaluate_with_a_warning() -> None:
+    # Before 0.1 the evaluation's names were at the top level too; they keep working there
+    # for one release, warning, and are the very objects of attnflow.evaluate.
+    import attnflow.evaluate
+
+    moved = ["FaithfulnessReport", "ModelFunctions", "PerturbationCurve", "blank_out"]
+    moved += ["comprehensiveness", "deletion", "faithfulness", "insertion"]
+    moved += ["rank_correlation", "sufficiency"]
+    for name in moved:
+        assert name not in attnflow.__all__
+        assert name in attnflow.evaluate.__all__
+        with pytest.warns(DeprecationWarning, match=f"`attnflow.{name}` is renamed"):
+            assert getattr(attnflow, name) is getattr(attnflow.evaluate, name)
+    with pytest.raises(AttributeError, match="no attribute 'faithfulnes'"):
+        attnflow.faithfulnes  # noqa: B018
+    assert len(attnflow.__all__) <= 16  # the README's table, not the whole house
 
 
 def test_adapters_are_installed_as_a_subpackage() -> None:

@@ -57,7 +57,7 @@ def test_equals_scipy_per_row_with_ties(backend: Variant, dtype_name: str, metho
     scores, reference = _tied_data(dtype_name)
     ref = backend.asarray(reference)
     result = backend.run(
-        lambda s: attnflow.rank_correlation(s, ref, method=method), backend.asarray(scores)
+        lambda s: attnflow.evaluate.rank_correlation(s, ref, method=method), backend.asarray(scores)
     )
     values = backend.check(result, dtype_name=dtype_name, shape=(BATCH, LAYERS))
     expected = _expected(method, scores, reference, None, "zero")
@@ -78,7 +78,7 @@ def test_where_excludes_positions_and_degenerate_rows(
     where[3, :, 1:] = False  # one position: undefined
     scores[2, 1, :2] = 5.0  # constant over the included positions: undefined
     result = backend.run(
-        lambda s, r, w: attnflow.rank_correlation(s, r, where=w, method=method, nan=nan),
+        lambda s, r, w: attnflow.evaluate.rank_correlation(s, r, where=w, method=method, nan=nan),
         backend.asarray(scores),
         r=backend.asarray(reference),
         w=backend.asarray(where),
@@ -97,22 +97,24 @@ def test_where_excludes_positions_and_degenerate_rows(
 def test_axis_and_broadcasting() -> None:
     scores, reference = _tied_data("float64", seed=11)
     moved = np.moveaxis(scores, -1, 0)  # tokens first
-    result = attnflow.rank_correlation(moved, np.moveaxis(reference, -1, 0), axis=0)
+    result = attnflow.evaluate.rank_correlation(moved, np.moveaxis(reference, -1, 0), axis=0)
     np.testing.assert_allclose(result, _expected("spearman", scores, reference, None, "zero"))
 
 
 def test_float32_and_float64_mix_to_float64() -> None:
     scores, reference = _tied_data("float32")
-    assert attnflow.rank_correlation(scores, reference.astype(np.float64)).dtype == np.float64
+    assert (
+        attnflow.evaluate.rank_correlation(scores, reference.astype(np.float64)).dtype == np.float64
+    )
 
 
 def test_nan_at_included_positions_is_refused() -> None:
     scores, reference = _tied_data("float64")
     reference[0, 0, 3] = np.nan
     with pytest.raises(ValueError, match="NaN at positions included"):
-        attnflow.rank_correlation(scores, reference)
+        attnflow.evaluate.rank_correlation(scores, reference)
     where = ~np.isnan(reference)
-    result = attnflow.rank_correlation(scores, reference, where=where)
+    result = attnflow.evaluate.rank_correlation(scores, reference, where=where)
     assert np.isfinite(result).all()
 
 
@@ -128,17 +130,17 @@ def test_nan_at_included_positions_is_refused() -> None:
 def test_bad_options(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
     scores, reference = _tied_data("float64")
     with pytest.raises(error, match=match):
-        attnflow.rank_correlation(scores, reference, **kwargs)
+        attnflow.evaluate.rank_correlation(scores, reference, **kwargs)
 
 
 def test_bad_arrays() -> None:
     scores, reference = _tied_data("float64")
     with pytest.raises(ValueError, match="broadcast together"):
-        attnflow.rank_correlation(scores, reference[..., :5])
+        attnflow.evaluate.rank_correlation(scores, reference[..., :5])
     with pytest.raises(TypeError, match="real floating dtype"):
-        attnflow.rank_correlation(scores.astype(np.int64), reference)
+        attnflow.evaluate.rank_correlation(scores.astype(np.int64), reference)
     with pytest.raises(TypeError, match="must be an array"):
-        attnflow.rank_correlation([1.0, 2.0], reference)
+        attnflow.evaluate.rank_correlation([1.0, 2.0], reference)
 
 
 def test_long_rows_are_processed_in_blocks() -> None:
@@ -146,7 +148,7 @@ def test_long_rows_are_processed_in_blocks() -> None:
     rng = np.random.default_rng(0)
     scores = rng.integers(0, 50, size=(64, 1024)).astype(np.float64)
     reference = scores + rng.integers(0, 30, size=(64, 1024))
-    result = attnflow.rank_correlation(scores, reference)
+    result = attnflow.evaluate.rank_correlation(scores, reference)
     expected = [stats.spearmanr(a, b).statistic for a, b in zip(scores, reference, strict=True)]
     np.testing.assert_allclose(result, expected, rtol=0, atol=1e-12)
 
@@ -172,7 +174,7 @@ def test_spearman_dense_equals_hand_oracle_with_ties(backend: Variant, dtype_nam
     where[1, :, 6:] = False  # padding
     where[3, :, 1:] = False  # one position: NaN in the paper's code, counted as 0
     result = backend.run(
-        lambda s, r, w: attnflow.rank_correlation(s, r, where=w, method="spearman_dense"),
+        lambda s, r, w: attnflow.evaluate.rank_correlation(s, r, where=w, method="spearman_dense"),
         backend.asarray(scores),
         r=backend.asarray(reference),
         w=backend.asarray(where),
@@ -192,7 +194,7 @@ def test_spearman_dense_without_ties_equals_scipy(dtype_name: str) -> None:
     rng = np.random.default_rng(21)
     scores = rng.random((BATCH, LAYERS, N)).astype(dtype_name)
     reference = rng.random((BATCH, 1, N)).astype(dtype_name)
-    result = attnflow.rank_correlation(scores, reference, method="spearman_dense")
+    result = attnflow.evaluate.rank_correlation(scores, reference, method="spearman_dense")
     expected = _expected("spearman", scores, reference, None, "zero")
     np.testing.assert_allclose(result, expected, rtol=0, atol=_tolerance(dtype_name))
     assert result.dtype == np.dtype(dtype_name)
@@ -202,7 +204,7 @@ def test_spearman_dense_of_a_constant_row_is_not_undefined() -> None:
     # Dense ranks of a constant row are all 1: the formula gives (2 - m) / (m + 1), as
     # the paper's code did, where scipy's Spearman is undefined.
     m = 7
-    result = attnflow.rank_correlation(
+    result = attnflow.evaluate.rank_correlation(
         np.ones(m), np.arange(m, dtype=np.float64), method="spearman_dense", nan="omit"
     )
     np.testing.assert_allclose(result, (2 - m) / (m + 1), rtol=0, atol=1e-12)

@@ -127,11 +127,11 @@ def blank_out(
     ...     p = 1 / (1 + np.exp(-evidence + 2))
     ...     return np.stack([1 - p, p], axis=1)
     >>> ids = np.array([[1, 3, 2, 2]])
-    >>> attnflow.blank_out(predict, ids, replacement=0).round(3)
+    >>> attnflow.evaluate.blank_out(predict, ids, replacement=0).round(3)
     array([[0.   , 0.762, 0.   , 0.   ]])
-    >>> attnflow.blank_out(predict, ids, replacement=0, positions=[1, 2]).round(3)
+    >>> attnflow.evaluate.blank_out(predict, ids, replacement=0, positions=[1, 2]).round(3)
     array([[  nan, 0.762, 0.   ,   nan]])
-    >>> attnflow.blank_out(predict, ids, replacement=0, last_token="zero").round(3)
+    >>> attnflow.evaluate.blank_out(predict, ids, replacement=0, last_token="zero").round(3)
     array([[0.   , 0.762, 0.   , 0.   ]])
     """
     if score not in _SCORES:

@@ -118,20 +118,20 @@ def rank_correlation(
     >>> import attnflow
     >>> scores = np.array([[0.1, 0.5, 0.2, 0.2], [1.0, 2.0, 3.0, 4.0]])
     >>> reference = np.array([[1.0, 3.0, 2.0, 2.0], [4.0, 3.0, 2.0, 1.0]])
-    >>> attnflow.rank_correlation(scores, reference)
+    >>> attnflow.evaluate.rank_correlation(scores, reference)
     array([ 1., -1.])
-    >>> attnflow.rank_correlation(scores, reference, method="kendall")
+    >>> attnflow.evaluate.rank_correlation(scores, reference, method="kendall")
     array([ 1., -1.])
 
     Dense ranks and the no-ties formula (the paper's code) differ under ties only:
 
     >>> tied = np.array([[0.1, 0.2, 0.2, 0.3]])
-    >>> attnflow.rank_correlation(tied, np.array([[1.0, 2.0, 3.0, 4.0]])).round(4)
+    >>> attnflow.evaluate.rank_correlation(tied, np.array([[1.0, 2.0, 3.0, 4.0]])).round(4)
     array([0.9487])
-    >>> attnflow.rank_correlation(tied, np.array([[1.0, 2.0, 3.0, 4.0]]), method="spearman_dense")
+    >>> attnflow.evaluate.rank_correlation(tied, np.array([[1.0, 2.0, 3.0, 4.0]]), method="spearman_dense")
     array([0.8])
     >>> keep = np.array([True, True, True, False])
-    >>> attnflow.rank_correlation(scores, np.ones(4), where=keep, nan="omit")
+    >>> attnflow.evaluate.rank_correlation(scores, np.ones(4), where=keep, nan="omit")
     array([nan, nan])
     """
     if method not in _METHODS:

@@ -70,7 +70,7 @@ class PerturbationCurve:
     >>> import numpy as np
     >>> import attnflow
     >>> predict = lambda ids: np.stack([1 - (ids == 3).any(1), (ids == 3).any(1)], 1) * 1.0
-    >>> curve = attnflow.deletion(predict, np.array([[3, 1]]), np.array([[1.0, 0.0]]), replacement=0)
+    >>> curve = attnflow.evaluate.deletion(predict, np.array([[3, 1]]), np.array([[1.0, 0.0]]), replacement=0)
     >>> curve.fractions, curve.probabilities, curve.area
     (array([0. , 0.5, 1. ]), array([[1., 0., 0.]]), array([0.25]))
     """
@@ -510,11 +510,11 @@ _REFERENCES = """
     >>> ids = np.array([[1, 3, 2, 2, 2]])
     >>> good = np.array([[0.1, 0.9, 0.0, 0.0, 0.0]])  # ranks token 3 first
     >>> bad = np.array([[0.9, 0.0, 0.1, 0.1, 0.1]])
-    >>> attnflow.comprehensiveness(predict, ids, good, replacement=0, fractions=[0.2, 0.4])
+    >>> attnflow.evaluate.comprehensiveness(predict, ids, good, replacement=0, fractions=[0.2, 0.4])
     array([[0.7, 0.7]])
-    >>> attnflow.comprehensiveness(predict, ids, bad, replacement=0, fractions=[0.2, 0.4])
+    >>> attnflow.evaluate.comprehensiveness(predict, ids, bad, replacement=0, fractions=[0.2, 0.4])
     array([[0., 0.]])
-    >>> attnflow.sufficiency(predict, ids, good, replacement=0, fractions=[0.2, 0.4])
+    >>> attnflow.evaluate.sufficiency(predict, ids, good, replacement=0, fractions=[0.2, 0.4])
     array([[0., 0.]])
 """
 
@@ -646,12 +646,12 @@ _CURVE_DOC = """
     >>> images = np.zeros((1, 1, 4, 4))
     >>> images[0, 0, :2, :2] = 1.0
     >>> scores = np.array([[1.0, 0.0, 0.0, 0.0]])  # 4 patches of 2x2, top-left first
-    >>> curve = attnflow.deletion(predict, images, scores, replacement=0.0, patch_size=2)
+    >>> curve = attnflow.evaluate.deletion(predict, images, scores, replacement=0.0, patch_size=2)
     >>> curve.probabilities
     array([[0.9, 0.1, 0.1, 0.1, 0.1]])
     >>> curve.area.round(3)
     array([0.2])
-    >>> attnflow.insertion(predict, images, scores, replacement=0.0, patch_size=2).area
+    >>> attnflow.evaluate.insertion(predict, images, scores, replacement=0.0, patch_size=2).area
     array([0.8])
 """
 

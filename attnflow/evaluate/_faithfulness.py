@@ -105,7 +105,7 @@ class ModelFunctions:
     >>> def attentions(ids, mask):  # two layers, one head, uniform attention
     ...     n = ids.shape[1]
     ...     return np.full((len(ids), 2, 1, n, n), 1 / n)
-    >>> model = attnflow.ModelFunctions(predict, attentions)
+    >>> model = attnflow.evaluate.ModelFunctions(predict, attentions)
     >>> model.predict(np.array([[1, 3]]), None)
     array([[0.1, 0.9]])
     """
@@ -309,8 +309,8 @@ def faithfulness(
     ...     w = np.full((len(ids), 2, 1, 4, 4), 0.1) + 0.6 * (ids == 3)[:, None, None, None, :]
     ...     return w / w.sum(axis=-1, keepdims=True)
     >>> ids = np.array([[1, 3, 2, 2], [3, 1, 1, 2], [2, 2, 3, 1]])
-    >>> report = attnflow.faithfulness(
-    ...     attnflow.ModelFunctions(predict, attentions),
+    >>> report = attnflow.evaluate.faithfulness(
+    ...     attnflow.evaluate.ModelFunctions(predict, attentions),
     ...     ids,
     ...     replacement=0,
     ...     references=["blank_out"],
@@ -709,7 +709,7 @@ def faithfulness_from_outputs(
         msg = (
             f"`methods` {gradient_methods} need the gradients of the attention, which "
             "faithfulness_from_outputs does not take; evaluate them with "
-            "attnflow.faithfulness and a model with `attention_gradients`."
+            "attnflow.evaluate.faithfulness and a model with `attention_gradients`."
         )
         raise ValueError(msg)
     row_choice = _check_rows(rows)
@@ -917,7 +917,7 @@ _KNOWN_METHODS: dict[str, Method] = {name: METHODS[name].function() for name in 
 def _check_model(model: object) -> None:
     if not isinstance(model, ModelFunctions):
         msg = (
-            "`model` must be an attnflow.ModelFunctions (predict, attentions, "
+            "`model` must be an attnflow.evaluate.ModelFunctions (predict, attentions, "
             f"input_gradients), e.g. from attnflow.adapters.torch.model_functions; got "
             f"{type(model).__name__}."
         )

@@ -281,7 +281,7 @@ def reproduce_agreement(
     Generates disjoint training and test sets (:func:`~attnflow.experiments.agreement.
     agreement_split`), trains the paper's model on the first (or loads the one an
     earlier run saved in ``folder/model``, which holds its training record
-    ``training.json`` too), and evaluates raw attention, rollout and flow at every layer on the test sentences with :func:`attnflow.faithfulness`:
+    ``training.json`` too), and evaluates raw attention, rollout and flow at every layer on the test sentences with :func:`attnflow.evaluate.faithfulness`:
     blank-out replaces a token by ``[UNK]`` and takes the drop of the probability of the
     correct class (the paper's text), input gradients are
     :math:`\lvert \sum_d \partial p_\text{correct} / \partial e_{i,d} \rvert` at the
@@ -303,7 +303,7 @@ def reproduce_agreement(
         The explained output rows: 0 is ``[CLS]`` (the paper's Tables 1-2), ``"max"`` the
         maximum over rows (the paper's code for DistilBERT).
     methods, correlation, fractions, chunk_size, n_jobs, progress
-        As for :func:`attnflow.faithfulness`.
+        As for :func:`attnflow.evaluate.faithfulness`.
     model : path, optional
         A model folder saved by ``scripts/train_agreement.py`` with the same seed and
         training size, used instead of training one.

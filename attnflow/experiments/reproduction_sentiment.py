@@ -266,7 +266,7 @@ def reproduce_sentiment(
     ``scripts/train_sentiment.py`` does), fine-tunes the pretrained MiniLM on the first
     part (or loads the classifier an earlier run saved in ``folder/model``, or `model`),
     and evaluates raw attention, rollout and flow at every layer on the first `sentences`
-    held-out sentences with :func:`attnflow.faithfulness`: blank-out replaces a token by
+    held-out sentences with :func:`attnflow.evaluate.faithfulness`: blank-out replaces a token by
     ``[UNK]`` and takes the drop of the probability of the correct class; input
     gradients are those of the correct class's probability at the word embeddings,
     reduced over the hidden axis by each of `reductions` (one report each; the ERASER
@@ -291,7 +291,7 @@ def reproduce_sentiment(
     reductions : sequence of {"l2", "sum_abs", "x_input"}, default ("l2", "sum_abs")
         Gradient reductions, as for :func:`attnflow.adapters.torch.input_gradients`.
     methods, correlation, fractions, chunk_size, n_jobs, progress
-        As for :func:`attnflow.faithfulness`.
+        As for :func:`attnflow.evaluate.faithfulness`.
     model : path, optional
         A classifier folder saved by ``scripts/train_sentiment.py`` with the same seed
         and sizes, used instead of fine-tuning one.

@@ -1,6 +1,6 @@
 r"""Faithfulness of value-aware rollout and flow on the two offline tasks.
 
-Evaluates, with :func:`attnflow.faithfulness`, every explanation attnflow computes for a
+Evaluates, with :func:`attnflow.evaluate.faithfulness`, every explanation attnflow computes for a
 classifier: raw attention, rollout, flow and gradient rollout over the attention weights,
 and raw, rollout and flow over the three value-aware token-mixing matrices
 (:func:`attnflow.contributions`: Kobayashi et al.'s norm, GlobEnc and ALTI). The tasks

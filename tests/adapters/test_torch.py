@@ -1079,7 +1079,7 @@ def test_input_gradients_errors(tiny):
     assert hook_counts(tiny) == [(0, 0)] * len(hook_counts(tiny))
 
 
-# -- model_functions: a classifier for attnflow.faithfulness -------------------------------------
+# -- model_functions: a classifier for attnflow.evaluate.faithfulness -------------------------------------
 @pytest.fixture(scope="module")
 def bert_classifier(transformers):
     torch.manual_seed(0)
@@ -1131,7 +1131,9 @@ def test_model_functions_call_the_model_as_hugging_face_does(bert_classifier, pa
 def test_blank_out_of_a_torch_model_equals_a_loop(bert_classifier, padded_ids):
     ids, mask = padded_ids
     functions = adapter.model_functions(bert_classifier)
-    scores = attnflow.blank_out(functions.predict, ids, replacement=3, mask=mask, batch_size=6)
+    scores = attnflow.evaluate.blank_out(
+        functions.predict, ids, replacement=3, mask=mask, batch_size=6
+    )
     assert isinstance(scores, torch.Tensor)
     expected = torch.full(ids.shape, float("nan"), dtype=torch.float64)
     with torch.no_grad():
@@ -1151,7 +1153,7 @@ def test_blank_out_of_a_torch_model_equals_a_loop(bert_classifier, padded_ids):
 def test_faithfulness_on_a_torch_model(bert_classifier, padded_ids):
     ids, mask = padded_ids
     labels = torch.tensor([0, 1, 2, 0])
-    report = attnflow.faithfulness(
+    report = attnflow.evaluate.faithfulness(
         adapter.model_functions(bert_classifier),
         ids,
         replacement=3,
@@ -1278,7 +1280,7 @@ def test_model_functions_give_value_aware_matrices(bert_classifier, padded_ids):
 def test_faithfulness_evaluates_gradient_rollout_as_explain_does(bert_classifier, padded_ids):
     ids, mask = padded_ids
     labels = torch.tensor([0, 1, 2, 0])
-    report = attnflow.faithfulness(
+    report = attnflow.evaluate.faithfulness(
         adapter.model_functions(bert_classifier),
         ids,
         replacement=3,
@@ -1308,9 +1310,11 @@ def test_faithfulness_evaluates_gradient_rollout_as_explain_does(bert_classifier
 def test_gradient_methods_need_attention_gradients(bert_classifier, padded_ids):
     ids, mask = padded_ids
     functions = adapter.model_functions(bert_classifier)
-    without = attnflow.ModelFunctions(functions.predict, functions.attentions)
+    without = attnflow.evaluate.ModelFunctions(functions.predict, functions.attentions)
     with pytest.raises(ValueError, match=r"`model.attention_gradients` is None"):
-        attnflow.faithfulness(without, ids, replacement=3, mask=mask, methods=("gradient_rollout",))
+        attnflow.evaluate.faithfulness(
+            without, ids, replacement=3, mask=mask, methods=("gradient_rollout",)
+        )
     attentions = functions.attentions(ids, mask).numpy()
     with pytest.raises(ValueError, match="need the gradients of the attention"):
         attnflow.evaluate.faithfulness_from_outputs(

@@ -127,10 +127,10 @@ def test_small_reproduction_resumes_and_refuses_another_model(
 
 
 def test_reproduction_api_matches_a_direct_faithfulness_call(tmp_path: Path) -> None:
-    # The reproduction is attnflow.faithfulness on the tokenised held-out sentences with
+    # The reproduction is attnflow.evaluate.faithfulness on the tokenised held-out sentences with
     # [UNK] blanking and the correct class as target; recompute it directly.
-    from attnflow import faithfulness
     from attnflow.adapters.torch import model_functions
+    from attnflow.evaluate import faithfulness
     from attnflow.experiments.reproduction_sentiment import _split
     from attnflow.experiments.sentiment_torch import load_classifier
 
