@@ -104,6 +104,9 @@ def _wheel(session: nox.Session) -> Path:
 def _package(session: nox.Session, *extras: str) -> str:
     """The shared wheel (with `extras`) to install: the package is not compiled again."""
     wheel = _wheel(session)
+    # Every build has the same version: in a reused environment (nox -r) pip would keep an
+    # older build of the package as "already satisfied". Take it out first.
+    session.run_install("python", "-m", "pip", "uninstall", "--yes", "--quiet", "attnflow")
     return f"{wheel}[{','.join(extras)}]" if extras else str(wheel)
 
 
