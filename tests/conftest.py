@@ -3,8 +3,13 @@ from __future__ import annotations
 import pytest
 from backends import Variant, selected_variants
 
-# The session-level guards (required modules, forbidden skips, at least one pass).
-from session_checks import pytest_configure, pytest_sessionfinish  # noqa: F401
+# The session-level guards (required modules, forbidden skips, at least one pass) and the
+# selection of a backend's own tests where it runs alone (ATTNFLOW_BACKEND_TESTS_ONLY).
+from session_checks import (  # noqa: F401
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_sessionfinish,
+)
 
 
 def pytest_report_header() -> list[str]:

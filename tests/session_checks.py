@@ -11,6 +11,11 @@ on by an environment variable that ``noxfile.py`` sets:
   fails the run: the session installs everything those tests need.
 - ``ATTNFLOW_REQUIRE_PASSES``: "1" fails a run in which no test passed (all skipped, or
   all deselected).
+- ``ATTNFLOW_BACKEND_TESTS_ONLY``: "1" keeps only the tests of the session's backends: those
+  that take the ``backend`` fixture, and those marked ``with_backend(library, ...)`` for one
+  of the session's libraries (a Dask-cluster test, say). It is set where one backend runs
+  alone (TensorFlow, the local per-backend cells): the backend-free tests run once, in
+  the default ``tests`` session, not again in every backend's session.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["pytest_configure", "pytest_sessionfinish"]
+__all__ = ["pytest_collection_modifyitems", "pytest_configure", "pytest_sessionfinish"]
 
 
 def _listed(variable: str) -> list[str]:
@@ -41,6 +46,24 @@ def pytest_configure(config: pytest.Config) -> None:
             "cannot be imported; its tests would all be skipped. Fix the install."
         )
         raise pytest.UsageError(msg)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("ATTNFLOW_BACKEND_TESTS_ONLY") != "1":
+        return
+    from backends import selected_variants
+
+    libraries = {variant.library for variant in selected_variants()}
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        marker = item.get_closest_marker("with_backend")
+        ours = "backend" in getattr(item, "fixturenames", ())
+        ours = ours or (marker is not None and bool(libraries & set(marker.args)))
+        (kept if ours else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def _skipped_where(report: pytest.TestReport, root: Path) -> str:

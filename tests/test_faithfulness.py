@@ -335,6 +335,7 @@ def test_flow_workers_lost_costs_one_retry_of_that_chunk(
     assert "running them again" in caplog.text
 
 
+@pytest.mark.with_backend("dask")
 def test_dask_local_cluster_equals_serial(
     dataset: tuple[np.ndarray, np.ndarray, np.ndarray],
 ) -> None:

@@ -110,6 +110,7 @@ def test_parallel_processes_equal_serial() -> None:
     np.testing.assert_array_equal(threaded, serial)
 
 
+@pytest.mark.with_backend("dask")
 def test_dask_local_cluster_equals_serial() -> None:
     if "dask" in {v.library for v in selected_variants()}:
         import distributed  # requested with dask: it must be installed
@@ -129,6 +130,7 @@ def test_dask_local_cluster_equals_serial() -> None:
     np.testing.assert_array_equal(clustered, serial)
 
 
+@pytest.mark.with_backend("dask")
 def test_a_dask_worker_killed_mid_run_still_gives_the_serial_result() -> None:
     if "dask" in {v.library for v in selected_variants()}:
         import distributed  # requested with dask: it must be installed
@@ -275,6 +277,7 @@ def test_bad_options(options: dict[str, Any], error: type[Exception], match: str
         attnflow.flow(_random(1, (2, 1, 5, 5)), **options)
 
 
+@pytest.mark.with_backend("torch")
 def test_torch_input_is_detached_and_comes_back_as_torch() -> None:
     torch = pytest.importorskip("torch")
     if "torch" not in {v.library for v in selected_variants()}:

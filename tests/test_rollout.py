@@ -242,6 +242,7 @@ def test_rows_left_empty_by_min_fusion_become_self_attention() -> None:
     np.testing.assert_allclose(attnflow.rollout(weights, heads="min", residual=0.0), fused[0])
 
 
+@pytest.mark.with_backend("torch")
 def test_torch_tensor_requiring_grad_is_differentiable_and_silent(weights: np.ndarray) -> None:
     # Validation must not read values in a way that warns (filterwarnings=error) or
     # breaks the autograd graph: rollout is differentiable on differentiable backends.

@@ -14,14 +14,17 @@ from backends import Variant
 _TESTS = Path(__file__).parent
 
 
-def _run_pytest(folder: Path, **env: str) -> subprocess.CompletedProcess[str]:
+_GUARDS = "from session_checks import pytest_configure, pytest_sessionfinish  # noqa: F401\n"
+
+
+def _run_pytest(
+    folder: Path, *args: str, conftest: str = _GUARDS, **env: str
+) -> subprocess.CompletedProcess[str]:
     """Run pytest on `folder` (a conftest using tests/session_checks.py) with `env` set."""
-    (folder / "conftest.py").write_text(
-        "from session_checks import pytest_configure, pytest_sessionfinish  # noqa: F401\n"
-    )
+    (folder / "conftest.py").write_text(conftest)
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ATTNFLOW_")}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, str(folder)],
         env={**clean, "PYTHONPATH": str(_TESTS), **env},
         cwd=folder,
         capture_output=True,
@@ -74,6 +77,73 @@ def test_a_session_with_a_pass_stays_green(tmp_path: Path) -> None:
     (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
     run = _run_pytest(tmp_path, ATTNFLOW_REQUIRE_PASSES="1", ATTNFLOW_REQUIRE_MODULES="numpy")
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.fixture
+def mixed_tests(tmp_path: Path) -> Path:
+    # Backend tests, backend-free tests, and backend-free tests marked for one backend.
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nmarkers =\n    with_backend(*libraries): runs with these backends\n"
+    )
+    (tmp_path / "test_mixed.py").write_text(
+        "import pytest\n"
+        "def test_free():\n    pass\n"
+        "def test_on(backend):\n    pass\n"
+        "@pytest.mark.with_backend('numpy')\ndef test_numpy_marked():\n    pass\n"
+        "@pytest.mark.with_backend('torch', 'dask')\ndef test_others_marked():\n    pass\n"
+    )
+    return tmp_path
+
+
+_MATRIX_CONFTEST = (
+    "import pytest\n"
+    "from backends import selected_variants\n"
+    "from session_checks import (  # noqa: F401\n"
+    "    pytest_collection_modifyitems, pytest_configure, pytest_sessionfinish,\n"
+    ")\n"
+    "@pytest.fixture(params=selected_variants(), ids=lambda v: v.id)\n"
+    "def backend(request):\n    return request.param\n"
+)
+
+
+def _ran(run: subprocess.CompletedProcess[str]) -> set[str]:
+    return {line.split("::")[-1] for line in run.stdout.splitlines() if "::" in line}
+
+
+def test_where_a_backend_runs_alone_only_its_tests_run(mixed_tests: Path) -> None:
+    run = _run_pytest(
+        mixed_tests,
+        "--collect-only",
+        conftest=_MATRIX_CONFTEST,
+        ATTNFLOW_TEST_BACKENDS="numpy",
+        ATTNFLOW_BACKEND_TESTS_ONLY="1",
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert _ran(run) == {"test_on[numpy]", "test_numpy_marked"}, run.stdout
+    assert "2 deselected" in run.stdout, run.stdout
+
+
+def test_without_the_switch_every_test_runs(mixed_tests: Path) -> None:
+    run = _run_pytest(
+        mixed_tests, "--collect-only", conftest=_MATRIX_CONFTEST, ATTNFLOW_TEST_BACKENDS="numpy"
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    expected = {"test_free", "test_on[numpy]", "test_numpy_marked", "test_others_marked"}
+    assert _ran(run) == expected, run.stdout
+
+
+def test_a_backend_session_left_with_nothing_fails(tmp_path: Path) -> None:
+    # Every test deselected (none takes `backend`): the session must not go green empty.
+    (tmp_path / "test_free.py").write_text("def test_free():\n    pass\n")
+    run = _run_pytest(
+        tmp_path,
+        conftest=_MATRIX_CONFTEST,
+        ATTNFLOW_TEST_BACKENDS="numpy",
+        ATTNFLOW_BACKEND_TESTS_ONLY="1",
+        ATTNFLOW_REQUIRE_PASSES="1",
+    )
+    assert run.returncode == pytest.ExitCode.NO_TESTS_COLLECTED, run.stdout + run.stderr
+    assert "1 deselected" in run.stdout, run.stdout
 
 
 def test_array_api_strict_check_refuses_a_numpy_result() -> None:

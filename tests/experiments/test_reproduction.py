@@ -19,6 +19,8 @@ else:
 from attnflow._cli import main
 from attnflow.experiments.reproduction import PAPER_TABLES, comparison_markdown
 
+pytestmark = pytest.mark.with_backend("torch")  # it runs in the torch session
+
 
 def test_small_reproduction_runs_resumes_and_compares_with_the_paper(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
