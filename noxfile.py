@@ -134,7 +134,19 @@ def tests(session: nox.Session) -> None:
         # A failed install must fail the session, not skip the modules that need it.
         "ATTNFLOW_REQUIRE_MODULES": "array_api_strict,torch,jax,dask,distributed,matplotlib",
     }
-    session.run("pytest", NOT_IN_MATRIX, *session.posargs, env=env)
+    # The backend tests of every CPU backend, in one process ...
+    backend_env = {**env, "ATTNFLOW_BACKEND_TESTS_ONLY": "1"}
+    session.run("pytest", NOT_IN_MATRIX, *session.posargs, env=backend_env)
+    # ... and the backend-free ones once, in a process of their own without JAX, torch or
+    # Dask loaded: several fork (a headless browser, worker processes), and JAX, once
+    # imported, warns that a fork of its threads may deadlock.
+    free_env = {
+        **ENV,
+        "ATTNFLOW_TEST_BACKENDS": "numpy",
+        "ATTNFLOW_BACKEND_FREE_ONLY": "1",
+        "ATTNFLOW_REQUIRE_MODULES": "matplotlib",
+    }
+    session.run("pytest", NOT_IN_MATRIX, *session.posargs, env=free_env)
     _doctests(session, env, on_strict=False)
     _doctests(session, env, on_strict=True)
 

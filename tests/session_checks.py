@@ -16,6 +16,10 @@ on by an environment variable that ``noxfile.py`` sets:
   of the session's libraries (a Dask-cluster test, say). It is set where one backend runs
   alone (TensorFlow, the local per-backend cells): the backend-free tests run once, in
   the default ``tests`` session, not again in every backend's session.
+- ``ATTNFLOW_BACKEND_FREE_ONLY``: "1" keeps only the tests that take no ``backend`` fixture
+  and carry no ``with_backend`` marker. ``tests`` runs them in a pytest process of their
+  own, without the multithreaded frameworks loaded: several of them fork (a browser, worker
+  processes), which JAX, once imported, warns against.
 """
 
 from __future__ import annotations
@@ -49,7 +53,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("ATTNFLOW_BACKEND_TESTS_ONLY") != "1":
+    backend_only = os.environ.get("ATTNFLOW_BACKEND_TESTS_ONLY") == "1"
+    free_only = os.environ.get("ATTNFLOW_BACKEND_FREE_ONLY") == "1"
+    if backend_only and free_only:
+        msg = "ATTNFLOW_BACKEND_TESTS_ONLY and ATTNFLOW_BACKEND_FREE_ONLY together select nothing."
+        raise pytest.UsageError(msg)
+    if not (backend_only or free_only):
         return
     from backends import selected_variants
 
@@ -58,8 +67,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     dropped: list[pytest.Item] = []
     for item in items:
         marker = item.get_closest_marker("with_backend")
-        ours = "backend" in getattr(item, "fixturenames", ())
-        ours = ours or (marker is not None and bool(libraries & set(marker.args)))
+        takes_backend = "backend" in getattr(item, "fixturenames", ())
+        if free_only:
+            ours = not takes_backend and marker is None
+        else:
+            ours = takes_backend or (marker is not None and bool(libraries & set(marker.args)))
         (kept if ours else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
