@@ -97,6 +97,21 @@ class Variant:
                 return function(attentions, **options)
         return function(attentions, **options)
 
+    def refuses_jit(self, method: str, attentions: Any, **options: Any) -> bool:
+        """Under ``jax.jit``, check that a host-only method refuses clearly; else False.
+
+        Which methods run on the host (max-flow) is the method registry's word
+        (``attnflow._methods``), so a new host-only method gets this check for free.
+        """
+        from attnflow._methods import METHODS
+
+        spec = METHODS[method]
+        if not (self.jit and spec.host_only):
+            return False
+        with pytest.raises(TypeError, match=r"outside `jax\.jit`"):
+            self.run(spec.function(), attentions, **options)  # traced, the mask too
+        return True
+
     # -- checking ---------------------------------------------------------------------
     def check(self, result: Any, *, dtype_name: str, shape: tuple[int, ...]) -> np.ndarray:
         """Assert library, dtype, shape and device of `result`; return its values."""
