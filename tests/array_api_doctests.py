@@ -117,9 +117,9 @@ def _takes_a_model(
     )
 
 
-ModelFunctionsType: type = importlib.import_module("attnflow").ModelFunctions
+ModelFunctionsType: type = importlib.import_module("attnflow.evaluate").ModelFunctions
 # Documented as host results (NumPy statistics of a whole evaluation, saved to disk).
-HOST_RESULTS: tuple[type, ...] = (importlib.import_module("attnflow").FaithfulnessReport,)
+HOST_RESULTS: tuple[type, ...] = (importlib.import_module("attnflow.evaluate").FaithfulnessReport,)
 
 
 def _on_strict(function: Callable[..., Any], name: str, item: str) -> Callable[..., Any]:
