@@ -213,9 +213,10 @@ def method_of_function(function: object) -> MethodSpec | None:
 
     Examples
     --------
-    >>> import functools, attnflow
+    >>> import functools
+    >>> from attnflow._flow import flow
     >>> from attnflow._methods import method_of_function
-    >>> method_of_function(functools.partial(attnflow.flow, residual=0.3)).name
+    >>> method_of_function(functools.partial(flow, residual=0.3)).name
     'flow'
     >>> method_of_function(len) is None
     True
