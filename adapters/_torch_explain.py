@@ -263,6 +263,8 @@ def explain_text(
     receptive_field : bool, default False
         Divide by what each method gives to uniform attention (decoders: removes the bias
         toward early tokens); passed to every method but raw attention.
+    row : int, optional
+        Deprecated spelling of `rows`, kept for one release (a DeprecationWarning).
 
     Returns
     -------
@@ -434,6 +436,8 @@ def explain_image(
         toward early tokens); passed to every method but raw attention.
     grid : tuple of int, optional
         The patch grid ``(rows, cols)``, for a model whose config has no ``patch_size``.
+    row : int, optional
+        Deprecated spelling of `rows`, kept for one release (a DeprecationWarning).
 
     Returns
     -------

@@ -40,6 +40,9 @@ class WorkersLostError(RuntimeError):
     the workers died
     """
 
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
 
 _GUARD = re.compile(r"""__name__\s*==\s*["']__main__["']|["']__main__["']\s*==\s*__name__""")
 

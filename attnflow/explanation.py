@@ -79,6 +79,8 @@ class Explanation:
     notes : sequence of str, optional
         Sentences a reader needs to read the scores (e.g. what a method left out), shown
         above the HTML views and under the terminal table's heading.
+    row : int, optional
+        Deprecated spelling of `rows`, kept for one release (a DeprecationWarning).
 
     Attributes
     ----------
