@@ -40,6 +40,7 @@ from .agreement_torch import (
     _batches,
     _bucketed_batches,
     _progress,
+    _warmup_cosine,
     accuracy,
 )
 
@@ -290,15 +291,8 @@ def train_distilled_agreement_model(
     teacher = LSTMTeacher(config.vocab_size, hidden=teacher_hidden, n_layers=teacher_layers).to(
         target
     )
-    steps_per_epoch = math.ceil(len(train) / batch_size)
-    total = epochs * steps_per_epoch
-    warmup_steps = max(1, round(warmup * total))
-
-    def schedule(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        done = (step - warmup_steps) / max(1, total - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(done, 1.0)))
+    total = epochs * math.ceil(len(train) / batch_size)
+    schedule = _warmup_cosine(total, warmup)
 
     optimisers = [
         torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)

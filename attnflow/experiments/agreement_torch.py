@@ -36,7 +36,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -456,15 +456,8 @@ def train_agreement_model(
         ],
         lr=lr,
     )
-    steps_per_epoch = math.ceil(len(train) / batch_size)
-    total = epochs * steps_per_epoch
-    warmup_steps = max(1, round(warmup * total))
-
-    def schedule(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        done = (step - warmup_steps) / max(1, total - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(done, 1.0)))
+    total = epochs * math.ceil(len(train) / batch_size)
+    schedule = _warmup_cosine(total, warmup)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, schedule)
     shuffler = torch.Generator().manual_seed(seed)
@@ -752,3 +745,19 @@ def load_agreement_model(
         raise ValueError(msg)
     model.load_state_dict(state)
     return model.to(torch.device(device)).eval()
+
+
+def _warmup_cosine(total: int, warmup: float) -> Callable[[int], float]:
+    """Return the learning-rate factor of each step: warm-up, then a cosine decay.
+
+    Linear warm-up over the fraction `warmup` of the `total` steps, then a cosine to 0.
+    """
+    warmup_steps = max(1, round(warmup * total))
+
+    def schedule(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        done = (step - warmup_steps) / max(1, total - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(done, 1.0)))
+
+    return schedule
