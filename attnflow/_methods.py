@@ -53,8 +53,6 @@ class MethodSpec:
     host_only : bool
         Whether it runs on the host (max-flow): it accepts ``n_jobs``/``executor`` and
         cannot be traced by ``jax.jit``.
-    each_head : bool
-        Whether it gives one map per head (``heads="each"``).
     residual : float or None
         For value-aware matrices, the weight of the identity mixed into each layer (the
         norm-based matrix has no residual path, so it gets the paper's 0.5; GlobEnc and
@@ -69,7 +67,6 @@ class MethodSpec:
     matrix: Matrix = "attention"
     gradients: bool = False
     host_only: bool = False
-    each_head: bool = False
     residual: float | None = None
     renormalize: bool = False
 
@@ -82,13 +79,6 @@ class MethodSpec:
         """Return the core function it composes with."""
         return _FUNCTIONS[self.composes]
 
-    def settings(self) -> dict[str, Any]:
-        """Return the options its composing function gets (the value-aware rules)."""
-        if not self.value_aware:
-            return {}
-        assert self.residual is not None  # every value-aware row of the table sets it
-        return {"heads": None, "residual": self.residual, "renormalize": self.renormalize}
-
 
 METHODS: Mapping[str, MethodSpec] = MappingProxyType(
     {
@@ -98,20 +88,17 @@ METHODS: Mapping[str, MethodSpec] = MappingProxyType(
                 "raw",
                 "the attention weights of one layer",
                 composes="raw",
-                each_head=True,
             ),
             MethodSpec(
                 "rollout",
                 "attention rollout: the product of the residual-mixed layers",
                 composes="rollout",
-                each_head=True,
             ),
             MethodSpec(
                 "flow",
                 "attention flow: the max-flow through the layered attention graph",
                 composes="flow",
                 host_only=True,
-                each_head=True,
             ),
             MethodSpec(
                 "gradient_rollout",

@@ -37,12 +37,14 @@ def test_the_table_names_each_method_once_with_its_function() -> None:
     assert [n for n, s in METHODS.items() if s.host_only] == ["flow"]
     # The value-aware rule: the norm-based matrix has no residual path (the paper's 0.5);
     # GlobEnc and ALTI carry theirs.
-    assert {n: METHODS[n].settings()["residual"] for n in VALUE_AWARE_METHODS} == {
+    assert {n: METHODS[n].residual for n in VALUE_AWARE_METHODS} == {
         "norm": 0.5,
         "globenc": 0.0,
         "alti": 0.0,
     }
-    assert METHODS["rollout"].settings() == {}
+    # GlobEnc's authors multiply the raw matrices; the others renormalise each layer's rows.
+    assert [n for n in VALUE_AWARE_METHODS if METHODS[n].renormalize] == ["norm", "alti"]
+    assert METHODS["rollout"].residual is None
 
 
 def test_a_method_is_told_from_its_function_through_partials() -> None:
@@ -65,7 +67,7 @@ def test_unknown_names_are_refused_with_the_choices() -> None:
 
 
 @pytest.mark.parametrize("name", ATTENTION_METHODS)
-def test_the_cli_and_explain_text_accept_every_name(name: str) -> None:
+def test_each_attention_method_is_offered_and_runs_as_the_entry_points_call_it(name: str) -> None:
     from attnflow import _cli_explain
 
     assert name in _cli_explain.METHODS
