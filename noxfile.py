@@ -491,6 +491,9 @@ def gpu(session: nox.Session) -> None:
     session.install(_package(session))
     env = {**ENV, "ATTNFLOW_TEST_BACKENDS": "torch,jax", "ATTNFLOW_TEST_DEVICE": "cuda"}
     session.run("pytest", "tests", "property_tests", *session.posargs, env=env)
+    # Blockwise LLM rows on CUDA, rollout's bandwidth, flow on device inputs (figures).
+    session.install("transformers>=5")
+    session.run("python", "benchmarks/gpu_checks.py", env=ENV)
 
 
 @nox.session(default=False)
