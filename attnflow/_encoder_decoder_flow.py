@@ -1,26 +1,47 @@
-"""Encoder-decoder attention flow: max-flow on the graph of the encoder-decoder rollout model."""
+"""Encoder-decoder attention flow: max-flow on the graph of the encoder-decoder rollout model.
+
+The graph is laid out as a layered graph (``attnflow._encoder_decoder_graph``) and solved by
+the engine of :func:`attnflow.flow`: its compiled solver, its cost model (`FlowCost`) and
+its runner (threads, an executor, the progress bar, lost workers).
+"""
 
 from __future__ import annotations
 
+import math
+import warnings
+from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
+from ._deprecation import MISSING, REMOVED_IN, Missing
 from ._encoder_decoder import EncoderDecoderAttribution, prepare_encoder_decoder
+from ._encoder_decoder_graph import layered_capacities
 from ._flow import (
-    DEFAULT_MAX_WORK,
+    SECONDS_PER_BOUND_TERM,
+    SECONDS_PER_CLOSED_FORM_TASK,
+    SECONDS_PER_INPUT_ENTRY,
+    SECONDS_PER_PAIR_TOKEN,
+    SECONDS_PER_SORTED_ENTRY,
+    SECONDS_PER_TASK,
+    TASK_SECONDS,
+    FlowCost,
     _check_flow_options,
-    _format_seconds,
+    _collect,
     _progress_bar,
+    _run,
+    _worker_count,
 )
 from ._host import from_host, to_host
+from ._maxflow import FlowTask, flow_path
 from ._typing import Array, HeadFusion, LayerSelection, Namespace, RowSelection
 
-__all__ = ["encoder_decoder_flow"]
+__all__ = ["DEFAULT_MAX_SECONDS", "encoder_decoder_flow"]
 
-IGRAPH_SECONDS_PER_EDGE_VISIT = 1.0e-7
-"""Cost of one edge in one igraph max-flow (measured on a 2-core x86-64 machine): these
-graphs are not the dense layered graphs of the compiled solver, igraph solves them."""
+DEFAULT_MAX_SECONDS = 600.0
+"""Estimated single-core seconds (`FlowCost.estimated_seconds`) above which
+`encoder_decoder_flow` refuses to start by default: ten minutes."""
 
 
 def encoder_decoder_flow(
@@ -36,8 +57,11 @@ def encoder_decoder_flow(
     source_mask: Any | None = None,
     target_mask: Any | None = None,
     normalize: bool = True,
+    n_jobs: int | None = None,
+    executor: Executor | None = None,
     progress: bool = False,
-    max_work: float | None = DEFAULT_MAX_WORK,
+    max_seconds: float | None = DEFAULT_MAX_SECONDS,
+    max_work: float | Missing | None = MISSING,
     validate: bool | Literal["heads"] = True,
     xp: Namespace | None = None,
 ) -> EncoderDecoderAttribution:
@@ -94,11 +118,23 @@ def encoder_decoder_flow(
     normalize : bool, default True
         Divide each output row of ``[source | target]`` by its sum. False returns the raw
         max-flow values, each at most 1.
+    n_jobs : int, optional
+        Threads on this machine, as for :func:`flow`: None chooses (all cores when the
+        work is estimated above about 0.05 s, else one), -1 is one per core, 1 runs
+        serially; more than the cores is capped at the cores.
+    executor : concurrent.futures.Executor, optional
+        Run the max-flow tasks on this executor instead, as for :func:`flow` (a Dask
+        cluster's, or a ``ProcessPoolExecutor`` under ``if __name__ == "__main__":``).
     progress : bool, default False
         Show a progress bar (tqdm) over the max-flows.
-    max_work : float or None, default 2.5e10
-        Refuse to start when the work (max-flows x edges of the graph) exceeds this;
-        None lifts the limit.
+    max_seconds : float or None, default 600
+        Refuse to start when the estimated single-core time (``estimated_seconds`` of
+        :class:`FlowCost`, from shapes and masks alone) exceeds this many seconds; None
+        lifts the limit.
+    max_work : float or None, optional
+        Deprecated (removed in 0.2): the old limit, in max-flows times edges of the
+        graph (edge visits of the igraph engine); given, it replaces `max_seconds`, with
+        a :class:`DeprecationWarning`.
     validate : bool or "heads", default True
         Check the attention values first, as for :func:`encoder_decoder_rollout`.
     xp : namespace, optional
@@ -114,11 +150,13 @@ def encoder_decoder_flow(
     Raises
     ------
     ValueError
-        On inconsistent shapes, a bad option, bad values (with `validate`), or work above
-        `max_work`.
+        On inconsistent shapes, a bad option, bad values (with `validate`), or an
+        estimate above `max_seconds`.
     TypeError
-        On a non-floating dtype, mixed libraries, a non-boolean mask, or inputs traced by
-        ``jax.jit`` (max-flow runs on the host).
+        On a non-floating dtype, mixed libraries, a non-boolean mask, a bad option type,
+        or inputs traced by ``jax.jit`` (max-flow runs on the host).
+    WorkersLostError
+        If the worker processes of an `executor` die before finishing.
     IndexError
         If `rows` or `layers` is out of range.
 
@@ -129,10 +167,15 @@ def encoder_decoder_flow(
 
     Notes
     -----
-    The max-flows are solved serially with igraph on the host (float64), one graph per
-    sequence; a ``T``-position decoder over ``S`` source tokens costs
-    ``T (S + T)`` max-flows per reported layer on a graph of
-    ``L_e S^2 + L_d (T^2 + T S)`` edges.
+    The max-flows run on the host (float64) in the engine of :func:`flow`: its compiled
+    solver (igraph where it was not built), its cost model and its runner. The graph is
+    laid out in layers first: ``L_e + L_d`` matrices of ``S + T`` tokens, where layer
+    :math:`k \le L_e` holds :math:`e_k` and a copy of :math:`x_0`, and layer
+    :math:`L_e + l` holds :math:`x_l` and a copy of :math:`e_{L_e}`; a copy passes what
+    it receives one layer down along an edge no flow fills, so every max-flow is that of
+    the graph above. A ``T``-position decoder over ``S`` source tokens costs
+    ``T (S + T)`` max-flows per reported layer :math:`l`, each on
+    ``L_e (S^2 + T) + l (T^2 + T S + S)`` edges at most.
 
     Under the rollout model the source share is fixed (:math:`1 - \alpha^l` after
     :math:`l` decoder layers); flow has no such constraint: its source and target parts
@@ -161,7 +204,11 @@ def encoder_decoder_flow(
     array([[0.5  , 0.   ],
            [0.125, 0.375]])
     """
-    _check_flow_options(None, None, progress, normalize, max_work)
+    max_work = _legacy_max_work(max_work, max_seconds)
+    legacy = None if max_work is MISSING else max_work
+    _check_flow_options(n_jobs, executor, progress, normalize, legacy)
+    if max_work is MISSING:
+        _check_max_seconds(max_seconds)
     prepared = prepare_encoder_decoder(
         encoder,
         decoder,
@@ -189,132 +236,258 @@ def encoder_decoder_flow(
         wanted = [prepared.rows]
     else:
         wanted = list(prepared.rows)
-    n_sequences = int(np.prod(batch, dtype=np.int64))
-    max_flows = n_sequences * len(reported) * len(wanted) * (n_src + n_tgt)
-    edges = n_enc * n_src * n_src + n_dec * (n_tgt * n_tgt + n_tgt * n_src)
-    work = float(max_flows) * float(edges)
-    if max_work is not None and work > max_work:
-        seconds = _format_seconds(work * IGRAPH_SECONDS_PER_EDGE_VISIT)
-        msg = (
-            f"this encoder-decoder flow would take {max_flows:,} max-flows on graphs of up "
-            f"to {edges:,} edges ({work:.3g} edge visits, roughly {seconds} on one core), "
-            f"above `max_work`={max_work:.3g}. Explain fewer decoder positions (`rows=`), "
-            "stop at a lower decoder layer (`layers=`), or pass `max_work=None` to run it "
-            "anyway."
-        )
-        raise ValueError(msg)
 
-    # The one host hop: fused attention to float64 NumPy; results back at the end.
-    host = [
-        to_host(a, name=name)
-        for a, name in zip((enc, dec, crs), ("encoder", "decoder", "cross"), strict=True)
-    ]
-    masks = [
+    # The one host hop: the masks, then (once the cost is known) the fused attention.
+    source_real, target_real = (
         np.ones((*batch, n), dtype=bool) if m is None else to_host(m, name=name, keep_dtype=True)
         for m, n, name in (
             (prepared.source_mask, n_src, "source_mask"),
             (prepared.target_mask, n_tgt, "target_mask"),
         )
-    ]
-    source = np.zeros((*batch, len(reported), len(wanted), n_src))
-    target = np.zeros((*batch, len(reported), len(wanted), n_tgt))
-    bar = _progress_bar(progress, max_flows)
+    )
+    shape = _Shape(n_enc, n_src, n_tgt, 1 if heads is None else int(encoder.shape[-3]))
+    estimate = _cost(shape, reported, wanted, source_real, target_real)
+    _refuse_above_limit(estimate, shape, batch, reported, wanted, max_seconds, max_work)
+
+    capacities = layered_capacities(
+        to_host(enc, name="encoder"),
+        to_host(dec, name="decoder"),
+        to_host(crs, name="cross"),
+        source_real,
+        target_real,
+        alpha=prepared.alpha,
+    )
+    # validate=False lets NaN through: such a sequence is NaN throughout, never a guess.
+    undefined = ~np.isfinite(capacities).all(axis=(-3, -2, -1))
+
+    workers = _worker_count(n_jobs, estimate)
+    if executor is not None:
+        workers = max(workers, 2)  # split work finely enough for the executor's workers
+    tasks = _plan(capacities, shape, reported, wanted, source_real, target_real, undefined, workers)
+    values = np.zeros((*batch, len(reported), len(wanted), n_src + n_tgt))
+    bar = _progress_bar(progress, estimate.max_flows)
     try:
-        for index in np.ndindex(*batch):
-            graph = _SequenceGraph(
-                *(h[index] for h in host), *(m[index] for m in masks), alpha=prepared.alpha
-            )
-            for slot, layer in enumerate(reported):
-                for position, row in enumerate(wanted):
-                    source[(*index, slot, position)], target[(*index, slot, position)] = (
-                        graph.flows_from(layer + 1, row)
-                    )
-                    if bar is not None:
-                        bar.update(n_src + n_tgt)
+        _collect(values, _run(tasks, workers, executor, bar))
     finally:
         if bar is not None:
             bar.close()
+    values[undefined] = np.nan
     if normalize:
-        totals = source.sum(axis=-1, keepdims=True) + target.sum(axis=-1, keepdims=True)
-        scale = np.where(totals > 0, totals, 1.0)  # empty rows stay zero, NaN stays NaN
-        source, target = source / scale, target / scale
+        totals = values.sum(axis=-1, keepdims=True)
+        values = np.divide(values, totals, out=np.zeros_like(values), where=totals > 0)
+        values[undefined] = np.nan  # NaN stays NaN
     if not prepared.all_layers:
-        source, target = source[..., 0, :, :], target[..., 0, :, :]
+        values = values[..., 0, :, :]
     if isinstance(prepared.rows, int):
-        source, target = source[..., 0, :], target[..., 0, :]
+        values = values[..., 0, :]
+    source, target = values[..., :n_src], values[..., n_src:]
     like, namespace, boundary = enc, prepared.xp, prepared.boundary
     return EncoderDecoderAttribution(
-        boundary.restore(from_host(source, like=like, xp=namespace)),
-        boundary.restore(from_host(target, like=like, xp=namespace)),
+        boundary.restore(from_host(np.ascontiguousarray(source), like=like, xp=namespace)),
+        boundary.restore(from_host(np.ascontiguousarray(target), like=like, xp=namespace)),
     )
 
 
-class _SequenceGraph:
-    """The encoder-decoder flow graph of one sequence, built once, solved per pair.
+@dataclass(frozen=True)
+class _Shape:
+    """What the cost of a call depends on, besides its rows, layers and masks."""
 
-    Node ids: encoder layer ``k`` token ``s`` is ``k S + s``; decoder layer ``l``
-    position ``t`` is ``(L_e + 1) S + l T + t``. Zero capacities are left out.
+    n_enc: int
+    """Encoder layers ``L_e``."""
+    n_src: int
+    """Source tokens ``S`` (padding included)."""
+    n_tgt: int
+    """Target positions ``T`` (padding included)."""
+    n_heads: int
+    """Heads of each attention family (1 for fused input)."""
+
+
+def _edges(shape: _Shape, layer: int, n_src: np.ndarray, n_tgt: np.ndarray) -> np.ndarray:
+    """Edges of the layered graph up to decoder layer `layer` (1-based), zero ones left out.
+
+    An upper bound from the shapes alone: per encoder layer ``S²`` attention edges and
+    ``T`` pass-through edges; per decoder layer ``T² + T S`` attention edges and ``S``
+    pass-through edges (`n_src`, `n_tgt`: real tokens, one entry per kind of sequence).
     """
+    encoder = shape.n_enc * (n_src * n_src + n_tgt)
+    decoder = layer * (n_tgt * n_tgt + n_tgt * n_src + n_src)
+    edges: np.ndarray = encoder + decoder
+    return edges
 
-    def __init__(
-        self,
-        encoder: np.ndarray,
-        decoder: np.ndarray,
-        cross: np.ndarray,
-        source_real: np.ndarray,
-        target_real: np.ndarray,
-        *,
-        alpha: float,
-    ) -> None:
-        import igraph
 
-        n_enc, n_src = encoder.shape[0], encoder.shape[-1]
-        n_dec, n_tgt = decoder.shape[0], decoder.shape[-1]
-        self.n_src, self.n_tgt = n_src, n_tgt
-        self.source_real, self.target_real = source_real, target_real
-        self.decoder_offset = (n_enc + 1) * n_src
-        self.encoder_top = n_enc * n_src
-        eye_s = np.diag(source_real.astype(np.float64))
-        eye_t = np.diag(target_real.astype(np.float64))
-        tails: list[np.ndarray] = []
-        heads: list[np.ndarray] = []
-        capacities: list[np.ndarray] = []
+def _task_seconds(
+    n_layers: int, n_rows: np.ndarray, n_valid: np.ndarray, edges: np.ndarray
+) -> np.ndarray:
+    """Rough single-core time of one sequence-layer task on the layered graph.
 
-        def add(matrix: np.ndarray, tail_offset: int, head_offset: int) -> None:
-            rows, columns = np.nonzero(matrix)
-            tails.append(tail_offset + rows)
-            heads.append(head_offset + columns)
-            capacities.append(matrix[rows, columns])
-
-        for k in range(n_enc):
-            mixed = (1.0 - alpha) * encoder[k] + alpha * eye_s
-            add(mixed, (k + 1) * n_src, k * n_src)
-        for layer in range(n_dec):
-            upper = self.decoder_offset + (layer + 1) * n_tgt
-            add(alpha * ((1.0 - alpha) * decoder[layer] + alpha * eye_t), upper, upper - n_tgt)
-            add((1.0 - alpha) * cross[layer], upper, self.encoder_top)
-        capacity = np.concatenate(capacities)
-        # validate=False lets NaN through: the whole sequence is then NaN, never a guess.
-        self.undefined = not bool(np.all(np.isfinite(capacity)))
-        edges = np.stack([np.concatenate(tails), np.concatenate(heads)], axis=1)
-        self.graph = igraph.Graph(
-            n=self.decoder_offset + (n_dec + 1) * n_tgt, edges=edges.tolist(), directed=True
+    Flow's cost model (``attnflow._flow``), with the edges of this graph in place of a
+    dense graph's ``n² T``: the solver's time per max-flow is proportional to its edges;
+    ordering the arcs and the top-down bounds read the ``T`` matrices of ``n`` tokens.
+    """
+    squared = n_valid * n_valid
+    if flow_path(n_layers) in ("one_layer", "two_layers"):
+        closed: np.ndarray = (
+            SECONDS_PER_CLOSED_FORM_TASK + n_rows * squared * SECONDS_PER_BOUND_TERM
         )
-        self.capacity = capacity.tolist()
+        return closed
+    ordering = n_layers * squared * SECONDS_PER_SORTED_ENTRY
+    bounds = n_layers * n_rows * squared * SECONDS_PER_BOUND_TERM
+    solving = n_rows * n_valid * edges * SECONDS_PER_PAIR_TOKEN
+    seconds: np.ndarray = SECONDS_PER_TASK + solving + ordering + bounds
+    return seconds
 
-    def flows_from(self, layer: int, position: int) -> tuple[np.ndarray, np.ndarray]:
-        """Max-flows from decoder node ``x_layer[position]`` to every source and target token."""
-        source = np.zeros(self.n_src)
-        target = np.zeros(self.n_tgt)
-        if self.undefined:
-            return source + np.nan, target + np.nan
-        if not self.target_real[position]:
-            return source, target  # a padded decoder row sends nothing
-        node = self.decoder_offset + layer * self.n_tgt + position
-        for s in np.flatnonzero(self.source_real):
-            source[s] = self.graph.maxflow_value(node, int(s), capacity=self.capacity)
-        for u in np.flatnonzero(self.target_real):
-            target[u] = self.graph.maxflow_value(
-                node, self.decoder_offset + int(u), capacity=self.capacity
+
+def _cost(
+    shape: _Shape,
+    reported: list[int],
+    wanted: list[int],
+    source_real: np.ndarray,
+    target_real: np.ndarray,
+) -> FlowCost:
+    """Count the work of a call from its shapes, rows and masks (vectorised over the batch).
+
+    Sequences with the same numbers of real source tokens, real target positions and
+    real rows cost the same: each kind is counted once, times how often it occurs.
+    """
+    flat_s = source_real.reshape(-1, shape.n_src)
+    flat_t = target_real.reshape(-1, shape.n_tgt)
+    kinds = np.stack(
+        [
+            np.count_nonzero(flat_s, axis=1),
+            np.count_nonzero(flat_t, axis=1),
+            np.count_nonzero(flat_t[:, wanted], axis=1),
+        ],
+        axis=1,
+    )
+    kinds, counts = np.unique(kinds, axis=0, return_counts=True)
+    n_src, n_tgt, n_rows = (kinds[:, i].astype(np.int64) for i in range(3))
+    n_valid = n_src + n_tgt
+    pairs = n_rows * n_valid
+    max_flows, largest, visits, seconds = 0, 0, 0.0, 0.0
+    for layer in reported:
+        top = shape.n_enc + layer + 1
+        edges = _edges(shape, layer + 1, n_src, n_tgt)
+        per_task = _task_seconds(top, n_rows, n_valid, edges)
+        max_flows += int(np.sum(pairs * counts))
+        largest = max(largest, int(edges.max(initial=0)))
+        visits += float(np.sum(pairs.astype(np.float64) * edges * counts))
+        seconds += float(np.sum(np.where(pairs > 0, per_task, 0.0) * counts))
+    used = max(reported) + 1
+    entries = shape.n_enc * n_src**2 + used * (n_tgt**2 + n_tgt * n_src)
+    seconds += float(np.sum(entries * counts)) * shape.n_heads * SECONDS_PER_INPUT_ENTRY
+    return FlowCost(max_flows, largest, visits, seconds)
+
+
+def _plan(
+    capacities: np.ndarray,
+    shape: _Shape,
+    reported: list[int],
+    wanted: list[int],
+    source_real: np.ndarray,
+    target_real: np.ndarray,
+    undefined: np.ndarray,
+    workers: int,
+) -> list[FlowTask]:
+    """Split the call into tasks: one per sequence and reported layer, sinks split in chunks.
+
+    As `flow` splits its problems: with more workers than sequence-layer pairs, the
+    sinks of each pair are split so that every worker has work; a problem estimated above
+    `TASK_SECONDS` is split further, to about that size.
+    """
+    batch = source_real.shape[:-1]
+    n_pairs = math.prod(batch) * len(reported)
+    chunks = 1 if workers == 1 else max(1, math.ceil(2 * workers / max(n_pairs, 1)))
+    tasks: list[FlowTask] = []
+    for item in np.ndindex(*batch):
+        if undefined[item]:
+            continue
+        sinks = np.flatnonzero(np.concatenate([source_real[item], target_real[item]]))
+        real_rows = [(i, t) for i, t in enumerate(wanted) if target_real[item][t]]
+        if not real_rows or sinks.size == 0:
+            continue  # padded rows send nothing
+        positions = np.array([i for i, _ in real_rows], dtype=np.int64)
+        rows = shape.n_src + np.array([t for _, t in real_rows], dtype=np.int64)
+        n_src_real = int(np.count_nonzero(source_real[item]))
+        n_tgt_real = sinks.size - n_src_real
+        for slot, layer in enumerate(reported):
+            top = shape.n_enc + layer + 1
+            graph = capacities[(*item, slice(0, top))]  # one array per problem: prepared once
+            edges = _edges(shape, layer + 1, np.asarray(n_src_real), np.asarray(n_tgt_real))
+            seconds = float(
+                _task_seconds(top, np.asarray(rows.size), np.asarray(sinks.size), edges)
             )
-        return source, target
+            pieces = max(chunks, math.ceil(seconds / TASK_SECONDS))
+            for part in np.array_split(sinks, min(pieces, sinks.size)):
+                tasks.append(FlowTask((*item, slot), graph, rows, positions, part))
+    return tasks
+
+
+def _legacy_max_work(max_work: float | Missing | None, max_seconds: float | None) -> Any:
+    """Return `max_work` (warned about) when given, else `MISSING`; refuse both at once."""
+    if max_work is MISSING:
+        return MISSING
+    if max_seconds != DEFAULT_MAX_SECONDS:
+        msg = (
+            "pass `max_seconds` only (`max_work`, in edge visits, is its deprecated "
+            f"predecessor); got max_seconds={max_seconds!r} and max_work={max_work!r}."
+        )
+        raise TypeError(msg)
+    msg = (
+        "`max_work` (a limit in edge visits of the old igraph engine) is replaced by "
+        "`max_seconds` (a limit on the estimated single-core time); `max_work` will be "
+        f"removed in attnflow {REMOVED_IN}. `max_work=None` is `max_seconds=None`."
+    )
+    warnings.warn(msg, DeprecationWarning, stacklevel=3)
+    return max_work
+
+
+def _check_max_seconds(max_seconds: object) -> None:
+    if max_seconds is not None and (
+        # `not > 0`, not `<= 0`: NaN compares false both ways and would disable the limit.
+        isinstance(max_seconds, bool)
+        or not isinstance(max_seconds, int | float)
+        or not max_seconds > 0
+    ):
+        msg = (
+            "`max_seconds` must be a positive number of seconds or None (inf or None for "
+            f"no limit); got {max_seconds!r}."
+        )
+        raise ValueError(msg)
+
+
+def _refuse_above_limit(
+    estimate: FlowCost,
+    shape: _Shape,
+    batch: tuple[int, ...],
+    reported: list[int],
+    wanted: list[int],
+    max_seconds: float | None,
+    max_work: float | Missing | None,
+) -> None:
+    """Raise if the call's estimate is above the limit the caller set (or the default)."""
+    fix = (
+        "Explain fewer decoder positions (`rows=`), stop at a lower decoder layer "
+        "(`layers=`), spread the work over more cores (`n_jobs=`) or a cluster "
+        "(`executor=`), or pass `max_seconds=None` to run it anyway."
+    )
+    if max_work is MISSING:
+        if max_seconds is not None and estimate.estimated_seconds > max_seconds:
+            msg = (
+                f"this encoder-decoder flow would take {estimate}, above "
+                f"`max_seconds`={max_seconds:.3g}. {fix}"
+            )
+            raise ValueError(msg)
+        return
+    # The deprecated limit keeps its old meaning: max-flows x edges of the old graph.
+    max_flows = math.prod(batch) * len(reported) * len(wanted) * (shape.n_src + shape.n_tgt)
+    edges = shape.n_enc * shape.n_src**2 + (max(reported) + 1) * (
+        shape.n_tgt**2 + shape.n_tgt * shape.n_src
+    )
+    work = float(max_flows) * float(edges)
+    if max_work is not None and work > max_work:  # type: ignore[operator]
+        msg = (
+            f"this encoder-decoder flow would take {max_flows:,} max-flows on graphs of up "
+            f"to {edges:,} edges ({work:.3g} edge visits), above `max_work`={max_work:.3g}. "
+            f"{fix}"
+        )
+        raise ValueError(msg)

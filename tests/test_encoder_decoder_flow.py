@@ -1,10 +1,21 @@
 """Encoder-decoder attention flow (issue 9, item 4, "with flow wherever the variant is
 defined on a graph") against the independent networkx oracle of ``oracle.py``, on every
-backend of the matrix, with masks and batches; closed forms and properties; messages."""
+backend of the matrix, with masks and batches; closed forms and properties; messages.
+
+Since issue 25 (item 3) it runs on flow's engine: the graph laid out in layers, solved by
+the compiled solver (every path of it: the flow stopped at its bound, run to completion,
+igraph), priced by flow's cost model and run by flow's runner (threads, executors, lost
+workers). Those tests are at the end.
+"""
 
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import os
+import re
+import sys
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -13,6 +24,11 @@ from backends import Variant, tolerance
 from oracle import oracle_encoder_decoder_flow, softmax_attention
 
 import attnflow
+import attnflow._encoder_decoder_flow as ed_flow
+import attnflow._maxflow as engine
+from attnflow._encoder_decoder_graph import layered_capacities
+
+EXACT = 1e-12  # float64: equal to the independent max-flow within 1e-12, as for flow
 
 BATCH, L_E, L_D, H, S, T = 2, 2, 2, 2, 5, 4
 SOURCE_MASK = np.array([[True] * S, [False] + [True] * 3 + [False]])
@@ -74,9 +90,10 @@ def test_matches_the_networkx_oracle(
     want_s, want_t = oracle_encoder_decoder_flow(
         *(x.astype(np.float64) for x in arrays), **masks, **options
     )
-    tol = tolerance(dtype_name)
-    np.testing.assert_allclose(got_s, want_s, rtol=tol, atol=tol)
-    np.testing.assert_allclose(got_t, want_t, rtol=tol, atol=tol)
+    tol = EXACT if dtype_name == "float64" else tolerance(dtype_name)
+    rtol = 0.0 if dtype_name == "float64" else tol
+    np.testing.assert_allclose(got_s, want_s, rtol=rtol, atol=tol)
+    np.testing.assert_allclose(got_t, want_t, rtol=rtol, atol=tol)
     if masked and "rows" not in options:  # padding gets nothing and carries nothing
         assert np.all(got_s[1, ..., 0] == 0)
         assert np.all(got_s[1, ..., 4] == 0)
@@ -152,8 +169,20 @@ def test_progress_bar_counts_every_max_flow(capsys: pytest.CaptureFixture[str]) 
 
 
 ERRORS: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
-    "max_work": ({"max_work": 10.0}, ValueError, r"above `max_work`=10.*`rows=`"),
-    "max_work nan": ({"max_work": float("nan")}, ValueError, "`max_work` must be a positive"),
+    "max_seconds": ({"max_seconds": 1e-9}, ValueError, r"above `max_seconds`=1e-09.*`rows=`"),
+    "max_seconds nan": (
+        {"max_seconds": float("nan")},
+        ValueError,
+        r"`max_seconds` must be a positive number of seconds",
+    ),
+    "max_seconds str": ({"max_seconds": "1"}, ValueError, r"`max_seconds` must be a positive"),
+    "n_jobs": ({"n_jobs": 0}, ValueError, r"`n_jobs` must be"),
+    "executor": ({"executor": object()}, TypeError, r"`executor` must be a concurrent"),
+    "executor and n_jobs": (
+        {"executor": ThreadPoolExecutor(1), "n_jobs": 2},
+        ValueError,
+        r"pass either `executor` or `n_jobs`",
+    ),
     "progress": ({"progress": "yes"}, TypeError, "`progress` must be True or False"),
     "normalize": ({"normalize": 1}, TypeError, "`normalize` must be True or False"),
     "rows": ({"rows": T}, IndexError, "`rows` must index"),
@@ -170,3 +199,207 @@ def test_validation_messages(case: str) -> None:
     cross = options.pop("cross", cross)
     with pytest.raises(error, match=match):
         attnflow.encoder_decoder_flow(encoder, decoder, cross, **options)
+
+
+# --- flow's engine, cost model and runner (issue 25, item 3) ---------------------------
+
+DEEP = {"L_E": 3, "L_D": 3, "S": 7, "T": 6}
+DEEP_SOURCE_MASK = np.array([[True] * 7, [True] * 5 + [False] * 2])
+DEEP_TARGET_MASK = np.array([[True] * 6, [True] * 4 + [False] * 2])
+
+
+@functools.cache
+def _deep() -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, np.ndarray]]:
+    """A deeper masked batch (graphs of 4 to 6 layers: the compiled solver's), and its oracle.
+
+    Peaked attention with exact zeros (a causal decoder, cut encoder weights), so that
+    flows are limited inside the graph, not only at its ends.
+    """
+    rng = np.random.default_rng(25)
+    n_e, n_d, n_s, n_t = DEEP["L_E"], DEEP["L_D"], DEEP["S"], DEEP["T"]
+    encoder = softmax_attention(rng, (2, n_e, 2, n_s, n_s), scale=4.0)
+    cut = (rng.random(encoder.shape) < 0.4) & ~np.eye(n_s, dtype=bool)
+    encoder = np.where(cut, 0.0, encoder)
+    encoder /= encoder.sum(axis=-1, keepdims=True)
+    decoder = _causal(softmax_attention(rng, (2, n_d, 2, n_t, n_t), scale=4.0))
+    cross = softmax_attention(rng, (2, n_d, 2, n_t, n_s), scale=4.0)
+    masks = {"source_mask": DEEP_SOURCE_MASK, "target_mask": DEEP_TARGET_MASK}
+    oracle = oracle_encoder_decoder_flow(
+        encoder, decoder, cross, **masks, layers="all", normalize=False
+    )
+    return (encoder, decoder, cross), oracle
+
+
+@pytest.mark.parametrize("path", ["kernel", "kernel run to completion", "igraph"])
+def test_every_engine_path_equals_the_networkx_oracle(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arrays, (want_s, want_t) = _deep()
+    masks = {"source_mask": DEEP_SOURCE_MASK, "target_mask": DEEP_TARGET_MASK}
+    solved: list[int] = []
+    real = engine._solve_with_kernel
+
+    def counting(mixed: np.ndarray, rows: np.ndarray, sinks: np.ndarray) -> Any:
+        values, status = real(mixed, rows, sinks)
+        solved.extend(status.ravel().tolist())
+        return values, status
+
+    monkeypatch.setattr(engine, "_solve_with_kernel", counting)
+    if path == "igraph":
+        monkeypatch.setattr(engine, "ENGINE", "igraph")
+    elif path == "kernel run to completion":
+        monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)  # no bound is ever reached
+    got = attnflow.encoder_decoder_flow(*arrays, **masks, layers="all", normalize=False, n_jobs=1)
+    np.testing.assert_allclose(got.source, want_s, atol=EXACT, rtol=0)
+    np.testing.assert_allclose(got.target, want_t, atol=EXACT, rtol=0)
+    if path == "igraph":
+        assert solved == []
+    else:  # every layer is deep enough for the solver; statuses say how it found each
+        expected = engine.SOLVED if path == "kernel run to completion" else engine.CERTIFIED
+        assert solved
+        assert expected in solved
+        assert set(solved) <= {0, engine.CERTIFIED, engine.SOLVED}
+
+
+def test_the_layered_graph_keeps_every_max_flow_of_the_graph() -> None:
+    # The layered graph, solved as a FlowTask for each pair, equals networkx on the
+    # encoder-decoder graph itself (the pass-through copies change no max-flow), with a
+    # pass-through edge the tightest it may be: the largest row sum.
+    arrays, (want_s, want_t) = _deep()
+    n_e, n_s = DEEP["L_E"], DEEP["S"]
+    for item in range(2):
+        real_s, real_t = DEEP_SOURCE_MASK[item], DEEP_TARGET_MASK[item]
+        keep = [
+            (real_s[:, None] & real_s[None, :]),
+            (real_t[:, None] & real_t[None, :]),
+            (real_t[:, None] & real_s[None, :]),
+        ]
+        fused = []  # each head renormalised over the real keys, then the mean (the oracle's)
+        for k, x in zip(keep, arrays, strict=True):
+            masked = np.where(k, x[item], 0.0)
+            totals = masked.sum(axis=-1, keepdims=True)
+            fused.append((masked / np.where(totals > 0, totals, 1.0)).mean(axis=-3))
+        graph = layered_capacities(*fused, real_s, real_t, alpha=0.5)
+        assert graph.shape == (n_e + DEEP["L_D"], n_s + DEEP["T"], n_s + DEEP["T"])
+        np.testing.assert_allclose(graph.sum(axis=-1).max(), 1.0, atol=1e-12)
+        for layer in range(DEEP["L_D"]):
+            top = np.ascontiguousarray(graph[: n_e + layer + 1])
+            rows = n_s + np.flatnonzero(real_t)
+            sinks = np.arange(n_s + DEEP["T"])
+            task = engine.FlowTask((), top, rows, np.arange(rows.size), sinks)
+            values = engine.solve_flow_task(task)
+            np.testing.assert_allclose(
+                values[:, :n_s], want_s[item, layer][real_t], atol=EXACT, rtol=0
+            )
+            np.testing.assert_allclose(
+                values[:, n_s:], want_t[item, layer][real_t], atol=EXACT, rtol=0
+            )
+
+
+def test_the_cost_model_counts_the_pairs_and_edges_the_engine_solves() -> None:
+    # Dense attention (no zero weight, a decoder that is not causal): every edge the cost
+    # model counts is in the graph; the max-flows are the pairs of the tasks, and the
+    # estimate is flow's, on the same constants.
+    rng = np.random.default_rng(7)
+    encoder = softmax_attention(rng, (2, 3, 2, 5, 5))
+    decoder = softmax_attention(rng, (2, 2, 2, 4, 4))
+    cross = softmax_attention(rng, (2, 2, 2, 4, 5))
+    source_real = np.ones((2, 5), dtype=bool)
+    target_real = np.array([[True] * 4, [True, True, True, False]])
+    shape = ed_flow._Shape(n_enc=3, n_src=5, n_tgt=4, n_heads=2)
+    cost = ed_flow._cost(shape, [0, 1], [0, 3], source_real, target_real)
+    fused = [x.mean(axis=-3) for x in (encoder, decoder, cross)]
+    graph = layered_capacities(*fused, source_real, target_real, alpha=0.5)
+    full = np.count_nonzero(graph[0, : 3 + 2] > 0)
+    assert cost.largest_graph_edges == full  # sequence 0: every token real
+    tasks = ed_flow._plan(
+        graph, shape, [0, 1], [0, 3], source_real, target_real, np.zeros(2, bool), workers=1
+    )
+    # Row 3 of sequence 1 is padding: it sends nothing.
+    assert cost.max_flows == sum(task.n_maxflows for task in tasks) == 2 * (2 * 9 + 1 * 8)
+    assert cost.edge_visits <= cost.max_flows * cost.largest_graph_edges
+    assert 0 < cost.estimated_seconds < 1.0
+    many = ed_flow._cost(shape, [0, 1], [0, 3], np.ones((4, 5), bool), np.ones((4, 4), bool))
+    assert many.max_flows == 4 * 2 * 2 * 9  # four unpadded sequences, two layers, two rows
+
+
+def test_long_problems_are_cut_into_short_tasks_with_the_same_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    arrays, _ = _deep()
+    whole = attnflow.encoder_decoder_flow(*arrays, normalize=False, n_jobs=1)
+    monkeypatch.setattr(ed_flow, "TASK_SECONDS", 1e-9)  # every task above it: one per sink
+    planned: list[int] = []
+    real = ed_flow._plan
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        tasks = real(*args, **kwargs)
+        planned.append(len(tasks))
+        return tasks
+
+    monkeypatch.setattr(ed_flow, "_plan", counting)
+    cut = attnflow.encoder_decoder_flow(*arrays, normalize=False, n_jobs=2)
+    assert planned == [2 * (DEEP["S"] + DEEP["T"])]  # one task per sequence and sink
+    np.testing.assert_array_equal(cut.source, whole.source)
+    np.testing.assert_array_equal(cut.target, whole.target)
+
+
+def test_threads_and_executors_equal_serial() -> None:
+    arrays, _ = _deep()
+    options: dict[str, Any] = {"rows": [5, 0], "layers": "all"}
+    serial = attnflow.encoder_decoder_flow(*arrays, n_jobs=1, **options)
+    threads = attnflow.encoder_decoder_flow(*arrays, n_jobs=2, **options)
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        pooled = attnflow.encoder_decoder_flow(*arrays, executor=executor, **options)
+    for got in (threads, pooled):
+        np.testing.assert_array_equal(got.source, serial.source)
+        np.testing.assert_array_equal(got.target, serial.target)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_a_killed_worker_process_is_reported() -> None:
+    class KillingPool(ProcessPoolExecutor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return super().submit(os.abort)  # the worker kills itself (SIGABRT)
+
+    # Never fork the test process: JAX and PyTorch may run threads in it.
+    pool = KillingPool(max_workers=1, mp_context=multiprocessing.get_context("forkserver"))
+    try:
+        with pytest.raises(attnflow.WorkersLostError, match=r"died before finishing"):
+            attnflow.encoder_decoder_flow(*_inputs("float64"), executor=pool)
+    finally:
+        pool.shutdown()
+
+
+def test_progress_bar_counts_the_real_pairs(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("tqdm")
+    masks = {"source_mask": SOURCE_MASK, "target_mask": TARGET_MASK}
+    attnflow.encoder_decoder_flow(*_inputs("float64"), **masks, progress=True)
+    pairs = T * (S + T) + (T - 1) * (3 + 3)  # sequence 1: 3 rows, 3 sources, 3 targets real
+    assert f"{pairs}/{pairs}" in capsys.readouterr().err
+
+
+def test_max_seconds_none_lifts_the_limit() -> None:
+    arrays = _inputs("float64")
+    limited = attnflow.encoder_decoder_flow(*arrays)
+    lifted = attnflow.encoder_decoder_flow(*arrays, max_seconds=None)
+    np.testing.assert_array_equal(lifted.source, limited.source)
+
+
+def test_the_deprecated_max_work_keeps_its_meaning_one_release() -> None:
+    arrays = _inputs("float64")
+    plain = attnflow.encoder_decoder_flow(*arrays)
+    with pytest.warns(DeprecationWarning, match=r"`max_work` .* is replaced by `max_seconds`"):
+        lifted = attnflow.encoder_decoder_flow(*arrays, max_work=None)
+    np.testing.assert_array_equal(lifted.source, plain.source)
+    # Edge visits, as before: 2 sequences x 4 rows x 9 tokens x (2 x 25 + 2 x (16 + 20)).
+    visits = 2 * 4 * 9 * (2 * 25 + 2 * (16 + 20))
+    with pytest.warns(DeprecationWarning, match="max_seconds"):
+        attnflow.encoder_decoder_flow(*arrays, max_work=visits)
+    with (
+        pytest.warns(DeprecationWarning, match="max_seconds"),
+        pytest.raises(ValueError, match=re.escape(f"({visits:.3g} edge visits), above `max_work`")),
+    ):
+        attnflow.encoder_decoder_flow(*arrays, max_work=visits - 1)
+    with pytest.raises(TypeError, match=r"pass `max_seconds` only"):
+        attnflow.encoder_decoder_flow(*arrays, max_work=1e9, max_seconds=5.0)
