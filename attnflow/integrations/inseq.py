@@ -89,7 +89,15 @@ OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
             "n_jobs",
             "max_work",
         ),
-        "encoder-decoder": ("heads", "residual", "layers", "normalize", "max_work"),
+        "encoder-decoder": (
+            "heads",
+            "residual",
+            "layers",
+            "normalize",
+            "n_jobs",
+            "max_seconds",
+            "max_work",  # deprecated: max_seconds
+        ),
     },
     "gradient_rollout": {
         "decoder-only": (
@@ -442,9 +450,11 @@ class AttentionFlowAttribution(_Checked, _FinalStep, InternalsAttributionRegistr
     -----
     Options of ``attribute(...)``: :data:`OPTIONS` ``["attention_flow"]``: those of
     ``"attention_rollout"``, plus ``normalize`` (divide each position's flow by its sum,
-    default True) and ``max_work`` (refuse a graph whose max-flow work exceeds it; see
-    :func:`attnflow.flow_cost`), and ``n_jobs`` for decoder-only models. Any other option
-    is refused by name. Flow solves one max-flow per position and token: it is meant for
+    default True), ``n_jobs``, and ``max_work`` for decoder-only models (refuse a graph
+    whose max-flow work exceeds it; see :func:`attnflow.flow_cost`), ``max_seconds`` for
+    encoder-decoder models (refuse a call estimated above that many seconds on one core;
+    its deprecated ``max_work`` still works one release). Any other option is refused by
+    name. Flow solves one max-flow per position and token: it is meant for
     short texts.
     """
 
