@@ -17,7 +17,7 @@ import numpy as np
 
 from ._deprecation import MISSING, REMOVED_IN, Missing
 from ._encoder_decoder import EncoderDecoderAttribution, prepare_encoder_decoder
-from ._encoder_decoder_graph import layered_capacities
+from ._encoder_decoder_graph import decoder_capacities, source_capacities
 from ._flow import (
     SECONDS_PER_BOUND_TERM,
     SECONDS_PER_CLOSED_FORM_TASK,
@@ -28,7 +28,6 @@ from ._flow import (
     TASK_SECONDS,
     FlowCost,
     _check_flow_options,
-    _collect,
     _progress_bar,
     _run,
     _worker_count,
@@ -249,28 +248,47 @@ def encoder_decoder_flow(
     estimate = _cost(shape, reported, wanted, source_real, target_real)
     _refuse_above_limit(estimate, shape, batch, reported, wanted, max_seconds, max_work)
 
-    capacities = layered_capacities(
-        to_host(enc, name="encoder"),
-        to_host(dec, name="decoder"),
-        to_host(crs, name="cross"),
-        source_real,
-        target_real,
-        alpha=prepared.alpha,
+    alpha = prepared.alpha
+    host_decoder = to_host(dec, name="decoder")
+    graphs = _Graphs(
+        source_capacities(
+            to_host(enc, name="encoder"),
+            host_decoder,
+            to_host(crs, name="cross"),
+            source_real,
+            target_real,
+            alpha=alpha,
+        ),
+        decoder_capacities(host_decoder, target_real, alpha=alpha),
     )
     # validate=False lets NaN through: such a sequence is NaN throughout, never a guess.
-    undefined = ~np.isfinite(capacities).all(axis=(-3, -2, -1))
+    undefined = ~np.isfinite(graphs.source).all(axis=(-3, -2, -1))
 
     workers = _worker_count(n_jobs, estimate)
     if executor is not None:
         workers = max(workers, 2)  # split work finely enough for the executor's workers
-    tasks = _plan(capacities, shape, reported, wanted, source_real, target_real, undefined, workers)
+    tasks = _plan(
+        graphs,
+        shape,
+        reported,
+        wanted,
+        source_real,
+        target_real,
+        undefined=undefined,
+        targets=alpha > 0,  # with alpha = 0 no decoder edge carries anything
+        workers=workers,
+    )
     values = np.zeros((*batch, len(reported), len(wanted), n_src + n_tgt))
     bar = _progress_bar(progress, estimate.max_flows)
     try:
-        _collect(values, _run(tasks, workers, executor, bar))
+        for task, result in _run(tasks, workers, executor, bar):
+            part, *index = task.index
+            columns = task.sinks if part == SOURCE else n_src + task.sinks
+            values[(*index, *np.ix_(task.positions, columns))] = result  # type: ignore[index]
     finally:
         if bar is not None:
             bar.close()
+    values[..., n_src:] *= alpha  # the decoder graph's capacities are alpha times D~
     values[undefined] = np.nan
     if normalize:
         totals = values.sum(axis=-1, keepdims=True)
@@ -288,6 +306,21 @@ def encoder_decoder_flow(
     )
 
 
+SOURCE, TARGET = 0, 1
+"""The first entry of a task's `FlowTask.index`: which graph it solves, whose sinks are the
+source tokens (`source_capacities`) or the target tokens (`decoder_capacities`)."""
+
+
+@dataclass(frozen=True)
+class _Graphs:
+    """The two layered graphs of a call (``attnflow._encoder_decoder_graph``)."""
+
+    source: np.ndarray
+    """``(*batch, L_e + L_d, S + T, S + T)``: max-flows to the source tokens."""
+    decoder: np.ndarray
+    """``(*batch, L_d, T, T)``: max-flows to the target tokens, divided by alpha."""
+
+
 @dataclass(frozen=True)
 class _Shape:
     """What the cost of a call depends on, besides its rows, layers and masks."""
@@ -302,27 +335,28 @@ class _Shape:
     """Heads of each attention family (1 for fused input)."""
 
 
-def _edges(shape: _Shape, layer: int, n_src: np.ndarray, n_tgt: np.ndarray) -> np.ndarray:
-    """Edges of the layered graph up to decoder layer `layer` (1-based), zero ones left out.
+def _source_edges(shape: _Shape, layer: int, n_src: np.ndarray, n_tgt: np.ndarray) -> np.ndarray:
+    """Edges of the source tokens' graph up to decoder layer `layer` (1-based), zeros left out.
 
-    An upper bound from the shapes alone: per encoder layer ``S²`` attention edges and
-    ``T`` pass-through edges; per decoder layer ``T² + T S`` attention edges and ``S``
-    pass-through edges (`n_src`, `n_tgt`: real tokens, one entry per kind of sequence).
+    An upper bound from the shapes alone: per encoder layer ``S²`` attention edges; per
+    decoder layer ``T² + T S`` attention edges and ``S`` pass-through edges (`n_src`,
+    `n_tgt`: real tokens, one entry per kind of sequence).
     """
-    encoder = shape.n_enc * (n_src * n_src + n_tgt)
-    decoder = layer * (n_tgt * n_tgt + n_tgt * n_src + n_src)
-    edges: np.ndarray = encoder + decoder
+    edges: np.ndarray = shape.n_enc * n_src * n_src + layer * (
+        n_tgt * n_tgt + n_tgt * n_src + n_src
+    )
     return edges
 
 
 def _task_seconds(
     n_layers: int, n_rows: np.ndarray, n_valid: np.ndarray, edges: np.ndarray
 ) -> np.ndarray:
-    """Rough single-core time of one sequence-layer task on the layered graph.
+    """Rough single-core time of one sequence-layer task on a layered graph.
 
-    Flow's cost model (``attnflow._flow``), with the edges of this graph in place of a
-    dense graph's ``n² T``: the solver's time per max-flow is proportional to its edges;
-    ordering the arcs and the top-down bounds read the ``T`` matrices of ``n`` tokens.
+    Flow's cost model (``attnflow._flow._solve_seconds``), with the graph's edges in
+    place of a dense graph's ``n² T``: the solver's time per max-flow is proportional to
+    its edges; ordering the arcs and the top-down bounds read ``T`` matrices of the
+    `n_valid` tokens.
     """
     squared = n_valid * n_valid
     if flow_path(n_layers) in ("one_layer", "two_layers"):
@@ -335,6 +369,29 @@ def _task_seconds(
     solving = n_rows * n_valid * edges * SECONDS_PER_PAIR_TOKEN
     seconds: np.ndarray = SECONDS_PER_TASK + solving + ordering + bounds
     return seconds
+
+
+def _problems(
+    shape: _Shape, layer: int, n_src: np.ndarray, n_tgt: np.ndarray, n_rows: np.ndarray
+) -> list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray]]:
+    """Return the two problems of decoder layer `layer` (0-based) of one kind of sequence.
+
+    ``(part, graph layers, sinks, edges, seconds)`` for the source tokens' graph and the
+    decoder's graph, on real token counts (arrays, one entry per kind of sequence).
+    """
+    top = shape.n_enc + layer + 1
+    edges = _source_edges(shape, layer + 1, n_src, n_tgt)
+    decoder_edges = (layer + 1) * n_tgt * n_tgt
+    return [
+        (SOURCE, top, n_src, edges, _task_seconds(top, n_rows, n_src + n_tgt, edges)),
+        (
+            TARGET,
+            layer + 1,
+            n_tgt,
+            decoder_edges,
+            _task_seconds(layer + 1, n_rows, n_tgt, decoder_edges),
+        ),
+    ]
 
 
 def _cost(
@@ -361,17 +418,14 @@ def _cost(
     )
     kinds, counts = np.unique(kinds, axis=0, return_counts=True)
     n_src, n_tgt, n_rows = (kinds[:, i].astype(np.int64) for i in range(3))
-    n_valid = n_src + n_tgt
-    pairs = n_rows * n_valid
     max_flows, largest, visits, seconds = 0, 0, 0.0, 0.0
     for layer in reported:
-        top = shape.n_enc + layer + 1
-        edges = _edges(shape, layer + 1, n_src, n_tgt)
-        per_task = _task_seconds(top, n_rows, n_valid, edges)
-        max_flows += int(np.sum(pairs * counts))
-        largest = max(largest, int(edges.max(initial=0)))
-        visits += float(np.sum(pairs.astype(np.float64) * edges * counts))
-        seconds += float(np.sum(np.where(pairs > 0, per_task, 0.0) * counts))
+        for _, _, sinks, edges, per_task in _problems(shape, layer, n_src, n_tgt, n_rows):
+            pairs = n_rows * sinks
+            max_flows += int(np.sum(pairs * counts))
+            largest = max(largest, int(np.max(edges, initial=0)))
+            visits += float(np.sum(pairs.astype(np.float64) * edges * counts))
+            seconds += float(np.sum(np.where(pairs > 0, per_task, 0.0) * counts))
     used = max(reported) + 1
     entries = shape.n_enc * n_src**2 + used * (n_tgt**2 + n_tgt * n_src)
     seconds += float(np.sum(entries * counts)) * shape.n_heads * SECONDS_PER_INPUT_ENTRY
@@ -379,46 +433,53 @@ def _cost(
 
 
 def _plan(
-    capacities: np.ndarray,
+    graphs: _Graphs,
     shape: _Shape,
     reported: list[int],
     wanted: list[int],
     source_real: np.ndarray,
     target_real: np.ndarray,
+    *,
     undefined: np.ndarray,
+    targets: bool,
     workers: int,
 ) -> list[FlowTask]:
-    """Split the call into tasks: one per sequence and reported layer, sinks split in chunks.
+    """Split the call into tasks: per sequence, reported layer and graph, sinks in chunks.
 
-    As `flow` splits its problems: with more workers than sequence-layer pairs, the
-    sinks of each pair are split so that every worker has work; a problem estimated above
-    `TASK_SECONDS` is split further, to about that size.
+    As `flow` splits its problems: with more workers than problems, the sinks of each
+    are split so that every worker has work; a problem estimated above `TASK_SECONDS`
+    is split further, to about that size. A task's index is ``(part, *batch index,
+    layer slot)``, `part` naming its graph (`SOURCE` or `TARGET`). Without `targets`
+    the decoder's graph is left out (its flows are zero).
     """
     batch = source_real.shape[:-1]
-    n_pairs = math.prod(batch) * len(reported)
-    chunks = 1 if workers == 1 else max(1, math.ceil(2 * workers / max(n_pairs, 1)))
+    n_problems = math.prod(batch) * len(reported) * (2 if targets else 1)
+    chunks = 1 if workers == 1 else max(1, math.ceil(2 * workers / max(n_problems, 1)))
     tasks: list[FlowTask] = []
     for item in np.ndindex(*batch):
-        if undefined[item]:
-            continue
-        sinks = np.flatnonzero(np.concatenate([source_real[item], target_real[item]]))
         real_rows = [(i, t) for i, t in enumerate(wanted) if target_real[item][t]]
-        if not real_rows or sinks.size == 0:
-            continue  # padded rows send nothing
+        if undefined[item] or not real_rows:
+            continue  # NaN throughout, or padded rows only: they send nothing
         positions = np.array([i for i, _ in real_rows], dtype=np.int64)
-        rows = shape.n_src + np.array([t for _, t in real_rows], dtype=np.int64)
-        n_src_real = int(np.count_nonzero(source_real[item]))
-        n_tgt_real = sinks.size - n_src_real
+        rows = np.array([t for _, t in real_rows], dtype=np.int64)
+        sinks = {
+            SOURCE: np.flatnonzero(source_real[item]),
+            TARGET: np.flatnonzero(target_real[item]),
+        }
+        counts = (np.asarray(sinks[SOURCE].size), np.asarray(sinks[TARGET].size))
         for slot, layer in enumerate(reported):
-            top = shape.n_enc + layer + 1
-            graph = capacities[(*item, slice(0, top))]  # one array per problem: prepared once
-            edges = _edges(shape, layer + 1, np.asarray(n_src_real), np.asarray(n_tgt_real))
-            seconds = float(
-                _task_seconds(top, np.asarray(rows.size), np.asarray(sinks.size), edges)
-            )
-            pieces = max(chunks, math.ceil(seconds / TASK_SECONDS))
-            for part in np.array_split(sinks, min(pieces, sinks.size)):
-                tasks.append(FlowTask((*item, slot), graph, rows, positions, part))
+            problems = _problems(shape, layer, *counts, np.asarray(rows.size))
+            for part, top, _, _, seconds in problems[: 2 if targets else 1]:
+                if sinks[part].size == 0:
+                    continue
+                if part == SOURCE:  # one array per problem: the engine prepares it once
+                    graph, sources = graphs.source[(*item, slice(0, top))], shape.n_src + rows
+                else:
+                    graph, sources = graphs.decoder[(*item, slice(0, top))], rows
+                pieces = max(chunks, math.ceil(float(seconds) / TASK_SECONDS))
+                for part_sinks in np.array_split(sinks[part], min(pieces, sinks[part].size)):
+                    index = (part, *item, slot)
+                    tasks.append(FlowTask(index, graph, sources, positions, part_sinks))
     return tasks
 
 

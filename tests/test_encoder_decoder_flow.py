@@ -26,7 +26,7 @@ from oracle import oracle_encoder_decoder_flow, softmax_attention
 import attnflow
 import attnflow._encoder_decoder_flow as ed_flow
 import attnflow._maxflow as engine
-from attnflow._encoder_decoder_graph import layered_capacities
+from attnflow._encoder_decoder_graph import decoder_capacities, source_capacities
 
 EXACT = 1e-12  # float64: equal to the independent max-flow within 1e-12, as for flow
 
@@ -261,10 +261,11 @@ def test_every_engine_path_equals_the_networkx_oracle(
         assert set(solved) <= {0, engine.CERTIFIED, engine.SOLVED}
 
 
-def test_the_layered_graph_keeps_every_max_flow_of_the_graph() -> None:
-    # The layered graph, solved as a FlowTask for each pair, equals networkx on the
-    # encoder-decoder graph itself (the pass-through copies change no max-flow), with a
-    # pass-through edge the tightest it may be: the largest row sum.
+def test_the_layered_graphs_keep_every_max_flow_of_the_graph() -> None:
+    # The source tokens' layered graph and the decoder's graph (times alpha), solved as
+    # FlowTasks, equal networkx on the encoder-decoder graph itself (the pass-through
+    # copies change no max-flow), with a pass-through edge the tightest it may be: the
+    # largest row sum, one.
     arrays, (want_s, want_t) = _deep()
     n_e, n_s = DEEP["L_E"], DEEP["S"]
     for item in range(2):
@@ -279,21 +280,21 @@ def test_the_layered_graph_keeps_every_max_flow_of_the_graph() -> None:
             masked = np.where(k, x[item], 0.0)
             totals = masked.sum(axis=-1, keepdims=True)
             fused.append((masked / np.where(totals > 0, totals, 1.0)).mean(axis=-3))
-        graph = layered_capacities(*fused, real_s, real_t, alpha=0.5)
+        graph = source_capacities(*fused, real_s, real_t, alpha=0.5)
         assert graph.shape == (n_e + DEEP["L_D"], n_s + DEEP["T"], n_s + DEEP["T"])
         np.testing.assert_allclose(graph.sum(axis=-1).max(), 1.0, atol=1e-12)
+        decoder = decoder_capacities(fused[1], real_t, alpha=0.5)
+        rows = np.flatnonzero(real_t)
         for layer in range(DEEP["L_D"]):
             top = np.ascontiguousarray(graph[: n_e + layer + 1])
-            rows = n_s + np.flatnonzero(real_t)
-            sinks = np.arange(n_s + DEEP["T"])
-            task = engine.FlowTask((), top, rows, np.arange(rows.size), sinks)
+            sinks = np.arange(n_s)
+            task = engine.FlowTask((), top, n_s + rows, np.arange(rows.size), sinks)
             values = engine.solve_flow_task(task)
-            np.testing.assert_allclose(
-                values[:, :n_s], want_s[item, layer][real_t], atol=EXACT, rtol=0
-            )
-            np.testing.assert_allclose(
-                values[:, n_s:], want_t[item, layer][real_t], atol=EXACT, rtol=0
-            )
+            np.testing.assert_allclose(values, want_s[item, layer][real_t], atol=EXACT, rtol=0)
+            sinks = np.arange(DEEP["T"])
+            task = engine.FlowTask((), decoder[: layer + 1], rows, np.arange(rows.size), sinks)
+            values = 0.5 * engine.solve_flow_task(task)
+            np.testing.assert_allclose(values, want_t[item, layer][real_t], atol=EXACT, rtol=0)
 
 
 def test_the_cost_model_counts_the_pairs_and_edges_the_engine_solves() -> None:
@@ -309,11 +310,22 @@ def test_the_cost_model_counts_the_pairs_and_edges_the_engine_solves() -> None:
     shape = ed_flow._Shape(n_enc=3, n_src=5, n_tgt=4, n_heads=2)
     cost = ed_flow._cost(shape, [0, 1], [0, 3], source_real, target_real)
     fused = [x.mean(axis=-3) for x in (encoder, decoder, cross)]
-    graph = layered_capacities(*fused, source_real, target_real, alpha=0.5)
-    full = np.count_nonzero(graph[0, : 3 + 2] > 0)
+    graphs = ed_flow._Graphs(
+        source_capacities(*fused, source_real, target_real, alpha=0.5),
+        decoder_capacities(fused[1], target_real, alpha=0.5),
+    )
+    full = np.count_nonzero(graphs.source[0, : 3 + 2] > 0)
     assert cost.largest_graph_edges == full  # sequence 0: every token real
     tasks = ed_flow._plan(
-        graph, shape, [0, 1], [0, 3], source_real, target_real, np.zeros(2, bool), workers=1
+        graphs,
+        shape,
+        [0, 1],
+        [0, 3],
+        source_real,
+        target_real,
+        undefined=np.zeros(2, bool),
+        targets=True,
+        workers=1,
     )
     # Row 3 of sequence 1 is padding: it sends nothing.
     assert cost.max_flows == sum(task.n_maxflows for task in tasks) == 2 * (2 * 9 + 1 * 8)
