@@ -68,7 +68,7 @@ CASES: list[dict[str, Any]] = [
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
     shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return shifted / shifted.sum(axis=-1, keepdims=True)
+    return np.asarray(shifted / shifted.sum(axis=-1, keepdims=True))
 
 
 def attention(case: dict[str, Any], seed: int = 0) -> tuple[np.ndarray, ...]:
