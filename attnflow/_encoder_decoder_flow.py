@@ -168,13 +168,16 @@ def encoder_decoder_flow(
     -----
     The max-flows run on the host (float64) in the engine of :func:`flow`: its compiled
     solver (igraph where it was not built), its cost model and its runner. The graph is
-    laid out in layers first: ``L_e + L_d`` matrices of ``S + T`` tokens, where layer
-    :math:`k \le L_e` holds :math:`e_k` and a copy of :math:`x_0`, and layer
-    :math:`L_e + l` holds :math:`x_l` and a copy of :math:`e_{L_e}`; a copy passes what
-    it receives one layer down along an edge no flow fills, so every max-flow is that of
-    the graph above. A ``T``-position decoder over ``S`` source tokens costs
-    ``T (S + T)`` max-flows per reported layer :math:`l`, each on
-    ``L_e (S^2 + T) + l (T^2 + T S + S)`` edges at most.
+    not layered (cross edges jump to :math:`e_{L_e}` from every decoder layer), so two
+    layered graphs stand in for it. No path from :math:`x_l[t]` to a target token leaves
+    the decoder: :math:`F^t_l` is :math:`\alpha` times the flow of the decoder's own graph
+    :math:`(1-\alpha) D_k + \alpha I`, :math:`k \le l`. For the source tokens the graph is
+    laid out in ``L_e + L_d`` layers of ``S + T`` tokens, layer :math:`L_e + l` holding
+    :math:`x_l` and a copy of :math:`e_{L_e}` that passes what it receives one layer down
+    along an edge no flow fills, so every max-flow is that of the graph above. A
+    ``T``-position decoder over ``S`` source tokens costs ``T (S + T)`` max-flows per
+    reported layer :math:`l`: ``T S`` on ``L_e S^2 + l (T^2 + T S + S)`` edges at most,
+    ``T^2`` on ``l T^2``.
 
     Under the rollout model the source share is fixed (:math:`1 - \alpha^l` after
     :math:`l` decoder layers); flow has no such constraint: its source and target parts
