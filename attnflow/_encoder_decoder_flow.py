@@ -8,14 +8,13 @@ its runner (threads, an executor, the progress bar, lost workers).
 from __future__ import annotations
 
 import math
-import warnings
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from ._deprecation import MISSING, REMOVED_IN, Missing
+from ._deprecation import MISSING, Missing
 from ._encoder_decoder import EncoderDecoderAttribution, prepare_encoder_decoder
 from ._encoder_decoder_graph import decoder_capacities, source_capacities
 from ._flow import (
@@ -35,12 +34,9 @@ from ._flow import (
 from ._host import from_host, to_host
 from ._maxflow import FlowTask, flow_path
 from ._typing import Array, HeadFusion, LayerSelection, Namespace, RowSelection
+from ._work_limit import DEFAULT_MAX_SECONDS, check_max_seconds, deprecated_max_work, refuse_above
 
-__all__ = ["DEFAULT_MAX_SECONDS", "encoder_decoder_flow"]
-
-DEFAULT_MAX_SECONDS = 600.0
-"""Estimated single-core seconds (`FlowCost.estimated_seconds`) above which
-`encoder_decoder_flow` refuses to start by default: ten minutes."""
+__all__ = ["encoder_decoder_flow"]
 
 
 def encoder_decoder_flow(
@@ -206,11 +202,11 @@ def encoder_decoder_flow(
     array([[0.5  , 0.   ],
            [0.125, 0.375]])
     """
-    max_work = _legacy_max_work(max_work, max_seconds)
+    max_work = deprecated_max_work(max_work, max_seconds)
     legacy = None if max_work is MISSING else max_work
     _check_flow_options(n_jobs, executor, progress, normalize, legacy)
     if max_work is MISSING:
-        _check_max_seconds(max_seconds)
+        check_max_seconds(max_seconds)
     prepared = prepare_encoder_decoder(
         encoder,
         decoder,
@@ -486,39 +482,6 @@ def _plan(
     return tasks
 
 
-def _legacy_max_work(max_work: float | Missing | None, max_seconds: float | None) -> Any:
-    """Return `max_work` (warned about) when given, else `MISSING`; refuse both at once."""
-    if max_work is MISSING:
-        return MISSING
-    if max_seconds != DEFAULT_MAX_SECONDS:
-        msg = (
-            "pass `max_seconds` only (`max_work`, in edge visits, is its deprecated "
-            f"predecessor); got max_seconds={max_seconds!r} and max_work={max_work!r}."
-        )
-        raise TypeError(msg)
-    msg = (
-        "`max_work` (a limit in edge visits of the old igraph engine) is replaced by "
-        "`max_seconds` (a limit on the estimated single-core time); `max_work` will be "
-        f"removed in attnflow {REMOVED_IN}. `max_work=None` is `max_seconds=None`."
-    )
-    warnings.warn(msg, DeprecationWarning, stacklevel=3)
-    return max_work
-
-
-def _check_max_seconds(max_seconds: object) -> None:
-    if max_seconds is not None and (
-        # `not > 0`, not `<= 0`: NaN compares false both ways and would disable the limit.
-        isinstance(max_seconds, bool)
-        or not isinstance(max_seconds, int | float)
-        or not max_seconds > 0
-    ):
-        msg = (
-            "`max_seconds` must be a positive number of seconds or None (inf or None for "
-            f"no limit); got {max_seconds!r}."
-        )
-        raise ValueError(msg)
-
-
 def _refuse_above_limit(
     estimate: FlowCost,
     shape: _Shape,
@@ -535,12 +498,8 @@ def _refuse_above_limit(
         "(`executor=`), or pass `max_seconds=None` to run it anyway."
     )
     if max_work is MISSING:
-        if max_seconds is not None and estimate.estimated_seconds > max_seconds:
-            msg = (
-                f"this encoder-decoder flow would take {estimate}, above "
-                f"`max_seconds`={max_seconds:.3g}. {fix}"
-            )
-            raise ValueError(msg)
+        what = "this encoder-decoder flow"
+        refuse_above(estimate.estimated_seconds, str(estimate), max_seconds, what=what, fix=fix)
         return
     # The deprecated limit keeps its old meaning: max-flows x edges of the old graph.
     max_flows = math.prod(batch) * len(reported) * len(wanted) * (shape.n_src + shape.n_tgt)
