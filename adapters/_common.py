@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 import attnflow
+from attnflow._deprecation import MISSING, renamed_keyword, warn_deprecated
 from attnflow._methods import method_spec
 
 __all__ = [
@@ -24,11 +25,13 @@ __all__ = [
     "HEAD_REDUCTIONS",
     "METHODS",
     "CaptureBlock",
+    "CaptureHeads",
     "Contributions",
     "HeadReduction",
     "Method",
     "Reduction",
     "Score",
+    "capture_heads",
     "check_class_values",
     "check_contribution_method",
     "check_contributions",
@@ -51,6 +54,10 @@ __all__ = [
 #: :data:`attnflow._typing.HeadFusion` (no callables, weights or ``"each"``).
 HeadReduction = Literal["mean", "max", "min"]
 HEAD_REDUCTIONS: tuple[HeadReduction, ...] = ("mean", "max", "min")
+#: What a capture does with each layer's heads: keep every head (``"each"``, the default,
+#: as the core's ``heads="each"`` keeps one map per head) or fuse them while capturing.
+#: (``None`` meant "each" before 0.1; in the core, ``heads=None`` means "already fused".)
+CaptureHeads = Literal["each", "mean", "max", "min"]
 #: The value-aware token-mixing rules of attnflow.contributions.
 Contributions = Literal["norm", "globenc", "alti"]
 CONTRIBUTIONS: tuple[Contributions, ...] = ("norm", "globenc", "alti")
@@ -65,10 +72,31 @@ Score = Literal["probability", "logit"]
 
 
 # -- heads and contributions ----------------------------------------------------------------
+def capture_heads(heads: object, *, caller: str, stacklevel: int = 4) -> CaptureHeads:
+    """Check a capture's `heads`, reading the deprecated ``None`` as ``"each"``.
+
+    `caller` names the function in the warning; `stacklevel` points it at the user's
+    call (4: the caller of the function that calls this one).
+    """
+    if heads is None:
+        warn_deprecated(
+            f"{caller}(heads=None)",
+            'pass heads="each" to keep every head (in rollout, flow and the rest of attnflow '
+            "heads=None means that the heads are already fused)",
+            stacklevel=stacklevel,
+        )
+        return "each"
+    check_heads(heads)
+    return typing.cast("CaptureHeads", heads)
+
+
 def check_heads(heads: object, *, optional: bool = True) -> None:
-    """Check a capture's `heads` (None allowed) or, with ``optional=False``, a fused one."""
-    if optional and heads not in (None, *HEAD_REDUCTIONS):
-        msg = f'`heads` must be None, "mean", "max" or "min"; got {heads!r}.'
+    """Check a capture's `heads` ("each" allowed) or, with ``optional=False``, a fused one."""
+    if optional and heads not in ("each", *HEAD_REDUCTIONS):
+        msg = (
+            '`heads` must be "each" (keep every head), "mean", "max" or "min" (fuse them '
+            f"while capturing); got {heads!r}."
+        )
         raise ValueError(msg)
     if not optional and heads not in HEAD_REDUCTIONS:
         msg = f'`heads` must be "mean", "max" or "min"; got {heads!r}.'
@@ -94,7 +122,7 @@ def check_contribution_method(contributions: object) -> None:
 def check_contributions(contributions: object, heads: object) -> None:
     """Check `contributions`, which records matrices, not weights, so takes no `heads`."""
     check_contribution_method(contributions)
-    if contributions is not None and heads is not None:
+    if contributions is not None and heads != "each":
         msg = (
             f"contributions={contributions!r} records one token-mixing matrix per layer, "
             f"not attention weights: drop `heads` (got heads={heads!r})."
@@ -238,9 +266,9 @@ def explain_contributions(
 ) -> Any:
     """Rollout over the value-aware matrices, composed as each method's authors do.
 
-    The norm-based matrix and ALTI: rows renormalised (``renormalize=True``). GlobEnc: the
+    The norm-based matrix and ALTI: rows renormalised (``normalize_layers=True``). GlobEnc: the
     raw N-Enc matrices multiplied without renormalising rows, as Modarressi et al.'s code
-    does (:func:`attnflow._contributions.compose_unnormalized`); ``renormalize=True`` in
+    does (:func:`attnflow._contributions.compose_unnormalized`); ``normalize_layers=True`` in
     `options` gives the renormalised variant.
     """
     # The registry holds each rule: GlobEnc and ALTI carry the residual connection, the
@@ -248,16 +276,28 @@ def explain_contributions(
     # GlobEnc's authors never renormalise rows.
     spec = method_spec(method)
     settings = {"residual": spec.residual, **(options or {})}
-    renormalize = settings.pop("renormalize", spec.renormalize)
+    old: object = settings.pop("renormalize", MISSING)  # its spelling until 0.1
+    normalize_layers = renamed_keyword(
+        "renormalize",
+        "normalize_layers",
+        old,
+        settings.pop("normalize_layers", spec.normalize_layers),
+        default=spec.normalize_layers,
+    )
     given_mask = settings.pop("mask", mask)
-    if renormalize is False:
+    if normalize_layers is False:
         from attnflow._contributions import compose_unnormalized
 
         return compose_unnormalized(
             attnflow.rollout, contributions, heads=None, rows=rows, mask=given_mask, **settings
         )
     return attnflow.rollout(
-        contributions, heads=None, rows=rows, mask=given_mask, renormalize=renormalize, **settings
+        contributions,
+        heads=None,
+        rows=rows,
+        mask=given_mask,
+        normalize_layers=normalize_layers,
+        **settings,
     )
 
 

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
+from attnflow._deprecation import MISSING, renamed_keyword
 from attnflow._receptive_field import normalize_attribution
 from attnflow._validation import (
     AttentionLayout,
@@ -78,7 +79,8 @@ _ROLLOUT_OPTIONS = frozenset(
 _GRADIENT_OPTIONS = frozenset(
     {
         "rule",
-        "normalize",
+        "normalize_result",
+        "normalize",  # its spelling until 0.1, with a DeprecationWarning
         "residual",
         "layers",
         "mask",
@@ -319,12 +321,22 @@ def _check_options(
             )
             raise ValueError(msg)
         settings.rule = rule
-        for name in ("normalize", "exclude_self"):
-            value = options.get(name, False)
+        flags = {
+            "normalize_result": renamed_keyword(
+                "normalize",
+                "normalize_result",
+                options.get("normalize", MISSING),
+                options.get("normalize_result", False),
+                default=False,
+            ),
+            "exclude_self": options.get("exclude_self", False),
+        }
+        for name, value in flags.items():
             if not isinstance(value, bool):
                 msg = f"`{name}` must be True or False; got {value!r}."
                 raise TypeError(msg)
-            setattr(settings, name, value)
+        settings.normalize = flags["normalize_result"]
+        settings.exclude_self = flags["exclude_self"]
     return settings
 
 

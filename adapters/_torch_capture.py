@@ -24,10 +24,11 @@ import attnflow.explanation
 
 from ._common import (
     CaptureBlock,
+    CaptureHeads,
     Contributions,
     HeadReduction,
+    capture_heads,
     check_contribution_method,
-    check_heads,
 )
 from ._torch_contributions import BlockRecorder, find_blocks
 
@@ -175,9 +176,10 @@ class Capture(CaptureBlock):
         from ``nn.TransformerEncoder``, ``nn.Transformer`` or ``nn.MultiheadAttention``.
     gradients : bool, default False
         Keep the gradients of the weights, read as `gradients` after a backward pass.
-        Needs autograd on during the call and ``heads=None``.
-    heads : {"mean", "max", "min"} or None, default None
-        Fuse the heads of each layer while capturing; None keeps every head.
+        Needs autograd on during the call and ``heads="each"``.
+    heads : {"each", "mean", "max", "min"}, default "each"
+        Fuse the heads of each layer while capturing; ``"each"`` keeps every head
+        (``None`` is its deprecated spelling).
     contributions : {"norm", "globenc", "alti"} or None, default None
         Record value-aware token-mixing matrices (`contributions` and `outputs`) instead
         of attention weights. Not with `gradients` or `heads`.
@@ -214,7 +216,7 @@ class Capture(CaptureBlock):
         each block's output rebuilt from its decomposition, ``(*batch, layers, n, d)``.
     model : torch.nn.Module
         The model given.
-    heads : {"mean", "max", "min"} or None
+    heads : {"each", "mean", "max", "min"}
         The `heads` argument.
     track_gradients : bool
         The `gradients` argument.
@@ -289,7 +291,7 @@ class Capture(CaptureBlock):
         model: nn.Module,
         *,
         gradients: bool = False,
-        heads: HeadReduction | None = None,
+        heads: CaptureHeads = "each",
         contributions: Contributions | None = None,
     ) -> None:
         given: object = model  # checked at run time: callers may not be type-checked
@@ -299,16 +301,16 @@ class Capture(CaptureBlock):
                 f"block); got {type(given).__name__}."
             )
             raise TypeError(msg)
-        check_heads(heads)
-        if gradients and heads is not None:
+        heads = capture_heads(heads, caller="Capture")
+        if gradients and heads != "each":
             msg = (
                 "gradients=True needs the weights of every head (gradient-weighted rollout "
-                "multiplies each head's weights by their gradient): pass heads=None and "
-                "fuse afterwards."
+                'multiplies each head\'s weights by their gradient): pass heads="each" (the '
+                "default) and fuse afterwards."
             )
             raise ValueError(msg)
         check_contribution_method(contributions)
-        if contributions is not None and (gradients or heads is not None):
+        if contributions is not None and (gradients or heads != "each"):
             msg = (
                 f"contributions={contributions!r} records one token-mixing matrix per layer, "
                 "not attention weights: drop `gradients` and `heads` (got "
@@ -318,7 +320,7 @@ class Capture(CaptureBlock):
         self.model = model
         self.contribution_method: Contributions | None = contributions
         self._recorder: BlockRecorder | None = None
-        self.heads: HeadReduction | None = heads
+        self.heads: CaptureHeads = heads
         self.track_gradients = gradients
         self._records: list[_Record] = []
         self._mask: torch.Tensor | None = None
@@ -623,7 +625,7 @@ class Capture(CaptureBlock):
                 self._recorder.errors.append("an attention call outside any supported block")
             return
         role = self._role()
-        if self.heads is not None:
+        if self.heads != "each":
             if weights.ndim < 3:
                 msg = (
                     f"Cannot fuse heads of attention weights of shape {tuple(weights.shape)}: "
@@ -820,7 +822,7 @@ def capture(
     model: nn.Module,
     *,
     gradients: bool = False,
-    heads: HeadReduction | None = None,
+    heads: CaptureHeads = "each",
     contributions: Contributions | None = None,
 ) -> Capture:
     """Record the attention weights of a PyTorch model call.
@@ -840,10 +842,12 @@ def capture(
     gradients : bool, default False
         Keep the gradients of the weights: after the block, call ``backward()`` on a
         scalar of the output and read ``cap.gradients``. Needs autograd on during the
-        call and ``heads=None``.
-    heads : {"mean", "max", "min"} or None, default None
+        call and ``heads="each"``.
+    heads : {"each", "mean", "max", "min"}, default "each"
         Fuse the heads of each layer while capturing (:func:`attnflow.fuse_heads`), so
-        that only ``layers x n x n`` values per sequence are kept; None keeps every head.
+        that only ``layers x n x n`` values per sequence are kept; ``"each"`` keeps every
+        head. (``None``, its old spelling, is deprecated: in rollout and flow
+        ``heads=None`` means that the heads are already fused.)
         The fused weights keep a heads axis of length one, ``(*batch, layers, 1, n, n)``:
         the canonical layout, which every attnflow function reads as it is (with its
         default ``heads="mean"``, the mean of one head is that head).
@@ -925,9 +929,10 @@ def capture(
     ...     y = model(x)
     >>> cap.contributions.shape
     torch.Size([1, 3, 5, 5])
-    >>> attnflow.rollout(cap.contributions, heads=None, residual=0.0, renormalize=True).shape
+    >>> attnflow.rollout(cap.contributions, heads=None, residual=0.0, normalize_layers=True).shape
     torch.Size([1, 5, 5])
     """
+    heads = capture_heads(heads, caller="capture")
     return Capture(model, gradients=gradients, heads=heads, contributions=contributions)
 
 

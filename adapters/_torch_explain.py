@@ -75,9 +75,9 @@ def explain(
         return their rollout, with ``residual=0`` for GlobEnc and ALTI, whose matrices
         carry the residual connection, and the paper's ``0.5`` mix for the norm-based
         matrix, which has none. The norm-based and ALTI rows are renormalised
-        (``renormalize=True``); GlobEnc follows its authors (Modarressi et al. 2022): the
+        (``normalize_layers=True``); GlobEnc follows its authors (Modarressi et al. 2022): the
         raw N-Enc matrices are multiplied without renormalising rows, so the values are
-        not shares; ``renormalize=True`` gives the renormalised variant. `residual` in
+        not shares; ``normalize_layers=True`` gives the renormalised variant. `residual` in
         `options` overrides the mix. For flow over them, call :func:`attnflow.flow` on
         ``cap.contributions``.
     rows : int, sequence of int or None, default 0
@@ -100,7 +100,7 @@ def explain(
         cannot be captured); False always captures.
     **options
         Passed on to the method (``heads``, ``residual``, ``layers``, ``mask``,
-        ``normalize``, ``rule``, ``exclude_self``...). For rollout and flow a string
+        ``normalize_result``, ``rule``, ``exclude_self``...). For rollout and flow a string
         `heads` (``"mean"``, ``"max"``, ``"min"``) is applied while capturing, to save
         memory. ``mask`` overrides the captured mask (pass ``mask=None`` to ignore
         padding).
@@ -168,7 +168,7 @@ def explain(
     check_no_target(method, target)
     heads = options.pop("heads", "mean")
     fuse_now = fuses_while_capturing(heads)
-    with torch.no_grad(), capture(model, heads=heads if fuse_now else None) as cap:
+    with torch.no_grad(), capture(model, heads=heads if fuse_now else "each") as cap:
         _call(model, inputs)
     result: torch.Tensor = explain_weights(cap.attentions, cap.mask, method, rows, heads, options)
     return result

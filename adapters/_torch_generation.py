@@ -59,7 +59,8 @@ _OPTIONS: dict[str, frozenset[str]] = {
     "gradient_rollout": frozenset(
         {
             "rule",
-            "normalize",
+            "normalize_result",
+            "normalize",  # its spelling until 0.1: attnflow.gradient_rollout warns
             "residual",
             "layers",
             "exclude_self",
@@ -87,6 +88,9 @@ _REFUSED = {
     "discard": (
         "discard prunes each layer as a whole, so a row would change as tokens arrive; call "
         "attnflow.rollout on the captured weights of the whole sequence"
+    ),
+    "normalize_layers": (
+        "explain_generation rolls out attention probabilities; drop `normalize_layers`"
     ),
     "renormalize": "explain_generation rolls out attention probabilities; drop `renormalize`",
     "target": (
@@ -181,7 +185,7 @@ def explain_generation(
           to each row: divide by the rollout of uniform causal attention over that row's
           prefix, and zero the `exclude` columns (non-negative positions, e.g. 0 for a BOS
           sink), then renormalise; rollout and gradient rollout.
-        - ``rule``, ``normalize``, ``exclude_self``: gradient rollout
+        - ``rule``, ``normalize_result``, ``exclude_self``: gradient rollout
           (:func:`attnflow.gradient_rollout`).
         - ``validate``: check the attention values; all methods.
 
@@ -589,7 +593,7 @@ class _StepFollower:
         from ._torch_capture import capture
 
         fuse_now = isinstance(self.heads, str)
-        with capture(self.model, heads=self.heads if fuse_now else None) as cap:
+        with capture(self.model, heads=self.heads if fuse_now else "each") as cap:
             hook = self.model.register_forward_hook(lambda *_: self._step(cap.records))
             try:
                 output = generate(**inputs, max_new_tokens=steps, **generation)

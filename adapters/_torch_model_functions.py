@@ -15,10 +15,11 @@ import attnflow
 import attnflow.explanation
 
 from ._common import (
+    CaptureHeads,
     Contributions,
-    HeadReduction,
     Reduction,
     Score,
+    capture_heads,
     check_reduce_output,
 )
 from ._torch_capture import capture
@@ -32,7 +33,7 @@ def model_functions(
     *,
     input_name: str = "input_ids",
     mask_name: str | None = "attention_mask",
-    heads: HeadReduction | None = "mean",
+    heads: CaptureHeads = "mean",
     embeddings: nn.Module | None = None,
     reduce: Reduction = "l2",
     output: Score = "probability",
@@ -65,10 +66,11 @@ def model_functions(
         The keyword of the token ids.
     mask_name : str or None, default "attention_mask"
         The keyword of the padding mask; None calls ``model(ids)`` without one.
-    heads : {"mean", "max", "min"} or None, default "mean"
+    heads : {"mean", "max", "min", "each"}, default "mean"
         Fuse the heads while capturing, so that each layer keeps ``n x n`` values; the
         attentions are then returned with a heads axis of length one ``(B, L, 1, n, n)``,
-        which every head fusion leaves as it is. None returns every head.
+        which every head fusion leaves as it is. ``"each"`` returns every head (``None``
+        is its deprecated spelling, as for :func:`capture`).
     embeddings : torch.nn.Module, optional
         Where input gradients are taken, as for :func:`input_gradients` (by default
         ``model.get_input_embeddings()``).
@@ -82,7 +84,7 @@ def model_functions(
         (``capture(model, contributions=...)``) with a heads axis of length one,
         ``(B, L, 1, n, n)``, instead of the attention weights (`heads` is then unused).
         Evaluate them with methods that take their rows as they are, e.g.
-        ``functools.partial(attnflow.rollout, residual=0.0, renormalize=True)`` for
+        ``functools.partial(attnflow.rollout, residual=0.0, normalize_layers=True)`` for
         ALTI, which carries the residual connection, or, for GlobEnc as its authors
         aggregate it (raw products),
         ``functools.partial(attnflow._contributions.compose_unnormalized, attnflow.rollout)``.
@@ -139,9 +141,7 @@ def model_functions(
     if not isinstance(given, nn.Module):
         msg = f"model_functions() expects a torch.nn.Module; got {type(given).__name__}."
         raise TypeError(msg)
-    if heads is not None and heads not in ("mean", "max", "min"):
-        msg = f'`heads` must be "mean", "max", "min" or None; got {heads!r}.'
-        raise ValueError(msg)
+    heads = capture_heads(heads, caller="model_functions")
     if contributions not in (None, "norm", "globenc", "alti"):
         msg = (
             '`contributions` must be None (attention weights), "norm", "globenc" or "alti"; '

@@ -8,7 +8,7 @@ jax and flax and is imported only on demand (``import attnflow`` never imports i
 JAX is functional, so the adapter is a set of functions that call the model and return
 ``(outputs, Capture)``; they are traceable and can be wrapped in :func:`jax.jit`.
 
-* Flax linen (:func:`capture_linen`, :func:`gradients_linen`): every
+* Flax linen (:func:`capture_linen`, :func:`attention_gradients_linen`): every
   ``flax.linen.MultiHeadDotProductAttention`` call is intercepted with
   :func:`flax.linen.intercept_methods` and run with ``sow_weights=True``, so the softmax
   probabilities are sown into the ``"intermediates"`` collection. For gradients,
@@ -16,7 +16,7 @@ JAX is functional, so the adapter is a set of functions that call the model and 
   the call, by a wrapper that adds a zero perturbation (:meth:`flax.linen.Module.perturb`)
   to the weights; the gradient with respect to the perturbation is the gradient with
   respect to the weights.
-* Flax NNX (:func:`capture_nnx`, :func:`gradients_nnx`): the ``attention_fn`` of every
+* Flax NNX (:func:`capture_nnx`, :func:`attention_gradients_nnx`): the ``attention_fn`` of every
   ``flax.nnx.MultiHeadAttention`` that uses the default ``nnx.dot_product_attention`` is
   replaced, for the duration of the call, by an explicit computation with the same
   semantics that records the weights (NNX's default otherwise calls the fused
@@ -47,7 +47,7 @@ import contextlib
 import inspect
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, overload
+from typing import Any, Literal, NamedTuple, overload
 
 import flax.linen as nn
 import jax
@@ -59,16 +59,18 @@ from flax.nnx.nn import attention as nnx_attention
 from flax.nnx.nn import dtypes as nnx_dtypes
 
 import attnflow
+from attnflow._deprecation import warn_deprecated
 
 from ._common import (
+    CaptureHeads,
     Contributions,
     HeadReduction,
     Method,
     Reduction,
     Score,
+    capture_heads,
     check_class_values,
     check_contributions,
-    check_heads,
     check_method,
     check_no_target,
     check_reduce_output,
@@ -90,8 +92,6 @@ __all__ = [
     "capture_nnx",
     "explain_linen",
     "explain_nnx",
-    "gradients_linen",
-    "gradients_nnx",
     "input_gradients_linen",
     "input_gradients_nnx",
 ]
@@ -106,8 +106,8 @@ _LOCK = threading.RLock()
 class Capture(NamedTuple):
     """Attention weights captured from one Flax model call (a named tuple and a JAX pytree).
 
-    What :func:`capture_linen`, :func:`capture_nnx`, :func:`gradients_linen` and
-    :func:`gradients_nnx` return beside the model's outputs; build it through them. A
+    What :func:`capture_linen` and :func:`capture_nnx` return beside the model's
+    outputs; build it through them. A
     pytree, so it can be returned from a function transformed with :func:`jax.jit`, and
     a named tuple, so it unpacks as ``attentions, mask, gradients = cap``.
 
@@ -121,8 +121,9 @@ class Capture(NamedTuple):
         attend to it under the attention mask of the first attention call. None when the
         model passed no mask.
     gradients : jax.Array or None, default None
-        Gradient of the target scalar with respect to `attentions`, same shape, from
-        :func:`gradients_linen` or :func:`gradients_nnx`; None otherwise.
+        Gradient of the target scalar with respect to `attentions`, same shape, filled
+        only by the deprecated ``gradients_linen`` and ``gradients_nnx``; None otherwise
+        (:func:`attention_gradients_linen` returns the gradients themselves).
 
     Attributes
     ----------
@@ -136,14 +137,14 @@ class Capture(NamedTuple):
     --------
     ContributionCapture : What ``contributions=`` captures instead.
     capture_linen, capture_nnx : Capture the weights.
-    gradients_linen, gradients_nnx : Capture the weights and their gradients.
+    attention_gradients_linen, attention_gradients_nnx : The weights and their gradients.
     attnflow.rollout, attnflow.flow : Read `attentions` with `mask`.
 
     Examples
     --------
     >>> import jax, jax.numpy as jnp
     >>> from flax import nnx
-    >>> from attnflow.adapters.jax import Capture, capture_nnx, gradients_nnx
+    >>> from attnflow.adapters.jax import Capture, capture_nnx
     >>> mha = nnx.MultiHeadAttention(
     ...     num_heads=2, in_features=4, decode=False, rngs=nnx.Rngs(0)
     ... )
@@ -152,9 +153,8 @@ class Capture(NamedTuple):
     True
     >>> cap.attentions.shape, cap.mask, cap.gradients
     ((1, 1, 2, 3, 3), None, None)
-    >>> y, cap = gradients_nnx(mha, jnp.ones((1, 3, 4)), target=lambda y: y[:, 0].sum())
-    >>> jax.tree.map(jnp.shape, cap)
-    Capture(attentions=(1, 1, 2, 3, 3), mask=None, gradients=(1, 1, 2, 3, 3))
+    >>> jax.tree.map(jnp.shape, jax.jit(lambda x: capture_nnx(mha, x)[1])(jnp.ones((1, 3, 4))))
+    Capture(attentions=(1, 1, 2, 3, 3), mask=None, gradients=None)
     """
 
     attentions: jax.Array
@@ -201,9 +201,9 @@ class ContributionCapture(NamedTuple):
     contributions : jax.Array
         ``(*batch, layers, n, n)``, rows = receiving token, one matrix per attention
         block in the order the blocks ran. Roll them out with
-        ``attnflow.rollout(c, heads=None, residual=0.0, renormalize=True)`` (ALTI;
+        ``attnflow.rollout(c, heads=None, residual=0.0, normalize_layers=True)`` (ALTI;
         ``residual=0.5`` for the norm-based matrix, which has no residual; GlobEnc's
-        authors multiply the raw matrices, ``renormalize=False, validate=False``).
+        authors multiply the raw matrices, ``normalize_layers=False, validate=False``).
     outputs : jax.Array
         ``(*batch, layers, n, d)``: each block's output rebuilt from its decomposition,
         :math:`\sum_j T_i(x_j) + b_i` (the LayerNorm output of a post-LN block, the
@@ -248,7 +248,7 @@ class ContributionCapture(NamedTuple):
     True
     >>> jax.tree.map(jnp.shape, cap)
     ContributionCapture(contributions=(1, 1, 3, 3), outputs=(1, 1, 3, 4), mask=None)
-    >>> attnflow.rollout(cap.contributions, heads=None, residual=0.0, renormalize=True).shape
+    >>> attnflow.rollout(cap.contributions, heads=None, residual=0.0, normalize_layers=True).shape
     (1, 3, 3)
     """
 
@@ -290,7 +290,7 @@ def _nothing_captured(*, nnx: bool) -> RuntimeError:
     return RuntimeError(f"No attention weights were captured from the model call. {detail}")
 
 
-def _stack(weights: Sequence[jax.Array], heads: HeadReduction | None) -> jax.Array:
+def _stack(weights: Sequence[jax.Array], heads: CaptureHeads) -> jax.Array:
     shapes = {tuple(w.shape) for w in weights}
     if len(shapes) > 1:
         msg = (
@@ -300,7 +300,7 @@ def _stack(weights: Sequence[jax.Array], heads: HeadReduction | None) -> jax.Arr
             "decoding: run a single forward pass of one attention stack."
         )
         raise ValueError(msg)
-    if heads is not None:
+    if heads != "each":
         # One fused head, its axis kept: the canonical layout (issue 22.17).
         fused = [
             attnflow.fuse_heads(w, heads=heads, validate=False)[..., None, :, :] for w in weights
@@ -488,7 +488,7 @@ def capture_linen(
     variables: Any,
     /,
     *args: Any,
-    heads: HeadReduction | None = None,
+    heads: CaptureHeads = "each",
     contributions: None = None,
     **kwargs: Any,
 ) -> tuple[Any, Capture]: ...
@@ -500,7 +500,7 @@ def capture_linen(
     variables: Any,
     /,
     *args: Any,
-    heads: None = None,
+    heads: Literal["each"] = "each",
     contributions: Contributions,
     **kwargs: Any,
 ) -> tuple[Any, ContributionCapture]: ...
@@ -511,7 +511,7 @@ def capture_linen(
     variables: Any,
     /,
     *args: Any,
-    heads: HeadReduction | None = None,
+    heads: CaptureHeads = "each",
     contributions: Contributions | None = None,
     **kwargs: Any,
 ) -> tuple[Any, Capture | ContributionCapture]:
@@ -531,9 +531,10 @@ def capture_linen(
         Its variables, e.g. ``{"params": params}``.
     *args
         Positional arguments of the model call.
-    heads : {"mean", "max", "min"} or None, default None
+    heads : {"each", "mean", "max", "min"}, default "each"
         Fuse the heads of each layer while capturing (:func:`attnflow.fuse_heads`);
-        None keeps every head.
+        ``"each"`` keeps every head. (``None``, its old spelling, is deprecated: in
+        rollout and flow ``heads=None`` means that the heads are already fused.)
     contributions : {"norm", "globenc", "alti"} or None, default None
         Record value-aware token-mixing matrices instead of attention weights
         (:func:`attnflow.contributions`; Kobayashi et al. 2020, Modarressi et al. 2022,
@@ -633,10 +634,10 @@ def capture_linen(
     >>> y, cap = capture_linen(PreLN(), variables, x, contributions="alti")
     >>> cap.contributions.shape, cap.outputs.shape
     ((1, 2, 4, 4), (1, 2, 4, 8))
-    >>> attnflow.rollout(cap.contributions, heads=None, residual=0.0, renormalize=True).shape
+    >>> attnflow.rollout(cap.contributions, heads=None, residual=0.0, normalize_layers=True).shape
     (1, 4, 4)
     """
-    check_heads(heads)
+    heads = capture_heads(heads, caller="capture_linen")
     check_contributions(contributions, heads)
     if contributions is not None:
         tracker = BlockTracker(contributions, *read_linen())
@@ -652,7 +653,7 @@ def capture_linen(
     return _linen_outputs(outputs, state, user_mutable), capture
 
 
-def gradients_linen(
+def _gradients_linen(
     module: nn.Module,
     variables: Any,
     /,
@@ -660,51 +661,13 @@ def gradients_linen(
     target: Callable[[Any], jax.Array],
     **kwargs: Any,
 ) -> tuple[Any, Capture]:
-    """Capture a linen model's attention weights and the gradient of a scalar w.r.t. them.
+    """Return the outputs and a :class:`Capture` with ``gradients``, for a linen model.
 
     The weights get a zero perturbation (a variable in an ``"attnflow_perturbations"``
     collection, :meth:`flax.linen.Module.perturb`); :func:`jax.value_and_grad` of
     ``target(outputs)`` with respect to the perturbations gives the gradient with
-    respect to the weights. Traceable: wrap it in :func:`jax.jit`.
-
-    Parameters
-    ----------
-    module : flax.linen.Module
-        The model.
-    variables : mapping
-        Its variables, e.g. ``{"params": params}``.
-    *args
-        Positional arguments of the model call.
-    target : callable
-        Maps the model's outputs (as returned by this function) to a scalar, e.g.
-        ``lambda y: y[:, 0].sum()``.
-    **kwargs
-        Keyword arguments of ``module.apply``.
-
-    Returns
-    -------
-    outputs : Any
-        The model's outputs.
-    capture : Capture
-        ``attentions`` and ``gradients``, both ``(*batch, layers, heads, n, n)``, and
-        ``mask`` as for :func:`capture_linen`.
-
-    Raises
-    ------
-    RuntimeError
-        If no attention was seen, or no gradient could be attached to some call.
-
-    Examples
-    --------
-    >>> import jax, jax.numpy as jnp
-    >>> import flax.linen as nn
-    >>> from attnflow.adapters.jax import gradients_linen
-    >>> model = nn.MultiHeadDotProductAttention(num_heads=2)
-    >>> x = jnp.ones((1, 3, 4))
-    >>> variables = model.init(jax.random.key(0), x)
-    >>> y, cap = gradients_linen(model, variables, x, target=lambda y: y[:, 0].sum())
-    >>> cap.gradients.shape
-    (1, 1, 2, 3, 3)
+    respect to the weights. Raises ``RuntimeError`` if no attention was seen, or no
+    gradient could be attached to some call.
     """
     clean = {k: v for k, v in dict(variables).items() if k != _PERTURBATIONS}
 
@@ -725,7 +688,7 @@ def gradients_linen(
         outputs, state, user_mutable, recorder = run(perturbations)
         result = _linen_outputs(outputs, state, user_mutable)
         weights = _linen_weights(recorder, state)
-        capture = Capture(_stack(weights, None), _padding_mask(recorder.masks[0], weights[0]))
+        capture = Capture(_stack(weights, "each"), _padding_mask(recorder.masks[0], weights[0]))
         calls.append(recorder.calls)
         return jnp.asarray(target(result)), (result, capture)
 
@@ -849,7 +812,7 @@ def capture_nnx(
     model: nnx.Module,
     /,
     *args: Any,
-    heads: HeadReduction | None = None,
+    heads: CaptureHeads = "each",
     contributions: None = None,
     **kwargs: Any,
 ) -> tuple[Any, Capture]: ...
@@ -860,7 +823,7 @@ def capture_nnx(
     model: nnx.Module,
     /,
     *args: Any,
-    heads: None = None,
+    heads: Literal["each"] = "each",
     contributions: Contributions,
     **kwargs: Any,
 ) -> tuple[Any, ContributionCapture]: ...
@@ -870,7 +833,7 @@ def capture_nnx(
     model: nnx.Module,
     /,
     *args: Any,
-    heads: HeadReduction | None = None,
+    heads: CaptureHeads = "each",
     contributions: Contributions | None = None,
     **kwargs: Any,
 ) -> tuple[Any, Capture | ContributionCapture]:
@@ -888,8 +851,9 @@ def capture_nnx(
         The model (a callable NNX module).
     *args
         Positional arguments of the model call.
-    heads : {"mean", "max", "min"} or None, default None
-        Fuse the heads of each layer while capturing; None keeps every head.
+    heads : {"each", "mean", "max", "min"}, default "each"
+        Fuse the heads of each layer while capturing; ``"each"`` keeps every head
+        (``None``, its old spelling, is deprecated).
     contributions : {"norm", "globenc", "alti"} or None, default None
         Record value-aware token-mixing matrices instead (a
         :class:`ContributionCapture`), with the blocks recognised as for
@@ -948,7 +912,7 @@ def capture_nnx(
     >>> cap.contributions.shape
     (1, 1, 3, 3)
     """
-    check_heads(heads)
+    heads = capture_heads(heads, caller="capture_nnx")
     check_contributions(contributions, heads)
     if contributions is not None:
         tracker = BlockTracker(contributions, *read_nnx())
@@ -961,50 +925,18 @@ def capture_nnx(
     return outputs, Capture(_stack(weights, heads), _padding_mask(recorder.masks[0], weights[0]))
 
 
-def gradients_nnx(
+def _gradients_nnx(
     model: nnx.Module,
     /,
     *args: Any,
     target: Callable[[Any], jax.Array],
     **kwargs: Any,
 ) -> tuple[Any, Capture]:
-    """Capture an NNX model's attention weights and the gradient of a scalar w.r.t. them.
+    """Return the outputs and a :class:`Capture` with ``gradients``, for an NNX model.
 
     Each attention call adds a zero array to its weights; :func:`jax.value_and_grad`
     of ``target(model(*args, **kwargs))`` with respect to those arrays is the gradient
-    with respect to the weights (the perturbation trick). Run the model deterministically
-    (no state updates during the call). Traceable: wrap it in :func:`jax.jit`.
-
-    Parameters
-    ----------
-    model : flax.nnx.Module
-        The model.
-    *args
-        Positional arguments of the model call.
-    target : callable
-        Maps the outputs to a scalar, e.g. ``lambda y: y[:, 0].sum()``.
-    **kwargs
-        Keyword arguments of the model call.
-
-    Returns
-    -------
-    outputs : Any
-        The model's outputs.
-    capture : Capture
-        ``attentions`` and ``gradients``, both ``(*batch, layers, heads, n, n)``, and
-        ``mask`` as for :func:`capture_nnx`.
-
-    Examples
-    --------
-    >>> import jax.numpy as jnp
-    >>> from flax import nnx
-    >>> from attnflow.adapters.jax import gradients_nnx
-    >>> mha = nnx.MultiHeadAttention(
-    ...     num_heads=2, in_features=4, decode=False, rngs=nnx.Rngs(0)
-    ... )
-    >>> y, cap = gradients_nnx(mha, jnp.ones((1, 3, 4)), target=lambda y: y[:, 0].sum())
-    >>> cap.gradients.shape
-    (1, 1, 2, 3, 3)
+    with respect to the weights (the perturbation trick).
     """
 
     def shapes() -> list[jax.Array]:
@@ -1018,7 +950,7 @@ def gradients_nnx(
         recorder = _NNXRecorder(deltas)
         outputs = _run_nnx(recorder, model, args, kwargs)
         weights = recorder.weights
-        capture = Capture(_stack(weights, None), _padding_mask(recorder.masks[0], weights[0]))
+        capture = Capture(_stack(weights, "each"), _padding_mask(recorder.masks[0], weights[0]))
         return jnp.asarray(target(outputs)), (outputs, capture)
 
     (_, (outputs, capture)), grads = jax.value_and_grad(scalar, has_aux=True)(zeros)
@@ -1035,10 +967,14 @@ def attention_gradients_linen(
 ) -> tuple[jax.Array, jax.Array]:
     """Differentiate a scalar of a linen model's output by its attention weights.
 
-    The one-call form named as in the torch and Keras adapters
-    (:func:`attnflow.adapters.keras.attention_gradients`): :func:`gradients_linen`,
-    returning the weights and their gradients only. Feed them to
-    :func:`attnflow.gradient_rollout`.
+    The adapter's gradients verb, named as in the torch and Keras adapters
+    (:func:`attnflow.adapters.torch.attention_gradients`). The weights get a zero
+    perturbation (a variable in an ``"attnflow_perturbations"`` collection,
+    :meth:`flax.linen.Module.perturb`); :func:`jax.value_and_grad` of
+    ``target(outputs)`` with respect to the perturbations gives the gradient with
+    respect to the weights. Traceable: wrap it in :func:`jax.jit`. Feed the result to
+    :func:`attnflow.gradient_rollout`; the outputs and the padding mask come from
+    :func:`capture_linen`.
 
     Parameters
     ----------
@@ -1079,8 +1015,8 @@ def attention_gradients_linen(
     >>> gradients.shape == attentions.shape == (1, 1, 2, 3, 3)
     True
     """
-    _, cap = gradients_linen(module, variables, *args, target=target, **kwargs)
-    assert cap.gradients is not None  # gradients_linen fills them
+    _, cap = _gradients_linen(module, variables, *args, target=target, **kwargs)
+    assert cap.gradients is not None  # _gradients_linen fills them
     return cap.attentions, cap.gradients
 
 
@@ -1093,8 +1029,11 @@ def attention_gradients_nnx(
 ) -> tuple[jax.Array, jax.Array]:
     """Differentiate a scalar of an NNX model's output by its attention weights.
 
-    As :func:`attention_gradients_linen`, for NNX: :func:`gradients_nnx`, returning the
-    weights and their gradients only.
+    As :func:`attention_gradients_linen`, for NNX: each attention call adds a zero array
+    to its weights, and :func:`jax.value_and_grad` of ``target(model(*args, **kwargs))``
+    with respect to those arrays is the gradient with respect to the weights. Run the
+    model deterministically (no state updates during the call). Traceable: wrap it in
+    :func:`jax.jit`. The outputs and the padding mask come from :func:`capture_nnx`.
 
     Parameters
     ----------
@@ -1128,9 +1067,53 @@ def attention_gradients_nnx(
     >>> gradients.shape == attentions.shape == (1, 1, 2, 3, 3)
     True
     """
-    _, cap = gradients_nnx(model, *args, target=target, **kwargs)
-    assert cap.gradients is not None  # gradients_nnx fills them
+    _, cap = _gradients_nnx(model, *args, target=target, **kwargs)
+    assert cap.gradients is not None  # _gradients_nnx fills them
     return cap.attentions, cap.gradients
+
+
+# -- the second gradients verb, until 0.2 -------------------------------------------------------
+def gradients_linen(
+    module: nn.Module,
+    variables: Any,
+    /,
+    *args: Any,
+    target: Callable[[Any], jax.Array],
+    **kwargs: Any,
+) -> tuple[Any, Capture]:
+    """Return ``(outputs, Capture)`` with gradients; deprecated for :func:`attention_gradients_linen`.
+
+    .. deprecated:: 0.1
+        One gradients verb per adapter, as in torch and Keras; ``gradients_linen`` goes in
+        attnflow 0.2. It returns ``(outputs, Capture)`` with ``gradients`` filled, as before.
+    """
+    warn_deprecated(
+        "attnflow.adapters.jax.gradients_linen",
+        "call attention_gradients_linen(...) for (attentions, gradients), and capture_linen "
+        "for the outputs and the padding mask",
+    )
+    return _gradients_linen(module, variables, *args, target=target, **kwargs)
+
+
+def gradients_nnx(
+    model: nnx.Module,
+    /,
+    *args: Any,
+    target: Callable[[Any], jax.Array],
+    **kwargs: Any,
+) -> tuple[Any, Capture]:
+    """Return ``(outputs, Capture)`` with gradients; deprecated for :func:`attention_gradients_nnx`.
+
+    .. deprecated:: 0.1
+        One gradients verb per adapter, as in torch and Keras; ``gradients_nnx`` goes in
+        attnflow 0.2. It returns ``(outputs, Capture)`` with ``gradients`` filled, as before.
+    """
+    warn_deprecated(
+        "attnflow.adapters.jax.gradients_nnx",
+        "call attention_gradients_nnx(...) for (attentions, gradients), and capture_nnx "
+        "for the outputs and the padding mask",
+    )
+    return _gradients_nnx(model, *args, target=target, **kwargs)
 
 
 def _check_method(method: object, target: object, heads: object = "mean") -> None:
@@ -1182,14 +1165,14 @@ def explain_linen(
         The attribution method. Flow runs on the host and cannot be traced.
         ``"gradient_rollout"`` (Chefer et al.'s GAE, :func:`attnflow.gradient_rollout`)
         differentiates the logit of the `target` class of each sample, summed over the
-        batch, with respect to every layer's attention weights (:func:`gradients_linen`)
+        batch, with respect to every layer's attention weights (:func:`attention_gradients_linen`)
         and pairs weights and gradients layer by layer; it is traceable. ``"norm"``,
         ``"globenc"`` and ``"alti"`` capture the value-aware token-mixing matrices
         (``capture_linen(..., contributions=method)``) and roll them out:
-        ``attnflow.rollout(cap.contributions, heads=None, renormalize=True,
+        ``attnflow.rollout(cap.contributions, heads=None, normalize_layers=True,
         residual=0.0, mask=cap.mask)`` (``residual=0.5`` for ``"norm"``, whose matrix
         has no residual); GlobEnc as its authors do, the raw matrices multiplied without
-        renormalising rows (``renormalize=True`` in `options` for the renormalised
+        renormalising rows (``normalize_layers=True`` in `options` for the renormalised
         variant); `options` may override ``residual`` and ``mask``.
     rows : int, sequence of int or None, default 0
         Output positions to explain.
@@ -1203,7 +1186,7 @@ def explain_linen(
         sample's predicted class.
     options : mapping, optional
         More options for the method (``residual``, ``layers``, ``mask``, ``rule``,
-        ``normalize``, ``exclude_self``...).
+        ``normalize_result``, ``exclude_self``...).
     **kwargs
         The model's keyword inputs, as for ``module.apply``.
 
@@ -1229,8 +1212,8 @@ def explain_linen(
     """
     _check_method(method, target, heads)
     if method == "gradient_rollout":
-        _, cap = gradients_linen(module, variables, *args, target=_class_logit(target), **kwargs)
-        assert cap.gradients is not None  # gradients_linen / gradients_nnx fill them
+        _, cap = _gradients_linen(module, variables, *args, target=_class_logit(target), **kwargs)
+        assert cap.gradients is not None  # _gradients_linen / _gradients_nnx fill them
         grads: jax.Array = explain_gradients(cap.attentions, cap.gradients, cap.mask, rows, options)
         return grads
     if method in ("norm", "globenc", "alti"):
@@ -1267,7 +1250,7 @@ def explain_nnx(
         Its positional inputs.
     method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"}, default "rollout"
         The attribution method; ``"gradient_rollout"`` and the value-aware methods as
-        for :func:`explain_linen`, with :func:`gradients_nnx` and :func:`capture_nnx`.
+        for :func:`explain_linen`, with :func:`attention_gradients_nnx` and :func:`capture_nnx`.
     rows : int, sequence of int or None, default 0
         Output positions to explain.
     heads : {"mean", "max", "min"}, default "mean"
@@ -1278,7 +1261,7 @@ def explain_nnx(
         sample's predicted class.
     options : mapping, optional
         More options for the method (``residual``, ``layers``, ``mask``, ``rule``,
-        ``normalize``, ``exclude_self``...).
+        ``normalize_result``, ``exclude_self``...).
     **kwargs
         Its keyword inputs.
 
@@ -1300,8 +1283,8 @@ def explain_nnx(
     """
     _check_method(method, target, heads)
     if method == "gradient_rollout":
-        _, cap = gradients_nnx(model, *args, target=_class_logit(target), **kwargs)
-        assert cap.gradients is not None  # gradients_linen / gradients_nnx fill them
+        _, cap = _gradients_nnx(model, *args, target=_class_logit(target), **kwargs)
+        assert cap.gradients is not None  # _gradients_linen / _gradients_nnx fill them
         grads: jax.Array = explain_gradients(cap.attentions, cap.gradients, cap.mask, rows, options)
         return grads
     if method in ("norm", "globenc", "alti"):

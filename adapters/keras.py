@@ -50,14 +50,14 @@ import attnflow
 
 from ._common import (
     CaptureBlock,
+    CaptureHeads,
     Contributions,
-    HeadReduction,
     Method,
     Reduction,
     Score,
+    capture_heads,
     check_class_values,
     check_contributions,
-    check_heads,
     check_method,
     check_no_target,
     check_reduce_output,
@@ -95,8 +95,9 @@ class Capture(CaptureBlock):
     model : keras.Layer
         The model (functional, sequential or subclassed) or layer to call inside the
         block, containing ``keras.layers.MultiHeadAttention`` layers.
-    heads : {"mean", "max", "min"} or None, default None
-        Fuse the heads of each layer while capturing; None keeps every head.
+    heads : {"each", "mean", "max", "min"}, default "each"
+        Fuse the heads of each layer while capturing; ``"each"`` keeps every head
+        (``None`` is its deprecated spelling).
     contributions : {"norm", "globenc", "alti"} or None, default None
         Record value-aware token-mixing matrices (`contributions` and `outputs`) instead
         of attention scores. Not with `heads`.
@@ -116,7 +117,7 @@ class Capture(CaptureBlock):
         each block's output rebuilt from its decomposition, ``(*batch, layers, n, d)``.
     model : keras.Layer
         The model given.
-    heads : {"mean", "max", "min"} or None
+    heads : {"each", "mean", "max", "min"}
         The `heads` argument.
     contribution_method : {"norm", "globenc", "alti"} or None
         The `contributions` argument.
@@ -168,7 +169,7 @@ class Capture(CaptureBlock):
         self,
         model: keras.Layer,
         *,
-        heads: HeadReduction | None = None,
+        heads: CaptureHeads = "each",
         contributions: Contributions | None = None,
     ) -> None:
         given: object = model  # checked at run time: callers may not be type-checked
@@ -178,12 +179,12 @@ class Capture(CaptureBlock):
                 f"`with` block); got {type(given).__name__}."
             )
             raise TypeError(msg)
-        check_heads(heads)
+        heads = capture_heads(heads, caller="Capture")
         check_contributions(contributions, heads)
         self.model = model
         self.contribution_method: Contributions | None = contributions
         self._recorder: BlockRecorder | None = None
-        self.heads: HeadReduction | None = heads
+        self.heads: CaptureHeads = heads
         self._records: list[Any] = []
         self._masks: list[Any] = []
         self._layers: list[keras.layers.MultiHeadAttention] = []
@@ -333,7 +334,7 @@ class Capture(CaptureBlock):
             if not self._recorder.record(scores):
                 self._recorder.errors.append("an attention call outside any recognised block")
         else:
-            if self.heads is not None:
+            if self.heads != "each":
                 # One fused head, its axis kept: the canonical layout (issue 22.17).
                 scores = keras.ops.expand_dims(
                     attnflow.fuse_heads(
@@ -408,7 +409,7 @@ class Capture(CaptureBlock):
 def capture(
     model: keras.Layer,
     *,
-    heads: HeadReduction | None = None,
+    heads: CaptureHeads = "each",
     contributions: Contributions | None = None,
 ) -> Capture:
     """Record the attention scores of an eager Keras model call.
@@ -425,9 +426,11 @@ def capture(
     model : keras.Layer
         The model: functional, sequential or subclassed, or a single layer, containing
         ``keras.layers.MultiHeadAttention`` layers (keras-hub backbones use them too).
-    heads : {"mean", "max", "min"} or None, default None
+    heads : {"each", "mean", "max", "min"}, default "each"
         Fuse the heads of each layer while capturing (:func:`attnflow.fuse_heads`), so
-        that only ``layers x n x n`` values per sequence are kept; None keeps every head.
+        that only ``layers x n x n`` values per sequence are kept; ``"each"`` keeps every
+        head. (``None``, its old spelling, is deprecated: in rollout and flow
+        ``heads=None`` means that the heads are already fused.)
         The fused weights keep a heads axis of length one, ``(*batch, layers, 1, n, n)``:
         the canonical layout, which every attnflow function reads as it is (with its
         default ``heads="mean"``, the mean of one head is that head).
@@ -522,9 +525,10 @@ def capture(
     >>> tuple(cap.contributions.shape)
     (1, 2, 5, 5)
     >>> matrices = cap.contributions
-    >>> tuple(attnflow.rollout(matrices, heads=None, residual=0.0, renormalize=True).shape)
+    >>> tuple(attnflow.rollout(matrices, heads=None, residual=0.0, normalize_layers=True).shape)
     (1, 5, 5)
     """
+    heads = capture_heads(heads, caller="capture")
     return Capture(model, heads=heads, contributions=contributions)
 
 
@@ -559,9 +563,9 @@ def explain(
         return their rollout, with ``residual=0`` for GlobEnc and ALTI, whose matrices
         carry the residual connection, and the paper's ``0.5`` mix for the norm-based
         matrix, which has none. The norm-based and ALTI rows are renormalised
-        (``renormalize=True``); GlobEnc follows its authors (Modarressi et al. 2022): the
+        (``normalize_layers=True``); GlobEnc follows its authors (Modarressi et al. 2022): the
         raw N-Enc matrices are multiplied without renormalising rows, so the values are
-        not shares; ``renormalize=True`` gives the renormalised variant; `residual`
+        not shares; ``normalize_layers=True`` gives the renormalised variant; `residual`
         in `options` overrides it. For flow over them, call :func:`attnflow.flow` on
         ``cap.contributions``.
     rows : int, sequence of int or None, default 0
@@ -573,7 +577,7 @@ def explain(
     **options
         Passed on to :func:`attnflow.rollout`, :func:`attnflow.flow` or
         :func:`attnflow.gradient_rollout` (``heads``, ``residual``, ``layers``, ``mask``,
-        ``normalize``, ``rule``, ``exclude_self``...). A string `heads`
+        ``normalize_result``, ``rule``, ``exclude_self``...). A string `heads`
         (``"mean"``, ``"max"``, ``"min"``) is applied while capturing, to save memory.
         ``mask`` overrides the captured mask (pass ``mask=None`` to ignore padding).
 
@@ -617,7 +621,7 @@ def explain(
     check_no_target(method, target)
     heads = options.pop("heads", "mean")
     fuse_now = fuses_while_capturing(heads)
-    with capture(model, heads=heads if fuse_now else None) as cap:
+    with capture(model, heads=heads if fuse_now else "each") as cap:
         model(inputs)
     attentions = keras.ops.stop_gradient(cap.attentions)
     return explain_weights(attentions, cap.mask, method, rows, heads, options)

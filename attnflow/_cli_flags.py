@@ -22,6 +22,7 @@ _PHRASES = {
 # keyword=value as typed in Python -> the flag that does it.
 _SETTINGS = {
     "validate=False": "--no-validate",
+    "normalize_result=False": "--raw-values",
     "normalize=False": "--raw-values",
     "max_work=None": "--max-work inf",
     "heads=None": "--heads none",
@@ -40,6 +41,7 @@ _FLAGS = {
     "discard": "--discard",
     "receptive_field": "--receptive-field",
     "exclude": "--exclude",
+    "normalize_result": "--raw-values",
     "normalize": "--raw-values",
     "n_jobs": "--jobs",
     "max_work": "--max-work",
@@ -71,7 +73,7 @@ def in_flags(message: str, *, flags: dict[str, str] | None = None) -> str:
         An error message of the library.
     flags : dict of str to str, optional
         A command's own flags where they differ from flow's and rollout's (for example
-        ``{"normalize": "--normalize"}`` for ``gradient-rollout``).
+        ``{"normalize_result": "--normalize-result"}`` for ``gradient-rollout``).
 
     Returns
     -------

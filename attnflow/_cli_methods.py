@@ -346,7 +346,7 @@ def run_method(args: argparse.Namespace, *, method: str) -> int:
     options |= {"mask": mask, "validate": not args.no_validate}
     if method == "flow":
         options |= {
-            "normalize": not args.raw_values,
+            "normalize_result": not args.raw_values,
             "n_jobs": args.jobs,
             # The bar needs tqdm, an optional extra: without it the command runs quietly.
             "progress": not args.no_progress and has_module("tqdm"),

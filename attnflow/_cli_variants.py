@@ -7,6 +7,7 @@ input reading, output naming, atomic writing and the top-tokens table are ``_cli
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from ._cli_methods import (
     _read_tokens,
     _write_output,
 )
+from ._deprecation import REMOVED_IN
 from ._header_checks import check_encoder_decoder
 from ._validation import check_layers, check_rows
 
@@ -40,16 +42,36 @@ __all__ = [
 ]
 
 _GRADIENT_FLAGS = {
-    "normalize": "--normalize",
+    "normalize_result": "--normalize-result",
+    "normalize": "--normalize-result",
     "exclude_self": "--exclude-self",
     "rule": "--rule",
     # Attentions and gradients may share one file: keep their array names.
     "attentions": "`attentions`",
 }
-"""gradient-rollout's flags where they differ from flow's (``--normalize``, not
+"""gradient-rollout's flags where they differ from flow's (``--normalize-result``, not
 ``--raw-values``)."""
 _ENCODER_DECODER_ARRAYS = ("encoder", "decoder", "cross")
 _ENCODER_DECODER_GRADIENTS = tuple(f"{name}_gradients" for name in _ENCODER_DECODER_ARRAYS)
+
+
+class _NormalizeResult(argparse.Action):
+    """``--normalize-result``; its old spelling ``--normalize`` works until 0.2, with a note."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,  # noqa: ARG002 - argparse's signature
+        namespace: argparse.Namespace,
+        values: object,  # noqa: ARG002 - a flag takes no value
+        option_string: str | None = None,
+    ) -> None:
+        if option_string == "--normalize":
+            print(
+                "attnflow: --normalize is renamed --normalize-result (same meaning); "
+                f"--normalize will be removed in attnflow {REMOVED_IN}.",
+                file=sys.stderr,
+            )
+        setattr(namespace, self.dest, True)
 
 
 def _shared_options(parser: argparse.ArgumentParser, *, name: str) -> None:
@@ -62,7 +84,13 @@ def _shared_options(parser: argparse.ArgumentParser, *, name: str) -> None:
         + ("weighted" if name == "gradient_rollout" else "rollout"),
     )
     parser.add_argument(
-        "--normalize", action="store_true", help="divide each output row by its sum"
+        "--normalize-result",
+        "--normalize",
+        dest="normalize_result",
+        action=_NormalizeResult,
+        nargs=0,
+        default=False,
+        help="divide each row of the result by its sum (--normalize is its deprecated spelling)",
     )
     parser.add_argument(
         "--top", type=int, default=10, help="tokens to show in the table (default 10)"
@@ -200,7 +228,7 @@ def run_gradient_rollout(args: argparse.Namespace) -> int:
             attentions,
             gradients,
             rule=args.rule,
-            normalize=args.normalize,
+            normalize_result=args.normalize_result,
             rows=rows,
             layers=layers,  # type: ignore[arg-type]
             mask=mask,
@@ -283,13 +311,14 @@ def run_encoder_decoder(args: argparse.Namespace) -> int:
             raise UsageError(msg)
         options: dict[str, object] = {**_check_residual_rule(args, applies_to=("rollout", "flow"))}
         if args.rule == "flow":
-            if args.normalize:
+            if args.normalize_result:
                 msg = (
-                    "--normalize applies to --rule rollout or gae (--rule flow normalises "
-                    "rows unless --raw-values); got --normalize with --rule flow"
+                    "--normalize-result applies to --rule rollout or gae (--rule flow "
+                    "normalises rows unless --raw-values); got --normalize-result with "
+                    "--rule flow"
                 )
                 raise UsageError(msg)
-            options["normalize"] = not args.raw_values
+            options["normalize_result"] = not args.raw_values
             options["progress"] = not args.no_progress and has_module("tqdm")
         else:
             for flag, given in (
@@ -300,7 +329,7 @@ def run_encoder_decoder(args: argparse.Namespace) -> int:
                     msg = f"{flag} applies to --rule flow only; got {flag} with --rule {args.rule}"
                     raise UsageError(msg)
             options["rule"] = args.rule
-            options["normalize"] = args.normalize
+            options["normalize_result"] = args.normalize_result
         source = Path(args.input)
         if source.suffix.lower() not in {".npz", ".safetensors"}:
             msg = (

@@ -856,13 +856,13 @@ def contributions(
 
     ``"norm"`` and ``"globenc"`` are returned as norms (rows do not sum to one). Roll
     them out as their authors do: ALTI with ``attnflow.rollout(c, heads=None,
-    residual=0.0, renormalize=True)`` (its matrices carry the residual), the norm-based
+    residual=0.0, normalize_layers=True)`` (its matrices carry the residual), the norm-based
     matrix with rows renormalised and the paper's ``0.5`` identity mix (it has no
     residual), and GlobEnc *without* renormalising its rows,
     ``attnflow.rollout(c, heads=None, residual=0.0, validate=False)`` (the authors'
     ``AttentionRollout`` multiplies the raw :math:`N_{\mathrm{Enc}}` matrices; with
     padding use :func:`compose_unnormalized`, since a mask renormalises rows).
-    ``renormalize=True`` gives the renormalised GlobEnc variant.
+    ``normalize_layers=True`` gives the renormalised GlobEnc variant.
 
     ``"norm"`` and ``"globenc"`` never build the ``(n, n, d)`` tensor of terms: the
     squared norm of :math:`\sum_h \alpha^h_{ij} v^h_j` is :math:`a^\top G_j a` with
@@ -946,7 +946,7 @@ def contributions(
     Stack the layers' matrices and roll them out; ALTI carries the residual itself:
 
     >>> layers = np.stack([c, c])  # (L, n, n)
-    >>> attnflow.rollout(layers, heads=None, residual=0.0, renormalize=True).shape
+    >>> attnflow.rollout(layers, heads=None, residual=0.0, normalize_layers=True).shape
     (3, 3)
     """
     matrices, _ = contributions_and_outputs(
@@ -1045,7 +1045,7 @@ def compose_unnormalized(
         msg = (
             f"{', '.join(reads_mask)} reads the padding mask, which renormalises every row; "
             "with unnormalised matrices and padding, explain one sequence at a time (no "
-            "padding), or pass renormalize=True for the renormalised variant."
+            "padding), or pass normalize_layers=True for the renormalised variant."
         )
         raise ValueError(msg)
     extra = len(shape) - batch - 2  # the layers (and heads) axes

@@ -9,7 +9,14 @@ from __future__ import annotations
 import warnings
 from typing import Final, TypeVar
 
-__all__ = ["MISSING", "REMOVED_IN", "Missing", "renamed_keyword", "warn_renamed"]
+__all__ = [
+    "MISSING",
+    "REMOVED_IN",
+    "Missing",
+    "renamed_keyword",
+    "warn_deprecated",
+    "warn_renamed",
+]
 
 T = TypeVar("T")
 
@@ -33,6 +40,26 @@ def warn_renamed(old: str, new: str, *, stacklevel: int = 3) -> None:
         f"`{old}` is renamed `{new}` (same meaning); `{old}` will be removed in attnflow "
         f"{REMOVED_IN}."
     )
+    warnings.warn(msg, DeprecationWarning, stacklevel=stacklevel)
+
+
+def warn_deprecated(old: str, instead: str, *, stacklevel: int = 3) -> None:
+    """Warn that `old` goes in the next release, saying what to write `instead`.
+
+    For a spelling that is not a plain rename (another return value, another value of
+    the same keyword), where :func:`warn_renamed`'s "same meaning" would not be true.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> from attnflow._deprecation import warn_deprecated
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warn_deprecated("f()", "call g(), which returns the same pair")
+    >>> print(caught[0].message)
+    `f()` is deprecated and will be removed in attnflow 0.2: call g(), which returns the same pair.
+    """
+    msg = f"`{old}` is deprecated and will be removed in attnflow {REMOVED_IN}: {instead}."
     warnings.warn(msg, DeprecationWarning, stacklevel=stacklevel)
 
 

@@ -7,6 +7,7 @@ from typing import Any, Literal, NamedTuple, NoReturn, cast
 
 import numpy as np
 
+from ._deprecation import MISSING, Missing, renamed_keyword
 from ._heads import apply_head_fusion
 from ._namespace import (
     Boundary,
@@ -288,8 +289,9 @@ def encoder_decoder_rollout(
     layers: LayerSelection = "last",
     source_mask: Any | None = None,
     target_mask: Any | None = None,
-    normalize: bool = False,
+    normalize_result: bool = False,
     validate: bool | Literal["heads"] = True,
+    normalize: bool | Missing = MISSING,
     xp: Namespace | None = None,
 ) -> EncoderDecoderAttribution:
     r"""Attribute each decoder position to the source tokens and to the target prefix.
@@ -377,12 +379,16 @@ def encoder_decoder_rollout(
         ``(*batch, S)`` and ``(*batch, T)``, True for real tokens. Padded tokens get
         exactly zero attribution and carry none; padded decoder rows are zero. Each
         head's rows are renormalised over the real keys before fusion.
-    normalize : bool, default False
-        Divide each output row of ``[source | target]`` by its sum (meant for ``"gae"``,
-        whose rows are not normalised; rollout rows already sum to one).
+    normalize_result : bool, default False
+        Divide each row of the result, ``[source | target]``, by its sum (``normalize``
+        before 0.1; meant for ``"gae"``, whose rows are not normalised; rollout rows
+        already sum to one).
     validate : bool or "heads", default True
         Check attention values first (finite, non-negative, rows summing to one; the
         gradients finite), where values can be read cheaply, as for :func:`rollout`.
+    normalize : bool, optional
+        Deprecated spelling of `normalize_result`, kept for one release (a
+        DeprecationWarning).
     xp : namespace, optional
         The array namespace; inferred from the inputs by default.
 
@@ -456,6 +462,9 @@ def encoder_decoder_rollout(
     >>> (source.sum(-1) + target.sum(-1)).tolist()
     [1.0, 1.0]
     """
+    normalize_result = renamed_keyword(
+        "normalize", "normalize_result", normalize, normalize_result, default=False
+    )
     prepared = prepare_encoder_decoder(
         encoder,
         decoder,
@@ -468,7 +477,7 @@ def encoder_decoder_rollout(
         layers=layers,
         source_mask=source_mask,
         target_mask=target_mask,
-        normalize=normalize,
+        normalize=normalize_result,
         validate=validate,
         xp=xp,
     )
@@ -480,7 +489,7 @@ def encoder_decoder_rollout(
             prepared.fused, prepared.alpha, prepared.source_mask, prepared.target_mask, xp_
         )
     source, target = per_layer  # (*batch, L_d, T, S) and (*batch, L_d, T, T)
-    if normalize:
+    if normalize_result:
         total = xp_.sum(source, axis=-1, keepdims=True) + xp_.sum(target, axis=-1, keepdims=True)
         safe = xp_.where(total > 0, total, xp_.ones_like(total))
         source, target = source / safe, target / safe
@@ -625,7 +634,7 @@ def prepare_encoder_decoder(
     used_layers, all_layers = check_layers(layers, n_dec)
     do_validate = check_validate(validate)
     if not isinstance(normalize, bool):
-        _fail("normalize", "be True or False", repr(normalize), "Pass a bool.", TypeError)
+        _fail("normalize_result", "be True or False", repr(normalize), "Pass a bool.", TypeError)
     device = array_device(families[0])
     layout = AttentionLayout(batch, n_enc, n_heads, n_src)
     named = isinstance(heads, str) or heads is None or callable(heads)

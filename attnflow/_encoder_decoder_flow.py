@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._deprecation import MISSING, Missing
+from ._deprecation import MISSING, Missing, renamed_keyword
 from ._encoder_decoder import EncoderDecoderAttribution, prepare_encoder_decoder
 from ._encoder_decoder_graph import decoder_capacities, source_capacities
 from ._flow import (
@@ -51,13 +51,14 @@ def encoder_decoder_flow(
     layers: LayerSelection = "last",
     source_mask: Any | None = None,
     target_mask: Any | None = None,
-    normalize: bool = True,
+    normalize_result: bool = True,
     n_jobs: int | None = None,
     executor: Executor | None = None,
     progress: bool = False,
     max_seconds: float | None = DEFAULT_MAX_SECONDS,
     max_work: float | Missing | None = MISSING,
     validate: bool | Literal["heads"] = True,
+    normalize: bool | Missing = MISSING,
     xp: Namespace | None = None,
 ) -> EncoderDecoderAttribution:
     r"""Attention flow through an encoder-decoder transformer, to source and target tokens.
@@ -89,7 +90,7 @@ def encoder_decoder_flow(
         F^s_l[t, s] = \operatorname{maxflow}(x_l[t] \to e_0[s]), \qquad
         F^t_l[t, u] = \operatorname{maxflow}(x_l[t] \to x_0[u]),
 
-    and with ``normalize=True`` (the paper's code) each row of :math:`[F^s \mid F^t]` is
+    and with ``normalize_result=True`` (the paper's code) each row of :math:`[F^s \mid F^t]` is
     divided by its sum.
 
     Parameters
@@ -110,9 +111,9 @@ def encoder_decoder_flow(
     source_mask, target_mask : bool array, optional
         ``(*batch, S)`` and ``(*batch, T)``, True for real tokens: padded tokens leave the
         graph and get exactly zero flow; padded decoder rows are zero.
-    normalize : bool, default True
-        Divide each output row of ``[source | target]`` by its sum. False returns the raw
-        max-flow values, each at most 1.
+    normalize_result : bool, default True
+        Divide each row of the result, ``[source | target]``, by its sum (``normalize``
+        before 0.1). False returns the raw max-flow values, each at most 1.
     n_jobs : int, optional
         Threads on this machine, as for :func:`flow`: None chooses (all cores when the
         work is estimated above about 0.05 s, else one), -1 is one per core, 1 runs
@@ -132,6 +133,9 @@ def encoder_decoder_flow(
         a :class:`DeprecationWarning`.
     validate : bool or "heads", default True
         Check the attention values first, as for :func:`encoder_decoder_rollout`.
+    normalize : bool, optional
+        Deprecated spelling of `normalize_result`, kept for one release (a
+        DeprecationWarning).
     xp : namespace, optional
         The array namespace; inferred from the inputs by default.
 
@@ -194,7 +198,7 @@ def encoder_decoder_flow(
     >>> enc = np.array([[[[0.5, 0.5], [0.0, 1.0]]]])   # (L_e, H, S, S)
     >>> dec = np.array([[[[1.0, 0.0], [0.5, 0.5]]]])   # (L_d, H, T, T), causal
     >>> crs = np.array([[[[1.0, 0.0], [0.0, 1.0]]]])   # (L_d, H, T, S)
-    >>> source, target = attnflow.encoder_decoder_flow(enc, dec, crs, normalize=False)
+    >>> source, target = attnflow.encoder_decoder_flow(enc, dec, crs, normalize_result=False)
     >>> source  # x_1[t] -> e_1[s] (capacity 0.5 C) -> e_0 (capacity 0.5 E + 0.5 I)
     array([[0.5 , 0.25],
            [0.  , 0.5 ]])
@@ -202,9 +206,12 @@ def encoder_decoder_flow(
     array([[0.5  , 0.   ],
            [0.125, 0.375]])
     """
+    normalize_result = renamed_keyword(
+        "normalize", "normalize_result", normalize, normalize_result, default=True
+    )
     max_work = deprecated_max_work(max_work, max_seconds)
     legacy = None if max_work is MISSING else max_work
-    _check_flow_options(n_jobs, executor, progress, normalize, legacy)
+    _check_flow_options(n_jobs, executor, progress, normalize_result, legacy)
     if max_work is MISSING:
         check_max_seconds(max_seconds)
     prepared = prepare_encoder_decoder(
@@ -219,7 +226,7 @@ def encoder_decoder_flow(
         layers=layers,
         source_mask=source_mask,
         target_mask=target_mask,
-        normalize=normalize,
+        normalize=normalize_result,
         validate=validate,
         xp=xp,
     )
@@ -291,7 +298,7 @@ def encoder_decoder_flow(
     values[..., :n_src] *= scales[0]
     values[..., n_src:] *= alpha * scales[1]  # the decoder graph's capacities are alpha D~
     values[undefined] = np.nan
-    if normalize:
+    if normalize_result:
         totals = values.sum(axis=-1, keepdims=True)
         values = np.divide(values, totals, out=np.zeros_like(values), where=totals > 0)
         values[undefined] = np.nan  # NaN stays NaN

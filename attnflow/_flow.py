@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ._deprecation import MISSING, Missing, renamed_keyword
 from ._graph import layered_graph_edges
 from ._host import from_host, to_host
 from ._lost_workers import WorkersLostError, lost_workers_message
@@ -264,10 +265,10 @@ def _cost_of(prepared: PreparedAttention, valid: np.ndarray | None) -> FlowCost:
 
 
 def _check_flow_options(
-    n_jobs: object, executor: object, progress: object, normalize: object, max_work: object
+    n_jobs: object, executor: object, progress: object, normalize_result: object, max_work: object
 ) -> None:
-    if not isinstance(normalize, bool):
-        msg = f"`normalize` must be True or False; got {normalize!r}."
+    if not isinstance(normalize_result, bool):
+        msg = f"`normalize_result` must be True or False; got {normalize_result!r}."
         raise TypeError(msg)
     if max_work is not None and (
         # `not > 0`, not `<= 0`: NaN compares false both ways and would disable the limit.
@@ -460,13 +461,15 @@ def flow(
     discard: float | None = None,
     receptive_field: bool = False,
     exclude: int | Sequence[int] | None = None,
-    normalize: bool = True,
-    renormalize: bool = False,
+    normalize_result: bool = True,
+    normalize_layers: bool = False,
     n_jobs: int | None = None,
     executor: Executor | None = None,
     progress: bool = False,
     max_work: float | None = DEFAULT_MAX_WORK,
     validate: bool | Literal["heads"] = True,
+    normalize: bool | Missing = MISSING,
+    renormalize: bool | Missing = MISSING,
     xp: Namespace | None = None,
 ) -> ArrayT:
     r"""Attention flow: the max-flow from each output position to each input token.
@@ -483,7 +486,7 @@ def flow(
         F_l[i, j] = \operatorname{maxflow}\bigl((l, i) \to (0, j)\bigr), \qquad
         \hat F_l[i, j] = F_l[i, j] \,/\, \textstyle\sum_{j'} F_l[i, j'] .
 
-    With ``normalize=True`` (the paper's code) each output row is divided by its sum. At
+    With ``normalize_result=True`` (the paper's code) each output row is divided by its sum. At
     the first layer flow equals rollout equals :math:`\tilde A_1`.
 
     With ``heads="each"`` (Abnar & Zuidema 2020, Appendix A.1) head :math:`k` of layer
@@ -538,12 +541,14 @@ def flow(
     exclude : int or sequence of int, optional
         Input positions left out of the attribution (attention sinks), rows renormalised,
         as for :func:`rollout`; they stay in the graph.
-    normalize : bool, default True
-        Divide each output row by its sum (as the paper's code does). False returns the
-        raw max-flow values, each at most 1. With `receptive_field` or `exclude` rows are
+    normalize_result : bool, default True
+        Divide each row of the result (each output position's attribution) by its sum, as
+        the paper's code does (``normalize`` before 0.1). False returns the raw max-flow
+        values, each at most 1. With `receptive_field` or `exclude` rows are
         always renormalised (the row scale cancels in the division).
-    renormalize : bool, default False
-        Divide each row of every input matrix by its sum before building the graph,
+    normalize_layers : bool, default False
+        Divide each row of every layer's input matrix by its sum before building the
+        graph (``renormalize`` before 0.1),
         instead of requiring rows that sum to one, as for :func:`rollout` (value-aware
         token-mixing matrices from :func:`contributions`, ``heads=None``).
     n_jobs : int, optional
@@ -565,6 +570,9 @@ def flow(
         :func:`flow_cost`) is larger; None removes the limit.
     validate : bool or "heads", default True
         Check the attention values first, as for :func:`rollout`.
+    normalize, renormalize : bool, optional
+        Deprecated spellings of `normalize_result` and `normalize_layers`, kept for one
+        release (a DeprecationWarning).
     xp : namespace, optional
         The array namespace; inferred from `attentions` by default.
 
@@ -615,7 +623,7 @@ def flow(
     >>> import numpy as np
     >>> import attnflow
     >>> w = np.array([[[[0.5, 0.5], [0.0, 1.0]]], [[[1.0, 0.0], [0.5, 0.5]]]])  # L=2, H=1
-    >>> attnflow.flow(w, normalize=False)
+    >>> attnflow.flow(w, normalize_result=False)
     array([[0.75, 0.25],
            [0.25, 1.  ]])
     >>> attnflow.flow(w)
@@ -643,7 +651,13 @@ def flow(
     >>> attnflow.flow(causal, rows=-1, receptive_field=True, exclude=0)
     array([0. , 0.5, 0.5])
     """
-    _check_flow_options(n_jobs, executor, progress, normalize, max_work)
+    normalize_result = renamed_keyword(
+        "normalize", "normalize_result", normalize, normalize_result, default=True
+    )
+    normalize_layers = renamed_keyword(
+        "renormalize", "normalize_layers", renormalize, normalize_layers, default=False
+    )
+    _check_flow_options(n_jobs, executor, progress, normalize_result, max_work)
     prepared = prepare_attention(
         check_arguments(
             attentions,
@@ -660,7 +674,7 @@ def flow(
             discard=discard,
             receptive_field=receptive_field,
             exclude=exclude,
-            renormalize=renormalize,
+            normalize_layers=normalize_layers,
         )
     )
     estimate = _cost_of(prepared, _host_mask(prepared))
@@ -691,7 +705,7 @@ def flow(
         mixed_heads,
         rows=prepared.rows,
         all_layers=prepared.all_layers,
-        whole_rows=normalize or prepared.receptive_field or bool(prepared.exclude),
+        whole_rows=normalize_result or prepared.receptive_field or bool(prepared.exclude),
     )
 
     workers = _worker_count(n_jobs, estimate)
@@ -716,7 +730,7 @@ def flow(
                 values, baseline=baseline, exclude=prepared.exclude, xp=_numpy_namespace()
             )
         )
-    elif normalize:
+    elif normalize_result:
         totals = values.sum(axis=-1, keepdims=True)
         values = np.divide(values, totals, out=np.zeros_like(values), where=totals > 0)
     if nan_out is not None:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._deprecation import MISSING, Missing, renamed_keyword
 from ._namespace import (
     Boundary,
     array_device,
@@ -106,7 +107,7 @@ def gradient_rollout(
     /,
     *,
     rule: Literal["gae", "weighted"] = "gae",
-    normalize: bool = False,
+    normalize_result: bool = False,
     residual: float = 0.5,
     rows: RowSelection = None,
     layers: LayerSelection = "last",
@@ -115,6 +116,7 @@ def gradient_rollout(
     receptive_field: bool = False,
     exclude: int | Sequence[int] | None = None,
     validate: bool | Literal["heads"] = True,
+    normalize: bool | Missing = MISSING,
     xp: Namespace | None = None,
 ) -> ArrayT:
     r"""Gradient-weighted rollout: class-specific relevance of each input token.
@@ -160,8 +162,8 @@ def gradient_rollout(
         `attentions`); same library and dtype.
     rule : {"gae", "weighted"}, default "gae"
         Chefer et al.'s additive GAE recurrence, or gradient-weighted attention rollout.
-    normalize : bool, default False
-        Divide each output row by its sum (GAE rows are not normalised otherwise;
+    normalize_result : bool, default False
+        Divide each row of the result by its sum (``normalize`` before 0.1; GAE rows are not normalised otherwise;
         ``rule="weighted"`` rows already sum to one unless `exclude_self` drops mass).
     residual : float, default 0.5
         ``rule="weighted"`` only: the weight :math:`\alpha` of the identity, as in
@@ -176,7 +178,7 @@ def gradient_rollout(
         attention rows are renormalised over the real keys, so the real block equals the
         result on the cropped sequence.
     exclude_self : bool, default False
-        Set each output row's entry for its own position to zero (before `normalize`).
+        Set each output row's entry for its own position to zero (before `normalize_result`).
         With ``rows=0`` this is the [CLS] row without [CLS] that Chefer et al. report,
         ``R[0, 1:]``, at its token positions (the entry at 0 is zero).
     receptive_field : bool, default False
@@ -185,7 +187,7 @@ def gradient_rollout(
         equally relevant; same mask, residual, rows and layers), as for
         :func:`attnflow.rollout`, then renormalise rows; 0 outside each position's
         receptive field. Non-causal attention is refused (values permitting). Rows then
-        sum to one whatever `normalize` says.
+        sum to one whatever `normalize_result` says.
     exclude : int or sequence of int, optional
         Input positions left out of the attribution (attention sinks such as BOS; negative
         from the end), rows renormalised over the remaining real tokens, as for
@@ -197,6 +199,9 @@ def gradient_rollout(
         the attention and decided before anything is returned, with the same messages.
         Skipped where values cannot be read cheaply (inside ``jax.jit``, on Dask
         graphs). Shapes are always checked.
+    normalize : bool, optional
+        Deprecated spelling of `normalize_result`, kept for one release (a
+        DeprecationWarning).
     xp : namespace, optional
         The array namespace; inferred from `attentions` by default.
 
@@ -272,8 +277,11 @@ def gradient_rollout(
             f"(gradient-weighted attention rollout); got {rule!r}."
         )
         raise ValueError(msg)
+    normalize_result = renamed_keyword(
+        "normalize", "normalize_result", normalize, normalize_result, default=False
+    )
     flags: tuple[tuple[str, object], ...] = (
-        ("normalize", normalize),
+        ("normalize_result", normalize_result),
         ("exclude_self", exclude_self),
     )  # checked at run time: callers may not be type-checked
     for flag_name, flag in flags:
@@ -379,7 +387,7 @@ def gradient_rollout(
             baseline = compose(namespace.broadcast_to(uniform, tuple(fused.shape)))
         result = normalize_attribution(result, baseline=baseline, exclude=excluded, xp=namespace)
         return boundary.restore(result)  # type: ignore[no-any-return]
-    if normalize:
+    if normalize_result:
         sums = namespace.sum(result, axis=-1, keepdims=True)
         result = result / namespace.where(sums > 0, sums, namespace.ones_like(sums))
     return boundary.restore(result)  # type: ignore[no-any-return]

@@ -57,7 +57,7 @@ class MethodSpec:
         For value-aware matrices, the weight of the identity mixed into each layer (the
         norm-based matrix has no residual path, so it gets the paper's 0.5; GlobEnc and
         ALTI carry theirs); None for attention, where the function's own default holds.
-    renormalize : bool
+    normalize_layers : bool
         Whether each layer's rows are renormalised to sum to one before composing.
     """
 
@@ -68,7 +68,7 @@ class MethodSpec:
     gradients: bool = False
     host_only: bool = False
     residual: float | None = None
-    renormalize: bool = False
+    normalize_layers: bool = False
 
     @property
     def value_aware(self) -> bool:
@@ -112,7 +112,7 @@ METHODS: Mapping[str, MethodSpec] = MappingProxyType(
                 composes="rollout",
                 matrix="norm",
                 residual=0.5,
-                renormalize=True,
+                normalize_layers=True,
             ),
             MethodSpec(
                 "globenc",
@@ -121,7 +121,7 @@ METHODS: Mapping[str, MethodSpec] = MappingProxyType(
                 composes="rollout",
                 matrix="globenc",
                 residual=0.0,
-                renormalize=False,
+                normalize_layers=False,
             ),
             MethodSpec(
                 "alti",
@@ -129,7 +129,7 @@ METHODS: Mapping[str, MethodSpec] = MappingProxyType(
                 composes="rollout",
                 matrix="alti",
                 residual=0.0,
-                renormalize=True,
+                normalize_layers=True,
             ),
         )
     }

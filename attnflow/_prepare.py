@@ -152,7 +152,7 @@ class CheckedArguments:
     pruning: PruningSpec | None
     receptive_field: bool
     exclude: tuple[int, ...]
-    renormalize: bool
+    normalize_layers: bool
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ def check_arguments(
     discard: object = None,
     receptive_field: object = False,
     exclude: object = None,
-    renormalize: object = False,
+    normalize_layers: object = False,
 ) -> CheckedArguments:
     """Check every argument against the input's shapes and dtypes; compute nothing.
 
@@ -274,11 +274,11 @@ def check_arguments(
     normalise_field = check_receptive_field(receptive_field)
     excluded = check_exclude(exclude, layout.n_tokens)
     check_mask(mask, layout, namespace)
-    if not isinstance(renormalize, bool):
+    if not isinstance(normalize_layers, bool):
         msg = (
-            "`renormalize` must be True (divide each row of the input matrices by its sum, "
+            "`normalize_layers` must be True (divide each row of the input matrices by its sum, "
             "for non-negative token-mixing matrices such as attnflow.contributions) or "
-            f"False (attention probabilities, rows summing to 1); got {renormalize!r}."
+            f"False (attention probabilities, rows summing to 1); got {normalize_layers!r}."
         )
         raise TypeError(msg)
 
@@ -299,7 +299,7 @@ def check_arguments(
         pruning=pruning,
         receptive_field=normalise_field,
         exclude=excluded,
-        renormalize=renormalize,
+        normalize_layers=normalize_layers,
     )
 
 
@@ -310,7 +310,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
     ``allow_each=True`` for rollout and flow, which keeps the heads of the reported layers
     for ``heads="each"``); value checks follow here, on the layers that are used; only then
     is anything computed. The pruning, `receptive_field` and `exclude` options were checked
-    there and are applied by the method. With `renormalize` the rows of every input
+    there and are applied by the method. With `normalize_layers` the rows of every input
     matrix are divided by their sum instead of required to sum to one (value-aware
     token-mixing matrices); the values are then checked to be finite and non-negative only.
 
@@ -320,7 +320,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
     the checks when the method asks for it, so no stack of every fused layer is ever
     held.
     """
-    renormalize = checked.renormalize
+    normalize_layers = checked.normalize_layers
     namespace, layout, mask = checked.xp, checked.layout, checked.mask
     fused_input = layout.n_heads is None  # heads=None: the input's heads are fused
     arrays, stacked, spec = checked.arrays, checked.stacked, checked.spec
@@ -337,7 +337,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
     if (
         stream
         and mask is None
-        and not renormalize
+        and not normalize_layers
         and pruning is None
         and spec.kind in {"mean", "weights"}
         and validate_fused_only
@@ -376,9 +376,13 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
         valid_rows = namespace.reshape(mask, shape)[..., :, None]
 
     # Renormalised input is checked as given, before its rows are rescaled.
-    every_head = checks_every_head(do_validate, spec.kind, masked=mask is not None or renormalize)
+    every_head = checks_every_head(
+        do_validate, spec.kind, masked=mask is not None or normalize_layers
+    )
     if do_validate and every_head:
-        check_attention_values(stacked, namespace, valid_rows=valid_rows, row_sums=not renormalize)
+        check_attention_values(
+            stacked, namespace, valid_rows=valid_rows, row_sums=not normalize_layers
+        )
 
     if mask is not None:
         # Drop padded queries and keys (whatever the framework left there, NaN included)
@@ -387,7 +391,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
         keep = valid_rows & valid_keys
         stacked = namespace.where(keep, stacked, namespace.zeros_like(stacked))
         stacked = normalize_rows(stacked, namespace, valid_rows=valid_rows)
-    elif renormalize:
+    elif normalize_layers:
         stacked = normalize_rows(stacked, namespace)
 
     per_head = None

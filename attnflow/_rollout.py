@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
+from ._deprecation import MISSING, Missing, renamed_keyword
 from ._namespace import array_device
 from ._prepare import (
     FusedLayers,
@@ -272,8 +273,9 @@ def rollout(
     discard: float | None = None,
     receptive_field: bool = False,
     exclude: int | Sequence[int] | None = None,
-    renormalize: bool = False,
+    normalize_layers: bool = False,
     validate: bool | Literal["heads"] = True,
+    renormalize: bool | Missing = MISSING,
     xp: Namespace | None = None,
 ) -> ArrayT:
     r"""Attention rollout: how much each input token reaches each output position.
@@ -384,8 +386,9 @@ def rollout(
         as an attention sink at 0 (BOS): their column is zero and rows are renormalised
         over the remaining real tokens. They still carry attention through the layers
         (only the output changes). A row with nothing left is zero.
-    renormalize : bool, default False
-        Divide each row of every input matrix by its sum first, instead of requiring rows
+    normalize_layers : bool, default False
+        Divide each row of every layer's input matrix by its sum first (``renormalize``
+        before 0.1), instead of requiring rows
         that sum to one: for non-negative token-mixing matrices such as the value-aware
         ones of :func:`contributions` (with ``heads=None``; ``residual=0`` when the
         matrices carry the residual connection themselves). `validate` then checks that
@@ -405,6 +408,9 @@ def rollout(
         layer of a row chain only in the rows asked, the rest cannot change the result);
         the checks are decided before anything is returned. Memory beyond the input then
         stays about one fused layer.
+    renormalize : bool, optional
+        Deprecated spelling of `normalize_layers`, kept for one release (a
+        DeprecationWarning).
     xp : namespace, optional
         The array namespace; inferred from `attentions` by default.
 
@@ -500,6 +506,9 @@ def rollout(
     >>> attnflow.rollout(causal, rows=-1, exclude=0).round(4)
     array([0.    , 0.3469, 0.6531])
     """
+    normalize_layers = renamed_keyword(
+        "renormalize", "normalize_layers", renormalize, normalize_layers, default=False
+    )
     prepared = prepare_attention(
         check_arguments(
             attentions,
@@ -516,7 +525,7 @@ def rollout(
             discard=discard,
             receptive_field=receptive_field,
             exclude=exclude,
-            renormalize=renormalize,
+            normalize_layers=normalize_layers,
         ),
         stream=True,
     )

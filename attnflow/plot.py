@@ -343,7 +343,7 @@ def layer_token_map(
         equal values across methods. This is honest when all maps are distributions over
         the same tokens, each row summing to 1: raw attention rows, rollout and
         (normalised) flow are. Turn it off for maps on different scales, such as
-        ``attnflow.flow(..., normalize=False)`` next to rollout; each panel then gets its
+        ``attnflow.flow(..., normalize_result=False)`` next to rollout; each panel then gets its
         own colour bar.
     cmap : str, default "magma_r"
         A matplotlib colour map name; the default is perceptually uniform

@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     methods: dict[str, tuple[str | None, Callable[..., Any]]] = {
         "rollout": (None, attnflow.rollout),
-        "ALTI": ("alti", functools.partial(attnflow.rollout, residual=0.0, renormalize=True)),
+        "ALTI": ("alti", functools.partial(attnflow.rollout, residual=0.0, normalize_layers=True)),
         "GlobEnc (norm2)": ("globenc", functools.partial(compose_unnormalized, attnflow.rollout)),
     }
     predict = model_functions(classifier).predict

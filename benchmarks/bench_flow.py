@@ -529,7 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Case(
             "cls-raw",
             "attnflow CLS raw",
-            lambda: attnflow.flow(small, rows=ROW, n_jobs=1, normalize=False),
+            lambda: attnflow.flow(small, rows=ROW, n_jobs=1, normalize_result=False),
         ),
         Case("full", "attnflow full", lambda: attnflow.flow(small, n_jobs=1)),
     ]
@@ -566,7 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     large_t, large_r = time_cases(
         large_cases, repeats=config.repeats, budget=config.budget, warm_up=False
     )
-    large_raw = attnflow.flow(large, rows=ROW, n_jobs=1, normalize=False)
+    large_raw = attnflow.flow(large, rows=ROW, n_jobs=1, normalize_result=False)
 
     loop_rows = [
         LoopRow(

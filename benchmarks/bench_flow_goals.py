@@ -2,7 +2,7 @@
 
 What is measured
 ----------------
-``attnflow.flow(attentions, rows=..., normalize=False, n_jobs=1)`` on three inputs, CPU
+``attnflow.flow(attentions, rows=..., normalize_result=False, n_jobs=1)`` on three inputs, CPU
 seconds (:func:`time.process_time`) and wall seconds, each case in a fresh subprocess, first
 with the engine of this checkout, then with the engine of `--baseline` (a git revision,
 by default ``main``, built from ``git archive`` into a temporary folder), on the same
@@ -49,7 +49,7 @@ import attnflow
 a = np.load(sys.argv[1])
 rows = json.loads(sys.argv[2])
 cpu, wall = time.process_time(), time.perf_counter()
-values = attnflow.flow(a, rows=rows, normalize=False, n_jobs=1, max_work=None)
+values = attnflow.flow(a, rows=rows, normalize_result=False, n_jobs=1, max_work=None)
 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
 np.save(sys.argv[3], values)
 estimate = attnflow.flow_cost(a, rows=rows).estimated_seconds

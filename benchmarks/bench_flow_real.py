@@ -14,7 +14,7 @@ certify little (attention sinks, peaked low-rank patterns, local windows):
 - synthetic ViT-B/16 size (L = 12, H = 12, n = 197), [CLS] row: attention sinks (token 0),
   low-rank (rank 4) logits, local windows, and random logits at temperatures 0.5, 1, 2.
 
-Each case runs ``attnflow.flow(..., normalize=False, n_jobs=1)`` (raw max-flows), and
+Each case runs ``attnflow.flow(..., normalize_result=False, n_jobs=1)`` (raw max-flows), and
 counts how the engine found each pair: *certified* (the solver's flow reached the upper
 bound) or *solved* (run to completion). Baselines in the same run: a per-pair igraph loop
 on the full layered graph (``Graph.maxflow_value`` per pair, none of attnflow's reductions)
@@ -285,7 +285,7 @@ def run_case(case: Case) -> Result:
     rows = case.rows
 
     def flow() -> np.ndarray:
-        return np.asarray(attnflow.flow(attention, rows=rows, normalize=False, n_jobs=1))
+        return np.asarray(attnflow.flow(attention, rows=rows, normalize_result=False, n_jobs=1))
 
     attnflow.flow(attention[..., :8, :8] / attention[..., :8, :8].sum(-1, keepdims=True))
     cpu, wall, raw = timed(flow, loop=True)

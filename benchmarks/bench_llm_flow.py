@@ -3,7 +3,7 @@
 What is measured
 ----------------
 ``attnflow.flow(attentions, rows=-1)`` with the defaults (``heads="mean"``,
-``residual=0.5``, ``normalize=True``, ``n_jobs=1``; ``max_work=None``, since the default
+``residual=0.5``, ``normalize_result=True``, ``n_jobs=1``; ``max_work=None``, since the default
 work limit refuses n >= 1,024) on the attention of the pretrained
 SmolLM2-135M-Instruct (Llama, 30 layers, causal) over real English text (the paragraphs of
 ``bench_flow_real.py``, repeated to length), at n = 256, 512, 1024 and 2048 tokens. The

@@ -99,7 +99,7 @@ def test_matrices_match_the_oracle_and_compose(block: Block, method: str) -> Non
         assert np.all((np.abs(sums - 1) < 1e-9) | (sums == 0))
     # Rolled out over two layers with rows renormalised: rows sum to one.
     stacked = np.stack([matrices, matrices], axis=1)
-    rolled = attnflow.rollout(stacked, heads=None, residual=0.0, renormalize=True)
+    rolled = attnflow.rollout(stacked, heads=None, residual=0.0, normalize_layers=True)
     np.testing.assert_allclose(rolled.sum(-1), 1.0, atol=ATOL)
     safe = stacked.sum(-1, keepdims=True)
     eye = np.broadcast_to(np.eye(stacked.shape[-1]), stacked.shape)

@@ -17,7 +17,7 @@ ATOL = 1e-9
 @given(attention_cases(**SMALL))
 def test_first_layer_flow_equals_rollout_equals_mixed_attention(case: AttentionCase) -> None:
     options = {"heads": case.heads, "residual": case.residual, "layers": 0}
-    first_flow = attnflow.flow(case.weights, normalize=False, n_jobs=1, **options)
+    first_flow = attnflow.flow(case.weights, normalize_result=False, n_jobs=1, **options)
     first_rollout = attnflow.rollout(case.weights, **options)
     fused = attnflow.fuse_heads(case.weights, heads=case.heads)[..., 0, :, :]
     mixed = (1 - case.residual) * fused + case.residual * np.eye(fused.shape[-1])
@@ -48,7 +48,7 @@ def test_raw_flow_is_bounded_by_one_and_by_the_capacity_into_its_sink(
     case: AttentionCase,
 ) -> None:
     options = {"heads": case.heads, "residual": case.residual, "layers": "all"}
-    raw = attnflow.flow(case.weights, normalize=False, n_jobs=1, **options)
+    raw = attnflow.flow(case.weights, normalize_result=False, n_jobs=1, **options)
     assert np.all(raw <= 1 + ATOL)
     first = attnflow.rollout(case.weights, heads=case.heads, residual=case.residual, layers=0)
     into_sink = first.sum(axis=-2)  # all capacity entering input token m
@@ -63,7 +63,12 @@ def test_flow_is_invariant_to_token_permutation(case: AttentionCase, data: st.Da
     n = case.weights.shape[-1]
     order = np.array(data.draw(st.permutations(range(n))))
     permuted = case.weights[..., order, :][..., order]
-    options = {"heads": case.heads, "residual": case.residual, "normalize": False, "n_jobs": 1}
+    options = {
+        "heads": case.heads,
+        "residual": case.residual,
+        "normalize_result": False,
+        "n_jobs": 1,
+    }
     result = attnflow.flow(case.weights, **options)
     result_permuted = attnflow.flow(permuted, **options)
     np.testing.assert_allclose(result_permuted, result[..., order, :][..., order], atol=ATOL)

@@ -77,7 +77,7 @@ def test_head_flows_averaged_are_at_most_the_fused_flow(
     weights: np.ndarray, residual: float, data: st.DataObject
 ) -> None:
     mask = _mask(data, weights)
-    options = {"residual": residual, "layers": "all", "mask": mask, "normalize": False}
+    options = {"residual": residual, "layers": "all", "mask": mask, "normalize_result": False}
     each = attnflow.flow(weights, heads="each", n_jobs=1, **options)
     fused = attnflow.flow(weights, n_jobs=1, **options)
     assert np.all(each.mean(axis=-3) <= fused + ATOL)
@@ -91,7 +91,7 @@ def test_pruned_flow_equals_pruned_rollout_at_the_first_layer(
     for heads in ("mean", "each"):
         options = {"heads": heads, "residual": residual, "layers": 0, **pruning}
         np.testing.assert_allclose(
-            attnflow.flow(weights, normalize=False, n_jobs=1, **options),
+            attnflow.flow(weights, normalize_result=False, n_jobs=1, **options),
             attnflow.rollout(weights, **options),
             atol=ATOL,
         )

@@ -163,7 +163,7 @@ def oracle_flow(
     rows: int | Sequence[int] | None = None,
     layers: object = "last",
     mask: np.ndarray | None = None,
-    normalize: bool = True,
+    normalize_result: bool = True,
 ) -> np.ndarray:
     """Attention flow the paper's way: networkx Edmonds-Karp per pair on the full graph.
 
@@ -209,7 +209,7 @@ def oracle_flow(
                     out[layer - 1, k, m] = nx.maximum_flow_value(
                         graph, (layer, k), (0, m), flow_func=edmonds_karp
                     )
-                if normalize and out[layer - 1, k].sum() > 0:
+                if normalize_result and out[layer - 1, k].sum() > 0:
                     out[layer - 1, k] /= out[layer - 1, k].sum()
         return out
 
@@ -375,7 +375,7 @@ def oracle_flow_variant(
     rows: int | Sequence[int] | None = None,
     layers: object = "last",
     mask: np.ndarray | None = None,
-    normalize: bool = True,
+    normalize_result: bool = True,
     threshold: float | None = None,
     top_k: int | None = None,
     discard: float | None = None,
@@ -406,7 +406,7 @@ def oracle_flow_variant(
         for k in wanted:
             for m in range(size):
                 out[k, m] = nx.maximum_flow_value(graph, (top, k), (0, m), flow_func=edmonds_karp)
-            if normalize and out[k].sum() > 0:
+            if normalize_result and out[k].sum() > 0:
                 out[k] /= out[k].sum()
         return out
 
@@ -567,7 +567,7 @@ def oracle_encoder_decoder(
     layers: object = "last",
     source_mask: np.ndarray | None = None,
     target_mask: np.ndarray | None = None,
-    normalize: bool = False,
+    normalize_result: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Encoder-decoder rollout (rule "rollout") or Chefer's GAE rules (rule "gae").
 
@@ -642,7 +642,7 @@ def oracle_encoder_decoder(
                     bar(r_tt, eye_t).T, _ed_matmul(crs[layer], bar(r_ss, eye_s))
                 )
                 out_s[(*index, layer)], out_t[(*index, layer)] = r_ts, r_tt
-    if normalize:
+    if normalize_result:
         total = out_s.sum(-1, keepdims=True) + out_t.sum(-1, keepdims=True)
         total[total == 0] = 1.0
         out_s, out_t = out_s / total, out_t / total
@@ -670,7 +670,7 @@ def oracle_gradient_rollout(
     gradients: np.ndarray,
     *,
     rule: str = "gae",
-    normalize: bool = False,
+    normalize_result: bool = False,
     residual: float = 0.5,
     rows: int | Sequence[int] | None = None,
     layers: object = "last",
@@ -710,7 +710,7 @@ def oracle_gradient_rollout(
             result = relevance.copy()
             if exclude_self:
                 np.fill_diagonal(result, 0.0)
-            if normalize:
+            if normalize_result:
                 for i in range(size):
                     if result[i].sum() > 0:
                         result[i] = result[i] / result[i].sum()
@@ -731,7 +731,7 @@ def oracle_encoder_decoder_flow(
     layers: object = "last",
     source_mask: np.ndarray | None = None,
     target_mask: np.ndarray | None = None,
-    normalize: bool = True,
+    normalize_result: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Encoder-decoder flow the paper's way: networkx Edmonds-Karp per pair.
 
@@ -810,7 +810,7 @@ def oracle_encoder_decoder_flow(
                         out_t[(*index, layer - 1, t, u)] = nx.maximum_flow_value(
                             graph, top, ("x", 0, u), flow_func=edmonds_karp
                         )
-    if normalize:
+    if normalize_result:
         total = out_s.sum(-1, keepdims=True) + out_t.sum(-1, keepdims=True)
         total[total == 0] = 1.0
         out_s, out_t = out_s / total, out_t / total

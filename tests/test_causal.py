@@ -103,7 +103,11 @@ def test_rollout_matches_the_oracle(
 FLOW_CASES: dict[str, dict[str, Any]] = {
     "rf,rows=-1,layers=all": {**RF, "rows": -1, "layers": "all"},
     "rf,exclude=0,rows=[6,3]": {**RF, "exclude": 0, "rows": [6, 3]},
-    "exclude=[0,1],normalize=False": {"exclude": [0, 1], "rows": [4, 6], "normalize": False},
+    "exclude=[0,1],normalize_result=False": {
+        "exclude": [0, 1],
+        "rows": [4, 6],
+        "normalize_result": False,
+    },
     "rf,each,rows=6": {**RF, "heads": "each", "rows": 6},
     "rf,top_k=2,rows=[5,6]": {**RF, "top_k": 2, "rows": [5, 6]},
 }
@@ -111,7 +115,7 @@ FLOW_CASES: dict[str, dict[str, Any]] = {
 
 @functools.cache
 def _flow_oracle(case: str, dtype_name: str) -> np.ndarray:
-    options = {k: v for k, v in FLOW_CASES[case].items() if k != "normalize"}
+    options = {k: v for k, v in FLOW_CASES[case].items() if k != "normalize_result"}
     return oracle_decoder("flow", _weights(dtype_name), mask=MASK, **options)
 
 

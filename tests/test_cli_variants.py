@@ -114,14 +114,32 @@ def test_gradient_rollout_equals_the_library(
     assert f"gradient_rollout: {source} -> {out}, shape (2, 3, 2, 6)" in capsys.readouterr().out
 
 
+def test_the_old_normalize_flag_still_works_with_a_note(
+    tmp_path: Path, pair: tuple[np.ndarray, np.ndarray], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --normalize was renamed --normalize-result (issue 25.5); it works until 0.2.
+    weights, grads = pair
+    np.savez(tmp_path / "x.npz", attentions=weights, gradients=grads)
+    for flag in ("--normalize-result", "--normalize"):
+        out = tmp_path / f"{flag[2:]}.npz"
+        assert main(["gradient-rollout", str(tmp_path / "x.npz"), flag, "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("--normalize is renamed --normalize-result (same meaning)") == 1
+    expected = attnflow.gradient_rollout(weights, grads, normalize_result=True)
+    assert not np.allclose(expected, attnflow.gradient_rollout(weights, grads))  # it matters
+    for name in ("normalize-result", "normalize"):
+        with np.load(tmp_path / f"{name}.npz", allow_pickle=False) as written:
+            np.testing.assert_array_equal(written["gradient_rollout"], expected)
+
+
 GRADIENT_OPTIONS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "weighted": (
         ["--rule", "weighted", "--residual", "0.3"],
         {"rule": "weighted", "residual": 0.3},
     ),
     "cls-without-cls": (
-        ["--rows", "0", "--exclude-self", "--normalize"],
-        {"rows": 0, "exclude_self": True, "normalize": True},
+        ["--rows", "0", "--exclude-self", "--normalize-result"],
+        {"rows": 0, "exclude_self": True, "normalize_result": True},
     ),
     "layer": (["--layers", "1", "--rows", "2"], {"layers": 1, "rows": 2}),
     "sink": (["--exclude", "0", "--rule", "weighted"], {"exclude": 0, "rule": "weighted"}),
@@ -282,14 +300,14 @@ ENCODER_DECODER_OPTIONS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "defaults": ([], {}),
     "gae": (["--rule", "gae"], {"rule": "gae"}),
     "gae-normalized": (
-        ["--rule", "gae", "--normalize", "--layers", "all"],
-        {"rule": "gae", "normalize": True, "layers": "all"},
+        ["--rule", "gae", "--normalize-result", "--layers", "all"],
+        {"rule": "gae", "normalize_result": True, "layers": "all"},
     ),
     "residual": (["--residual", "0.2", "--rows", "1"], {"residual": 0.2, "rows": 1}),
     "flow": (["--rule", "flow", "--rows", "0,3"], {"rule": "flow", "rows": [0, 3]}),
     "flow-raw": (
         ["--rule", "flow", "--raw-values", "--residual", "0.3", "--layers", "all", "--rows", "2"],
-        {"rule": "flow", "normalize": False, "residual": 0.3, "layers": "all", "rows": 2},
+        {"rule": "flow", "normalize_result": False, "residual": 0.3, "layers": "all", "rows": 2},
     ),
     "heads-max": (["--heads", "max", "--rows", "0,2"], {"heads": "max", "rows": [0, 2]}),
     "head-weights": (
@@ -402,8 +420,8 @@ def test_encoder_decoder_keeps_an_existing_output_unless_forced(
         ),
         (["--residual", "-1"], ["--residual must be a number in [0, 1]", "-1.0"]),
         (
-            ["--rule", "flow", "--normalize"],
-            ["--normalize applies to --rule rollout or gae", "unless --raw-values"],
+            ["--rule", "flow", "--normalize-result"],
+            ["--normalize-result applies to --rule rollout or gae", "unless --raw-values"],
         ),
         (["--raw-values"], ["--raw-values applies to --rule flow only", "--rule rollout"]),
     ],

@@ -345,7 +345,7 @@ def test_rollout_over_contributions(
     matrices = stacked[method].astype(dtype_name)
     residual = RESIDUAL[method]
     result = backend.run(
-        lambda a: attnflow.rollout(a, heads=None, residual=residual, renormalize=True),
+        lambda a: attnflow.rollout(a, heads=None, residual=residual, normalize_layers=True),
         backend.asarray(matrices, dtype_name),
     )
     values = backend.check(result, dtype_name=dtype_name, shape=(BATCH, N, N))
@@ -366,7 +366,7 @@ def test_flow_over_contributions(
         backend.asarray(stacked[method], "float64"),
         heads=None,
         residual=residual,
-        renormalize=True,
+        normalize_layers=True,
         rows=0,
     )
     values = backend.check(result, dtype_name="float64", shape=(BATCH, N))
@@ -379,13 +379,13 @@ def test_renormalize_keeps_attention_validation_strict(stacked: dict[str, np.nda
     with pytest.raises(ValueError, match="rows must sum to 1"):
         attnflow.rollout(norms, heads=None)
     with pytest.raises(ValueError, match="non-negative"):
-        attnflow.rollout(-norms, heads=None, renormalize=True)
+        attnflow.rollout(-norms, heads=None, normalize_layers=True)
     with pytest.raises(ValueError, match="finite"):
-        attnflow.rollout(norms * np.nan, heads=None, renormalize=True)
-    with pytest.raises(TypeError, match="`renormalize` must be True"):
-        attnflow.rollout(norms, heads=None, renormalize="yes")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="`renormalize` must be True"):
-        attnflow.flow(norms, heads=None, renormalize=1)  # type: ignore[arg-type]
+        attnflow.rollout(norms * np.nan, heads=None, normalize_layers=True)
+    with pytest.raises(TypeError, match="`normalize_layers` must be True"):
+        attnflow.rollout(norms, heads=None, normalize_layers="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="`normalize_layers` must be True"):
+        attnflow.flow(norms, heads=None, normalize_layers=1)  # type: ignore[arg-type]
 
 
 # -- bad input -------------------------------------------------------------------------------------

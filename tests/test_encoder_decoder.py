@@ -84,7 +84,7 @@ CASES: dict[str, dict[str, Any]] = {
     "rollout,residual=0": {"residual": 0.0},
     "gae": {"rule": "gae"},
     "gae,layers=all,rows=[2]": {"rule": "gae", "layers": "all", "rows": [2]},
-    "gae,normalize": {"rule": "gae", "normalize": True, "rows": -1},
+    "gae,normalize_result": {"rule": "gae", "normalize_result": True, "rows": -1},
 }
 
 

@@ -61,10 +61,10 @@ def _shapes(options: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 CASES: dict[str, dict[str, Any]] = {
     "default": {},
-    "raw": {"normalize": False},
+    "raw": {"normalize_result": False},
     "rows=0,layers=all": {"rows": 0, "layers": "all"},
-    "rows=[3,1],raw": {"rows": [3, 1], "normalize": False},
-    "layers=0,residual=0.2": {"layers": 0, "residual": 0.2, "normalize": False},
+    "rows=[3,1],raw": {"rows": [3, 1], "normalize_result": False},
+    "layers=0,residual=0.2": {"layers": 0, "residual": 0.2, "normalize_result": False},
 }
 
 
@@ -107,7 +107,7 @@ def test_one_layer_each_is_the_closed_form() -> None:
     encoder, decoder, cross = (x[0, :1] for x in _inputs("float64"))
     for alpha in (0.0, 0.3, 0.5, 1.0):
         source, target = attnflow.encoder_decoder_flow(
-            encoder, decoder, cross, residual=alpha, normalize=False
+            encoder, decoder, cross, residual=alpha, normalize_result=False
         )
         e = (1 - alpha) * encoder[0].mean(0) + alpha * np.eye(S)
         d = alpha * ((1 - alpha) * decoder[0].mean(0) + alpha * np.eye(T))
@@ -125,7 +125,7 @@ def test_full_residual_attributes_each_position_to_itself() -> None:
 
 def test_raw_flow_is_at_most_one_and_layers_all_repeats_each_layer() -> None:
     arrays = _inputs("float64")
-    every = attnflow.encoder_decoder_flow(*arrays, layers="all", normalize=False)
+    every = attnflow.encoder_decoder_flow(*arrays, layers="all", normalize_result=False)
     # Each max-flow is at most the capacity out of x_l[t], which is one (each token is
     # its own problem: the values of a row are not shares of one unit).
     assert np.all(every.source <= 1 + 1e-12)
@@ -133,7 +133,7 @@ def test_raw_flow_is_at_most_one_and_layers_all_repeats_each_layer() -> None:
     assert np.all(every.source >= 0)
     assert np.all(every.target >= 0)
     for layer in range(L_D):
-        one = attnflow.encoder_decoder_flow(*arrays, layers=layer, normalize=False)
+        one = attnflow.encoder_decoder_flow(*arrays, layers=layer, normalize_result=False)
         np.testing.assert_array_equal(one.source, every.source[:, layer])
         np.testing.assert_array_equal(one.target, every.target[:, layer])
 
@@ -184,7 +184,11 @@ ERRORS: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
         r"pass either `executor` or `n_jobs`",
     ),
     "progress": ({"progress": "yes"}, TypeError, "`progress` must be True or False"),
-    "normalize": ({"normalize": 1}, TypeError, "`normalize` must be True or False"),
+    "normalize_result": (
+        {"normalize_result": 1},
+        TypeError,
+        "`normalize_result` must be True or False",
+    ),
     "rows": ({"rows": T}, IndexError, "`rows` must index"),
     "layers": ({"layers": L_D}, IndexError, "`layers` must index"),
     "shapes": ({"cross": np.ones((L_D, H, T, S + 1))}, ValueError, "S = 5 key columns"),
@@ -225,7 +229,7 @@ def _deep() -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, np.ndarray]]:
     cross = softmax_attention(rng, (2, n_d, 2, n_t, n_s), scale=4.0)
     masks = {"source_mask": DEEP_SOURCE_MASK, "target_mask": DEEP_TARGET_MASK}
     oracle = oracle_encoder_decoder_flow(
-        encoder, decoder, cross, **masks, layers="all", normalize=False
+        encoder, decoder, cross, **masks, layers="all", normalize_result=False
     )
     return (encoder, decoder, cross), oracle
 
@@ -249,7 +253,7 @@ def test_every_engine_path_equals_the_networkx_oracle(
         monkeypatch.setattr(engine, "ENGINE", "igraph")
     elif path == "kernel run to completion":
         monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)  # no bound is ever reached
-    got = attnflow.encoder_decoder_flow(*arrays, **masks, layers="all", normalize=False, n_jobs=1)
+    got = attnflow.encoder_decoder_flow(*arrays, **masks, layers="all", normalize_result=False, n_jobs=1)
     np.testing.assert_allclose(got.source, want_s, atol=EXACT, rtol=0)
     np.testing.assert_allclose(got.target, want_t, atol=EXACT, rtol=0)
     if path == "igraph":
@@ -339,7 +343,7 @@ def test_long_problems_are_cut_into_short_tasks_with_the_same_values(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     arrays, _ = _deep()
-    whole = attnflow.encoder_decoder_flow(*arrays, normalize=False, n_jobs=1)
+    whole = attnflow.encoder_decoder_flow(*arrays, normalize_result=False, n_jobs=1)
     monkeypatch.setattr(ed_flow, "TASK_SECONDS", 1e-9)  # every task above it: one per sink
     planned: list[int] = []
     real = ed_flow._plan
@@ -350,7 +354,7 @@ def test_long_problems_are_cut_into_short_tasks_with_the_same_values(
         return tasks
 
     monkeypatch.setattr(ed_flow, "_plan", counting)
-    cut = attnflow.encoder_decoder_flow(*arrays, normalize=False, n_jobs=2)
+    cut = attnflow.encoder_decoder_flow(*arrays, normalize_result=False, n_jobs=2)
     assert planned == [2 * (DEEP["S"] + DEEP["T"])]  # one task per sequence and sink
     np.testing.assert_array_equal(cut.source, whole.source)
     np.testing.assert_array_equal(cut.target, whole.target)
@@ -390,7 +394,7 @@ def test_unvalidated_rows_that_sum_above_one_give_the_exact_max_flow(
     # The engine's bounds assume nodes that forward at most one; with validate=False rows
     # may sum higher: the graphs are scaled by a power of two and the flows back.
     arrays = [scale * x for x in _deep()[0]]
-    options: dict[str, Any] = {"layers": "all", "normalize": False, "validate": False}
+    options: dict[str, Any] = {"layers": "all", "normalize_result": False, "validate": False}
     got = attnflow.encoder_decoder_flow(*arrays, **options)
     monkeypatch.setattr(engine, "ENGINE", "igraph")  # no bound: whole-graph max-flows
     want = attnflow.encoder_decoder_flow(*arrays, **options)

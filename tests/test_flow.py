@@ -27,18 +27,18 @@ def _random(seed: int, shape: tuple[int, ...], *, sparse: bool = False) -> np.nd
 
 CASES: list[tuple[tuple[int, ...], dict[str, Any]]] = [
     ((3, 4, 5, 5), {}),
-    ((3, 4, 5, 5), {"normalize": False}),
+    ((3, 4, 5, 5), {"normalize_result": False}),
     ((3, 2, 5, 5), {"rows": 0}),
-    ((3, 2, 5, 5), {"rows": [4, 1], "normalize": False}),
+    ((3, 2, 5, 5), {"rows": [4, 1], "normalize_result": False}),
     ((4, 2, 4, 4), {"layers": "all"}),
-    ((4, 2, 4, 4), {"layers": "all", "rows": -1, "normalize": False}),
+    ((4, 2, 4, 4), {"layers": "all", "rows": -1, "normalize_result": False}),
     ((4, 2, 4, 4), {"layers": 1, "rows": [0, 3]}),
     ((2, 3, 3, 6, 6), {"rows": 0, "layers": "all"}),
-    ((2, 3, 3, 6, 6), {"heads": "max", "normalize": False}),
+    ((2, 3, 3, 6, 6), {"heads": "max", "normalize_result": False}),
     ((2, 3, 3, 6, 6), {"heads": "min", "rows": [0, 5]}),
     ((2, 3, 3, 6, 6), {"heads": [0.2, 0.3, 0.5], "residual": 0.3}),
-    ((3, 1, 5, 5), {"residual": 0.0, "normalize": False}),
-    ((3, 1, 5, 5), {"residual": 1.0, "normalize": False}),
+    ((3, 1, 5, 5), {"residual": 0.0, "normalize_result": False}),
+    ((3, 1, 5, 5), {"residual": 1.0, "normalize_result": False}),
     ((1, 3, 5, 5), {"layers": "all"}),
 ]
 
@@ -56,9 +56,9 @@ def test_flow_equals_the_independent_max_flow(
     np.testing.assert_allclose(result, oracle_flow(weights, **oracle_options), atol=EXACT, rtol=0)
 
 
-@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("normalize_result", [True, False])
 @pytest.mark.parametrize("fill", ["zeros", "nan", "uniform"])
-def test_masked_flow_equals_the_cropped_sequences(normalize: bool, fill: str) -> None:
+def test_masked_flow_equals_the_cropped_sequences(normalize_result: bool, fill: str) -> None:
     weights = _random(5, (3, 3, 2, 6, 6))
     lengths = np.array([6, 4, 2])
     mask = np.arange(6)[None, :] < lengths[:, None]
@@ -67,8 +67,10 @@ def test_masked_flow_equals_the_cropped_sequences(normalize: bool, fill: str) ->
     padded_rows = ~mask[:, None, None, :, None]
     weights = np.where(padded_rows, {"zeros": 0.0, "nan": np.nan, "uniform": 1 / 6}[fill], weights)
     for options in ({}, {"rows": 0, "layers": "all"}):
-        result = attnflow.flow(weights, mask=mask, normalize=normalize, n_jobs=1, **options)
-        expected = oracle_flow(weights, mask=mask, normalize=normalize, **options)
+        result = attnflow.flow(
+            weights, mask=mask, normalize_result=normalize_result, n_jobs=1, **options
+        )
+        expected = oracle_flow(weights, mask=mask, normalize_result=normalize_result, **options)
         np.testing.assert_allclose(result, expected, atol=EXACT, rtol=0)
         for item, length in enumerate(lengths):
             assert np.all(result[item, ..., length:] == 0)
@@ -77,7 +79,7 @@ def test_masked_flow_equals_the_cropped_sequences(normalize: bool, fill: str) ->
 @pytest.mark.parametrize("residual", [0.0, 0.3, 0.5, 1.0])
 def test_first_layer_flow_equals_rollout_equals_mixed_attention(residual: float) -> None:
     weights = _random(11, (2, 3, 4, 7, 7))
-    first_flow = attnflow.flow(weights, layers=0, residual=residual, normalize=False)
+    first_flow = attnflow.flow(weights, layers=0, residual=residual, normalize_result=False)
     first_rollout = attnflow.rollout(weights, layers=0, residual=residual)
     mixed = (1 - residual) * weights[:, 0].mean(axis=1) + residual * np.eye(7)
     np.testing.assert_allclose(first_flow, mixed, atol=1e-12)
@@ -89,7 +91,7 @@ def test_first_layer_flow_equals_rollout_equals_mixed_attention(residual: float)
 
 def test_flow_never_exceeds_one_nor_the_capacity_into_the_sink() -> None:
     weights = _random(3, (2, 4, 3, 6, 6))
-    raw = attnflow.flow(weights, normalize=False, layers="all")
+    raw = attnflow.flow(weights, normalize_result=False, layers="all")
     assert np.all(raw >= 0)
     assert np.all(raw <= 1 + 1e-12)
     mixed_first = 0.5 * weights[:, 0].mean(axis=1) + 0.5 * np.eye(6)
@@ -264,7 +266,7 @@ def test_backends_get_their_own_arrays_back(backend: Variant, dtype_name: str) -
         ),
         ({"executor": "dask"}, TypeError, r"`executor` must be a concurrent.futures.Executor"),
         ({"progress": "yes"}, TypeError, r"`progress` must be True or False"),
-        ({"normalize": 1}, TypeError, r"`normalize` must be True or False"),
+        ({"normalize_result": 1}, TypeError, r"`normalize_result` must be True or False"),
         ({"max_work": -1}, ValueError, r"`max_work` must be a positive number or None"),
         ({"rows": 9}, IndexError, r"`rows` must index the 5 output positions"),
     ],
@@ -291,13 +293,13 @@ def test_compiled_solver_and_igraph_agree_at_scale(monkeypatch: pytest.MonkeyPat
     import attnflow._maxflow as engine
 
     weights = _random(22, (4, 3, 80, 80))
-    fast = attnflow.flow(weights, rows=[0, 7], normalize=False, n_jobs=1)
+    fast = attnflow.flow(weights, rows=[0, 7], normalize_result=False, n_jobs=1)
     monkeypatch.setattr(engine, "ENGINE", "igraph")
-    whole = attnflow.flow(weights, rows=[0, 7], normalize=False, n_jobs=1)
+    whole = attnflow.flow(weights, rows=[0, 7], normalize_result=False, n_jobs=1)
     np.testing.assert_allclose(fast, whole, atol=1e-12, rtol=0)
     if "numpy" not in {v.library for v in selected_variants()}:
         return
     monkeypatch.setattr(engine, "ENGINE", "kernel")
     prefix = weights[:, :, :40, :40] / weights[:, :, :40, :40].sum(axis=-1, keepdims=True)
-    got = attnflow.flow(prefix, rows=0, normalize=False, n_jobs=1)
-    np.testing.assert_allclose(got, oracle_flow(prefix, rows=0, normalize=False), atol=EXACT)
+    got = attnflow.flow(prefix, rows=0, normalize_result=False, n_jobs=1)
+    np.testing.assert_allclose(got, oracle_flow(prefix, rows=0, normalize_result=False), atol=EXACT)

@@ -157,12 +157,16 @@ def test_shipped_minilm_sample_every_row_every_layer() -> None:
     sample = load_sample()
     weights = np.asarray(sample.attentions, dtype=np.float64)
     weights = weights / weights.sum(axis=-1, keepdims=True)
-    got = attnflow.flow(weights, mask=sample.mask, layers="all", normalize=False, n_jobs=1)
-    expected = oracle_flow(weights, mask=sample.mask, layers="all", rows=[0, 4], normalize=False)
+    got = attnflow.flow(weights, mask=sample.mask, layers="all", normalize_result=False, n_jobs=1)
+    expected = oracle_flow(
+        weights, mask=sample.mask, layers="all", rows=[0, 4], normalize_result=False
+    )
     np.testing.assert_allclose(got[..., [0, 4], :], expected, atol=1e-10, rtol=0)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(engine, "ENGINE", "igraph")
-        whole = attnflow.flow(weights, mask=sample.mask, layers="all", normalize=False, n_jobs=1)
+        whole = attnflow.flow(
+            weights, mask=sample.mask, layers="all", normalize_result=False, n_jobs=1
+        )
     np.testing.assert_allclose(got, whole, atol=EXACT, rtol=0)
 
 
@@ -176,8 +180,8 @@ def test_shipped_vit_sample_cls_rows(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_threads_equal_serial_on_sinks() -> None:
     weights = _sinks(np.random.default_rng(11), 4, 50)
-    serial = attnflow.flow(weights, rows=[0, 3, 9], normalize=False, n_jobs=1)
-    threaded = attnflow.flow(weights, rows=[0, 3, 9], normalize=False, n_jobs=2)
+    serial = attnflow.flow(weights, rows=[0, 3, 9], normalize_result=False, n_jobs=1)
+    threaded = attnflow.flow(weights, rows=[0, 3, 9], normalize_result=False, n_jobs=2)
     np.testing.assert_array_equal(threaded, serial)
 
 
@@ -185,8 +189,8 @@ def test_sinks_against_networkx() -> None:
     if "numpy" not in {v.library for v in selected_variants()}:
         pytest.skip("once per matrix run, in the numpy session")
     weights = _sinks(np.random.default_rng(13), 5, 16)
-    got = attnflow.flow(weights, rows=[0, 11], normalize=False, n_jobs=1)
-    expected = oracle_flow(weights, rows=[0, 11], normalize=False)
+    got = attnflow.flow(weights, rows=[0, 11], normalize_result=False, n_jobs=1)
+    expected = oracle_flow(weights, rows=[0, 11], normalize_result=False)
     np.testing.assert_allclose(got, expected, atol=1e-10, rtol=0)
 
 
@@ -391,8 +395,8 @@ def test_decoder_flow_through_the_public_call_equals_networkx() -> None:
     if "numpy" not in {v.library for v in selected_variants()}:
         pytest.skip("once per matrix run, in the numpy session")
     weights = _causal(np.random.default_rng(12), 5, 12)
-    got = attnflow.flow(weights, rows=-1, normalize=False, n_jobs=1)
-    expected = oracle_flow(weights, rows=[11], normalize=False)[..., 0, :]
+    got = attnflow.flow(weights, rows=-1, normalize_result=False, n_jobs=1)
+    expected = oracle_flow(weights, rows=[11], normalize_result=False)[..., 0, :]
     np.testing.assert_allclose(got, expected, atol=1e-10, rtol=0)
 
 

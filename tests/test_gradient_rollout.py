@@ -61,9 +61,13 @@ def _expected_shape(options: dict[str, Any]) -> tuple[int, ...]:
 
 CASES: dict[str, dict[str, Any]] = {
     "gae": {},
-    "gae,normalize": {"normalize": True},
+    "gae,normalize_result": {"normalize_result": True},
     "gae,rows=0": {"rows": 0},
-    "gae,rows=0,exclude_self,normalize": {"rows": 0, "exclude_self": True, "normalize": True},
+    "gae,rows=0,exclude_self,normalize_result": {
+        "rows": 0,
+        "exclude_self": True,
+        "normalize_result": True,
+    },
     "gae,rows=[0,3],layers=all": {"rows": [0, 3], "layers": "all"},
     "gae,rows=[0,3,5,1,2,6],layers=all": {"rows": [0, 3, 5, 1, 2, 6], "layers": "all"},
     "gae,layers=all": {"layers": "all"},
@@ -73,11 +77,11 @@ CASES: dict[str, dict[str, Any]] = {
     "weighted,rows=0,layers=all": {"rule": "weighted", "rows": 0, "layers": "all"},
     "weighted,residual=0": {"rule": "weighted", "residual": 0.0},
     "weighted,residual=0.3,rows=[1,4]": {"rule": "weighted", "residual": 0.3, "rows": [1, 4]},
-    "weighted,layers=-2,exclude_self,normalize": {
+    "weighted,layers=-2,exclude_self,normalize_result": {
         "rule": "weighted",
         "layers": -2,
         "exclude_self": True,
-        "normalize": True,
+        "normalize_result": True,
     },
 }
 
@@ -423,7 +427,9 @@ def test_receptive_field_of_uniform_causal_attention_is_uniform(rule: str) -> No
                 result[b, :, i], np.broadcast_to(expected, (4, 7)), atol=1e-12
             )
     # ... while without it the composition favours the first tokens.
-    plain = attnflow.gradient_rollout(uniform, np.ones(SHAPE), rule=rule, rows=-1, normalize=True)
+    plain = attnflow.gradient_rollout(
+        uniform, np.ones(SHAPE), rule=rule, rows=-1, normalize_result=True
+    )
     assert plain[0, 0] > 1.5 / SHAPE[-1]
 
 

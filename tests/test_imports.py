@@ -102,6 +102,17 @@ def test_the_evaluation_names_moved_to_attnflow_evaluate_with_a_warning() -> Non
     assert len(attnflow.__all__) <= 16  # the README's table, not the whole house
 
 
+def test_the_readme_table_names_every_public_name() -> None:
+    # A user learns the library from the README's table (issue 25.5): every name of
+    # attnflow.__all__ is in it, as `attnflow.NAME` or beside its function as `NAME`.
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## What is in the box", 1)[1].split("\n\n", 2)[1]
+    assert table.startswith("| |")
+    public = [name for name in attnflow.__all__ if name != "__version__"]
+    missing = [n for n in public if f"`{n}`" not in table and f"`attnflow.{n}`" not in table]
+    assert not missing, f"README's table does not name {missing}"
+
+
 def test_adapters_are_installed_as_a_subpackage() -> None:
     assert attnflow.adapters.__name__ == "attnflow.adapters"
     assert attnflow.adapters.__all__ == []

@@ -100,7 +100,7 @@ def test_long_problems_are_cut_into_short_tasks_with_the_same_values(
 ) -> None:
     rng = np.random.default_rng(3)
     weights = softmax_attention(rng, (5, 2, 24, 24), scale=2.0)
-    whole = attnflow.flow(weights, rows=[0, 5], n_jobs=1, normalize=False)
+    whole = attnflow.flow(weights, rows=[0, 5], n_jobs=1, normalize_result=False)
     estimate = flow_module._solve_seconds(5, 2, 24)
     monkeypatch.setattr(flow_module, "TASK_SECONDS", estimate / 5)
     prepared = flow_module.prepare_attention(
@@ -118,7 +118,7 @@ def test_long_problems_are_cut_into_short_tasks_with_the_same_values(
     mixed = flow_module._capacities(prepared, np.asarray(prepared.fused), None, head_axis=False)
     tasks = flow_module._plan(prepared, mixed, None).tasks
     assert len(tasks) == 5  # cut to the target size, each on a fifth of the input tokens
-    cut = attnflow.flow(weights, rows=[0, 5], n_jobs=2, normalize=False)
+    cut = attnflow.flow(weights, rows=[0, 5], n_jobs=2, normalize_result=False)
     np.testing.assert_array_equal(cut, whole)
 
 

@@ -43,7 +43,7 @@ def test_the_table_names_each_method_once_with_its_function() -> None:
         "alti": 0.0,
     }
     # GlobEnc's authors multiply the raw matrices; the others renormalise each layer's rows.
-    assert [n for n in VALUE_AWARE_METHODS if METHODS[n].renormalize] == ["norm", "alti"]
+    assert [n for n in VALUE_AWARE_METHODS if METHODS[n].normalize_layers] == ["norm", "alti"]
     assert METHODS["rollout"].residual is None
 
 

@@ -84,17 +84,17 @@ def test_a_torch_boolean_rows_tensor_is_not_read_as_positions() -> None:
 @pytest.mark.parametrize(
     "options",
     [
-        {"normalize": False},
-        {"normalize": False, "layers": "all"},
-        {"normalize": False, "rows": [3, 1]},
-        {"normalize": False, "heads": "each"},
-        {"normalize": False, "rows": 2, "layers": "all"},
+        {"normalize_result": False},
+        {"normalize_result": False, "layers": "all"},
+        {"normalize_result": False, "rows": [3, 1]},
+        {"normalize_result": False, "heads": "each"},
+        {"normalize_result": False, "rows": 2, "layers": "all"},
     ],
 )
 def test_unvalidated_flow_gives_nan_where_rollout_does(options: dict[str, Any]) -> None:
     weights = _attention((2, 3, 2, 4, 4))
     weights[0, 0, 1, 1, 1] = np.nan  # first sequence, first layer, second head
-    rollout_options = {k: v for k, v in options.items() if k != "normalize"}
+    rollout_options = {k: v for k, v in options.items() if k != "normalize_result"}
     expected = np.isnan(attnflow.rollout(weights, validate=False, **rollout_options))
     result = attnflow.flow(weights, validate=False, **options)
     np.testing.assert_array_equal(np.isnan(result), expected)

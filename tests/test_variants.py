@@ -91,9 +91,9 @@ def test_rollout_variants_match_the_oracle(
 
 FLOW_CASES: dict[str, dict[str, Any]] = {
     "each,rows=[0,3],layers=all": {"heads": "each", "rows": [0, 3], "layers": "all"},
-    "each,normalize=False": {"heads": "each", "normalize": False, "rows": [6, 2]},
+    "each,normalize_result=False": {"heads": "each", "normalize_result": False, "rows": [6, 2]},
     "threshold=0.1": {"threshold": 0.1, "rows": 0, "layers": "all"},
-    "top_k=2,normalize=False": {"top_k": 2, "normalize": False, "rows": [0, 4]},
+    "top_k=2,normalize_result=False": {"top_k": 2, "normalize_result": False, "rows": [0, 4]},
     "discard=0.6": {"discard": 0.6},
     "each,top_k=3,rows=0": {"heads": "each", "top_k": 3, "rows": 0, "layers": "all"},
     "each,discard=0.5,layers=1": {"heads": "each", "discard": 0.5, "layers": 1, "rows": [2]},
@@ -147,8 +147,8 @@ def test_head_flows_averaged_are_at_most_the_fused_flow_and_equal_at_the_first_l
     # the fused top layer is the mean of the heads' top layers: the mean of the head flows
     # is at most the fused flow. At the first layer both are the single edge, Ã_1.
     weights = _weights("float64")
-    each = attnflow.flow(weights, heads="each", layers="all", mask=MASK, normalize=False)
-    fused = attnflow.flow(weights, layers="all", mask=MASK, normalize=False)
+    each = attnflow.flow(weights, heads="each", layers="all", mask=MASK, normalize_result=False)
+    fused = attnflow.flow(weights, layers="all", mask=MASK, normalize_result=False)
     averaged = each.mean(axis=-3)
     assert np.all(averaged <= fused + 1e-12)
     np.testing.assert_allclose(averaged[:, 0], fused[:, 0], atol=1e-15)
@@ -286,7 +286,7 @@ def test_head_specific_flow_uses_the_compiled_solver_exactly(
     import attnflow._maxflow as engine
 
     weights = softmax_attention(np.random.default_rng(4), (4, 2, 40, 40), scale=1.5)
-    options = {"heads": "each", "top_k": 12, "rows": [0, 9], "normalize": False, "n_jobs": 1}
+    options = {"heads": "each", "top_k": 12, "rows": [0, 9], "normalize_result": False, "n_jobs": 1}
     fast = attnflow.flow(weights, **options)
     monkeypatch.setattr(engine, "ENGINE", "igraph")
     np.testing.assert_allclose(fast, attnflow.flow(weights, **options), atol=1e-12, rtol=0)

@@ -226,7 +226,7 @@ def faithfulness(
         from ``model.attention_gradients`` for the target classes; the others the
         output of ``model.attentions``, which may be value-aware token-mixing matrices
         (``model_functions(model, contributions="alti")``, rolled out with
-        ``functools.partial(attnflow.rollout, residual=0.0, renormalize=True)``).
+        ``functools.partial(attnflow.rollout, residual=0.0, normalize_layers=True)``).
     rows : int or {"max", "mean"}, default 0
         The output row that explains the prediction: 0 for a ``[CLS]`` classifier (the
         paper's Tables 1-2), or the maximum or mean over the rows of real tokens (the

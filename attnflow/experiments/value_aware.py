@@ -93,13 +93,13 @@ def matrix_methods(matrix: Matrix) -> dict[str, Method]:
     residual = rule.residual
     assert residual is not None  # every value-aware row of the registry sets it
     renormalized: dict[str, Method] = {
-        "rollout": functools.partial(attnflow.rollout, residual=residual, renormalize=True),
-        "flow": functools.partial(attnflow.flow, residual=residual, renormalize=True),
+        "rollout": functools.partial(attnflow.rollout, residual=residual, normalize_layers=True),
+        "flow": functools.partial(attnflow.flow, residual=residual, normalize_layers=True),
     }
     # Rows of norm-based and GlobEnc matrices are not normalised; ranking a row is
     # unchanged by scaling it, so the raw matrix is read as it is.
     raw: Method = functools.partial(attnflow.raw, validate=False)
-    if rule.renormalize:
+    if rule.normalize_layers:
         return {"raw": raw, **renormalized}
     return {
         "raw": raw,

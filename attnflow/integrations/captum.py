@@ -182,7 +182,7 @@ class _AttentionAttribution:
             Images only: how the patch grid is upsampled to pixels.
         **options
             attnflow options: ``heads``, ``residual``, ``layers`` (``"last"`` or one
-            index), ``mask``, ``normalize`` (flow), ``rule`` (gradient rollout) ...
+            index), ``mask``, ``normalize_result`` (flow), ``rule`` (gradient rollout) ...
 
         Returns
         -------

@@ -73,11 +73,11 @@ __all__ = [
     "GradientRolloutAttribution",
 ]
 
-_PRUNING = ("threshold", "top_k", "discard", "receptive_field", "exclude", "renormalize")
+_PRUNING = ("threshold", "top_k", "discard", "receptive_field", "exclude", "normalize_layers")
 OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
     "attention_rollout": {
         "decoder-only": ("heads", "residual", "layers", *_PRUNING),
-        "encoder-decoder": ("heads", "residual", "layers", "normalize"),
+        "encoder-decoder": ("heads", "residual", "layers", "normalize_result"),
     },
     "attention_flow": {
         "decoder-only": (
@@ -85,7 +85,7 @@ OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
             "residual",
             "layers",
             *_PRUNING,
-            "normalize",
+            "normalize_result",
             "n_jobs",
             "max_work",
         ),
@@ -93,7 +93,7 @@ OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
             "heads",
             "residual",
             "layers",
-            "normalize",
+            "normalize_result",
             "n_jobs",
             "max_seconds",
             "max_work",  # deprecated: max_seconds
@@ -102,16 +102,18 @@ OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
     "gradient_rollout": {
         "decoder-only": (
             "layers",
-            "normalize",
+            "normalize_result",
             "rule",
             "residual",
             "exclude_self",
             "receptive_field",
             "exclude",
         ),
-        "encoder-decoder": ("layers", "normalize"),
+        "encoder-decoder": ("layers", "normalize_result"),
     },
 }
+#: The spellings of options before 0.1: passed on to attnflow, which warns.
+_RENAMED = {"normalize": "normalize_result", "renormalize": "normalize_layers"}
 """The options of ``attribute(...)`` each method takes, by model kind.
 
 They are keyword arguments of the attnflow function the method calls
@@ -153,7 +155,7 @@ def _check_options(
         for function in STEP_SCORES_MAP.values():
             passed_on.update(signature(function).parameters)
     for name in given:
-        if name in accepted or name in passed_on:
+        if name in accepted or name in passed_on or _RENAMED.get(name) in accepted:
             continue
         other = "decoder-only" if encoder_decoder else "encoder-decoder"
         if name in OPTIONS[method_name][other]:
@@ -368,8 +370,9 @@ class _Checked:
         )
         kind = "encoder-decoder" if encoder_decoder else "decoder-only"
         accepted = OPTIONS[self.method_name][kind]
-        options = {name: value for name, value in kwargs.items() if name in accepted}
-        rest = {name: value for name, value in kwargs.items() if name not in accepted}
+        taken = {name for name in kwargs if name in accepted or _RENAMED.get(name) in accepted}
+        options = {name: value for name, value in kwargs.items() if name in taken}
+        rest = {name: value for name, value in kwargs.items() if name not in taken}
         return options, rest
 
     def attribute_step(
@@ -449,7 +452,7 @@ class AttentionFlowAttribution(_Checked, _FinalStep, InternalsAttributionRegistr
     Notes
     -----
     Options of ``attribute(...)``: :data:`OPTIONS` ``["attention_flow"]``: those of
-    ``"attention_rollout"``, plus ``normalize`` (divide each position's flow by its sum,
+    ``"attention_rollout"``, plus ``normalize_result`` (divide each position's flow by its sum,
     default True), ``n_jobs``, and ``max_work`` for decoder-only models (refuse a graph
     whose max-flow work exceeds it; see :func:`attnflow.flow_cost`), ``max_seconds`` for
     encoder-decoder models (refuse a call estimated above that many seconds on one core;
@@ -485,7 +488,7 @@ class GradientRolloutAttribution(_Checked, InternalsAttributionRegistry):  # typ
     (:func:`attnflow.gradient_rollout`; :func:`attnflow.encoder_decoder_rollout` with
     ``rule="gae"`` for encoder-decoder models). Options of ``attribute(...)``:
     :data:`OPTIONS` ``["gradient_rollout"]``: ``layers`` (``"last"`` or one decoder layer
-    index) and ``normalize`` (divide each map by its sum; GAE relevance is not normalised
+    index) and ``normalize_result`` (divide each map by its sum; GAE relevance is not normalised
     by default), and for decoder-only models ``rule``, ``residual``, ``exclude_self``,
     ``receptive_field`` and ``exclude`` (see :func:`attnflow.gradient_rollout`). Any
     other option is refused by name.

@@ -73,7 +73,7 @@ def explain_func(
         device of the model's first parameter, or the CPU.
     **options
         attnflow options: ``heads``, ``residual``, ``layers`` (``"last"`` or one index),
-        ``normalize`` (flow), ``rule`` (gradient rollout) ...
+        ``normalize_result`` (flow), ``rule`` (gradient rollout) ...
 
     Returns
     -------

@@ -127,9 +127,15 @@ def test_every_method_and_the_gallery_options(model_and_tokenizer: tuple) -> Non
         np.testing.assert_allclose(e.scores[rule], expected.double().numpy(), atol=1e-12)
         assert e.scores[rule].shape == (6, len(e.tokens))
     # Issue 23: GlobEnc as its authors aggregate it (raw products), not the renormalised
-    # variant (renormalize=True).
+    # variant (normalize_layers=True).
     renormalized = adapter.explain(
-        model, dict(inputs), method="globenc", rows=0, layers="all", exclude=0, renormalize=True
+        model,
+        dict(inputs),
+        method="globenc",
+        rows=0,
+        layers="all",
+        exclude=0,
+        normalize_layers=True,
     )[0]
     np.testing.assert_allclose(renormalized.sum(-1).double().numpy(), 1.0, rtol=1e-5)
     # (`exclude` renormalises the final rows of both; the layers' products still differ.)

@@ -46,7 +46,7 @@ def test_minilm_flow_equals_the_whole_graph_max_flow(
     attentions: np.ndarray, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rows = [0, 1, 17, 63]  # [CLS], the first word, a middle word, [SEP]
-    options = {"rows": rows, "layers": "all", "normalize": False, "n_jobs": 1}
+    options = {"rows": rows, "layers": "all", "normalize_result": False, "n_jobs": 1}
     fast = attnflow.flow(attentions, **options)
     monkeypatch.setattr(engine, "ENGINE", "igraph")
     whole = attnflow.flow(attentions, **options)
@@ -55,6 +55,6 @@ def test_minilm_flow_equals_the_whole_graph_max_flow(
 
 def test_minilm_prefix_flow_equals_networkx(attentions: np.ndarray) -> None:
     prefix = attentions[..., :16, :16] / attentions[..., :16, :16].sum(axis=-1, keepdims=True)
-    got = attnflow.flow(prefix, rows=[0, 15], normalize=False, n_jobs=1)
-    expected = oracle_flow(prefix, rows=[0, 15], normalize=False)
+    got = attnflow.flow(prefix, rows=[0, 15], normalize_result=False, n_jobs=1)
+    expected = oracle_flow(prefix, rows=[0, 15], normalize_result=False)
     np.testing.assert_allclose(got, expected, atol=1e-10, rtol=0)

@@ -108,11 +108,12 @@ def test_linen_rollout_end_to_end(linen_setup):
 
 def test_linen_gradients_match_finite_differences(linen_setup):
     model, variables, x, mask = linen_setup
-    y, cap = jax.jit(lambda v, x, m: adapter.gradients_linen(model, v, x, m, target=target))(
-        variables, x, mask
-    )
-    np.testing.assert_allclose(y, model.apply(variables, x, mask), rtol=1e-6, atol=1e-6)
-    assert cap.gradients.shape == cap.attentions.shape == (B, 2, H, N, N)
+    attentions, gradients = jax.jit(
+        lambda v, x, m: adapter.attention_gradients_linen(model, v, x, m, target=target)
+    )(variables, x, mask)
+    _, cap = adapter.capture_linen(model, variables, x, mask)
+    np.testing.assert_allclose(attentions, cap.attentions, rtol=1e-6, atol=1e-6)
+    assert gradients.shape == attentions.shape == (B, 2, H, N, N)
     assert not (variables.keys() - {"params"})  # the caller's variables are untouched
 
     # Central finite differences through an explicit additive perturbation of one entry.
@@ -144,8 +145,25 @@ def test_linen_gradients_match_finite_differences(linen_setup):
             2 * eps
         )
         np.testing.assert_allclose(
-            cap.gradients[(index[0], layer, *index[1:])], fd, rtol=2e-2, atol=2e-3
+            gradients[(index[0], layer, *index[1:])], fd, rtol=2e-2, atol=2e-3
         )
+
+
+def test_capture_heads_each_is_the_default_and_none_is_deprecated(linen_setup, nnx_setup):
+    # heads="each" keeps every head; capture_*(heads=None) meant the same until 0.1.
+    model, variables, x, mask = linen_setup
+    default = adapter.capture_linen(model, variables, x, mask)[1]
+    each = adapter.capture_linen(model, variables, x, mask, heads="each")[1]
+    with pytest.warns(DeprecationWarning, match=r'capture_linen\(heads=None\)`.*heads="each"'):
+        old = adapter.capture_linen(model, variables, x, mask, heads=None)[1]
+    assert default.attentions.shape == (B, 2, H, N, N)
+    np.testing.assert_array_equal(each.attentions, default.attentions)
+    np.testing.assert_array_equal(old.attentions, default.attentions)
+    module, x, mask = nnx_setup
+    default = adapter.capture_nnx(module, x, mask=mask)[1]
+    with pytest.warns(DeprecationWarning, match=r"capture_nnx\(heads=None\)"):
+        old = adapter.capture_nnx(module, x, mask=mask, heads=None)[1]
+    np.testing.assert_array_equal(old.attentions, default.attentions)
 
 
 def test_linen_nothing_captured():
@@ -213,8 +231,10 @@ def test_nnx_weights_outputs_mask_jit(nnx_setup):
 
 def test_nnx_gradients_match_finite_differences(nnx_setup):
     model, x, mask = nnx_setup
-    _, cap = jax.jit(lambda x, m: adapter.gradients_nnx(model, x, mask=m, target=target))(x, mask)
-    assert cap.gradients.shape == (B, 2, H, N, N)
+    _, gradients = jax.jit(
+        lambda x, m: adapter.attention_gradients_nnx(model, x, mask=m, target=target)
+    )(x, mask)
+    assert gradients.shape == (B, 2, H, N, N)
 
     def output_with(deltas):
         recorder = adapter._NNXRecorder(deltas)
@@ -226,21 +246,30 @@ def test_nnx_gradients_match_finite_differences(nnx_setup):
         plus = [z.at[index].add(eps) if i == layer else z for i, z in enumerate(zeros)]
         minus = [z.at[index].add(-eps) if i == layer else z for i, z in enumerate(zeros)]
         fd = (output_with(plus) - output_with(minus)) / (2 * eps)
-        got = cap.gradients[(index[0], layer, *index[1:])]
+        got = gradients[(index[0], layer, *index[1:])]
         np.testing.assert_allclose(got, fd, rtol=2e-2, atol=2e-3)
 
 
-def test_attention_gradients_equal_the_capture_forms(linen_setup, nnx_setup):
+def test_deprecated_gradients_verbs_equal_attention_gradients(linen_setup, nnx_setup):
+    # gradients_linen / gradients_nnx: the second gradients verb, kept until 0.2.
+    assert "gradients_linen" not in adapter.__all__
+    assert "gradients_nnx" not in adapter.__all__
     model, variables, x, mask = linen_setup
-    _, cap = adapter.gradients_linen(model, variables, x, mask, target=target)
+    with pytest.warns(DeprecationWarning, match="`attnflow.adapters.jax.gradients_linen` is dep"):
+        y, cap = adapter.gradients_linen(model, variables, x, mask, target=target)
     attentions, gradients = adapter.attention_gradients_linen(
         model, variables, x, mask, target=target
     )
+    np.testing.assert_allclose(y, model.apply(variables, x, mask), rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(attentions, cap.attentions)
     np.testing.assert_array_equal(gradients, cap.gradients)
+    np.testing.assert_array_equal(
+        cap.mask, adapter.capture_linen(model, variables, x, mask)[1].mask
+    )
 
     module, x, mask = nnx_setup
-    _, cap = adapter.gradients_nnx(module, x, mask=mask, target=target)
+    with pytest.warns(DeprecationWarning, match="call attention_gradients_nnx"):
+        _, cap = adapter.gradients_nnx(module, x, mask=mask, target=target)
     attentions, gradients = adapter.attention_gradients_nnx(module, x, mask=mask, target=target)
     np.testing.assert_array_equal(attentions, cap.attentions)
     np.testing.assert_array_equal(gradients, cap.gradients)
@@ -624,15 +653,15 @@ def test_explain_gradient_rollout_linen_equals_chefer_loop(linen_classifier, in_
     model, variables, mask = linen_classifier
     logits = model.apply(variables, IDS, mask)
     classes = resolve(target, logits)
-    _, cap = adapter.gradients_linen(
+    attentions, gradients = adapter.attention_gradients_linen(
         model,
         variables,
         IDS,
         mask,
         target=lambda y: jnp.sum(y * jax.nn.one_hot(classes, CLASSES, dtype=y.dtype)),
     )
-    expected = chefer_loop(cap.attentions, cap.gradients)
-    assert np.abs(np.asarray(cap.gradients)).max() > 1e-6
+    expected = chefer_loop(attentions, gradients)
+    assert np.abs(np.asarray(gradients)).max() > 1e-6
     got = adapter.explain_linen(
         model,
         variables,
@@ -672,13 +701,13 @@ def test_explain_gradient_rollout_nnx_equals_chefer_loop(nnx_classifier):
         attention.attention_fn = nnx.dot_product_attention
     logits = model(IDS, mask)
     classes = jnp.argmax(logits, axis=-1)
-    _, cap = adapter.gradients_nnx(
+    attentions, gradients = adapter.attention_gradients_nnx(
         model,
         IDS,
         mask,
         target=lambda y: jnp.sum(y * jax.nn.one_hot(classes, CLASSES, dtype=y.dtype)),
     )
-    expected = chefer_loop(cap.attentions, cap.gradients)
+    expected = chefer_loop(attentions, gradients)
     got = adapter.explain_nnx(
         model, IDS, mask, method="gradient_rollout", rows=None, options={"mask": None}
     )

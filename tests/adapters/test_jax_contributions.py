@@ -224,16 +224,16 @@ def test_explain_linen_is_rollout_of_the_renormalised_matrices(method: str) -> N
 def test_explain_rows_and_options() -> None:
     model, variables, x, mask = linen_model(True)
     _, cap = adapter.capture_linen(model, variables, x, mask, contributions="globenc")
-    options = {"residual": 0.25, "renormalize": True}  # GlobEnc's renormalised variant
+    options = {"residual": 0.25, "normalize_layers": True}  # GlobEnc's renormalised variant
     got = adapter.explain_linen(
         model, variables, x, mask, method="globenc", rows=0, options=options
     )
     expected = attnflow.rollout(
-        cap.contributions, heads=None, residual=0.25, renormalize=True, rows=0, mask=cap.mask
+        cap.contributions, heads=None, residual=0.25, normalize_layers=True, rows=0, mask=cap.mask
     )
     np.testing.assert_allclose(got, expected, rtol=1e-6)
     flow = attnflow.flow(
-        cap.contributions, heads=None, residual=0.0, renormalize=True, rows=0, mask=cap.mask
+        cap.contributions, heads=None, residual=0.0, normalize_layers=True, rows=0, mask=cap.mask
     )
     assert flow.shape == (B, N)
 

@@ -166,6 +166,23 @@ def test_heads_fused_while_capturing(functional, batch):
     np.testing.assert_array_equal(to_numpy(fused.mask), batch[1])
 
 
+def test_capture_heads_each_is_the_default_and_none_is_deprecated(functional, batch):
+    # heads="each" keeps every head; capture(heads=None) meant the same until 0.1.
+    model, _ = functional
+    with adapter.capture(model) as default:
+        model(batch)
+    with adapter.capture(model, heads="each") as each:
+        model(batch)
+    with pytest.warns(DeprecationWarning, match=r'capture\(heads=None\)`.*heads="each"'):
+        old = adapter.capture(model, heads=None)
+    with old:
+        model(batch)
+    assert default.heads == each.heads == old.heads == "each"
+    assert tuple(default.attentions.shape)[:3] == (2, 2, 2)
+    np.testing.assert_array_equal(to_numpy(each.attentions), to_numpy(default.attentions))
+    np.testing.assert_array_equal(to_numpy(old.attentions), to_numpy(default.attentions))
+
+
 def test_rollout_end_to_end(functional, batch):
     model, _ = functional
     with adapter.capture(model) as cap:

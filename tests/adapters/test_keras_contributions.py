@@ -316,12 +316,12 @@ def test_explain_is_rollout_over_the_renormalised_matrices(method):
         to_numpy(cap.contributions),
         heads=None,
         residual=residual,
-        renormalize=True,
+        normalize_layers=True,
         rows=None,
         mask=inputs[1],
     )
-    renormalize = {"renormalize": True} if method == "globenc" else {}
-    found = adapter.explain(model, inputs, method=method, rows=None, **renormalize)
+    normalize_layers = {"normalize_layers": True} if method == "globenc" else {}
+    found = adapter.explain(model, inputs, method=method, rows=None, **normalize_layers)
     np.testing.assert_allclose(to_numpy(found), expected, rtol=1e-5, atol=1e-6)
     if method == "globenc":  # issue 23: by default the authors' raw products, C_L ... C_1
         raw = to_numpy(adapter.explain(model, inputs, method=method, rows=None))
@@ -333,9 +333,11 @@ def test_explain_is_rollout_over_the_renormalised_matrices(method):
             np.testing.assert_allclose(raw[b][np.ix_(real, real)], product, rtol=1e-4)
             assert (raw[b][~real] == 0).all()
             assert (raw[b][:, ~real] == 0).all()
-    first = adapter.explain(model, inputs, method=method, residual=0.2, mask=None, **renormalize)
+    first = adapter.explain(
+        model, inputs, method=method, residual=0.2, mask=None, **normalize_layers
+    )
     expected = attnflow.rollout(
-        to_numpy(cap.contributions), heads=None, residual=0.2, renormalize=True, rows=0
+        to_numpy(cap.contributions), heads=None, residual=0.2, normalize_layers=True, rows=0
     )
     np.testing.assert_allclose(to_numpy(first), expected, rtol=1e-5, atol=1e-6)
 

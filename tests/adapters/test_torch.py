@@ -327,6 +327,31 @@ def test_transformer_encoder_weights_equal_manual(encoder):
     assert_restored(encoder)
 
 
+def test_capture_heads_each_is_the_default_and_none_is_deprecated(encoder):
+    # heads="each" keeps every head; the old capture(heads=None) meant the same, while in
+    # rollout and flow heads=None means "already fused" (issue 25.5).
+    torch.manual_seed(2)
+    x = torch.randn(1, 5, 16)
+    with torch.no_grad():
+        expected = manual_encoder_weights(encoder, x)
+        with adapter.capture(encoder) as default:
+            encoder(x)
+        with adapter.capture(encoder, heads="each") as each:
+            encoder(x)
+        with pytest.warns(DeprecationWarning, match=r'capture\(heads=None\)`.*heads="each"'):
+            old = adapter.capture(encoder, heads=None)
+        with old:
+            encoder(x)
+        with pytest.warns(DeprecationWarning, match=r"Capture\(heads=None\)"):
+            direct = adapter.Capture(encoder, heads=None)
+    assert default.heads == each.heads == old.heads == direct.heads == "each"
+    for cap in (default, each, old):
+        assert cap.attentions.shape == (1, 3, 4, 5, 5)
+        torch.testing.assert_close(cap.attentions, expected, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r'"each" \(keep every head\)'):
+        adapter.capture(encoder, heads="all")
+
+
 def test_fastpath_flag_restored(encoder):
     torch.backends.mha.set_fastpath_enabled(False)
     try:
@@ -469,7 +494,7 @@ def test_bad_arguments():
         adapter.capture(lambda x: x)
     with pytest.raises(ValueError, match="heads"):
         adapter.capture(model, heads="median")
-    with pytest.raises(ValueError, match="heads=None"):
+    with pytest.raises(ValueError, match='heads="each"'):
         adapter.capture(model, gradients=True, heads="mean")
     with pytest.raises(ValueError, match="method"):
         adapter.explain(model, torch.randn(1, 3), method="lrp")
@@ -1103,10 +1128,14 @@ def padded_ids():
     return torch.where(mask, ids, 0), mask
 
 
-@pytest.mark.parametrize("heads", ["mean", None])
+@pytest.mark.parametrize("heads", ["mean", "each", None])
 def test_model_functions_call_the_model_as_hugging_face_does(bert_classifier, padded_ids, heads):
     ids, mask = padded_ids
-    functions = adapter.model_functions(bert_classifier, heads=heads)
+    if heads is None:  # the old spelling of "each", until 0.2
+        with pytest.warns(DeprecationWarning, match=r'model_functions\(heads=None\)`.*"each"'):
+            functions = adapter.model_functions(bert_classifier, heads=heads)
+    else:
+        functions = adapter.model_functions(bert_classifier, heads=heads)
     with torch.no_grad():
         out = bert_classifier(input_ids=ids, attention_mask=mask.long(), output_attentions=True)
     torch.testing.assert_close(

@@ -452,7 +452,9 @@ def test_explain_is_rollout_of_the_matrices_as_their_authors_compose_them(
     )
     expected = oracle_rollout(rows, heads=None, residual=residual, mask=mask)
     if method == "globenc":  # issue 23: renormalised rows only on request
-        renormalized = adapter.explain(model, batch, method=method, rows=None, renormalize=True)
+        renormalized = adapter.explain(
+            model, batch, method=method, rows=None, normalize_layers=True
+        )
         np.testing.assert_allclose(renormalized.double().numpy(), expected, rtol=1e-4, atol=1e-5)
         # The authors' GlobEnc: the raw N-Enc matrices multiplied, C_L ... C_1, on the
         # real tokens of each sentence; padded tokens get zero.
@@ -473,7 +475,7 @@ def test_flow_over_captured_contributions() -> None:
     with torch.no_grad(), adapter.capture(model, contributions="globenc") as cap:
         model(x)
     matrices = cap.contributions.double()
-    got = attnflow.flow(matrices, heads=None, residual=0.0, renormalize=True, rows=0)
+    got = attnflow.flow(matrices, heads=None, residual=0.0, normalize_layers=True, rows=0)
     plain = matrices.numpy()
     expected = oracle_flow(plain / plain.sum(-1, keepdims=True), heads=None, residual=0.0, rows=0)
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-9, atol=1e-9)

@@ -127,7 +127,7 @@ def test_bart_flow_matches_the_networkx_oracle(bart, bart_batch):
     source, target = _check_flow_against_oracle(cap, rows=[4, 0], layers="all")
     assert bool((source[0, ..., 5:] == 0).all())  # padded source tokens get nothing
     assert bool((target[1, ..., 4:] == 0).all())  # nor padded target tokens
-    _check_flow_against_oracle(cap, rows=2, residual=0.3, normalize=False)
+    _check_flow_against_oracle(cap, rows=2, residual=0.3, normalize_result=False)
 
 
 def test_bart_gae_matches_the_oracle(bart, bart_batch):
@@ -138,7 +138,7 @@ def test_bart_gae_matches_the_oracle(bart, bart_batch):
     grads = (cap.encoder_gradients, cap.decoder_gradients, cap.cross_gradients)
     source, _ = _check_against_oracle(cap, grads=grads, layers="all")
     assert bool((source != 0).any())
-    _check_against_oracle(cap, grads=grads, rows=3, normalize=True)
+    _check_against_oracle(cap, grads=grads, rows=3, normalize_result=True)
 
 
 def test_torch_transformer_rollout_matches_the_oracle():

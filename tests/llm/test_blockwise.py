@@ -90,7 +90,7 @@ def test_per_head_weights_and_the_sdpa_engine_on_smollm2(smollm2, left_padded, c
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"layers": "all", "exclude_self": True, "normalize": True}]
+    "options", [{}, {"layers": "all", "exclude_self": True, "normalize_result": True}]
 )
 def test_gae_rows_equal_the_materialised_path_on_smollm2(smollm2, left_padded, options):
     models, _ = smollm2
