@@ -199,11 +199,11 @@ def _doctests(session: nox.Session, env: dict[str, str], *, on_strict: bool) -> 
     # the adapters sessions.
     needs_torch = [
         package / "adapters",
-        package / "experiments" / "agreement_torch.py",
-        package / "experiments" / "reproduction.py",
-        package / "experiments" / "sentiment_torch.py",
-        package / "experiments" / "reproduction_sentiment.py",
-        package / "experiments" / "value_aware.py",
+        package / "_experiments" / "agreement_torch.py",
+        package / "_experiments" / "reproduction.py",
+        package / "_experiments" / "sentiment_torch.py",
+        package / "_experiments" / "reproduction_sentiment.py",
+        package / "_experiments" / "value_aware.py",
         package / "integrations",  # inseq, captum, Quantus: the integrations session
     ]
     session.run(
@@ -263,11 +263,11 @@ def adapters_torch(session: nox.Session) -> None:
         "attnflow.adapters._torch_explain",
         "attnflow.adapters._torch_gradients",
         "attnflow.adapters._torch_model_functions",
-        "attnflow.experiments.agreement_torch",
-        "attnflow.experiments.reproduction",
-        "attnflow.experiments.sentiment_torch",
-        "attnflow.experiments.reproduction_sentiment",
-        "attnflow.experiments.value_aware",
+        "attnflow._experiments.agreement_torch",
+        "attnflow._experiments.reproduction",
+        "attnflow._experiments.sentiment_torch",
+        "attnflow._experiments.reproduction_sentiment",
+        "attnflow._experiments.value_aware",
         env=env,
     )
 

@@ -27,7 +27,7 @@ Supported blocks:
 * Pre-LN blocks with a fused query-key-value ``nn.Linear`` (nanoGPT's ``ln_1``,
   ``attn.c_attn``, ``attn.c_proj``, ``ln_2``; also ``norm1``/``norm2`` and
   ``attn.qkv``/``attn.proj``, as in timm's ViT without LayerScale and in
-  :mod:`attnflow.experiments.agreement_torch`). Their structure is a convention, not a
+  :mod:`attnflow._experiments.agreement_torch`). Their structure is a convention, not a
   class, so every call is checked: the rebuilt output must equal the block input plus
   what ``attn`` returned, or the capture fails.
 * Llama-family decoder layers (Llama, Mistral, Qwen2 and others built the same way):

@@ -293,7 +293,7 @@ def _run_sentiment(
     from ._cli_common import UsageError
 
     try:
-        from .experiments import reproduction_sentiment as table3
+        from ._experiments import reproduction_sentiment as table3
     except ImportError as error:
         msg = (
             f"the sentiment reproduction needs PyTorch, transformers and the shipped MiniLM "
@@ -376,7 +376,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     elif args.source == "agreement":
         rows = _parse_rows(args.rows or "0,max")
         try:
-            from .experiments import reproduction
+            from ._experiments import reproduction
         except ImportError as error:
             msg = (
                 f'the agreement reproduction needs PyTorch ({error}): pip install "attnflow[torch]"'

@@ -49,16 +49,16 @@ import torch
 
 import attnflow
 from attnflow._atomic import write_folder_atomically
-from attnflow.evaluate import blank_out, faithfulness
-from attnflow.experiments.agreement import AgreementData, agreement_split, with_end_token
-from attnflow.experiments.agreement_distill import train_distilled_agreement_model
-from attnflow.experiments.agreement_torch import (
+from attnflow._experiments.agreement import AgreementData, agreement_split, with_end_token
+from attnflow._experiments.agreement_distill import train_distilled_agreement_model
+from attnflow._experiments.agreement_torch import (
     accuracy,
     load_agreement_model,
     save_agreement_model,
     train_agreement_model,
 )
-from attnflow.experiments.reproduction import PAPER_TABLES
+from attnflow._experiments.reproduction import PAPER_TABLES
+from attnflow.evaluate import blank_out, faithfulness
 
 MODELS = ("today", "eos", "distilled")
 METHODS = ("raw", "rollout", "flow")

@@ -98,14 +98,14 @@ def alti_aupc(comprehensive: np.ndarray, sufficient: np.ndarray) -> tuple[np.nda
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the protocol and print (and optionally write) the table."""
     arguments = parse_arguments(argv)
-    from attnflow.adapters.torch import model_functions
-    from attnflow.experiments.reproduction_sentiment import (
+    from attnflow._experiments.reproduction_sentiment import (
         DEFAULT_TRAIN_SENTENCES,
         HELD_OUT_SENTENCES,
         MAX_LENGTH,
         _split,
     )
-    from attnflow.experiments.sentiment_torch import load_classifier, load_tokenizer, tokenize
+    from attnflow._experiments.sentiment_torch import load_classifier, load_tokenizer, tokenize
+    from attnflow.adapters.torch import model_functions
 
     started, cpu = time.perf_counter(), time.process_time()
     classifier = load_classifier(arguments.model).eval()

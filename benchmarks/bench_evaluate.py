@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import attnflow
+    from attnflow._experiments.agreement import agreement_split
+    from attnflow._experiments.agreement_torch import load_agreement_model, train_agreement_model
     from attnflow.adapters.torch import model_functions
-    from attnflow.experiments.agreement import agreement_split
-    from attnflow.experiments.agreement_torch import load_agreement_model, train_agreement_model
 
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "

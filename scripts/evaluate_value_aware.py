@@ -1,6 +1,6 @@
 r"""Write the docs' faithfulness table of every method, value-aware ones included.
 
-Runs :func:`attnflow.experiments.value_aware.evaluate_value_aware` on both offline tasks
+Runs :func:`attnflow._experiments.value_aware.evaluate_value_aware` on both offline tasks
 (subject-verb agreement with the paper's model; sentiment with the shipped MiniLM
 fine-tuned offline) and writes, for each task, the Markdown table the docs include
 (``docs/_data/value_aware_<task>.md``) and the run record (``.json`` beside it).
@@ -39,13 +39,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from attnflow.evaluate._markdown import markdown_table
-from attnflow.experiments.value_aware import (
+from attnflow._experiments.value_aware import (
     _LABELS,
     MATRICES,
     evaluate_value_aware,
     value_aware_markdown,
 )
+from attnflow.evaluate._markdown import markdown_table
 
 
 def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -3,8 +3,8 @@
 The paper (§2) trains a 6-layer, 8-head Transformer encoder of GPT-2 blocks (width 128,
 no causal mask, a classifier on [CLS]) on the subject-verb agreement data of Linzen et
 al. (2016) and reports an accuracy of 0.96. That data cannot be downloaded here, so this
-script generates a synthetic stand-in (:mod:`attnflow.experiments.agreement`), trains the
-paper's model on it (:mod:`attnflow.experiments.agreement_torch`), prints the training
+script generates a synthetic stand-in (:mod:`attnflow._experiments.agreement`), trains the
+paper's model on it (:mod:`attnflow._experiments.agreement_torch`), prints the training
 time and the test accuracy overall and by number of agreement attractors, and saves the
 model (``weights.npz`` without pickle, and ``config.json``, which also records the data,
 the training settings and the accuracies).
@@ -19,7 +19,7 @@ Usage, from the repository root::
     python scripts/train_agreement.py [--output /path/to/model] [--seed 0] [--force]
 
 The test set never repeats a training sentence verbatim. Load the model with
-``attnflow.experiments.agreement_torch.load_agreement_model(folder)`` and regenerate
+``attnflow._experiments.agreement_torch.load_agreement_model(folder)`` and regenerate
 the same test set with ``agreement_split(n_train, n_test, seed=seed)``.
 """
 
@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from attnflow.experiments.agreement import MAX_ATTRACTORS, STRUCTURES, agreement_split
-from attnflow.experiments.agreement_torch import (
+from attnflow._experiments.agreement import MAX_ATTRACTORS, STRUCTURES, agreement_split
+from attnflow._experiments.agreement_torch import (
     AgreementConfig,
     predict,
     save_agreement_model,
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     metadata = {
         "data": {
-            "generator": "attnflow.experiments.agreement.agreement_split",
+            "generator": "attnflow._experiments.agreement.agreement_split",
             "seed": args.seed,
             "n_train": args.train,
             "n_test": args.test,

@@ -1,8 +1,8 @@
 """Fine-tune the pretrained MiniLM on the offline sentiment task and save it.
 
 The offline analogue of the paper's Table 3 model (Abnar & Zuidema 2020, §4: DistilBERT
-fine-tuned on SST-2): sentences from :mod:`attnflow.experiments.sentiment`, the
-classifier of :mod:`attnflow.experiments.sentiment_torch` (all-MiniLM-L6-v2 with a
+fine-tuned on SST-2): sentences from :mod:`attnflow._experiments.sentiment`, the
+classifier of :mod:`attnflow._experiments.sentiment_torch` (all-MiniLM-L6-v2 with a
 linear head on ``[CLS]``). The script generates ``n_train + n_test`` distinct sentences
 from one seed, splits them (stratified by construction and label, no sentence in both
 sets), fine-tunes, prints the training time and the test accuracy overall and per
@@ -23,7 +23,7 @@ Usage (no network access is needed)::
 
 The default configuration takes a few minutes at most on two CPU cores (about a minute
 on two idle ones). Load the result with
-``attnflow.experiments.sentiment_torch.load_classifier(folder)``.
+``attnflow._experiments.sentiment_torch.load_classifier(folder)``.
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from attnflow.experiments.sentiment import (
+from attnflow._experiments.sentiment import (
     accuracy_by_construction,
     sentiment_data,
     train_test_split,
 )
-from attnflow.experiments.sentiment_torch import (
+from attnflow._experiments.sentiment_torch import (
     MODEL_NAME,
     predict_logits,
     save_classifier,
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {name:<11} {value:.3f}  (n={count})")
 
     metadata = {
-        "task": "attnflow.experiments.sentiment",
+        "task": "attnflow._experiments.sentiment",
         "seed": args.seed,
         "n_train": len(train),
         "n_test": len(test),

@@ -1,25 +1,20 @@
-"""Experiments that reproduce Abnar & Zuidema (2020) offline.
+"""Deprecated: the reproduction experiments are private to the command line since 0.1.
 
-* :mod:`attnflow.experiments.agreement`: a seeded generator of English-like subject-verb
-  agreement data (NumPy and the standard library only), a stand-in for the Linzen et al.
-  (2016) data set that the paper trains on.
-* :mod:`attnflow.experiments.agreement_torch`: the paper's model (a 6-layer, 8-head
-  encoder of GPT-2 blocks without causal masking, classifying from ``[CLS]``), its
-  training, and saving and loading it without pickle. Imports PyTorch.
-* :mod:`attnflow.experiments.agreement_distill`: the model the paper's code used, a
-  student of that shape distilled online from a 2-layer LSTM teacher. Imports PyTorch.
-* :mod:`attnflow.experiments.reproduction`: the paper's Tables 1-2 on the agreement task.
-* :mod:`attnflow.experiments.sentiment`: a seeded generator of English-like review
-  sentences with negation, contrast and concession (the paper's Table 3 analogue, SST-2
-  being out of reach offline).
-* :mod:`attnflow.experiments.sentiment_torch`: the shipped pretrained MiniLM fine-tuned
-  on that task. Imports PyTorch and transformers.
-* :mod:`attnflow.experiments.value_aware`: every method's faithfulness on both tasks,
-  over the attention weights and the value-aware matrices (norm-based, GlobEnc, ALTI).
-
-Importing this package imports none of its submodules.
+``attnflow evaluate`` and the scripts in ``scripts/`` run them; their code lives in
+``attnflow._experiments``. Importing ``attnflow.experiments`` (or one of its modules, which
+are the very modules of ``attnflow._experiments``) keeps working until attnflow 0.2, with a
+DeprecationWarning.
 """
 
 from __future__ import annotations
 
+from attnflow._deprecation import warn_deprecated
+
 __all__: list[str] = []
+
+warn_deprecated(
+    "attnflow.experiments",
+    "the experiments are private to the command line (attnflow evaluate, scripts/); their "
+    "code is in attnflow._experiments",
+    stacklevel=2,
+)

@@ -19,12 +19,12 @@ import numpy as np
 import torch
 
 import attnflow
-from attnflow.adapters.torch import capture, explain
-from attnflow.experiments.sentiment import sentiment_data
-from attnflow.experiments.sentiment_torch import (
+from attnflow._experiments.sentiment import sentiment_data
+from attnflow._experiments.sentiment_torch import (
     tokenize,
     train_sentiment_classifier,
 )
+from attnflow.adapters.torch import capture, explain
 
 SENTENCES = [
     "The film was not good.",

@@ -559,7 +559,7 @@ def test_attentions_are_not_recorded_with_contributions() -> None:
 
 # -- pre-LN blocks with a fused query-key-value layer (nanoGPT, timm, the agreement model) ----
 def _agreement_model(layer_scale: float | None = None) -> Any:
-    from attnflow.experiments.agreement_torch import AgreementConfig, AgreementTransformer
+    from attnflow._experiments.agreement_torch import AgreementConfig, AgreementTransformer
 
     torch.manual_seed(0)
     config = AgreementConfig(vocab_size=30, n_positions=12, n_layers=2, n_heads=2, hidden=16)

@@ -1,4 +1,4 @@
-"""The synthetic subject-verb agreement data (attnflow.experiments.agreement), NumPy only."""
+"""The synthetic subject-verb agreement data (attnflow._experiments.agreement), NumPy only."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from attnflow.experiments import agreement
-from attnflow.experiments.agreement import (
+from attnflow._experiments import agreement
+from attnflow._experiments.agreement import (
     CATEGORIES,
     CLS,
     MAX_ATTRACTORS,
@@ -249,7 +249,7 @@ def test_empty_set() -> None:
 
 def test_importing_the_generator_imports_no_framework() -> None:
     code = (
-        "import sys, attnflow.experiments.agreement as a\n"
+        "import sys, attnflow._experiments.agreement as a\n"
         "a.agreement_data(10, seed=0)\n"
         "print(sorted(m for m in ('torch', 'jax', 'tensorflow') if m in sys.modules))\n"
     )

@@ -1,4 +1,4 @@
-"""The paper code's distilled student (attnflow.experiments.agreement_distill), tiny configs."""
+"""The paper code's distilled student (attnflow._experiments.agreement_distill), tiny configs."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the distillation needs PyTorch")
 
-from attnflow.experiments.agreement import agreement_split, with_end_token
-from attnflow.experiments.agreement_distill import (
+from attnflow._experiments.agreement import agreement_split, with_end_token
+from attnflow._experiments.agreement_distill import (
     LSTMTeacher,
     student_config,
     train_distilled_agreement_model,
 )
-from attnflow.experiments.agreement_torch import (
+from attnflow._experiments.agreement_torch import (
     AgreementConfig,
     AgreementTransformer,
     accuracy,

@@ -1,4 +1,4 @@
-"""The paper's verb number model (attnflow.experiments.agreement_torch), on a tiny config."""
+"""The paper's verb number model (attnflow._experiments.agreement_torch), on a tiny config."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the agreement model needs PyTorch")
 
-from attnflow.experiments.agreement import VOCABULARY, agreement_split, encode
-from attnflow.experiments.agreement_torch import (
+from attnflow._experiments.agreement import VOCABULARY, agreement_split, encode
+from attnflow._experiments.agreement_torch import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     AgreementConfig,

@@ -17,7 +17,7 @@ else:
     torch = pytest.importorskip("torch", reason="the reproduction runs in the torch session")
 
 from attnflow._cli import main
-from attnflow.experiments.reproduction import PAPER_TABLES, comparison_markdown
+from attnflow._experiments.reproduction import PAPER_TABLES, comparison_markdown
 
 pytestmark = pytest.mark.with_backend("torch")  # it runs in the torch session
 
@@ -84,8 +84,8 @@ TINY_RUN += ["--rows", "0", "--methods", "raw,rollout", "--chunk-size", "4"]
 
 
 def _tiny_model(seed: int) -> Any:
-    from attnflow.experiments.agreement import VOCABULARY
-    from attnflow.experiments.agreement_torch import AgreementConfig, AgreementTransformer
+    from attnflow._experiments.agreement import VOCABULARY
+    from attnflow._experiments.agreement_torch import AgreementConfig, AgreementTransformer
 
     torch.manual_seed(seed)
     # Six layers as the paper's: the report's figure draws its six published layers.
@@ -96,7 +96,7 @@ def _tiny_model(seed: int) -> Any:
 @pytest.fixture
 def fake_training(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """Replace the 148 s training by an untrained tiny model; count the calls."""
-    from attnflow.experiments import reproduction
+    from attnflow._experiments import reproduction
 
     calls: list[int] = []
 
@@ -116,7 +116,7 @@ def test_another_models_run_on_a_folder_is_refused(
 ) -> None:
     # `evaluate agreement --model M2` on M1's folder printed M1's table under M2's
     # accuracy and exited 0.
-    from attnflow.experiments.agreement_torch import save_agreement_model
+    from attnflow._experiments.agreement_torch import save_agreement_model
 
     metadata = {"data": {"seed": 0, "n_train": 300}}
     first, second = tmp_path / "m1", tmp_path / "m2"
@@ -129,7 +129,7 @@ def test_another_models_run_on_a_folder_is_refused(
     captured = capsys.readouterr()
     assert captured.out == ""
     # Named by its class and a hash of its weights.
-    assert "differs in model (the folder's: attnflow.experiments.agreement_torch" in captured.err
+    assert "differs in model (the folder's: attnflow._experiments.agreement_torch" in captured.err
     assert "rerun with --force" in captured.err
     arguments = ["evaluate", "agreement", "-o", folder, "--model", str(second), *TINY_RUN]
     assert main([*arguments, "--force"]) == 0
@@ -144,7 +144,7 @@ def test_a_model_without_its_training_record_is_refused_before_training(
 ) -> None:
     # The state a kill between saving the model and writing training.json left behind:
     # every rerun trained for minutes, then failed with "pass force=True".
-    from attnflow.experiments.agreement_torch import save_agreement_model
+    from attnflow._experiments.agreement_torch import save_agreement_model
 
     folder = tmp_path / "run"
     save_agreement_model(_tiny_model(0), folder / "model")
@@ -171,8 +171,8 @@ def test_a_kill_while_saving_the_model_leaves_no_partial_model(
     # whole model or none, and the rerun trains once and goes on.
     import os
 
-    from attnflow.experiments.agreement import agreement_split
-    from attnflow.experiments.reproduction import _model
+    from attnflow._experiments.agreement import agreement_split
+    from attnflow._experiments.reproduction import _model
 
     train, test = agreement_split(300, 8, seed=0)
     writes: list[int] = []

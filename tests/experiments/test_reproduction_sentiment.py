@@ -22,8 +22,7 @@ pytest.importorskip(
 )
 
 from attnflow._cli import main
-from attnflow.evaluate import FaithfulnessReport
-from attnflow.experiments.reproduction_sentiment import (
+from attnflow._experiments.reproduction_sentiment import (
     HELD_OUT_SENTENCES,
     PAPER_TABLE_3,
     gradient_sum_ratio,
@@ -31,11 +30,12 @@ from attnflow.experiments.reproduction_sentiment import (
     reproduce_sentiment,
     table3_markdown,
 )
-from attnflow.experiments.sentiment_torch import (
+from attnflow._experiments.sentiment_torch import (
     MiniLMSentimentClassifier,
     load_tokenizer,
     tokenize,
 )
+from attnflow.evaluate import FaithfulnessReport
 
 TEXTS = ["The plot was not dull at all.", "Dull, but the acting was wonderful!", "Fine."]
 
@@ -129,10 +129,10 @@ def test_small_reproduction_resumes_and_refuses_another_model(
 def test_reproduction_api_matches_a_direct_faithfulness_call(tmp_path: Path) -> None:
     # The reproduction is attnflow.evaluate.faithfulness on the tokenised held-out sentences with
     # [UNK] blanking and the correct class as target; recompute it directly.
+    from attnflow._experiments.reproduction_sentiment import _split
+    from attnflow._experiments.sentiment_torch import load_classifier
     from attnflow.adapters.torch import model_functions
     from attnflow.evaluate import faithfulness
-    from attnflow.experiments.reproduction_sentiment import _split
-    from attnflow.experiments.sentiment_torch import load_classifier
 
     reports, _ = reproduce_sentiment(
         tmp_path,
@@ -192,8 +192,8 @@ def test_the_fine_tuned_model_is_saved_whole_or_not_at_all(
     # before any fine-tuning, and replaced with force=True.
     from types import SimpleNamespace
 
-    from attnflow.experiments import reproduction_sentiment
-    from attnflow.experiments.sentiment import sentiment_data
+    from attnflow._experiments import reproduction_sentiment
+    from attnflow._experiments.sentiment import sentiment_data
 
     calls: list[int] = []
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnflow.experiments import sentiment
-from attnflow.experiments.sentiment import (
+from attnflow._experiments import sentiment
+from attnflow._experiments.sentiment import (
     CONSTRUCTION_SHARES,
     CONSTRUCTIONS,
     MAX_WORDS,
@@ -95,7 +95,7 @@ def test_labels_are_read_only(data: SentimentData) -> None:
 def test_import_does_not_import_torch_or_transformers() -> None:
     code = (
         "import sys\n"
-        "import attnflow.experiments.sentiment as s\n"
+        "import attnflow._experiments.sentiment as s\n"
         "s.sentiment_data(5, seed=0)\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'}))\n"
     )

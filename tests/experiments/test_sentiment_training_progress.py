@@ -23,9 +23,9 @@ pytest.importorskip(
 
 import torch
 
-from attnflow.experiments.reproduction_sentiment import _model
-from attnflow.experiments.sentiment import sentiment_data
-from attnflow.experiments.sentiment_torch import _TrainingProgress, train_sentiment_classifier
+from attnflow._experiments.reproduction_sentiment import _model
+from attnflow._experiments.sentiment import sentiment_data
+from attnflow._experiments.sentiment_torch import _TrainingProgress, train_sentiment_classifier
 
 TRAIN = sentiment_data(8, seed=0)
 

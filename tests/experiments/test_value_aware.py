@@ -8,13 +8,13 @@ import pytest
 pytest.importorskip("torch", reason="the experiments need PyTorch")
 
 import attnflow
-from attnflow.evaluate import FaithfulnessReport
-from attnflow.experiments.value_aware import (
+from attnflow._experiments.value_aware import (
     MATRICES,
     evaluate_value_aware,
     matrix_methods,
     value_aware_markdown,
 )
+from attnflow.evaluate import FaithfulnessReport
 
 
 def test_methods_compose_each_matrix_kind_as_documented() -> None:

@@ -1,0 +1,365 @@
+"""The paper code's model for Tables 1-2: a Transformer distilled online from an LSTM.
+
+The paper (Abnar & Zuidema 2020, §2) says it trains a 6-layer, 8-head Transformer
+encoder of width 128 on verb number prediction. The code that produced Tables 1-2
+(``samiraabnar/Reflect`` at commit ``d28ddd5``, notebook ``attention_flow.ipynb``)
+loads a *student* of that shape that was distilled online from a 2-layer LSTM
+*teacher* (embedding and hidden size 256): the teacher learns the task from the gold
+labels while the student learns from the teacher's current predictions (weight 0.9,
+temperature 1) and from the gold labels (weight 0.1), with heavy dropout on the
+student (0.4 on the residual branches, 0.6 on the attention weights, 0.2 on the
+embeddings). Such a student is less saturated than a model trained on the labels
+alone. :func:`train_distilled_agreement_model` trains that pair on
+:mod:`attnflow._experiments.agreement`'s data.
+
+This module imports PyTorch.
+
+References
+----------
+Abnar, S. & Zuidema, W. (2020). Quantifying attention flow in transformers. ACL 2020,
+https://arxiv.org/abs/2005.00928.
+
+Hinton, G., Vinyals, O. & Dean, J. (2015). Distilling the knowledge in a neural
+network. https://arxiv.org/abs/1503.02531.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .agreement import AgreementData
+from .agreement_torch import (
+    AgreementConfig,
+    AgreementTransformer,
+    _batches,
+    _bucketed_batches,
+    _progress,
+    _warmup_cosine,
+    accuracy,
+)
+
+__all__ = [
+    "DISTILL_RATE",
+    "TEMPERATURE",
+    "LSTMTeacher",
+    "student_config",
+    "train_distilled_agreement_model",
+]
+
+DISTILL_RATE = 0.9
+"""Weight of the teacher's predictions in the student's loss (the gold labels: 0.1)."""
+TEMPERATURE = 1.0
+"""Softmax temperature of the distillation."""
+
+logger = logging.getLogger(__name__)
+
+
+def student_config(vocab_size: int, /) -> AgreementConfig:
+    """Return the paper code's student: 6 x 8 x 128, dropout 0.4 / 0.6 / 0.2.
+
+    Parameters
+    ----------
+    vocab_size : int
+        Number of token ids.
+
+    Returns
+    -------
+    AgreementConfig
+        Dropout 0.4 on the residual branches, 0.6 on the attention weights and 0.2 on
+        the embeddings (``small_gpt_v9`` in the authors' ``util/model_configs.py``).
+
+    Examples
+    --------
+    >>> from attnflow._experiments.agreement_distill import student_config
+    >>> config = student_config(300)
+    >>> config.n_layers, config.n_heads, config.hidden, config.attention_dropout
+    (6, 8, 128, 0.6)
+    """
+    return AgreementConfig(
+        vocab_size=vocab_size, dropout=0.4, attention_dropout=0.6, embedding_dropout=0.2
+    )
+
+
+class LSTMTeacher(nn.Module):
+    """An LSTM classifier of verb number: the teacher of the distillation.
+
+    Token embeddings, a stacked unidirectional LSTM, and a linear classifier on the
+    hidden state at the last real token of each (right-padded) sentence.
+
+    Parameters
+    ----------
+    vocab_size : int
+        Number of token ids.
+    hidden : int, default 256
+        Embedding and hidden size (the authors' ``em-256_h-256``).
+    n_layers : int, default 2
+        LSTM layers (``d-2``).
+    dropout : float, default 0.1
+        Dropout on the embeddings and between the layers (the authors' value is not
+        recorded in the checkpoint name; this one is ours).
+    n_classes : int, default 2
+        Output classes.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from attnflow._experiments.agreement_distill import LSTMTeacher
+    >>> _ = torch.manual_seed(0)
+    >>> teacher = LSTMTeacher(10, hidden=8).eval()
+    >>> ids = torch.tensor([[1, 4, 5, 0], [1, 3, 0, 0]])
+    >>> mask = ids != 0
+    >>> teacher(ids, mask).shape
+    torch.Size([2, 2])
+    >>> torch.allclose(teacher(ids[1:, :2]), teacher(ids, mask)[1:])  # padding is ignored
+    True
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        /,
+        *,
+        hidden: int = 256,
+        n_layers: int = 2,
+        dropout: float = 0.1,
+        n_classes: int = 2,
+    ) -> None:
+        super().__init__()
+        sizes: tuple[tuple[str, object], ...] = (
+            ("vocab_size", vocab_size),
+            ("hidden", hidden),
+            ("n_layers", n_layers),
+        )
+        for name, value in sizes:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                msg = f"`{name}` must be a positive int; got {value!r}."
+                raise ValueError(msg)
+        rate: object = dropout
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < 1:
+            msg = f"`dropout` must be a number in [0, 1); got {dropout!r}."
+            raise ValueError(msg)
+        self.embedding = nn.Embedding(vocab_size, hidden)
+        self.drop = nn.Dropout(dropout)
+        self.lstm = nn.LSTM(hidden, hidden, num_layers=n_layers, batch_first=True, dropout=dropout)
+        self.classifier = nn.Linear(hidden, n_classes)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Class logits ``(batch, n_classes)`` from the state at each last real token.
+
+        Parameters
+        ----------
+        input_ids : Tensor of int64, shape (batch, n)
+            Token ids, right-padded.
+        attention_mask : Tensor, shape (batch, n), optional
+            True (or 1) for real tokens; None: no padding.
+
+        Returns
+        -------
+        Tensor of float, shape (batch, n_classes)
+            The logits.
+        """
+        states, _ = self.lstm(self.drop(self.embedding(input_ids)))
+        batch, n = input_ids.shape
+        if attention_mask is None:
+            last = torch.full((batch,), n - 1, dtype=torch.long, device=input_ids.device)
+        else:
+            last = attention_mask.to(torch.long).sum(dim=1).clamp(min=1) - 1
+        final = states[torch.arange(batch, device=input_ids.device), last]
+        return self.classifier(self.drop(final))  # type: ignore[no-any-return]
+
+
+def train_distilled_agreement_model(
+    train: AgreementData,
+    /,
+    *,
+    seed: int,
+    config: AgreementConfig | None = None,
+    teacher_hidden: int = 256,
+    teacher_layers: int = 2,
+    distill_rate: float = DISTILL_RATE,
+    temperature: float = TEMPERATURE,
+    epochs: int = 5,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    warmup: float = 0.05,
+    clip: float = 1.0,
+    validation: AgreementData | None = None,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+) -> tuple[AgreementTransformer, LSTMTeacher]:
+    r"""Train an LSTM teacher and distil it online into an :class:`AgreementTransformer`.
+
+    At every step, on the same batch, the teacher takes a step on the cross-entropy with
+    the gold labels, and the student on
+
+    .. math::
+
+        \mathcal L = r \, T^2 \, \mathrm{CE}\big(\mathrm{softmax}(t / T),
+        \mathrm{softmax}(s / T)\big) + (1 - r) \, \mathrm{CE}(y, \mathrm{softmax}(s)),
+
+    with :math:`t, s` the teacher's (detached) and the student's logits, :math:`r` the
+    distillation rate and :math:`T` the temperature (online distillation as in the
+    paper's code, ``Reflect/distill``). Both use AdamW with the schedule of
+    :func:`~attnflow._experiments.agreement_torch.train_agreement_model` (linear warmup,
+    cosine decay) and gradient clipping; ``torch.manual_seed(seed)`` seeds the weights,
+    the dropout and the batch order.
+
+    Parameters
+    ----------
+    train : AgreementData
+        The training sentences.
+    seed : int
+        The seed of PyTorch's generator.
+    config : AgreementConfig, optional
+        The student; :func:`student_config` by default.
+    teacher_hidden, teacher_layers : int, default 256, 2
+        The teacher's size.
+    distill_rate : float, default 0.9
+        :math:`r`, in [0, 1].
+    temperature : float, default 1.0
+        :math:`T`, positive.
+    epochs, batch_size, lr, warmup, clip
+        As for :func:`~attnflow._experiments.agreement_torch.train_agreement_model`.
+    validation : AgreementData, optional
+        Sentences whose accuracy (student and teacher) is logged after every epoch; it
+        never steers training.
+    device : str or torch.device, default "cpu"
+        Where to train.
+    progress : bool, default True
+        Show a tqdm bar if tqdm is installed; one line per epoch is always logged at
+        level INFO.
+
+    Returns
+    -------
+    student : AgreementTransformer
+        In evaluation mode.
+    teacher : LSTMTeacher
+        In evaluation mode.
+
+    Raises
+    ------
+    ValueError
+        If `train` is empty or a setting is out of range.
+
+    References
+    ----------
+    Abnar & Zuidema (2020), §2; Hinton, Vinyals & Dean (2015).
+
+    Examples
+    --------
+    >>> from attnflow._experiments.agreement import agreement_data
+    >>> from attnflow._experiments.agreement_distill import train_distilled_agreement_model
+    >>> from attnflow._experiments.agreement_torch import AgreementConfig
+    >>> data = agreement_data(64, seed=0)
+    >>> tiny = AgreementConfig(len(data.vocabulary), n_layers=1, n_heads=2, hidden=16)
+    >>> student, teacher = train_distilled_agreement_model(
+    ...     data, seed=0, config=tiny, teacher_hidden=16, epochs=1, progress=False)
+    >>> student.training, teacher.training
+    (False, False)
+    """
+    if len(train) == 0:
+        msg = "`train` has no sentences."
+        raise ValueError(msg)
+    if not 0.0 <= distill_rate <= 1.0 or not temperature > 0:
+        msg = (
+            "`distill_rate` must lie in [0, 1] and `temperature` be positive; got "
+            f"{distill_rate=}, {temperature=}."
+        )
+        raise ValueError(msg)
+    if epochs < 1 or batch_size < 1 or lr <= 0 or not 0 <= warmup < 1 or clip <= 0:
+        msg = (
+            "need epochs >= 1, batch_size >= 1, lr > 0, 0 <= warmup < 1 and clip > 0; got "
+            f"{epochs=}, {batch_size=}, {lr=}, {warmup=}, {clip=}."
+        )
+        raise ValueError(msg)
+    if config is None:
+        config = student_config(len(train.vocabulary))
+    if train.ids.shape[1] > config.n_positions:
+        msg = f"sentences of {train.ids.shape[1]} tokens exceed n_positions={config.n_positions}."
+        raise ValueError(msg)
+    target = torch.device(device)
+    torch.manual_seed(seed)
+    student = AgreementTransformer(config).to(target)
+    teacher = LSTMTeacher(config.vocab_size, hidden=teacher_hidden, n_layers=teacher_layers).to(
+        target
+    )
+    total = epochs * math.ceil(len(train) / batch_size)
+    schedule = _warmup_cosine(total, warmup)
+
+    optimisers = [
+        torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+        for model in (student, teacher)
+    ]
+    schedulers = [torch.optim.lr_scheduler.LambdaLR(o, schedule) for o in optimisers]
+    shuffler = torch.Generator().manual_seed(seed)
+    bar = _progress(total, progress)
+    started = time.perf_counter()
+    try:
+        for epoch in range(1, epochs + 1):
+            student.train()
+            teacher.train()
+            batches = _bucketed_batches(train, batch_size, shuffler)
+            sums = [0.0, 0.0]
+            for ids, mask, labels in _batches(train, batches, target):
+                teacher_logits = teacher(ids, mask)
+                teacher_loss = F.cross_entropy(teacher_logits, labels)
+                soft = F.softmax(teacher_logits.detach() / temperature, dim=-1)
+                student_logits = student(ids, mask)
+                distilled = -(soft * F.log_softmax(student_logits / temperature, dim=-1))
+                student_loss = distill_rate * temperature**2 * distilled.sum(-1).mean() + (
+                    1 - distill_rate
+                ) * F.cross_entropy(student_logits, labels)
+                for model, optimiser, scheduler, loss in zip(
+                    (student, teacher),
+                    optimisers,
+                    schedulers,
+                    (student_loss, teacher_loss),
+                    strict=True,
+                ):
+                    optimiser.zero_grad(set_to_none=True)
+                    loss.backward()  # type: ignore[no-untyped-call]
+                    nn.utils.clip_grad_norm_(model.parameters(), clip)
+                    optimiser.step()
+                    scheduler.step()
+                sums[0] += float(student_loss.detach()) * len(labels)
+                sums[1] += float(teacher_loss.detach()) * len(labels)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(
+                        epoch=epoch,
+                        student=f"{float(student_loss.detach()):.3f}",
+                        teacher=f"{float(teacher_loss.detach()):.3f}",
+                    )
+            message = (
+                f"epoch {epoch}/{epochs}: student loss {sums[0] / len(train):.4f}, "
+                f"teacher loss {sums[1] / len(train):.4f}"
+            )
+            if validation is not None and len(validation):
+                student.eval()
+                teacher.eval()
+                message += (
+                    f", validation accuracy student {accuracy(student, validation):.4f} "
+                    f"teacher {_teacher_accuracy(teacher, validation, target):.4f}"
+                )
+            message += f" ({time.perf_counter() - started:.0f} s)"
+            logger.info(message)
+    finally:
+        if bar is not None:
+            bar.close()
+    return student.eval(), teacher.eval()
+
+
+@torch.no_grad()
+def _teacher_accuracy(teacher: LSTMTeacher, data: AgreementData, device: torch.device) -> float:
+    ids = torch.tensor(data.ids, device=device)  # copies: the data's arrays are read-only
+    mask = torch.tensor(data.mask, device=device)
+    labels = torch.tensor(data.labels, device=device)
+    return float((teacher(ids, mask).argmax(-1) == labels).float().mean())
