@@ -456,6 +456,10 @@ def test_explain_is_rollout_of_the_matrices_as_their_authors_compose_them(
             model, batch, method=method, rows=None, normalize_layers=True
         )
         np.testing.assert_allclose(renormalized.double().numpy(), expected, rtol=1e-4, atol=1e-5)
+        # `renormalize`, the option's name before 0.1, still works until 0.2, warning.
+        with pytest.warns(DeprecationWarning, match="`renormalize` is renamed `normalize_layers`"):
+            old = adapter.explain(model, batch, method=method, rows=None, renormalize=True)
+        torch.testing.assert_close(old, renormalized)
         # The authors' GlobEnc: the raw N-Enc matrices multiplied, C_L ... C_1, on the
         # real tokens of each sentence; padded tokens get zero.
         expected = np.zeros_like(expected)
