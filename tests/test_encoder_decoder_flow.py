@@ -253,7 +253,9 @@ def test_every_engine_path_equals_the_networkx_oracle(
         monkeypatch.setattr(engine, "ENGINE", "igraph")
     elif path == "kernel run to completion":
         monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)  # no bound is ever reached
-    got = attnflow.encoder_decoder_flow(*arrays, **masks, layers="all", normalize_result=False, n_jobs=1)
+    got = attnflow.encoder_decoder_flow(
+        *arrays, **masks, layers="all", normalize_result=False, n_jobs=1
+    )
     np.testing.assert_allclose(got.source, want_s, atol=EXACT, rtol=0)
     np.testing.assert_allclose(got.target, want_t, atol=EXACT, rtol=0)
     if path == "igraph":
