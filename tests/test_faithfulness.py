@@ -144,6 +144,117 @@ def test_report_equals_the_pieces(
     assert report.n_samples == SAMPLES
 
 
+def _dense_spearman_oracle(a: np.ndarray, b: np.ndarray) -> float:
+    """The paper code's ``my_spearmanr``: dense ranks, then 1 - 6 sum d^2 / (m (m^2 - 1))."""
+    m = len(a)
+    if m < 2:
+        return 0.0
+    ra = np.searchsorted(np.unique(a), a) + 1  # dense ranks, written independently
+    rb = np.searchsorted(np.unique(b), b) + 1
+    return float(1 - 6 * np.sum((ra - rb) ** 2.0) / (m * (m * m - 1)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_paper_code_protocol_passes_through(
+    dataset: tuple[np.ndarray, np.ndarray, np.ndarray], dtype: type
+) -> None:
+    # Reflect@d28ddd5's Tables 1-2: blank out positions 0..n-2 with UNK, score
+    # |p_gold(x) - p_gold(x~_i)|, give the final token 0, correlate by dense ranks.
+    ids, mask, labels = dataset
+    model = ToyModel()
+
+    def predict(batch: np.ndarray, batch_mask: np.ndarray | None) -> np.ndarray:
+        return model.predict(batch, batch_mask).astype(dtype)
+
+    functions = attnflow.evaluate.ModelFunctions(predict, model.attentions)
+    report = attnflow.evaluate.faithfulness(
+        functions,
+        ids,
+        replacement=UNK,
+        targets=labels,
+        mask=mask,
+        references=["blank_out"],
+        blank_out_score="abs",
+        blank_out_last_token="zero",
+        correlation="spearman_dense",
+        fractions=None,
+        chunk_size=4,
+    )
+    assert report.blank_out_last_token == "zero"
+    assert report.correlation == "spearman_dense"
+    assert "dense ranks" in report.to_markdown(aopc=False)
+    rollout = attnflow.rollout(model.attentions(ids, mask), rows=0, layers="all", mask=mask)
+    for sample in range(SAMPLES):
+        m = int(mask[sample].sum())
+        base = predict(ids[sample : sample + 1, :m], None)[0, labels[sample]]
+        expected = np.zeros(m)
+        for i in range(m - 1):
+            blanked = ids[sample : sample + 1, :m].copy()
+            blanked[0, i] = UNK
+            expected[i] = abs(base - predict(blanked, None)[0, labels[sample]])
+        got = report.samples["reference.blank_out"][sample, :m]
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+        for layer in range(LAYERS):
+            rho = _dense_spearman_oracle(report.samples["scores.rollout"][sample, layer, :m], got)
+            assert report.samples["correlation.rollout.blank_out"][sample, layer] == (
+                pytest.approx(rho, abs=1e-12)
+            )
+        np.testing.assert_allclose(
+            report.samples["scores.rollout"][sample, :, :m], rollout[sample, :, :m], atol=1e-12
+        )
+    # The default still blanks the last token out.
+    default = attnflow.evaluate.faithfulness(
+        functions,
+        ids,
+        replacement=UNK,
+        targets=labels,
+        mask=mask,
+        references=["blank_out"],
+        blank_out_score="abs",
+        fractions=None,
+    )
+    last = mask.sum(axis=1) - 1
+    changed = default.samples["reference.blank_out"][np.arange(SAMPLES), last]
+    assert np.all(changed > 0)
+
+
+def test_cumulative_over_layers_is_the_paper_logs_aggregation(
+    dataset: tuple[np.ndarray, np.ndarray, np.ndarray],
+) -> None:
+    ids, mask, labels = dataset
+    report = attnflow.evaluate.faithfulness(
+        ToyModel().functions(), ids, replacement=UNK, targets=labels, mask=mask, fractions=None
+    )
+    for method in ("raw", "rollout", "flow"):
+        for reference in ("blank_out", "input_gradients"):
+            values = report.samples[f"correlation.{method}.{reference}"]
+            mean = report.correlation_mean(method, reference, over_layers="cumulative")
+            std = report.correlation_std(method, reference, over_layers="cumulative")
+            for layer in range(LAYERS):
+                # The paper code's lists, never reset between layers.
+                pooled = [values[s, k] for k in range(layer + 1) for s in range(SAMPLES)]
+                assert mean[layer] == pytest.approx(np.mean(pooled), abs=1e-12)
+                assert std[layer] == pytest.approx(np.std(pooled), abs=1e-12)
+            # De-cumulated, the log gives the per-layer table back.
+            each = report.correlation_mean(method, reference)
+            steps = np.arange(1, LAYERS + 1)
+            cumulated = steps * mean
+            np.testing.assert_allclose(np.diff(cumulated, prepend=0.0), each, atol=1e-12)
+    with pytest.raises(ValueError, match="`over_layers` must be one of"):
+        report.correlation_mean("flow", "blank_out", over_layers="total")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`over_layers` must be one of"):
+        report.correlation_std("flow", "blank_out", over_layers=None)  # type: ignore[arg-type]
+
+
+def test_cumulative_over_layers_leaves_nan_out() -> None:
+    values = np.array([[0.5, np.nan, 0.1], [0.3, 0.9, np.nan]])
+    report = attnflow.evaluate.FaithfulnessReport(
+        {"correlation.flow.blank_out": values}, ("flow",), ("blank_out",), "spearman", "drop", 0
+    )
+    mean = report.correlation_mean("flow", "blank_out", over_layers="cumulative")
+    np.testing.assert_allclose(mean, [0.4, np.mean([0.5, 0.3, 0.9]), np.mean([0.5, 0.3, 0.9, 0.1])])
+
+
 def test_chunking_does_not_change_the_numbers(
     dataset: tuple[np.ndarray, np.ndarray, np.ndarray],
 ) -> None:
@@ -397,6 +508,14 @@ def test_folder_of_another_evaluation_is_refused(
         attnflow.evaluate.faithfulness(
             ToyModel().functions(), ids[::-1].copy(), output=tmp_path, **options
         )
+    with pytest.raises(EvaluationFolderError, match="blank_out_last_token"):
+        attnflow.evaluate.faithfulness(
+            ToyModel().functions(), ids, output=tmp_path, blank_out_last_token="zero", **options
+        )
+    with pytest.raises(EvaluationFolderError, match="differs in correlation"):
+        attnflow.evaluate.faithfulness(
+            ToyModel().functions(), ids, output=tmp_path, correlation="spearman_dense", **options
+        )
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing touched
 
     unrelated = tmp_path / "unrelated"
@@ -564,6 +683,12 @@ def test_a_damaged_chunk_is_refused_by_name_and_recomputed_with_force(
         ({"where": np.ones(N + 1, dtype=bool)}, ValueError, "`where` must be a boolean array"),
         ({"n_jobs": 0}, ValueError, "`n_jobs` must be None"),
         ({"correlation": "pearson"}, ValueError, "`correlation` must be one of"),
+        ({"blank_out_last_token": "drop"}, ValueError, "`blank_out_last_token` must be one of"),
+        (
+            {"blank_out_last_token": "zero", "references": ["input_gradients"]},
+            ValueError,
+            "has no 'blank_out'",
+        ),
         ({"fractions": [2.0]}, ValueError, r"numbers in \(0, 1\]"),
     ],
 )

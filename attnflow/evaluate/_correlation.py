@@ -9,7 +9,9 @@ from attnflow._namespace import enter_boundary, resolve_namespace, values_are_in
 from attnflow._typing import Array, Namespace
 from attnflow._validation import describe
 
-__all__ = ["rank_correlation"]
+__all__ = ["RankCorrelation", "rank_correlation"]
+
+RankCorrelation = Literal["spearman", "kendall", "spearman_dense"]
 
 _METHODS = ("spearman", "kendall", "spearman_dense")
 _NAN_POLICIES = ("zero", "omit")
@@ -23,7 +25,7 @@ def rank_correlation(
     reference: Array,
     /,
     *,
-    method: Literal["spearman", "kendall", "spearman_dense"] = "spearman",
+    method: RankCorrelation = "spearman",
     axis: int = -1,
     where: Array | None = None,
     nan: Literal["zero", "omit"] = "zero",

@@ -28,8 +28,8 @@ from attnflow._namespace import array_device, array_namespace, enter_boundary
 from attnflow._typing import Array, Namespace
 from attnflow._validation import describe
 
-from ._blank_out import BlankOutScore, blank_out
-from ._correlation import rank_correlation
+from ._blank_out import BlankOutScore, LastToken, blank_out
+from ._correlation import RankCorrelation, rank_correlation
 from ._erasure import ERASER_FRACTIONS, comprehensiveness, sufficiency
 from ._identity import describe_function
 from ._predict import (
@@ -54,6 +54,8 @@ Method = Callable[..., Any]
 
 _REFERENCES = ("blank_out", "input_gradients")
 _ROW_AGGREGATIONS = ("max", "mean")
+_CORRELATIONS = ("spearman", "kendall", "spearman_dense")
+_LAST_TOKEN = ("blank", "zero")
 _NAME = "abcdefghijklmnopqrstuvwxyz0123456789_"
 
 
@@ -130,9 +132,10 @@ class _Settings:
     nan: str
     fractions: tuple[float, ...] | None
     chunk_size: int
+    blank_out_last_token: str = "blank"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        recorded: dict[str, Any] = {
             "methods": list(self.methods),
             "references": list(self.references),
             "rows": self.rows,
@@ -143,6 +146,11 @@ class _Settings:
             "fractions": None if self.fractions is None else list(self.fractions),
             "chunk_size": self.chunk_size,
         }
+        # Recorded only when not the default, so folders written before the option
+        # existed still resume.
+        if self.blank_out_last_token != "blank":
+            recorded["blank_out_last_token"] = self.blank_out_last_token
+        return recorded
 
 
 def faithfulness(
@@ -158,7 +166,8 @@ def faithfulness(
     rows: int | Literal["max", "mean"] = 0,
     references: Sequence[str] = _REFERENCES,
     blank_out_score: BlankOutScore = "drop",
-    correlation: Literal["spearman", "kendall"] = "spearman",
+    blank_out_last_token: LastToken = "blank",
+    correlation: RankCorrelation = "spearman",
     nan: Literal["zero", "omit"] = "zero",
     fractions: Sequence[float] | None = ERASER_FRACTIONS,
     chunk_size: int = 64,
@@ -235,9 +244,15 @@ def faithfulness(
         The reference scores to correlate with.
     blank_out_score : {"drop", "abs", "margin", "abs_margin"}, default "drop"
         The blank-out score (:func:`blank_out`): "drop" is the paper's text, "abs_margin"
-        its code.
-    correlation : {"spearman", "kendall"}, default "spearman"
-        The rank correlation.
+        its code for DistilBERT, "abs" (with the gold class as `targets`) its code for
+        Tables 1-2.
+    blank_out_last_token : {"blank", "zero"}, default "blank"
+        The last real token of each sequence: blanked out like the others, or given the
+        blank-out score 0 without being evaluated (``last_token`` of :func:`blank_out`;
+        the paper's code for Tables 1-2 scores its final ``<eos>`` so).
+    correlation : {"spearman", "kendall", "spearman_dense"}, default "spearman"
+        The rank correlation (:func:`rank_correlation`); ``"spearman_dense"`` is the
+        paper code's dense ranks and no-ties formula.
     nan : {"zero", "omit"}, default "zero"
         What an undefined correlation (a constant explanation or reference) counts as:
         0 (the paper's code) or left out of the mean.
@@ -346,11 +361,20 @@ def faithfulness(
         blank_out_score=_check_choice(
             "blank_out_score", blank_out_score, ("drop", "abs", "margin", "abs_margin")
         ),
-        correlation=_check_choice("correlation", correlation, ("spearman", "kendall")),
+        correlation=_check_choice("correlation", correlation, _CORRELATIONS),
         nan=_check_choice("nan", nan, ("zero", "omit")),
         fractions=None if fractions is None else _fractions(fractions),
         chunk_size=_check_positive("chunk_size", chunk_size),
+        blank_out_last_token=_check_choice(
+            "blank_out_last_token", blank_out_last_token, _LAST_TOKEN
+        ),
     )
+    if settings.blank_out_last_token != "blank" and "blank_out" not in settings.references:
+        msg = (
+            f"`blank_out_last_token={blank_out_last_token!r}` sets how blank-out scores the "
+            "last token, but `references` has no 'blank_out'; add it or leave the option out."
+        )
+        raise ValueError(msg)
     batch_size = check_batch_size(batch_size)
     _check_flag("progress", progress)
     _check_flag("force", force)
@@ -399,6 +423,7 @@ def faithfulness(
         rows=settings.rows,
         fractions=settings.fractions,
         seconds=time.perf_counter() - started,
+        blank_out_last_token=settings.blank_out_last_token,
     )
 
 
@@ -576,6 +601,7 @@ def _evaluate_chunk_once(
                 score=settings.blank_out_score,  # type: ignore[arg-type]
                 mask=mask,
                 batch_size=batch_size,
+                last_token=settings.blank_out_last_token,  # type: ignore[arg-type]
             ),
             name="blank_out",
         )
@@ -641,7 +667,7 @@ def faithfulness_from_outputs(
     labels: Array | None = None,
     methods: Sequence[str] | Mapping[str, Method] = ("raw", "rollout", "flow"),
     rows: int | Literal["max", "mean"] = 0,
-    correlation: Literal["spearman", "kendall"] = "spearman",
+    correlation: RankCorrelation = "spearman",
     nan: Literal["zero", "omit"] = "zero",
     chunk_size: int = 64,
     output: str | Path | None = None,
@@ -713,7 +739,7 @@ def faithfulness_from_outputs(
         )
         raise ValueError(msg)
     row_choice = _check_rows(rows)
-    correlation = _check_choice("correlation", correlation, ("spearman", "kendall"))  # type: ignore[assignment]
+    correlation = _check_choice("correlation", correlation, _CORRELATIONS)  # type: ignore[assignment]
     nan = _check_choice("nan", nan, ("zero", "omit"))  # type: ignore[assignment]
     chunk_size = _check_positive("chunk_size", chunk_size)
     _check_flag("progress", progress)

@@ -7,7 +7,7 @@ import json
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -19,6 +19,12 @@ if TYPE_CHECKING:
 __all__ = ["FaithfulnessReport"]
 
 _REFERENCE_LABELS = {"blank_out": "blank-out", "input_gradients": "input gradients"}
+_CORRELATION_LABELS = {
+    "spearman": "Spearman",
+    "kendall": "Kendall",
+    "spearman_dense": "Spearman (dense ranks, no-ties formula)",
+}
+_OVER_LAYERS = ("each", "cumulative")
 _METRIC_LABELS = {
     "comprehensiveness": "comprehensiveness AOPC (higher is more faithful)",
     "sufficiency": "sufficiency AOPC (lower is more faithful)",
@@ -32,6 +38,28 @@ def _summary(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns give NaN
         return np.nanmean(values, axis=0), np.nanstd(values, axis=0), count
+
+
+def _cumulative_summary(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and population sd at layer l of the values of layers 0..l pooled: ``(N, L)``."""
+    finite = np.isfinite(values)
+    count = np.cumsum(finite.sum(axis=0))
+    first = np.cumsum(np.where(finite, values, 0.0).sum(axis=0))
+    second = np.cumsum(np.where(finite, values * values, 0.0).sum(axis=0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = first / count
+        variance = np.maximum(second / count - mean * mean, 0.0)
+    return mean, np.sqrt(variance)
+
+
+def _check_over_layers(over_layers: object) -> str:
+    if over_layers not in _OVER_LAYERS:
+        msg = (
+            f"`over_layers` must be one of {_OVER_LAYERS} (each layer on its own, or the "
+            f"values of layers 1..l pooled as the paper's log prints them); got {over_layers!r}."
+        )
+        raise ValueError(msg)
+    return str(over_layers)
 
 
 @dataclass(frozen=True)
@@ -58,6 +86,8 @@ class FaithfulnessReport:
         The erasure bins, or None when they were skipped.
     seconds : float
         Wall time of the evaluation (of this run, when resumed).
+    blank_out_last_token : str, default "blank"
+        How blank-out scored the last token of each sequence ("blank" or "zero").
 
     See Also
     --------
@@ -83,6 +113,7 @@ class FaithfulnessReport:
     rows: int | str
     fractions: tuple[float, ...] | None = None
     seconds: float = field(default=0.0, compare=False)
+    blank_out_last_token: str = "blank"
 
     # -- numbers ------------------------------------------------------------------------
     @property
@@ -170,13 +201,27 @@ class FaithfulnessReport:
             raise KeyError(msg)
         return self.samples[key]
 
-    def correlation_mean(self, method: str, reference: str) -> np.ndarray:
-        """Return the mean correlation of `method` with `reference` at each layer.
+    def correlation_mean(
+        self,
+        method: str,
+        reference: str,
+        *,
+        over_layers: Literal["each", "cumulative"] = "each",
+    ) -> np.ndarray:
+        r"""Return the mean correlation of `method` with `reference` at each layer.
 
         Parameters
         ----------
         method, reference : str
             A method and a reference score of the report.
+        over_layers : {"each", "cumulative"}, default "each"
+            ``"each"``: the mean over samples of layer :math:`l`'s correlations.
+            ``"cumulative"``: the mean of the correlations of layers :math:`1..l` of all
+            samples pooled, :math:`\bar\rho_{\le l} = \frac{1}{l} \sum_{k \le l}
+            \bar\rho_k` (without NaN), which is what the log of Abnar & Zuidema's code
+            for Tables 1-2 prints as "layer l" (its lists are never reset between
+            layers); the paper's tables are the per-layer values,
+            :math:`l \bar\rho_{\le l} - (l - 1) \bar\rho_{\le l-1}`.
 
         Returns
         -------
@@ -199,16 +244,30 @@ class FaithfulnessReport:
         ... )
         >>> report.correlation_mean("flow", "blank_out")
         array([0.4, 0.8])
+        >>> report.correlation_mean("flow", "blank_out", over_layers="cumulative")
+        array([0.4, 0.6])
         """
-        return _summary(self._correlations(method, reference))[0]
+        values = self._correlations(method, reference)
+        if _check_over_layers(over_layers) == "cumulative":
+            return _cumulative_summary(values)[0]
+        return _summary(values)[0]
 
-    def correlation_std(self, method: str, reference: str) -> np.ndarray:
+    def correlation_std(
+        self,
+        method: str,
+        reference: str,
+        *,
+        over_layers: Literal["each", "cumulative"] = "each",
+    ) -> np.ndarray:
         """Return the standard deviation of the correlation over samples at each layer.
 
         Parameters
         ----------
         method, reference : str
             A method and a reference score of the report.
+        over_layers : {"each", "cumulative"}, default "each"
+            As for :meth:`correlation_mean`: ``"cumulative"`` pools the correlations of
+            layers 1..l of all samples, as the paper code's log.
 
         Returns
         -------
@@ -231,8 +290,13 @@ class FaithfulnessReport:
         ... )
         >>> report.correlation_std("flow", "blank_out")
         array([0.1, 0.1])
+        >>> report.correlation_std("flow", "blank_out", over_layers="cumulative").round(4)
+        array([0.1   , 0.2236])
         """
-        return _summary(self._correlations(method, reference))[1]
+        values = self._correlations(method, reference)
+        if _check_over_layers(over_layers) == "cumulative":
+            return _cumulative_summary(values)[1]
+        return _summary(values)[1]
 
     def aopc(self, method: str, metric: str = "comprehensiveness") -> tuple[np.ndarray, np.ndarray]:
         """Return the mean and standard deviation over samples of the AOPC at each layer.
@@ -384,7 +448,7 @@ class FaithfulnessReport:
         """(title, header, rows) of each table: one per reference, then the AOPCs."""
         layers = [f"L{layer + 1}" for layer in range(self.n_layers)]
         tables = []
-        name = self.correlation.capitalize()
+        name = _CORRELATION_LABELS.get(self.correlation, self.correlation.capitalize())
         for reference in self.references:
             body = []
             for method in self.methods:
@@ -521,6 +585,7 @@ class FaithfulnessReport:
             "references": list(self.references),
             "correlation": self.correlation,
             "blank_out_score": self.blank_out_score,
+            "blank_out_last_token": self.blank_out_last_token,
             "rows": self.rows,
             "fractions": None if self.fractions is None else list(self.fractions),
             "samples": self.n_samples,
