@@ -5,31 +5,43 @@ Abnar & Zuidema's Tables 1-2 were computed by a notebook of ``samiraabnar/Reflec
 ``docs/reproduction.md``'s. This script trains the models it needs (each saved
 atomically in ``OUTPUT/models/<name>`` and reused by a rerun), evaluates raw attention,
 rollout and flow of the ``[CLS]`` row at every layer against blank-out and input
-gradients (resumable chunks in ``OUTPUT/eval-<name>``), and prints one table per step
-of the path below, with the random-score floor of the step beside it:
+gradients (resumable chunks in ``OUTPUT/eval-<name>``; the paper code's blank-out and
+formula in ``OUTPUT/eval-<name>-paper``, run by ``faithfulness(...,
+blank_out_score="abs", blank_out_last_token="zero", correlation="spearman_dense")``),
+and prints one table per step of the path below, with the random-score floor of the
+step beside it:
 
 0. today: the model trained on the labels, no ``<eos>``, signed drop of p_gold,
    scipy's Spearman (average ranks), 2,000 test sentences, ``[CLS]`` ranked;
-1. + ``<eos>`` at the verb position (a model trained on that input; blank-out scores it 0);
+1. + ``<eos>`` at the verb position (a model trained on that input);
 2. + the model: a student distilled online from an LSTM teacher (the paper code's);
-3. + blank-out as ``|p_gold(x) - p_gold(x~_i)|``;
+3. + blank-out as ``|p_gold(x) - p_gold(x~_i)|``, ``<eos>`` given 0;
 4. + Spearman through dense ranks and the no-ties formula;
 5. + 100 sentences (the paper's code ran on 100 validation sentences): the whole protocol;
 6. the whole protocol with ``[CLS]`` left out of the ranking (the CLS factor: every other
-   step ranks it, as the paper's code does).
+   step ranks it, as the paper's code does);
 
-Usage (2 threads of a shared machine; see ``docs/reproduction.md`` for the run)::
+2'-6'. steps 2-6 with the second distilled student (``distilled_long``: the same
+recipe, trained on 40,000 sentences for 5 epochs).
+
+For the whole protocol (steps 5 and 5') it also prints the table as the authors' log
+prints it: cumulative means over layers (``correlation_mean(...,
+over_layers="cumulative")``).
+
+Usage (2 threads of a shared machine; see ``docs/reproduction.md`` for the runs)::
 
     python benchmarks/ablation_paper_protocol.py train today   -o runs/paper-ablation &
     python benchmarks/ablation_paper_protocol.py train eos     -o runs/paper-ablation &
     python benchmarks/ablation_paper_protocol.py train distilled -o runs/paper-ablation
+    python benchmarks/ablation_paper_protocol.py train distilled_long -o runs/paper-ablation
     python benchmarks/ablation_paper_protocol.py evaluate -o runs/paper-ablation
 
 (``evaluate-model NAME`` evaluates one model as soon as it is trained; ``evaluate`` then
 reads its saved chunks.)
 
-The training sizes are fixed before the run (``--train-sentences``, ``--epochs``), the
-same for the three models.
+Each model's training size is fixed in ``RECIPES`` before its run (``--train-sentences``
+and ``--epochs`` override it, for trials only). Every model is evaluated on the same
+2,000 test sentences.
 """
 
 from __future__ import annotations

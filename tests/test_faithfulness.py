@@ -202,6 +202,20 @@ def test_the_paper_code_protocol_passes_through(
         np.testing.assert_allclose(
             report.samples["scores.rollout"][sample, :, :m], rollout[sample, :, :m], atol=1e-12
         )
+    # The correlation half alone, from the saved outputs, gives the same correlations.
+    saved = attnflow.evaluate.faithfulness_from_outputs(
+        model.attentions(ids, mask),
+        {"blank_out": report.samples["reference.blank_out"]},
+        mask=mask,
+        correlation="spearman_dense",
+        methods=["rollout"],
+    )
+    np.testing.assert_allclose(
+        saved.samples["correlation.rollout.blank_out"],
+        report.samples["correlation.rollout.blank_out"],
+        rtol=0,
+        atol=1e-12,
+    )
     # The default still blanks the last token out.
     default = attnflow.evaluate.faithfulness(
         functions,
