@@ -51,6 +51,10 @@ cdef extern from *:
     int __builtin_clzll(unsigned long long) nogil
 
 
+cdef enum:
+    N_BUCKETS = 64
+
+
 cdef struct Work:
     # the graph
     int n_layers            # T
@@ -82,6 +86,7 @@ cdef struct Work:
     double* path_value      # forward residual of each arc of the current path
     double* path_min        # path_min[d]: the smallest of the first d (forward) residuals
     int* queue
+    int* left               # (T + 1,): live tokens of each layer without a level yet
     double* deliverable     # bottom-up bound of one sink, per token of one layer (2 n)
     long long* log          # middle edges touched since the last reset
     long long log_len
@@ -104,64 +109,6 @@ cdef struct Work:
 cdef inline bint _dead(Work* w, int v) noexcept nogil:
     """Whether token node `v` cannot reach the current sink (it never carries its flow)."""
     return w.m < w.reach_lo[v] or w.m > w.reach_hi[v]
-
-
-cdef inline int _forward_count(Work* w, int a, int j) noexcept nogil:
-    cdef long long i = <long long>(a - 2) * (w.n + 1) + j
-    return <int>(w.fwd_start[i + 1] - w.fwd_start[i])
-
-
-cdef inline int _backward_count(Work* w, int a, int j) noexcept nogil:
-    cdef long long i = <long long>(a - 1) * (w.n + 1) + j
-    return <int>(w.bwd_start[i + 1] - w.bwd_start[i])
-
-
-cdef inline int _degree(Work* w, int u, bint backward) noexcept nogil:
-    """Number of arcs of node `u`: forward ones first, then (if asked) backward ones."""
-    cdef int n = w.n, a, j, count
-    if u == w.source:
-        return w.src_count
-    a = u // n + 1
-    j = u - (a - 1) * n
-    count = 1 if a == 1 else _forward_count(w, a, j)
-    if backward and a <= w.n_layers - 2:
-        count += _backward_count(w, a, j)
-    return count
-
-
-cdef inline int _arc(Work* w, int u, int i, long long* edge, char* forward) noexcept nogil:
-    """Head of arc `i` of node `u`; sets its edge id and direction."""
-    cdef int n = w.n, a, j, k, nf
-    cdef long long p
-    if u == w.source:
-        k = w.src_order[i]
-        edge[0] = w.middle + k
-        forward[0] = 1
-        return (w.n_layers - 2) * n + k
-    a = u // n + 1
-    j = u - (a - 1) * n
-    if a == 1:
-        nf = 1
-        if i == 0:
-            edge[0] = w.middle + n + j
-            forward[0] = 1
-            return w.sink
-    else:
-        nf = _forward_count(w, a, j)
-        if i < nf:
-            p = w.fwd_start[<long long>(a - 2) * (n + 1) + j] + i
-            edge[0] = p
-            forward[0] = 1
-            return (a - 2) * n + w.arc_head[p]
-    # backward: the edge from token k of layer a + 1 into token j
-    p = w.bwd_start[<long long>(a - 1) * (n + 1) + j] + (i - nf)
-    edge[0] = w.bwd_arc[p]
-    forward[0] = 0
-    return a * n + w.bwd_tail[p]
-
-
-cdef inline double _residual(Work* w, long long edge, char forward) noexcept nogil:
-    return w.res[edge] if forward else w.arc_cap[edge] - w.res[edge]
 
 
 cdef int _log_edge(Work* w, long long edge) noexcept nogil:
@@ -490,35 +437,92 @@ cdef int _blocking_flow(
 
 
 cdef bint _layer_residual_graph(Work* w) noexcept nogil:
-    """Breadth-first levels from the source in the residual graph; False if no path."""
-    cdef int n_nodes = w.sink + 1, head = 0, tail = 0, u, v, i, degree
+    """Breadth-first levels from the source in the residual graph; False if no path.
+
+    Each node's arcs are scanned forward first, then backward, in list order (the levels
+    and the queue are those of a plain breadth-first search); the arcs into a layer are
+    skipped once every live token of that layer has its level (`left` counts those still
+    without one): on dense attention the layers fill after a few nodes, and the rest of
+    a search reads only the arcs into layers that keep unreached tokens.
+    """
+    cdef int n = w.n, n_layers = w.n_layers, n_nodes = w.sink + 1
+    cdef int head = 0, tail = 0, u, v, i, a, j, want
     cdef int sink_level = -1
-    cdef long long edge
-    cdef char forward
+    cdef long long p, p_end, q, base
+    cdef int* left = w.left
+    for a in range(n_layers + 1):
+        left[a] = 0
     for u in range(n_nodes):
         w.level[u] = -1
         w.cur[u] = 0
         w.bucket[u] = 0
+    for u in range(w.source):
+        if not _dead(w, u):
+            left[u // n + 1] += 1
     w.level[w.source] = 0
     w.queue[tail] = w.source
     tail += 1
     while head < tail:
         u = w.queue[head]
         head += 1
-        if sink_level >= 0 and w.level[u] >= sink_level:
+        want = w.level[u] + 1
+        if sink_level >= 0 and want > sink_level:
             break  # nodes this far never lie on a shortest path
-        degree = _degree(w, u, True)
-        for i in range(degree):
-            v = _arc(w, u, i, &edge, &forward)
-            if w.level[v] < 0 and _residual(w, edge, forward) > 0.0:
-                if v != w.sink and _dead(w, v):
-                    continue
-                w.level[v] = w.level[u] + 1
-                if v == w.sink:
-                    sink_level = w.level[v]
-                else:
+        if u == w.source:
+            base = <long long>(n_layers - 2) * n
+            for i in range(w.src_count):
+                if left[n_layers - 1] == 0:
+                    break
+                j = w.src_order[i]
+                v = <int>(base + j)
+                if w.level[v] < 0 and w.res[w.middle + j] > 0.0 and not _dead(w, v):
+                    w.level[v] = want
                     w.queue[tail] = v
                     tail += 1
+                    left[n_layers - 1] -= 1
+            continue
+        a = u // n + 1
+        j = u - (a - 1) * n
+        if a == 1:
+            if sink_level < 0 and w.res[w.middle + n + j] > 0.0:
+                w.level[w.sink] = want
+                sink_level = want
+        elif left[a - 1] > 0:
+            # Forward arcs, into layer a - 1.
+            p = w.fwd_start[<long long>(a - 2) * (n + 1) + j]
+            p_end = w.fwd_start[<long long>(a - 2) * (n + 1) + j + 1]
+            base = <long long>(a - 2) * n
+            while p < p_end:
+                v = <int>(base + w.arc_head[p])
+                if w.level[v] < 0 and w.res[p] > 0.0 and not _dead(w, v):
+                    w.level[v] = want
+                    w.queue[tail] = v
+                    tail += 1
+                    left[a - 1] -= 1
+                    if left[a - 1] == 0:
+                        break
+                p += 1
+        if a <= n_layers - 2 and left[a + 1] > 0:
+            # Backward arcs: the edges from tokens of layer a + 1 into token j.
+            p = w.bwd_start[<long long>(a - 1) * (n + 1) + j]
+            p_end = w.bwd_start[<long long>(a - 1) * (n + 1) + j + 1]
+            base = <long long>a * n
+            while p < p_end:
+                v = <int>(base + w.bwd_tail[p])
+                q = w.bwd_arc[p]
+                if w.level[v] < 0 and w.arc_cap[q] - w.res[q] > 0.0 and not _dead(w, v):
+                    w.level[v] = want
+                    w.queue[tail] = v
+                    tail += 1
+                    left[a + 1] -= 1
+                    if left[a + 1] == 0:
+                        break
+                p += 1
+    # Tokens at the sink's level or beyond lie on no shortest path: no level, so that
+    # blocking flows never enter them (the queue holds them last).
+    while tail > 1 and sink_level >= 0 and w.level[w.queue[tail - 1]] >= sink_level:
+        tail -= 1
+        w.level[w.queue[tail]] = -1
     return sink_level >= 0
 
 
@@ -584,8 +588,6 @@ cdef void _reset(Work* w) noexcept nogil:
     w.log_len = 0
 
 
-cdef enum:
-    N_BUCKETS = 64
 
 
 
@@ -790,6 +792,7 @@ def solve(
     w.path_value = <double*>malloc((n_nodes + 1) * sizeof(double))
     w.path_min = <double*>malloc((n_nodes + 2) * sizeof(double))
     w.queue = <int*>malloc(n_nodes * sizeof(int))
+    w.left = <int*>malloc((n_layers + 1) * sizeof(int))
     w.deliverable = <double*>malloc(2 * n * sizeof(double))
     w.log_cap = 1024
     w.log_len = 0
@@ -799,7 +802,7 @@ def solve(
             w.level == NULL or w.cur == NULL or w.bucket == NULL or w.alive == NULL
             or w.path_node == NULL or w.path_edge == NULL or w.path_forward == NULL
             or w.path_value == NULL or w.path_min == NULL
-            or w.queue == NULL or w.deliverable == NULL or w.log == NULL
+            or w.queue == NULL or w.left == NULL or w.deliverable == NULL or w.log == NULL
         ):
             raise MemoryError()
         with nogil:
@@ -871,5 +874,6 @@ def solve(
         free(w.path_value)
         free(w.path_min)
         free(w.queue)
+        free(w.left)
         free(w.deliverable)
         free(w.log)
