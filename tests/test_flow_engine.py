@@ -130,6 +130,32 @@ def test_local_windows_take_the_solver_to_completion(monkeypatch: pytest.MonkeyP
     assert np.count_nonzero(status == CERTIFIED) > 0
 
 
+@pytest.mark.parametrize("dead", ["padding", "causal"])
+def test_layerings_around_dead_tokens_equal_igraph(
+    dead: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A breadth-first layering stops reading the arcs into a layer once every live token
+    # of it has a level; tokens that never reach the sink (padding: no arcs; the causal
+    # future of the sink) are not waited for. Local windows take most pairs to completion.
+    n = 36
+    weights = _local(np.random.default_rng(11), 7, n)
+    if dead == "padding":
+        keep = np.ones(n, dtype=bool)
+        keep[[3, 17, 18, 30]] = False
+        weights = weights * keep
+    else:
+        keep = np.ones(n, dtype=bool)
+        weights = np.where(np.triu(np.ones((n, n), dtype=bool), k=1), 0.0, weights)
+    weights = weights / weights.sum(axis=-1, keepdims=True)
+    mixed = _mixed(weights)
+    mixed[:, ~keep, :] = 0.0
+    mixed[:, :, ~keep] = 0.0
+    values, status, reference = _both_engines(mixed, np.array([0, 20, n - 1]), monkeypatch)
+    np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+    assert np.count_nonzero(status == SOLVED) > 5
+    assert np.all(values[:, ~keep] == 0.0)
+
+
 def test_solver_run_to_completion_is_the_max_flow(monkeypatch: pytest.MonkeyPatch) -> None:
     # A target out of reach forces every pair through every phase of the solver (the
     # bound tightened, then blocking flows on backward arcs until no path is left).
