@@ -14,7 +14,10 @@ each (source, sink) pair comes with an upper bound ``U`` on its max-flow (cheap 
 bounds, computed by the caller), and the solver stops as soon as the flow reaches
 ``U - tolerance``: the max-flow then lies between the two and ``U`` is reported. Where the
 bound is not reached, the solver tightens it once with the bottom-up tree bound of the sink
-and otherwise runs to completion; the flow it then holds is the max-flow.
+and otherwise runs to completion; the flow it then holds is the max-flow. Each later
+layering is a breadth-first search that stops reading the arcs into a layer once every
+live token of that layer has its level (on dense attention, after a few tokens), and gives
+no level to tokens at the sink's distance or beyond, which lie on no shortest path.
 
 Why this is fast on attention: the first layering is the graph's own layers (every path
 from source to sink has ``T`` edges), so the first blocking flow needs no search, and the
