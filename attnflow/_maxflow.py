@@ -87,6 +87,11 @@ DENSE_BYTES = 512 * 2**20
 """At most this much memory for the dense layers (at least one layer): 16 layers at
 n = 2,048, 4 at 4,096."""
 
+DEFERRAL_CHUNK = 16
+"""Sinks whose pairs the first pass (forward arcs alone) solves at a time. Once more than
+half the pairs of a chunk were left for backward arcs (strongly local attention), the
+later sinks are solved with them from the start, instead of twice."""
+
 BOUND_BLOCK_ELEMENTS = 4_000_000
 """Elements of the ``rows x n x sinks`` temporary of one vectorised upper-bound step."""
 
@@ -424,10 +429,22 @@ def _solve_with_kernel(
     forward = (arcs.start, arcs.head, arcs.capacity)
     none = (np.zeros((1, 1), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, np.int32))
     buffer = graph.take_buffer(mixed)
-    _kernel_solve(
-        mixed, graph.sink_columns, rows.astype(np.int64), sinks.astype(np.int64), upper, *forward, *none,
-        arcs.bucket_end, graph.sorted_heads, graph.dense_top, from_source, source_count, *reach, False, TARGET_TOLERANCE, buffer, values, status,
-    )  # fmt: skip
+    direct = False
+    for start in range(0, sinks.shape[0], DEFERRAL_CHUNK):
+        chunk = slice(start, start + DEFERRAL_CHUNK)
+        part_values = np.zeros((rows.shape[0], sinks[chunk].shape[0]))
+        part_status = np.zeros(part_values.shape, dtype=np.int8)
+        # Where most pairs of the last chunk needed backward arcs, the next chunks go
+        # straight to the solver with them (arcs listed once for every sink left).
+        backward = graph.backward(sinks[start:]) if direct else none
+        _kernel_solve(
+            mixed, graph.sink_columns, rows.astype(np.int64), sinks[chunk].astype(np.int64),
+            np.ascontiguousarray(upper[:, chunk]), *forward, *backward, arcs.bucket_end, graph.sorted_heads,
+            graph.dense_top, from_source, source_count, *reach, direct, TARGET_TOLERANCE, buffer, part_values, part_status,
+        )  # fmt: skip
+        values[:, chunk] = part_values
+        status[:, chunk] = part_status
+        direct = direct or bool(2 * np.count_nonzero(part_status == DEFERRED) > part_status.size)
     left = np.flatnonzero((status == DEFERRED).any(axis=1))
     for i in left:
         columns = np.flatnonzero(status[i] == DEFERRED)

@@ -156,6 +156,33 @@ def test_layerings_around_dead_tokens_equal_igraph(
     assert np.all(values[:, ~keep] == 0.0)
 
 
+def test_strongly_local_sinks_go_straight_to_backward_arcs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Once most pairs of a chunk of sinks needed backward arcs, the later chunks are solved
+    # with them from the start (not first without them, then again): the same max-flows.
+    mixed = _mixed(_local(np.random.default_rng(5), 8, 48))
+    rows = np.array([0, 20])
+    values, status, reference = _both_engines(mixed, rows, monkeypatch)
+    passes: list[bool] = []
+    solve = engine._kernel_solve
+
+    def recording(*args: object) -> None:
+        passes.append(next(a for a in args if isinstance(a, bool)))
+        solve(*args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(engine, "DEFERRAL_CHUNK", 4)
+        patch.setattr(engine, "_kernel_solve", recording)
+        task = FlowTask((), mixed, rows, np.arange(2), np.arange(48))
+        chunked, chunked_status = solve_flow_task_with_status(task)
+    assert passes.count(True) > 1
+    assert passes.count(False) > 1
+    np.testing.assert_allclose(chunked, reference, atol=EXACT, rtol=0)
+    np.testing.assert_allclose(chunked, values, atol=EXACT, rtol=0)
+    assert np.count_nonzero(chunked_status == SOLVED) >= np.count_nonzero(status == SOLVED)
+
+
 def test_solver_run_to_completion_is_the_max_flow(monkeypatch: pytest.MonkeyPatch) -> None:
     # A target out of reach forces every pair through every phase of the solver (the
     # bound tightened, then blocking flows on backward arcs until no path is left).
