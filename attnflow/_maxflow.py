@@ -413,7 +413,9 @@ def _solve_with_kernel(
 
     First with the forward arcs alone (the first blocking flow needs no more; on real
     attention it nearly always reaches the bound), then the pairs it left (status
-    `DEFERRED`) again with the backward arcs as well.
+    `DEFERRED`) again with the backward arcs as well. The first pass takes
+    `DEFERRAL_CHUNK` sinks at a time; once most pairs of a chunk were deferred (strongly
+    local attention), the later sinks are solved with backward arcs from the start.
     """
     assert _kernel_solve is not None  # the caller checked
     if not (mixed.dtype == np.float64 and mixed.flags.c_contiguous):
