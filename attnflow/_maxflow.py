@@ -10,7 +10,8 @@ computed here for all pairs at once from unfolding the graph into trees (where n
 shared, max-flow is a sum of minima):
 
 - top-down, what each token can receive from the source:
-  ``u_{T-1}[j] = Ã_T[s, j]``, ``u_{l-1}[k] = min(1, Σ_j min(u_l[j], Ã_l[j, k]))``, and the
+  ``u_{T-1}[j] = Ã_T[s, j]``, ``u_{l-1}[k] = min(Σ_m Ã_{l-1}[k, m], Σ_j min(u_l[j],
+  Ã_l[j, k]))`` (a token forwards at most its row sum: 1 or 0 for attention), and the
   bound ``Σ_k min(u_1[k], Ã_1[k, m])``; O(T n²) per source;
 - the capacity into the sink, ``Σ_k Ã_1[k, m]``.
 
@@ -188,8 +189,9 @@ def _top_down(mixed: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``u_1``: what each token of layer 1 can receive from each of `rows`, tree-unfolded."""
     inflow = mixed[-1][rows]
     for layer in range(mixed.shape[0] - 2, 0, -1):
-        # A token forwards at most its out-capacity, 1 (rows of Ã sum to 1 or 0).
-        inflow = np.minimum(_parallel_paths(inflow, mixed[layer]), 1.0)
+        # A token forwards at most its out-capacity, its row sum one layer down: 1 or 0 for
+        # attention, more for capacities passed with validate=False.
+        inflow = np.minimum(_parallel_paths(inflow, mixed[layer]), mixed[layer - 1].sum(axis=-1))
     return np.asarray(inflow)
 
 

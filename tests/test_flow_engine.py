@@ -183,6 +183,18 @@ def test_strongly_local_sinks_go_straight_to_backward_arcs(
     assert np.count_nonzero(chunked_status == SOLVED) >= np.count_nonzero(status == SOLVED)
 
 
+def test_capacities_above_one_equal_igraph(monkeypatch: pytest.MonkeyPatch) -> None:
+    # validate=False lets rows of capacities sum above one (unnormalised contributions,
+    # scaled attention): the top-down bound must clamp each token at its own out-capacity,
+    # not at 1, or the solver stops at a bound below the max-flow.
+    rng = np.random.default_rng(5)
+    for pattern in ("causal", "sinks"):
+        mixed = _mixed(PATTERNS[pattern](rng, 4, 12)) * 1.7
+        values, _, reference = _both_engines(mixed, np.array([0, 11]), monkeypatch)
+        np.testing.assert_allclose(values, reference, rtol=0, atol=EXACT)
+        assert reference.max() > 1.0  # the case the clamp at 1 got wrong
+
+
 def test_solver_run_to_completion_is_the_max_flow(monkeypatch: pytest.MonkeyPatch) -> None:
     # A target out of reach forces every pair through every phase of the solver (the
     # bound tightened, then blocking flows on backward arcs until no path is left).
