@@ -163,7 +163,12 @@ def tests(session: nox.Session) -> None:
         "ATTNFLOW_BACKEND_FREE_ONLY": "1",
         "ATTNFLOW_REQUIRE_MODULES": "matplotlib",
     }
-    session.run("pytest", *PARALLEL, NOT_IN_MATRIX, *session.posargs, env=free_env)
+    session.run(
+        "pytest", *PARALLEL, "-m", "not timed", NOT_IN_MATRIX, *session.posargs, env=free_env
+    )
+    # Those that bound wall-clock time (Ctrl-C within 2 s) run alone, with no other worker
+    # taking a core.
+    session.run("pytest", "-m", "timed", NOT_IN_MATRIX, *session.posargs, env=free_env)
     _doctests(session, env, on_strict=False)
     _doctests(session, env, on_strict=True)
 

@@ -9,6 +9,8 @@ progress bar moves.
 from __future__ import annotations
 
 import os
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -21,6 +23,9 @@ from oracle import softmax_attention
 
 import attnflow
 import attnflow._flow as flow_module
+
+# Ctrl-C must take effect within 2 s: nox runs these alone, not beside other test workers.
+pytestmark = pytest.mark.timed
 
 # All rows: 160,000 max-flows, about 35 s on one core with the causal-pruning engine (200
 # tokens took 15 s before it and under 2 s after: too short to interrupt after 3 s).
@@ -56,9 +61,24 @@ def _start(big: Path, out: Path) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(3.0)  # past start-up and validation: solving
-    assert process.poll() is None, process.communicate()
+    # Past start-up, validation and planning, solving: the progress bar counts max-flows
+    # done. Waited for, not assumed after a fixed time: on a loaded machine (or beside
+    # another pytest-xdist worker) start-up alone can take seconds.
+    assert process.stderr is not None
+    shown, deadline = b"", time.monotonic() + 120.0
+    while not _solving(shown) and process.poll() is None and time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stderr], [], [], 0.1)
+        if ready:
+            shown += os.read(process.stderr.fileno(), 4096)
+    assert process.poll() is None, (shown, process.communicate())
+    assert _solving(shown), shown
     return process
+
+
+def _solving(shown: bytes) -> bool:
+    """Whether the progress bar written so far counts at least one max-flow done."""
+    done = re.findall(rb"\| *(\d+)/\d+ \[", shown)
+    return bool(done) and int(done[-1]) > 0
 
 
 def _children(pid: int) -> list[int]:
