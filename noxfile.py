@@ -8,6 +8,10 @@ alone; ``nox -s "tests-cell(backend='torch')"`` runs one backend's tests alone (
 default session); ``nox -s benchmark`` the benchmarks. Sessions use pip-based virtual
 environments (the CPU build of PyTorch is visible to pip here).
 
+The long test runs (``tests``, ``adapters-torch``, ``adapters-jax``) spread over every core
+with pytest-xdist, one thread per worker; ``nox -s tests -- -n 0`` runs them in one process.
+The tests that bound wall-clock time (marker ``timed``) run alone afterwards.
+
 The package, with its compiled kernel, is built once into a wheel under ``.nox/_wheels``
 and every session installs that wheel; it is keyed on a hash of the package's sources and
 on the interpreter, so running one session alone builds it if it is missing or stale.

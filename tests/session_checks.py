@@ -20,6 +20,10 @@ on by an environment variable that ``noxfile.py`` sets:
   and carry no ``with_backend`` marker. ``tests`` runs them in a pytest process of their
   own, without the multithreaded frameworks loaded: several of them fork (a browser, worker
   processes), which JAX, once imported, warns against.
+
+Under pytest-xdist (nox runs the long sessions with ``-n auto``) the selection runs in
+every worker, which all collect the same tests, and the guards on skips and passes run in
+the controlling process, which receives every worker's reports.
 """
 
 from __future__ import annotations
