@@ -1,4 +1,7 @@
-"""Build configuration that pyproject.toml cannot express: the compiled max-flow kernel.
+"""Build configuration that pyproject.toml cannot express: the compiled kernels.
+
+The max-flow solver, and the fused pass of gradient-weighted rollout (whose value-check
+reductions are vectorised by ``omp simd``: -fopenmp-simd, no OpenMP runtime).
 
 Everything else (metadata, packages, data) lives in pyproject.toml.
 """
@@ -15,4 +18,11 @@ KERNEL = Extension(
     extra_compile_args=["/O2"] if sys.platform == "win32" else ["-O3"],
 )
 
-setup(ext_modules=cythonize([KERNEL], language_level=3))
+GAE_KERNEL = Extension(
+    "attnflow._gae_kernel",
+    sources=["attnflow/_gae_kernel.pyx"],
+    depends=["attnflow/_gae_kernel.h"],
+    extra_compile_args=["/O2"] if sys.platform == "win32" else ["-O3", "-fopenmp-simd"],
+)
+
+setup(ext_modules=cythonize([KERNEL, GAE_KERNEL], language_level=3))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._deprecation import MISSING, Missing, renamed_keyword
+from ._gae_fused import fuse_layer
 from ._namespace import (
     Boundary,
     array_device,
@@ -232,10 +233,15 @@ def gradient_rollout(
     (vit-explain issue #6) gives a different, wrong map, and cannot be detected from the
     values, so only the shapes are checked.
 
-    :math:`\bar A_l` is formed one layer at a time, in blocks of query rows of about
-    2 MiB, so that the product, its clip and the head mean of a block stay in cache and
-    no temporary of the input's size is allocated; a row chain reads only its rows of
-    the top layer. Lazy arrays (``jax.jit``, Dask) get whole layers. The GAE product is computed as
+    :math:`\bar A_l` is formed one layer at a time. Arrays in host memory that NumPy can
+    view without a copy (NumPy, PyTorch CPU tensors that do not require gradients, eager
+    JAX on the CPU, array-api-strict) go through a compiled pass that reads each weight
+    and gradient once, reducing the value checks in the same pass; the result comes back
+    in the caller's library. Other arrays, and masked input, take array-API blocks of
+    query rows of about 2 MiB, so that the product, its clip and the head mean of a
+    block stay in cache and no temporary of the input's size is allocated. A row chain
+    reads only its rows of the top layer. Lazy arrays (``jax.jit``, Dask) get whole
+    layers. The GAE product is computed as
     :math:`2^l` times the rollout of :math:`\bar A` with :math:`\alpha = 0.5`, which is
     exact (a power of two) and reuses rollout's row chains, O(L n²) per selected row.
 
@@ -452,6 +458,16 @@ def _gradient_weighted_layers(
 
     def compute(i: int, rows: tuple[int, ...] | None) -> Any:
         weights, grads = attention(i), gradient(i)
+        checking = check and not empty_batch
+        if mask is None:
+            # Host memory: the compiled kernel reads each weight once, checks included.
+            kernel = fuse_layer(weights, grads, rows, xp, check=checking)
+            if kernel is not None:
+                if checking:
+                    sums.append(kernel.sums)
+                    minima.append(kernel.low)
+                    totals.append(kernel.total)
+                return kernel.fused
         inspectable = values_are_inspectable(weights)
         # Lazy arrays (a jit trace, a Dask graph) get the layer whole: their compiler fuses.
         step = max(1, BLOCK_BYTES // per_row) if inspectable else n

@@ -21,6 +21,9 @@ Chefer loop        Chefer et al.'s per-sample, per-layer loop (their ``generate_
                    matrices, then row 0; no checks. The naive baseline GAE must not trail.
 GAE                ``attnflow.gradient_rollout(a, g, rows=0)`` (validated), the weighted
                    rule, and the full map (``rows=None``).
+array-API path     The same call with the compiled kernel switched off: what arrays off
+                   the host (a GPU), lazy arrays and autograd-tracked tensors get, and
+                   what every backend ran before the kernel (the same-run "before").
 
 Results are checked against the hand-written ones once per backend (printed). Backends:
 ``numpy``, ``torch`` (CPU), ``jax`` (eager, CPU), ``dask`` (the graph and its compute,
@@ -120,6 +123,20 @@ def _time(
     return {key: (statistics.median(wall[key]), statistics.median(cpu[key])) for key in cases}
 
 
+def _without_kernel(function: Callable[[], Any]) -> Callable[[], Any]:
+    """`function` with attnflow's compiled GAE kernel switched off (the array-API path)."""
+    from attnflow import _gae_fused
+
+    def run() -> Any:
+        kernel, _gae_fused._fuse = _gae_fused._fuse, None
+        try:
+            return function()
+        finally:
+            _gae_fused._fuse = kernel
+
+    return run
+
+
 def _cases(a: Any, g: Any, xp: Any) -> dict[str, Callable[[], Any]]:
     return {
         "rollout(a, rows=0)": lambda: attnflow.rollout(a, rows=0),
@@ -133,6 +150,12 @@ def _cases(a: Any, g: Any, xp: Any) -> dict[str, Callable[[], Any]]:
             a, g, rows=0, rule="weighted"
         ),
         "gradient_rollout(a, g)": lambda: attnflow.gradient_rollout(a, g),
+        "array-API path: gradient_rollout(a, g, rows=0)": _without_kernel(
+            lambda: attnflow.gradient_rollout(a, g, rows=0)
+        ),
+        "array-API path: gradient_rollout(a, g, rows=0, validate=False)": _without_kernel(
+            lambda: attnflow.gradient_rollout(a, g, rows=0, validate=False)
+        ),
     }
 
 

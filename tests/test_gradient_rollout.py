@@ -558,3 +558,104 @@ def test_checks_in_the_blocked_pass_keep_every_verdict(
     with np.errstate(all="ignore"):  # NumPy warns of the overflowing sum (and chain)
         result = attnflow.gradient_rollout(weights.astype(np.float32), huge, rows=0)
     assert result.shape == (SHAPE[0], SHAPE[-1])
+
+
+def _count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the calls of the compiled fused pass (`_gae_fused._fuse`)."""
+    from attnflow import _gae_fused
+
+    assert _gae_fused.KERNEL_AVAILABLE, "the compiled GAE kernel is not built"
+    calls = [0]
+    kernel = _gae_fused._fuse
+
+    def counted(*args: Any) -> Any:
+        calls[0] += 1
+        return kernel(*args)
+
+    monkeypatch.setattr(_gae_fused, "_fuse", counted)
+    return calls
+
+
+def _array_api_pass(function: Any) -> Any:
+    """Run `function` with the compiled pass switched off (the array-API path)."""
+    from attnflow import _gae_fused
+
+    kernel, _gae_fused._fuse = _gae_fused._fuse, None
+    try:
+        return function()
+    finally:
+        _gae_fused._fuse = kernel
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"rows": 0}, {"rows": [4, 1], "layers": "all"}, {"rule": "weighted", "rows": -1}],
+    ids=["gae", "gae-row", "gae-rows-all-layers", "weighted-row"],
+)
+def test_compiled_pass_equals_the_array_api_pass(
+    backend: Variant,
+    dtype_name: str,
+    data: tuple[np.ndarray, np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
+    options: dict[str, Any],
+) -> None:
+    """Host arrays go through the compiled pass, with the array-API pass's result."""
+    weights, gradients = (x.astype(dtype_name) for x in data)
+    a, g = backend.asarray(weights), backend.asarray(gradients)
+    calls = _count_kernel_calls(monkeypatch)
+    compiled = backend.to_numpy(_run(backend, a, g, **options))
+    host = backend.library in {"numpy", "array_api_strict", "tensorflow"} or (
+        backend.library == "torch" and str(backend.device).startswith("cpu")
+    )
+    if host and not backend.jit:
+        assert calls[0] > 0, "host arrays must take the compiled pass"
+    reference = backend.to_numpy(_array_api_pass(lambda: _run(backend, a, g, **options)))
+    expected = oracle_gradient_rollout(weights, gradients, **options)
+    tol = tolerance(dtype_name)
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(compiled, reference, rtol=tol, atol=tol * scale)
+    np.testing.assert_allclose(compiled, expected, rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+def test_compiled_pass_reads_any_strides(
+    dtype_name: str, data: tuple[np.ndarray, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-layer views with padded rows, a moved batch axis or broadcast gradients."""
+    weights, gradients = (x.astype(dtype_name) for x in data)
+    calls = _count_kernel_calls(monkeypatch)
+    expected = oracle_gradient_rollout(weights, gradients)
+    n = SHAPE[-1]
+    wide = np.zeros((*SHAPE[:-1], n + 3), dtype=dtype_name)  # rows not back to back
+    wide[..., :n] = weights
+    moved = np.ascontiguousarray(np.moveaxis(gradients, 0, 2))  # batch axis in the middle
+    per_layer_a = [wide[:, i, :, :, :n] for i in range(SHAPE[1])]
+    per_layer_g = [np.moveaxis(moved[i], 1, 0) for i in range(SHAPE[1])]
+    result = attnflow.gradient_rollout(per_layer_a, per_layer_g)
+    tol = tolerance(dtype_name)
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(result, expected, rtol=tol, atol=tol * scale)
+    assert calls[0] == SHAPE[1]
+    # One gradient for every item of the batch (stride 0), rows 0 and 3.
+    shared = np.broadcast_to(gradients[:1], SHAPE)
+    result = attnflow.gradient_rollout(weights, shared, rows=[0, 3])
+    expected = oracle_gradient_rollout(weights, np.array(shared), rows=[0, 3])
+    np.testing.assert_allclose(result, expected, rtol=tol, atol=tol * scale)
+
+
+def test_compiled_pass_keeps_nan_without_validation(
+    data: tuple[np.ndarray, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """validate=False: a NaN product stays NaN (the clip keeps it), in both passes."""
+    weights, gradients = data
+    bad = gradients.copy()
+    bad[0, 1, 2, 3, 4] = np.nan
+    calls = _count_kernel_calls(monkeypatch)
+    compiled = attnflow.gradient_rollout(weights, bad, validate=False)
+    assert calls[0] > 0
+    reference = _array_api_pass(lambda: attnflow.gradient_rollout(weights, bad, validate=False))
+    np.testing.assert_array_equal(np.isnan(compiled), np.isnan(reference))
+    assert np.isnan(compiled[0]).any()
+    assert not np.isnan(compiled[1:]).any()
+    with pytest.raises(ValueError, match="`gradients` must be finite; found 1 NaN"):
+        attnflow.gradient_rollout(weights, bad)

@@ -1,0 +1,121 @@
+r"""The fused pass of gradient-weighted rollout on host memory, through the compiled kernel.
+
+:func:`fuse_layer` forms one layer of :math:`\bar A = \operatorname{mean}_h (g \odot a)^+`
+(Chefer et al. 2021) for arrays whose memory NumPy can view without a copy (NumPy,
+PyTorch CPU tensors, eager JAX on the CPU, array-api-strict: DLPack), reading each
+weight once, and hands the result back in the caller's namespace and device. Anything
+else (a GPU, a lazy array, autograd-tracked tensors, float16, a source checkout without
+the compiled kernel) gets None, and the caller takes its array-API path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._namespace import (
+    array_device,
+    is_dask_array,
+    is_jax_array,
+    is_numpy_array,
+    values_are_inspectable,
+)
+from ._typing import Namespace
+
+
+def _load_kernel() -> Callable[..., None] | None:
+    try:
+        from ._gae_kernel import fuse
+    except ImportError:  # pragma: no cover - a source checkout without the compiled kernel
+        return None
+    return fuse
+
+
+_fuse = _load_kernel()
+
+__all__ = ["KERNEL_AVAILABLE", "FusedRows", "fuse_layer"]
+
+KERNEL_AVAILABLE = _fuse is not None
+
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclass(frozen=True)
+class FusedRows:
+    """One fused layer and, when asked for, the statistics of its value checks.
+
+    `fused` is ``(*batch, r, n)``; `sums` ``(*batch, H, r)`` holds the row sums of every
+    head, `low` ``(1,)`` the smallest weight and `total` (0-d) the sum of the products,
+    all in the caller's namespace (None without checks).
+    """
+
+    fused: Any
+    sums: Any | None
+    low: Any | None
+    total: Any | None
+
+
+def _host_view(x: Any) -> np.ndarray | None:
+    """Return a NumPy view of `x`'s memory, without a copy, or None where there is none."""
+    if is_numpy_array(x):
+        return np.asarray(x)
+    # Lazy arrays have no memory to view. (Not `values_are_inspectable`: its generic
+    # test reshapes the array, which copies a strided layer of array-api-strict.)
+    if is_dask_array(x) or (is_jax_array(x) and not values_are_inspectable(x)):
+        return None
+    try:
+        # BufferError off the CPU; RuntimeError for tensors that require gradients.
+        return np.from_dlpack(x)
+    except (BufferError, RuntimeError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def fuse_layer(
+    attention: Any,
+    gradient: Any,
+    rows: tuple[int, ...] | None,
+    xp: Namespace,
+    *,
+    check: bool,
+) -> FusedRows | None:
+    r"""Layer :math:`\bar A_l` (its rows `rows`) by the compiled kernel, or None.
+
+    `attention` and `gradient` are one layer, ``(*batch, H, n, n)``, of one dtype;
+    `rows` are non-negative row positions (None: every row).
+    """
+    if _fuse is None:
+        return None
+    a, g = _host_view(attention), _host_view(gradient)
+    if a is None or g is None or a.dtype not in _DTYPES or g.dtype != a.dtype:
+        return None
+    *batch, heads, n, _ = a.shape
+    if math.prod(batch) == 0 or heads == 0 or n == 0:
+        return None
+    a = a.reshape(-1, heads, n, n)
+    g = g.reshape(-1, heads, n, n)
+    if n > 1 and (a.strides[-1] != a.itemsize or g.strides[-1] != g.itemsize):
+        return None
+    picked = np.arange(n, dtype=np.intp) if rows is None else np.asarray(rows, dtype=np.intp)
+    count = a.shape[0]
+    out = np.empty((count, picked.size, n), dtype=a.dtype)
+    sums = np.empty((count, heads, picked.size) if check else (1, 1, 1), dtype=a.dtype)
+    stats = np.empty(2, dtype=a.dtype)
+    _fuse(a, g, picked, out, sums, stats, check)
+    device = array_device(attention)
+
+    def back(values: np.ndarray) -> Any:
+        return xp.asarray(values, device=device)
+
+    fused = back(out.reshape(*batch, picked.size, n))
+    if not check:
+        return FusedRows(fused, None, None, None)
+    return FusedRows(
+        fused,
+        back(sums.reshape(*batch, heads, picked.size)),
+        back(stats[:1]),
+        back(stats[1]),
+    )

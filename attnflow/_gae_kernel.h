@@ -1,0 +1,115 @@
+/* The fused pass of gradient-weighted rollout (attnflow/_gae_kernel.pyx).
+ *
+ * For one layer: out[b, r, :] = mean_h max(g[b, h, row_r, :] * a[b, h, row_r, :], 0),
+ * reading each weight of `a` and `g` once. With `sums` (not NULL) the same pass reduces
+ * the value checks: the row sums of every head, sums[b, h, r]; the smallest weight,
+ * *low; the sum of the products, *total (finite exactly when the gradients are, the
+ * attention being finite and in [0, 1]). Rows go in blocks whose output stays in L1
+ * while the heads stream through it.
+ *
+ * Only the check reductions are reordered (`omp simd reduction`, with -fopenmp-simd);
+ * the output is accumulated head by head, in order, and divided by the number of heads.
+ * A NaN product stays NaN (`p < 0 ? 0 : p`), as the array-API path's maximum keeps it.
+ */
+#include <stddef.h>
+#include <math.h>
+
+#if defined(_MSC_VER) && !defined(__clang__)
+#define restrict __restrict
+#endif
+
+#define ATTNFLOW_GAE_BLOCK_BYTES 1048576
+
+/* x86-64 with GCC or Clang on ELF: an AVX2 clone chosen at load time (ifunc), SSE2 else. */
+#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__))
+#define ATTNFLOW_GAE_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define ATTNFLOW_GAE_CLONES
+#endif
+
+/* The helpers must be inlined into each clone, to be compiled for its instruction set. */
+#if defined(__GNUC__) || defined(__clang__)
+#define ATTNFLOW_GAE_INLINE static inline __attribute__((always_inline))
+#else
+#define ATTNFLOW_GAE_INLINE static inline
+#endif
+
+/* One span of `len` weights (a row, or consecutive rows stored back to back): the
+ * clipped products go to (first head) or are added to `o`; with `check`, the sum of the
+ * products and the smallest weight are reduced into *t and *m. */
+#define ATTNFLOW_GAE_SPAN(NAME, T)                                                          \
+ATTNFLOW_GAE_INLINE void NAME(const T *restrict ar, const T *restrict gr, T *restrict o,          \
+                        ptrdiff_t len, int first, int check, T *t, T *m)                    \
+{                                                                                           \
+    T tt = 0, mm = INFINITY;                                                                \
+    if (!check && first) {                                                                  \
+        for (ptrdiff_t j = 0; j < len; ++j) { T p = gr[j] * ar[j]; o[j] = p < 0 ? 0 : p; }  \
+    } else if (!check) {                                                                    \
+        for (ptrdiff_t j = 0; j < len; ++j) { T p = gr[j] * ar[j]; o[j] += p < 0 ? 0 : p; } \
+    } else if (first) {                                                                     \
+        _Pragma("omp simd reduction(+:tt) reduction(min:mm)")                               \
+        for (ptrdiff_t j = 0; j < len; ++j) {                                               \
+            T x = ar[j], p = gr[j] * x;                                                     \
+            o[j] = p < 0 ? 0 : p; tt += p; mm = x < mm ? x : mm;                            \
+        }                                                                                   \
+    } else {                                                                                \
+        _Pragma("omp simd reduction(+:tt) reduction(min:mm)")                               \
+        for (ptrdiff_t j = 0; j < len; ++j) {                                               \
+            T x = ar[j], p = gr[j] * x;                                                     \
+            o[j] += p < 0 ? 0 : p; tt += p; mm = x < mm ? x : mm;                           \
+        }                                                                                   \
+    }                                                                                       \
+    *t += tt;                                                                               \
+    *m = mm < *m ? mm : *m;                                                                 \
+}                                                                                           \
+                                                                                            \
+ATTNFLOW_GAE_INLINE T NAME##_sum(const T *restrict ar, ptrdiff_t n)                               \
+{                                                                                           \
+    T s = 0;                                                                                \
+    _Pragma("omp simd reduction(+:s)")                                                      \
+    for (ptrdiff_t j = 0; j < n; ++j) s += ar[j];                                           \
+    return s;                                                                               \
+}
+
+/* The layer: batch by batch, rows in blocks whose output stays in L1 while every head
+ * streams through it; consecutive rows stored back to back are one span. */
+#define ATTNFLOW_GAE_FUSE(NAME, SPAN, T)                                                    \
+ATTNFLOW_GAE_CLONES static void NAME(                                                       \
+    const T *a, const T *g, ptrdiff_t nb, ptrdiff_t nh, ptrdiff_t nr, ptrdiff_t n,          \
+    ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_sr, ptrdiff_t g_sb, ptrdiff_t g_sh,         \
+    ptrdiff_t g_sr, const ptrdiff_t *rows, T *out, T *sums, T *low, T *total)               \
+{                                                                                           \
+    ptrdiff_t block = ATTNFLOW_GAE_BLOCK_BYTES / (n * (ptrdiff_t)sizeof(T));                \
+    int check = sums != NULL;                                                               \
+    T lowest = INFINITY, all = 0, heads = (T)nh;                                            \
+    if (block < 1) block = 1;                                                               \
+    for (ptrdiff_t b = 0; b < nb; ++b) {                                                    \
+        for (ptrdiff_t r0 = 0; r0 < nr; r0 += block) {                                      \
+            ptrdiff_t r1 = r0 + block < nr ? r0 + block : nr;                               \
+            int flat = a_sr == n && g_sr == n && rows[r1 - 1] - rows[r0] == r1 - 1 - r0;    \
+            for (ptrdiff_t r = r0 + 1; flat && r < r1; ++r) flat = rows[r] == rows[r - 1] + 1; \
+            for (ptrdiff_t h = 0; h < nh; ++h) {                                            \
+                const T *ab = a + b * a_sb + h * a_sh, *gb = g + b * g_sb + h * g_sh;       \
+                T *ob = out + b * nr * n;                                                   \
+                if (flat) {                                                                 \
+                    SPAN(ab + rows[r0] * a_sr, gb + rows[r0] * g_sr, ob + r0 * n,           \
+                         (r1 - r0) * n, h == 0, check, &all, &lowest);                      \
+                } else {                                                                    \
+                    for (ptrdiff_t r = r0; r < r1; ++r)                                     \
+                        SPAN(ab + rows[r] * a_sr, gb + rows[r] * g_sr, ob + r * n, n,       \
+                             h == 0, check, &all, &lowest);                                 \
+                }                                                                           \
+                if (check)                                                                  \
+                    for (ptrdiff_t r = r0; r < r1; ++r)                                     \
+                        sums[(b * nh + h) * nr + r] = SPAN##_sum(ab + rows[r] * a_sr, n);   \
+            }                                                                               \
+            for (ptrdiff_t j = r0 * n; j < r1 * n; ++j) out[b * nr * n + j] /= heads;       \
+        }                                                                                   \
+    }                                                                                       \
+    if (check) { *low = lowest; *total = all; }                                             \
+}
+
+ATTNFLOW_GAE_SPAN(attnflow_gae_span_f32, float)
+ATTNFLOW_GAE_SPAN(attnflow_gae_span_f64, double)
+ATTNFLOW_GAE_FUSE(attnflow_gae_fuse_f32, attnflow_gae_span_f32, float)
+ATTNFLOW_GAE_FUSE(attnflow_gae_fuse_f64, attnflow_gae_span_f64, double)
