@@ -7,7 +7,7 @@ forms, validate them the same way and apply masks and head fusion identically.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -41,6 +41,7 @@ from ._validation import (
     check_validate,
     checks_every_head,
     describe,
+    row_sum_tolerance,
     sum_rows,
 )
 
@@ -52,7 +53,13 @@ __all__ = [
     "layer_of",
     "prepare_attention",
     "select_rows",
+    "times_layer",
 ]
+
+STREAM_BLOCK_BYTES = 8 << 20
+"""Bytes of input (every head) per block of rows when a fused layer is streamed into a
+row chain (:meth:`FusedLayers.times`): the fused block, 1/H of it, stays in L2 while it
+is checked and multiplied, and memory beyond the input stays one block."""
 
 
 class FusedLayers:
@@ -74,6 +81,7 @@ class FusedLayers:
         xp: Namespace,
         compute: Callable[[int, tuple[int, ...] | None], Any],
         check: Callable[[], None],
+        blocks: Callable[[int], Iterator[tuple[int, int, Any]]] | None = None,
     ) -> None:
         self.shape = shape
         self.dtype = dtype
@@ -81,6 +89,7 @@ class FusedLayers:
         self.xp = xp
         self._compute = compute
         self._check = check
+        self._blocks = blocks
         self._pending = set(range(shape[-3]))
 
     @property
@@ -101,6 +110,24 @@ class FusedLayers:
             self.check()
         return fused
 
+    def times(self, left: Any, i: int) -> Any:
+        """``left @ layer(i)`` for row vectors `left` ``(*batch, r, n)``.
+
+        Where the layers come in blocks of rows (a long input), the product is summed
+        block by block, ``Σ_k left[..., k] @ layer(i)[k, :]``, and no whole fused layer
+        is held: memory beyond the input stays one block.
+        """
+        if self._blocks is None:
+            return self.xp.matmul(left, self.layer(i))
+        total = None
+        for start, stop, block in self._blocks(i):
+            part = self.xp.matmul(left[..., start:stop], block)
+            total = part if total is None else total + part
+        self._pending.discard(i)
+        if not self._pending:
+            self.check()
+        return total
+
     def check(self) -> None:
         """Decide the value checks of every layer computed so far (once)."""
         check, self._check = self._check, _nothing
@@ -117,6 +144,13 @@ class FusedLayers:
 
 def _nothing() -> None:
     return None
+
+
+def times_layer(left: Any, fused: Any, i: int, xp: Namespace) -> Any:
+    """``left @ fused[..., i, :, :]`` for fused layers (an array or :class:`FusedLayers`)."""
+    if isinstance(fused, FusedLayers):
+        return fused.times(left, i)
+    return xp.matmul(left, fused[..., i, :, :])
 
 
 def layer_of(fused: Any, i: int, rows: tuple[int, ...] | None = None, xp: Any = None) -> Any:
@@ -428,44 +462,90 @@ def _stream_fused(
 ) -> FusedLayers:
     """Stream the used layers of unmasked attention, fused by a (weighted) mean, one by one.
 
-    Each layer's row sums and row minima are taken while the fused layer is in cache;
-    they are judged together (:func:`check_row_statistics`) once every layer is fused.
+    A long layer is streamed into a row chain in blocks of rows (:meth:`FusedLayers.times`),
+    so that no whole fused layer is held. While each fused layer (or block) is in cache it
+    is reduced to two running numbers: the largest deviation of a row sum from one and
+    the smallest weight (NaN carries through both). They are judged once every layer is
+    fused; only when they fail are the read rows fused again and judged row by row
+    (:func:`check_row_statistics`), for the eager checks' message. Running numbers, not
+    a list of per-row statistics, keep the allocator from scattering small long-lived
+    blocks among the freed fused blocks, which grew PyTorch's heap by a block per block.
     """
     xp, layout, spec = checked.xp, checked.layout, checked.spec
     used = checked.used_layers
-    sums: list[Any] = []
-    minima: list[Any] = []
+    running: dict[str, Any] = {}
+    read_rows: dict[int, tuple[int, ...] | None] = {}
+    tolerance = row_sum_tolerance(xp, checked.first.dtype, layout.n_tokens)
 
-    def compute(i: int, rows: tuple[int, ...] | None) -> Any:
-        heads = arrays[i] if arrays is not None else stacked[..., i, :, :, :]
-        heads = select_rows(heads, rows, xp)
+    def fuse(i: int, heads: Any) -> Any:
         fused_spec = spec
         if spec.kind == "weights" and spec.weights is not None and spec.weights.ndim == 2:
             fused_spec = HeadFusionSpec("weights", weights=spec.weights[i, ...])
-        fused = apply_head_fusion(heads, fused_spec, xp, check=check)
-        if check and values_are_inspectable(fused) and math.prod(fused.shape) > 0:
-            sums.append(sum_rows(fused, xp))
-            minima.append(xp.min(fused))  # one minimum per layer: the same verdict
+        return apply_head_fusion(heads, fused_spec, xp, check=check)
+
+    def reduce(fused: Any) -> None:
+        if not (check and values_are_inspectable(fused) and math.prod(fused.shape) > 0):
+            return
+        deviation = xp.max(xp.abs(sum_rows(fused, xp) - 1))
+        low = xp.min(fused)
+        if running:  # maximum and minimum carry NaN through
+            deviation = xp.maximum(running["deviation"], deviation)
+            low = xp.minimum(running["low"], low)
+        running["deviation"], running["low"] = deviation, low
+
+    def heads_of(i: int) -> Any:
+        return arrays[i] if arrays is not None else stacked[..., i, :, :, :]
+
+    def compute(i: int, rows: tuple[int, ...] | None) -> Any:
+        read_rows[i] = rows
+        fused = fuse(i, select_rows(heads_of(i), rows, xp))
+        reduce(fused)
         return fused
 
+    n = layout.n_tokens
+    row_bytes = math.prod(layout.batch_shape) * (layout.n_heads or 1) * n
+    row_bytes *= xp.finfo(checked.first.dtype).bits // 8
+    step = max(1, STREAM_BLOCK_BYTES // max(1, row_bytes))
+
+    def blocks(i: int) -> Iterator[tuple[int, int, Any]]:
+        read_rows[i] = None
+        heads = heads_of(i)
+        for start in range(0, n, step):
+            stop = min(n, start + step)
+            fused = fuse(i, heads[..., start:stop, :])
+            reduce(fused)
+            yield start, stop, fused
+
     def decide() -> None:
-        if not sums:
+        if not running:
             return
+        deviation, low = running.pop("deviation"), running.pop("low")
+        if bool(deviation <= tolerance) and bool(low >= 0):
+            return
+        # A bad value: fuse the rows that were read again, for the eager checks' verdict
+        # and message (which rows, the smallest weight, the largest deviation).
+        sums, minima = [], []
+        for i, rows in sorted(read_rows.items()):
+            fused = fuse(i, select_rows(heads_of(i), rows, xp))
+            sums.append(xp.reshape(sum_rows(fused, xp), (-1,)))
+            minima.append(xp.reshape(xp.min(fused), (-1,)))
         check_row_statistics(
-            xp.concat([xp.reshape(x, (-1,)) for x in sums]),
-            xp.concat([xp.reshape(x, (-1,)) for x in minima]),
+            xp.concat(sums),
+            xp.concat(minima),
             xp,
             valid_rows=None,
             dtype=checked.first.dtype,
             n_tokens=layout.n_tokens,
             heads_fused=True,
         )
-        sums.clear()
-        minima.clear()
 
     shape = (*layout.batch_shape, used, layout.n_tokens, layout.n_tokens)
     device = array_device(checked.first)
-    return FusedLayers(shape, checked.first.dtype, device, xp, compute, decide)
+    # Lazy arrays (a jit trace, a Dask graph) and layers of one block get whole layers.
+    streamed = step < n and values_are_inspectable(checked.first)
+    return FusedLayers(
+        shape, checked.first.dtype, device, xp, compute, decide, blocks if streamed else None
+    )
 
 
 def select_rows(matrices: Any, rows: int | tuple[int, ...] | None, xp: Namespace) -> Any:

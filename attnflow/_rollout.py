@@ -15,6 +15,7 @@ from ._prepare import (
     layer_of,
     prepare_attention,
     select_rows,
+    times_layer,
 )
 from ._pruning import prune
 from ._receptive_field import normalize_attribution, uniform_causal_attention
@@ -30,9 +31,10 @@ def _device(fused: Any) -> Any:
 
 def _identity_rows(fused: Any, rows: tuple[int, ...], valid_keys: Any | None, xp: Namespace) -> Any:
     """Rows `rows` of the identity, zero on padded tokens: ``(*batch | 1, r, n)``."""
-    n = fused.shape[-1]
-    eye = xp.eye(n, dtype=fused.dtype, device=_device(fused))
-    unit_rows = select_rows(eye, rows, xp)
+    n, device = fused.shape[-1], _device(fused)
+    # Compared with the positions, not rows of `eye(n)`: no n x n matrix for a few rows.
+    wanted = xp.reshape(xp.asarray(rows, device=device), (-1, 1))
+    unit_rows = xp.astype(wanted == xp.arange(n, device=device), fused.dtype)
     if valid_keys is None:
         return unit_rows
     return xp.where(valid_keys[..., 0, :, :], unit_rows, xp.zeros_like(unit_rows))
@@ -61,10 +63,13 @@ def rollout_products(
     alpha = residual
     padded_keys = None if valid_keys is None else valid_keys[..., 0, :, :]
 
+    def mix(left: Any, product: Any) -> Any:
+        """``left @ Ã`` from ``left @ A``, for row vectors `left` zero on padded tokens."""
+        return product if alpha == 0.0 else (1.0 - alpha) * product + alpha * left
+
     def times_mixed(left: Any, matrix: Any) -> Any:
         """``left @ Ã`` for row vectors `left` that are zero on padded tokens."""
-        product = xp.matmul(left, matrix)
-        return product if alpha == 0.0 else (1.0 - alpha) * product + alpha * left
+        return mix(left, xp.matmul(left, matrix))
 
     if rows is None:
         # R_1 = Ã_1 is the only mixed matrix formed, then R_l = (1 - α) A_l R + α R.
@@ -89,7 +94,7 @@ def rollout_products(
     if not all_layers:
         vectors = mixed_rows(layer_of(fused, n_layers - 1, index, xp))
         for i in range(n_layers - 2, -1, -1):
-            vectors = times_mixed(vectors, layer_of(fused, i))
+            vectors = mix(vectors, times_layer(vectors, fused, i, xp))
         return vectors[..., 0, :] if isinstance(rows, int) else vectors
 
     # Every layer's rows. Row chains cost about r·L²/2 vector-matrix products against

@@ -274,12 +274,31 @@ def test_fuse_heads_of_cross_attention() -> None:
 # -- layers fused as the chain reads them (issue 24) -------------------------------------
 
 
+STREAM_BLOCKS = pytest.mark.parametrize(
+    "block_bytes", [1 << 40, 1], ids=["whole-layers", "row-blocks"]
+)
+
+
+@STREAM_BLOCKS
 @pytest.mark.parametrize("layers", ["last", "all", 2])
 @pytest.mark.parametrize("heads", ["mean", "layer-weights"])
 def test_streamed_rows_equal_the_full_maps_rows(
-    backend: Variant, dtype_name: str, weights: np.ndarray, layers: object, heads: str
+    backend: Variant,
+    dtype_name: str,
+    weights: np.ndarray,
+    layers: object,
+    heads: str,
+    block_bytes: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Rows of layers fused one at a time (top layer: only its rows) equal the full map's."""
+    """Rows of layers fused one at a time (top layer: only its rows) equal the full map's.
+
+    With row blocks, each layer below the top one is fused and multiplied into the row
+    chain one row at a time, as a long input is.
+    """
+    from attnflow import _prepare
+
+    monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
     data = weights.astype(dtype_name)
     fusion: Any = heads
     oracle_heads: Any = heads
@@ -306,11 +325,19 @@ def test_streamed_rows_equal_the_full_maps_rows(
         np.testing.assert_allclose(part, full[..., index, :], rtol=tol, atol=tol)
 
 
-def test_streamed_checks_read_every_layer_the_chain_reads(weights: np.ndarray) -> None:
+@STREAM_BLOCKS
+def test_streamed_checks_read_every_layer_the_chain_reads(
+    weights: np.ndarray, block_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Values are judged after the chain, with the eager checks' messages, in every layer."""
+    from attnflow import _prepare
+
+    monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
     nan = weights.copy()
     nan[1, 0, 2, 6, 3] = np.nan  # the first layer, a row the chain multiplies through
-    with pytest.raises(ValueError, match="averaged over heads, must be finite; found NaN"):
+    with pytest.raises(
+        ValueError, match=r"averaged over heads, must be finite; found NaN.* in 1 row"
+    ):
         attnflow.rollout(nan, rows=0)
     with pytest.raises(ValueError, match="averaged over heads, must be finite"):
         attnflow.rollout(list(np.moveaxis(nan, 1, 0)), rows=[0, 2], layers="all")
@@ -326,8 +353,14 @@ def test_streamed_checks_read_every_layer_the_chain_reads(weights: np.ndarray) -
     attnflow.rollout(scaled, rows=0, validate=False)
 
 
-def test_rows_of_the_top_layer_that_no_chain_reads_are_not_checked(weights: np.ndarray) -> None:
+@STREAM_BLOCKS
+def test_rows_of_the_top_layer_that_no_chain_reads_are_not_checked(
+    weights: np.ndarray, block_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`validate` checks what the method consumes: the top layer only in the rows asked."""
+    from attnflow import _prepare
+
+    monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
     bad = weights.copy()
     bad[0, -1, 1, 5, :] = np.nan
     result = attnflow.rollout(bad, rows=[0, 1])
