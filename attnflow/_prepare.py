@@ -56,10 +56,13 @@ __all__ = [
     "times_layer",
 ]
 
-STREAM_BLOCK_BYTES = 8 << 20
-"""Bytes of input (every head) per block of rows when a fused layer is streamed into a
-row chain (:meth:`FusedLayers.times`): the fused block, 1/H of it, stays in L2 while it
-is checked and multiplied, and memory beyond the input stays one block."""
+STREAM_BLOCK_BYTES = 1 << 20
+"""Bytes of fused attention per block of rows when a fused layer is streamed into a row
+chain (:meth:`FusedLayers.times`): memory beyond the input stays one block."""
+
+STREAM_LAYER_BYTES = 8 << 20
+"""Fused layers up to this size are fused whole: each block costs a few small array
+calls, which shorter inputs would feel."""
 
 
 class FusedLayers:
@@ -122,6 +125,7 @@ class FusedLayers:
         total = None
         for start, stop, block in self._blocks(i):
             part = self.xp.matmul(left[..., start:stop], block)
+            del block  # freed before the next block is fused: one block at a time
             total = part if total is None else total + part
         self._pending.discard(i)
         if not self._pending:
@@ -503,18 +507,20 @@ def _stream_fused(
         return fused
 
     n = layout.n_tokens
-    row_bytes = math.prod(layout.batch_shape) * (layout.n_heads or 1) * n
-    row_bytes *= xp.finfo(checked.first.dtype).bits // 8
+    row_bytes = math.prod(layout.batch_shape) * n * (xp.finfo(checked.first.dtype).bits // 8)
     step = max(1, STREAM_BLOCK_BYTES // max(1, row_bytes))
+
+    def reduced(fused: Any) -> Any:
+        reduce(fused)
+        return fused
 
     def blocks(i: int) -> Iterator[tuple[int, int, Any]]:
         read_rows[i] = None
         heads = heads_of(i)
         for start in range(0, n, step):
             stop = min(n, start + step)
-            fused = fuse(i, heads[..., start:stop, :])
-            reduce(fused)
-            yield start, stop, fused
+            # No local name: the consumer's drop of a block frees it.
+            yield start, stop, reduced(fuse(i, heads[..., start:stop, :]))
 
     def decide() -> None:
         if not running:
@@ -542,7 +548,9 @@ def _stream_fused(
     shape = (*layout.batch_shape, used, layout.n_tokens, layout.n_tokens)
     device = array_device(checked.first)
     # Lazy arrays (a jit trace, a Dask graph) and layers of one block get whole layers.
-    streamed = step < n and values_are_inspectable(checked.first)
+    streamed = (
+        n * row_bytes > STREAM_LAYER_BYTES and step < n and values_are_inspectable(checked.first)
+    )
     return FusedLayers(
         shape, checked.first.dtype, device, xp, compute, decide, blocks if streamed else None
     )

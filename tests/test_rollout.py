@@ -299,6 +299,7 @@ def test_streamed_rows_equal_the_full_maps_rows(
     from attnflow import _prepare
 
     monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
     data = weights.astype(dtype_name)
     fusion: Any = heads
     oracle_heads: Any = heads
@@ -323,6 +324,18 @@ def test_streamed_rows_equal_the_full_maps_rows(
         )
         index = rows if isinstance(rows, int) else np.asarray(rows)
         np.testing.assert_allclose(part, full[..., index, :], rtol=tol, atol=tol)
+    if block_bytes == 1 and layers == "last" and not backend.jit and backend.library != "dask":
+        # The layers below the top one were fused a row at a time.
+        calls = [0]
+        fusion = _prepare.apply_head_fusion
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
+            return fusion(*args, **kwargs)
+
+        monkeypatch.setattr(_prepare, "apply_head_fusion", counted)
+        backend.run(attnflow.rollout, backend.asarray(data), rows=0, **options)
+        assert calls[0] == 1 + (SHAPE[1] - 1) * SHAPE[-1]
 
 
 @STREAM_BLOCKS
@@ -333,6 +346,7 @@ def test_streamed_checks_read_every_layer_the_chain_reads(
     from attnflow import _prepare
 
     monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
     nan = weights.copy()
     nan[1, 0, 2, 6, 3] = np.nan  # the first layer, a row the chain multiplies through
     with pytest.raises(
@@ -361,6 +375,7 @@ def test_rows_of_the_top_layer_that_no_chain_reads_are_not_checked(
     from attnflow import _prepare
 
     monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
     bad = weights.copy()
     bad[0, -1, 1, 5, :] = np.nan
     result = attnflow.rollout(bad, rows=[0, 1])
