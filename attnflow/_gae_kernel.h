@@ -16,6 +16,9 @@
 
 #if defined(_MSC_VER) && !defined(__clang__)
 #define restrict __restrict
+#define ATTNFLOW_GAE_SIMD_REDUCE(clause)
+#else
+#define ATTNFLOW_GAE_SIMD_REDUCE(clause) _Pragma(clause)
 #endif
 
 #define ATTNFLOW_GAE_BLOCK_BYTES 1048576
@@ -47,13 +50,13 @@ ATTNFLOW_GAE_INLINE void NAME(const T *restrict ar, const T *restrict gr, T *res
     } else if (!check) {                                                                    \
         for (ptrdiff_t j = 0; j < len; ++j) { T p = gr[j] * ar[j]; o[j] += p < 0 ? 0 : p; } \
     } else if (first) {                                                                     \
-        _Pragma("omp simd reduction(+:tt) reduction(min:mm)")                               \
+        ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:tt) reduction(min:mm)")                               \
         for (ptrdiff_t j = 0; j < len; ++j) {                                               \
             T x = ar[j], p = gr[j] * x;                                                     \
             o[j] = p < 0 ? 0 : p; tt += p; mm = x < mm ? x : mm;                            \
         }                                                                                   \
     } else {                                                                                \
-        _Pragma("omp simd reduction(+:tt) reduction(min:mm)")                               \
+        ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:tt) reduction(min:mm)")                               \
         for (ptrdiff_t j = 0; j < len; ++j) {                                               \
             T x = ar[j], p = gr[j] * x;                                                     \
             o[j] += p < 0 ? 0 : p; tt += p; mm = x < mm ? x : mm;                           \
@@ -66,7 +69,7 @@ ATTNFLOW_GAE_INLINE void NAME(const T *restrict ar, const T *restrict gr, T *res
 ATTNFLOW_GAE_INLINE T NAME##_sum(const T *restrict ar, ptrdiff_t n)                               \
 {                                                                                           \
     T s = 0;                                                                                \
-    _Pragma("omp simd reduction(+:s)")                                                      \
+    ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:s)")                                                      \
     for (ptrdiff_t j = 0; j < n; ++j) s += ar[j];                                           \
     return s;                                                                               \
 }
