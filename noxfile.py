@@ -487,24 +487,32 @@ def build(session: nox.Session) -> None:
             "attnflow/data/minilm_sample.npz",
         }
         missing = sorted(required - names)
-        if not any(
-            name.startswith("attnflow/_maxflow_kernel.") and name.endswith((".so", ".pyd"))
-            for name in names
-        ):
-            missing.append("the compiled attnflow/_maxflow_kernel")
+        kernels = ("_maxflow_kernel", "_gae_kernel")  # the compiled extensions (setup.py)
+        for kernel in kernels:
+            if not any(
+                name.startswith(f"attnflow/{kernel}.") and name.endswith((".so", ".pyd"))
+                for name in names
+            ):
+                missing.append(f"the compiled attnflow/{kernel}")
         if missing:
             session.error(f"wheel {wheel.name} lacks {missing}")
         sdist = next(p for p in dist if p.name.endswith(".tar.gz"))
         with tarfile.open(sdist) as archive:
-            if not any(n.endswith("attnflow/_maxflow_kernel.pyx") for n in archive.getnames()):
-                session.error(f"sdist {sdist.name} lacks attnflow/_maxflow_kernel.pyx")
+            sources = archive.getnames()
+        for source in (*(f"attnflow/{k}.pyx" for k in kernels), "attnflow/_gae_kernel.h"):
+            if not any(n.endswith(source) for n in sources):
+                session.error(f"sdist {sdist.name} lacks {source}")
         if any(name.startswith(("adapters/", "tests/")) for name in names):
             session.error(f"wheel {wheel.name} ships top-level adapters/ or tests/")
         session.log(f"wheel {wheel.name}: {len(names)} files, includes {sorted(required)}")
         _install(session, str(wheel))
         session.run("python", "-c", "import attnflow.adapters as a; print(a.__file__)", env=ENV)
         session.run(
-            "python", "-c", "import attnflow._maxflow as m; assert m.KERNEL_AVAILABLE", env=ENV
+            "python",
+            "-c",
+            "import attnflow._maxflow as m, attnflow._gae_fused as g; "
+            "assert m.KERNEL_AVAILABLE and g.KERNEL_AVAILABLE",
+            env=ENV,
         )
     # Editable installs must map adapters/ to attnflow.adapters too (setuptools package-dir).
     _install(session, "-e", ".")
