@@ -15,6 +15,7 @@ from attnflow.evaluate import (
     ground_truth,
     locate_source,
     max_attention,
+    max_contribution,
     retrieval_task,
     source_ranks,
     stated_facts_task,
@@ -269,6 +270,66 @@ def test_max_attention_array_api_strict():
     weights = np.random.default_rng(2).random((2, 2, 4, 4))
     got = max_attention(xp.asarray(weights))
     np.testing.assert_allclose(np.asarray(got), weights[:, :, -1].max(axis=(0, 1)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_contribution_is_the_max_over_layers_of_norm_contributions(dtype):
+    """Oracle: Kobayashi's norm ||sum_h a^h_ij f^h(z_j)|| by loops, then the max over layers."""
+    import attnflow
+
+    rng = np.random.default_rng(3)
+    layers, heads, n, d = 3, 2, 5, 4
+    weights = rng.random((layers, heads, n, n))
+    weights /= weights.sum(-1, keepdims=True)
+    values = rng.normal(size=(layers, heads, n, d))
+    norms = np.zeros((layers, n, n))
+    for layer in range(layers):
+        for i in range(n):
+            for j in range(n):
+                vector = sum(weights[layer, h, i, j] * values[layer, h, j] for h in range(heads))
+                norms[layer, i, j] = np.sqrt(np.sum(np.asarray(vector) ** 2))
+    expected = np.array([max(norms[layer, 1, j] for layer in range(layers)) for j in range(n)])
+    # The library's own norm contributions (zero residual) give the same maximum.
+    matrices = np.stack(
+        [
+            np.asarray(
+                attnflow.contributions(
+                    weights[layer].astype(dtype),
+                    values[layer].astype(dtype),
+                    np.zeros((n, d), dtype=dtype),
+                    method="norm",
+                )
+            )
+            for layer in range(layers)
+        ]
+    )
+    got = max_contribution(matrices, rows=1)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, expected, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    np.testing.assert_allclose(max_contribution(norms, rows=1), expected, rtol=1e-12)
+    # A sink: most of the weight, small values, small contribution; max_attention ranks it first.
+    attention = np.full((1, 1, 3, 3), 0.1)
+    attention[0, 0, 2] = [0.8, 0.15, 0.05]
+    small = np.array([[[0.1, 0.0], [2.0, 0.0], [1.0, 0.0]]])
+    sink = np.asarray(attnflow.contributions(attention[0], small, np.zeros((3, 2)), method="norm"))
+    assert np.argmax(max_attention(attention)) == 0
+    assert np.argmax(max_contribution(sink[None])) == 1
+
+
+def test_max_contribution_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="layers, n, n"):
+        max_contribution(np.ones((4, 4)))
+    with pytest.raises(IndexError, match="position"):
+        max_contribution(np.ones((2, 4, 4)), rows=4)
+    with pytest.raises(TypeError, match="one int"):
+        max_contribution(np.ones((2, 4, 4)), rows=1.0)
+
+
+def test_max_contribution_array_api_strict():
+    xp = pytest.importorskip("array_api_strict")
+    matrices = np.random.default_rng(4).random((3, 4, 4))
+    got = max_contribution(xp.asarray(matrices), rows=2)
+    np.testing.assert_allclose(np.asarray(got), matrices[:, 2].max(axis=0))
 
 
 def induction_log_probabilities(ids: np.ndarray) -> np.ndarray:

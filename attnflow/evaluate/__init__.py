@@ -30,6 +30,7 @@ from ._llm_ground_truth import (
     competing_positions,
     ground_truth,
     max_attention,
+    max_contribution,
     source_ranks,
 )
 from ._llm_tasks import (
@@ -63,6 +64,7 @@ __all__ = [
     "insertion",
     "locate_source",
     "max_attention",
+    "max_contribution",
     "rank_correlation",
     "retrieval_task",
     "source_ranks",

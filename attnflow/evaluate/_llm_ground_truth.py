@@ -30,6 +30,7 @@ __all__ = [
     "competing_positions",
     "ground_truth",
     "max_attention",
+    "max_contribution",
     "source_ranks",
 ]
 
@@ -245,6 +246,74 @@ def max_attention(attentions: Array, /, *, rows: int = -1, xp: Namespace | None 
         raise IndexError(msg)
     explained = attentions[..., int(rows) % n, :]
     return namespace.max(namespace.max(explained, axis=-2), axis=-2)
+
+
+def max_contribution(
+    contributions: Array, /, *, rows: int = -1, xp: Namespace | None = None
+) -> Array:
+    r"""Return the largest contribution any layer makes to the explained row from each key.
+
+    .. math::
+
+        m_j = \max_l C_l[i, j], \qquad
+        C_l[i, j] = \Big\lVert \sum_h \alpha^h_{l,ij} f^h_l(z_j) \Big\rVert_2 ,
+
+    for the explained position :math:`i`, with :math:`C_l` a value-aware token-mixing
+    matrix of layer :math:`l`: the norm-based contributions of Kobayashi et al. (2020),
+    "Attention is Not Only a Weight" (``capture(model, contributions="norm")``, or
+    :func:`attnflow.contributions` with ``method="norm"``), whose :math:`f^h_l(z_j)` is
+    head :math:`h`'s transformed value of key :math:`j`. The value-aware twin of
+    :func:`max_attention`: an attention sink takes much of a row's weight but, its values
+    being small, little of its contribution, so it competes less with the token a
+    retrieval head reads. Nothing is composed across layers (see docs/evaluation.md,
+    "Ground truth on a causal LM", for why composing fails on a decoder).
+
+    Parameters
+    ----------
+    contributions : array of shape (\*batch, layers, n, n)
+        One token-mixing matrix per layer, rows = receiving tokens (any array-API
+        library). Rows need not sum to one.
+    rows : int, default -1
+        The explained position (negative counts from the end).
+    xp : namespace, optional
+        Inferred from `contributions` by default.
+
+    Returns
+    -------
+    array of shape (\*batch, n)
+        In the namespace, dtype and device of `contributions`.
+
+    See Also
+    --------
+    max_attention : the same maximum over attention weights (layers and heads).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnflow.evaluate import max_contribution
+    >>> c = np.zeros((2, 3, 3))
+    >>> c[0, 2] = [4.0, 1.0, 2.0]
+    >>> c[1, 2] = [0.5, 3.0, 1.0]
+    >>> max_contribution(c)
+    array([4., 3., 2.])
+    """
+    namespace = array_namespace(contributions) if xp is None else xp
+    shape = getattr(contributions, "shape", None)
+    if shape is None or len(shape) < 3 or shape[-1] != shape[-2]:
+        msg = (
+            "`contributions` must be an array of shape (*batch, layers, n, n), one "
+            f"token-mixing matrix per layer; got {describe(contributions)}. Use "
+            "max_attention for per-head attention weights (*batch, layers, heads, n, n)."
+        )
+        raise ValueError(msg)
+    n = shape[-1]
+    if isinstance(rows, bool) or not isinstance(rows, int | np.integer):
+        msg = f"`rows` must be one int position; got {rows!r}."
+        raise TypeError(msg)
+    if not -n <= rows < n:
+        msg = f"`rows` must be a position in [-{n}, {n}); got {rows}."
+        raise IndexError(msg)
+    return namespace.max(contributions[..., int(rows) % n, :], axis=-2)
 
 
 Method = Callable[[TaskTokens], Any]
