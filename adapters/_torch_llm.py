@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import attnflow
-from attnflow.evaluate import TaskTokens, max_attention
+from attnflow.evaluate import TaskTokens, max_attention, max_contribution
 
 __all__ = ["METHODS", "ground_truth_methods", "next_token_log_probabilities"]
 
@@ -29,6 +29,9 @@ METHODS = (
     "flow (exclude=0)",
     "gradient rollout",
     "max attention",
+    "gradient rollout (log-probability)",
+    "max norm contribution",
+    "rollout of ALTI contributions",
 )
 """The methods of :func:`ground_truth_methods`, in table order."""
 
@@ -81,11 +84,14 @@ class _Captured:
         self.key: tuple[bytes, int] | None = None
         self.weights: torch.Tensor | None = None
         self.gradients: torch.Tensor | None = None
+        self.log_gradients: tuple[np.ndarray, np.ndarray] | None = None
+        self.matrices: dict[str, np.ndarray] = {}
 
     def _select(self, item: TaskTokens) -> torch.Tensor:
         key = (item.ids.tobytes(), item.answer_id)
         if key != self.key:
             self.key, self.weights, self.gradients = key, None, None
+            self.log_gradients, self.matrices = None, {}
         device = next(self.model.parameters()).device
         return torch.as_tensor(item.ids[None], dtype=torch.long, device=device)
 
@@ -115,6 +121,35 @@ class _Captured:
         assert self.weights is not None
         return self.weights.numpy(), self.gradients.numpy()
 
+    def log_probability_gradients(self, item: TaskTokens) -> tuple[np.ndarray, np.ndarray]:
+        """Weights and ``d log p(answer) / d weights`` at the last position (log-softmax)."""
+        ids = self._select(item)
+        if self.log_gradients is None:
+            from ._torch_gradients import attention_gradients
+
+            answer = item.answer_id
+            weights, gradients = attention_gradients(
+                self.model,
+                ids,
+                target=lambda out: torch.log_softmax(out.logits[0, -1], dim=-1)[answer],
+            )
+            self.log_gradients = (
+                weights[0].double().cpu().numpy(),
+                gradients[0].double().cpu().numpy(),
+            )
+        return self.log_gradients
+
+    def contributions(self, item: TaskTokens, method: str) -> np.ndarray:
+        """``(layers, n, n)`` float64 value-aware matrices (``capture(contributions=...)``)."""
+        ids = self._select(item)
+        if method not in self.matrices:
+            from ._torch_capture import capture
+
+            with torch.no_grad(), capture(self.model, contributions=method) as recorded:  # type: ignore[arg-type]
+                self.model(ids)
+            self.matrices[method] = recorded.contributions[0].double().cpu().numpy()
+        return self.matrices[method]
+
 
 def ground_truth_methods(
     model: nn.Module, /, *, methods: Sequence[str] = METHODS
@@ -130,7 +165,16 @@ def ground_truth_methods(
     - ``"flow (exclude=0)"``: :func:`attnflow.flow`;
     - ``"gradient rollout"``: :func:`attnflow.gradient_rollout` (GAE) of the answer
       token's logit at the last position;
-    - ``"max attention"``: :func:`attnflow.evaluate.max_attention` (one row, no layers).
+    - ``"max attention"``: :func:`attnflow.evaluate.max_attention` (one row, no layers);
+    - ``"gradient rollout (log-probability)"``: GAE of the answer's log-probability
+      ``log_softmax(logits)[answer]`` at the last position instead of its logit, i.e. of
+      ``∇ logit_a - Σ_v p_v ∇ logit_v``: the gradient of what makes the answer *more
+      likely than the other tokens*, not of what raises every logit;
+    - ``"max norm contribution"``: :func:`attnflow.evaluate.max_contribution` of the
+      norm-based contributions (``capture(model, contributions="norm")``, one row);
+    - ``"rollout of ALTI contributions"``: :func:`attnflow.rollout` of the ALTI matrices
+      (``capture(model, contributions="alti")``, ``heads=None, residual=0.0,
+      renormalize=True``: the matrices carry the residual).
 
     Parameters
     ----------
@@ -179,6 +223,21 @@ def ground_truth_methods(
     def maximum(item: TaskTokens) -> np.ndarray:
         return np.asarray(max_attention(captured.attentions(item), rows=-1))
 
+    def gradient_rollout_log(item: TaskTokens) -> np.ndarray:
+        weights, gradients = captured.log_probability_gradients(item)
+        return np.asarray(attnflow.gradient_rollout(weights, gradients, rows=-1, layers="all"))
+
+    def max_norm(item: TaskTokens) -> np.ndarray:
+        return np.asarray(max_contribution(captured.contributions(item, "norm"), rows=-1))
+
+    def alti_rollout(item: TaskTokens) -> np.ndarray:
+        matrices = captured.contributions(item, "alti")
+        return np.asarray(
+            attnflow.rollout(
+                matrices, heads=None, residual=0.0, renormalize=True, rows=-1, layers="all"
+            )
+        )
+
     built = {
         "raw": raw,
         "rollout": rollout,
@@ -186,5 +245,8 @@ def ground_truth_methods(
         "flow (exclude=0)": flow,
         "gradient rollout": gradient_rollout,
         "max attention": maximum,
+        "gradient rollout (log-probability)": gradient_rollout_log,
+        "max norm contribution": max_norm,
+        "rollout of ALTI contributions": alti_rollout,
     }
     return {name: built[name] for name in methods}

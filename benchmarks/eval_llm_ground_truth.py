@@ -78,6 +78,15 @@ SIZES: dict[str, dict[str, int]] = {
     "stated_facts": {"facts": 2},
 }
 """The sizes of the items: those SmolLM2 answers reliably (docs/evaluation.md, formats)."""
+MAIN_METHODS = (
+    "raw",
+    "rollout",
+    "rollout (receptive_field, exclude=0)",
+    "flow (exclude=0)",
+    "gradient rollout",
+    "max attention",
+)
+"""The methods of every run; ``--variants`` adds those of :class:`_Variants`."""
 ERASED = (
     "rollout",
     "flow (exclude=0)",
@@ -360,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
             locate_source(item, tokenize)
             for item in generators[task](arguments.items, seed=arguments.seed, **options)
         ]
-        methods = ground_truth_methods(model)
+        methods = ground_truth_methods(model, methods=MAIN_METHODS)
         if variants is not None:
             methods.update(variants.methods())
         main_methods = [m for m in ERASED if m in methods]

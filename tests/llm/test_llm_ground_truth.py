@@ -137,3 +137,57 @@ def test_ground_truth_ranks_equal_an_independent_computation(smollm2):
     # The copying task is easy for SmolLM2, and gradient rollout finds the copied word.
     assert report.accuracy >= 0.75
     assert report.hit_rate("gradient rollout") >= 0.75
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_log_probability_gae_and_max_norm_contribution_equal_independent_computations(smollm2):
+    """GAE of log p(answer) and the max norm contribution, from the eager model by hand.
+
+    The oracle: ``output_attentions`` and autograd of ``log_softmax(logits)[answer]`` for
+    GAE; for the norm-based contributions, each head's value ``v^h_j`` (a hook on
+    ``v_proj``, grouped-query heads repeated) through its slice of ``o_proj``, weighted by
+    the head's attention from the last row, summed over heads, its 2-norm, max over layers.
+    """
+    from attnflow.adapters._torch_llm import ground_truth_methods
+
+    models, tokenizer = smollm2
+    eager = models["eager"]
+    config = eager.config
+    heads, kv_heads, size = (
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    )
+    items = [locate_source(i, tokenizer_function(tokenizer)) for i in copying_task(2, seed=12)]
+    names = ("gradient rollout (log-probability)", "max norm contribution")
+    methods = ground_truth_methods(models["sdpa"], methods=names)
+    values: list = []
+    hooks = [
+        layer.self_attn.v_proj.register_forward_hook(lambda _m, _a, out: values.append(out))
+        for layer in eager.model.layers
+    ]
+    try:
+        for item in items:
+            values.clear()
+            ids = torch.as_tensor(item.ids[None])
+            output = eager(ids, output_attentions=True)
+            log_p = torch.log_softmax(output.logits[0, -1].double(), -1)[item.answer_id]
+            gradients = torch.autograd.grad(log_p, list(output.attentions))
+            weights = torch.stack(output.attentions, 1)[0].detach().double()
+            grads = torch.stack(gradients, 1)[0].double()
+            gae = attnflow.gradient_rollout(weights.numpy(), grads.numpy(), rows=-1, layers="all")
+            got = methods[names[0]](item)
+            np.testing.assert_allclose(got, np.asarray(gae), rtol=1e-3, atol=1e-6)
+            n = ids.shape[1]
+            largest = torch.zeros(n, dtype=torch.float64)
+            for layer, block in enumerate(eager.model.layers):
+                v = values[layer][0].detach().double().reshape(n, kv_heads, size)
+                v = v.repeat_interleave(heads // kv_heads, dim=1)  # (n, H, size)
+                o = block.self_attn.o_proj.weight.detach().double().reshape(-1, heads, size)
+                f = torch.einsum("jhe,dhe->hjd", v, o)  # (H, n, d): f^h(z_j)
+                row = torch.einsum("hj,hjd->jd", weights[layer, :, -1], f).norm(dim=-1)
+                largest = torch.maximum(largest, row)
+            np.testing.assert_allclose(methods[names[1]](item), largest.numpy(), rtol=1e-4)
+    finally:
+        for hook in hooks:
+            hook.remove()
