@@ -261,8 +261,6 @@ def _check_options(
         )
         raise ValueError(msg)
     selected = check_rows(rows, n)
-    assert selected is not None
-    index = (selected,) if isinstance(selected, int) else selected
     used, all_layers = check_layers(options.get("layers", "last"), n_layers)
     residual = check_residual(options.get("residual", 0.5))
     check_validate(options.get("validate", True))
@@ -301,8 +299,8 @@ def _check_options(
         engine = "matmul"  # max, min and GAE's clamp are not linear in the weights
     settings = _Settings(
         method=method,
-        rows=index,
-        single_row=isinstance(selected, int),
+        rows=selected.positions(n),
+        single_row=selected.single,
         used_layers=used,
         all_layers=all_layers,
         residual=residual,

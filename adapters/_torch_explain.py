@@ -651,11 +651,12 @@ def _explain_gradient_rollout(
     if lm_rows is None:
         result: torch.Tensor = explain_gradients(weights, gradients[0], mask, rows, options)
         return result
+    assert lm_rows.index is not None  # every explained position is listed
     per_row = [
         explain_gradients(weights, grads, mask, row, options)
-        for row, grads in zip(lm_rows, gradients, strict=True)
+        for row, grads in zip(lm_rows.index, gradients, strict=True)
     ]
-    return per_row[0] if isinstance(rows, int) else torch.stack(per_row, dim=-2)
+    return lm_rows.squeeze(torch.stack(per_row, dim=-2))  # type: ignore[no-any-return]
 
 
 def _scores_by_method(

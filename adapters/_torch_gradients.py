@@ -12,6 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnflow._rows import Rows
+from attnflow._validation import check_rows
+
 from ._common import (
     Reduction,
     Score,
@@ -31,7 +34,7 @@ def _weights_and_gradients(
     inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
     target: int | Sequence[int] | torch.Tensor | None,
     rows: int | Sequence[int] | None = None,
-) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None, list[int] | None]:
+) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None, Rows | None]:
     """Return the weights of one call, d logit_target / d A per score, the mask, LM rows.
 
     A classifier (logits ``(batch, classes)``) gives one gradient stack and no rows. A
@@ -40,7 +43,7 @@ def _weights_and_gradients(
     rows as non-negative positions.
     """
     check_target_type(target, _describe_target)
-    explained: list[int] | None = None
+    explained: Rows | None = None
 
     def scores(logits: torch.Tensor) -> list[torch.Tensor]:
         nonlocal explained
@@ -49,7 +52,7 @@ def _weights_and_gradients(
             return [logits.gather(-1, classes.to(logits.device)[:, None]).sum()]
         explained = _lm_rows(rows, int(logits.shape[1]))
         found = []
-        for row in explained:
+        for row in explained.positions(int(logits.shape[1])):
             at_row = logits[:, row, :]
             tokens = _target_classes(target, logits.shape[0], logits.shape[2], at_row.detach())
             found.append(at_row.gather(-1, tokens.to(logits.device)[:, None]).sum())
@@ -61,20 +64,18 @@ def _weights_and_gradients(
     return weights, gradients, mask, explained
 
 
-def _lm_rows(rows: int | Sequence[int] | None, n: int) -> list[int]:
-    """Return the explained positions of a causal LM as non-negative ints, checked on `n`."""
-    given: list[object] = (
-        list(range(n)) if rows is None else [rows] if isinstance(rows, int) else list(rows)
-    )
-    bad = [r for r in given if isinstance(r, bool) or not isinstance(r, int) or not -n <= r < n]
-    if bad or not given:
+def _lm_rows(rows: int | Sequence[int] | None, n: int) -> Rows:
+    """Return the explained positions of a causal LM, checked on `n`, every one listed."""
+    try:
+        checked = check_rows(rows, n)
+    except (TypeError, ValueError, IndexError):
         msg = (
             f"`rows` must be positions of the {n} tokens (an int, a non-empty sequence of "
             f"ints, or None for all); got {rows!r}. Use rows=-1 for the next-token "
             "prediction of the last position."
         )
-        raise ValueError(msg)
-    return [r % n for r in given if isinstance(r, int)]
+        raise ValueError(msg) from None
+    return Rows(checked.positions(n), single=checked.single)
 
 
 def _lm_or_classifier_logits(result: Any) -> torch.Tensor:

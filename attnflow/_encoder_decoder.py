@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, NoReturn, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import numpy as np
 
@@ -14,18 +14,19 @@ from ._namespace import (
     array_device,
     enter_boundary,
     resolve_namespace,
-    values_are_inspectable,
 )
 from ._normalize import normalize_rows
-from ._prepare import select_rows
 from ._rollout import rollout_products
+from ._rows import Rows
 from ._typing import Array, HeadFusion, LayerSelection, Namespace, RowSelection
 from ._validation import (
     AttentionLayout,
     check_attention_values,
     check_floating,
+    check_gradients_finite,
     check_head_fusion,
     check_layers,
+    check_mask,
     check_residual,
     check_rows,
     check_validate,
@@ -67,11 +68,6 @@ class EncoderDecoderAttribution(NamedTuple):
     target: Any
 
 
-def _fail(parameter: str, expected: str, got: str, fix: str, kind: type[Exception]) -> NoReturn:
-    msg = f"`{parameter}` must {expected}; got {got}. {fix}"
-    raise kind(msg)
-
-
 def _check_shapes(
     arrays: dict[str, Any], *, fused: bool
 ) -> tuple[tuple[int, ...], int, int, int | None, int, int]:
@@ -90,145 +86,68 @@ def _check_shapes(
     for name, array in arrays.items():
         shape = getattr(array, "shape", None)
         if shape is None:
-            _fail(
-                name, f"be an array {layouts[name]}", describe(array), "Pass an array.", TypeError
-            )
+            msg = f"`{name}` must be an array {layouts[name]}; got {describe(array)}."
+            raise TypeError(msg)
         if any(d is None for d in shape):
-            _fail(
-                name,
-                "have a known shape",
-                str(tuple(shape)),
-                "Give Dask arrays known chunk sizes.",
-                ValueError,
+            msg = (
+                f"`{name}` must have a known shape; got {tuple(shape)}. Give Dask arrays "
+                "known chunk sizes (`x.compute_chunk_sizes()`)."
             )
+            raise ValueError(msg)
         if len(shape) < core or 0 in tuple(shape)[-core:]:
-            _fail(
-                name,
-                f"have shape {layouts[name]}{hint}, with no empty axis",
-                f"shape {tuple(shape)}",
-                "Check the axis order.",
-                ValueError,
+            msg = (
+                f"`{name}` must have shape {layouts[name]}{hint}, with no empty axis; got "
+                f"shape {tuple(shape)}. Check the axis order."
             )
+            raise ValueError(msg)
         shapes[name] = tuple(int(d) for d in shape)
     enc, dec, crs = shapes["encoder"], shapes["decoder"], shapes["cross"]
     batch = enc[:-core]
     for name in ("decoder", "cross"):
         if shapes[name][:-core] != batch:
-            _fail(
-                name,
-                f"have the batch shape {batch} of `encoder`",
-                f"batch shape {shapes[name][:-core]} (shape {shapes[name]})",
-                "Pass the three attentions of one model call.",
-                ValueError,
+            msg = (
+                f"`{name}` must have the batch shape {batch} of `encoder`; got batch shape "
+                f"{shapes[name][:-core]} (shape {shapes[name]}). Pass the three attentions "
+                "of one model call."
             )
-    if enc[-1] != enc[-2]:
-        _fail(
-            "encoder",
-            f"be square, {layouts['encoder']}",
-            f"shape {enc}",
-            "Encoder self-attention has S queries and S keys.",
-            ValueError,
-        )
-    if dec[-1] != dec[-2]:
-        _fail(
-            "decoder",
-            f"be square, {layouts['decoder']}",
-            f"shape {dec}",
-            "Decoder self-attention has T queries and T keys.",
-            ValueError,
-        )
+            raise ValueError(msg)
+    for name, length, side in (("encoder", "S", enc), ("decoder", "T", dec)):
+        if side[-1] != side[-2]:
+            msg = (
+                f"`{name}` must be square, {layouts[name]}; got shape {side}. "
+                f"{name.capitalize()} self-attention has {length} queries and {length} keys."
+            )
+            raise ValueError(msg)
     n_src, n_tgt = enc[-1], dec[-1]
     if crs[-core] != dec[-core]:
-        _fail(
-            "cross",
-            f"have one layer per decoder layer (L_d = {dec[-core]})",
-            f"{crs[-core]} layers (shape {crs})",
-            "Pass the cross-attention of every decoder layer, in order.",
-            ValueError,
+        msg = (
+            f"`cross` must have one layer per decoder layer (L_d = {dec[-core]}); got "
+            f"{crs[-core]} layers (shape {crs}). Pass the cross-attention of every decoder "
+            "layer, in order."
         )
-    if crs[-2] != n_tgt:
-        _fail(
-            "cross",
-            f"have T = {n_tgt} query rows (decoder positions), {layouts['cross']}",
-            f"{crs[-2]} rows (shape {crs})",
-            "Rows are decoder queries, columns encoder keys.",
-            ValueError,
-        )
-    if crs[-1] != n_src:
-        _fail(
-            "cross",
-            f"have S = {n_src} key columns (source tokens), {layouts['cross']}",
-            f"{crs[-1]} columns (shape {crs})",
-            "Rows are decoder queries, columns encoder keys.",
-            ValueError,
-        )
+        raise ValueError(msg)
+    for axis, what, size in (
+        (-2, f"T = {n_tgt} query rows (decoder positions)", n_tgt),
+        (-1, f"S = {n_src} key columns (source tokens)", n_src),
+    ):
+        if crs[axis] != size:
+            counted = "rows" if axis == -2 else "columns"
+            msg = (
+                f"`cross` must have {what}, {layouts['cross']}; got {crs[axis]} {counted} "
+                f"(shape {crs}). Rows are decoder queries, columns encoder keys."
+            )
+            raise ValueError(msg)
     n_heads = None
     if not fused:
         heads = {name: shape[-3] for name, shape in shapes.items()}
         if len(set(heads.values())) > 1:
-            _fail(
-                "encoder, decoder, cross",
-                "have the same number of heads",
-                str(heads),
-                "Pass heads=None with heads fused per family.",
-                ValueError,
+            msg = (
+                f"`encoder`, `decoder` and `cross` must have the same number of heads; got "
+                f"{heads}. Pass heads=None with heads fused per family."
             )
+            raise ValueError(msg)
         n_heads = enc[-3]
     return batch, enc[-core], dec[-core], n_heads, n_src, n_tgt
-
-
-def _check_mask(mask: Any, name: str, batch: tuple[int, ...], n: int, xp: Namespace) -> None:
-    if mask is None:
-        return
-    expected = (*batch, n)
-    if getattr(mask, "shape", None) is None or getattr(mask, "dtype", None) is None:
-        _fail(
-            name,
-            f"be a boolean array of shape {expected}",
-            describe(mask),
-            "True marks a real token.",
-            TypeError,
-        )
-    if not xp.isdtype(mask.dtype, "bool"):
-        _fail(
-            name,
-            "have a boolean dtype (True = real token)",
-            str(mask.dtype),
-            f"Convert an integer attention mask with `{name} == 1`.",
-            TypeError,
-        )
-    if tuple(mask.shape) != expected:
-        _fail(
-            name,
-            f"have shape {expected}",
-            f"shape {tuple(mask.shape)}",
-            "One entry per token of each sequence.",
-            ValueError,
-        )
-    if values_are_inspectable(mask) and not bool(xp.all(xp.any(mask, axis=-1))):
-        _fail(
-            name,
-            "keep at least one real token (True) in each sequence",
-            "a sequence with every token masked",
-            "Drop that sequence from the batch.",
-            ValueError,
-        )
-
-
-def _check_gradients_finite(gradients: Any, keep: Any | None, name: str, xp: Namespace) -> None:
-    if not values_are_inspectable(gradients):
-        return
-    finite = xp.isfinite(gradients)
-    if keep is not None:
-        finite = finite | ~keep
-    if not bool(xp.all(finite)):
-        _fail(
-            name,
-            "be finite between real tokens",
-            f"{int(xp.count_nonzero(~finite))} NaN or infinite value(s)",
-            "Check the backward pass, and pass the masks if these are padded positions.",
-            ValueError,
-        )
 
 
 def _keep(rows_mask: Any | None, keys_mask: Any | None, extra: int, xp: Namespace) -> Any | None:
@@ -495,8 +414,8 @@ def encoder_decoder_rollout(
         source, target = source / safe, target / safe
     if not prepared.all_layers:
         source, target = source[..., -1, :, :], target[..., -1, :, :]
-    source = select_rows(source, prepared.rows, xp_)
-    target = select_rows(target, prepared.rows, xp_)
+    source = prepared.rows.select(source, xp_)
+    target = prepared.rows.select(target, xp_)
     return EncoderDecoderAttribution(
         prepared.boundary.restore(source), prepared.boundary.restore(target)
     )
@@ -513,7 +432,7 @@ class PreparedEncoderDecoder:
     alpha: float
     source_mask: Any | None
     target_mask: Any | None
-    rows: int | tuple[int, ...] | None
+    rows: Rows
     all_layers: bool
     boundary: Boundary
     xp: Namespace
@@ -542,13 +461,11 @@ def prepare_encoder_decoder(
     given: object = gradients  # checked at run time: callers may not be type-checked
     if given is not None:
         if not isinstance(given, tuple | list) or len(given) != 3:
-            _fail(
-                "gradients",
-                "be a tuple (encoder, decoder, cross) of three arrays",
-                describe(gradients),
-                "Pass the gradient of each attention family.",
-                TypeError,
+            msg = (
+                "`gradients` must be a tuple (encoder, decoder, cross) of three arrays; got "
+                f"{describe(gradients)}. Pass the gradient of each attention family."
             )
+            raise TypeError(msg)
         grads = list(given)
     converted, boundary = enter_boundary(
         [*families, *(grads or []), source_mask, target_mask],
@@ -572,85 +489,76 @@ def prepare_encoder_decoder(
     )
 
     if rule not in RULES:
-        _fail(
-            "rule",
-            "be 'rollout' or 'gae'",
-            repr(rule),
-            "'gae' needs gradients=(encoder, decoder, cross).",
-            ValueError,
+        msg = (
+            f"`rule` must be 'rollout' or 'gae'; got {rule!r}. 'gae' needs "
+            "gradients=(encoder, decoder, cross)."
         )
+        raise ValueError(msg)
     fused_input = heads is None
     batch, n_enc, n_dec, n_heads, n_src, n_tgt = _check_shapes(
         dict(zip(_NAMES, families, strict=True)), fused=fused_input
     )
     if rule == "gae":
         if grads is None:
-            _fail(
-                "gradients",
-                "be given for rule='gae'",
-                "None",
-                "Pass gradients=(encoder_gradients, decoder_gradients, cross_gradients).",
-                ValueError,
+            msg = (
+                "`gradients` must be given for rule='gae'; got None. Pass "
+                "gradients=(encoder_gradients, decoder_gradients, cross_gradients)."
             )
+            raise ValueError(msg)
         if not (isinstance(heads, str) and heads == "mean"):
-            _fail(
-                "heads",
-                "be 'mean' for rule='gae' (Chefer's rule averages gradient-weighted heads)",
-                repr(heads),
-                "Drop `heads`.",
-                ValueError,
+            msg = (
+                "`heads` must be 'mean' for rule='gae' (Chefer's rule averages "
+                f"gradient-weighted heads); got {heads!r}. Drop `heads`."
             )
+            raise ValueError(msg)
     elif grads is not None:
-        _fail(
-            "gradients",
-            "be None for rule='rollout'",
-            "three arrays",
-            "Pass rule='gae' to use gradients.",
-            ValueError,
-        )
+        msg = "`gradients` must be None for rule='rollout'; got three arrays. Pass rule='gae' to use gradients."
+        raise ValueError(msg)
     dtype = families[0].dtype
     for name, array in zip(names, [*families, *(grads or [])], strict=True):
         check_floating(array, namespace, name=name)
         if array.dtype != dtype:
-            _fail(
-                name,
-                f"have the dtype of `encoder` ({dtype})",
-                str(array.dtype),
-                "Cast all inputs to one dtype.",
-                TypeError,
+            msg = (
+                f"`{name}` must have the dtype of `encoder` ({dtype}); got {array.dtype}. "
+                "Cast all inputs to one dtype (attnflow does not cast silently)."
             )
+            raise TypeError(msg)
     if grads is not None:
         for name, array, grad in zip(_NAMES, families, grads, strict=True):
             if tuple(grad.shape) != tuple(array.shape):
-                _fail(
-                    f"gradients[{_NAMES.index(name)}]",
-                    f"have the shape of `{name}` {tuple(array.shape)} (same layer order)",
-                    f"shape {tuple(grad.shape)}",
-                    f"Pass cap.{name}_gradients for `{name}`.",
-                    ValueError,
+                msg = (
+                    f"`gradients[{_NAMES.index(name)}]` must have the shape of `{name}` "
+                    f"{tuple(array.shape)} (same layer order); got shape {tuple(grad.shape)}. "
+                    f"Pass cap.{name}_gradients for `{name}`."
                 )
+                raise ValueError(msg)
     alpha = check_residual(residual)
     selected_rows = check_rows(rows, n_tgt)
     used_layers, all_layers = check_layers(layers, n_dec)
     do_validate = check_validate(validate)
     if not isinstance(normalize, bool):
-        _fail("normalize_result", "be True or False", repr(normalize), "Pass a bool.", TypeError)
+        msg = f"`normalize_result` must be True or False; got {normalize!r}."
+        raise TypeError(msg)
     device = array_device(families[0])
     layout = AttentionLayout(batch, n_enc, n_heads, n_src)
     named = isinstance(heads, str) or heads is None or callable(heads)
     # (layers, heads) weights cannot fit both L_e and L_d: only (heads,) is accepted.
     weights_shape = None if named else getattr(heads, "shape", None) or np.shape(cast("Any", heads))
     if weights_shape is not None and len(tuple(weights_shape)) != 1:
-        _fail(
-            "heads",
-            f"be per-head weights of shape ({n_heads},) (one set for all families)",
-            f"shape {tuple(weights_shape)}",
-            "Fuse each family yourself and pass heads=None.",
-            ValueError,
+        msg = (
+            f"`heads` must be per-head weights of shape ({n_heads},) (one set for all "
+            f"families); got shape {tuple(weights_shape)}. Fuse each family yourself and "
+            "pass heads=None."
         )
+        raise ValueError(msg)
     spec = check_head_fusion(heads, layout, namespace, dtype=dtype, device=device)
-    _check_mask(source_mask, "source_mask", batch, n_src, namespace)
-    _check_mask(target_mask, "target_mask", batch, n_tgt, namespace)
+    for name, family_mask, n_tokens, against in (
+        ("source_mask", source_mask, n_src, "`encoder`"),
+        ("target_mask", target_mask, n_tgt, "`decoder`"),
+    ):
+        check_mask(
+            family_mask, namespace, batch_shape=batch, n_tokens=n_tokens, name=name, against=against
+        )
 
     xp_ = namespace
     enc, dec, crs = families
@@ -681,7 +589,7 @@ def prepare_encoder_decoder(
             check_attention_values(array, xp_, valid_rows=rows_ok, name=name)
     if grads is not None and do_validate:
         for i, (grad, keep) in enumerate(zip(grads, keeps, strict=True)):
-            _check_gradients_finite(grad, keep, f"gradients[{i}]", xp_)
+            check_gradients_finite(grad, xp_, keep=keep, name=f"gradients[{i}]", masks="the masks")
     inputs = [_masked(a, k, v, xp_) for a, k, v in zip(inputs, keeps, valid, strict=True)]
 
     if rule == "gae":

@@ -235,12 +235,7 @@ def encoder_decoder_flow(
     n_enc, n_dec = int(enc.shape[-3]), int(dec.shape[-3])
     n_src, n_tgt = int(enc.shape[-1]), int(dec.shape[-1])
     reported = list(range(n_dec)) if prepared.all_layers else [n_dec - 1]
-    if prepared.rows is None:
-        wanted = list(range(n_tgt))
-    elif isinstance(prepared.rows, int):
-        wanted = [prepared.rows]
-    else:
-        wanted = list(prepared.rows)
+    wanted = list(prepared.rows.positions(n_tgt))
 
     # The one host hop: the masks, then (once the cost is known) the fused attention.
     source_real, target_real = (
@@ -304,8 +299,7 @@ def encoder_decoder_flow(
         values[undefined] = np.nan  # NaN stays NaN
     if not prepared.all_layers:
         values = values[..., 0, :, :]
-    if isinstance(prepared.rows, int):
-        values = values[..., 0, :]
+    values = prepared.rows.squeeze(values)
     source, target = values[..., :n_src], values[..., n_src:]
     like, namespace, boundary = enc, prepared.xp, prepared.boundary
     return EncoderDecoderAttribution(

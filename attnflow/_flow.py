@@ -23,6 +23,7 @@ from ._prepare import PreparedAttention, check_arguments, prepare_attention
 from ._pruning import prune
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
+from ._rows import Rows
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 from ._validation import AttentionLayout, check_n_jobs
 
@@ -152,7 +153,7 @@ def _solve_seconds(n_layers: int, n_rows: int, n_valid: int) -> float:
 def _plan(
     prepared: PreparedAttention,
     mixed: np.ndarray,
-    valid: np.ndarray | None,
+    mask: np.ndarray | None,
     *,
     mixed_heads: np.ndarray | None = None,
     workers: int = 1,
@@ -161,7 +162,8 @@ def _plan(
 
     With ``heads="each"`` there is one task per head as well: its graph is the fused
     layers below the top layer and that head's matrix at the top (`mixed_heads`,
-    ``(*batch, reported_layers, H, n, n)``). With `workers` and fewer sequence-layer pairs
+    ``(*batch, reported_layers, H, n, n)``). `mask` is the host mask ``(*batch, n)`` of
+    :func:`_host_mask`, or None. With `workers` and fewer sequence-layer pairs
     than workers, the input tokens of each pair are split so that every worker has work;
     each chunk orders its graph's arcs again, so there are no more chunks than that. A
     problem estimated above `TASK_SECONDS` is split further, to about that size.
@@ -169,8 +171,7 @@ def _plan(
     layout = prepared.layout
     n = layout.n_tokens
     n_used = prepared.fused.shape[-3]
-    rows = prepared.rows
-    row_list = list(range(n)) if rows is None else [rows] if isinstance(rows, int) else list(rows)
+    row_list = prepared.rows.positions(n)
     tops = list(range(1, n_used + 1)) if prepared.all_layers else [n_used]
     each_head = prepared.per_head is not None
     head_list: list[int | None] = list(range(layout.n_heads or 1)) if each_head else [None]
@@ -185,7 +186,7 @@ def _plan(
     )
     tasks: list[FlowTask] = []
     for item in np.ndindex(*layout.batch_shape):
-        keep = np.ones(n, dtype=bool) if valid is None else valid[item]
+        keep = np.ones(n, dtype=bool) if mask is None else mask[item]
         tokens = np.flatnonzero(keep)
         item_rows = np.array([r for r in row_list if keep[r]], dtype=np.int64)
         positions = np.array([i for i, r in enumerate(row_list) if keep[r]], dtype=np.int64)
@@ -213,23 +214,23 @@ def _cost(
     *,
     used_layers: int,
     all_layers: bool,
-    rows: int | tuple[int, ...] | None,
+    rows: Rows,
     each_head: bool,
-    valid: np.ndarray | None,
+    mask: np.ndarray | None,
 ) -> FlowCost:
-    """Count the work of a call from its shapes, rows and mask alone (nothing fused).
+    """Count the work of a call from its shapes, rows and host mask alone (nothing fused).
 
     Vectorised over the batch: sequences with the same number of real tokens and real
     rows cost the same, so each distinct pair is counted once, times how often it occurs.
     """
     n = layout.n_tokens
-    row_list = np.arange(n) if rows is None else np.atleast_1d(np.asarray(rows, dtype=np.intp))
-    if valid is None:
+    row_list = np.asarray(rows.positions(n), dtype=np.intp)
+    if mask is None:
         n_valid = np.array([n], dtype=np.int64)
         n_rows = np.array([row_list.size], dtype=np.int64)
         counts = np.array([math.prod(layout.batch_shape)], dtype=np.int64)
     else:
-        flat = valid.reshape(-1, n)
+        flat = mask.reshape(-1, n)
         # (real tokens, real rows) of each sequence as one code, counted by bincount.
         codes = np.count_nonzero(flat, axis=1) * (row_list.size + 1)
         codes += np.count_nonzero(flat[:, row_list], axis=1)
@@ -253,14 +254,14 @@ def _cost(
     return FlowCost(max_flows, largest, visits, seconds)
 
 
-def _cost_of(prepared: PreparedAttention, valid: np.ndarray | None) -> FlowCost:
+def _cost_of(prepared: PreparedAttention, mask: np.ndarray | None) -> FlowCost:
     return _cost(
         prepared.layout,
         used_layers=prepared.fused.shape[-3],
         all_layers=prepared.all_layers,
         rows=prepared.rows,
         each_head=prepared.per_head is not None,
-        valid=valid,
+        mask=mask,
     )
 
 
@@ -432,18 +433,13 @@ def flow_cost(
         xp=xp,
         allow_each=True,
     )
-    layout = checked.layout
-    valid = None
-    if checked.mask is not None:
-        valid = to_host(checked.mask, name="mask", keep_dtype=True).astype(bool)
-        valid = valid.reshape(*layout.batch_shape, layout.n_tokens)
     return _cost(
-        layout,
+        checked.layout,
         used_layers=checked.used_layers,
         all_layers=checked.all_layers,
         rows=checked.rows,
         each_head=checked.spec.kind == "each",
-        valid=valid,
+        mask=_host_mask(checked.mask),
     )
 
 
@@ -677,7 +673,9 @@ def flow(
             normalize_layers=normalize_layers,
         )
     )
-    estimate = _cost_of(prepared, _host_mask(prepared))
+    # The mask's one copy to the host, (*batch, n) bool, read by everything below.
+    mask_on_host = _host_mask(prepared.mask)
+    estimate = _cost_of(prepared, mask_on_host)
     if max_work is not None and estimate.edge_visits > max_work:
         msg = (
             f"this attention flow would take {estimate}, above `max_work`={max_work:.3g}. "
@@ -689,21 +687,21 @@ def flow(
 
     # The one host hop: fused attention (and the reported heads) to float64 NumPy,
     # pruned and mixed there; results back at the end.
-    valid = _host_mask(prepared)
     host = to_host(prepared.fused)
     # Head fusion computed `prepared.fused` afresh (a mean, a weighted sum or renormalised
     # rows: never the caller's array), and only its shape and kind are read after this: the
     # residual may be mixed into it in place (one (L, n, n) float64 array fewer).
     owned = prepared.layout.n_heads is not None and host.flags.writeable
-    mixed = _capacities(prepared, host, valid, head_axis=False, in_place=owned)
+    mixed = _capacities(prepared, host, mask_on_host, head_axis=False, in_place=owned)
     mixed_heads = None
     if prepared.per_head is not None:
-        mixed_heads = _capacities(prepared, to_host(prepared.per_head), valid, head_axis=True)
+        heads_on_host = to_host(prepared.per_head)
+        mixed_heads = _capacities(prepared, heads_on_host, mask_on_host, head_axis=True)
     # Unvalidated NaN or infinite capacities: solve on the finite ones, NaN out after.
     mixed, mixed_heads, nan_out = clear_non_finite(
         mixed,
         mixed_heads,
-        rows=prepared.rows,
+        rows=prepared.rows.index,
         all_layers=prepared.all_layers,
         whole_rows=normalize_result or prepared.receptive_field or bool(prepared.exclude),
     )
@@ -711,7 +709,7 @@ def flow(
     workers = _worker_count(n_jobs, estimate)
     if executor is not None:
         workers = max(workers, 2)  # split work finely enough for the executor's workers
-    plan = _plan(prepared, mixed, valid, mixed_heads=mixed_heads, workers=workers)
+    plan = _plan(prepared, mixed, mask_on_host, mixed_heads=mixed_heads, workers=workers)
     values = np.zeros(plan.output_shape)
     bar = _progress_bar(progress, estimate.max_flows)
     try:
@@ -722,7 +720,7 @@ def flow(
     if prepared.receptive_field or prepared.exclude:
         baseline = None
         if prepared.receptive_field:
-            baseline = _causal_baseline(prepared, valid, workers, executor)
+            baseline = _causal_baseline(prepared, mask_on_host, workers, executor)
             if prepared.per_head is not None:
                 baseline = baseline[..., None, :, :]  # every head of uniform attention alike
         values = np.asarray(
@@ -735,8 +733,7 @@ def flow(
         values = np.divide(values, totals, out=np.zeros_like(values), where=totals > 0)
     if nan_out is not None:
         values = np.where(nan_out, np.nan, values)
-    if isinstance(prepared.rows, int):
-        values = values[..., 0, :]
+    values = prepared.rows.squeeze(values)
     result = from_host(values, like=prepared.fused, xp=prepared.xp)
     return prepared.boundary.restore(result)  # type: ignore[no-any-return]
 
@@ -744,19 +741,19 @@ def flow(
 def _capacities(
     prepared: PreparedAttention,
     host: np.ndarray,
-    valid: np.ndarray | None,
+    mask: np.ndarray | None,
     *,
     head_axis: bool,
     in_place: bool = False,
 ) -> np.ndarray:
     """Edge capacities ``Ã_l`` on the host: pruned as asked, residual mixed in.
 
-    With `in_place`, `host` is the caller's to overwrite (the result may be `host` itself).
+    `mask` is the host mask ``(*batch, n)``, or None. With `in_place`, `host` is the
+    caller's to overwrite (the result may be `host` itself).
     """
-    keys = None
-    if valid is not None:
-        extra = (1, 1, 1) if head_axis else (1, 1)  # layers, [heads,] queries
-        keys = valid.reshape(*valid.shape[:-1], *extra, valid.shape[-1])
+    keys = None  # the mask over keys, broadcast over layers, [heads,] and queries
+    if mask is not None:
+        keys = mask[..., None, None, None, :] if head_axis else mask[..., None, None, :]
     xp = _numpy_namespace()
     pruned, alpha = prune(host, prepared.pruning, xp, residual=prepared.residual, valid_keys=keys)
     if alpha in (0.0, 1.0):
@@ -774,29 +771,34 @@ def _capacities(
 
 def _causal_baseline(
     prepared: PreparedAttention,
-    valid: np.ndarray | None,
+    mask: np.ndarray | None,
     workers: int,
     executor: Executor | None,
 ) -> np.ndarray:
     """Raw flow of uniform causal attention, ``(*batch, [L,] r, n)``, for `receptive_field`.
 
     Same residual, rows, layers and pruning as the call; solved once per distinct mask
-    pattern of the batch (once in all without a mask), on the call's workers, then spread
-    back.
+    of the batch (once in all without a mask), on the call's workers, then spread
+    back. `mask` is the host mask ``(*batch, n)``, or None.
     """
     layout = prepared.layout
     n = layout.n_tokens
-    if valid is None:
-        patterns = np.ones((1, n), dtype=bool)
+    # The baseline's batch: one sequence per distinct mask (its own mask, (count, n)).
+    distinct: np.ndarray | None = None
+    if mask is None:
+        count = 1
         inverse = np.zeros(layout.batch_shape, dtype=np.int64)
     else:
-        patterns, inverse = np.unique(valid.reshape(-1, n), axis=0, return_inverse=True)
+        distinct, inverse = np.unique(mask.reshape(-1, n), axis=0, return_inverse=True)
+        count = len(distinct)
         inverse = inverse.reshape(layout.batch_shape)
-    count = len(patterns)
-    keys = patterns.reshape(count, 1, 1, n)
     uniform = np.asarray(
         uniform_causal_attention(
-            n, valid_keys=keys, dtype=np.float64, device="cpu", xp=_numpy_namespace()
+            n,
+            valid_keys=None if distinct is None else distinct[:, None, None, :],
+            dtype=np.float64,
+            device="cpu",
+            xp=_numpy_namespace(),
         )
     )
     uniform = np.broadcast_to(uniform, (count, prepared.fused.shape[-3], n, n))
@@ -805,21 +807,25 @@ def _causal_baseline(
         layout=replace(layout, batch_shape=(count,)),
         fused=uniform,
         per_head=None,
-        valid_keys=keys,
+        valid_keys=None,
+        mask=None,
     )
-    host_valid = None if valid is None else patterns
-    mixed = _capacities(plain, uniform, host_valid, head_axis=False)
-    plan = _plan(plain, mixed, host_valid, workers=workers)
+    mixed = _capacities(plain, uniform, distinct, head_axis=False)
+    plan = _plan(plain, mixed, distinct, workers=workers)
     values = np.zeros(plan.output_shape)
     _collect(values, _run(plan.tasks, workers, executor, None))
     return values[inverse]
 
 
-def _host_mask(prepared: PreparedAttention) -> np.ndarray | None:
-    if prepared.valid_keys is None:
+def _host_mask(mask: Any | None) -> np.ndarray | None:
+    """Copy the checked padding mask ``(*batch, n)`` to a bool NumPy array (None stays None).
+
+    Flow's one copy of the mask to the host: the cost, the capacities, the plan and the
+    causal baseline all read this array.
+    """
+    if mask is None:
         return None
-    keys = to_host(prepared.valid_keys, name="mask") > 0
-    return keys.reshape(*prepared.layout.batch_shape, prepared.layout.n_tokens)
+    return to_host(mask, name="mask", keep_dtype=True).astype(bool, copy=False)
 
 
 def _numpy_namespace() -> Namespace:

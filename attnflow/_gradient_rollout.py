@@ -9,97 +9,25 @@ from typing import Any, Literal
 
 from ._deprecation import MISSING, Missing, renamed_keyword
 from ._gae_fused import fuse_layer
-from ._namespace import (
-    Boundary,
-    array_device,
-    enter_boundary,
-    resolve_namespace,
-    values_are_inspectable,
-)
+from ._namespace import array_device, values_are_inspectable
 from ._normalize import normalize_rows
-from ._prepare import FusedLayers, select_rows
+from ._prepare import CheckedArguments, FusedLayers, check_arguments
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._rollout import rollout_products
+from ._rows import take_rows
 from ._typing import ArrayT, LayerSelection, Namespace, RowSelection
 from ._validation import (
     AttentionLayout,
-    check_attention_layout,
     check_attention_values,
     check_causal,
-    check_exclude,
-    check_floating,
-    check_layers,
-    check_mask,
-    check_receptive_field,
-    check_residual,
+    check_gradients_finite,
     check_row_statistics,
-    check_rows,
-    check_validate,
-    describe,
     sum_rows,
 )
 
 __all__ = ["gradient_rollout"]
 
 RULES = ("gae", "weighted")
-
-
-def _stack(value: Any, name: str, mask: Any) -> tuple[Any, list[Any] | None, Any, Boundary]:
-    """Convert one input (an array or a per-layer sequence) at the TensorFlow boundary."""
-    if isinstance(value, list | tuple):
-        if len(value) == 0:
-            msg = (
-                f"`{name}` must hold at least one layer; got an empty sequence. Pass one "
-                "(*batch, heads, n, n) array per layer, first layer first."
-            )
-            raise ValueError(msg)
-        names = [f"{name}[{i}]" for i in range(len(value))]
-        converted, boundary = enter_boundary([*value, mask], [*names, "mask"])
-        *arrays, mask = converted
-        for array_name, array in zip(names, arrays, strict=True):
-            if getattr(array, "shape", None) is None:
-                msg = f"`{array_name}` must be an array; got {describe(array)}."
-                raise TypeError(msg)
-            if tuple(array.shape) != tuple(arrays[0].shape) or array.dtype != arrays[0].dtype:
-                msg = (
-                    f"every layer in `{name}` must have the same shape (*batch, heads, n, n) "
-                    f"and dtype; `{name}[0]` is {describe(arrays[0])} but `{array_name}` is "
-                    f"{describe(array)}."
-                )
-                raise ValueError(msg)
-        return arrays[0], arrays, mask, boundary
-    (array, mask), boundary = enter_boundary([value, mask], [name, "mask"])
-    if getattr(array, "shape", None) is None:
-        msg = f"`{name}` must be an array; got {describe(array)}."
-        raise TypeError(msg)
-    return array, None, mask, boundary
-
-
-def _layout(first: Any, arrays: list[Any] | None, name: str) -> AttentionLayout:
-    shape = list(first.shape)
-    if arrays is not None:
-        shape.insert(len(shape) - 3, len(arrays))
-    return check_attention_layout(tuple(shape), fused=False, name=name)
-
-
-def _check_gradients_finite(gradients: Any, keep: Any | None, xp: Namespace) -> None:
-    if not values_are_inspectable(gradients):
-        return
-    if keep is not None:
-        zero = xp.zeros((), dtype=gradients.dtype, device=array_device(gradients))
-        gradients = xp.where(keep, gradients, zero)
-    # One reduction decides (NaN and infinities reach the sum); count only to word an error.
-    if bool(xp.isfinite(xp.sum(gradients))):
-        return
-    finite = xp.isfinite(gradients)
-    if not bool(xp.all(finite)):
-        count = int(xp.count_nonzero(~finite))
-        msg = (
-            f"`gradients` must be finite; found {count} NaN or infinite value(s) between "
-            "real tokens. Check the backward pass (a loss that overflowed, or NaN "
-            "attention), and pass the padding `mask` if these are padded positions."
-        )
-        raise ValueError(msg)
 
 
 def gradient_rollout(
@@ -295,48 +223,33 @@ def gradient_rollout(
             msg = f"`{flag_name}` must be True or False; got {flag!r}."
             raise TypeError(msg)
 
-    first_a, arrays_a, mask, boundary = _stack(attentions, "attentions", mask)
-    first_g, arrays_g, _, _ = _stack(gradients, "gradients", None)
-    names = ["attentions", "gradients", "mask"]
-    namespace = resolve_namespace(first_a, first_g, mask, xp=xp, names=names)
-    layout = _layout(first_a, arrays_a, "attentions")
-    grad_layout = _layout(first_g, arrays_g, "gradients")
-    if grad_layout != layout:
+    if gradients is None:
         msg = (
-            "`gradients` must have the shape of `attentions`, (*batch, layers, heads, n, n), "
-            f"one gradient per attention weight: expected batch {layout.batch_shape}, "
-            f"{layout.n_layers} layers, {layout.n_heads} heads, {layout.n_tokens} tokens; got "
-            f"batch {grad_layout.batch_shape}, {grad_layout.n_layers} layers, "
-            f"{grad_layout.n_heads} heads, {grad_layout.n_tokens} tokens. Pass dy/dA of "
-            "every head of every layer, in the same layer order as the attentions (first "
-            "layer first)."
-        )
-        raise ValueError(msg)
-    check_floating(first_a, namespace)
-    check_floating(first_g, namespace, name="gradients")
-    if first_g.dtype != first_a.dtype:
-        msg = (
-            f"`gradients` must have the dtype of `attentions` ({first_a.dtype}); got "
-            f"{first_g.dtype}. Cast one of them (attnflow does not cast silently)."
+            "`gradients` must be an array (*batch, layers, heads, n, n) or a sequence of "
+            "per-layer arrays, dy/dA of every attention weight; got None. Capture them with "
+            "an adapter (`capture(model, gradients=True)`), or call `rollout` for rollout "
+            "without gradients."
         )
         raise TypeError(msg)
-    alpha = check_residual(residual)
-    selected_rows = check_rows(rows, layout.n_tokens)
-    normalise_field = check_receptive_field(receptive_field)
-    excluded = check_exclude(exclude, layout.n_tokens)
-    used_layers, all_layers = check_layers(layers, layout.n_layers)
-    do_validate = check_validate(validate)
-    check_mask(mask, layout, namespace)
-
-    streamed = _gradient_weighted_layers(
-        (first_a, arrays_a),
-        (first_g, arrays_g),
-        used_layers,
-        layout,
-        mask,
-        namespace,
-        check=bool(do_validate) and not normalise_field,
+    checked = check_arguments(
+        attentions,
+        heads="mean",  # every head is needed: GAE averages the gradient-weighted heads
+        residual=residual,
+        rows=rows,
+        layers=layers,
+        mask=mask,
+        validate=validate,
+        xp=xp,
+        receptive_field=receptive_field,
+        exclude=exclude,
+        gradients=gradients,
     )
+    namespace, layout, mask, boundary = checked.xp, checked.layout, checked.mask, checked.boundary
+    alpha, selected_rows, excluded = checked.residual, checked.rows, checked.exclude
+    used_layers, all_layers = checked.used_layers, checked.all_layers
+    do_validate, normalise_field = checked.validate, checked.receptive_field
+
+    streamed = _gradient_weighted_layers(checked, check=bool(do_validate) and not normalise_field)
     if do_validate and normalise_field:
         # Every check up front, in the order the messages assume (attention, gradients,
         # causality): the causal check needs the head-mean attention anyway.
@@ -358,7 +271,7 @@ def gradient_rollout(
             return rollout_products(
                 fused,
                 residual=alpha,
-                rows=selected_rows,
+                rows=selected_rows.index,
                 all_layers=all_layers,
                 valid_keys=valid_keys,
                 xp=namespace,
@@ -368,16 +281,16 @@ def gradient_rollout(
         rolled = rollout_products(
             fused,
             residual=0.5,
-            rows=selected_rows,
+            rows=selected_rows.index,
             all_layers=all_layers,
             valid_keys=valid_keys,
             xp=namespace,
         )
-        return _scale_by_depth(rolled, used_layers, all_layers, selected_rows, namespace)
+        return _scale_by_depth(rolled, used_layers, all_layers, namespace)
 
     result = compose(fused)
     if exclude_self:
-        result = _drop_self(result, selected_rows, all_layers, layout.n_tokens, namespace)
+        result = _drop_self(result, selected_rows.index, layout.n_tokens, namespace)
     if normalise_field or excluded:
         baseline = None
         if normalise_field:
@@ -392,11 +305,10 @@ def gradient_rollout(
             )
             baseline = compose(namespace.broadcast_to(uniform, tuple(fused.shape)))
         result = normalize_attribution(result, baseline=baseline, exclude=excluded, xp=namespace)
-        return boundary.restore(result)  # type: ignore[no-any-return]
-    if normalize_result:
+    elif normalize_result:
         sums = namespace.sum(result, axis=-1, keepdims=True)
         result = result / namespace.where(sums > 0, sums, namespace.ones_like(sums))
-    return boundary.restore(result)  # type: ignore[no-any-return]
+    return boundary.restore(selected_rows.squeeze(result))  # type: ignore[no-any-return]
 
 
 BLOCK_BYTES = 1 << 21
@@ -414,16 +326,7 @@ class _Streamed:
     gradient: Callable[[int], Any]
 
 
-def _gradient_weighted_layers(
-    attentions: tuple[Any, list[Any] | None],
-    gradients: tuple[Any, list[Any] | None],
-    used_layers: int,
-    layout: AttentionLayout,
-    mask: Any | None,
-    xp: Namespace,
-    *,
-    check: bool,
-) -> _Streamed:
+def _gradient_weighted_layers(checked: CheckedArguments, *, check: bool) -> _Streamed:
     r"""Stream the layers :math:`\bar A_l = \operatorname{mean}_h (\nabla_{A_{l,h}} y \odot A_{l,h})^+`.
 
     One pass over each layer, block of query rows by block: the product, its clip and
@@ -433,15 +336,10 @@ def _gradient_weighted_layers(
     exactly when the gradients are, attention being finite and in [0, 1]); they are
     judged once every layer is read, with the eager checks' rules and messages.
     """
-    first_a, arrays_a = attentions
-    first_g, arrays_g = gradients
+    xp, layout, mask, first_a = checked.xp, checked.layout, checked.mask, checked.first
+    used_layers = checked.used_layers
     batch, n = layout.batch_shape, layout.n_tokens
-
-    def attention(i: int) -> Any:
-        return arrays_a[i] if arrays_a is not None else first_a[..., i, :, :, :]
-
-    def gradient(i: int) -> Any:
-        return arrays_g[i] if arrays_g is not None else first_g[..., i, :, :, :]
+    attention, gradient = checked.layer, checked.gradient
 
     rows_ok = keys_ok = None
     if mask is not None:
@@ -527,7 +425,7 @@ def _gradient_weighted_layers(
             # the exact check decides (and counts for the message).
             for i in range(used_layers):
                 keep = None if rows_ok is None else rows_ok & keys_ok
-                _check_gradients_finite(gradient(i), keep, xp)
+                check_gradients_finite(gradient(i), xp, keep=keep)
 
     shape = (*batch, used_layers, n, n)
     layers = FusedLayers(shape, first_a.dtype, array_device(first_a), xp, compute, decide)
@@ -551,7 +449,7 @@ def _check_eagerly(
     for i in range(used):
         check_attention_values(streamed.attention(i), xp, valid_rows=rows_ok)
     for i in range(used):
-        _check_gradients_finite(streamed.gradient(i), keep, xp)
+        check_gradients_finite(streamed.gradient(i), xp, keep=keep)
     for i in range(used):
         fused_attention = xp.mean(streamed.attention(i), axis=-3)
         if keep is not None:
@@ -561,14 +459,8 @@ def _check_eagerly(
         check_causal(fused_attention, xp)
 
 
-def _scale_by_depth(
-    result: Any,
-    used_layers: int,
-    all_layers: bool,
-    rows: int | tuple[int, ...] | None,
-    xp: Namespace,
-) -> Any:
-    """Multiply the layer-``l`` result by ``2**l`` (layers counted from 1)."""
+def _scale_by_depth(result: Any, used_layers: int, all_layers: bool, xp: Namespace) -> Any:
+    """Multiply the layer-``l`` result ``(*batch, [L,] r, n)`` by ``2**l`` (counted from 1)."""
     if not all_layers:
         return result * float(2**used_layers)
     scales = xp.asarray(
@@ -576,16 +468,11 @@ def _scale_by_depth(
         dtype=result.dtype,
         device=array_device(result),
     )
-    # The layer axis is -2 for one row, -3 otherwise.
-    shape = (used_layers, 1) if isinstance(rows, int) else (used_layers, 1, 1)
-    return result * xp.reshape(scales, shape)
+    return result * xp.reshape(scales, (used_layers, 1, 1))  # the layer axis is -3
 
 
-def _drop_self(
-    result: Any, rows: int | tuple[int, ...] | None, all_layers: bool, n: int, xp: Namespace
-) -> Any:
-    """Zero each output row's entry for its own position."""
-    del all_layers  # the self entries do not depend on the layer axis
+def _drop_self(result: Any, rows: tuple[int, ...] | None, n: int, xp: Namespace) -> Any:
+    """Zero each output row's entry for its own position (`result` ``(..., r, n)``)."""
     eye = xp.eye(n, dtype=result.dtype, device=array_device(result))
-    own = select_rows(eye, rows, xp) > 0
+    own = take_rows(eye, rows, xp) > 0
     return xp.where(own, xp.zeros_like(result), result)

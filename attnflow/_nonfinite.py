@@ -43,7 +43,7 @@ def clear_non_finite(
     mixed: np.ndarray,
     mixed_heads: np.ndarray | None,
     *,
-    rows: int | tuple[int, ...] | None,
+    rows: tuple[int, ...] | None,
     all_layers: bool,
     whole_rows: bool,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
@@ -55,8 +55,8 @@ def clear_non_finite(
         Host capacities of the used layers (residual mixed, masked).
     mixed_heads : ndarray, shape (*batch, R, H, n, n), or None
         With ``heads="each"``: the reported layers' heads (R = L with `all_layers`, else 1).
-    rows : int, tuple of int or None
-        The checked output rows.
+    rows : tuple of int or None
+        The checked output rows (``Rows.index``; None for all).
     all_layers : bool
         Whether every used layer is reported.
     whole_rows : bool
@@ -67,8 +67,8 @@ def clear_non_finite(
     mixed, mixed_heads : ndarray
         The capacities with every NaN or infinity replaced by zero (unchanged when finite).
     nan_out : ndarray of bool or None
-        True where the result is NaN, in flow's output shape before an integer `rows` is
-        squeezed: ``(*batch, [L,] [H,] r, n)``; None when every capacity is finite.
+        True where the result is NaN, in flow's output shape with its row axis:
+        ``(*batch, [L,] [H,] r, n)``; None when every capacity is finite.
     """
     bad: np.ndarray = ~np.isfinite(mixed)
     bad_heads: np.ndarray | None = None
@@ -90,7 +90,7 @@ def clear_non_finite(
     if not all_layers:
         pattern = pattern[..., 0, :, :] if bad_heads is None else pattern[..., 0, :, :, :]
     if rows is not None:
-        pattern = pattern[..., list((rows,) if isinstance(rows, int) else rows), :]
+        pattern = pattern[..., list(rows), :]
     if whole_rows:
         pattern = np.broadcast_to(pattern.any(axis=-1, keepdims=True), pattern.shape)
     clean = np.where(bad, 0.0, mixed)

@@ -7,7 +7,7 @@ forms, validate them the same way and apply masks and head fusion identically.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -20,6 +20,7 @@ from ._namespace import (
     values_are_inspectable,
 )
 from ._normalize import normalize_rows
+from ._rows import Rows, take_rows
 from ._typing import Namespace
 from ._validation import (
     AttentionLayout,
@@ -52,7 +53,6 @@ __all__ = [
     "check_arguments",
     "layer_of",
     "prepare_attention",
-    "select_rows",
     "times_layer",
 ]
 
@@ -141,7 +141,7 @@ class FusedLayers:
         """Return the same layers with `function` applied to each (rows renormalised, say)."""
 
         def compute(i: int, rows: tuple[int, ...] | None) -> Any:
-            return select_rows(function(self.layer(i)), rows, self.xp)
+            return take_rows(function(self.layer(i)), rows, self.xp)
 
         return FusedLayers(self.shape, self.dtype, self.device, self.xp, compute, self.check)
 
@@ -164,7 +164,7 @@ def layer_of(fused: Any, i: int, rows: tuple[int, ...] | None = None, xp: Any = 
     """
     if isinstance(fused, FusedLayers):
         return fused.layer(i, rows)
-    return select_rows(fused[..., i, :, :], rows, xp)
+    return take_rows(fused[..., i, :, :], rows, xp)
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ class CheckedArguments:
     """The first array: its dtype and device are the call's."""
     mask: Any | None
     residual: float
-    rows: int | tuple[int, ...] | None
+    rows: Rows
     used_layers: int
     all_layers: bool
     validate: bool | Literal["heads"]
@@ -191,6 +191,26 @@ class CheckedArguments:
     receptive_field: bool
     exclude: tuple[int, ...]
     normalize_layers: bool
+    gradient_arrays: list[Any] | None = None
+    """The per-layer gradients, for a sequence of gradients, else None."""
+    gradient_stacked: Any = None
+    """The gradients array, for an array of gradients, else None."""
+
+    def layer(self, i: int) -> Any:
+        """Layer `i` of the input: ``(*batch, [heads,] n, n)``, never a stack of every layer."""
+        if self.arrays is not None:
+            return self.arrays[i]
+        return (
+            self.stacked[..., i, :, :]
+            if self.layout.n_heads is None
+            else self.stacked[..., i, :, :, :]
+        )
+
+    def gradient(self, i: int) -> Any:
+        """Layer `i` of the gradients, ``(*batch, heads, n, n)`` (gradient methods only)."""
+        if self.gradient_arrays is not None:
+            return self.gradient_arrays[i]
+        return self.gradient_stacked[..., i, :, :, :]
 
 
 @dataclass(frozen=True)
@@ -204,7 +224,7 @@ class PreparedAttention:
     """Head-fused, masked attention ``(*batch, used_layers, n, n)``; rows sum to 1 or 0.
     A :class:`FusedLayers` where :func:`prepare_attention` was asked to stream."""
     residual: float
-    rows: int | tuple[int, ...] | None
+    rows: Rows
     all_layers: bool
     valid_keys: Any | None
     """Mask broadcastable to ``(*batch, used_layers, 1, n)``, or None without a mask."""
@@ -218,6 +238,9 @@ class PreparedAttention:
     """Normalise by the method's result on uniform causal attention (decoders)."""
     exclude: tuple[int, ...] = ()
     """Input positions left out of the attribution (attention sinks), non-negative."""
+    mask: Any | None = None
+    """The checked padding mask ``(*batch, n)`` (True = real token), or None: what flow
+    copies to the host; `valid_keys` is its device view for the maths."""
 
     @property
     def head_keys(self) -> Any | None:
@@ -225,38 +248,72 @@ class PreparedAttention:
         return None if self.valid_keys is None else self.valid_keys[..., None, :, :]
 
 
-def _stack_layers(
-    layers: Sequence[Any], xp_override: Namespace | None, mask: Any, *, fused: bool
-) -> tuple[list[Any], Namespace, AttentionLayout, Any, Boundary]:
-    """Check a sequence of per-layer arrays, converted at the TensorFlow boundary."""
-    if len(layers) == 0:
+def _listed(value: Any, name: str, per_layer: str) -> tuple[list[Any], list[str], bool]:
+    """One input as a list of arrays and their names; whether it was a per-layer sequence."""
+    if not isinstance(value, list | tuple):
+        return [value], [name], False
+    if len(value) == 0:
         msg = (
-            "`attentions` must hold at least one layer; got an empty sequence. Pass one "
-            "array per layer, as Hugging Face's `output_attentions` returns them."
+            f"`{name}` must hold at least one layer; got an empty sequence. Pass one "
+            f"{per_layer} array per layer, first layer first, as Hugging Face's "
+            "`output_attentions` returns them."
         )
         raise ValueError(msg)
-    names = [f"attentions[{i}]" for i in range(len(layers))]
-    converted, boundary = enter_boundary([*layers, mask], [*names, "mask"])
-    *arrays, mask = converted
-    xp = resolve_namespace(*arrays, mask, xp=xp_override, names=[*names, "mask"])
-    first = arrays[0]
+    return list(value), [f"{name}[{i}]" for i in range(len(value))], True
+
+
+def _layout_of(
+    arrays: list[Any], names: list[str], sequence: bool, *, fused: bool
+) -> AttentionLayout:
+    """Check one converted input (an array, or the layers of a sequence); return its layout.
+
+    A sequence's layers must agree in shape and dtype; its layout is that of their stack.
+    """
+    first, name = arrays[0], names[0]
     if getattr(first, "shape", None) is None:
-        msg = f"`attentions[0]` must be an array; got {describe(first)}."
+        msg = f"`{name}` must be an array; got {describe(first)}."
         raise TypeError(msg)
+    if not sequence:
+        return check_attention_layout(tuple(first.shape), fused=fused, name=name)
+    stem = name.partition("[")[0]
     per_layer = "(*batch, n, n)" if fused else "(*batch, heads, n, n)"
-    for name, array in zip(names, arrays, strict=True):
+    for layer_name, array in zip(names, arrays, strict=True):
+        if getattr(array, "shape", None) is None:
+            msg = f"`{layer_name}` must be an array; got {describe(array)}."
+            raise TypeError(msg)
         if tuple(array.shape) != tuple(first.shape) or array.dtype != first.dtype:
             msg = (
-                f"every layer in `attentions` must have the same shape {per_layer} and "
-                f"dtype; `attentions[0]` is {describe(first)} but `{name}` is "
+                f"every layer in `{stem}` must have the same shape {per_layer} and "
+                f"dtype; `{name}` is {describe(first)} but `{layer_name}` is "
                 f"{describe(array)}."
             )
             raise ValueError(msg)
-    axis = -3 if fused else -4
     stacked_shape = list(first.shape)
-    stacked_shape.insert(len(stacked_shape) + axis + 1, len(arrays))
-    layout = check_attention_layout(tuple(stacked_shape), fused=fused)
-    return arrays, xp, layout, mask, boundary
+    stacked_shape.insert(len(stacked_shape) + (-3 if fused else -4) + 1, len(arrays))
+    return check_attention_layout(tuple(stacked_shape), fused=fused, name=stem)
+
+
+def _check_gradients_match(
+    layout: AttentionLayout, gradient_layout: AttentionLayout, first: Any, first_gradient: Any
+) -> None:
+    """Gradients line up with the attentions: one per weight, same layer order and dtype."""
+    if gradient_layout != layout:
+        msg = (
+            "`gradients` must have the shape of `attentions`, (*batch, layers, heads, n, n), "
+            f"one gradient per attention weight: expected batch {layout.batch_shape}, "
+            f"{layout.n_layers} layers, {layout.n_heads} heads, {layout.n_tokens} tokens; got "
+            f"batch {gradient_layout.batch_shape}, {gradient_layout.n_layers} layers, "
+            f"{gradient_layout.n_heads} heads, {gradient_layout.n_tokens} tokens. Pass dy/dA "
+            "of every head of every layer, in the same layer order as the attentions (first "
+            "layer first)."
+        )
+        raise ValueError(msg)
+    if first_gradient.dtype != first.dtype:
+        msg = (
+            f"`gradients` must have the dtype of `attentions` ({first.dtype}); got "
+            f"{first_gradient.dtype}. Cast one of them (attnflow does not cast silently)."
+        )
+        raise TypeError(msg)
 
 
 def check_arguments(
@@ -276,30 +333,44 @@ def check_arguments(
     receptive_field: object = False,
     exclude: object = None,
     normalize_layers: object = False,
+    gradients: Any = None,
 ) -> CheckedArguments:
     """Check every argument against the input's shapes and dtypes; compute nothing.
 
     TensorFlow tensors are converted at the boundary (the only copy); everything else is
-    read from shapes, dtypes and the options themselves.
+    read from shapes, dtypes and the options themselves. `gradients` (gradient-weighted
+    methods) is a second input of the attentions' per-head layout, in the same form (an
+    array or a per-layer sequence), checked with them.
     """
     fused_input = heads is None
-    if isinstance(attentions, list | tuple):
-        arrays, namespace, layout, mask, boundary = _stack_layers(
-            attentions, xp, mask, fused=fused_input
+    per_layer = "(*batch, n, n)" if fused_input else "(*batch, heads, n, n)"
+    given, names, sequence = _listed(attentions, "attentions", per_layer)
+    given_gradients: list[Any] = []
+    gradient_names: list[str] = []
+    gradient_sequence = False
+    if gradients is not None:
+        given_gradients, gradient_names, gradient_sequence = _listed(
+            gradients, "gradients", per_layer
         )
-        stacked: Any = None
+    converted, boundary = enter_boundary(
+        [*given, *given_gradients, mask], [*names, *gradient_names, "mask"]
+    )
+    *inputs, mask = converted
+    arrays, gradient_arrays = inputs[: len(given)], inputs[len(given) :]
+    namespace = resolve_namespace(
+        *arrays, *gradient_arrays, mask, xp=xp, names=[*names, *gradient_names, "mask"]
+    )
+    layout = _layout_of(arrays, names, sequence, fused=fused_input)
+    first = arrays[0]
+    if gradient_arrays:
+        gradient_layout = _layout_of(
+            gradient_arrays, gradient_names, gradient_sequence, fused=fused_input
+        )
+        check_floating(first, namespace)
+        check_floating(gradient_arrays[0], namespace, name="gradients")
+        _check_gradients_match(layout, gradient_layout, first, gradient_arrays[0])
     else:
-        (array, mask), boundary = enter_boundary([attentions, mask], ["attentions", "mask"])
-        namespace = resolve_namespace(array, mask, xp=xp, names=["attentions", "mask"])
-        if getattr(array, "shape", None) is None:
-            msg = f"`attentions` must be an array; got {describe(array)}."
-            raise TypeError(msg)
-        layout = check_attention_layout(tuple(array.shape), fused=fused_input)
-        arrays = None
-        stacked = array
-
-    first = arrays[0] if arrays is not None else stacked
-    check_floating(first, namespace)
+        check_floating(first, namespace)
     alpha = check_residual(residual)
     selected_rows = check_rows(rows, layout.n_tokens)
     used_layers, all_layers = check_layers(layers, layout.n_layers)
@@ -311,7 +382,7 @@ def check_arguments(
     pruning = check_pruning(threshold, top_k, discard)
     normalise_field = check_receptive_field(receptive_field)
     excluded = check_exclude(exclude, layout.n_tokens)
-    check_mask(mask, layout, namespace)
+    check_mask(mask, namespace, batch_shape=layout.batch_shape, n_tokens=layout.n_tokens)
     if not isinstance(normalize_layers, bool):
         msg = (
             "`normalize_layers` must be True (divide each row of the input matrices by its sum, "
@@ -324,8 +395,8 @@ def check_arguments(
         xp=namespace,
         boundary=boundary,
         layout=layout,
-        arrays=arrays,
-        stacked=stacked,
+        arrays=arrays if sequence else None,
+        stacked=None if sequence else first,
         first=first,
         mask=mask,
         residual=alpha,
@@ -338,6 +409,8 @@ def check_arguments(
         receptive_field=normalise_field,
         exclude=excluded,
         normalize_layers=normalize_layers,
+        gradient_arrays=(gradient_arrays if gradient_sequence else None),
+        gradient_stacked=(None if gradient_sequence or not gradient_arrays else gradient_arrays[0]),
     )
 
 
@@ -458,6 +531,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
         pruning=pruning,
         receptive_field=normalise_field,
         exclude=excluded,
+        mask=mask,
     )
 
 
@@ -502,7 +576,7 @@ def _stream_fused(
 
     def compute(i: int, rows: tuple[int, ...] | None) -> Any:
         read_rows[i] = rows
-        fused = fuse(i, select_rows(heads_of(i), rows, xp))
+        fused = fuse(i, take_rows(heads_of(i), rows, xp))
         reduce(fused)
         return fused
 
@@ -532,7 +606,7 @@ def _stream_fused(
         # and message (which rows, the smallest weight, the largest deviation).
         sums, minima = [], []
         for i, rows in sorted(read_rows.items()):
-            fused = fuse(i, select_rows(heads_of(i), rows, xp))
+            fused = fuse(i, take_rows(heads_of(i), rows, xp))
             sums.append(xp.reshape(sum_rows(fused, xp), (-1,)))
             minima.append(xp.reshape(xp.min(fused), (-1,)))
         check_row_statistics(
@@ -554,14 +628,3 @@ def _stream_fused(
     return FusedLayers(
         shape, checked.first.dtype, device, xp, compute, decide, blocks if streamed else None
     )
-
-
-def select_rows(matrices: Any, rows: int | tuple[int, ...] | None, xp: Namespace) -> Any:
-    """Take the requested output rows (axis -2) of ``(..., n, n)`` matrices."""
-    if rows is None:
-        return matrices
-    if isinstance(rows, int):
-        return matrices[..., rows, :]
-    # Basic indexing and a stack, not `take`: Dask's `take` with an array index reports
-    # wrong chunk shapes, and the rows are few.
-    return xp.stack([matrices[..., row, :] for row in rows], axis=-2)

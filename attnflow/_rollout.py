@@ -14,12 +14,12 @@ from ._prepare import (
     check_arguments,
     layer_of,
     prepare_attention,
-    select_rows,
     times_layer,
 )
 from ._pruning import prune
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
+from ._rows import take_rows
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 
 __all__ = ["head_products", "raw", "rollout", "rollout_products"]
@@ -44,15 +44,16 @@ def rollout_products(
     fused: Any,
     *,
     residual: float,
-    rows: int | tuple[int, ...] | None,
+    rows: tuple[int, ...] | None,
     all_layers: bool,
     valid_keys: Any | None,
     xp: Namespace,
 ) -> Any:
     """Roll out head-fused attention ``(*batch, L, n, n)`` from the input upwards.
 
-    Returns row(s) `rows` of ``R_L = Ã_L ··· Ã_1`` with ``Ã_l = (1 - α) A_l + α I`` or,
-    with `all_layers`, of every ``R_l``, stacked on axis -3. The mixed matrices ``Ã_l``
+    Returns rows `rows` (all for None; the row axis is kept, ``(*batch, r, n)``) of
+    ``R_L = Ã_L ··· Ã_1`` with ``Ã_l = (1 - α) A_l + α I`` or, with `all_layers`, of every
+    ``R_l``, stacked on axis -3. The mixed matrices ``Ã_l``
     are never formed: a product with ``Ã_l`` is ``(1 - α) (A_l x) + α x``, which also
     holds with a padding mask because everything ``Ã_1`` touches is already zero on padded
     positions. Selected rows are chains of vector-matrix products started from the top
@@ -81,7 +82,7 @@ def rollout_products(
             products.append(product)
         return xp.stack(products, axis=-3) if all_layers else product
 
-    index = (rows,) if isinstance(rows, int) else rows
+    index = rows
     n_rows = len(index)
 
     def mixed_rows(attention_rows: Any) -> Any:
@@ -95,7 +96,7 @@ def rollout_products(
         vectors = mixed_rows(layer_of(fused, n_layers - 1, index, xp))
         for i in range(n_layers - 2, -1, -1):
             vectors = mix(vectors, times_layer(vectors, fused, i, xp))
-        return vectors[..., 0, :] if isinstance(rows, int) else vectors
+        return vectors
 
     # Every layer's rows. Row chains cost about r·L²/2 vector-matrix products against
     # L - 1 full matrix products; take whichever is cheaper.
@@ -103,17 +104,16 @@ def rollout_products(
         full = rollout_products(
             fused, residual=alpha, rows=None, all_layers=True, valid_keys=valid_keys, xp=xp
         )
-        return select_rows(full, rows, xp)
+        return take_rows(full, rows, xp)
     # Walk down from the top layer, carrying one block of row vectors per target layer:
     # the chain for layer l starts at layer l and is multiplied by every layer below it.
     chains = mixed_rows(layer_of(fused, n_layers - 1, index, xp))
     for i in range(n_layers - 2, -1, -1):
         matrix = layer_of(fused, i)
-        unit = mixed_rows(select_rows(matrix, index, xp))
+        unit = mixed_rows(take_rows(matrix, index, xp))
         chains = xp.concat([unit, times_mixed(chains, matrix)], axis=-2)
     batch = tuple(chains.shape[:-2])
-    chains = xp.reshape(chains, (*batch, n_layers, n_rows, n))
-    return chains[..., 0, :] if isinstance(rows, int) else chains
+    return xp.reshape(chains, (*batch, n_layers, n_rows, n))
 
 
 def head_products(
@@ -121,7 +121,7 @@ def head_products(
     fused: Any,
     *,
     residual: float,
-    rows: int | tuple[int, ...] | None,
+    rows: tuple[int, ...] | None,
     all_layers: bool,
     valid_keys: Any | None,
     xp: Namespace,
@@ -136,15 +136,15 @@ def head_products(
     """
     alpha = residual
     n_layers, n = fused.shape[-3], fused.shape[-1]
-    index = None if rows is None else (rows,) if isinstance(rows, int) else rows
+    index = rows
 
     def times_heads(below: Any, top: Any) -> Any:
         """``Ã_{i,k} R̄`` (rows `index`) for head matrices `top` ``(..., H, n, n)``."""
         below = below[..., None, :, :]
-        product = xp.matmul(select_rows(top, index, xp), below)
+        product = xp.matmul(take_rows(top, index, xp), below)
         if alpha == 0.0:
             return product
-        return (1.0 - alpha) * product + alpha * select_rows(below, index, xp)
+        return (1.0 - alpha) * product + alpha * take_rows(below, index, xp)
 
     def identity() -> Any:
         """``R̄_0``: the identity on real tokens, ``(*batch | 1, 1, n, n)``."""
@@ -171,7 +171,7 @@ def head_products(
     elif index is not None:
         # Rows of the top layer's heads, then vector-matrix chains down the fused layers.
         top = heads[..., 0, :, :, :]
-        vectors = select_rows(top, index, xp)
+        vectors = take_rows(top, index, xp)
         if alpha != 0.0:
             units = _identity_rows(fused, index, valid_keys, xp)[..., None, :, :]
             vectors = (1.0 - alpha) * vectors + alpha * units
@@ -191,7 +191,7 @@ def head_products(
                 xp=xp,
             )
         maps = times_heads(below, heads[..., 0, :, :, :])
-    return maps[..., 0, :] if isinstance(rows, int) else maps
+    return maps
 
 
 def _compose(prepared: PreparedAttention) -> Any:
@@ -208,7 +208,7 @@ def _compose(prepared: PreparedAttention) -> Any:
         return rollout_products(
             fused,
             residual=alpha,
-            rows=prepared.rows,
+            rows=prepared.rows.index,
             all_layers=prepared.all_layers,
             valid_keys=prepared.valid_keys,
             xp=xp,
@@ -224,7 +224,7 @@ def _compose(prepared: PreparedAttention) -> Any:
         heads,
         fused,
         residual=alpha,
-        rows=prepared.rows,
+        rows=prepared.rows.index,
         all_layers=prepared.all_layers,
         valid_keys=prepared.valid_keys,
         xp=xp,
@@ -253,7 +253,7 @@ def _decoder_normalise(prepared: PreparedAttention, result: Any) -> Any:
         # each head's map (heads="each") once a head axis is added.
         baseline = _compose(replace(prepared, fused=uniform, per_head=None))
         if prepared.per_head is not None:
-            baseline = xp.expand_dims(baseline, axis=-2 if isinstance(prepared.rows, int) else -3)
+            baseline = xp.expand_dims(baseline, axis=-3)  # before the (kept) row axis
     return normalize_attribution(result, baseline=baseline, exclude=prepared.exclude, xp=xp)
 
 
@@ -261,7 +261,7 @@ def _select(prepared: PreparedAttention, per_layer: Any) -> Any:
     """Rows of the reported layer(s) of per-layer matrices ``(*batch, L, n, n)``."""
     xp = prepared.xp
     matrices = per_layer if prepared.all_layers else per_layer[..., -1, :, :]
-    return select_rows(matrices, prepared.rows, xp)
+    return prepared.rows.select(matrices, xp)
 
 
 def rollout(
@@ -537,7 +537,7 @@ def rollout(
     result = _compose(prepared)
     if prepared.receptive_field or prepared.exclude:
         result = _decoder_normalise(prepared, result)
-    return prepared.boundary.restore(result)  # type: ignore[no-any-return]
+    return prepared.boundary.restore(prepared.rows.squeeze(result))  # type: ignore[no-any-return]
 
 
 def raw(

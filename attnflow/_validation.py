@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._namespace import array_device, is_numpy_array, values_are_inspectable
+from ._rows import Rows
 from ._typing import Array, Namespace
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "check_causal",
     "check_exclude",
     "check_floating",
+    "check_gradients_finite",
     "check_head_fusion",
     "check_layers",
     "check_mask",
@@ -216,10 +218,14 @@ def _refuse_boolean_array(value: object, name: str) -> None:
     raise TypeError(msg)
 
 
-def check_rows(rows: object, n_tokens: int) -> int | tuple[int, ...] | None:
-    """Check `rows` against the sequence length; return non-negative positions."""
+def check_rows(rows: object, n_tokens: int) -> Rows:
+    """Check `rows` against the sequence length; return them as :class:`Rows`.
+
+    The positions become non-negative; an int is remembered as one row whose axis the
+    result drops (the only place the library asks whether `rows` is an int).
+    """
     if rows is None:
-        return None
+        return Rows()
 
     def normalise(position: int) -> int:
         if not -n_tokens <= position < n_tokens:
@@ -238,8 +244,8 @@ def check_rows(rows: object, n_tokens: int) -> int | tuple[int, ...] | None:
         if not positions:
             msg = "`rows` must name at least one output position; got an empty sequence."
             raise ValueError(msg)
-        return tuple(normalise(_as_index(r, "rows")) for r in positions)
-    return normalise(_as_index(rows, "rows"))
+        return Rows(tuple(normalise(_as_index(r, "rows")) for r in positions))
+    return Rows((normalise(_as_index(rows, "rows")),), single=True)
 
 
 def check_exclude(exclude: object, n_tokens: int) -> tuple[int, ...]:
@@ -525,12 +531,21 @@ def check_pruning(threshold: object, top_k: object, discard: object) -> PruningS
 
 
 def check_mask(
-    mask: Array | None, layout: AttentionLayout, xp: Namespace, *, name: str = "mask"
+    mask: Array | None,
+    xp: Namespace,
+    *,
+    batch_shape: tuple[int, ...],
+    n_tokens: int,
+    name: str = "mask",
+    against: str = "attentions",
 ) -> None:
-    """Check a boolean padding mask of shape ``(*batch, n)``."""
+    """Check a boolean padding mask of shape ``(*batch, n)``.
+
+    `against` names the input whose tokens it masks (``encoder`` for a source mask).
+    """
     if mask is None:
         return
-    expected = (*layout.batch_shape, layout.n_tokens)
+    expected = (*batch_shape, n_tokens)
     shape = getattr(mask, "shape", None)
     if shape is None or getattr(mask, "dtype", None) is None:
         msg = (
@@ -546,16 +561,48 @@ def check_mask(
         raise TypeError(msg)
     if tuple(shape) != expected:
         msg = (
-            f"`{name}` must have shape (*batch, n) = {expected} to match attentions with "
-            f"batch shape {layout.batch_shape} and {layout.n_tokens} tokens; got shape "
-            f"{tuple(shape)}."
+            f"`{name}` must have shape (*batch, n) = {expected} to match {against} with "
+            f"batch shape {batch_shape} and {n_tokens} tokens; got shape {tuple(shape)}. "
+            "Pass one entry per token of each sequence."
         )
         raise ValueError(msg)
     refuse_meta(mask, name)
     if values_are_inspectable(mask) and not bool(xp.all(xp.any(mask, axis=-1))):
         msg = (
             f"`{name}` masks every token of at least one sequence; each sequence needs at "
-            "least one real token (True) to be explained."
+            "least one real token (True) to be explained. Drop that sequence from the batch."
+        )
+        raise ValueError(msg)
+
+
+def check_gradients_finite(
+    gradients: Array,
+    xp: Namespace,
+    *,
+    keep: Array | None = None,
+    name: str = "gradients",
+    masks: str = "the padding `mask`",
+) -> None:
+    """Check that gradients are finite between real tokens (values permitting).
+
+    `keep` (bool, broadcastable to `gradients`) marks the entries whose query and key are
+    both real: padded ones may hold anything. One reduction decides (NaN and infinities
+    reach the sum); the exact count is read only to word the error.
+    """
+    if not values_are_inspectable(gradients):
+        return
+    if keep is not None:
+        zero = xp.zeros((), dtype=gradients.dtype, device=array_device(gradients))
+        gradients = xp.where(keep, gradients, zero)
+    if bool(xp.isfinite(xp.sum(gradients))):
+        return
+    finite = xp.isfinite(gradients)
+    if not bool(xp.all(finite)):  # else finite values whose sum overflowed
+        count = int(xp.count_nonzero(~finite))
+        msg = (
+            f"`{name}` must be finite; found {count} NaN or infinite value(s) between real "
+            "tokens. Check the backward pass (a loss that overflowed, or NaN attention), "
+            f"and pass {masks} if these are padded positions."
         )
         raise ValueError(msg)
 

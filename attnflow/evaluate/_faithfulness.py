@@ -907,9 +907,10 @@ def _explain(
     options: dict[str, Any] = {"layers": "all", "mask": mask}
     if _is_flow(method) if flow_like is None else flow_like:
         options.update({k: v for k, v in flow_options.items() if v is not None})
-    options["rows"] = rows if isinstance(rows, int) else None
+    aggregate = isinstance(rows, str)  # "max" or "mean" (checked): every row, reduced below
+    options["rows"] = None if aggregate else rows
     values = to_host(method(*inputs, **options), name=f"the {name} explanation")
-    if isinstance(rows, str):
+    if aggregate:
         # (B, L, n, n): reduce over the output rows of real tokens (padded rows are 0).
         if values.ndim != 4:
             msg = f"method {name!r} returned shape {values.shape} for rows=None; expected (B, layers, n, n)."
