@@ -278,3 +278,24 @@ def test_gae_refuses_head_weights_clearly() -> None:
         attnflow.encoder_decoder_rollout(
             encoder, decoder, cross, rule="gae", gradients=tuple(grads), heads=np.ones(H)
         )
+
+
+def test_masks_and_gradients_are_checked_by_the_shared_checks() -> None:
+    encoder, decoder, cross, *grads = _inputs("float64")
+    bad = [g.copy() for g in grads]
+    bad[2][1, 0, 0, 4, 5] = np.inf  # decoder position 4 of sequence 1 is padding
+    options: dict[str, Any] = {"rule": "gae", "gradients": tuple(bad)}
+    with pytest.raises(ValueError, match=r"`gradients\[2\]` must be finite; found 1 NaN or inf"):
+        attnflow.encoder_decoder_rollout(encoder, decoder, cross, **options)
+    # Between padded tokens anything goes; the same holds for rollout's attention rows.
+    masks = {"source_mask": SOURCE_MASK, "target_mask": TARGET_MASK}
+    source, target = attnflow.encoder_decoder_rollout(encoder, decoder, cross, **options, **masks)
+    assert np.all(np.isfinite(source))
+    assert np.all(np.isfinite(target))
+    # The masks: the messages of `rollout`'s mask, naming the family each one masks.
+    with pytest.raises(ValueError, match=r"`target_mask` must have shape .* to match `decoder`"):
+        attnflow.encoder_decoder_rollout(encoder, decoder, cross, target_mask=SOURCE_MASK)
+    empty = SOURCE_MASK.copy()
+    empty[1] = False
+    with pytest.raises(ValueError, match="`source_mask` masks every token of at least one"):
+        attnflow.encoder_decoder_rollout(encoder, decoder, cross, source_mask=empty)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -303,3 +304,53 @@ def test_compiled_solver_and_igraph_agree_at_scale(monkeypatch: pytest.MonkeyPat
     prefix = weights[:, :, :40, :40] / weights[:, :, :40, :40].sum(axis=-1, keepdims=True)
     got = attnflow.flow(prefix, rows=0, normalize_result=False, n_jobs=1)
     np.testing.assert_allclose(got, oracle_flow(prefix, rows=0, normalize_result=False), atol=EXACT)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"heads": "each", "discard": 0.3}, {"receptive_field": True, "exclude": 0}],
+    ids=["plain", "heads=each,discard", "receptive_field"],
+)
+def test_flow_copies_its_mask_to_the_host_once(
+    monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    # Causal attention (receptive_field needs it), two sequences padded differently.
+    rng = np.random.default_rng(8)
+    n = 6
+    causal = np.tril(np.ones((n, n), dtype=bool))
+    weights = softmax_attention(rng, (2, 3, 2, n, n))
+    weights = np.where(causal, weights, 0.0)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    mask = np.ones((2, n), dtype=bool)
+    mask[0, 0] = False
+    mask[1, -2:] = False
+    flow_module = importlib.import_module("attnflow._flow")
+    copies: list[tuple[str, tuple[int, ...]]] = []
+    to_host = flow_module.to_host
+
+    def counted(x: Any, *, name: str = "attentions", keep_dtype: bool = False) -> Any:
+        copies.append((name, tuple(x.shape)))
+        return to_host(x, name=name, keep_dtype=keep_dtype)
+
+    monkeypatch.setattr(flow_module, "to_host", counted)
+    result = attnflow.flow(weights, rows=[1, 3], mask=mask, **options)
+    assert [shape for name, shape in copies if name == "mask"] == [(2, n)]  # once, (*batch, n)
+    monkeypatch.undo()
+    # The one copy serves every step: padded tokens get exactly zero, and the result is
+    # that of the cropped sequence (its mask-free flow), sequence by sequence.
+    for item, keep in enumerate(mask):
+        real = np.flatnonzero(keep)
+        cropped = weights[item][..., real[:, None], real]
+        cropped = cropped / cropped.sum(axis=-1, keepdims=True)
+        rows = [int(np.searchsorted(real, r)) for r in (1, 3) if keep[r]]
+        exclude = options.get("exclude")
+        alone_options = dict(options)
+        if exclude is not None:
+            if not keep[exclude]:
+                continue  # the sink is padded here: nothing to compare it with
+            alone_options["exclude"] = int(np.searchsorted(real, exclude))
+        alone = attnflow.flow(cropped, rows=rows, **alone_options)
+        real_rows = [i for i, r in enumerate((1, 3)) if keep[r]]
+        got = result[item][..., real_rows, :]
+        np.testing.assert_allclose(got[..., real], alone, rtol=1e-10, atol=1e-12)
+        assert np.all(np.delete(got, real, axis=-1) == 0)

@@ -659,3 +659,28 @@ def test_compiled_pass_keeps_nan_without_validation(
     assert not np.isnan(compiled[1:]).any()
     with pytest.raises(ValueError, match="`gradients` must be finite; found 1 NaN"):
         attnflow.gradient_rollout(weights, bad)
+
+
+def test_gradients_are_checked_with_the_attentions_on_one_path(
+    data: tuple[np.ndarray, np.ndarray],
+) -> None:
+    weights, gradients = data
+    with pytest.raises(TypeError, match=r"`gradients` must be an array .*got None"):
+        attnflow.gradient_rollout(weights, None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`gradients` must hold at least one layer"):
+        attnflow.gradient_rollout(weights, [])
+    layers = [gradients[:, i] for i in range(gradients.shape[1])]
+    layers[2] = layers[2][..., :5, :5]
+    with pytest.raises(ValueError, match=r"every layer in `gradients`.*`gradients\[2\]`"):
+        attnflow.gradient_rollout(weights, layers)
+    with pytest.raises(TypeError, match=r"`gradients\[1\]` must be an array"):
+        attnflow.gradient_rollout(weights, [gradients[:, 0], "dy/dA"])
+    # A sequence of gradients beside stacked attentions (and the reverse) is the same call.
+    stacked = attnflow.gradient_rollout(weights, gradients, rows=[0, 2], layers="all")
+    as_layers = [gradients[:, i] for i in range(gradients.shape[1])]
+    mixed = attnflow.gradient_rollout(weights, as_layers, rows=[0, 2], layers="all")
+    np.testing.assert_array_equal(mixed, stacked)
+    reverse = attnflow.gradient_rollout(
+        [weights[:, i] for i in range(weights.shape[1])], gradients, rows=[0, 2], layers="all"
+    )
+    np.testing.assert_array_equal(reverse, stacked)
