@@ -12,10 +12,9 @@ from ._heads import apply_head_fusion
 from ._namespace import (
     Boundary,
     array_device,
-    enter_boundary,
-    resolve_namespace,
 )
 from ._normalize import normalize_rows
+from ._prepare import enter_arrays
 from ._rollout import rollout_products
 from ._rows import Rows
 from ._typing import Array, HeadFusion, LayerSelection, Namespace, RowSelection
@@ -467,26 +466,14 @@ def prepare_encoder_decoder(
             )
             raise TypeError(msg)
         grads = list(given)
-    converted, boundary = enter_boundary(
+    names = [*_NAMES, *(f"gradients[{i}]" for i in range(len(grads or [])))]
+    converted, namespace, boundary = enter_arrays(
         [*families, *(grads or []), source_mask, target_mask],
-        [
-            *_NAMES,
-            *(f"gradients[{i}]" for i in range(len(grads or []))),
-            "source_mask",
-            "target_mask",
-        ],
+        [*names, "source_mask", "target_mask"],
+        xp,
     )
     *arrays, source_mask, target_mask = converted
     families, grads = arrays[:3], (arrays[3:] or None)
-    names = [*_NAMES, *(f"gradients[{i}]" for i in range(len(grads or [])))]
-    namespace = resolve_namespace(
-        *families,
-        *(grads or []),
-        source_mask,
-        target_mask,
-        xp=xp,
-        names=[*names, "source_mask", "target_mask"],
-    )
 
     if rule not in RULES:
         msg = (

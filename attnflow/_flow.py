@@ -673,9 +673,10 @@ def flow(
             normalize_layers=normalize_layers,
         )
     )
-    # The mask's one copy to the host, (*batch, n) bool, read by everything below.
-    mask_on_host = _host_mask(prepared.mask)
-    estimate = _cost_of(prepared, mask_on_host)
+    # The mask's one copy to the host, (*batch, n) bool: from here on `mask` is this copy,
+    # read by the cost, the capacities, the plan and the causal baseline.
+    mask = _host_mask(prepared.mask)
+    estimate = _cost_of(prepared, mask)
     if max_work is not None and estimate.edge_visits > max_work:
         msg = (
             f"this attention flow would take {estimate}, above `max_work`={max_work:.3g}. "
@@ -692,11 +693,11 @@ def flow(
     # rows: never the caller's array), and only its shape and kind are read after this: the
     # residual may be mixed into it in place (one (L, n, n) float64 array fewer).
     owned = prepared.layout.n_heads is not None and host.flags.writeable
-    mixed = _capacities(prepared, host, mask_on_host, head_axis=False, in_place=owned)
+    mixed = _capacities(prepared, host, mask, head_axis=False, in_place=owned)
     mixed_heads = None
     if prepared.per_head is not None:
         heads_on_host = to_host(prepared.per_head)
-        mixed_heads = _capacities(prepared, heads_on_host, mask_on_host, head_axis=True)
+        mixed_heads = _capacities(prepared, heads_on_host, mask, head_axis=True)
     # Unvalidated NaN or infinite capacities: solve on the finite ones, NaN out after.
     mixed, mixed_heads, nan_out = clear_non_finite(
         mixed,
@@ -709,7 +710,7 @@ def flow(
     workers = _worker_count(n_jobs, estimate)
     if executor is not None:
         workers = max(workers, 2)  # split work finely enough for the executor's workers
-    plan = _plan(prepared, mixed, mask_on_host, mixed_heads=mixed_heads, workers=workers)
+    plan = _plan(prepared, mixed, mask, mixed_heads=mixed_heads, workers=workers)
     values = np.zeros(plan.output_shape)
     bar = _progress_bar(progress, estimate.max_flows)
     try:
@@ -720,7 +721,7 @@ def flow(
     if prepared.receptive_field or prepared.exclude:
         baseline = None
         if prepared.receptive_field:
-            baseline = _causal_baseline(prepared, mask_on_host, workers, executor)
+            baseline = _causal_baseline(prepared, mask, workers, executor)
             if prepared.per_head is not None:
                 baseline = baseline[..., None, :, :]  # every head of uniform attention alike
         values = np.asarray(
@@ -783,19 +784,18 @@ def _causal_baseline(
     """
     layout = prepared.layout
     n = layout.n_tokens
-    # The baseline's batch: one sequence per distinct mask (its own mask, (count, n)).
-    distinct: np.ndarray | None = None
+    # The baseline's batch: one sequence per distinct mask, its mask then (count, n).
     if mask is None:
         count = 1
         inverse = np.zeros(layout.batch_shape, dtype=np.int64)
     else:
-        distinct, inverse = np.unique(mask.reshape(-1, n), axis=0, return_inverse=True)
-        count = len(distinct)
+        mask, inverse = np.unique(mask.reshape(-1, n), axis=0, return_inverse=True)
+        count = len(mask)
         inverse = inverse.reshape(layout.batch_shape)
     uniform = np.asarray(
         uniform_causal_attention(
             n,
-            valid_keys=None if distinct is None else distinct[:, None, None, :],
+            valid_keys=None if mask is None else mask[:, None, None, :],
             dtype=np.float64,
             device="cpu",
             xp=_numpy_namespace(),
@@ -810,8 +810,8 @@ def _causal_baseline(
         valid_keys=None,
         mask=None,
     )
-    mixed = _capacities(plain, uniform, distinct, head_axis=False)
-    plan = _plan(plain, mixed, distinct, workers=workers)
+    mixed = _capacities(plain, uniform, mask, head_axis=False)
+    plan = _plan(plain, mixed, mask, workers=workers)
     values = np.zeros(plan.output_shape)
     _collect(values, _run(plan.tasks, workers, executor, None))
     return values[inverse]

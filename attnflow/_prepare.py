@@ -7,7 +7,7 @@ forms, validate them the same way and apply masks and head fusion identically.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -51,6 +51,7 @@ __all__ = [
     "FusedLayers",
     "PreparedAttention",
     "check_arguments",
+    "enter_arrays",
     "layer_of",
     "prepare_attention",
     "times_layer",
@@ -248,6 +249,19 @@ class PreparedAttention:
         return None if self.valid_keys is None else self.valid_keys[..., None, :, :]
 
 
+def enter_arrays(
+    values: Sequence[Any], names: Sequence[str], xp: Namespace | None
+) -> tuple[list[Any], Namespace, Boundary]:
+    """Enter a call's arrays: TensorFlow tensors converted, one namespace for all of them.
+
+    `values` are every array the call was given, the first one the attention whose
+    library the results go back to (None entries pass through); `names` their parameter
+    names, for the messages. Every method starts here.
+    """
+    converted, boundary = enter_boundary(values, names)
+    return converted, resolve_namespace(*converted, xp=xp, names=names), boundary
+
+
 def _listed(value: Any, name: str, per_layer: str) -> tuple[list[Any], list[str], bool]:
     """One input as a list of arrays and their names; whether it was a per-layer sequence."""
     if not isinstance(value, list | tuple):
@@ -352,14 +366,11 @@ def check_arguments(
         given_gradients, gradient_names, gradient_sequence = _listed(
             gradients, "gradients", per_layer
         )
-    converted, boundary = enter_boundary(
-        [*given, *given_gradients, mask], [*names, *gradient_names, "mask"]
+    converted, namespace, boundary = enter_arrays(
+        [*given, *given_gradients, mask], [*names, *gradient_names, "mask"], xp
     )
     *inputs, mask = converted
     arrays, gradient_arrays = inputs[: len(given)], inputs[len(given) :]
-    namespace = resolve_namespace(
-        *arrays, *gradient_arrays, mask, xp=xp, names=[*names, *gradient_names, "mask"]
-    )
     layout = _layout_of(arrays, names, sequence, fused=fused_input)
     first = arrays[0]
     if gradient_arrays:
@@ -453,7 +464,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
         and spec.kind in {"mean", "weights"}
         and validate_fused_only
     ):
-        fused_layers = _stream_fused(checked, arrays, stacked, check=bool(do_validate))
+        fused_layers = _stream_fused(checked, check=bool(do_validate))
         return PreparedAttention(
             xp=namespace,
             boundary=boundary,
@@ -535,9 +546,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
     )
 
 
-def _stream_fused(
-    checked: CheckedArguments, arrays: list[Any] | None, stacked: Any, *, check: bool
-) -> FusedLayers:
+def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
     """Stream the used layers of unmasked attention, fused by a (weighted) mean, one by one.
 
     A long layer is streamed into a row chain in blocks of rows (:meth:`FusedLayers.times`),
@@ -571,8 +580,7 @@ def _stream_fused(
             low = xp.minimum(running["low"], low)
         running["deviation"], running["low"] = deviation, low
 
-    def heads_of(i: int) -> Any:
-        return arrays[i] if arrays is not None else stacked[..., i, :, :, :]
+    heads_of = checked.layer
 
     def compute(i: int, rows: tuple[int, ...] | None) -> Any:
         read_rows[i] = rows
