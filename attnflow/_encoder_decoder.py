@@ -16,7 +16,7 @@ from ._namespace import (
 from ._normalize import normalize_rows
 from ._prepare import enter_arrays
 from ._rollout import rollout_products
-from ._rows import Rows
+from ._rows import Rows, identity_rows
 from ._typing import Array, HeadFusion, LayerSelection, Namespace, RowSelection
 from ._validation import (
     AttentionLayout,
@@ -174,10 +174,9 @@ def _masked(attention: Any, keep: Any | None, valid_rows: Any | None, xp: Namesp
 
 def _eye(n: int, mask: Any | None, like: Any, xp: Namespace) -> Any:
     """``(*batch | (), n, n)`` identity, zero on padded tokens."""
-    eye = xp.eye(n, dtype=like.dtype, device=array_device(like))
-    if mask is None:
-        return eye
-    return xp.where(mask[..., None, :], eye, xp.zeros_like(eye))
+    keys = None if mask is None else mask[..., None, :]
+    device = array_device(like)
+    return identity_rows(n, None, keys=keys, dtype=like.dtype, device=device, xp=xp)
 
 
 def _gae_heads(attention: Any, gradient: Any, xp: Namespace) -> Any:

@@ -14,7 +14,7 @@ from ._normalize import normalize_rows
 from ._prepare import CheckedArguments, FusedLayers, check_arguments
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._rollout import rollout_products
-from ._rows import take_rows
+from ._rows import identity_rows
 from ._typing import ArrayT, LayerSelection, Namespace, RowSelection
 from ._validation import (
     AttentionLayout,
@@ -473,6 +473,6 @@ def _scale_by_depth(result: Any, used_layers: int, all_layers: bool, xp: Namespa
 
 def _drop_self(result: Any, rows: tuple[int, ...] | None, n: int, xp: Namespace) -> Any:
     """Zero each output row's entry for its own position (`result` ``(..., r, n)``)."""
-    eye = xp.eye(n, dtype=result.dtype, device=array_device(result))
-    own = take_rows(eye, rows, xp) > 0
+    device = array_device(result)
+    own = identity_rows(n, rows, keys=None, dtype=result.dtype, device=device, xp=xp) > 0
     return xp.where(own, xp.zeros_like(result), result)

@@ -19,7 +19,7 @@ from ._prepare import (
 from ._pruning import prune
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
-from ._rows import take_rows
+from ._rows import identity_rows, take_rows
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 
 __all__ = ["head_products", "raw", "rollout", "rollout_products"]
@@ -31,13 +31,9 @@ def _device(fused: Any) -> Any:
 
 def _identity_rows(fused: Any, rows: tuple[int, ...], valid_keys: Any | None, xp: Namespace) -> Any:
     """Rows `rows` of the identity, zero on padded tokens: ``(*batch | 1, r, n)``."""
-    n, device = fused.shape[-1], _device(fused)
-    # Compared with the positions, not rows of `eye(n)`: no n x n matrix for a few rows.
-    wanted = xp.reshape(xp.asarray(rows, device=device), (-1, 1))
-    unit_rows = xp.astype(wanted == xp.arange(n, device=device), fused.dtype)
-    if valid_keys is None:
-        return unit_rows
-    return xp.where(valid_keys[..., 0, :, :], unit_rows, xp.zeros_like(unit_rows))
+    keys = None if valid_keys is None else valid_keys[..., 0, :, :]
+    n, dtype, device = fused.shape[-1], fused.dtype, _device(fused)
+    return identity_rows(n, rows, keys=keys, dtype=dtype, device=device, xp=xp)
 
 
 def rollout_products(
@@ -147,11 +143,11 @@ def head_products(
         return (1.0 - alpha) * product + alpha * take_rows(below, index, xp)
 
     def identity() -> Any:
-        """``R̄_0``: the identity on real tokens, ``(*batch | 1, 1, n, n)``."""
-        eye = xp.eye(n, dtype=fused.dtype, device=array_device(fused))
-        if valid_keys is None:
-            return eye[None, :, :]
-        return xp.where(valid_keys, eye, xp.zeros_like(eye))[..., :1, :, :]
+        """``R̄_0``: the identity on real tokens, ``(*batch | (), 1, n, n)``."""
+        keys = None if valid_keys is None else valid_keys[..., 0, :, :]
+        device = array_device(fused)
+        eye = identity_rows(n, None, keys=keys, dtype=fused.dtype, device=device, xp=xp)
+        return eye[..., None, :, :]
 
     if all_layers:
         below = identity()

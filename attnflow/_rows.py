@@ -15,7 +15,7 @@ from typing import Any
 
 from ._typing import Namespace
 
-__all__ = ["Rows", "take_rows"]
+__all__ = ["Rows", "identity_rows", "take_rows"]
 
 
 @dataclass(frozen=True)
@@ -75,3 +75,29 @@ def take_rows(matrices: Any, index: tuple[int, ...] | None, xp: Namespace) -> An
     # Basic indexing and a stack, not `take`: Dask's `take` with an array index reports
     # wrong chunk shapes, and the rows are few.
     return xp.stack([matrices[..., row, :] for row in index], axis=-2)
+
+
+def identity_rows(
+    n: int,
+    index: tuple[int, ...] | None,
+    *,
+    keys: Any | None,
+    dtype: Any,
+    device: Any,
+    xp: Namespace,
+) -> Any:
+    """Rows `index` of the ``n x n`` identity (every row for None), zero on padded tokens.
+
+    What the residual path carries: each position keeps itself. `keys` (bool, True = real
+    token, broadcastable to ``(*batch, 1, n)``) zeroes the padded tokens' columns; the
+    result is ``(*batch | (), r, n)``.
+    """
+    if index is None:
+        unit_rows = xp.eye(n, dtype=dtype, device=device)
+    else:
+        # Compared with the positions, not rows of `eye(n)`: no n x n matrix for a few rows.
+        wanted = xp.reshape(xp.asarray(index, device=device), (-1, 1))
+        unit_rows = xp.astype(wanted == xp.arange(n, device=device), dtype)
+    if keys is None:
+        return unit_rows
+    return xp.where(keys, unit_rows, xp.zeros_like(unit_rows))
