@@ -807,7 +807,6 @@ def _causal_baseline(
         layout=replace(layout, batch_shape=(count,)),
         fused=uniform,
         per_head=None,
-        valid_keys=None,
         mask=None,
     )
     mixed = _capacities(plain, uniform, mask, head_axis=False)

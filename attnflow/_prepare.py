@@ -227,8 +227,9 @@ class PreparedAttention:
     residual: float
     rows: Rows
     all_layers: bool
-    valid_keys: Any | None
-    """Mask broadcastable to ``(*batch, used_layers, 1, n)``, or None without a mask."""
+    mask: Any | None
+    """The checked padding mask ``(*batch, n)`` (True = real token), or None: the one
+    copy the call holds (flow copies it to the host once; the maths reads `valid_keys`)."""
     per_head: Any | None = None
     """With ``heads="each"``: the masked heads of the reported layers,
     ``(*batch, reported_layers, heads, n, n)`` (every used layer with ``layers="all"``, else
@@ -239,9 +240,14 @@ class PreparedAttention:
     """Normalise by the method's result on uniform causal attention (decoders)."""
     exclude: tuple[int, ...] = ()
     """Input positions left out of the attribution (attention sinks), non-negative."""
-    mask: Any | None = None
-    """The checked padding mask ``(*batch, n)`` (True = real token), or None: what flow
-    copies to the host; `valid_keys` is its device view for the maths."""
+
+    @property
+    def valid_keys(self) -> Any | None:
+        """`mask` over the keys, ``(*batch, 1, 1, n)``: broadcasts against the fused layers."""
+        if self.mask is None:
+            return None
+        batch, n = self.layout.batch_shape, self.layout.n_tokens
+        return self.xp.reshape(self.mask, (*batch, 1, 1, n))
 
     @property
     def head_keys(self) -> Any | None:
@@ -473,7 +479,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
             residual=alpha,
             rows=selected_rows,
             all_layers=all_layers,
-            valid_keys=None,
+            mask=None,
             pruning=pruning,
             receptive_field=normalise_field,
             exclude=excluded,
@@ -520,7 +526,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
     if spec.kind == "each":
         per_head = stacked if all_layers else stacked[..., -1:, :, :, :]
     if mask is not None and not fused_input:  # the heads axis goes with the fusion
-        valid_rows, valid_keys = valid_rows[..., 0, :, :], valid_keys[..., 0, :, :]
+        valid_rows = valid_rows[..., 0, :, :]
     fused = apply_head_fusion(
         stacked, spec, namespace, valid_rows=valid_rows, check=bool(do_validate)
     )
@@ -537,12 +543,11 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
         residual=alpha,
         rows=selected_rows,
         all_layers=all_layers,
-        valid_keys=valid_keys,
+        mask=mask,
         per_head=per_head,
         pruning=pruning,
         receptive_field=normalise_field,
         exclude=excluded,
-        mask=mask,
     )
 
 

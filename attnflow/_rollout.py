@@ -29,13 +29,6 @@ def _device(fused: Any) -> Any:
     return fused.device if isinstance(fused, FusedLayers) else array_device(fused)
 
 
-def _identity_rows(fused: Any, rows: tuple[int, ...], valid_keys: Any | None, xp: Namespace) -> Any:
-    """Rows `rows` of the identity, zero on padded tokens: ``(*batch | 1, r, n)``."""
-    keys = None if valid_keys is None else valid_keys[..., 0, :, :]
-    n, dtype, device = fused.shape[-1], fused.dtype, _device(fused)
-    return identity_rows(n, rows, keys=keys, dtype=dtype, device=device, xp=xp)
-
-
 def rollout_products(
     fused: Any,
     *,
@@ -85,7 +78,9 @@ def rollout_products(
         """Rows `index` of Ã from those of A: ``(1 - α) A[rows] + α I[rows]`` (real tokens)."""
         if alpha == 0.0:
             return attention_rows
-        unit_rows = _identity_rows(fused, index, valid_keys, xp)
+        unit_rows = identity_rows(
+            n, index, keys=padded_keys, dtype=fused.dtype, device=_device(fused), xp=xp
+        )
         return (1.0 - alpha) * attention_rows + alpha * unit_rows
 
     if not all_layers:
@@ -142,9 +137,10 @@ def head_products(
             return product
         return (1.0 - alpha) * product + alpha * take_rows(below, index, xp)
 
+    keys = None if valid_keys is None else valid_keys[..., 0, :, :]
+
     def identity() -> Any:
         """``R̄_0``: the identity on real tokens, ``(*batch | (), 1, n, n)``."""
-        keys = None if valid_keys is None else valid_keys[..., 0, :, :]
         device = array_device(fused)
         eye = identity_rows(n, None, keys=keys, dtype=fused.dtype, device=device, xp=xp)
         return eye[..., None, :, :]
@@ -169,7 +165,9 @@ def head_products(
         top = heads[..., 0, :, :, :]
         vectors = take_rows(top, index, xp)
         if alpha != 0.0:
-            units = _identity_rows(fused, index, valid_keys, xp)[..., None, :, :]
+            units = identity_rows(
+                n, index, keys=keys, dtype=fused.dtype, device=_device(fused), xp=xp
+            )[..., None, :, :]
             vectors = (1.0 - alpha) * vectors + alpha * units
         for i in range(n_layers - 2, -1, -1):
             product = xp.matmul(vectors, fused[..., i, None, :, :])
