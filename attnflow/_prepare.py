@@ -1,7 +1,10 @@
 """Everything before the method: from the caller's input to one attention matrix per layer.
 
-`rollout`, `raw` (and attention flow) share this path, so that they accept the same input
-forms, validate them the same way and apply masks and head fusion identically.
+`rollout`, `raw`, `flow`, `flow_cost` and `gradient_rollout` (with its gradients, a second
+input of the same layout) share this path, so that they accept the same input forms,
+validate them the same way and apply masks and head fusion identically. The
+encoder-decoder pair enters its arrays here too (:func:`enter_arrays`) and checks its masks
+and gradients with the same checks; only its three families' shapes are its own.
 """
 
 from __future__ import annotations
