@@ -427,16 +427,28 @@ def _write_output(output: Path, arrays: dict[str, NDArray[Any]], *, force: bool)
         raise UsageError(str(error)) from None
 
 
-def _layer_axis(values: NDArray[Any], *, rows: object, layers: object, each: bool) -> int | None:
+def _layer_axis(
+    values: NDArray[Any],
+    *,
+    rows: object,
+    layers: object,
+    each: bool,
+    n_tokens: int | None = None,
+) -> int | None:
     """Return the layers axis of a method's result with ``--layers all``, else None.
 
     A result is ``(*batch, [layers,] [heads,] [r,] n)``: the row axis is absent for one row
-    (an int), the heads axis present with ``--heads each``.
+    (what :func:`check_rows` reads as ``single``), the heads axis present with
+    ``--heads each``. `n_tokens` is the number of positions `rows` index (the result's
+    last axis unless given: the decoder's for encoder-decoder source maps).
     """
+    from ._validation import check_rows
+
     if layers != "all":
         return None
-    tail = (1 if isinstance(rows, int) else 2) + (1 if each else 0)
-    return values.ndim - tail - 1
+    n = values.shape[-1] if n_tokens is None else n_tokens
+    row_axes = 0 if check_rows(rows, n).single else 1
+    return values.ndim - (1 + row_axes + (1 if each else 0)) - 1
 
 
 def _first_row_table(

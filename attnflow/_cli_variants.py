@@ -381,7 +381,8 @@ def run_encoder_decoder(args: argparse.Namespace) -> int:
     values = {"source": np.asarray(result.source), "target": np.asarray(result.target)}
     tables = []  # laid out before writing: nothing is written if this fails
     for name, labels in (("source", source_tokens), ("target", target_tokens)):
-        axis = _layer_axis(values[name], rows=rows, layers=layers, each=False)
+        n_target = values["target"].shape[-1]  # `rows` index the decoder positions
+        axis = _layer_axis(values[name], rows=rows, layers=layers, each=False, n_tokens=n_target)
         table = _first_row_table(
             values[name], labels, top=args.top, what=f"{name} tokens", layer_axis=axis
         )
