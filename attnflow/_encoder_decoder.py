@@ -20,6 +20,7 @@ from ._rows import Rows, identity_rows
 from ._typing import Array, HeadFusion, LayerSelection, Namespace, RowSelection
 from ._validation import (
     AttentionLayout,
+    HeadFusionSpec,
     check_attention_values,
     check_floating,
     check_gradients_finite,
@@ -436,7 +437,7 @@ class PreparedEncoderDecoder:
     xp: Namespace
 
 
-def prepare_encoder_decoder(
+def _check_encoder_decoder(
     encoder: Array,
     decoder: Array,
     cross: Array,
@@ -452,8 +453,8 @@ def prepare_encoder_decoder(
     normalize: object,
     validate: bool | Literal["heads"],
     xp: Namespace | None,
-) -> PreparedEncoderDecoder:
-    """Check every argument (before any work), mask and fuse the three families."""
+) -> _CheckedEncoderDecoder:
+    """Check every argument of an encoder-decoder call against the shapes; compute nothing."""
     families = [encoder, decoder, cross]
     grads = None
     given: object = gradients  # checked at run time: callers may not be type-checked
@@ -546,8 +547,83 @@ def prepare_encoder_decoder(
             family_mask, namespace, batch_shape=batch, n_tokens=n_tokens, name=name, against=against
         )
 
-    xp_ = namespace
-    enc, dec, crs = families
+    return _CheckedEncoderDecoder(
+        families=families,
+        gradients=grads,
+        source_mask=source_mask,
+        target_mask=target_mask,
+        xp=namespace,
+        boundary=boundary,
+        rule=rule,
+        fused_input=fused_input,
+        spec=spec,
+        alpha=alpha,
+        rows=selected_rows,
+        used_layers=used_layers,
+        all_layers=all_layers,
+        validate=do_validate,
+    )
+
+
+@dataclass(frozen=True)
+class _CheckedEncoderDecoder:
+    """Every argument of an encoder-decoder call, checked; nothing computed yet."""
+
+    families: list[Any]
+    """``[encoder, decoder, cross]`` as given (TensorFlow tensors converted)."""
+    gradients: list[Any] | None
+    source_mask: Any | None
+    target_mask: Any | None
+    xp: Namespace
+    boundary: Boundary
+    rule: str
+    fused_input: bool
+    spec: HeadFusionSpec
+    alpha: float
+    rows: Rows
+    used_layers: int
+    all_layers: bool
+    validate: bool | Literal["heads"]
+
+
+def prepare_encoder_decoder(
+    encoder: Array,
+    decoder: Array,
+    cross: Array,
+    *,
+    rule: str,
+    gradients: object,
+    heads: HeadFusion,
+    residual: float,
+    rows: RowSelection,
+    layers: LayerSelection,
+    source_mask: Any | None,
+    target_mask: Any | None,
+    normalize: object,
+    validate: bool | Literal["heads"],
+    xp: Namespace | None,
+) -> PreparedEncoderDecoder:
+    """Check every argument (before any work), then mask and fuse the three families."""
+    checked = _check_encoder_decoder(
+        encoder,
+        decoder,
+        cross,
+        rule=rule,
+        gradients=gradients,
+        heads=heads,
+        residual=residual,
+        rows=rows,
+        layers=layers,
+        source_mask=source_mask,
+        target_mask=target_mask,
+        normalize=normalize,
+        validate=validate,
+        xp=xp,
+    )
+    xp_, spec, fused_input = checked.xp, checked.spec, checked.fused_input
+    source_mask, target_mask = checked.source_mask, checked.target_mask
+    used_layers, do_validate, grads = checked.used_layers, checked.validate, checked.gradients
+    enc, dec, crs = checked.families
     dec = dec[..., :used_layers, :, :] if fused_input else dec[..., :used_layers, :, :, :]
     crs = crs[..., :used_layers, :, :] if fused_input else crs[..., :used_layers, :, :, :]
     if grads is not None:
@@ -568,7 +644,8 @@ def prepare_encoder_decoder(
         for m in row_masks
     ]
     masked_any = source_mask is not None or target_mask is not None
-    every_head = checks_every_head(do_validate, spec.kind, masked=masked_any) or rule == "gae"
+    gae = checked.rule == "gae"
+    every_head = checks_every_head(do_validate, spec.kind, masked=masked_any) or gae
     inputs = [enc, dec, crs]
     if do_validate and every_head:
         for name, array, rows_ok in zip(_NAMES, inputs, valid, strict=True):
@@ -578,7 +655,7 @@ def prepare_encoder_decoder(
             check_gradients_finite(grad, xp_, keep=keep, name=f"gradients[{i}]", masks="the masks")
     inputs = [_masked(a, k, v, xp_) for a, k, v in zip(inputs, keeps, valid, strict=True)]
 
-    if rule == "gae":
+    if gae:
         assert grads is not None
         grads = [
             g if k is None else xp_.where(k, g, xp_.zeros_like(g))
@@ -597,12 +674,12 @@ def prepare_encoder_decoder(
                 check_attention_values(array, xp_, valid_rows=None, name=name, heads_fused=True)
     return PreparedEncoderDecoder(
         fused=fused,
-        alpha=alpha,
+        alpha=checked.alpha,
         source_mask=source_mask,
         target_mask=target_mask,
-        rows=selected_rows,
-        all_layers=all_layers,
-        boundary=boundary,
+        rows=checked.rows,
+        all_layers=checked.all_layers,
+        boundary=checked.boundary,
         xp=xp_,
     )
 
