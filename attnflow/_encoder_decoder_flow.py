@@ -264,7 +264,6 @@ def encoder_decoder_flow(
     )
     # validate=False lets NaN through: such a sequence is NaN throughout, never a guess.
     undefined = ~np.isfinite(graphs.source).all(axis=(-3, -2, -1))
-    graphs, scales = _within_unit_rows(graphs, undefined)
 
     workers = _worker_count(n_jobs, estimate)
     if executor is not None:
@@ -290,8 +289,7 @@ def encoder_decoder_flow(
     finally:
         if bar is not None:
             bar.close()
-    values[..., :n_src] *= scales[0]
-    values[..., n_src:] *= alpha * scales[1]  # the decoder graph's capacities are alpha D~
+    values[..., n_src:] *= alpha  # the decoder graph's capacities are alpha D~
     values[undefined] = np.nan
     if normalize_result:
         totals = values.sum(axis=-1, keepdims=True)
@@ -321,34 +319,6 @@ class _Graphs:
     """``(*batch, L_e + L_d, S + T, S + T)``: max-flows to the source tokens."""
     decoder: np.ndarray
     """``(*batch, L_d, T, T)``: max-flows to the target tokens, divided by alpha."""
-
-
-ROW_SUM_SLACK = 1e-9
-"""How far above one a row of capacities may sum before its graph is scaled down (rounding
-of attention that was stored in float32 or renormalised is far below it)."""
-
-
-def _within_unit_rows(
-    graphs: _Graphs, undefined: np.ndarray
-) -> tuple[_Graphs, tuple[float, float]]:
-    """Scale each graph by a power of two so that no row of capacities sums above one.
-
-    The engine's bounds assume that no node forwards more than one (rows of attention
-    sum to one); attention passed with ``validate=False`` may sum higher. Scaling every
-    capacity by ``2^-k`` scales every max-flow by ``2^-k``, exactly in floating point;
-    the caller multiplies the flows back. Returns the graphs and the two factors.
-    """
-    scaled, factors = [], []
-    for graph in (graphs.source, graphs.decoder):
-        with np.errstate(invalid="ignore"):
-            rows = graph.sum(axis=-1)  # not of a copy: the source graph is the call's largest
-        largest = float(rows[~undefined].max(initial=0.0))
-        factor = 1.0
-        if largest > 1.0 + ROW_SUM_SLACK:
-            factor = 2.0 ** math.ceil(math.log2(largest))
-        scaled.append(graph if factor == 1.0 else graph / factor)
-        factors.append(factor)
-    return _Graphs(scaled[0], scaled[1]), (factors[0], factors[1])
 
 
 @dataclass(frozen=True)
