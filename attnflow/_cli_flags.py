@@ -18,6 +18,7 @@ _PHRASES = {
     "`executor=`": "--jobs",
     "pass either `executor` or `n_jobs`": "pass --jobs",
     "`max_work`=": "--max-work ",
+    "`max_seconds`=": "--max-seconds ",
 }
 # keyword=value as typed in Python -> the flag that does it.
 _SETTINGS = {
@@ -25,6 +26,7 @@ _SETTINGS = {
     "normalize_result=False": "--raw-values",
     "normalize=False": "--raw-values",
     "max_work=None": "--max-work inf",
+    "max_seconds=None": "--max-seconds inf",
     "heads=None": "--heads none",
     "receptive_field=True": "--receptive-field",
     "progress=True": "the progress bar (tqdm)",
@@ -45,6 +47,7 @@ _FLAGS = {
     "normalize": "--raw-values",
     "n_jobs": "--jobs",
     "max_work": "--max-work",
+    "max_seconds": "--max-seconds",
     "validate": "--no-validate",
     "progress": "--no-progress",
     "executor": "--jobs",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._cli_common import UsageError, bar, can_encode, has_module
+from ._deprecation import REMOVED_IN
 
 __all__ = ["configure_method", "run_method"]
 
@@ -196,10 +198,16 @@ def configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
             "--no-progress", action="store_true", help="hide the progress bar (shown with tqdm)"
         )
         parser.add_argument(
+            "--max-seconds",
+            type=float,
+            default=None,
+            help="refuse above this estimated single-core time (default 600; inf: no limit)",
+        )
+        parser.add_argument(
             "--max-work",
             type=float,
             default=None,
-            help="refuse above this many edge visits (default: the library's limit)",
+            help="deprecated: the limit in edge visits of the old engine (use --max-seconds)",
         )
 
 
@@ -250,11 +258,20 @@ def _method_options(args: argparse.Namespace, *, method: str) -> dict[str, Any]:
             )
             raise UsageError(msg)
         # `not > 0` refuses NaN too, which would otherwise disable the limit.
+        if args.max_seconds is not None and not args.max_seconds > 0:
+            msg = (
+                "--max-seconds must be a positive number of seconds (inf for no limit); "
+                f"got {args.max_seconds}"
+            )
+            raise UsageError(msg)
         if args.max_work is not None and not args.max_work > 0:
             msg = (
                 "--max-work must be a positive number of edge visits (inf for no limit); "
                 f"got {args.max_work}"
             )
+            raise UsageError(msg)
+        if args.max_work is not None and args.max_seconds is not None:
+            msg = "pass --max-seconds only (--max-work is its deprecated predecessor)"
             raise UsageError(msg)
     return options
 
@@ -351,7 +368,14 @@ def run_method(args: argparse.Namespace, *, method: str) -> int:
             # The bar needs tqdm, an optional extra: without it the command runs quietly.
             "progress": not args.no_progress and has_module("tqdm"),
         }
+        if args.max_seconds is not None:
+            options["max_seconds"] = args.max_seconds
         if args.max_work is not None:
+            print(
+                "attnflow: --max-work (edge visits of the old engine) is replaced by "
+                f"--max-seconds; --max-work will be removed in attnflow {REMOVED_IN}.",
+                file=sys.stderr,
+            )
             options["max_work"] = args.max_work
     function = {"flow": attnflow.flow, "rollout": attnflow.rollout, "raw": attnflow.raw}[method]
     precision = (
@@ -360,7 +384,9 @@ def run_method(args: argparse.Namespace, *, method: str) -> int:
         else contextlib.nullcontext()
     )
     try:
-        with precision:
+        with precision, warnings.catch_warnings():
+            # --max-work's note is printed above; the library's warning would repeat it.
+            warnings.filterwarnings("ignore", r"`max_work`", DeprecationWarning)
             values = np.asarray(function(attentions, **options))
     except (ValueError, TypeError, IndexError, RuntimeError) as error:
         reworded = _in_flags(str(error))

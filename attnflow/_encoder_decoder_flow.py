@@ -34,7 +34,7 @@ from ._flow import (
 from ._host import from_host, to_host
 from ._maxflow import FlowTask, flow_path
 from ._typing import Array, HeadFusion, LayerSelection, Namespace, RowSelection
-from ._work_limit import DEFAULT_MAX_SECONDS, check_max_seconds, deprecated_max_work, refuse_above
+from ._work_limit import DEFAULT_MAX_SECONDS, deprecated_max_work, refuse_above
 
 __all__ = ["encoder_decoder_flow"]
 
@@ -210,10 +210,7 @@ def encoder_decoder_flow(
         "normalize", "normalize_result", normalize, normalize_result, default=True
     )
     max_work = deprecated_max_work(max_work, max_seconds)
-    legacy = None if max_work is MISSING else max_work
-    _check_flow_options(n_jobs, executor, progress, normalize_result, legacy)
-    if max_work is MISSING:
-        check_max_seconds(max_seconds)
+    _check_flow_options(n_jobs, executor, progress, normalize_result, max_seconds, max_work)
     prepared = prepare_encoder_decoder(
         encoder,
         decoder,

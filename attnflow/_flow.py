@@ -26,6 +26,7 @@ from ._residual import mix_residual
 from ._rows import Rows
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 from ._validation import AttentionLayout, check_n_jobs
+from ._work_limit import DEFAULT_MAX_SECONDS, check_max_seconds, deprecated_max_work, refuse_above
 
 __all__ = ["FlowCost", "flow", "flow_cost"]
 
@@ -66,7 +67,8 @@ about a second (a task runs to its end once started: the compiled solver holds n
 frame to interrupt)."""
 
 DEFAULT_MAX_WORK = 2.5e10
-"""Edge visits (max-flows x edges) above which `flow` refuses to start by default."""
+"""Edge visits (max-flows x edges) above which `flow` refused to start by default, when the
+limit was `max_work` (deprecated; `max_seconds` replaces it)."""
 
 
 @dataclass(frozen=True)
@@ -266,12 +268,19 @@ def _cost_of(prepared: PreparedAttention, mask: np.ndarray | None) -> FlowCost:
 
 
 def _check_flow_options(
-    n_jobs: object, executor: object, progress: object, normalize_result: object, max_work: object
+    n_jobs: object,
+    executor: object,
+    progress: object,
+    normalize_result: object,
+    max_seconds: object,
+    max_work: object,
 ) -> None:
     if not isinstance(normalize_result, bool):
         msg = f"`normalize_result` must be True or False; got {normalize_result!r}."
         raise TypeError(msg)
-    if max_work is not None and (
+    if max_work is MISSING:
+        check_max_seconds(max_seconds)
+    elif max_work is not None and (
         # `not > 0`, not `<= 0`: NaN compares false both ways and would disable the limit.
         isinstance(max_work, bool) or not isinstance(max_work, int | float) or not max_work > 0
     ):
@@ -462,10 +471,11 @@ def flow(
     n_jobs: int | None = None,
     executor: Executor | None = None,
     progress: bool = False,
-    max_work: float | None = DEFAULT_MAX_WORK,
+    max_seconds: float | None = DEFAULT_MAX_SECONDS,
     validate: bool | Literal["heads"] = True,
     normalize: bool | Missing = MISSING,
     renormalize: bool | Missing = MISSING,
+    max_work: float | Missing | None = MISSING,
     xp: Namespace | None = None,
 ) -> ArrayT:
     r"""Attention flow: the max-flow from each output position to each input token.
@@ -561,14 +571,18 @@ def flow(
         pool). Tasks hold one sequence each.
     progress : bool, default False
         Show a progress bar (tqdm) counting max-flows.
-    max_work : float or None, default 2.5e10
-        Refuse to start when the estimated work (max-flows times graph edges, see
-        :func:`flow_cost`) is larger; None removes the limit.
+    max_seconds : float or None, default 600
+        Refuse to start when the estimated single-core time of the compiled engine
+        (:func:`flow_cost`'s ``estimated_seconds``) is larger; None removes the limit.
     validate : bool or "heads", default True
         Check the attention values first, as for :func:`rollout`.
     normalize, renormalize : bool, optional
         Deprecated spellings of `normalize_result` and `normalize_layers`, kept for one
         release (a DeprecationWarning).
+    max_work : float or None, optional
+        Deprecated: the limit in edge visits (max-flows times graph edges) of the old
+        igraph engine, kept with its meaning for one release (a DeprecationWarning); given,
+        it replaces `max_seconds`.
     xp : namespace, optional
         The array namespace; inferred from `attentions` by default.
 
@@ -653,7 +667,8 @@ def flow(
     normalize_layers = renamed_keyword(
         "renormalize", "normalize_layers", renormalize, normalize_layers, default=False
     )
-    _check_flow_options(n_jobs, executor, progress, normalize_result, max_work)
+    max_work = deprecated_max_work(max_work, max_seconds)
+    _check_flow_options(n_jobs, executor, progress, normalize_result, max_seconds, max_work)
     prepared = prepare_attention(
         check_arguments(
             attentions,
@@ -677,12 +692,23 @@ def flow(
     # read by the cost, the capacities, the plan and the causal baseline.
     mask = _host_mask(prepared.mask)
     estimate = _cost_of(prepared, mask)
-    if max_work is not None and estimate.edge_visits > max_work:
+    fix = (
+        "Explain fewer output positions (`rows=0` for a CLS token), stop at a lower layer "
+        "(`layers=`), spread the work over a cluster (`executor=`), or pass "
+    )
+    if max_work is MISSING:
+        refuse_above(
+            estimate.estimated_seconds,
+            str(estimate),
+            max_seconds,
+            what="this attention flow",
+            fix=fix + "`max_seconds=None` to run it anyway.",
+        )
+    elif isinstance(max_work, int | float) and estimate.edge_visits > max_work:
         msg = (
             f"this attention flow would take {estimate}, above `max_work`={max_work:.3g}. "
-            "Explain fewer output positions (`rows=0` for a CLS token), stop at a lower "
-            "layer (`layers=`), spread the work over a cluster (`executor=`), or pass "
-            "`max_work=None` to run it anyway."
+            + fix
+            + "`max_work=None` to run it anyway."
         )
         raise ValueError(msg)
 

@@ -209,8 +209,13 @@ def test_cost_is_known_before_running_and_absurd_requests_fail_early() -> None:
     assert cost.edge_visits == 197 * cost.largest_graph_edges
     full = attnflow.flow_cost(np.broadcast_to(vit, (32, *vit.shape)))
     assert full.max_flows == 32 * 197 * 197
-    with pytest.raises(ValueError, match=r"above `max_work`.*rows=0.*max_work=None"):
-        attnflow.flow(np.broadcast_to(vit, (32, *vit.shape)))
+    with pytest.raises(ValueError, match=r"above `max_seconds`.*rows=0.*max_seconds=None"):
+        attnflow.flow(np.broadcast_to(vit, (32, *vit.shape)), max_seconds=10)
+    with (
+        pytest.warns(DeprecationWarning, match=r"`max_work` .* is replaced by `max_seconds`"),
+        pytest.raises(ValueError, match=r"above `max_work`.*rows=0.*max_work=None"),
+    ):
+        attnflow.flow(np.broadcast_to(vit, (32, *vit.shape)), max_work=2.5e10)
     masked = attnflow.flow_cost(
         np.ones((2, 2, 1, 4, 4)) / 4, mask=np.array([[1, 1, 0, 0], [1, 1, 1, 1]], bool)
     )
@@ -268,7 +273,7 @@ def test_backends_get_their_own_arrays_back(backend: Variant, dtype_name: str) -
         ({"executor": "dask"}, TypeError, r"`executor` must be a concurrent.futures.Executor"),
         ({"progress": "yes"}, TypeError, r"`progress` must be True or False"),
         ({"normalize_result": 1}, TypeError, r"`normalize_result` must be True or False"),
-        ({"max_work": -1}, ValueError, r"`max_work` must be a positive number or None"),
+        ({"max_seconds": -1}, ValueError, r"`max_seconds` must be a positive number"),
         ({"rows": 9}, IndexError, r"`rows` must index the 5 output positions"),
     ],
 )

@@ -111,14 +111,28 @@ def test_unvalidated_flow_with_normalised_rows_gives_nan_rows() -> None:
     assert np.all(np.isnan(result).all(axis=-1) | ~np.isnan(result).any(axis=-1))  # whole rows
 
 
-@pytest.mark.parametrize("max_work", [float("nan"), 0.0, -1.0, "1e9", True])
-def test_a_bad_max_work_is_refused(max_work: object) -> None:
-    with pytest.raises(ValueError, match=r"`max_work` must be a positive number"):
-        attnflow.flow(_attention((2, 2, 3, 3)), max_work=max_work)  # type: ignore[arg-type]
+@pytest.mark.parametrize("max_seconds", [float("nan"), 0.0, -1.0, "1e9", True])
+def test_a_bad_max_seconds_is_refused(max_seconds: object) -> None:
+    with pytest.raises(ValueError, match=r"`max_seconds` must be a positive number"):
+        attnflow.flow(_attention((2, 2, 3, 3)), max_seconds=max_seconds)  # type: ignore[arg-type]
 
 
-def test_an_infinite_max_work_removes_the_limit() -> None:
-    assert attnflow.flow(_attention((2, 2, 3, 3)), max_work=float("inf")).shape == (3, 3)
+def test_an_infinite_max_seconds_removes_the_limit() -> None:
+    assert attnflow.flow(_attention((2, 2, 3, 3)), max_seconds=float("inf")).shape == (3, 3)
+
+
+def test_the_deprecated_max_work_keeps_its_meaning_one_release() -> None:
+    weights = _attention((2, 2, 3, 3))
+    with pytest.warns(DeprecationWarning, match=r"`max_work` .* is replaced by `max_seconds`"):
+        kept = attnflow.flow(weights, max_work=float("inf"))
+    np.testing.assert_array_equal(kept, attnflow.flow(weights))
+    with (
+        pytest.warns(DeprecationWarning, match=r"`max_work`"),
+        pytest.raises(ValueError, match=r"`max_work` must be a positive number"),
+    ):
+        attnflow.flow(weights, max_work=-1.0)
+    with pytest.raises(TypeError, match=r"pass `max_seconds` only"):
+        attnflow.flow(weights, max_work=1e9, max_seconds=10.0)
 
 
 # -- weak messages (item 7, library) ----------------------------------------------------
@@ -603,6 +617,7 @@ def test_a_malformed_safetensors_header_gets_a_clear_message(
         (["raw", "--rows", "99"], "--rows must index the 6 output positions"),
         (["flow", "--jobs", "0"], "--jobs must be a positive number of processes"),
         (["flow", "--max-work", "nan"], "--max-work must be a positive number"),
+        (["flow", "--max-seconds", "nan"], "--max-seconds must be a positive number"),
         (["rollout", "--layers", "7"], "--layers must index the 3 layers"),
         (["flow", "--exclude", "6"], "--exclude must index the 6 input tokens"),
         (["rollout", "--heads", "1,2,3"], "--heads gives 3 weights for attention with 2 heads"),
@@ -629,8 +644,8 @@ def test_bad_option_values_are_usage_errors_checked_before_the_output_exists_che
 @pytest.mark.parametrize(
     ("argv", "flag", "keyword"),
     [
-        (["flow", "--max-work", "10"], "--max-work inf", "max_work=None"),
-        (["flow", "--max-work", "10"], "--jobs", "executor="),
+        (["flow", "--max-seconds", "1e-9"], "--max-seconds inf", "max_seconds=None"),
+        (["flow", "--max-seconds", "1e-9"], "--jobs", "executor="),
         (["rollout"], "--no-validate", "validate=False"),
     ],
 )

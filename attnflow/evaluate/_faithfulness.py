@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from attnflow._deprecation import MISSING
 from attnflow._flow import _check_flow_options as check_flow_options
 from attnflow._host import to_host
 from attnflow._lost_workers import WorkersLostError
@@ -388,7 +389,7 @@ def faithfulness(
     host_targets = _check_targets(targets, n_samples)
     host_where = _check_where(where, n_samples, n_tokens)
     flow_options = {"n_jobs": n_jobs, "executor": executor}
-    check_flow_options(n_jobs, executor, False, True, None)  # flow's own checks, up front
+    check_flow_options(n_jobs, executor, False, True, None, MISSING)  # flow's own checks, up front
     run = functools.partial(
         _evaluate_chunk,
         model=model,
@@ -744,7 +745,7 @@ def faithfulness_from_outputs(
     chunk_size = _check_positive("chunk_size", chunk_size)
     _check_flag("progress", progress)
     _check_flag("force", force)
-    check_flow_options(n_jobs, executor, False, True, None)
+    check_flow_options(n_jobs, executor, False, True, None, MISSING)
     host = to_host(attentions, name="attentions")
     if host.ndim not in (4, 5) or host.shape[-1] != host.shape[-2]:
         msg = (

@@ -87,7 +87,8 @@ OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
             *_PRUNING,
             "normalize_result",
             "n_jobs",
-            "max_work",
+            "max_seconds",
+            "max_work",  # deprecated: max_seconds
         ),
         "encoder-decoder": (
             "heads",
@@ -453,10 +454,9 @@ class AttentionFlowAttribution(_Checked, _FinalStep, InternalsAttributionRegistr
     -----
     Options of ``attribute(...)``: :data:`OPTIONS` ``["attention_flow"]``: those of
     ``"attention_rollout"``, plus ``normalize_result`` (divide each position's flow by its sum,
-    default True), ``n_jobs``, and ``max_work`` for decoder-only models (refuse a graph
-    whose max-flow work exceeds it; see :func:`attnflow.flow_cost`), ``max_seconds`` for
-    encoder-decoder models (refuse a call estimated above that many seconds on one core;
-    its deprecated ``max_work`` still works one release). Any other option is refused by
+    default True), ``n_jobs`` and ``max_seconds`` (refuse a call estimated above that many
+    seconds on one core; see :func:`attnflow.flow_cost`; its deprecated ``max_work`` still
+    works one release). Any other option is refused by
     name. Flow solves one max-flow per position and token: it is meant for
     short texts.
     """
