@@ -285,7 +285,7 @@ def max_contribution(
 
     See Also
     --------
-    max_attention : the same maximum over attention weights (layers and heads).
+    max_attention : The same maximum over attention weights (layers and heads).
 
     Examples
     --------
