@@ -14,16 +14,25 @@ from typing import Any, Literal
 import numpy as np
 
 from ._deprecation import MISSING, Missing, renamed_keyword
+from ._flow_cost import (
+    SECONDS_PER_FUSED_ENTRY,
+    SECONDS_PER_RAW_ENTRY,
+    GraphProfile,
+    graph_profile,
+    kernel_task_seconds,
+    profile_rows,
+)
 from ._graph import layered_graph_edges
+from ._heads import apply_head_fusion
 from ._host import from_host, to_host
 from ._lost_workers import WorkersLostError, lost_workers_message
 from ._maxflow import FlowTask, flow_path, solve_flow_task
 from ._nonfinite import clear_non_finite
-from ._prepare import PreparedAttention, check_arguments, prepare_attention
+from ._prepare import CheckedArguments, PreparedAttention, check_arguments, prepare_attention
 from ._pruning import prune
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
-from ._rows import Rows
+from ._rows import Rows, take_rows
 from ._typing import ArrayT, HeadFusion, LayerSelection, Namespace, RowSelection
 from ._validation import AttentionLayout, check_n_jobs
 from ._work_limit import DEFAULT_MAX_SECONDS, check_max_seconds, deprecated_max_work, refuse_above
@@ -86,14 +95,19 @@ class FlowCost:
     edge_visits : float
         The sum over max-flows of the edges of their graph: the work.
     estimated_seconds : float
-        A rough single-core estimate of what the engine will do, from shapes alone: about
-        1.2e-10 s x n² x L per max-flow on n tokens and L layers, plus ordering each graph's
-        arcs and preparing the input (about 1.5e-8 s per attention weight), measured on a
-        2-core x86-64 machine on a decoder's causal attention, where the solver's flow
-        reaches its upper bound (nearly every pair we measured). Bidirectional attention
-        costs more per max-flow (up to about 1e-9 s x n² x L on all rows of MiniLM);
-        pairs where the bound is not reached (strongly local attention) are solved to
-        completion and can cost up to about 1e-7 s per edge each. Divide by the number of workers.
+        A single-core estimate of the compiled engine's time, computed before any solving
+        from the shapes and a profile of the attention (``attnflow._flow_cost``): per
+        attention weight, preparing the input; per graph of ``T`` layers on ``n`` tokens,
+        its arc lists and bounds (``T n²``); per (source, sink) pair, about
+        ``1.2e-8 s x A^0.8`` where the first blocking flow reaches the upper bound, for
+        ``A`` arcs that can carry the pair's flow (``(T-2) n²``; in causal attention the
+        tokens between sink and source alone), and about ``3e-9 s x A T`` where it cannot
+        (pairs farther from the source than strongly local attention carries flow whole,
+        solved to completion). Calibrated on a 2-core x86-64 machine; within 0.6x to 1.4x
+        of the measured CPU time on real encoders and decoders (MiniLM, SmolLM2 up to
+        n = 2,048, a GPT-2-size decoder) and on strongly local attention, 2 to 4x above it
+        on the head mean of synthetic random heads, which certifies faster
+        (``benchmarks/bench_flow_cost.py``). Divide by the number of workers.
 
     See Also
     --------
@@ -219,11 +233,15 @@ def _cost(
     rows: Rows,
     each_head: bool,
     mask: np.ndarray | None,
+    profile: GraphProfile | None = None,
 ) -> FlowCost:
-    """Count the work of a call from its shapes, rows and host mask alone (nothing fused).
+    """Count the work of a call from its shapes, rows, host mask and attention profile.
 
     Vectorised over the batch: sequences with the same number of real tokens and real
     rows cost the same, so each distinct pair is counted once, times how often it occurs.
+    With `profile` (:func:`_profile_of`, read from a sample of the attention's rows),
+    problems on the compiled solver are priced by ``attnflow._flow_cost``; without it (and
+    on the closed forms and igraph), from shapes alone.
     """
     n = layout.n_tokens
     row_list = np.asarray(rows.positions(n), dtype=np.intp)
@@ -246,17 +264,36 @@ def _cost(
     for top in tops:
         pairs = n_rows * n_valid
         edges = layered_graph_edges(top, n_rows, n_valid)
-        per_task = np.asarray(_solve_seconds(top, n_rows, n_valid), dtype=np.float64)  # type: ignore[arg-type]
+        if profile is not None and flow_path(top) == "kernel":
+            per_task = np.array(
+                [
+                    SECONDS_PER_TASK
+                    + kernel_task_seconds(
+                        profile, top, np.minimum(row_list[:r], max(v - 1, 0)), int(v)
+                    )
+                    for r, v in zip(n_rows.tolist(), n_valid.tolist(), strict=True)
+                ]
+            )
+        else:
+            per_task = np.asarray(_solve_seconds(top, n_rows, n_valid), dtype=np.float64)  # type: ignore[arg-type]
         max_flows += int(np.sum(pairs * copies))
         largest = max(largest, int(edges.max(initial=0)))
         visits += float(np.sum(pairs.astype(np.float64) * edges * copies))
         seconds += float(np.sum(np.where(pairs > 0, per_task, 0.0) * copies))
-    entries = float(np.sum(counts * n_valid.astype(np.float64) ** 2))
-    seconds += entries * used_layers * (layout.n_heads or 1) * SECONDS_PER_INPUT_ENTRY
+    entries = float(np.sum(counts * n_valid.astype(np.float64) ** 2)) * used_layers
+    if profile is None:
+        seconds += entries * (layout.n_heads or 1) * SECONDS_PER_INPUT_ENTRY
+    else:
+        raw = (layout.n_heads or 1) * SECONDS_PER_RAW_ENTRY
+        seconds += entries * (raw + SECONDS_PER_FUSED_ENTRY)
     return FlowCost(max_flows, largest, visits, seconds)
 
 
 def _cost_of(prepared: PreparedAttention, mask: np.ndarray | None) -> FlowCost:
+    n = prepared.layout.n_tokens
+    sample = profile_rows(n)
+    rows_of = take_rows(prepared.fused, tuple(sample.tolist()), prepared.xp)
+    profile = graph_profile(to_host(rows_of), sample)
     return _cost(
         prepared.layout,
         used_layers=prepared.fused.shape[-3],
@@ -264,7 +301,36 @@ def _cost_of(prepared: PreparedAttention, mask: np.ndarray | None) -> FlowCost:
         rows=prepared.rows,
         each_head=prepared.per_head is not None,
         mask=mask,
+        profile=profile,
     )
+
+
+def _profile_of(checked: CheckedArguments) -> GraphProfile:
+    """Profile the attention of checked arguments from a sample of its rows.
+
+    No whole layer is fused: each used layer's sampled rows, masked and with heads fused
+    as the call fuses them (a callable fusion is profiled by the mean).
+    """
+    xp = checked.xp
+    n = checked.layout.n_tokens
+    sample = profile_rows(n)
+    index = tuple(sample.tolist())
+    layers = [take_rows(checked.layer(i), index, xp) for i in range(checked.used_layers)]
+    axis = -3 if checked.layout.n_heads is None else -4
+    stacked = xp.stack(layers, axis=axis)
+    if checked.mask is not None:
+        # Padded keys and queries carry nothing, as in the prepared layers.
+        batch = checked.layout.batch_shape
+        extra = [1] * (-axis - 2)  # layers (and heads) between batch and tokens
+        keys = xp.reshape(checked.mask, (*batch, *extra, 1, n))
+        sampled_mask = xp.stack([checked.mask[..., row] for row in index], axis=-1)
+        queries = xp.reshape(sampled_mask, (*batch, *extra, len(index), 1))
+        stacked = xp.where(keys & queries, stacked, xp.zeros_like(stacked))
+    spec = checked.spec
+    if spec.kind not in {"none", "mean", "each", "weights", "max", "min"}:
+        spec = replace(spec, kind="mean")
+    fused = apply_head_fusion(stacked, spec, xp, check=False)
+    return graph_profile(np.nan_to_num(to_host(fused)), sample)
 
 
 def _check_flow_options(
@@ -393,7 +459,10 @@ def flow_cost(
     Parameters
     ----------
     attentions : array or sequence of arrays
-        As for :func:`flow`; only shapes (and `mask`) are used.
+        As for :func:`flow`. Besides the shapes, a sample of rows of each used layer is
+        read (32, evenly spaced; heads fused as :func:`flow` fuses them): whether the
+        attention is causal, how dense it is and how far each layer moves flow, which
+        decides how hard the max-flows are. Nothing else is computed.
     rows : int, sequence of int or None, default None
         Output positions, as for :func:`flow`.
     layers : {"last", "all"} or int, default "last"
@@ -411,7 +480,7 @@ def flow_cost(
     -------
     FlowCost
         The number of max-flow problems, the largest graph, the total edge visits and a
-        rough single-core time.
+        single-core time: the estimate that :func:`flow`'s `max_seconds` reads.
 
     See Also
     --------
@@ -449,6 +518,7 @@ def flow_cost(
         rows=checked.rows,
         each_head=checked.spec.kind == "each",
         mask=_host_mask(checked.mask),
+        profile=_profile_of(checked),
     )
 
 

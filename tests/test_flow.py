@@ -222,7 +222,7 @@ def test_cost_is_known_before_running_and_absurd_requests_fail_early() -> None:
     assert masked.max_flows == 4 + 16
 
 
-def test_flow_cost_reads_shapes_only_and_sums_over_the_batch(
+def test_flow_cost_fuses_no_whole_layer_and_sums_over_the_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import attnflow._prepare as prepare
@@ -235,7 +235,8 @@ def test_flow_cost_reads_shapes_only_and_sums_over_the_batch(
     rng = np.random.default_rng(5)
     mask = rng.random((300, 7)) < 0.7
     mask[:, 0] = True
-    # Values are never read: NaN attention costs what any attention of its shape costs.
+    # Only a sample of rows is read (`tests/test_flow_cost.py`); NaN attention has no arcs
+    # to profile, so every sequence costs what its shape and mask cost, and they add up.
     weights = np.full((300, 4, 3, 7, 7), np.nan)
     for options in ({}, {"rows": [0, 6]}, {"layers": "all"}, {"heads": "each", "rows": 0}):
         total = attnflow.flow_cost(weights, mask=mask, **options)

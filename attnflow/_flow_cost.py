@@ -1,0 +1,187 @@
+"""The compiled flow engine's cost, from a profile of the attention read before any solving.
+
+Where the time of :func:`attnflow.flow` goes, on the compiled engine (``attnflow._maxflow``):
+
+- preparing the input (head fusion, residual mixing, the host copy): per attention weight;
+- per sequence-layer graph: arc lists and reachability, linear in the capacities ``T n²``;
+  the vectorised upper bounds, ``T r n²`` for `r` output positions;
+- per (source, sink) pair whose first blocking flow reaches its upper bound (certified):
+  a search that touches part of the arcs that can carry the pair's flow, about
+  ``A^0.8`` for ``A`` such arcs (real attention; the head mean of synthetic random
+  heads certifies 3 to 4 times faster);
+- per pair whose bound is loose (solved to completion): a few Dinic phases, each a search
+  over most of those arcs, about ``A T``.
+
+Which pairs are loose is the one thing a shape cannot say. On strongly local attention
+(each token attending to a narrow window), the flow from an output position reaches a
+sink at distance ``d`` whole only while ``d`` is within the distance the flow can travel:
+each layer moves it by about the offset beyond which a share `DRIFT_MASS` of each row's
+attention still lies. Beyond the sum of those drifts
+over the graph's layers the tree bounds are loose and the pair is solved to completion
+(strongly local ViT-size attention: 78 to 83 % of a CLS row's pairs). Attention with any
+global component (attention sinks, [CLS]/[SEP], uniform causal attention) drifts across
+the whole sequence in one layer, and every pair is priced as certified.
+
+The profile reads a sample of rows of the head-fused attention (`PROFILE_ROWS` per layer):
+whether it is causal, the share of non-zero capacities per layer, and each layer's drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "CERTIFIED_EXPONENT",
+    "DRIFT_MASS",
+    "PROFILE_ROWS",
+    "GraphProfile",
+    "graph_profile",
+    "kernel_task_seconds",
+    "profile_rows",
+]
+
+PROFILE_ROWS = 32
+"""Rows of each layer read for the profile (evenly spaced, the first and last included)."""
+
+DRIFT_MASS = 0.16
+"""Share of a row's attention that defines a layer's drift: the largest offset ``d`` such
+that the mean row still holds this much at offsets ``>= d``. Calibrated with flow's
+default residual (0.5) on strongly local synthetic attention (8 layers, n = 128, logits
+``N(0, 1) - λ |i - j|``, λ = 0.5 and 0.15): the first sink solved to completion lies at
+23 and 117 tokens. A larger residual shortens the real reach (λ = 0.15 with α = 0.9: 4
+tokens), which the profile does not follow: there local attention is underestimated;
+attention with a global component stays certified at any residual."""
+
+CERTIFIED_EXPONENT = 0.8
+"""A certified pair costs about ``A^0.8`` for ``A`` live arcs (fit over n = 64 to 1,024,
+6 to 30 layers, causal and bidirectional real attention; 0.72 fits up to 1,024 as well
+and falls to 0.5x at 2,048, where the graph no longer fits in cache)."""
+
+SECONDS_PER_LIVE_ARC = 1.24e-8
+"""Seconds per ``A^CERTIFIED_EXPONENT`` of a certified pair (calibration set of
+``benchmarks/bench_flow_cost.py``)."""
+
+SECONDS_PER_LOOSE_ARC = 3.0e-9
+"""Seconds per live arc and layer of a pair solved to completion (same calibration)."""
+
+SECONDS_PER_GRAPH_ENTRY = 1.0e-8
+"""Arc lists, reachability and residual buffers: per capacity ``T n²`` of one graph."""
+
+SECONDS_PER_BOUND_TERM = 1.0e-9
+"""One ``min`` term of the vectorised upper bounds."""
+
+SECONDS_PER_RAW_ENTRY = 1.5e-9
+"""Reading the input once: per attention weight ``(*batch, L, H, n, n)``."""
+
+SECONDS_PER_FUSED_ENTRY = 1.2e-8
+"""Residual mixing, the float64 host copy and their checks: per fused weight
+``(*batch, L, n, n)``."""
+
+
+@dataclass(frozen=True)
+class GraphProfile:
+    """What the cost model reads of the attention itself (pooled over the batch)."""
+
+    causal: bool
+    """No capacity above the diagonal in any sampled row: a decoder's attention."""
+    density: np.ndarray
+    """``(L,)``: share of non-zero capacities of each layer (of the lower triangle when
+    `causal`)."""
+    drift: np.ndarray
+    """``(L,)``: tokens the flow can move through each layer (see `DRIFT_MASS`)."""
+
+    def reach(self, n_layers: int) -> float:
+        """Distance from a source at which a graph of `n_layers` layers stops certifying."""
+        return float(np.sum(self.drift[:n_layers]))
+
+
+def profile_rows(n: int) -> np.ndarray:
+    """Return the rows the profile reads: `PROFILE_ROWS` evenly spaced, 0 and ``n - 1`` in."""
+    return np.unique(np.linspace(0, n - 1, min(n, PROFILE_ROWS)).round().astype(np.intp))
+
+
+def graph_profile(sampled: np.ndarray, rows: np.ndarray) -> GraphProfile:
+    """Profile head-fused attention (no residual) from its sampled rows ``(*batch, L, k, n)``.
+
+    `rows` ``(k,)`` are the sampled rows' positions.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnflow._flow_cost import graph_profile, profile_rows
+    >>> n = 64
+    >>> causal = np.tril(np.ones((2, n, n))) / np.arange(1, n + 1)[:, None]
+    >>> rows = profile_rows(n)
+    >>> profile = graph_profile(causal[:, rows], rows)
+    >>> bool(profile.causal), profile.reach(2) > n
+    (True, True)
+    """
+    n = sampled.shape[-1]
+    n_layers = sampled.shape[-3]
+    pooled = np.abs(np.asarray(sampled, dtype=np.float64)).reshape(-1, n_layers, len(rows), n)
+    offsets = np.arange(n)[None, :] - rows[:, None]  # (k, n): key - query
+    causal = not bool(np.any(pooled[..., offsets > 0]))
+    present = pooled > 0
+    if causal:
+        lower = int(np.count_nonzero(offsets <= 0))
+        density = present.sum(axis=(0, 2, 3)) / (pooled.shape[0] * max(lower, 1))
+    else:
+        density = present.mean(axis=(0, 2, 3))
+    # Each row's attention by offset |key - query|, normalised per row; its tail (mass at
+    # offsets >= d) averaged over the rows that have room for offset d (a causal row j
+    # reaches back j tokens at most), and over the batch.
+    totals = pooled.sum(axis=-1, keepdims=True)
+    shares = np.divide(pooled, totals, out=np.zeros_like(pooled), where=totals > 0)
+    distance = np.abs(offsets)
+    room = rows if causal else np.maximum(rows, n - 1 - rows)
+    has_room = np.arange(n)[None, :] <= room[:, None]  # (k, n): row j has offset d
+    drift = np.zeros(n_layers)
+    for layer in range(n_layers):
+        by_offset = np.zeros((len(rows), n))  # (k, d)
+        mean_rows = shares[:, layer].mean(axis=0)
+        np.add.at(by_offset, (np.arange(len(rows))[:, None], distance), mean_rows)
+        tails = np.cumsum(by_offset[:, ::-1], axis=1)[:, ::-1]
+        counted = np.maximum(has_room.sum(axis=0), 1)
+        tail = np.where(has_room, tails, 0.0).sum(axis=0) / counted
+        drift[layer] = np.count_nonzero(tail[1:] >= DRIFT_MASS)
+    return GraphProfile(causal, np.asarray(density, dtype=np.float64), drift)
+
+
+def _distance_counts(rows: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (row, sink) of each distance ``d = |row - sink|``, sinks below and above.
+
+    ``(n,)`` each: ``below[d]`` counts sinks ``row - d`` (d = 0 included), ``above[d]``
+    sinks ``row + d`` (d >= 1).
+    """
+    rows = np.clip(rows, 0, n - 1)
+    at = np.bincount(rows, minlength=n)
+    below = np.cumsum(at[::-1])[::-1]  # rows >= d: sink row - d exists
+    above = np.cumsum(at)[::-1].copy()  # rows <= n - 1 - d: sink row + d exists
+    above[0] = 0
+    return below, above
+
+
+def kernel_task_seconds(profile: GraphProfile, n_layers: int, rows: np.ndarray, n: int) -> float:
+    """Single-core seconds of one sequence-layer problem on the compiled solver (T >= 3).
+
+    `rows` are the output positions (sources) at layer `n_layers` and every one of the
+    `n` tokens is a sink.
+    """
+    middle = profile.density[1 : n_layers - 1]
+    below, above = _distance_counts(np.asarray(rows, dtype=np.intp), n)
+    distance = np.arange(n, dtype=np.float64)
+    if profile.causal:
+        # Flow from row s reaches sink m <= s through tokens m .. s alone.
+        live = np.sum(middle) * (distance + 1) * (distance + 2) / 2
+        weights = below.astype(np.float64)
+    else:
+        live = np.full(n, np.sum(middle) * n * n, dtype=np.float64)
+        weights = (below + above).astype(np.float64)
+    loose = distance > profile.reach(n_layers)
+    certified = np.sum(weights * np.where(loose, 0.0, live**CERTIFIED_EXPONENT))
+    solved = np.sum(weights * np.where(loose, live * n_layers, 0.0))
+    graph = n_layers * n * n * SECONDS_PER_GRAPH_ENTRY
+    bounds = (n_layers * len(rows) * n * n + len(rows) * n * n) * SECONDS_PER_BOUND_TERM
+    return float(graph + bounds + certified * SECONDS_PER_LIVE_ARC + solved * SECONDS_PER_LOOSE_ARC)
