@@ -15,9 +15,11 @@ import numpy as np
 
 from ._deprecation import MISSING, Missing, renamed_keyword
 from ._flow_cost import (
+    PROFILE_SEQUENCES,
     SECONDS_PER_FUSED_ENTRY,
     SECONDS_PER_RAW_ENTRY,
     GraphProfile,
+    dearest_profile,
     graph_profile,
     kernel_task_seconds,
     profile_rows,
@@ -74,6 +76,10 @@ TASK_SECONDS = 0.5
 over their input tokens, so that the progress bar moves and Ctrl-C takes effect within
 about a second (a task runs to its end once started: the compiled solver holds no Python
 frame to interrupt)."""
+
+THREADS_FROM_SECONDS = 0.05
+"""Estimated seconds from which ``n_jobs=None`` runs on every core: threads start in
+microseconds, but splitting a task repeats its arc ordering."""
 
 DEFAULT_MAX_WORK = 2.5e10
 """Edge visits (max-flows x edges) above which `flow` refused to start by default, when the
@@ -289,42 +295,77 @@ def _cost(
     return FlowCost(max_flows, largest, visits, seconds)
 
 
-def _cost_of(prepared: PreparedAttention, mask: np.ndarray | None) -> FlowCost:
+def _cost_of(
+    prepared: PreparedAttention, mask: np.ndarray | None, *, decided_below: float = 0.0
+) -> FlowCost:
+    """Estimate a prepared call's work from a profile of its fused attention.
+
+    Where the estimate for the dearest attention of these shapes (every pair solved to
+    completion, `DEAREST`) is at most `decided_below`, that bound is returned instead,
+    without a profile: a caller that only compares the estimate with thresholds at or
+    above it decides the same.
+    """
+    options: dict[str, Any] = {
+        "used_layers": prepared.fused.shape[-3],
+        "all_layers": prepared.all_layers,
+        "rows": prepared.rows,
+        "each_head": prepared.per_head is not None,
+        "mask": mask,
+    }
+    if decided_below > 0:
+        dearest = _cost(prepared.layout, **options, profile=dearest_profile(options["used_layers"]))
+        if dearest.estimated_seconds <= decided_below:
+            return dearest
     n = prepared.layout.n_tokens
     sample = profile_rows(n)
-    rows_of = take_rows(prepared.fused, tuple(sample.tolist()), prepared.xp)
+    chosen = _profiled_sequences(prepared.layout.batch_shape)
+    xp = prepared.xp
+    index = tuple(sample.tolist())
+    # (sequences, L, rows, n): rows taken before anything is stacked.
+    rows_of = xp.stack([_sampled_rows(prepared.fused[(*item, ...)], index, xp) for item in chosen])
     profile = graph_profile(to_host(rows_of), sample)
-    return _cost(
-        prepared.layout,
-        used_layers=prepared.fused.shape[-3],
-        all_layers=prepared.all_layers,
-        rows=prepared.rows,
-        each_head=prepared.per_head is not None,
-        mask=mask,
-        profile=profile,
-    )
+    return _cost(prepared.layout, **options, profile=profile)
+
+
+def _sampled_rows(matrices: Any, index: tuple[int, ...], xp: Namespace) -> Any:
+    """Rows `index` (axis -2) of ``(..., n, n)`` matrices: one gather for NumPy input."""
+    if isinstance(matrices, np.ndarray):
+        return matrices[..., list(index), :]
+    return take_rows(matrices, index, xp)
+
+
+def _profiled_sequences(batch_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Batch indices of the sequences the profile reads: `PROFILE_SEQUENCES`, evenly spaced."""
+    total = math.prod(batch_shape)
+    flat = np.unique(np.linspace(0, total - 1, min(total, PROFILE_SEQUENCES)).round())
+    return [tuple(int(i) for i in np.unravel_index(int(f), batch_shape)) for f in flat]
 
 
 def _profile_of(checked: CheckedArguments) -> GraphProfile:
     """Profile the attention of checked arguments from a sample of its rows.
 
-    No whole layer is fused: each used layer's sampled rows, masked and with heads fused
-    as the call fuses them (a callable fusion is profiled by the mean).
+    No whole layer is fused: the sampled rows of each used layer of a few sequences
+    (`PROFILE_SEQUENCES`), masked and with heads fused as the call fuses them (a callable
+    fusion is profiled by the mean).
     """
     xp = checked.xp
     n = checked.layout.n_tokens
     sample = profile_rows(n)
     index = tuple(sample.tolist())
-    layers = [take_rows(checked.layer(i), index, xp) for i in range(checked.used_layers)]
-    axis = -3 if checked.layout.n_heads is None else -4
-    stacked = xp.stack(layers, axis=axis)
+    chosen = _profiled_sequences(checked.layout.batch_shape)
+    # (sequences, L, [H,] rows, n): the batch reduced to the chosen sequences.
+    layers = [
+        xp.stack([_sampled_rows(checked.layer(i)[(*item, ...)], index, xp) for item in chosen])
+        for i in range(checked.used_layers)
+    ]
+    stacked = xp.stack(layers, axis=1)
     if checked.mask is not None:
         # Padded keys and queries carry nothing, as in the prepared layers.
-        batch = checked.layout.batch_shape
-        extra = [1] * (-axis - 2)  # layers (and heads) between batch and tokens
-        keys = xp.reshape(checked.mask, (*batch, *extra, 1, n))
-        sampled_mask = xp.stack([checked.mask[..., row] for row in index], axis=-1)
-        queries = xp.reshape(sampled_mask, (*batch, *extra, len(index), 1))
+        mask = xp.stack([checked.mask[(*item, ...)] for item in chosen])  # (sequences, n)
+        extra = [1] * (stacked.ndim - 3)  # layers (and heads) between batch and tokens
+        keys = xp.reshape(mask, (len(chosen), *extra, 1, n))
+        sampled_mask = xp.stack([mask[:, row] for row in index], axis=-1)
+        queries = xp.reshape(sampled_mask, (len(chosen), *extra, len(index), 1))
         stacked = xp.where(keys & queries, stacked, xp.zeros_like(stacked))
     spec = checked.spec
     if spec.kind not in {"none", "mean", "each", "weights", "max", "min"}:
@@ -384,7 +425,7 @@ def _worker_count(n_jobs: int | None, cost: FlowCost) -> int:
     if n_jobs is None:
         # Threads start in microseconds, but splitting a task repeats its arc ordering:
         # worth it from a few tens of milliseconds of work.
-        return cores if cost.estimated_seconds > 0.05 else 1
+        return cores if cost.estimated_seconds > THREADS_FROM_SECONDS else 1
     # The work is CPU-bound: threads beyond the cores only compete for them.
     return min(n_jobs, cores)
 
@@ -460,7 +501,7 @@ def flow_cost(
     ----------
     attentions : array or sequence of arrays
         As for :func:`flow`. Besides the shapes, a sample of rows of each used layer is
-        read (32, evenly spaced; heads fused as :func:`flow` fuses them): whether the
+        read (16, evenly spaced, of up to 8 sequences; heads fused as :func:`flow` fuses them): whether the
         attention is causal, how dense it is and how far each layer moves flow, which
         decides how hard the max-flows are. Nothing else is computed.
     rows : int, sequence of int or None, default None
@@ -761,7 +802,11 @@ def flow(
     # The mask's one copy to the host, (*batch, n) bool: from here on `mask` is this copy,
     # read by the cost, the capacities, the plan and the causal baseline.
     mask = _host_mask(prepared.mask)
-    estimate = _cost_of(prepared, mask)
+    # The estimate decides two things: refusing (above `max_seconds`) and threads (above
+    # `THREADS_FROM_SECONDS`). Where even the dearest attention of these shapes stays
+    # below both, the decisions are known without profiling it (small calls).
+    limit = max_seconds if max_work is MISSING and max_seconds is not None else math.inf
+    estimate = _cost_of(prepared, mask, decided_below=min(limit, THREADS_FROM_SECONDS))
     fix = (
         "Explain fewer output positions (`rows=0` for a CLS token), stop at a lower layer "
         "(`layers=`), spread the work over a cluster (`executor=`), or pass "

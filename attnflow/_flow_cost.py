@@ -22,7 +22,8 @@ over the graph's layers the tree bounds are loose and the pair is solved to comp
 global component (attention sinks, [CLS]/[SEP], uniform causal attention) drifts across
 the whole sequence in one layer, and every pair is priced as certified.
 
-The profile reads a sample of rows of the head-fused attention (`PROFILE_ROWS` per layer):
+The profile reads a sample of rows of the head-fused attention (`PROFILE_ROWS` per layer
+of `PROFILE_SEQUENCES` sequences):
 whether it is causal, the share of non-zero capacities per layer, and each layer's drift.
 """
 
@@ -36,14 +37,20 @@ __all__ = [
     "CERTIFIED_EXPONENT",
     "DRIFT_MASS",
     "PROFILE_ROWS",
+    "PROFILE_SEQUENCES",
     "GraphProfile",
+    "dearest_profile",
     "graph_profile",
     "kernel_task_seconds",
     "profile_rows",
 ]
 
-PROFILE_ROWS = 32
+PROFILE_ROWS = 16
 """Rows of each layer read for the profile (evenly spaced, the first and last included)."""
+
+PROFILE_SEQUENCES = 8
+"""Sequences of a batch read for the profile (evenly spaced): its cost stays that of a few
+hundred rows however large the batch; the batch is priced by their pooled profile."""
 
 DRIFT_MASS = 0.16
 """Share of a row's attention that defines a layer's drift: the largest offset ``d`` such
@@ -97,6 +104,15 @@ class GraphProfile:
         return float(np.sum(self.drift[:n_layers]))
 
 
+def dearest_profile(n_layers: int) -> GraphProfile:
+    """Return the profile that prices every pair highest: dense, bidirectional, no drift.
+
+    Every pair but a token's own is then solved to completion, which costs more than a
+    certified pair on any graph of three tokens or more: an upper bound of the estimate.
+    """
+    return GraphProfile(False, np.ones(n_layers), np.zeros(n_layers))
+
+
 def profile_rows(n: int) -> np.ndarray:
     """Return the rows the profile reads: `PROFILE_ROWS` evenly spaced, 0 and ``n - 1`` in."""
     return np.unique(np.linspace(0, n - 1, min(n, PROFILE_ROWS)).round().astype(np.intp))
@@ -129,23 +145,27 @@ def graph_profile(sampled: np.ndarray, rows: np.ndarray) -> GraphProfile:
         density = present.sum(axis=(0, 2, 3)) / (pooled.shape[0] * max(lower, 1))
     else:
         density = present.mean(axis=(0, 2, 3))
-    # Each row's attention by offset |key - query|, normalised per row; its tail (mass at
-    # offsets >= d) averaged over the rows that have room for offset d (a causal row j
-    # reaches back j tokens at most), and over the batch.
+    # Each row's attention beyond offset d (both sides, d >= 1), normalised per row: from
+    # running sums of the row from either end. Averaged over the batch, then over the rows
+    # that have room for offset d (a causal row j reaches back j tokens at most).
     totals = pooled.sum(axis=-1, keepdims=True)
     shares = np.divide(pooled, totals, out=np.zeros_like(pooled), where=totals > 0)
-    distance = np.abs(offsets)
+    shares = shares.mean(axis=0)  # (L, k, n)
+    from_left = np.cumsum(shares, axis=-1)  # [..., x]: keys <= x
+    from_right = np.cumsum(shares[..., ::-1], axis=-1)[..., ::-1]  # [..., x]: keys >= x
+    offset = np.arange(1, n)[None, :]
+    left = rows[:, None] - offset  # (k, n-1): the key at offset d to the left
+    right = rows[:, None] + offset
+    tails = np.where(
+        left >= 0, np.take_along_axis(from_left, np.clip(left, 0, n - 1)[None], axis=-1), 0.0
+    ) + np.where(
+        right < n, np.take_along_axis(from_right, np.clip(right, 0, n - 1)[None], axis=-1), 0.0
+    )  # (L, k, n-1)
     room = rows if causal else np.maximum(rows, n - 1 - rows)
-    has_room = np.arange(n)[None, :] <= room[:, None]  # (k, n): row j has offset d
-    drift = np.zeros(n_layers)
-    for layer in range(n_layers):
-        by_offset = np.zeros((len(rows), n))  # (k, d)
-        mean_rows = shares[:, layer].mean(axis=0)
-        np.add.at(by_offset, (np.arange(len(rows))[:, None], distance), mean_rows)
-        tails = np.cumsum(by_offset[:, ::-1], axis=1)[:, ::-1]
-        counted = np.maximum(has_room.sum(axis=0), 1)
-        tail = np.where(has_room, tails, 0.0).sum(axis=0) / counted
-        drift[layer] = np.count_nonzero(tail[1:] >= DRIFT_MASS)
+    has_room = offset <= room[:, None]  # (k, n-1)
+    counted = np.maximum(has_room.sum(axis=0), 1)
+    tail = np.where(has_room, tails, 0.0).sum(axis=1) / counted  # (L, n-1)
+    drift = np.count_nonzero(tail >= DRIFT_MASS, axis=-1).astype(np.float64)
     return GraphProfile(causal, np.asarray(density, dtype=np.float64), drift)
 
 

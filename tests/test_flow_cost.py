@@ -139,3 +139,33 @@ def test_backends_get_the_estimate_of_numpy(backend: Variant, dtype_name: str) -
     got = attnflow.flow_cost(backend.asarray(weights), rows=[0, 3], mask=backend.asarray(mask))
     assert got.max_flows == expected.max_flows
     assert got.estimated_seconds == pytest.approx(expected.estimated_seconds, rel=1e-9)
+
+
+def test_the_dearest_profile_bounds_every_estimate() -> None:
+    # flow() skips the profile where this bound already decides: it must be an upper bound.
+    from attnflow._flow_cost import dearest_profile, kernel_task_seconds
+
+    n = 48
+    sample = profile_rows(n)
+    causal = np.tril(np.ones((6, n, n))) / np.arange(1, n + 1)[:, None]
+    for attention in (_local(n, 6, 0.5).mean(axis=1), _local(n, 6, 0.0).mean(axis=1), causal):
+        profile = graph_profile(attention[:, sample], sample)
+        for layers in (3, 6):
+            for rows in (np.array([0]), np.array([n - 1, 7]), np.arange(n)):
+                assert kernel_task_seconds(profile, layers, rows, n) <= kernel_task_seconds(
+                    dearest_profile(6), layers, rows, n
+                )
+
+
+def test_a_small_call_is_decided_without_a_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    weights = _local(12, 4, 0.5)
+    expected = attnflow.flow(weights, rows=0)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        msg = "profiled a call whose decisions its shapes settle"
+        raise AssertionError(msg)
+
+    monkeypatch.setattr(flow_module, "graph_profile", refuse)
+    np.testing.assert_array_equal(attnflow.flow(weights, rows=0), expected)
+    with pytest.raises(AssertionError, match="profiled"):  # a limit it could cross: profiled
+        attnflow.flow(weights, rows=0, max_seconds=1e-9)
