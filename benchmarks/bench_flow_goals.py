@@ -45,7 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 TIMER = """
-import json, sys, time
+import inspect, json, sys, time
 import numpy as np
 import attnflow
 a = np.load(sys.argv[1])
@@ -53,8 +53,11 @@ rows = json.loads(sys.argv[2])
 # A first call pays one-time imports (array_api_compat's NumPy namespace, about 0.35 CPU s
 # here): a 3-token call takes them before the clock starts, for both engines.
 attnflow.flow(np.full((3, 1, 3, 3), 1 / 3), rows=0)
+# No work limit: max_seconds None (its predecessor max_work in revisions before it).
+signature = inspect.signature(attnflow.flow).parameters
+limit = {"max_seconds": None} if "max_seconds" in signature else {"max_work": None}
 cpu, wall = time.process_time(), time.perf_counter()
-values = attnflow.flow(a, rows=rows, normalize_result=False, n_jobs=1, max_work=None)
+values = attnflow.flow(a, rows=rows, normalize_result=False, n_jobs=1, **limit)
 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
 np.save(sys.argv[3], values)
 estimate = attnflow.flow_cost(a, rows=rows).estimated_seconds

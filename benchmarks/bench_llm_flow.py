@@ -3,7 +3,7 @@
 What is measured
 ----------------
 ``attnflow.flow(attentions, rows=-1)`` with the defaults (``heads="mean"``,
-``residual=0.5``, ``normalize_result=True``, ``n_jobs=1``; ``max_work=None``, since the default
+``residual=0.5``, ``normalize_result=True``, ``n_jobs=1``; ``max_seconds=None``, since the default
 work limit refuses n >= 1,024) on the attention of the pretrained
 SmolLM2-135M-Instruct (Llama, 30 layers, causal) over real English text (the paragraphs of
 ``bench_flow_real.py``, repeated to length), at n = 256, 512, 1024 and 2048 tokens. The
@@ -56,13 +56,16 @@ PREVIOUS_ENGINE = "aa14fb6"
 """The last revision with the previous flow kernel (dense arrays, every arc sorted)."""
 
 BASELINE_SCRIPT = """
-import json, sys, time
+import inspect, json, sys, time
 import numpy as np
 import attnflow
 a = np.load(sys.argv[1])
 a = a.reshape(-1, a.shape[-1], a.shape[-1]).astype(np.float64)[:, None]  # (L, H=1, n, n)
+# No work limit: max_seconds None (its predecessor max_work in revisions before it).
+signature = inspect.signature(attnflow.flow).parameters
+limit = {"max_seconds": None} if "max_seconds" in signature else {"max_work": None}
 cpu, wall = time.process_time(), time.perf_counter()
-values = attnflow.flow(a, rows=-1, n_jobs=1, max_work=None)
+values = attnflow.flow(a, rows=-1, n_jobs=1, **limit)
 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
 np.save(sys.argv[2], values)
 print(json.dumps({"cpu": cpu, "wall": wall, "module": attnflow.__file__}))
@@ -180,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             attention = np.load(paths[n]).reshape(-1, n, n).astype(np.float64)[:, None]
             estimate = attnflow.flow_cost(attention, rows=-1).estimated_seconds
             cpu, wall = time.process_time(), time.perf_counter()
-            values = attnflow.flow(attention, rows=-1, n_jobs=1, max_work=None)
+            values = attnflow.flow(attention, rows=-1, n_jobs=1, max_seconds=None)
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
             peak = peak_mb()
             previous = {"cpu": float("nan"), "wall": float("nan")}
