@@ -24,6 +24,7 @@ __all__ = [
     "CONTRIBUTIONS",
     "HEAD_REDUCTIONS",
     "METHODS",
+    "TARGET_SCORES",
     "CaptureBlock",
     "CaptureHeads",
     "Contributions",
@@ -31,6 +32,7 @@ __all__ = [
     "Method",
     "Reduction",
     "Score",
+    "TargetScore",
     "capture_heads",
     "check_class_values",
     "check_contribution_method",
@@ -41,6 +43,7 @@ __all__ = [
     "check_reduce_output",
     "check_scalar_shape",
     "check_scalar_target",
+    "check_target_score",
     "check_target_type",
     "explain_contributions",
     "explain_gradients",
@@ -69,6 +72,10 @@ METHODS: tuple[Method, ...] = typing.get_args(Method)
 Reduction = Literal["l2", "sum_abs", "x_input"]
 #: What input gradients differentiate: the target class's probability or its logit.
 Score = Literal["probability", "logit"]
+#: What gradient rollout in ``explain`` differentiates at an explained row: the target's
+#: logit, or its log-probability (the target's entry of the log-softmax of the logits).
+TargetScore = Literal["logit", "log_probability"]
+TARGET_SCORES: tuple[TargetScore, ...] = typing.get_args(TargetScore)
 
 
 # -- heads and contributions ----------------------------------------------------------------
@@ -219,6 +226,27 @@ def check_no_target(method: object, target: object) -> None:
         msg = (
             f'`target` selects the class explained by method="gradient_rollout"; {method} '
             "does not use gradients. Drop `target`, or pass method='gradient_rollout'."
+        )
+        raise ValueError(msg)
+
+
+def check_target_score(target_score: object, method: object = "gradient_rollout") -> None:
+    """Check `target_score` before any work: a name of :data:`TARGET_SCORES`.
+
+    Only gradient rollout differentiates a score: another `method` takes the default,
+    ``"logit"``, alone (it is refused otherwise, as a `target` is).
+    """
+    if not isinstance(target_score, str) or target_score not in TARGET_SCORES:
+        msg = (
+            '`target_score` must be "logit" (the target\'s logit) or "log_probability" (its '
+            f"log-softmax over the classes or the vocabulary); got {target_score!r}."
+        )
+        raise ValueError(msg)
+    if target_score != "logit" and method != "gradient_rollout":
+        msg = (
+            '`target_score` chooses what method="gradient_rollout" differentiates; '
+            f"{method} does not use gradients. Drop `target_score`, or pass "
+            "method='gradient_rollout'."
         )
         raise ValueError(msg)
 

@@ -59,7 +59,7 @@ from attnflow._validation import (
     check_validate,
 )
 
-from ._common import check_no_target, check_target_type
+from ._common import TargetScore, check_no_target, check_target_score, check_target_type
 
 __all__ = [
     "SUPPORTED_ATTENTION",
@@ -794,6 +794,7 @@ def explain_rows(
     method: str,
     rows: int | Sequence[int] | None,
     target: int | Sequence[int] | torch.Tensor | None = None,
+    target_score: TargetScore = "logit",
     **options: Any,
 ) -> torch.Tensor:
     r"""Rollout or GAE rows of a causal LM from its queries and keys, blockwise.
@@ -803,7 +804,8 @@ def explain_rows(
     or :func:`attnflow.gradient_rollout`) up to rounding. For ``"gradient_rollout"`` each
     explained row ``i`` gets its own backward pass, of ``logits[b, i, target_b]`` summed
     over the batch (`target`: None for the argmax at that row, an int for every sample, or
-    one vocabulary id per sample).
+    one vocabulary id per sample), or of its log-probability
+    (``target_score="log_probability"``: ``log_softmax(logits[b, i])[target_b]``).
 
     Options are those of the method, with three differences: the padding is the model's
     own (its call's ``attention_mask``), and a `mask` given in the options is combined with
@@ -832,6 +834,7 @@ def explain_rows(
     if reason is not None:
         msg = f"explain(..., blockwise=True) cannot run here: {reason}."
         raise ValueError(msg)
+    check_target_score(target_score, method)
     if method == "rollout":
         check_no_target(method, target)
     else:
@@ -875,7 +878,7 @@ def explain_rows(
     recorder = _Recorder(layers)
     if method == "rollout":
         return _rollout_rows(model, inputs, recorder, settings, n, dtype)
-    return _gae_rows(model, inputs, recorder, settings, n, dtype, target)
+    return _gae_rows(model, inputs, recorder, settings, n, dtype, target, target_score)
 
 
 def _check_memory(
@@ -959,8 +962,9 @@ def _gae_rows(
     n: int,
     dtype: torch.dtype,
     target: Any,
+    target_score: TargetScore = "logit",
 ) -> torch.Tensor:
-    from ._torch_gradients import _target_classes
+    from ._torch_gradients import _target_score
 
     if torch.is_inference_mode_enabled():
         msg = (
@@ -1006,8 +1010,7 @@ def _gae_rows(
             valid = _valid(recorder, settings, batch, n, device)
             for c, row in enumerate(settings.rows):
                 row_logits = logits[:, c] if kept else logits[:, row]
-                classes = _target_classes(target, batch, row_logits.shape[-1], row_logits.detach())
-                score = row_logits.gather(-1, classes[:, None]).sum()
+                score = _target_score(row_logits, target, target_score)
                 one = _Settings(
                     **{
                         **settings.__dict__,

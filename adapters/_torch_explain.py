@@ -22,9 +22,11 @@ from ._common import (
     Contributions,
     HeadReduction,
     Method,
+    TargetScore,
     check_heads,
     check_method,
     check_no_target,
+    check_target_score,
     explain_contributions,
     explain_gradients,
     explain_weights,
@@ -44,18 +46,20 @@ def explain(
     method: Method = "rollout",
     rows: int | Sequence[int] | None = 0,
     target: int | Sequence[int] | torch.Tensor | None = None,
+    target_score: TargetScore = "logit",
     blockwise: bool | None = None,
     **options: Any,
 ) -> torch.Tensor:
-    """Capture a model's attention on `inputs` and return rollout, flow, GAE or value-aware maps.
+    r"""Capture a model's attention on `inputs` and return rollout, flow, GAE or value-aware maps.
 
     Runs ``model(**inputs)`` (a mapping, e.g. a tokenizer's output), ``model(*inputs)``
     (a tuple or list) or ``model(inputs)`` (a tensor) inside :func:`capture`, then applies
     :func:`attnflow.rollout`, :func:`attnflow.flow` or :func:`attnflow.gradient_rollout`
     with the captured padding mask. Rollout and flow run the model under
     ``torch.no_grad()``. ``method="gradient_rollout"`` runs it with autograd on, then
-    differentiates the logit of the `target` class of each sample (summed over the batch:
-    samples are independent) with respect to the attention weights of every layer, in
+    differentiates the logit of the `target` class of each sample, or its log-probability
+    (`target_score`), summed over the batch (samples are independent), with respect to
+    the attention weights of every layer, in
     the order the layers ran, and passes weights and gradients, paired layer by layer, to
     :func:`attnflow.gradient_rollout`. The gradients are taken with
     ``torch.autograd.grad``, so the parameters' ``.grad`` are left untouched.
@@ -87,6 +91,15 @@ def explain(
         ``"gradient_rollout"`` only: the class whose logit is explained, None for each
         sample's predicted class (argmax of its logits), an int for the same class in
         every sample, or one class per sample.
+    target_score : {"logit", "log_probability"}, default "logit"
+        ``"gradient_rollout"`` only: what is differentiated at the explained row, the
+        target's logit :math:`z_t` or its log-probability :math:`\log
+        \operatorname{softmax}(z)_t = z_t - \log \sum_v e^{z_v}` (over the classes, or
+        over the vocabulary for a causal LM), whose gradient :math:`\nabla z_t - \sum_v
+        p_v \nabla z_v` is what raises the target *above the others*, not what raises
+        every logit. On causal LMs the log-probability's GAE ranks the source of a copied
+        or retrieved token first where the logit's misses a fifth (docs/llms.md). The
+        default target (the argmax) is the same for both.
     blockwise : bool or None, default None
         Causal LMs of Llama, Mistral or Qwen2 style, ``"rollout"`` and
         ``"gradient_rollout"``: compute the `rows` from each layer's recomputed queries and
@@ -115,7 +128,8 @@ def explain(
     Raises
     ------
     ValueError
-        On an unknown `method`, a `target` with rollout or flow, or as raised by
+        On an unknown `method`, a `target` (or a `target_score` other than ``"logit"``)
+        with a method without gradients, an unknown `target_score`, or as raised by
         :func:`capture` and the method.
     TypeError
         For ``"gradient_rollout"``: a bad `target` or a model that returns no logits.
@@ -155,14 +169,23 @@ def explain(
     True
     """
     check_method(method)
+    check_target_score(target_score, method)
     from . import _torch_blockwise
 
     if _torch_blockwise.use_blockwise(model, inputs, method, blockwise, options):
         return _torch_blockwise.explain_rows(
-            model, inputs, method=method, rows=rows, target=target, **options
+            model,
+            inputs,
+            method=method,
+            rows=rows,
+            target=target,
+            target_score=target_score,
+            **options,
         )
     if method == "gradient_rollout":
-        return _explain_gradient_rollout(model, inputs, rows=rows, target=target, **options)
+        return _explain_gradient_rollout(
+            model, inputs, rows=rows, target=target, target_score=target_score, **options
+        )
     if method in ("norm", "globenc", "alti") and target is None:
         return _explain_contributions(model, inputs, method=method, rows=rows, **options)
     check_no_target(method, target)
@@ -206,6 +229,7 @@ def explain_text(
     methods: Sequence[str] | None = None,
     rows: int | None = None,
     target: int | None = None,
+    target_score: TargetScore = "logit",
     heads: HeadReduction = "mean",
     residual: float = 0.5,
     exclude: int | Sequence[int] | None = None,
@@ -253,6 +277,10 @@ def explain_text(
     target : int, optional
         ``"gradient_rollout"``: the class (for a causal LM, the vocabulary id) explained;
         None for the predicted one.
+    target_score : {"logit", "log_probability"}, default "logit"
+        ``"gradient_rollout"``: differentiate the target's logit or its log-probability
+        (:func:`explain`'s `target_score`; on causal LMs the log-probability localises
+        the source of a copied token best, see the LLMs page of the docs).
     heads : {"mean", "max", "min"}, default "mean"
         Head fusion of raw, rollout and flow.
     residual : float, default 0.5
@@ -277,7 +305,8 @@ def explain_text(
     TypeError
         If `text` is not a str.
     ValueError
-        If a method is unknown, or `row` is outside the tokenized text.
+        If a method is unknown, `row` is outside the tokenized text, or `target_score` is
+        unknown or not ``"logit"`` without ``"gradient_rollout"`` among the methods.
 
     Examples
     --------
@@ -295,7 +324,9 @@ def explain_text(
         msg = f"`text` must be a str (one input); got {type(given).__name__}."
         raise TypeError(msg)
     if methods is not None:
-        _check_text_methods(methods)
+        _check_text_score(target_score, _check_text_methods(methods))
+    else:
+        check_target_score(target_score)
     row = renamed_keyword("row", "rows", row, rows, default=None)
     if row is not None and (isinstance(row, bool) or not isinstance(row, int)):
         msg = f"`rows` must be an int (a token position) or None; got {row!r}."
@@ -324,6 +355,7 @@ def explain_text(
         if causal_lm
         else _DEFAULT_METHODS
     )
+    _check_text_score(target_score, chosen)  # a classifier's defaults: no gradient rollout
     scores = _scores_by_method(
         model,
         inputs,
@@ -334,6 +366,7 @@ def explain_text(
         heads=heads,
         residual=residual,
         target=target,
+        target_score=target_score,
         exclude=exclude,
         receptive_field=receptive_field,
     )
@@ -359,7 +392,7 @@ def explain_text(
         rows=row % n,
         special=[bool(s) for s in special],
         target=target if "gradient_rollout" in chosen else None,
-        notes=_method_notes(chosen),
+        notes=_method_notes(chosen, target_score),
         predicted=predicted,
         probabilities=probabilities,
         labels=labels,
@@ -373,6 +406,18 @@ def _check_text_methods(methods: object) -> list[str]:
     return [spec.name for spec in check_methods(chosen)]
 
 
+def _check_text_score(target_score: object, methods: Sequence[str]) -> None:
+    """Check `target_score`: a known name, other than "logit" only with gradient rollout."""
+    check_target_score(target_score)
+    if target_score != "logit" and "gradient_rollout" not in methods:
+        msg = (
+            f'`target_score` chooses what "gradient_rollout" differentiates; the methods '
+            f"{list(methods)} do not include it. Drop `target_score`, or add "
+            '"gradient_rollout" to `methods`.'
+        )
+        raise ValueError(msg)
+
+
 def explain_image(
     model: nn.Module,
     processor: Any,
@@ -381,6 +426,7 @@ def explain_image(
     methods: Sequence[str] = ("raw", "rollout", "flow"),
     rows: int = 0,
     target: int | None = None,
+    target_score: TargetScore = "logit",
     heads: HeadReduction = "mean",
     residual: float = 0.5,
     exclude: int | Sequence[int] | None = None,
@@ -424,6 +470,9 @@ def explain_image(
         spelling.
     target : int, optional
         ``"gradient_rollout"``: the class explained; None for the predicted one.
+    target_score : {"logit", "log_probability"}, default "logit"
+        ``"gradient_rollout"``: differentiate the target's logit or its log-probability
+        (log-softmax over the classes; :func:`explain`'s `target_score`).
     heads : {"mean", "max", "min"}, default "mean"
         Head fusion of raw, rollout and flow.
     residual : float, default 0.5
@@ -453,7 +502,8 @@ def explain_image(
     TypeError
         If `image` is not one image (a list, a batch, a str path).
     ValueError
-        If a method is unknown, `row` is outside the tokens, or the patch grid cannot be
+        If a method is unknown, `target_score` is unknown or not ``"logit"`` without
+        ``"gradient_rollout"``, `row` is outside the tokens, or the patch grid cannot be
         told (no ``config.patch_size`` and no `grid`) or does not fit the tokens.
 
     Examples
@@ -473,6 +523,7 @@ def explain_image(
     ((4, 4), ('[CLS]', '(0,0)'), (2, 17))
     """
     chosen = _check_text_methods(methods)
+    _check_text_score(target_score, chosen)
     row = renamed_keyword("row", "rows", row, rows, default=0)
     check_heads(heads, optional=False)
     _check_one_image(image)
@@ -506,6 +557,7 @@ def explain_image(
         heads=heads,
         residual=residual,
         target=target,
+        target_score=target_score,
         exclude=exclude,
         receptive_field=receptive_field,
     )
@@ -518,7 +570,7 @@ def explain_image(
         rows=row % n,
         special=[True] * extra + [False] * (rows * cols),
         target=target if "gradient_rollout" in chosen else None,
-        notes=_method_notes(chosen),
+        notes=_method_notes(chosen, target_score),
         predicted=predicted,
         probabilities=probabilities,
         labels=labels,
@@ -639,15 +691,18 @@ def _explain_gradient_rollout(
     *,
     rows: int | Sequence[int] | None,
     target: int | Sequence[int] | torch.Tensor | None,
+    target_score: TargetScore = "logit",
     **options: Any,
 ) -> torch.Tensor:
-    """explain(method="gradient_rollout"): forward with capture, d logit / d A, then GAE.
+    """explain(method="gradient_rollout"): forward with capture, d score / d A, then GAE.
 
-    For a causal LM each explained row has its own score (the target token's logit at
-    that row), so its own gradients and GAE run; the rows are stacked as the core would
-    stack them (``(*batch, [layers,] r, n)`` for a sequence of rows).
+    For a causal LM each explained row has its own score (the target token's logit, or
+    log-probability, at that row), so its own gradients and GAE run; the rows are stacked
+    as the core would stack them (``(*batch, [layers,] r, n)`` for a sequence of rows).
     """
-    weights, gradients, mask, lm_rows = _weights_and_gradients(model, inputs, target, rows)
+    weights, gradients, mask, lm_rows = _weights_and_gradients(
+        model, inputs, target, rows, target_score
+    )
     if lm_rows is None:
         result: torch.Tensor = explain_gradients(weights, gradients[0], mask, rows, options)
         return result
@@ -670,6 +725,7 @@ def _scores_by_method(
     heads: HeadReduction,
     residual: float,
     target: int | None,
+    target_score: TargetScore = "logit",
     exclude: int | Sequence[int] | None = None,
     receptive_field: bool = False,
 ) -> dict[str, torch.Tensor]:
@@ -696,6 +752,7 @@ def _scores_by_method(
                 method="gradient_rollout",
                 rows=row,
                 target=target,
+                target_score=target_score,
                 layers="all",
                 exclude_self=True,
                 **variants,
@@ -708,7 +765,7 @@ def _scores_by_method(
     return scores
 
 
-def _method_notes(methods: Sequence[str]) -> list[str]:
+def _method_notes(methods: Sequence[str], target_score: str = "logit") -> list[str]:
     """Return what explain_text's and explain_image's pages must say of their scores."""
     if "gradient_rollout" not in methods:
         return []
@@ -716,4 +773,6 @@ def _method_notes(methods: Sequence[str]) -> list[str]:
         "Gradient rollout without the explained token's own relevance (set to 0), as "
         "Chefer et al. (2021) show it."
     )
+    if target_score == "log_probability":
+        note = note[:-1] + ", of the target's log-probability (not its logit)."
     return [note]

@@ -14,9 +14,9 @@ token at the position that predicted it:
 - ``"raw"``: the head-fused attention row of one layer (the last by default) at the
   predicting position, read from the same steps.
 - ``"gradient_rollout"`` (Chefer et al. 2021, GAE): the gradient of the generated token's
-  logit at the predicting position with respect to every attention weight needs one
-  backward pass per token, so it runs the prefix of each generated token once more with
-  autograd (:func:`attnflow.adapters.torch.explain` with the token as its vocabulary
+  logit (or log-probability, ``target_score``) at the predicting position with respect to
+  every attention weight needs one backward pass per token, so it runs the prefix of each
+  generated token once more with autograd (:func:`attnflow.adapters.torch.explain` with the token as its vocabulary
   target) and rolls it out with :func:`attnflow.gradient_rollout`: ``T`` forward and
   backward passes.
 
@@ -45,7 +45,7 @@ from attnflow._validation import (
 )
 from attnflow.generation import GenerationExplanation
 
-from ._common import HEAD_REDUCTIONS
+from ._common import HEAD_REDUCTIONS, check_target_score
 
 __all__ = ["GENERATION_METHODS", "explain_generation"]
 
@@ -59,6 +59,7 @@ _OPTIONS: dict[str, frozenset[str]] = {
     "gradient_rollout": frozenset(
         {
             "rule",
+            "target_score",
             "normalize_result",
             "normalize",  # its spelling until 0.1: attnflow.gradient_rollout warns
             "residual",
@@ -187,6 +188,9 @@ def explain_generation(
           sink), then renormalise; rollout and gradient rollout.
         - ``rule``, ``normalize_result``, ``exclude_self``: gradient rollout
           (:func:`attnflow.gradient_rollout`).
+        - ``target_score``: ``"logit"`` (default) or ``"log_probability"``, what gradient
+          rollout differentiates for each generated token at the position that predicted
+          it: its logit or its log-probability (:func:`explain`'s `target_score`).
         - ``validate``: check the attention values; all methods.
 
         An option that none of the chosen `methods` takes is refused, and so are
@@ -386,6 +390,8 @@ def _check_options(
             raise ValueError(msg)
     if "residual" in options:
         check_residual(options["residual"])
+    if "target_score" in options:
+        check_target_score(options["target_score"])
     if "receptive_field" in options:
         check_receptive_field(options["receptive_field"])
     heads = options.get("heads", "mean")

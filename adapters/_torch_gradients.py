@@ -18,6 +18,7 @@ from attnflow._validation import check_rows
 from ._common import (
     Reduction,
     Score,
+    TargetScore,
     check_class_values,
     check_reduce_output,
     check_scalar_shape,
@@ -34,13 +35,15 @@ def _weights_and_gradients(
     inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
     target: int | Sequence[int] | torch.Tensor | None,
     rows: int | Sequence[int] | None = None,
+    target_score: TargetScore = "logit",
 ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None, Rows | None]:
-    """Return the weights of one call, d logit_target / d A per score, the mask, LM rows.
+    """Return the weights of one call, d score / d A per score, the mask, LM rows.
 
     A classifier (logits ``(batch, classes)``) gives one gradient stack and no rows. A
     causal LM (logits ``(batch, n, vocab)``) gives one gradient stack per explained row
-    (all ``n`` for `rows` None): that of the `target` token's logit at that row, and the
-    rows as non-negative positions.
+    (all ``n`` for `rows` None): that of the `target` token's score at that row, and the
+    rows as non-negative positions. The score is the logit or the log-probability
+    (`target_score`, :func:`_target_score`).
     """
     check_target_type(target, _describe_target)
     explained: Rows | None = None
@@ -48,20 +51,35 @@ def _weights_and_gradients(
     def scores(logits: torch.Tensor) -> list[torch.Tensor]:
         nonlocal explained
         if logits.ndim == 2:
-            classes = _target_classes(target, logits.shape[0], logits.shape[1], logits.detach())
-            return [logits.gather(-1, classes.to(logits.device)[:, None]).sum()]
+            return [_target_score(logits, target, target_score)]
         explained = _lm_rows(rows, int(logits.shape[1]))
-        found = []
-        for row in explained.positions(int(logits.shape[1])):
-            at_row = logits[:, row, :]
-            tokens = _target_classes(target, logits.shape[0], logits.shape[2], at_row.detach())
-            found.append(at_row.gather(-1, tokens.to(logits.device)[:, None]).sum())
-        return found
+        return [
+            _target_score(logits[:, row, :], target, target_score)
+            for row in explained.positions(int(logits.shape[1]))
+        ]
 
     weights, gradients, mask = _differentiate_each(
         model, inputs, _lm_or_classifier_logits, scores, 'explain(method="gradient_rollout")'
     )
     return weights, gradients, mask, explained
+
+
+def _target_score(
+    logits: torch.Tensor,
+    target: int | Sequence[int] | torch.Tensor | None,
+    target_score: TargetScore,
+) -> torch.Tensor:
+    r"""Return the explained score of `logits` ``(batch, classes)``, summed over the batch.
+
+    ``"logit"``: :math:`\sum_b z_{b, t_b}`; ``"log_probability"``: :math:`\sum_b
+    \log \operatorname{softmax}(z_b)_{t_b} = \sum_b \big(z_{b, t_b} - \log \sum_v
+    e^{z_{b, v}}\big)`, whose gradient is :math:`\nabla z_{t} - \sum_v p_v \nabla z_v`.
+    The target :math:`t_b` is `target` (None: the argmax, the same for both scores).
+    Samples are independent, so the sum's gradient gives each sample's own.
+    """
+    classes = _target_classes(target, logits.shape[0], logits.shape[-1], logits.detach())
+    values = torch.log_softmax(logits, dim=-1) if target_score == "log_probability" else logits
+    return values.gather(-1, classes.to(logits.device)[:, None]).sum()
 
 
 def _lm_rows(rows: int | Sequence[int] | None, n: int) -> Rows:

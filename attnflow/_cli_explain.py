@@ -75,6 +75,14 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
         "--target", type=int, default=None, help="gradient_rollout: the class (default: predicted)"
     )
     parser.add_argument(
+        "--target-score",
+        choices=("logit", "log_probability"),
+        default="logit",
+        help="gradient_rollout: differentiate the target's logit (default) or its "
+        "log-probability (log-softmax; on causal LMs the one that finds a copied token's "
+        "source)",
+    )
+    parser.add_argument(
         "--rows",
         "--row",
         dest="row",
@@ -149,6 +157,13 @@ def run_explain(args: argparse.Namespace) -> int:
             msg = f"--method must list some of {', '.join(METHODS)}; got {args.method!r}"
             raise UsageError(msg)
     options = _decoder_options(args)  # --receptive-field, --exclude
+    if args.target_score != "logit" and methods is not None and "gradient_rollout" not in methods:
+        msg = (
+            "--target-score chooses what gradient_rollout differentiates; add it to --method "
+            f"(got --method {args.method})"
+        )
+        raise UsageError(msg)
+    options["target_score"] = args.target_score
     if (args.text is None) == (args.image is None):
         msg = (
             "give a text to explain or --image FILE, not both"
@@ -237,7 +252,7 @@ def run_explain(args: argparse.Namespace) -> int:
             **options,
         )
     except (TypeError, ValueError) as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(str(error).replace("`target_score`", "--target-score")) from None
     page = None
     if args.output is not None:  # rendered before anything is printed or written
         page = explanation.to_html(layer=args.layer)
@@ -396,7 +411,7 @@ def _run_image(
             **options,
         )
     except (TypeError, ValueError) as error:
-        raise UsageError(str(error)) from None
+        raise UsageError(str(error).replace("`target_score`", "--target-score")) from None
     page = None
     if args.output is not None:  # drawn before anything is printed or written
         page = _image_page(explanation, layer=args.layer, top=args.top, source=args.image)

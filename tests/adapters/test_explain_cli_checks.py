@@ -98,3 +98,13 @@ def test_a_failed_save_leaves_neither_the_page_nor_the_data(
     assert main([*argv, "-o", str(page), "--save", str(data)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.npz", "page.html"]
     assert Explanation.load(data).tokens[0] == "[CLS]"
+
+
+def test_a_target_score_without_gradient_rollout_is_refused_before_the_model(
+    folder: Path, no_model: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["explain", "--model", str(folder), TEXT, "--method", "rollout,flow"]
+    assert main([*argv, "--target-score", "log_probability"]) == EXIT_USAGE
+    one_line(capsys, "--target-score chooses what gradient_rollout differentiates")
+    assert main([*argv, "--target-score", "probability"]) == EXIT_USAGE  # argparse's choices
+    assert "log_probability" in capsys.readouterr().err

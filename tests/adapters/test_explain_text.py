@@ -103,6 +103,27 @@ def test_a_classifier_gets_its_prediction_and_gradient_rollout() -> None:
     assert (e.scores["gradient_rollout"][:, 0] == 0).all()
     assert any("own relevance" in note for note in e.notes)
     assert "own relevance" in e.to_html()
+    # Of the class's log-probability (log-softmax over the classes), as explain gives it.
+    logp = adapter.explain_text(
+        model,
+        tokenizer,
+        "abc",
+        methods=["gradient_rollout"],
+        target=2,
+        target_score="log_probability",
+    )
+    expected = adapter.explain(
+        model,
+        inputs,
+        method="gradient_rollout",
+        target=2,
+        target_score="log_probability",
+        layers="all",
+        exclude_self=True,
+    )
+    np.testing.assert_array_equal(logp.scores["gradient_rollout"], expected[0].double().numpy())
+    assert np.abs(logp.scores["gradient_rollout"] - e.scores["gradient_rollout"]).max() > 1e-6
+    assert any("log-probability" in note for note in logp.notes)
 
 
 def test_every_method_and_the_gallery_options(model_and_tokenizer: tuple) -> None:
@@ -150,6 +171,15 @@ def test_bad_arguments_fail_before_the_model_runs(model_and_tokenizer: tuple) ->
         adapter.explain_text(model, tokenizer, TEXT, methods=["attention"])
     with pytest.raises(ValueError, match="`rows` must index the 11 tokens"):
         adapter.explain_text(model, tokenizer, TEXT, rows=11)
+    with pytest.raises(ValueError, match='`target_score` must be "logit"'):
+        adapter.explain_text(model, tokenizer, TEXT, target_score="probability")
+    with pytest.raises(ValueError, match="do not include it"):
+        adapter.explain_text(
+            model, tokenizer, TEXT, methods=["rollout"], target_score="log_probability"
+        )
+    # A sentence encoder's default methods have no gradient rollout either.
+    with pytest.raises(ValueError, match="do not include it"):
+        adapter.explain_text(model, tokenizer, TEXT, target_score="log_probability")
 
 
 def test_the_old_keyword_row_still_works_with_a_warning(model_and_tokenizer: tuple) -> None:

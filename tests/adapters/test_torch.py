@@ -1349,3 +1349,82 @@ def test_gradient_methods_need_attention_gradients(bert_classifier, padded_ids):
         attnflow.evaluate.faithfulness_from_outputs(
             attentions, {"blank_out": np.zeros((4, 7))}, methods=("gradient_rollout",)
         )
+
+
+# -- explain(target_score=...): GAE of the target's logit or of its log-probability ----------
+class CallCounter(torch.nn.Module):
+    """A classifier that counts its calls: a refused argument must cost no call."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.calls = inner, 0
+
+    def forward(self, input_ids):
+        self.calls += 1
+        return self.inner(input_ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("target", [None, [2, 0]])
+def test_log_probability_gae_is_the_chain_rule_of_the_class_logits(dtype, target):
+    """GAE of log p_t equals GAE of ∇z_t - Σ_c p_c ∇z_c, the chain rule written by hand.
+
+    The oracle differentiates each class logit alone (a callable target of
+    ``attention_gradients``), weights the gradients with the model's own softmax, and rolls
+    them out with :func:`attnflow.gradient_rollout`.
+    """
+    torch.manual_seed(0)
+    model = TinyClassifier().to(dtype).eval()
+    ids = IDS[:, :5]
+    with torch.no_grad():
+        logits = model(ids).double()
+    classes = (
+        logits.argmax(-1)
+        if target is None
+        else torch.as_tensor([target] * 2 if isinstance(target, int) else target)
+    )
+    probabilities = logits.softmax(-1)
+    per_class = [
+        adapter.attention_gradients(model, ids, target=lambda out, c=c: out[:, c].sum())
+        for c in range(3)
+    ]
+    weights = per_class[0][0].double()
+    grads = torch.stack([g.double() for _, g in per_class])  # (C, B, L, H, n, n)
+    chosen = grads[classes, torch.arange(2)]  # (B, L, H, n, n): ∇z_t of each sample
+    mixed = torch.einsum("bc,cblhij->blhij", probabilities, grads)
+    expected = attnflow.gradient_rollout(weights, chosen - mixed, rows=0, layers="all")
+    got = adapter.explain(
+        model,
+        ids,
+        method="gradient_rollout",
+        target=target,
+        target_score="log_probability",
+        layers="all",
+    )
+    assert got.dtype == dtype
+    atol = 1e-12 if dtype == torch.float64 else 1e-5
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(got.double(), expected, atol=atol * scale, rtol=0)
+    # Not the logit's GAE: the subtracted mean gradient changes the relevance.
+    logit = adapter.explain(model, ids, method="gradient_rollout", target=target, layers="all")
+    assert float((logit.double() - got.double()).abs().max()) > 100 * atol * scale
+    default = adapter.explain(
+        model, ids, method="gradient_rollout", target=target, target_score="logit", layers="all"
+    )
+    torch.testing.assert_close(default, logit, rtol=0, atol=0)  # "logit" is the default
+
+
+def test_a_bad_target_score_is_refused_before_the_model_runs():
+    torch.manual_seed(0)
+    model = CallCounter(TinyClassifier().double().eval())
+    for bad in ("probability", "log_prob", None, 1):
+        with pytest.raises(ValueError, match='`target_score` must be "logit"') as error:
+            adapter.explain(model, IDS, method="gradient_rollout", target_score=bad)
+        assert repr(bad) in str(error.value)
+    for method in ("rollout", "flow", "raw", "alti"):
+        with pytest.raises(ValueError, match=r"does not use gradients\. Drop `target_score`"):
+            adapter.explain(model, IDS, method=method, target_score="log_probability")
+    assert model.calls == 0
+    # "logit" is accepted with every method (it is the default).
+    adapter.explain(model, IDS, method="rollout", target_score="logit")
+    assert model.calls == 1

@@ -28,13 +28,17 @@ def _materialised_rollout(model, inputs, rows, **options):
     return attnflow.rollout(cap.attentions, rows=rows, mask=cap.mask, **options)
 
 
-def _materialised_gae(model, inputs, row, target=None, **options):
-    """GAE of the logit of `target` (default: the argmax) at `row`, from captured weights."""
+def _materialised_gae(model, inputs, row, target=None, log_probability=False, **options):
+    """GAE of the logit of `target` (default: the argmax) at `row`, from captured weights.
+
+    With `log_probability`, of its log-probability: the log-softmax over the vocabulary.
+    """
     with torch.enable_grad():
         with adapter.capture(model) as cap:
             logits = model(**inputs).logits[:, row]
         classes = logits.argmax(-1) if target is None else torch.full_like(logits[:, 0], target)
-        score = logits.gather(-1, classes.long()[:, None]).sum()
+        scores = torch.log_softmax(logits, dim=-1) if log_probability else logits
+        score = scores.gather(-1, classes.long()[:, None]).sum()
         gradients = torch.autograd.grad(score, cap.records)
     weights = cap.attentions.detach()
     return attnflow.gradient_rollout(
@@ -119,6 +123,35 @@ def test_gae_rows_with_a_given_target_each_row_its_own_logit():
         model, inputs, method="gradient_rollout", rows=[5, -1], target=7, blockwise=False
     )
     torch.testing.assert_close(got, materialised, atol=1e-11, rtol=0)
+
+
+@pytest.mark.parametrize("target", [None, 7])
+def test_gae_rows_of_the_log_probability_each_row_its_own(target):
+    """target_score="log_probability": log_softmax(logits at the row)[target], both paths."""
+    model = _tiny("llama")
+    inputs = _padded_inputs()
+    expected = torch.stack(
+        [
+            _materialised_gae(model, inputs, row, target=target, log_probability=True)
+            for row in (5, -1)
+        ],
+        dim=-2,
+    )
+    for rows_blockwise in (True, False):
+        got = adapter.explain(
+            model,
+            inputs,
+            method="gradient_rollout",
+            rows=[5, -1],
+            target=target,
+            target_score="log_probability",
+            blockwise=rows_blockwise,
+        )
+        torch.testing.assert_close(got, expected, atol=1e-11, rtol=0)
+    logit = adapter.explain(
+        model, inputs, method="gradient_rollout", rows=[5, -1], target=target, blockwise=True
+    )
+    assert float((logit - expected).abs().max()) > 1e-6  # another score, other relevance
 
 
 # -- small random models, float64 ---------------------------------------------------------------
@@ -298,6 +331,12 @@ def test_bad_input_is_refused_clearly():
         adapter.explain(model, inputs, rows=-1, blockwise=True, engine="flash")
     with pytest.raises(ValueError, match="`target`"):
         adapter.explain(model, inputs, rows=-1, blockwise=True, target=3)
+    with pytest.raises(ValueError, match="Drop `target_score`"):
+        adapter.explain(model, inputs, rows=-1, blockwise=True, target_score="log_probability")
+    with pytest.raises(ValueError, match="`target_score` must be"):
+        adapter.explain(
+            model, inputs, method="gradient_rollout", rows=-1, blockwise=True, target_score="p"
+        )
     with pytest.raises(IndexError, match="`rows` must index"):
         adapter.explain(model, inputs, rows=11, blockwise=True)
     with pytest.raises(ValueError, match="`heads` weights must have shape"):

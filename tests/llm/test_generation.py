@@ -7,8 +7,8 @@ alone, with no cache and no generation:
 - ``attnflow.adapters.torch.explain`` on the prefix (capture, then rollout);
 - Hugging Face's own eager ``output_attentions=True`` on the prefix, rolled out by
   ``attnflow.rollout`` / ``attnflow.raw``; for GAE, ``torch.autograd.grad`` of the
-  generated token's logit at the last prefix position by those attentions, rolled out by
-  ``attnflow.gradient_rollout``.
+  generated token's logit (or log-probability) at the last prefix position by those
+  attentions, rolled out by ``attnflow.gradient_rollout``.
 
 On the pretrained SmolLM2 (float32, a short prompt, T = 3) and on a small random Llama in
 float64 (GQA, RoPE; sdpa and eager; greedy, sampling and ``use_cache=False``; head
@@ -52,8 +52,10 @@ def _reference(
             out["rollout"][step, :end] = rollout[0].double().numpy()
             out["raw"][step, :end] = raw[0].double().numpy()
             if gradients:
-                logit = result.logits[0, -1, ids[end]]
-                grads = torch.autograd.grad(logit, result.attentions)
+                at_row = result.logits[0, -1]
+                if options.get("target_score") == "log_probability":
+                    at_row = torch.log_softmax(at_row, dim=-1)
+                grads = torch.autograd.grad(at_row[ids[end]], result.attentions)
                 gae = attnflow.gradient_rollout(
                     attentions.detach(),
                     torch.stack(grads, dim=1),
@@ -196,6 +198,7 @@ CASES: dict[str, dict[str, Any]] = {
     "heads=max,layers=1": {"heads": "max", "layers": 1},
     "heads=weights": {"heads": [[1.0, 2.0, 0.0, 1.0]] * 3, "residual": 0.3},
     "receptive_field,exclude": {"receptive_field": True, "exclude": [0, 2]},
+    "log-probability": {"target_score": "log_probability", "residual": 0.3},
 }
 
 
@@ -290,6 +293,12 @@ ERRORS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"threshold": 0.1}, ValueError, r"does not take `threshold`: pruning"),
     ({"discard": 0.1}, ValueError, r"a row would change as tokens arrive"),
     ({"target": 3}, ValueError, r"its own id"),
+    ({"target_score": "probability"}, ValueError, r'`target_score` must be "logit"'),
+    (
+        {"methods": "rollout", "target_score": "log_probability"},
+        ValueError,
+        r"`target_score` applies to \['gradient_rollout'\]",
+    ),
     ({"colour": "red"}, TypeError, r"unknown option `colour`; the options are"),
     (
         {"methods": "rollout", "rule": "gae"},

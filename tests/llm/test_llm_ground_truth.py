@@ -191,3 +191,46 @@ def test_log_probability_gae_and_max_norm_contribution_equal_independent_computa
     finally:
         for hook in hooks:
             hook.remove()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_explain_log_probability_gae_equals_the_ground_truth_helper(smollm2):
+    """explain(target_score="log_probability") against the helper's own computation.
+
+    The helper (``ground_truth_methods``) differentiates ``log_softmax(logits[0, -1])
+    [answer]`` through a callable target of ``attention_gradients`` and rolls the float64
+    weights and gradients out itself; explain does it in one call, materialised or
+    blockwise. On the report seed's copying items the row ranks the source first.
+    """
+    from attnflow.adapters import torch as adapter
+    from attnflow.adapters._torch_llm import ground_truth_methods
+
+    models, tokenizer = smollm2
+    model = models["sdpa"]
+    name = "gradient rollout (log-probability)"
+    helper = ground_truth_methods(model, methods=(name,))[name]
+    items = [locate_source(i, tokenizer_function(tokenizer)) for i in copying_task(2, seed=1)]
+    for item in items:
+        ids = torch.as_tensor(item.ids[None])
+        expected = helper(item)  # (layers, n)
+        scale = float(np.abs(expected).max())
+        for blockwise in (False, True):
+            got = adapter.explain(
+                model,
+                {"input_ids": ids},
+                method="gradient_rollout",
+                rows=-1,
+                target=item.answer_id,
+                target_score="log_probability",
+                layers="all",
+                blockwise=blockwise,
+            )
+            assert got.shape == (1, *expected.shape)
+            np.testing.assert_allclose(
+                got[0].double().numpy(), expected, rtol=1e-4, atol=1e-5 * scale
+            )
+        with torch.no_grad():
+            predicted = int(model(ids).logits[0, -1].argmax())
+        if predicted == item.answer_id:  # docs/llms.md: hit@1 1.00 on correct items
+            last = got[0, -1].double().numpy()
+            assert sorted_rank(last, item.source, item.context[1]) == 1

@@ -137,3 +137,29 @@ def test_the_command_explains_a_causal_lm_at_its_last_position(
     assert code == 0, capsys.readouterr().err
     heading = capsys.readouterr().out.splitlines()[0]
     assert heading.startswith("row 4 (Ġis), layer 30 of 30; predicted 7042 (' Paris')")
+
+
+def test_the_command_explains_the_log_probability(smollm2, tmp_path, capsys):
+    """--target-score log_probability: the GAE of explain(target_score="log_probability")."""
+    from llm_models import smollm2_folder
+
+    from attnflow._cli import main
+
+    models, tokenizer = smollm2
+    text = "List: apple, river, stone. Again: apple,"
+    saved = tmp_path / "logp.npz"
+    argv = ["explain", "--model", str(smollm2_folder()), text, "--method", "gradient_rollout"]
+    code = main([*argv, "--target-score", "log_probability", "--save", str(saved)])
+    assert code == 0, capsys.readouterr().err
+    e = Explanation.load(saved)
+    assert any("log-probability" in note for note in e.notes)
+    expected = adapter.explain(
+        models["sdpa"],
+        dict(tokenizer(text, return_tensors="pt")),
+        method="gradient_rollout",
+        rows=-1,
+        target_score="log_probability",
+        layers="all",
+        exclude_self=True,
+    )[0]
+    np.testing.assert_allclose(e.scores["gradient_rollout"], expected.double().numpy(), atol=1e-5)
