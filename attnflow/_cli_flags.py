@@ -1,16 +1,24 @@
-"""Library messages reworded for the command line: Python keywords become the CLI's flags.
+"""The command line's flags and the library's keywords, in one place.
 
 The library's errors name its parameters (`` `validate=False` ``, `` `max_work=None` ``),
 which a command-line user cannot type. :func:`in_flags` rewrites each back-quoted keyword
 of a message that has a flag into that flag, so that the advice in an error can be
 followed where the error is read.
+
+The flags that several commands share are defined here once: :func:`add_flow_limits`
+(``--jobs``, ``--max-seconds``: ``attnflow flow`` and ``attnflow encoder-decoder --rule
+flow``) and :func:`flow_limits`, which checks them and returns the library's keywords;
+:func:`errors_in_flags` rewords the errors of the library call a command makes.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import re
+from collections.abc import Iterator
 
-__all__ = ["in_flags"]
+__all__ = ["add_flow_limits", "errors_in_flags", "flow_limits", "in_flags"]
 
 # Whole phrases first: where the library's advice has no one-flag equivalent.
 _PHRASES = {
@@ -93,3 +101,78 @@ def in_flags(message: str, *, flags: dict[str, str] | None = None) -> str:
         message = message.replace(phrase, replacement)
     own = flags or {}
     return _KEYWORD.sub(lambda match: _flag(match, own), message)
+
+
+@contextlib.contextmanager
+def errors_in_flags(
+    *errors: type[Exception], flags: dict[str, str] | None = None
+) -> Iterator[None]:
+    """Reraise the `errors` raised inside with their message :func:`in_flags`-reworded.
+
+    An error whose message names no keyword with a flag is reraised as it is; a reworded
+    one is a new error of the same type, chained to the library's.
+    """
+    try:
+        yield
+    except errors as error:
+        reworded = in_flags(str(error), flags=flags)
+        if reworded == str(error):
+            raise
+        raise type(error)(reworded) from error
+
+
+def add_flow_limits(parser: argparse.ArgumentParser, *, applies: str = "") -> None:
+    """Add ``--jobs`` and ``--max-seconds``, the options of the flow engine's runner.
+
+    `applies` starts each help text where the flags serve one mode of a command (for
+    example ``"--rule flow: "``).
+    """
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help=f"{applies}threads (default: automatic; -1 all cores)",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help=f"{applies}refuse above this estimated single-core time (default 600; inf: no limit)",
+    )
+
+
+def flow_limits(args: argparse.Namespace) -> dict[str, float | int | None]:
+    """Check ``--jobs`` and ``--max-seconds``; return ``n_jobs`` (and ``max_seconds`` if given).
+
+    Raises
+    ------
+    attnflow._cli_common.UsageError
+        For ``--jobs`` below 1 other than -1, and a ``--max-seconds`` that is not a
+        positive number of seconds (NaN included, which would lift the limit).
+
+    Examples
+    --------
+    >>> flow_limits(argparse.Namespace(jobs=2, max_seconds=None))
+    {'n_jobs': 2}
+    >>> flow_limits(argparse.Namespace(jobs=None, max_seconds=float("inf")))
+    {'n_jobs': None, 'max_seconds': inf}
+    """
+    from ._cli_common import UsageError
+
+    if args.jobs is not None and args.jobs < 1 and args.jobs != -1:
+        msg = (
+            "--jobs must be a positive number of processes or -1 (one per CPU core); "
+            f"got {args.jobs}. Leave it out to choose automatically."
+        )
+        raise UsageError(msg)
+    # `not > 0` refuses NaN too, which would otherwise disable the limit.
+    if args.max_seconds is not None and not args.max_seconds > 0:
+        msg = (
+            "--max-seconds must be a positive number of seconds (inf for no limit); "
+            f"got {args.max_seconds}"
+        )
+        raise UsageError(msg)
+    limits: dict[str, float | int | None] = {"n_jobs": args.jobs}
+    if args.max_seconds is not None:
+        limits["max_seconds"] = args.max_seconds
+    return limits

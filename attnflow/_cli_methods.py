@@ -17,6 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._cli_common import UsageError, bar, can_encode, has_module
+from ._cli_flags import add_flow_limits, errors_in_flags, flow_limits
 from ._deprecation import REMOVED_IN
 
 __all__ = ["configure_method", "run_method"]
@@ -191,17 +192,9 @@ def configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
         parser.add_argument(
             "--raw-values", action="store_true", help="raw max-flow values, rows not normalised"
         )
-        parser.add_argument(
-            "--jobs", type=int, default=None, help="threads (default: automatic; -1 all cores)"
-        )
+        add_flow_limits(parser)  # --jobs, --max-seconds
         parser.add_argument(
             "--no-progress", action="store_true", help="hide the progress bar (shown with tqdm)"
-        )
-        parser.add_argument(
-            "--max-seconds",
-            type=float,
-            default=None,
-            help="refuse above this estimated single-core time (default 600; inf: no limit)",
         )
         parser.add_argument(
             "--max-work",
@@ -251,19 +244,7 @@ def _method_options(args: argparse.Namespace, *, method: str) -> dict[str, Any]:
         msg = f"--top must be a number of tokens, 0 or more; got {args.top}"
         raise UsageError(msg)
     if method == "flow":
-        if args.jobs is not None and args.jobs < 1 and args.jobs != -1:
-            msg = (
-                "--jobs must be a positive number of processes or -1 (one per CPU core); "
-                f"got {args.jobs}. Leave it out to choose automatically."
-            )
-            raise UsageError(msg)
-        # `not > 0` refuses NaN too, which would otherwise disable the limit.
-        if args.max_seconds is not None and not args.max_seconds > 0:
-            msg = (
-                "--max-seconds must be a positive number of seconds (inf for no limit); "
-                f"got {args.max_seconds}"
-            )
-            raise UsageError(msg)
+        options |= flow_limits(args)  # n_jobs, max_seconds
         if args.max_work is not None and not args.max_work > 0:
             msg = (
                 "--max-work must be a positive number of edge visits (inf for no limit); "
@@ -364,12 +345,9 @@ def run_method(args: argparse.Namespace, *, method: str) -> int:
     if method == "flow":
         options |= {
             "normalize_result": not args.raw_values,
-            "n_jobs": args.jobs,
             # The bar needs tqdm, an optional extra: without it the command runs quietly.
             "progress": not args.no_progress and has_module("tqdm"),
         }
-        if args.max_seconds is not None:
-            options["max_seconds"] = args.max_seconds
         if args.max_work is not None:
             print(
                 "attnflow: --max-work (edge visits of the old engine) is replaced by "
@@ -383,16 +361,14 @@ def run_method(args: argparse.Namespace, *, method: str) -> int:
         if header.stored in _STORED_EPSILON
         else contextlib.nullcontext()
     )
-    try:
-        with precision, warnings.catch_warnings():
-            # --max-work's note is printed above; the library's warning would repeat it.
-            warnings.filterwarnings("ignore", r"`max_work`", DeprecationWarning)
-            values = np.asarray(function(attentions, **options))
-    except (ValueError, TypeError, IndexError, RuntimeError) as error:
-        reworded = _in_flags(str(error))
-        if reworded == str(error):
-            raise
-        raise type(error)(reworded) from error
+    with (
+        errors_in_flags(ValueError, TypeError, IndexError, RuntimeError),
+        precision,
+        warnings.catch_warnings(),
+    ):
+        # --max-work's note is printed above; the library's warning would repeat it.
+        warnings.filterwarnings("ignore", r"`max_work`", DeprecationWarning)
+        values = np.asarray(function(attentions, **options))
     # Lay out the report before writing, so that nothing is written if it fails.
     axis = _layer_axis(
         values, rows=options["rows"], layers=options["layers"], each=options["heads"] == "each"

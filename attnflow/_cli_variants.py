@@ -15,7 +15,7 @@ import numpy as np
 
 from ._arrayio import ArrayFileError, ArrayHeader, read_array, read_header, read_selected
 from ._cli_common import UsageError, has_module
-from ._cli_flags import in_flags
+from ._cli_flags import add_flow_limits, errors_in_flags, flow_limits, in_flags
 from ._cli_methods import (
     _attention_accept,
     _decoder_options,
@@ -223,7 +223,7 @@ def run_gradient_rollout(args: argparse.Namespace) -> int:
     except (ArrayFileError, OSError) as error:
         raise UsageError(in_flags(str(error), flags=_GRADIENT_FLAGS)) from None
 
-    try:
+    with errors_in_flags(ValueError, TypeError, IndexError, flags=_GRADIENT_FLAGS):
         result = attnflow.gradient_rollout(
             attentions,
             gradients,
@@ -236,11 +236,6 @@ def run_gradient_rollout(args: argparse.Namespace) -> int:
             validate=not args.no_validate,
             **options,  # type: ignore[arg-type]
         )
-    except (ValueError, TypeError, IndexError) as error:
-        reworded = in_flags(str(error), flags=_GRADIENT_FLAGS)
-        if reworded == str(error):
-            raise
-        raise type(error)(reworded) from error
     values = np.asarray(result)
     axis = _layer_axis(values, rows=rows, layers=layers, each=False)
     table = _first_row_table(values, tokens, top=args.top, layer_axis=axis)  # before writing
@@ -278,6 +273,7 @@ def configure_encoder_decoder(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-progress", action="store_true", help="--rule flow: hide the progress bar"
     )
+    add_flow_limits(parser, applies="--rule flow: ")  # --jobs, --max-seconds
     _shared_options(parser, name="encoder_decoder")
     parser.add_argument(
         "--heads",
@@ -320,10 +316,13 @@ def run_encoder_decoder(args: argparse.Namespace) -> int:
                 raise UsageError(msg)
             options["normalize_result"] = not args.raw_values
             options["progress"] = not args.no_progress and has_module("tqdm")
+            options |= flow_limits(args)  # n_jobs, max_seconds
         else:
             for flag, given in (
                 ("--raw-values", args.raw_values),
                 ("--no-progress", args.no_progress),
+                ("--jobs", args.jobs is not None),
+                ("--max-seconds", args.max_seconds is not None),
             ):
                 if given:
                     msg = f"{flag} applies to --rule flow only; got {flag} with --rule {args.rule}"
@@ -366,18 +365,19 @@ def run_encoder_decoder(args: argparse.Namespace) -> int:
     compose = (
         attnflow.encoder_decoder_flow if args.rule == "flow" else attnflow.encoder_decoder_rollout
     )
-    result = compose(
-        encoder,
-        decoder,
-        cross,
-        heads=heads,
-        rows=rows,
-        layers=layers,  # type: ignore[arg-type]
-        source_mask=arrays.get("source_mask"),
-        target_mask=arrays.get("target_mask"),
-        validate=not args.no_validate,
-        **options,  # type: ignore[arg-type]
-    )
+    with errors_in_flags(ValueError, TypeError, IndexError, RuntimeError):
+        result = compose(
+            encoder,
+            decoder,
+            cross,
+            heads=heads,
+            rows=rows,
+            layers=layers,  # type: ignore[arg-type]
+            source_mask=arrays.get("source_mask"),
+            target_mask=arrays.get("target_mask"),
+            validate=not args.no_validate,
+            **options,  # type: ignore[arg-type]
+        )
     values = {"source": np.asarray(result.source), "target": np.asarray(result.target)}
     tables = []  # laid out before writing: nothing is written if this fails
     for name, labels in (("source", source_tokens), ("target", target_tokens)):

@@ -12,7 +12,7 @@ import pytest
 from oracle import softmax_attention
 
 import attnflow
-from attnflow._cli import EXIT_USAGE, main
+from attnflow._cli import EXIT_FAILURE, EXIT_USAGE, main
 
 MASK = np.array([[True] * 6, [True] * 4 + [False] * 2])
 
@@ -309,6 +309,10 @@ ENCODER_DECODER_OPTIONS: dict[str, tuple[list[str], dict[str, Any]]] = {
         ["--rule", "flow", "--raw-values", "--residual", "0.3", "--layers", "all", "--rows", "2"],
         {"rule": "flow", "normalize_result": False, "residual": 0.3, "layers": "all", "rows": 2},
     ),
+    "flow-jobs-max-seconds": (
+        ["--rule", "flow", "--jobs", "2", "--max-seconds", "30", "--rows", "1"],
+        {"rule": "flow", "n_jobs": 2, "max_seconds": 30.0, "rows": 1},
+    ),
     "heads-max": (["--heads", "max", "--rows", "0,2"], {"heads": "max", "rows": [0, 2]}),
     "head-weights": (
         ["--heads", "0.2,0.3,0.5", "--layers", "1"],
@@ -424,6 +428,19 @@ def test_encoder_decoder_keeps_an_existing_output_unless_forced(
             ["--normalize-result applies to --rule rollout or gae", "unless --raw-values"],
         ),
         (["--raw-values"], ["--raw-values applies to --rule flow only", "--rule rollout"]),
+        (["--jobs", "2"], ["--jobs applies to --rule flow only", "--rule rollout"]),
+        (
+            ["--rule", "gae", "--max-seconds", "5"],
+            ["--max-seconds applies to --rule flow only", "--rule gae"],
+        ),
+        (
+            ["--rule", "flow", "--jobs", "0"],
+            ["--jobs must be a positive number of processes or -1", "got 0"],
+        ),
+        (
+            ["--rule", "flow", "--max-seconds", "nan"],
+            ["--max-seconds must be a positive number of seconds", "got nan"],
+        ),
     ],
     ids=[
         "rule",
@@ -436,6 +453,10 @@ def test_encoder_decoder_keeps_an_existing_output_unless_forced(
         "residual-range",
         "flow-normalize",
         "raw-values",
+        "jobs-rollout",
+        "max-seconds-gae",
+        "jobs-zero",
+        "max-seconds-nan",
     ],
 )
 def test_encoder_decoder_bad_options_fail_before_reading(
@@ -446,6 +467,20 @@ def test_encoder_decoder_bad_options_fail_before_reading(
     err = _one_line_error(capsys, *fragments)
     assert "absent" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_encoder_decoder_flow_limit_is_the_librarys_in_flags(
+    tmp_path: Path, seq2seq: dict[str, np.ndarray], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-seconds reaches encoder_decoder_flow; its refusal names the flags, not keywords."""
+    source = tmp_path / "s2s.npz"
+    np.savez(source, **seq2seq)
+    argv = ["encoder-decoder", str(source), "--rule", "flow", "--max-seconds", "1e-12"]
+    assert main(argv) == EXIT_FAILURE
+    err = _one_line_error(capsys, "above --max-seconds 1e-12", "--max-seconds inf")
+    assert "`max_seconds" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s2s.npz"]  # nothing written
+    assert main([*argv[:-1], "inf"]) == 0
 
 
 def test_encoder_decoder_needs_a_file_of_named_arrays(
