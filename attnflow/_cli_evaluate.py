@@ -62,9 +62,10 @@ def configure_evaluate(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--correlation",
-        choices=("spearman", "kendall"),
+        choices=("spearman", "kendall", "spearman_dense"),
         default="spearman",
-        help="rank correlation",
+        help="rank correlation (spearman_dense: the authors' code's dense ranks and no-ties "
+        "formula)",
     )
     parser.add_argument("--jobs", type=int, default=None, help="threads for attention flow")
     parser.add_argument("--chunk-size", type=int, default=64, help="samples per saved chunk")
@@ -96,6 +97,13 @@ def configure_evaluate(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a model folder saved by scripts/train_agreement.py or scripts/train_sentiment.py "
         "(same seed and sizes) instead of training one",
+    )
+    group.add_argument(
+        "--blank-out-last-token",
+        choices=("blank", "zero"),
+        default="blank",
+        help="the last real token: blanked out like the others (default), or given the "
+        "blank-out score 0 unevaluated (zero: the authors' code for Tables 1-2)",
     )
     group.add_argument(
         "--fractions",
@@ -277,6 +285,7 @@ def _reproduction_options(args: argparse.Namespace, rows: list[int | str]) -> di
         "rows": rows,  # checked by faithfulness
         "methods": args.methods.split(","),
         "correlation": args.correlation,
+        "blank_out_last_token": args.blank_out_last_token,
         "fractions": _parse_fractions(args.fractions),
         "chunk_size": args.chunk_size,
         "n_jobs": args.jobs,
@@ -416,6 +425,13 @@ def _run_evaluate(args: argparse.Namespace) -> int:
             msg = (
                 f'{args.source} is neither "agreement", "sentiment" nor a file of saved model '
                 "outputs"
+            )
+            raise UsageError(msg)
+        if args.blank_out_last_token != "blank":
+            msg = (
+                "--blank-out-last-token applies to agreement and sentiment, which compute "
+                "blank-out; a file's blank_out scores are read as they were saved (got "
+                f"--blank-out-last-token {args.blank_out_last_token})"
             )
             raise UsageError(msg)
         rows = _parse_rows(args.rows or "0")

@@ -122,3 +122,28 @@ def test_a_damaged_chunk_fails_the_command_and_force_recomputes_it(
     assert main([*arguments, "--force"]) == 0
     assert capsys.readouterr().out == printed
     assert f"over {SAMPLES} samples" in printed
+
+
+def test_the_authors_correlation_equals_the_api_and_last_token_needs_blank_out(
+    tmp_path: Path, saved: tuple[Path, dict[str, np.ndarray]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, arrays = saved
+    folder = tmp_path / "dense"
+    arguments = ["evaluate", str(path), "-o", str(folder), "--quiet"]
+    assert main([*arguments, "--correlation", "spearman_dense"]) == 0
+    expected = attnflow.evaluate.faithfulness_from_outputs(
+        arrays["attentions"],
+        {"blank_out": arrays["blank_out"], "input_gradients": arrays["input_gradients"]},
+        mask=arrays["mask"],
+        correlation="spearman_dense",
+    )
+    printed = capsys.readouterr().out
+    assert expected.to_markdown() in printed
+    assert "dense ranks" in printed
+    # A saved file's blank-out scores are computed already: the option is refused first.
+    refused = tmp_path / "zero"
+    assert main([*arguments[:3], str(refused), "--blank-out-last-token", "zero"]) == 2
+    error = capsys.readouterr().err
+    assert "--blank-out-last-token applies to agreement and sentiment" in error
+    assert len(error.strip().splitlines()) == 1
+    assert not refused.exists()

@@ -37,6 +37,8 @@ from attnflow._experiments.agreement_torch import (
     train_agreement_model,
 )
 from attnflow.evaluate import ERASER_FRACTIONS, FaithfulnessReport, faithfulness
+from attnflow.evaluate._blank_out import LastToken
+from attnflow.evaluate._correlation import RankCorrelation
 from attnflow.evaluate._faithfulness import Method
 from attnflow.evaluate._markdown import markdown_table
 
@@ -267,7 +269,8 @@ def reproduce_agreement(
     seed: int = 0,
     rows: Sequence[int | Literal["max", "mean"]] = (0, "max"),
     methods: Sequence[str] | Mapping[str, Method] = ("raw", "rollout", "flow"),
-    correlation: Literal["spearman", "kendall"] = "spearman",
+    correlation: RankCorrelation = "spearman",
+    blank_out_last_token: LastToken = "blank",
     fractions: Sequence[float] | None = ERASER_FRACTIONS,
     chunk_size: int = 64,
     n_jobs: int | None = None,
@@ -302,8 +305,9 @@ def reproduce_agreement(
     rows : sequence, default (0, "max")
         The explained output rows: 0 is ``[CLS]`` (the paper's Tables 1-2), ``"max"`` the
         maximum over rows (the paper's code for DistilBERT).
-    methods, correlation, fractions, chunk_size, n_jobs, progress
-        As for :func:`attnflow.evaluate.faithfulness`.
+    methods, correlation, blank_out_last_token, fractions, chunk_size, n_jobs, progress
+        As for :func:`attnflow.evaluate.faithfulness` (``correlation="spearman_dense"`` and
+        ``blank_out_last_token="zero"`` are the authors' code's conventions).
     model : path, optional
         A model folder saved by ``scripts/train_agreement.py`` with the same seed and
         training size, used instead of training one.
@@ -379,6 +383,7 @@ def reproduce_agreement(
             methods=methods,
             rows=row,
             correlation=correlation,
+            blank_out_last_token=blank_out_last_token,
             fractions=fractions,
             chunk_size=chunk_size,
             output=root / results_folder(contributions, row),

@@ -54,6 +54,8 @@ from attnflow._experiments.sentiment_torch import (
     train_sentiment_classifier,
 )
 from attnflow.evaluate import ERASER_FRACTIONS, FaithfulnessReport, faithfulness
+from attnflow.evaluate._blank_out import LastToken
+from attnflow.evaluate._correlation import RankCorrelation
 from attnflow.evaluate._faithfulness import Method
 from attnflow.evaluate._markdown import markdown_table
 
@@ -250,7 +252,8 @@ def reproduce_sentiment(
     rows: Sequence[int | Literal["max", "mean"]] = (0,),
     reductions: Sequence[Reduction] = REDUCTIONS,
     methods: Sequence[str] | Mapping[str, Method] = ("raw", "rollout", "flow"),
-    correlation: Literal["spearman", "kendall"] = "spearman",
+    correlation: RankCorrelation = "spearman",
+    blank_out_last_token: LastToken = "blank",
     fractions: Sequence[float] | None = ERASER_FRACTIONS,
     chunk_size: int = 64,
     n_jobs: int | None = None,
@@ -290,8 +293,9 @@ def reproduce_sentiment(
         The explained output rows: 0 is ``[CLS]``, which the classifier reads.
     reductions : sequence of {"l2", "sum_abs", "x_input"}, default ("l2", "sum_abs")
         Gradient reductions, as for :func:`attnflow.adapters.torch.input_gradients`.
-    methods, correlation, fractions, chunk_size, n_jobs, progress
-        As for :func:`attnflow.evaluate.faithfulness`.
+    methods, correlation, blank_out_last_token, fractions, chunk_size, n_jobs, progress
+        As for :func:`attnflow.evaluate.faithfulness` (``correlation="spearman_dense"`` and
+        ``blank_out_last_token="zero"`` are the authors' code's conventions).
     model : path, optional
         A classifier folder saved by ``scripts/train_sentiment.py`` with the same seed
         and sizes, used instead of fine-tuning one.
@@ -399,6 +403,7 @@ def reproduce_sentiment(
                 methods=methods,
                 rows=row,
                 correlation=correlation,
+                blank_out_last_token=blank_out_last_token,
                 fractions=fractions if index == 0 else None,
                 chunk_size=chunk_size,
                 output=root / results_folder(contributions, key),

@@ -202,3 +202,38 @@ def test_a_kill_while_saving_the_model_leaves_no_partial_model(
     assert fake_training == [0, 0]  # loaded
     ids = torch.from_numpy(test.ids[:2].copy())
     assert torch.equal(again(ids), model(ids))
+
+
+def test_the_authors_protocol_options_reach_the_evaluation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fake_training: list[int]
+) -> None:
+    """--correlation spearman_dense and --blank-out-last-token zero, as faithfulness has them.
+
+    The folder records both settings, and the blank-out scores of the last real token are
+    0 unevaluated (``last_token="zero"``) where the default run evaluates them.
+    """
+    folder = tmp_path / "authors"
+    protocol = ["--correlation", "spearman_dense", "--blank-out-last-token", "zero"]
+    assert main(["evaluate", "agreement", "-o", str(folder), *TINY_RUN, *protocol]) == 0
+    settings = json.loads((folder / "rows-0" / "evaluation.json").read_text())
+    assert settings["correlation"] == "spearman_dense"
+    assert settings["blank_out_last_token"] == "zero"
+    default = tmp_path / "default"
+    assert main(["evaluate", "agreement", "-o", str(default), *TINY_RUN]) == 0
+    capsys.readouterr()
+
+    def blank_out(run: Path) -> np.ndarray:
+        chunks = sorted((run / "rows-0").glob("chunk-*.npz"))
+        parts = []
+        for chunk in chunks:
+            with np.load(chunk) as loaded:
+                parts.append(loaded["reference.blank_out"])
+        return np.concatenate(parts)
+
+    zeroed, evaluated = blank_out(folder), blank_out(default)
+    last = [np.flatnonzero(~np.isnan(row))[-1] for row in evaluated]
+    rows = np.arange(len(last))
+    assert (zeroed[rows, last] == 0).all()
+    assert (evaluated[rows, last] != 0).any()
+    for row, end in zip(rows, last, strict=True):  # the other tokens are scored alike
+        np.testing.assert_allclose(zeroed[row, :end], evaluated[row, :end], rtol=1e-12)
