@@ -370,16 +370,9 @@ def explain_text(
         exclude=exclude,
         receptive_field=receptive_field,
     )
-    predicted = None
-    probabilities = None
-    labels: list[str] | dict[int, str] | None = None
-    if isinstance(logits, torch.Tensor) and logits.ndim == 2 and logits.is_floating_point():
-        probabilities = torch.softmax(logits[0].double(), dim=-1).cpu().numpy()
-        predicted = int(probabilities.argmax())
-        id2label = getattr(getattr(model, "config", None), "id2label", None)
-        if isinstance(id2label, Mapping):
-            labels = [str(id2label.get(i, i)) for i in range(len(probabilities))]
-    elif causal_lm and isinstance(logits, torch.Tensor) and logits.is_floating_point():
+    labels: list[str] | dict[int, str] | None
+    predicted, probabilities, labels = _prediction(model, output)  # a classifier's
+    if causal_lm and isinstance(logits, torch.Tensor) and logits.is_floating_point():
         # The next token after `row`; its text (and the target's) label the vocabulary ids.
         probabilities = torch.softmax(logits[0, row].double(), dim=-1).cpu().numpy()
         predicted = int(probabilities.argmax())
