@@ -325,6 +325,27 @@ def test_max_contribution_refuses_bad_arguments():
         max_contribution(np.ones((2, 4, 4)), rows=1.0)
 
 
+@pytest.mark.parametrize(
+    ("rows", "error", "message"),
+    [
+        (4, IndexError, r"a position in \[-4, 4\); got 4"),
+        (-5, IndexError, r"a position in \[-4, 4\); got -5"),
+        (1.0, TypeError, "one int position; got 1.0"),
+        (True, TypeError, "one int position; got True"),
+        ([1], TypeError, r"one int position; got \[1\]"),
+    ],
+)
+def test_both_maxima_read_rows_alike(rows, error, message):
+    """max_attention and max_contribution check and read `rows` the same way."""
+    weights = np.random.default_rng(5).random((2, 3, 4, 4))
+    for function, values in ((max_attention, weights), (max_contribution, weights[:, 0])):
+        with pytest.raises(error, match=message):
+            function(values, rows=rows)
+        # Negative and NumPy integer positions name the same row.
+        np.testing.assert_array_equal(function(values, rows=-3), function(values, rows=1))
+        np.testing.assert_array_equal(function(values, rows=np.int64(1)), function(values, rows=1))
+
+
 def test_max_contribution_array_api_strict():
     xp = pytest.importorskip("array_api_strict")
     matrices = np.random.default_rng(4).random((3, 4, 4))

@@ -237,14 +237,7 @@ def max_attention(attentions: Array, /, *, rows: int = -1, xp: Namespace | None 
             f"{describe(attentions)}. Stack a sequence of per-layer arrays first."
         )
         raise ValueError(msg)
-    n = shape[-1]
-    if isinstance(rows, bool) or not isinstance(rows, int | np.integer):
-        msg = f"`rows` must be one int position; got {rows!r}."
-        raise TypeError(msg)
-    if not -n <= rows < n:
-        msg = f"`rows` must be a position in [-{n}, {n}); got {rows}."
-        raise IndexError(msg)
-    explained = attentions[..., int(rows) % n, :]
+    explained = attentions[..., _one_position(rows, shape[-1]), :]
     return namespace.max(namespace.max(explained, axis=-2), axis=-2)
 
 
@@ -306,14 +299,18 @@ def max_contribution(
             "max_attention for per-head attention weights (*batch, layers, heads, n, n)."
         )
         raise ValueError(msg)
-    n = shape[-1]
+    return namespace.max(contributions[..., _one_position(rows, shape[-1]), :], axis=-2)
+
+
+def _one_position(rows: object, n: int) -> int:
+    """Check `rows`, one int position of `n` tokens; return it non-negative."""
     if isinstance(rows, bool) or not isinstance(rows, int | np.integer):
         msg = f"`rows` must be one int position; got {rows!r}."
         raise TypeError(msg)
     if not -n <= rows < n:
         msg = f"`rows` must be a position in [-{n}, {n}); got {rows}."
         raise IndexError(msg)
-    return namespace.max(contributions[..., int(rows) % n, :], axis=-2)
+    return int(rows) % n
 
 
 Method = Callable[[TaskTokens], Any]
