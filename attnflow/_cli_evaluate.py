@@ -40,6 +40,9 @@ _OWN_NAMES = ("report.md", "report.json", "report.html", "model", "training.json
 
 def configure_evaluate(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``attnflow evaluate``."""
+    from .evaluate._blank_out import LAST_TOKENS
+    from .evaluate._correlation import RANK_CORRELATIONS
+
     parser.add_argument(
         "source",
         help='"agreement" (the paper\'s Tables 1-2, reproduced; needs torch), "sentiment" '
@@ -62,7 +65,7 @@ def configure_evaluate(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--correlation",
-        choices=("spearman", "kendall", "spearman_dense"),
+        choices=RANK_CORRELATIONS,
         default="spearman",
         help="rank correlation (spearman_dense: the authors' code's dense ranks and no-ties "
         "formula)",
@@ -100,7 +103,7 @@ def configure_evaluate(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--blank-out-last-token",
-        choices=("blank", "zero"),
+        choices=LAST_TOKENS,
         default="blank",
         help="the last real token: blanked out like the others (default), or given the "
         "blank-out score 0 unevaluated (zero: the authors' code for Tables 1-2)",

@@ -696,8 +696,22 @@ def test_a_damaged_chunk_is_refused_by_name_and_recomputed_with_force(
         ({"targets": [0, 1]}, ValueError, "one non-negative integer class per sample"),
         ({"where": np.ones(N + 1, dtype=bool)}, ValueError, "`where` must be a boolean array"),
         ({"n_jobs": 0}, ValueError, "`n_jobs` must be None"),
-        ({"correlation": "pearson"}, ValueError, "`correlation` must be one of"),
-        ({"blank_out_last_token": "drop"}, ValueError, "`blank_out_last_token` must be one of"),
+        (
+            {"correlation": "pearson"},
+            ValueError,
+            r"`correlation` must be one of \('spearman', 'kendall', 'spearman_dense'\)",
+        ),
+        (
+            {"blank_out_last_token": "drop"},
+            ValueError,
+            r"`blank_out_last_token` must be one of \('blank', 'zero'\)",
+        ),
+        (
+            {"blank_out_score": "ratio"},
+            ValueError,
+            r"`blank_out_score` must be one of \('drop', 'abs', 'margin', 'abs_margin'\)",
+        ),
+        ({"nan": "one"}, ValueError, r"`nan` must be one of \('zero', 'omit'\)"),
         (
             {"blank_out_last_token": "zero", "references": ["input_gradients"]},
             ValueError,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -21,12 +21,12 @@ from ._predict import (
     target_probabilities,
 )
 
-__all__ = ["blank_out"]
+__all__ = ["BLANK_OUT_SCORES", "LAST_TOKENS", "BlankOutScore", "LastToken", "blank_out"]
 
 BlankOutScore = Literal["drop", "abs", "margin", "abs_margin"]
-_SCORES = ("drop", "abs", "margin", "abs_margin")
+BLANK_OUT_SCORES: tuple[BlankOutScore, ...] = get_args(BlankOutScore)
 LastToken = Literal["blank", "zero"]
-_LAST_TOKEN = ("blank", "zero")
+LAST_TOKENS: tuple[LastToken, ...] = get_args(LastToken)
 
 
 def blank_out(
@@ -134,12 +134,12 @@ def blank_out(
     >>> attnflow.evaluate.blank_out(predict, ids, replacement=0, last_token="zero").round(3)
     array([[0.   , 0.762, 0.   , 0.   ]])
     """
-    if score not in _SCORES:
-        msg = f"`score` must be one of {_SCORES}; got {score!r}."
+    if score not in BLANK_OUT_SCORES:
+        msg = f"`score` must be one of {BLANK_OUT_SCORES}; got {score!r}."
         raise ValueError(msg)
-    if last_token not in _LAST_TOKEN:
+    if last_token not in LAST_TOKENS:
         msg = (
-            f"`last_token` must be one of {_LAST_TOKEN} (blank the last real token out like "
+            f"`last_token` must be one of {LAST_TOKENS} (blank the last real token out like "
             f"the others, or score it 0 as the paper's code scores `<eos>`); got {last_token!r}."
         )
         raise ValueError(msg)

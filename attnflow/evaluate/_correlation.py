@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from attnflow._namespace import enter_boundary, resolve_namespace, values_are_inspectable
 from attnflow._typing import Array, Namespace
 from attnflow._validation import describe
 
-__all__ = ["RankCorrelation", "rank_correlation"]
+__all__ = ["NAN_POLICIES", "RANK_CORRELATIONS", "NanPolicy", "RankCorrelation", "rank_correlation"]
 
 RankCorrelation = Literal["spearman", "kendall", "spearman_dense"]
-
-_METHODS = ("spearman", "kendall", "spearman_dense")
-_NAN_POLICIES = ("zero", "omit")
+RANK_CORRELATIONS: tuple[RankCorrelation, ...] = get_args(RankCorrelation)
+#: What an undefined correlation (a constant sample) counts as.
+NanPolicy = Literal["zero", "omit"]
+NAN_POLICIES: tuple[NanPolicy, ...] = get_args(NanPolicy)
 # Pairwise comparisons hold (rows, n, n) booleans; rows are processed in blocks of at most
 # this many comparisons so that memory stays bounded for long sequences and big batches.
 _BLOCK_ELEMENTS = 1 << 24
@@ -28,7 +29,7 @@ def rank_correlation(
     method: RankCorrelation = "spearman",
     axis: int = -1,
     where: Array | None = None,
-    nan: Literal["zero", "omit"] = "zero",
+    nan: NanPolicy = "zero",
     xp: Namespace | None = None,
 ) -> Array:
     r"""Rank correlation of each sample's scores with a reference, along one axis.
@@ -136,12 +137,12 @@ def rank_correlation(
     >>> attnflow.evaluate.rank_correlation(scores, np.ones(4), where=keep, nan="omit")
     array([nan, nan])
     """
-    if method not in _METHODS:
-        msg = f"`method` must be one of {_METHODS}; got {method!r}."
+    if method not in RANK_CORRELATIONS:
+        msg = f"`method` must be one of {RANK_CORRELATIONS}; got {method!r}."
         raise ValueError(msg)
-    if nan not in _NAN_POLICIES:
+    if nan not in NAN_POLICIES:
         msg = (
-            f"`nan` must be one of {_NAN_POLICIES} (what a constant sample gives: 0 as in "
+            f"`nan` must be one of {NAN_POLICIES} (what a constant sample gives: 0 as in "
             f"the paper's code, or NaN to leave it out); got {nan!r}."
         )
         raise ValueError(msg)

@@ -29,8 +29,14 @@ from attnflow._namespace import array_device, array_namespace, enter_boundary
 from attnflow._typing import Array, Namespace
 from attnflow._validation import describe
 
-from ._blank_out import BlankOutScore, LastToken, blank_out
-from ._correlation import RankCorrelation, rank_correlation
+from ._blank_out import BLANK_OUT_SCORES, LAST_TOKENS, BlankOutScore, LastToken, blank_out
+from ._correlation import (
+    NAN_POLICIES,
+    RANK_CORRELATIONS,
+    NanPolicy,
+    RankCorrelation,
+    rank_correlation,
+)
 from ._erasure import ERASER_FRACTIONS, comprehensiveness, sufficiency
 from ._identity import describe_function
 from ._predict import (
@@ -55,8 +61,6 @@ Method = Callable[..., Any]
 
 _REFERENCES = ("blank_out", "input_gradients")
 _ROW_AGGREGATIONS = ("max", "mean")
-_CORRELATIONS = ("spearman", "kendall", "spearman_dense")
-_LAST_TOKEN = ("blank", "zero")
 _NAME = "abcdefghijklmnopqrstuvwxyz0123456789_"
 
 
@@ -169,7 +173,7 @@ def faithfulness(
     blank_out_score: BlankOutScore = "drop",
     blank_out_last_token: LastToken = "blank",
     correlation: RankCorrelation = "spearman",
-    nan: Literal["zero", "omit"] = "zero",
+    nan: NanPolicy = "zero",
     fractions: Sequence[float] | None = ERASER_FRACTIONS,
     chunk_size: int = 64,
     batch_size: int | None = None,
@@ -359,15 +363,13 @@ def faithfulness(
         references=_check_references(references, model),
         rows=_check_rows(rows),
         replacement=check_replacement(replacement, integer=True),
-        blank_out_score=_check_choice(
-            "blank_out_score", blank_out_score, ("drop", "abs", "margin", "abs_margin")
-        ),
-        correlation=_check_choice("correlation", correlation, _CORRELATIONS),
-        nan=_check_choice("nan", nan, ("zero", "omit")),
+        blank_out_score=_check_choice("blank_out_score", blank_out_score, BLANK_OUT_SCORES),
+        correlation=_check_choice("correlation", correlation, RANK_CORRELATIONS),
+        nan=_check_choice("nan", nan, NAN_POLICIES),
         fractions=None if fractions is None else _fractions(fractions),
         chunk_size=_check_positive("chunk_size", chunk_size),
         blank_out_last_token=_check_choice(
-            "blank_out_last_token", blank_out_last_token, _LAST_TOKEN
+            "blank_out_last_token", blank_out_last_token, LAST_TOKENS
         ),
     )
     if settings.blank_out_last_token != "blank" and "blank_out" not in settings.references:
@@ -669,7 +671,7 @@ def faithfulness_from_outputs(
     methods: Sequence[str] | Mapping[str, Method] = ("raw", "rollout", "flow"),
     rows: int | Literal["max", "mean"] = 0,
     correlation: RankCorrelation = "spearman",
-    nan: Literal["zero", "omit"] = "zero",
+    nan: NanPolicy = "zero",
     chunk_size: int = 64,
     output: str | Path | None = None,
     force: bool = False,
@@ -740,8 +742,8 @@ def faithfulness_from_outputs(
         )
         raise ValueError(msg)
     row_choice = _check_rows(rows)
-    correlation = _check_choice("correlation", correlation, _CORRELATIONS)  # type: ignore[assignment]
-    nan = _check_choice("nan", nan, ("zero", "omit"))  # type: ignore[assignment]
+    correlation = _check_choice("correlation", correlation, RANK_CORRELATIONS)  # type: ignore[assignment]
+    nan = _check_choice("nan", nan, NAN_POLICIES)  # type: ignore[assignment]
     chunk_size = _check_positive("chunk_size", chunk_size)
     _check_flag("progress", progress)
     _check_flag("force", force)
