@@ -10,7 +10,9 @@ the patch scores drawn over the image (needs matplotlib).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +165,13 @@ def run_explain(args: argparse.Namespace) -> int:
             f"(got --method {args.method})"
         )
         raise UsageError(msg)
-    options["target_score"] = args.target_score
+    # What explain_text and explain_image share, beside --receptive-field and --exclude.
+    options |= {
+        "target": args.target,
+        "target_score": args.target_score,
+        "heads": args.heads,
+        "residual": args.residual,
+    }
     if (args.text is None) == (args.image is None):
         msg = (
             "give a text to explain or --image FILE, not both"
@@ -239,26 +247,25 @@ def run_explain(args: argparse.Namespace) -> int:
     elif any(name.endswith("ForCausalLM") for name in architectures):
         loader = transformers.AutoModelForCausalLM  # its logits: the next token
     model = loader.from_pretrained(folder).eval()
-    try:
+    with _usage_errors():
         explanation = capture_torch.explain_text(
-            model,
-            tokenizer,
-            args.text,
-            methods=methods,
-            rows=args.row,
-            target=args.target,
-            heads=args.heads,
-            residual=args.residual,
-            **options,
+            model, tokenizer, args.text, methods=methods, rows=args.row, **options
         )
-    except (TypeError, ValueError) as error:
-        raise UsageError(str(error).replace("`target_score`", "--target-score")) from None
     page = None
     if args.output is not None:  # rendered before anything is printed or written
         page = explanation.to_html(layer=args.layer)
     explanation.show(args.layer)
     _write_outputs(args, explanation, page)
     return 0
+
+
+@contextlib.contextmanager
+def _usage_errors() -> Iterator[None]:
+    """Report explain_text's and explain_image's argument errors as usage errors (exit 2)."""
+    try:
+        yield
+    except (TypeError, ValueError) as error:
+        raise UsageError(str(error).replace("`target_score`", "--target-score")) from None
 
 
 _VOCABULARIES = (
@@ -398,20 +405,15 @@ def _run_image(
         else transformers.AutoModel
     )
     model = loader.from_pretrained(folder).eval()
-    try:
+    with _usage_errors():
         explanation = capture_torch.explain_image(
             model,
             processor,
             image,
             methods=("raw", "rollout", "flow") if methods is None else methods,
             rows=0 if args.row is None else args.row,
-            target=args.target,
-            heads=args.heads,
-            residual=args.residual,
             **options,
         )
-    except (TypeError, ValueError) as error:
-        raise UsageError(str(error).replace("`target_score`", "--target-score")) from None
     page = None
     if args.output is not None:  # drawn before anything is printed or written
         page = _image_page(explanation, layer=args.layer, top=args.top, source=args.image)
