@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ._cli_common import UsageError, has_module
+from ._cli_flags import add_decoder_flags
 from ._methods import METHODS
 
 __all__ = ["configure_explain", "run_explain"]
@@ -61,18 +62,7 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
         default=0.5,
         help="weight of the identity in rollout and flow (default 0.5)",
     )
-    parser.add_argument(
-        "--receptive-field",
-        action="store_true",
-        help="decoders: divide by the method's result on uniform causal attention, then "
-        "renormalise rows (all methods but raw)",
-    )
-    parser.add_argument(
-        "--exclude",
-        default=None,
-        help="input positions left out of the attribution, rows renormalised: an integer "
-        "or a list (0 for a [CLS] or BOS attention sink; all methods but raw)",
-    )
+    add_decoder_flags(parser, applies="; all methods but raw")  # --receptive-field, --exclude
     parser.add_argument(
         "--target", type=int, default=None, help="gradient_rollout: the class (default: predicted)"
     )

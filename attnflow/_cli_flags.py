@@ -8,6 +8,9 @@ followed where the error is read.
 The flags that several commands share are defined here once: :func:`add_flow_limits`
 (``--jobs``, ``--max-seconds``: ``attnflow flow`` and ``attnflow encoder-decoder --rule
 flow``) and :func:`flow_limits`, which checks them and returns the library's keywords;
+:func:`add_decoder_flags` (``--receptive-field``, ``--exclude``: rollout, flow,
+gradient-rollout, explain) and :func:`add_mask_and_tokens` (``--mask``, ``--mask-key``,
+``--tokens``: rollout, flow, raw, gradient-rollout);
 :func:`errors_in_flags` rewords the errors of the library call a command makes.
 """
 
@@ -18,7 +21,14 @@ import contextlib
 import re
 from collections.abc import Iterator
 
-__all__ = ["add_flow_limits", "errors_in_flags", "flow_limits", "in_flags"]
+__all__ = [
+    "add_decoder_flags",
+    "add_flow_limits",
+    "add_mask_and_tokens",
+    "errors_in_flags",
+    "flow_limits",
+    "in_flags",
+]
 
 # Whole phrases first: where the library's advice has no one-flag equivalent.
 _PHRASES = {
@@ -119,6 +129,38 @@ def errors_in_flags(
         if reworded == str(error):
             raise
         raise type(error)(reworded) from error
+
+
+def add_decoder_flags(
+    parser: argparse.ArgumentParser,
+    *,
+    uniform: str = "the method's result on uniform causal attention",
+    applies: str = "",
+) -> None:
+    """Add ``--receptive-field`` and ``--exclude``, the decoder options of the core methods.
+
+    `uniform` says what ``--receptive-field`` divides by; `applies` ends both help texts
+    where the flags reach some of a command's methods only (e.g. ``"; all methods but
+    raw"``). They are parsed by ``_cli_methods._decoder_options``.
+    """
+    parser.add_argument(
+        "--receptive-field",
+        action="store_true",
+        help=f"decoders: divide by {uniform}, then renormalise rows (paper, Conclusion{applies})",
+    )
+    parser.add_argument(
+        "--exclude",
+        default=None,
+        help="input positions left out of the attribution, rows renormalised: an integer or "
+        f"a list (0 for a [CLS] or BOS attention sink{applies})",
+    )
+
+
+def add_mask_and_tokens(parser: argparse.ArgumentParser) -> None:
+    """Add ``--mask``, ``--mask-key`` and ``--tokens``: the files beside an attention file."""
+    parser.add_argument("--mask", help="boolean padding mask (*batch, n): .npy/.npz/.safetensors")
+    parser.add_argument("--mask-key", help="the array to read from the mask file")
+    parser.add_argument("--tokens", help="a text file with one token per line, for the table")
 
 
 def add_flow_limits(parser: argparse.ArgumentParser, *, applies: str = "") -> None:

@@ -17,7 +17,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._cli_common import UsageError, bar, can_encode, has_module
-from ._cli_flags import add_flow_limits, errors_in_flags, flow_limits
+from ._cli_flags import (
+    add_decoder_flags,
+    add_flow_limits,
+    add_mask_and_tokens,
+    errors_in_flags,
+    flow_limits,
+)
 from ._deprecation import REMOVED_IN
 
 __all__ = ["configure_method", "run_method"]
@@ -167,21 +173,8 @@ def configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
             default=None,
             help="drop this fraction of each fused layer's lowest weights (never column 0)",
         )
-        parser.add_argument(
-            "--receptive-field",
-            action="store_true",
-            help="decoders: divide by the method's result on uniform causal attention, "
-            "then renormalise rows (paper, Conclusion)",
-        )
-        parser.add_argument(
-            "--exclude",
-            default=None,
-            help="input positions left out of the attribution, rows renormalised: an "
-            "integer or a list (0 for a BOS attention sink)",
-        )
-    parser.add_argument("--mask", help="boolean padding mask (*batch, n): .npy/.npz/.safetensors")
-    parser.add_argument("--mask-key", help="the array to read from the mask file")
-    parser.add_argument("--tokens", help="a text file with one token per line, for the table")
+        add_decoder_flags(parser)  # --receptive-field, --exclude
+    add_mask_and_tokens(parser)  # --mask, --mask-key, --tokens
     parser.add_argument(
         "--top", type=int, default=10, help="tokens to show in the table (default 10)"
     )

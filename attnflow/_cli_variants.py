@@ -15,7 +15,14 @@ import numpy as np
 
 from ._arrayio import ArrayFileError, ArrayHeader, read_array, read_header, read_selected
 from ._cli_common import UsageError, has_module
-from ._cli_flags import add_flow_limits, errors_in_flags, flow_limits, in_flags
+from ._cli_flags import (
+    add_decoder_flags,
+    add_flow_limits,
+    add_mask_and_tokens,
+    errors_in_flags,
+    flow_limits,
+    in_flags,
+)
 from ._cli_methods import (
     _attention_accept,
     _decoder_options,
@@ -163,21 +170,11 @@ def configure_gradient_rollout(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="zero each row's own position (with --rows 0: Chefer's [CLS] row without [CLS])",
     )
-    parser.add_argument(
-        "--receptive-field",
-        action="store_true",
-        help="decoders: divide by the rule's result on uniform causal attention with unit "
-        "gradients, then renormalise rows",
+    # --receptive-field, --exclude
+    add_decoder_flags(
+        parser, uniform="the rule's result on uniform causal attention with unit gradients"
     )
-    parser.add_argument(
-        "--exclude",
-        default=None,
-        help="input positions left out of the attribution, rows renormalised: an integer "
-        "or a list (0 for a BOS attention sink)",
-    )
-    parser.add_argument("--mask", help="boolean padding mask (*batch, n): .npy/.npz/.safetensors")
-    parser.add_argument("--mask-key", help="the array to read from the mask file")
-    parser.add_argument("--tokens", help="a text file with one token per line, for the table")
+    add_mask_and_tokens(parser)  # --mask, --mask-key, --tokens
 
 
 def run_gradient_rollout(args: argparse.Namespace) -> int:

@@ -542,3 +542,33 @@ def test_help_lists_both_commands(capsys: pytest.CaptureFixture[str]) -> None:
     for name in ("gradient-rollout", "encoder-decoder"):
         assert main([name, "--help"]) == 0
         assert f"usage: attnflow {name}" in capsys.readouterr().out
+
+
+def test_the_shared_flags_are_one_definition_in_every_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--receptive-field, --exclude, --mask, --mask-key, --tokens, --jobs, --max-seconds."""
+    from attnflow._cli import build_parser
+
+    parser = build_parser()
+    files = ["--mask", "m.npy", "--mask-key", "k", "--tokens", "t.txt"]
+    decoder = ["--receptive-field", "--exclude", "0,2"]
+    for command in ("rollout", "flow", "gradient-rollout", "raw"):
+        args = parser.parse_args([command, "x.npy", *files])
+        assert (args.mask, args.mask_key, args.tokens) == ("m.npy", "k", "t.txt")
+    for argv in (
+        ["rollout", "x.npy"],
+        ["flow", "x.npy"],
+        ["gradient-rollout", "x.npz"],
+        ["explain", "--model", "folder", "text"],
+    ):
+        args = parser.parse_args([*argv, *decoder])
+        assert (args.receptive_field, args.exclude) == (True, "0,2")
+    for argv in (["flow", "x.npy"], ["encoder-decoder", "x.npz", "--rule", "flow"]):
+        args = parser.parse_args([*argv, "--jobs", "2", "--max-seconds", "inf"])
+        assert (args.jobs, args.max_seconds) == (2, float("inf"))
+    capsys.readouterr()
+    for command in ("rollout", "gradient-rollout", "explain"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([command, "--help"])
+        assert "0 for a [CLS] or BOS attention sink" in " ".join(capsys.readouterr().out.split())
