@@ -964,15 +964,9 @@ def _gae_rows(
     target: Any,
     target_score: TargetScore = "logit",
 ) -> torch.Tensor:
-    from ._torch_gradients import _target_score
+    from ._torch_gradients import _refuse_inference_mode, _target_score
 
-    if torch.is_inference_mode_enabled():
-        msg = (
-            'explain(method="gradient_rollout", blockwise=True) needs autograd, which '
-            "torch.inference_mode() switches off for good; call it outside the "
-            "inference_mode block (an outer torch.no_grad() is fine)."
-        )
-        raise RuntimeError(msg)
+    _refuse_inference_mode('explain(method="gradient_rollout", blockwise=True)')
     device = next(model.parameters()).device
     keep = torch.tensor(settings.rows, device=device)
     extra = _call_kwargs(model, inputs, {"use_cache": False, "logits_to_keep": keep})

@@ -503,13 +503,9 @@ def _check_generate_kwargs(generate_kwargs: object, model: nn.Module) -> dict[st
 
 def _check_autograd(model: nn.Module) -> None:
     """Refuse, before generating, what would stop gradient rollout after it."""
-    if torch.is_inference_mode_enabled():
-        msg = (
-            'explain_generation(methods=[..., "gradient_rollout"]) needs autograd, which '
-            "torch.inference_mode() switches off for good; call it outside the "
-            "inference_mode block (an outer torch.no_grad() is fine)."
-        )
-        raise RuntimeError(msg)
+    from ._torch_gradients import _refuse_inference_mode
+
+    _refuse_inference_mode('explain_generation(methods=[..., "gradient_rollout"])')
     if not any(p.requires_grad for p in model.parameters()):
         msg = (
             '"gradient_rollout" differentiates the generated token\'s logit by the attention '

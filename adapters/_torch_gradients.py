@@ -123,6 +123,21 @@ def _differentiate(
     return weights, gradients[0], mask
 
 
+def _refuse_inference_mode(caller: str) -> None:
+    """Raise a RuntimeError under ``torch.inference_mode()``: `caller` needs autograd.
+
+    Checked before any work: inside inference mode no tensor can be differentiated, not
+    even under ``torch.enable_grad()``.
+    """
+    if torch.is_inference_mode_enabled():
+        msg = (
+            f"{caller} needs autograd, which torch.inference_mode() switches off for good "
+            "(tensors made inside cannot be differentiated); call it outside the "
+            "inference_mode block (an outer torch.no_grad() is fine)."
+        )
+        raise RuntimeError(msg)
+
+
 def _differentiate_each(
     model: nn.Module,
     inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
@@ -131,13 +146,7 @@ def _differentiate_each(
     caller: str,
 ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:
     """:func:`_differentiate` for several scalars of one forward pass, one backward each."""
-    if torch.is_inference_mode_enabled():
-        msg = (
-            f"{caller} needs autograd, which "
-            "torch.inference_mode() switches off for good; call it outside the "
-            "inference_mode block (an outer torch.no_grad() is fine)."
-        )
-        raise RuntimeError(msg)
+    _refuse_inference_mode(caller)
     with torch.enable_grad():
         with capture(model) as cap:
             result = read(_call(model, inputs))
@@ -390,13 +399,7 @@ def input_gradients(
         raise TypeError(msg)
     check_reduce_output(reduce, output)
     check_target_type(target, _describe_target)
-    if torch.is_inference_mode_enabled():
-        msg = (
-            "input_gradients() needs autograd, which torch.inference_mode() switches off for "
-            "good (tensors made inside cannot be differentiated); call it outside the "
-            "inference_mode block (an outer torch.no_grad() is fine)."
-        )
-        raise RuntimeError(msg)
+    _refuse_inference_mode("input_gradients()")
     layer = _embedding_module(model, embeddings)
 
     calls: list[tuple[torch.Tensor, torch.Tensor]] = []

@@ -331,6 +331,13 @@ def test_bad_input_is_refused_clearly():
         adapter.explain(model, inputs, rows=-1, blockwise=True, engine="flash")
     with pytest.raises(ValueError, match="`target`"):
         adapter.explain(model, inputs, rows=-1, blockwise=True, target=3)
+    for blockwise_option in (True, False):  # one refusal, naming the call, either path
+        with torch.inference_mode(), pytest.raises(RuntimeError, match="needs autograd") as e:
+            adapter.explain(
+                model, inputs, method="gradient_rollout", rows=-1, blockwise=blockwise_option
+            )
+        assert ("blockwise=True" in str(e.value)) == blockwise_option
+        assert "an outer torch.no_grad() is fine" in str(e.value)
     with pytest.raises(ValueError, match="Drop `target_score`"):
         adapter.explain(model, inputs, rows=-1, blockwise=True, target_score="log_probability")
     with pytest.raises(ValueError, match="`target_score` must be"):
