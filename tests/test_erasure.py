@@ -352,3 +352,27 @@ def test_bad_curve_arguments(model: TokenClassifier) -> None:
         )
     with pytest.raises(ValueError, match="one score per unit"):
         attnflow.evaluate.deletion(predict, images, np.zeros((1, 7)), replacement=0.0, patch_size=2)
+
+
+def test_token_ids_of_more_than_two_axes_are_refused_alike_before_predicting() -> None:
+    """blank_out, comprehensiveness, sufficiency and faithfulness read token ids alike."""
+    ids = np.ones((2, 3, 4), dtype=np.int64)
+    calls: list[object] = []
+
+    def predict(batch: Any) -> np.ndarray:
+        calls.append(batch)
+        return np.full((len(batch), 2), 0.5)
+
+    scores = np.zeros((2, 3, 4))
+    evaluate = attnflow.evaluate
+    for call in (
+        lambda: evaluate.blank_out(predict, ids, replacement=MASK_ID),
+        lambda: evaluate.comprehensiveness(predict, ids, scores, replacement=MASK_ID),
+        lambda: evaluate.sufficiency(predict, ids, scores, replacement=MASK_ID),
+    ):
+        with pytest.raises(ValueError, match=r"must have shape \(batch, tokens\); got shape"):
+            call()
+    functions = evaluate.ModelFunctions(predict, lambda x, mask: None)
+    with pytest.raises(ValueError, match=r"must have shape \(samples, tokens\); got shape"):
+        evaluate.faithfulness(functions, ids, replacement=MASK_ID, references=["blank_out"])
+    assert calls == []

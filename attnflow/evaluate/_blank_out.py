@@ -14,7 +14,7 @@ from ._predict import (
     call_model,
     check_batch_size,
     check_replacement,
-    read_inputs,
+    read_token_ids,
     resolve_targets,
     result_array,
     row_batches,
@@ -149,13 +149,8 @@ def blank_out(
         raise TypeError(msg)
     replacement = check_replacement(replacement, integer=True)
     batch_size = check_batch_size(batch_size)
-    model_inputs = read_inputs(
-        inputs, mask, xp=xp, min_ndim=2, integer=True, expected="(batch, tokens)"
-    )
+    model_inputs = read_token_ids(inputs, mask, xp=xp)
     ids = model_inputs.host
-    if ids.ndim != 2:
-        msg = f"`inputs` must have shape (batch, tokens); got shape {ids.shape}."
-        raise ValueError(msg)
     batch, n = ids.shape
     evaluated = _evaluated_positions(positions, n, batch, model_inputs.mask)
     last = _last_real(n, batch, model_inputs.mask)

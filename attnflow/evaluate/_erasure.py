@@ -27,6 +27,7 @@ from ._predict import (
     check_batch_size,
     check_replacement,
     read_inputs,
+    read_token_ids,
     resolve_targets,
     result_array,
     row_batches,
@@ -296,12 +297,7 @@ def _erasure(
     replacement = 0 if delete else check_replacement(replacement, integer=True)
     batch_size = check_batch_size(batch_size)
     bins = _check_fractions(fractions)
-    model_inputs = read_inputs(
-        inputs, mask, xp=xp, min_ndim=2, integer=True, expected="(batch, tokens)"
-    )
-    if model_inputs.host.ndim != 2:
-        msg = f"`inputs` must have shape (batch, tokens); got shape {model_inputs.host.shape}."
-        raise ValueError(msg)
+    model_inputs = read_token_ids(inputs, mask, xp=xp)
     batch, n = model_inputs.host.shape
     host_scores = _read_scores(scores, batch, n)
     extra = host_scores.shape[1:-1]

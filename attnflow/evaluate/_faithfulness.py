@@ -44,7 +44,7 @@ from ._predict import (
     call_model,
     check_batch_size,
     check_replacement,
-    read_inputs,
+    read_token_ids,
     resolve_targets,
     row_batches,
     shared_predictions,
@@ -381,12 +381,7 @@ def faithfulness(
     batch_size = check_batch_size(batch_size)
     _check_flag("progress", progress)
     _check_flag("force", force)
-    dataset = read_inputs(
-        inputs, mask, xp=xp, min_ndim=2, integer=True, expected="(samples, tokens)"
-    )
-    if dataset.host.ndim != 2:
-        msg = f"`inputs` must have shape (samples, tokens); got shape {dataset.host.shape}."
-        raise ValueError(msg)
+    dataset = read_token_ids(inputs, mask, xp=xp, batch="samples")
     n_samples, n_tokens = dataset.host.shape
     host_targets = _check_targets(targets, n_samples)
     host_where = _check_where(where, n_samples, n_tokens)

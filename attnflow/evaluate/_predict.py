@@ -30,6 +30,7 @@ __all__ = [
     "check_mask_for",
     "check_replacement",
     "read_inputs",
+    "read_token_ids",
     "resolve_targets",
     "shared_predictions",
     "target_probabilities",
@@ -92,6 +93,21 @@ def read_inputs(
     host = to_host(array, name="inputs", keep_dtype=True)
     host_mask = check_mask_for(mask_array, host.shape[:2], namespace)
     return ModelInputs(host, host_mask, namespace, array_device(array), boundary, array)
+
+
+def read_token_ids(
+    inputs: Any, mask: Any, *, xp: Namespace | None, batch: str = "batch"
+) -> ModelInputs:
+    """:func:`read_inputs` for token ids: an integer array of exactly two axes.
+
+    `batch` names the first axis in the errors (``"batch"``, ``"samples"``).
+    """
+    expected = f"({batch}, tokens)"
+    read = read_inputs(inputs, mask, xp=xp, min_ndim=2, integer=True, expected=expected)
+    if read.host.ndim != 2:
+        msg = f"`inputs` must have shape {expected}; got shape {read.host.shape}."
+        raise ValueError(msg)
+    return read
 
 
 def check_mask_for(mask: Any, shape: tuple[int, ...], xp: Namespace) -> np.ndarray | None:
