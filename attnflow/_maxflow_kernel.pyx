@@ -54,6 +54,20 @@ cdef extern from *:
     int __builtin_clzll(unsigned long long) nogil
 
 
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    /* The empty volatile asm keeps the call: without it GCC finds a function of
+       prefetches free of side effects (a prefetch writes nothing) and drops it. */
+    #define ATTNFLOW_PREFETCH(p) \
+        do { __builtin_prefetch((const void*)(p)); __asm__ __volatile__(""); } while (0)
+    #else
+    #define ATTNFLOW_PREFETCH(p) ((void)0)
+    #endif
+    """
+    void _prefetch "ATTNFLOW_PREFETCH"(const void*) noexcept nogil
+
+
 cdef enum:
     N_BUCKETS = 64
 
@@ -149,6 +163,8 @@ cdef inline int _admissible_arc(
                 w.cur[u] = i
                 edge[0] = w.middle + k
                 forward[0] = 1
+                if w.dense_on:
+                    _prefetch_column(w, k)
                 return <int>(base + k)
             i += 1
         w.cur[u] = i
@@ -204,6 +220,28 @@ cdef inline int _admissible_arc(
             i += 1
     w.cur[u] = i
     return -1
+
+
+cdef inline void _prefetch_column(Work* w, int k) noexcept nogil:
+    """Ask the memory for the first arc of token `k` at every middle layer, ahead of time.
+
+    In a first blocking flow most paths from the source run down one token's strongest
+    arc layer after layer (in causal attention with a residual, its self arc), and each
+    of those arcs sits in its own place of a large array: fetched one after the other,
+    every step of the descent waits for memory. Prefetches only: nothing is read here
+    that the search would not read anyway, and a wrong guess costs a little bandwidth.
+    """
+    cdef int n = w.n, a, top
+    cdef long long p, row
+    for a in range(w.n_layers - 1, w.dense_layers + 1, -1):
+        p = w.fwd_start[<long long>(a - 2) * (n + 1) + k]
+        _prefetch(w.arc_head + p)
+        _prefetch(w.res + p)
+    for a in range(w.dense_layers + 1, 1, -1):
+        top = w.dense_top[(a - 2) * n + k]
+        if top >= 0:
+            row = w.dense + (<long long>(a - 2) * n + k) * n
+            _prefetch(w.res + row + top)
 
 
 cdef inline int _pop(Work* w, int i) noexcept nogil:
