@@ -70,6 +70,7 @@ cdef extern from *:
 
 cdef enum:
     N_BUCKETS = 64
+    RESET_AHEAD = 16  # how far ahead `_reset` prefetches
 
 
 cdef struct Work:
@@ -244,6 +245,14 @@ cdef inline void _prefetch_column(Work* w, int k) noexcept nogil:
             _prefetch(w.res + row + top)
 
 
+cdef inline void _prefetch_row(Work* w, int a, int k) noexcept nogil:
+    """Prefetch the dense residual where token `k` of layer ``2 <= a <= D + 1`` reads next."""
+    cdef int n = w.n, top = w.dense_top[(a - 2) * n + k]
+    cdef int v = (a - 1) * n + k
+    if top >= 0:
+        _prefetch(w.res + w.dense + (<long long>(a - 2) * n + k) * n + top - w.cur[v])
+
+
 cdef inline int _pop(Work* w, int i) noexcept nogil:
     """Write the residual of path arc `i`, kept on the path while it was there, back."""
     cdef long long edge = w.path_edge[i]
@@ -284,6 +293,10 @@ cdef inline int _admissible_dense(
             w.cur[u] = top - k
             edge[0] = first + k
             forward[0] = 1
+            if a > 2:
+                # The path goes on from token k of layer a - 1: its dense row, where its
+                # search resumes, is likely far from anything read lately.
+                _prefetch_row(w, a - 1, k)
             return (a - 2) * n + k
         k -= 1
     w.cur[u] = top + 1
@@ -619,8 +632,17 @@ cdef void _bottom_up(Work* w, int m) noexcept nogil:
 
 cdef void _reset(Work* w) noexcept nogil:
     """Give every middle edge an augmentation touched its capacity back."""
-    cdef long long i, edge
+    cdef long long i, edge, ahead
     for i in range(w.log_len):
+        if i + RESET_AHEAD < w.log_len:
+            # The logged arcs lie all over the residuals: ask for one a few steps ahead,
+            # so that the misses overlap instead of coming one after the other.
+            ahead = w.log[i + RESET_AHEAD]
+            _prefetch(w.res + ahead)
+            if ahead < w.middle:
+                _prefetch(w.arc_cap + ahead)
+            else:
+                _prefetch(w.cap + <long long>w.n * w.n + ahead - w.dense)
         edge = w.log[i]
         if edge < w.middle:
             w.res[edge] = w.arc_cap[edge]
