@@ -833,7 +833,13 @@ def flow(
     # Head fusion computed `prepared.fused` afresh (a mean, a weighted sum or renormalised
     # rows: never the caller's array), and only its shape and kind are read after this: the
     # residual may be mixed into it in place (one (L, n, n) float64 array fewer).
-    owned = prepared.layout.n_heads is not None and host.flags.writeable
+    # One head fused by the mean is a view of the caller's head (see `apply_head_fusion`):
+    # owned only where the host array holds its own data.
+    owned = (
+        prepared.layout.n_heads is not None
+        and host.flags.writeable
+        and (prepared.layout.n_heads > 1 or host.flags.owndata)
+    )
     mixed = _capacities(prepared, host, mask, head_axis=False, in_place=owned)
     mixed_heads = None
     if prepared.per_head is not None:

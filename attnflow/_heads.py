@@ -39,6 +39,10 @@ def apply_head_fusion(
     if spec.kind == "none":
         return attentions
     if spec.kind in {"mean", "each"}:  # "each": the layers below the head are fused by the mean
+        if attentions.shape[-3] == 1:
+            # The mean of one head is that head, exactly (x / 1 == x): a view, no pass
+            # over the (large) array. Callers that write in place check `owndata`.
+            return attentions[..., 0, :, :]
         return xp.mean(attentions, axis=-3)
     if spec.kind == "weights":
         weights = spec.weights
