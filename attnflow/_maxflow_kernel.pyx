@@ -71,6 +71,7 @@ cdef extern from *:
 cdef enum:
     N_BUCKETS = 64
     RESET_AHEAD = 16  # how far ahead `_reset` prefetches
+    LARGE_BYTES = 16 << 20  # residuals from this size on are prefetched (beyond the caches)
 
 
 cdef struct Work:
@@ -117,6 +118,8 @@ cdef struct Work:
     # Ã_a is edge `dense + (a-2) n² + j n + k`; the tokens of layers 1 .. D that may still
     # carry flow are set in `alive` (layer l's bits from word (l-1) W)
     bint dense_on
+    bint large              # residuals beyond the caches: prefetches pay (see `_large`)
+    bint prefetch_columns   # prefetch a source arc's token down the layers (see `_columnar`)
     int dense_layers        # D
     int words               # W, words of one layer's bits
     long long dense
@@ -164,7 +167,7 @@ cdef inline int _admissible_arc(
                 w.cur[u] = i
                 edge[0] = w.middle + k
                 forward[0] = 1
-                if w.dense_on:
+                if w.prefetch_columns:
                     _prefetch_column(w, k)
                 return <int>(base + k)
             i += 1
@@ -221,6 +224,22 @@ cdef inline int _admissible_arc(
             i += 1
     w.cur[u] = i
     return -1
+
+
+cdef bint _columnar(const long long* start, const int* head, int n) noexcept nogil:
+    """Whether `_prefetch_column` pays: most tokens' strongest arc in ``Ã_2`` is their own.
+
+    So in causal or banded attention with a residual; in bidirectional attention most
+    strongest arcs lead to a few shared tokens, and the prefetched arcs would go unread.
+    """
+    cdef long long p
+    cdef int j, own = 0, rows = 0
+    for j in range(n):
+        p = start[j]
+        if start[j + 1] > p:
+            rows += 1
+            own += head[p] == j
+    return 2 * own > rows
 
 
 cdef inline void _prefetch_column(Work* w, int k) noexcept nogil:
@@ -293,7 +312,7 @@ cdef inline int _admissible_dense(
             w.cur[u] = top - k
             edge[0] = first + k
             forward[0] = 1
-            if a > 2:
+            if a > 2 and w.large:
                 # The path goes on from token k of layer a - 1: its dense row, where its
                 # search resumes, is likely far from anything read lately.
                 _prefetch_row(w, a - 1, k)
@@ -634,7 +653,7 @@ cdef void _reset(Work* w) noexcept nogil:
     """Give every middle edge an augmentation touched its capacity back."""
     cdef long long i, edge, ahead
     for i in range(w.log_len):
-        if i + RESET_AHEAD < w.log_len:
+        if w.large and i + RESET_AHEAD < w.log_len:
             # The logged arcs lie all over the residuals: ask for one a few steps ahead,
             # so that the misses overlap instead of coming one after the other.
             ahead = w.log[i + RESET_AHEAD]
@@ -840,6 +859,8 @@ def solve(
     w.middle = middle
     w.source = (n_layers - 1) * n
     w.sink = w.source + 1
+    w.large = n_edges * sizeof(double) >= LARGE_BYTES
+    w.prefetch_columns = w.large and w.dense_on and _columnar(&fwd_start[0, 0], w.arc_head, n)
     if residual.shape[0] != n_edges:
         raise ValueError("`residual` must have one entry per arc, then 2 n, then D n²")
     w.res = &residual[0]
