@@ -42,6 +42,12 @@ into the sink fills), and a layer-2 token fans out into as many layer-1 tokens a
 path's bottleneck takes before the path is updated once. The current path keeps its
 residuals and running minima and writes each arc back once, when it leaves the path.
 
+On graphs whose residuals outgrow the caches the search prefetches what it is about to
+read: when a path leaves the source into a token, that token's first arc at every middle
+layer (where most tokens' strongest arc is their own, as in causal attention with a
+residual, first blocking flows run down it layer after layer); the dense row of a token a
+path enters; the arcs a reset restores, a few ahead. Prefetches change no value.
+
 Everything runs without the GIL: threads can solve tasks side by side.
 """
 
