@@ -228,13 +228,13 @@ def train(args: argparse.Namespace) -> None:
     print(text)
 
 
-def _evaluate_model(args: argparse.Namespace, name: str) -> dict[str, Any]:
+def _evaluate_model(args: argparse.Namespace, name: str, *, whole: bool = False) -> dict[str, Any]:
     from attnflow.adapters.torch import (  # type: ignore[import-not-found,unused-ignore]
         model_functions,
     )
 
     _, test = _data(args, name)
-    if name in SEED_STUDY:  # the whole protocol only: its 100 sentences
+    if whole:  # the whole protocol only: its 100 sentences, the paper code's blank-out
         test = test.take(np.arange(WHOLE_PROTOCOL_SENTENCES))
     model = load_agreement_model(args.output / "models" / name)
     functions = model_functions(model, heads="mean", reduce="sum_abs", output="probability")
@@ -250,7 +250,7 @@ def _evaluate_model(args: argparse.Namespace, name: str) -> dict[str, Any]:
     }
     started, cpu = time.perf_counter(), time.process_time()
     reports = {}
-    if name not in SEED_STUDY:
+    if not whole:
         reports["signed"] = faithfulness(
             functions,
             test.ids,
@@ -265,7 +265,7 @@ def _evaluate_model(args: argparse.Namespace, name: str) -> dict[str, Any]:
             blank_out_score="abs",
             blank_out_last_token="zero",
             correlation="spearman_dense",
-            output=args.output / f"eval-{name}-paper",
+            output=args.output / (f"eval-{name}-whole" if whole else f"eval-{name}-paper"),
             **common,
         )
     probability = reports.get("signed", reports["paper"]).samples["probability"]
@@ -427,9 +427,7 @@ def _table_lines(table: dict[str, dict[str, list[list[float]]]]) -> list[str]:
 
 def evaluate(args: argparse.Namespace) -> None:
     """Evaluate every model and print every step's table."""
-    missing = [n for n in SEED_STUDY if not (args.output / "models" / n / "training.json").exists()]
-    for name in missing:
-        print(f"model {name} is not trained: its step is left out")
+    missing = list(SEED_STUDY)  # evaluated by `study`
     evaluated = {name: _evaluate_model(args, name) for name in MODELS if name not in missing}
     results: dict[str, Any] = {"models": {}, "steps": {}, "cumulative": {}}
     for name, ev in evaluated.items():
@@ -474,22 +472,7 @@ def evaluate(args: argparse.Namespace) -> None:
         name = STEPS[step][0]
         if name in missing:
             continue
-        final = results["steps"][step]["table"]
-        lines.append(f"\n### {step}, model {name}, against the paper: ours (paper) Δ\n")
-        lines.append("| reference | method | L1 | L2 | L3 | L4 | L5 | L6 |")
-        lines.append("|---|---|---|---|---|---|---|---|")
-        within = 0
-        for reference in REFERENCES:
-            for m in METHODS:
-                row = []
-                for (mu, sd), (p, q) in zip(
-                    final[reference][m], PAPER_TABLES[reference][m], strict=True
-                ):
-                    flag = "" if abs(mu - p) <= 0.1 else " **"
-                    within += not flag
-                    row.append(f"{mu:.2f}±{sd:.2f} ({p:.2f}±{q:.2f}) {mu - p:+.2f}{flag}")
-                lines.append(f"| {reference} | {m} | {' | '.join(row)} |")
-        lines.append(f"\n{within} of 36 cells within ±0.1 of the paper.")
+        lines.extend(_against_paper(step, name, results["steps"][step]["table"]))
         # The log's form: the paper code's lists are never reset between layers.
         report = evaluated[name]["reports"]["paper"]
         first = report.n_samples if STEPS[step][3] is None else STEPS[step][3]
@@ -515,6 +498,71 @@ def evaluate(args: argparse.Namespace) -> None:
                 {r: {m: [[v, 0.0] for v in cumulative[r][m]] for m in METHODS} for r in REFERENCES}
             )
         )
+    text = "\n".join(lines)
+    print(text)
+    results["usage"] = _usage()
+    (args.output / "ablation.md").write_text(text + "\n")
+    (args.output / "ablation.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results["usage"]))
+
+
+def _against_paper(step: str, name: str, table: dict[str, Any]) -> list[str]:
+    """One whole-protocol table against the paper's: ours (paper) Δ, and the count."""
+    lines = [
+        f"\n### {step}, model {name}, against the paper: ours (paper) Δ\n",
+        "| reference | method | L1 | L2 | L3 | L4 | L5 | L6 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    within = 0
+    for reference in REFERENCES:
+        for m in METHODS:
+            row = []
+            for (mu, sd), (p, q) in zip(
+                table[reference][m], PAPER_TABLES[reference][m], strict=True
+            ):
+                flag = "" if abs(mu - p) <= 0.1 else " **"
+                within += not flag
+                row.append(f"{mu:.2f}±{sd:.2f} ({p:.2f}±{q:.2f}) {mu - p:+.2f}{flag}")
+            lines.append(f"| {reference} | {m} | {' | '.join(row)} |")
+    lines.append(f"\n{within} of 36 cells within ±0.1 of the paper.")
+    return lines
+
+
+def study(args: argparse.Namespace) -> None:
+    """The third run (issue 23): the whole protocol of the distilled students (the second
+    student's seeds included), each evaluated afresh on the 100 sentences; the seed
+    summary; the gradient study."""
+    names = [
+        n
+        for n in ("distilled", "distilled_long", *SEED_STUDY)
+        if (args.output / "models" / n / "training.json").exists()
+    ]
+    evaluated = {n: _evaluate_model(args, n, whole=True) for n in names}
+    results: dict[str, Any] = {"models": {}, "steps": {}}
+    lines: list[str] = []
+    for name, ev in evaluated.items():
+        results["models"][name] = {k: v for k, v in ev.items() if k not in ("reports", "test")}
+        print(f"model {name}: {json.dumps(results['models'][name])}")
+    for step, (name, protocol, _method, first, cls) in STEPS.items():
+        if name not in evaluated or protocol != "paper" or first is None or not cls:
+            continue
+        samples = evaluated[name]["reports"]["paper"].samples
+        table = {
+            reference: {
+                m: [
+                    [float(mu), float(sd)]
+                    for mu, sd in zip(
+                        samples[f"correlation.{m}.{reference}"].mean(axis=0),
+                        samples[f"correlation.{m}.{reference}"].std(axis=0),
+                        strict=True,
+                    )
+                ]
+                for m in METHODS
+            }
+            for reference in REFERENCES
+        }
+        results["steps"][step] = {"sentences": first, "table": table}
+        lines.extend(_against_paper(step, name, table))
     lines.extend(_seed_summary(results))
     results["gradients"] = {}
     for name in GRADIENT_STUDY_MODELS:
@@ -542,8 +590,8 @@ def evaluate(args: argparse.Namespace) -> None:
     text = "\n".join(lines)
     print(text)
     results["usage"] = _usage()
-    (args.output / "ablation.md").write_text(text + "\n")
-    (args.output / "ablation.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.output / "study.md").write_text(text + "\n")
+    (args.output / "study.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results["usage"]))
 
 
@@ -590,7 +638,7 @@ def _seed_summary(results: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("train", "evaluate", "evaluate-model"))
+    parser.add_argument("command", choices=("train", "evaluate", "evaluate-model", "study"))
     parser.add_argument("model", nargs="?", choices=MODELS)
     parser.add_argument("-o", "--output", type=Path, default=Path("runs/paper-ablation"))
     parser.add_argument("--seed", type=int, default=0)
@@ -610,6 +658,8 @@ def main() -> None:
     elif args.command == "evaluate-model":  # fills the model's resumable chunks early
         result = _evaluate_model(args, args.model)
         print(json.dumps({k: v for k, v in result.items() if k not in ("reports", "test")}))
+    elif args.command == "study":
+        study(args)
     else:
         evaluate(args)
 
