@@ -302,7 +302,7 @@ def _evaluate_model(args: argparse.Namespace, name: str, *, whole: bool = False)
 # protocol's sentences in the ways that change only the rounding: one sentence at a
 # time without padding (the authors' batch of 1) and in float64; and, beside them, the
 # l2 norm of the same gradient (not the paper's reduction: the gradient's size itself).
-GRADIENT_STUDY_MODELS = ("distilled", "distilled_long")
+GRADIENT_STUDY_MODELS = ("distilled", "distilled_long", *SEED_STUDY)
 GRADIENT_VARIANTS: dict[str, str] = {
     "evaluation": "the evaluation's (batches of 64 padded sentences, float32)",
     "single_f32": "one sentence at a time, unpadded (the authors' batch of 1), float32",
@@ -325,6 +325,30 @@ def _authors_raw_and_rollout(weights: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return raw, joint[:, 0]
 
 
+RAW_CANDIDATES: dict[str, str] = {
+    "authors": "the paper code's: CLS row of layer l, heads summed and normalised, all n",
+    "eos_row": "the row of <eos> (the verb position) instead of CLS",
+    "heads_max": "the maximum over heads, renormalised, instead of the sum",
+    "residual": "0.5 A + 0.5 I (the residual added, as rollout's first layer)",
+    "without_eos": "ranked over the n - 1 positions before <eos>",
+}
+
+
+def _raw_candidates(weights: np.ndarray) -> dict[str, np.ndarray]:
+    """Raw attention of one sentence, ``(layers, n)``, under each candidate convention."""
+    mean = weights.mean(axis=1)
+    top = weights.max(axis=1)
+    n = weights.shape[-1]
+    out = {
+        "authors": mean[:, 0],
+        "eos_row": mean[:, n - 1],
+        "heads_max": top[:, 0] / top[:, 0].sum(axis=-1, keepdims=True),
+        "residual": 0.5 * mean[:, 0] + 0.5 * np.eye(n)[0],
+        "without_eos": mean[:, 0],
+    }
+    return {k: np.asarray(v, dtype=float) for k, v in out.items()}
+
+
 def _gradient_study(args: argparse.Namespace, name: str, ev: dict[str, Any]) -> dict[str, Any]:
     """The gradient references of the whole protocol's sentences, and the hand oracle of
     the paper code's raw attention and rollout, for model `name`."""
@@ -342,6 +366,8 @@ def _gradient_study(args: argparse.Namespace, name: str, ev: dict[str, Any]) -> 
     width = test.ids.shape[1]
     refs = {k: np.zeros((count, width)) for k in GRADIENT_VARIANTS if k != "evaluation"}
     refs["evaluation"] = np.asarray(samples["reference.input_gradients"][:count], dtype=float)
+    layers = samples["scores.raw"].shape[1]
+    candidates = {k: np.zeros((count, layers, width)) for k in RAW_CANDIDATES}
     ratio: dict[str, list[float]] = {"float32": [], "float64": []}
     oracle = {"raw": 0.0, "rollout": 0.0}
     for i in range(count):
@@ -357,7 +383,10 @@ def _gradient_study(args: argparse.Namespace, name: str, ev: dict[str, Any]) -> 
                 refs["single_l2"][i, :length] = l2.numpy()
         with torch.no_grad(), capture(model, heads="each") as cap:
             model(ids)
-        raw, joint = _authors_raw_and_rollout(cap.attentions[0].double().numpy())
+        weights = cap.attentions[0].double().numpy()
+        raw, joint = _authors_raw_and_rollout(weights)
+        for key, scores in _raw_candidates(weights).items():
+            candidates[key][i, :, :length] = scores
         for method, mine in (("raw", raw), ("rollout", joint)):
             theirs = np.asarray(samples[f"scores.{method}"][i, :, :length], dtype=float)
             oracle[method] = max(oracle[method], float(np.max(np.abs(theirs - mine))))
@@ -377,6 +406,24 @@ def _gradient_study(args: argparse.Namespace, name: str, ev: dict[str, Any]) -> 
                 for mu, sd in zip(rho.mean(axis=0), rho.std(axis=0), strict=True)
             ]
 
+    raw_table: dict[str, dict[str, list[float]]] = {}
+    for key, scores in candidates.items():
+        keep = where.copy()
+        if key == "without_eos":
+            keep[np.arange(count), where.sum(axis=1) - 1] = False
+        raw_table[key] = {
+            reference: np.mean(
+                attnflow.evaluate.rank_correlation(
+                    scores,
+                    np.asarray(samples[f"reference.{reference}"][:count], dtype=float)[:, None, :],
+                    where=keep[:, None, :],
+                    method="spearman_dense",
+                ),
+                axis=0,
+            ).tolist()
+            for reference in REFERENCES
+        }
+
     def agreement(a: str, b: str) -> float:
         rho = attnflow.evaluate.rank_correlation(
             refs[a], refs[b], where=where, method="spearman_dense"
@@ -385,6 +432,7 @@ def _gradient_study(args: argparse.Namespace, name: str, ev: dict[str, Any]) -> 
 
     return {
         "table": table,
+        "raw_candidates": raw_table,
         "median_sum_over_l2": {k: float(np.median(v)) for k, v in ratio.items()},
         "rho_between_references": {
             "evaluation~single_f32": agreement("evaluation", "single_f32"),
@@ -565,7 +613,7 @@ def study(args: argparse.Namespace) -> None:
         lines.extend(_against_paper(step, name, table))
     lines.extend(_seed_summary(results))
     results["gradients"] = {}
-    for name in GRADIENT_STUDY_MODELS:
+    for name in (n for n in GRADIENT_STUDY_MODELS if n in evaluated):
         study = _gradient_study(args, name, evaluated[name])
         results["gradients"][name] = study
         lines.append(
@@ -587,6 +635,13 @@ def study(args: argparse.Namespace) -> None:
             for m in METHODS:
                 cells = " | ".join(f"{mu:.2f}" for mu, _ in rows[m])
                 lines.append(f"| {variant} | {m} | {cells} |")
+        lines.append(f"\n### Raw attention under candidate conventions, model {name}\n")
+        lines.append("| convention | reference | L1 | L2 | L3 | L4 | L5 | L6 |")
+        lines.append("|---|---|---|---|---|---|---|---|")
+        for key, by_reference in study["raw_candidates"].items():
+            for reference, values in by_reference.items():
+                cells = " | ".join(f"{v:.2f}" for v in values)
+                lines.append(f"| {key} | {reference} | {cells} |")
     text = "\n".join(lines)
     print(text)
     results["usage"] = _usage()
