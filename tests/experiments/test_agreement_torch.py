@@ -256,3 +256,49 @@ def test_too_long_inputs_are_refused() -> None:
     model = _untrained(config=AgreementConfig(vocab_size=10, n_positions=4, n_layers=1))
     with pytest.raises(ValueError, match="n_positions"):
         model(torch.ones(1, 5, dtype=torch.int64))
+
+
+def _shifted_probabilities(model, ids, token: int, shift) -> torch.Tensor:
+    """The model's probabilities with `shift` added to one token's embedding output."""
+
+    def add(module, args, output):
+        output = output.clone()
+        output[:, token] += shift
+        return output
+
+    handle = model.get_input_embeddings().register_forward_hook(add)
+    try:
+        with torch.no_grad():
+            return torch.softmax(model(ids), dim=-1)
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize(("dtype", "bound"), [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+def test_the_paper_codes_input_gradient_is_rounding(dtype, bound) -> None:
+    """|Σ_d ∂p/∂e_{i,d}|, the paper code's input gradient (Reflect@d28ddd5), is the
+    rounding error of an exact zero in a pre-LayerNorm transformer: every read of the
+    residual stream goes through a LayerNorm, which ignores a shift of all coordinates,
+    so adding c·(1, ..., 1) to a token's embedding changes no output (checked by forward
+    passes), while the gradient itself is far from zero (its l2 norm)."""
+    from attnflow.adapters.torch import input_gradients
+
+    model = _untrained(8).to(dtype)
+    with torch.no_grad():  # LayerNorms away from their initial (1, 0)
+        generator = torch.Generator().manual_seed(1)
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.copy_(1 + 0.5 * torch.randn(module.weight.shape, generator=generator))
+                module.bias.copy_(0.5 * torch.randn(module.bias.shape, generator=generator))
+    ids = torch.from_numpy(encode("the key to the cabinets"))[None]
+    p = _shifted_probabilities(model, ids, 2, 0.0)
+    constant = _shifted_probabilities(model, ids, 2, 1.0)
+    direction = torch.randn(TINY.hidden, generator=torch.Generator().manual_seed(2), dtype=dtype)
+    other = _shifted_probabilities(model, ids, 2, direction)
+    assert float((constant - p).abs().max()) <= bound
+    assert float((other - p).abs().max()) > 1e-3  # the model does read token 2
+    summed = input_gradients(model, ids, target=1, reduce="sum_abs")
+    l2 = input_gradients(model, ids, target=1, reduce="l2")
+    assert summed.dtype == l2.dtype == dtype
+    assert bool((l2 > 1e-4).all())
+    assert bool((summed <= bound * l2).all())
