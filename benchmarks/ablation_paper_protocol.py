@@ -308,7 +308,25 @@ GRADIENT_VARIANTS: dict[str, str] = {
     "single_f32": "one sentence at a time, unpadded (the authors' batch of 1), float32",
     "single_f64": "one sentence at a time, unpadded, float64",
     "single_l2": "the l2 norm of the same gradient, one sentence at a time, float32",
+    "single_f32_p0_minus_p1": (
+        "the paper code's own expression, |Σ_d ∂(p_0 - p_1)/∂E_d|, one sentence at a time, "
+        "float32 (equal to 2 |Σ_d ∂p_gold/∂E_d| in exact arithmetic)"
+    ),
 }
+
+
+def _difference_gradient(model: torch.nn.Module, ids: torch.Tensor) -> np.ndarray:
+    """|Σ_d ∂(p_0 - p_1)/∂e_{i,d}| of one sentence, as the paper code computes it."""
+    kept: list[torch.Tensor] = []
+    handle = model.get_input_embeddings().register_forward_hook(  # type: ignore[operator]
+        lambda module, args, output: kept.append(output)  # noqa: ARG005
+    )
+    try:
+        probs = torch.softmax(model(ids), dim=-1)
+    finally:
+        handle.remove()
+    (grad,) = torch.autograd.grad(probs[0, 0] - probs[0, 1], kept[0])
+    return np.asarray(grad[0].sum(dim=-1).abs().numpy(), dtype=float)
 
 
 def _authors_raw_and_rollout(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -381,6 +399,7 @@ def _gradient_study(args: argparse.Namespace, name: str, ev: dict[str, Any]) -> 
             refs["single_f32" if key == "float32" else "single_f64"][i, :length] = summed.numpy()
             if key == "float32":
                 refs["single_l2"][i, :length] = l2.numpy()
+                refs["single_f32_p0_minus_p1"][i, :length] = _difference_gradient(net, ids)
         with torch.no_grad(), capture(model, heads="each") as cap:
             model(ids)
         weights = cap.attentions[0].double().numpy()
@@ -437,6 +456,7 @@ def _gradient_study(args: argparse.Namespace, name: str, ev: dict[str, Any]) -> 
         "rho_between_references": {
             "evaluation~single_f32": agreement("evaluation", "single_f32"),
             "single_f32~single_f64": agreement("single_f32", "single_f64"),
+            "single_f32~single_f32_p0_minus_p1": agreement("single_f32", "single_f32_p0_minus_p1"),
             "single_f32~single_l2": agreement("single_f32", "single_l2"),
             "single_f64~single_l2": agreement("single_f64", "single_l2"),
         },
