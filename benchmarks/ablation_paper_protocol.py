@@ -72,6 +72,7 @@ from attnflow._experiments.agreement_distill import train_distilled_agreement_mo
 from attnflow._experiments.agreement_torch import (
     accuracy,
     load_agreement_model,
+    paper_input_gradients,
     save_agreement_model,
     train_agreement_model,
 )
@@ -315,20 +316,6 @@ GRADIENT_VARIANTS: dict[str, str] = {
 }
 
 
-def _difference_gradient(model: torch.nn.Module, ids: torch.Tensor) -> np.ndarray:
-    """|Σ_d ∂(p_0 - p_1)/∂e_{i,d}| of one sentence, as the paper code computes it."""
-    kept: list[torch.Tensor] = []
-    handle = model.get_input_embeddings().register_forward_hook(  # type: ignore[operator]
-        lambda module, args, output: kept.append(output)  # noqa: ARG005
-    )
-    try:
-        probs = torch.softmax(model(ids), dim=-1)
-    finally:
-        handle.remove()
-    (grad,) = torch.autograd.grad(probs[0, 0] - probs[0, 1], kept[0])
-    return np.asarray(grad[0].sum(dim=-1).abs().numpy(), dtype=float)
-
-
 def _authors_raw_and_rollout(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The paper code's raw and rollout rows of CLS (`get_raw_att_relevance`,
     `get_joint_relevance`) from every head's weights ``(layers, heads, n, n)``."""
@@ -399,7 +386,7 @@ def _gradient_study(args: argparse.Namespace, name: str, ev: dict[str, Any]) -> 
             refs["single_f32" if key == "float32" else "single_f64"][i, :length] = summed.numpy()
             if key == "float32":
                 refs["single_l2"][i, :length] = l2.numpy()
-                refs["single_f32_p0_minus_p1"][i, :length] = _difference_gradient(net, ids)
+                refs["single_f32_p0_minus_p1"][i, :length] = paper_input_gradients(net, ids[0])
         with torch.no_grad(), capture(model, heads="each") as cap:
             model(ids)
         weights = cap.attentions[0].double().numpy()
@@ -631,7 +618,6 @@ def study(args: argparse.Namespace) -> None:
         }
         results["steps"][step] = {"sentences": first, "table": table}
         lines.extend(_against_paper(step, name, table))
-    lines.extend(_seed_summary(results))
     results["gradients"] = {}
     for name in (n for n in GRADIENT_STUDY_MODELS if n in evaluated):
         study = _gradient_study(args, name, evaluated[name])
@@ -662,6 +648,25 @@ def study(args: argparse.Namespace) -> None:
             for reference, values in by_reference.items():
                 cells = " | ".join(f"{v:.2f}" for v in values)
                 lines.append(f"| {key} | {reference} | {cells} |")
+    # Step 7: the whole protocol with the paper code's own gradient expression (blank-out
+    # as in step 5; input gradients |Σ_d ∂(p_0 - p_1)/∂E_d|, one sentence at a time).
+    for step in list(results["steps"]):
+        name = STEPS[step][0]
+        if name not in results["gradients"]:
+            continue
+        seventh = f"7{step[1:].split(' ')[0]} {name}: + the paper code's gradient expression"
+        STEPS[seventh] = STEPS[step]
+        table = {
+            "blank_out": results["steps"][step]["table"]["blank_out"],
+            "input_gradients": results["gradients"][name]["table"]["single_f32_p0_minus_p1"],
+        }
+        results["steps"][seventh] = {
+            "sentences": results["steps"][step]["sentences"],
+            "table": table,
+        }
+        lines.extend(_against_paper(seventh, name, table))
+    lines.extend(_seed_summary(results, "5"))
+    lines.extend(_seed_summary(results, "7"))
     text = "\n".join(lines)
     print(text)
     results["usage"] = _usage()
@@ -670,18 +675,18 @@ def study(args: argparse.Namespace) -> None:
     print(json.dumps(results["usage"]))
 
 
-def _seed_summary(results: dict[str, Any]) -> list[str]:
-    """Every cell of the whole protocol over the second student's seeds: mean (range)."""
+def _seed_summary(results: dict[str, Any], prefix: str) -> list[str]:
+    """Every cell of step `prefix` over the second student's seeds: mean (range)."""
     steps = [
         step
-        for step in WHOLE_PROTOCOL
-        if step in results["steps"] and STEPS[step][0].startswith("distilled_long")
+        for step in results["steps"]
+        if step.startswith(prefix) and STEPS[step][0].startswith("distilled_long")
     ]
     if len(steps) < 2:
         return []
     lines = [
         (
-            f"\n### The whole protocol over {len(steps)} seeds of the second student: "
+            f"\n### Step {prefix} over {len(steps)} seeds of the second student: "
             "mean (min to max) [paper] Δ of the mean\n"
         ),
         "| reference | method | L1 | L2 | L3 | L4 | L5 | L6 |",
@@ -703,7 +708,7 @@ def _seed_summary(results: dict[str, Any]) -> list[str]:
                 row.append(f"{mean:.2f} ({low:.2f} to {high:.2f}) [{p:.2f}] {mean - p:+.2f}{flag}")
             summary[reference][m] = cells
             lines.append(f"| {reference} | {m} | {' | '.join(row)} |")
-    results["seeds"] = {"steps": steps, "cells": summary}
+    results.setdefault("seeds", {})[prefix] = {"steps": steps, "cells": summary}
     lines.append(
         f"\n{within} of 36 cells' seed means within ±0.1 of the paper; in {inside} of 36 "
         "the paper is within 0.1 of the range the seeds span."

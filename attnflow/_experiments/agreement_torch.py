@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 from torch import nn
 
 from attnflow._atomic import write_atomically
@@ -58,6 +58,7 @@ __all__ = [
     "AgreementTransformer",
     "accuracy",
     "load_agreement_model",
+    "paper_input_gradients",
     "predict",
     "save_agreement_model",
     "train_agreement_model",
@@ -575,6 +576,95 @@ def accuracy(
     if len(data) == 0:
         return float("nan")
     return float((predict(model, data, batch_size=batch_size) == data.labels).mean())
+
+
+def paper_input_gradients(model: AgreementTransformer, ids: ArrayLike, /) -> NDArray[np.float64]:
+    r"""Compute the paper code's input gradient, one unpadded sentence at a time.
+
+    Abnar & Zuidema's Table 2 was computed by ``samiraabnar/Reflect``
+    (``notebooks/attention_flow.ipynb`` at commit ``d28ddd5``) as
+
+    .. math::
+
+        s_i = \Big\lvert \sum_d \frac{\partial (p_0 - p_1)}{\partial E_{i,d}} \Big\rvert,
+
+    with :math:`p` the softmax of the two logits, :math:`E = e_\text{token} +
+    e_\text{position}` and the batch of one sentence without padding. This function
+    computes exactly that expression, in the model's dtype.
+
+    In exact arithmetic :math:`s_i = 0`: every read of the residual stream of this
+    pre-LayerNorm transformer (the authors' too) goes through a LayerNorm, which ignores
+    a shift of all coordinates, so adding :math:`c\,(1, \dots, 1)` to :math:`E_i` changes
+    no output. What the expression returns is the rounding error of that zero (about
+    :math:`10^{-7}` of :math:`\lVert \partial p / \partial E_i \rVert` in float32), so
+    a different way to round it (the gradient of :math:`p_\text{gold}` instead of
+    :math:`p_0 - p_1`, a padded batch, float64) gives other values and other ranks.
+
+    Parameters
+    ----------
+    model : AgreementTransformer
+        The model, in evaluation mode (dropout would make the gradient random).
+    ids : array_like of int, shape (n,)
+        One sentence's token ids, ``[CLS]`` first, without padding.
+
+    Returns
+    -------
+    ndarray of float64, shape (n,)
+        :math:`s_i` for every position.
+
+    Raises
+    ------
+    ValueError
+        If `ids` is not one 1-d sentence, or the model does not have two classes.
+
+    See Also
+    --------
+    attnflow.adapters.torch.input_gradients : The gradient of the target's probability,
+        batched, with the l2 norm as the default reduction.
+
+    References
+    ----------
+    S. Abnar and W. Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020,
+    Table 2; the code: https://github.com/samiraabnar/Reflect (commit d28ddd5).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from attnflow._experiments.agreement import VOCABULARY, encode
+    >>> from attnflow._experiments.agreement_torch import (
+    ...     AgreementConfig, AgreementTransformer, paper_input_gradients)
+    >>> _ = torch.manual_seed(0)
+    >>> model = AgreementTransformer(AgreementConfig(len(VOCABULARY), n_layers=1)).eval()
+    >>> scores = paper_input_gradients(model, encode("the keys"))
+    >>> scores.shape, bool((scores < 1e-5).all())
+    ((3,), True)
+    """
+    tokens = torch.as_tensor(np.asarray(ids), dtype=torch.long)
+    if tokens.ndim != 1 or tokens.numel() == 0:
+        msg = (
+            f"`ids` must be one sentence, a non-empty 1-d array of token ids; got shape "
+            f"{tuple(tokens.shape)}. Pass one row, without padding: ids[i, :length]."
+        )
+        raise ValueError(msg)
+    if model.config.n_classes != 2:
+        msg = (
+            f"the paper code's gradient differentiates p_0 - p_1 and needs a model with 2 "
+            f"classes; this one has n_classes={model.config.n_classes}."
+        )
+        raise ValueError(msg)
+    kept: list[torch.Tensor] = []
+
+    def keep(module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> None:  # noqa: ARG001
+        kept.append(output)
+
+    handle = model.get_input_embeddings().register_forward_hook(keep)
+    try:
+        with torch.enable_grad():
+            probs = torch.softmax(model(tokens[None]), dim=-1)
+            (grad,) = torch.autograd.grad(probs[0, 0] - probs[0, 1], kept[0])
+    finally:
+        handle.remove()
+    return np.asarray(grad[0].sum(dim=-1).abs().detach().cpu().numpy(), dtype=np.float64)
 
 
 # -- saving and loading -------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from attnflow._experiments.agreement_torch import (
     AgreementTransformer,
     accuracy,
     load_agreement_model,
+    paper_input_gradients,
     predict,
     save_agreement_model,
     train_agreement_model,
@@ -302,3 +303,36 @@ def test_the_paper_codes_input_gradient_is_rounding(dtype, bound) -> None:
     assert summed.dtype == l2.dtype == dtype
     assert bool((l2 > 1e-4).all())
     assert bool((summed <= bound * l2).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_paper_input_gradients_is_the_paper_codes_expression(dtype) -> None:
+    """Against a hand oracle: E = token + position embeddings as a leaf, the model's
+    layers by hand, |Σ_d ∂(p_0 - p_1)/∂E_{i,d}| (Reflect@d28ddd5, cell 3)."""
+    model = _untrained(9).to(dtype)
+    ids = encode("the key to the cabinets")
+    tokens = torch.from_numpy(ids)[None]
+    embedded = model.token_embedding(tokens) + model.position_embedding(torch.arange(len(ids)))
+    leaf = embedded.detach().requires_grad_()
+    x = leaf
+    for block in model.blocks:
+        x = block(x, None)
+    probs = torch.softmax(model.classifier(model.ln_f(x[:, 0])), dim=-1)
+    (grad,) = torch.autograd.grad(probs[0, 0] - probs[0, 1], leaf)
+    expected = grad[0].sum(dim=-1).abs().numpy()
+    got = paper_input_gradients(model, ids)
+    assert got.shape == (len(ids),)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, expected)
+    # ... the rounding error of an exact zero
+    size = grad[0].norm(dim=-1).numpy()
+    assert bool((got <= (1e-5 if dtype == torch.float32 else 1e-12) * size).all())
+
+
+def test_paper_input_gradients_refuses_bad_input() -> None:
+    model = _untrained(10)
+    with pytest.raises(ValueError, match="one sentence"):
+        paper_input_gradients(model, encode("the keys")[None])
+    three = _untrained(config=AgreementConfig(vocab_size=len(VOCABULARY), n_layers=1, n_classes=3))
+    with pytest.raises(ValueError, match="n_classes=3"):
+        paper_input_gradients(three, encode("the keys"))
