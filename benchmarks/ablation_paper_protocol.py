@@ -29,6 +29,23 @@ For the whole protocol (steps 5 and 5') it also prints the table as the authors'
 prints it: cumulative means over layers (``correlation_mean(...,
 over_layers="cumulative")``).
 
+``study`` is the third run (issue 23), on the whole protocol's 100 sentences, each
+distilled student evaluated afresh:
+
+7, 7'. the whole protocol with the paper code's own gradient expression,
+   ``|Σ_d ∂(p_0 - p_1)/∂E_d|`` one unpadded sentence at a time
+   (:func:`~attnflow._experiments.agreement_torch.paper_input_gradients`): in a
+   pre-LayerNorm transformer that sum is zero in exact arithmetic, so the reference is
+   rounding, and the study prints it computed in the ways that differ only in rounding
+   (the evaluation's padded batches, one sentence, float64) with the l2 norm beside them;
+5s1, 5s2, 7s1, 7s2. the seed study: the second student's recipe and training sentences
+   with PyTorch's seed 1 and 2 (``SEED_STUDY``), and every cell's mean and range over
+   the three seeds;
+
+and a hand oracle of the paper code's raw attention and rollout formulas against the
+evaluation's, with raw attention under candidate conventions (the ``<eos>`` row, heads
+max, the residual added, ``<eos>`` left out of the ranking).
+
 Usage (2 threads of a shared machine; see ``docs/reproduction.md`` for the runs)::
 
     python benchmarks/ablation_paper_protocol.py train today   -o runs/paper-ablation &
@@ -36,6 +53,9 @@ Usage (2 threads of a shared machine; see ``docs/reproduction.md`` for the runs)
     python benchmarks/ablation_paper_protocol.py train distilled -o runs/paper-ablation
     python benchmarks/ablation_paper_protocol.py train distilled_long -o runs/paper-ablation
     python benchmarks/ablation_paper_protocol.py evaluate -o runs/paper-ablation
+    python benchmarks/ablation_paper_protocol.py train distilled_long_seed1 -o runs/paper-ablation &
+    python benchmarks/ablation_paper_protocol.py train distilled_long_seed2 -o runs/paper-ablation
+    python benchmarks/ablation_paper_protocol.py study -o runs/paper-ablation
 
 (``evaluate-model NAME`` evaluates one model as soon as it is trained; ``evaluate`` then
 reads its saved chunks.)
