@@ -132,8 +132,8 @@ class _Backend:
     host: bool = True  # the compiled kernel can apply (the array-API-path cases)
 
 
-def _backend(name: str, shape: tuple[int, ...]) -> _Backend:
-    """The backend `name`; `shape` is that of the attention (for Dask's chunks)."""
+def _backend(name: str) -> _Backend:
+    """The backend `name`."""
     if name == "numpy":
         import array_api_compat.numpy as xp
 
@@ -215,28 +215,30 @@ def _cases(
     """The timed calls. Each function takes (a, g, m); under jit it is compiled."""
     xp = backend.xp
     functions: dict[str, Callable[[Any, Any, Any], Any]] = {
-        ROLLOUT: lambda a, g, m: attnflow.rollout(a, rows=0),
-        "hand batched GAE, row 0": lambda a, g, m: _hand_batched(a, g, xp),
-        LOOP: lambda a, g, m: _chefer_loop(a, g, xp),
-        GAE: lambda a, g, m: attnflow.gradient_rollout(a, g, rows=0),
-        "gradient_rollout(a, g, rows=0, validate=False)": lambda a, g, m: (
+        ROLLOUT: lambda a, _g, _m: attnflow.rollout(a, rows=0),
+        "hand batched GAE, row 0": lambda a, g, _m: _hand_batched(a, g, xp),
+        LOOP: lambda a, g, _m: _chefer_loop(a, g, xp),
+        GAE: lambda a, g, _m: attnflow.gradient_rollout(a, g, rows=0),
+        "gradient_rollout(a, g, rows=0, validate=False)": lambda a, g, _m: (
             attnflow.gradient_rollout(a, g, rows=0, validate=False)
         ),
-        'gradient_rollout(a, g, rows=0, rule="weighted")': lambda a, g, m: (
+        'gradient_rollout(a, g, rows=0, rule="weighted")': lambda a, g, _m: (
             attnflow.gradient_rollout(a, g, rows=0, rule="weighted")
         ),
-        "gradient_rollout(a, g)": lambda a, g, m: attnflow.gradient_rollout(a, g),
+        "gradient_rollout(a, g)": lambda a, g, _m: attnflow.gradient_rollout(a, g),
     }
     if backend.host and not backend.jit:
         functions["array-API path: gradient_rollout(a, g, rows=0)"] = _without_kernel(
-            lambda a, g, m: attnflow.gradient_rollout(a, g, rows=0)
+            lambda a, g, _m: attnflow.gradient_rollout(a, g, rows=0)
         )
         functions["array-API path: gradient_rollout(a, g, rows=0, validate=False)"] = (
-            _without_kernel(lambda a, g, m: attnflow.gradient_rollout(a, g, rows=0, validate=False))
+            _without_kernel(
+                lambda a, g, _m: attnflow.gradient_rollout(a, g, rows=0, validate=False)
+            )
         )
     if m is not None:
-        functions[MASKED_ROLLOUT] = lambda a, g, m: attnflow.rollout(a, rows=0, mask=m)
-        functions[MASKED_LOOP] = lambda a, g, m: _chefer_loop(a, g, xp, lengths)
+        functions[MASKED_ROLLOUT] = lambda a, _g, m: attnflow.rollout(a, rows=0, mask=m)
+        functions[MASKED_LOOP] = lambda a, g, _m: _chefer_loop(a, g, xp, lengths)
         functions[MASKED_GAE] = lambda a, g, m: attnflow.gradient_rollout(a, g, rows=0, mask=m)
         functions["masked: gradient_rollout(a, g, rows=0, mask=m, validate=False)"] = (
             lambda a, g, m: attnflow.gradient_rollout(a, g, rows=0, mask=m, validate=False)
@@ -303,12 +305,14 @@ def main() -> None:
     )
     for name in args.backend.split(","):
         try:
-            backend = _backend(name, weights.shape)
+            backend = _backend(name)
         except ImportError as exc:
             print(f"\n{name}: not installed ({exc}); skipped")
             continue
         except ValueError as exc:
-            print(f"\n{name}: {exc}; skipped (numpy, torch, jax, jax-jit, dask, strict, tensorflow)")
+            print(
+                f"\n{name}: {exc}; skipped (numpy, torch, jax, jax-jit, dask, strict, tensorflow)"
+            )
             continue
         a, g = backend.convert(weights), backend.convert(gradients)
         cases = _cases(backend, a, g, None, None)
