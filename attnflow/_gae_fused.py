@@ -5,7 +5,9 @@ r"""The fused pass of gradient-weighted rollout on host memory, through the comp
 PyTorch CPU tensors, eager JAX on the CPU, array-api-strict: DLPack), reading each
 weight once, and hands the result back in the caller's namespace and device. Anything
 else (a GPU, a lazy array, autograd-tracked tensors, float16, a source checkout without
-the compiled kernel) gets None, and the caller takes its array-API path.
+the compiled kernel) gets None, and the caller takes its array-API path. A padding mask
+goes into the same pass: padded queries and keys are dropped and each head's rows
+renormalised over the real keys, as the array-API path does.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _load_kernel() -> Callable[..., None] | None:
 
 _fuse = _load_kernel()
 
-__all__ = ["KERNEL_AVAILABLE", "FusedRows", "fuse_layer"]
+__all__ = ["KERNEL_AVAILABLE", "FusedRows", "fuse_layer", "host_stacks"]
 
 KERNEL_AVAILABLE = _fuse is not None
 
@@ -74,6 +76,20 @@ def _host_view(x: Any) -> np.ndarray | None:
         return None
 
 
+def host_stacks(*arrays: Any) -> list[np.ndarray] | None:
+    """NumPy views of whole stacked inputs (all of them), or None where one has none.
+
+    Taken once per call, so that each layer is a NumPy view: eager JAX copies every
+    slice of an array (a layer of attention and of gradients, each time).
+    """
+    if _fuse is None:
+        return None
+    views = [_host_view(x) for x in arrays]
+    if any(v is None for v in views):
+        return None
+    return views  # type: ignore[return-value]
+
+
 def fuse_layer(
     attention: Any,
     gradient: Any,
@@ -81,11 +97,15 @@ def fuse_layer(
     xp: Namespace,
     *,
     check: bool,
+    mask: Any | None = None,
+    device: Any | None = None,
 ) -> FusedRows | None:
     r"""Layer :math:`\bar A_l` (its rows `rows`) by the compiled kernel, or None.
 
     `attention` and `gradient` are one layer, ``(*batch, H, n, n)``, of one dtype;
-    `rows` are non-negative row positions (None: every row).
+    `rows` are non-negative row positions (None: every row); `mask` the boolean
+    ``(*batch, n)`` padding mask (True for real tokens) or None. With a mask, the row
+    sums in `sums` are 1 for padded queries and the smallest weight is over real rows.
     """
     if _fuse is None:
         return None
@@ -99,13 +119,20 @@ def fuse_layer(
     g = g.reshape(-1, heads, n, n)
     if n > 1 and (a.strides[-1] != a.itemsize or g.strides[-1] != g.itemsize):
         return None
+    keys: np.ndarray | None = None
+    if mask is not None:
+        m = _host_view(mask)
+        if m is None or m.dtype != np.bool_:
+            return None
+        keys = np.ascontiguousarray(np.broadcast_to(m, (*batch, n))).reshape(-1, n)
+        keys = keys.view(np.uint8)
     picked = np.arange(n, dtype=np.intp) if rows is None else np.asarray(rows, dtype=np.intp)
     count = a.shape[0]
     out = np.empty((count, picked.size, n), dtype=a.dtype)
     sums = np.empty((count, heads, picked.size) if check else (1, 1, 1), dtype=a.dtype)
     stats = np.empty(2, dtype=a.dtype)
-    _fuse(a, g, picked, out, sums, stats, check)
-    device = array_device(attention)
+    _fuse(a, g, picked, keys, out, sums, stats, check)
+    device = array_device(attention) if device is None else device
 
     def back(values: np.ndarray) -> Any:
         return xp.asarray(values, device=device)

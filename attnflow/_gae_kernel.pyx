@@ -19,12 +19,23 @@ cdef extern from "_gae_kernel.h" nogil:
         Py_ssize_t n, Py_ssize_t a_sb, Py_ssize_t a_sh, Py_ssize_t a_sr,
         Py_ssize_t g_sb, Py_ssize_t g_sh, Py_ssize_t g_sr, const Py_ssize_t *rows,
         double *out, double *sums, double *low, double *total)
+    void attnflow_gae_fuse_masked_f32(
+        const float *a, const float *g, Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t nr,
+        Py_ssize_t n, Py_ssize_t a_sb, Py_ssize_t a_sh, Py_ssize_t a_sr,
+        Py_ssize_t g_sb, Py_ssize_t g_sh, Py_ssize_t g_sr, const Py_ssize_t *rows,
+        const unsigned char *keys, float *out, float *sums, float *low, float *total)
+    void attnflow_gae_fuse_masked_f64(
+        const double *a, const double *g, Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t nr,
+        Py_ssize_t n, Py_ssize_t a_sb, Py_ssize_t a_sh, Py_ssize_t a_sr,
+        Py_ssize_t g_sb, Py_ssize_t g_sh, Py_ssize_t g_sr, const Py_ssize_t *rows,
+        const unsigned char *keys, double *out, double *sums, double *low, double *total)
 
 
 def fuse(
     const floating[:, :, :, :] a,
     const floating[:, :, :, :] g,
     const Py_ssize_t[::1] rows,
+    const unsigned char[:, ::1] keys,
     floating[:, :, ::1] out,
     floating[:, :, ::1] sums,
     floating[::1] stats,
@@ -35,7 +46,9 @@ def fuse(
     `a` and `g` are non-empty ``(B, H, n, n)`` arrays of one dtype (float32 or float64)
     with a unit stride on the last axis; `rows` holds ``r >= 1`` row indices in range.
     With `check`, the row sums of every head go to `sums` ``(B, H, r)`` and `stats`
-    receives the smallest weight and the sum of the products.
+    receives the smallest weight and the sum of the products. `keys` ``(B, n)`` (1 for
+    a real token, 0 for padding) or None: with it, padded queries give zero rows, padded
+    keys count as zero and each head's row is renormalised over the real keys.
     """
     cdef Py_ssize_t item = sizeof(floating)
     cdef Py_ssize_t nb = a.shape[0], nh = a.shape[1], n = a.shape[3], nr = rows.shape[0]
@@ -46,16 +59,35 @@ def fuse(
     if n > 1 and (a.strides[3] != item or g.strides[3] != item):
         raise ValueError("the last axis must have a unit stride")
     cdef floating *sum_ptr = &sums[0, 0, 0] if check else NULL
+    cdef const unsigned char *key_ptr = NULL
+    if keys is not None:
+        if keys.shape[0] != nb or keys.shape[1] != n:
+            raise ValueError("`keys` must be (B, n)")
+        key_ptr = &keys[0, 0]
     with nogil:
         if floating is float:
-            attnflow_gae_fuse_f32(
-                &a[0, 0, 0, 0], &g[0, 0, 0, 0], nb, nh, nr, n,
-                a_sb, a_sh, a_sr, g_sb, g_sh, g_sr, &rows[0],
-                &out[0, 0, 0], sum_ptr, &stats[0], &stats[1],
-            )
+            if key_ptr != NULL:
+                attnflow_gae_fuse_masked_f32(
+                    &a[0, 0, 0, 0], &g[0, 0, 0, 0], nb, nh, nr, n,
+                    a_sb, a_sh, a_sr, g_sb, g_sh, g_sr, &rows[0], key_ptr,
+                    &out[0, 0, 0], sum_ptr, &stats[0], &stats[1],
+                )
+            else:
+                attnflow_gae_fuse_f32(
+                    &a[0, 0, 0, 0], &g[0, 0, 0, 0], nb, nh, nr, n,
+                    a_sb, a_sh, a_sr, g_sb, g_sh, g_sr, &rows[0],
+                    &out[0, 0, 0], sum_ptr, &stats[0], &stats[1],
+                )
         else:
-            attnflow_gae_fuse_f64(
-                &a[0, 0, 0, 0], &g[0, 0, 0, 0], nb, nh, nr, n,
-                a_sb, a_sh, a_sr, g_sb, g_sh, g_sr, &rows[0],
-                &out[0, 0, 0], sum_ptr, &stats[0], &stats[1],
-            )
+            if key_ptr != NULL:
+                attnflow_gae_fuse_masked_f64(
+                    &a[0, 0, 0, 0], &g[0, 0, 0, 0], nb, nh, nr, n,
+                    a_sb, a_sh, a_sr, g_sb, g_sh, g_sr, &rows[0], key_ptr,
+                    &out[0, 0, 0], sum_ptr, &stats[0], &stats[1],
+                )
+            else:
+                attnflow_gae_fuse_f64(
+                    &a[0, 0, 0, 0], &g[0, 0, 0, 0], nb, nh, nr, n,
+                    a_sb, a_sh, a_sr, g_sb, g_sh, g_sr, &rows[0],
+                    &out[0, 0, 0], sum_ptr, &stats[0], &stats[1],
+                )

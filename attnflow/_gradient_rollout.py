@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._deprecation import MISSING, Missing, renamed_keyword
-from ._gae_fused import fuse_layer
+from ._gae_fused import fuse_layer, host_stacks
 from ._namespace import array_device, values_are_inspectable
 from ._normalize import normalize_rows
 from ._prepare import CheckedArguments, FusedLayers, check_arguments
@@ -353,19 +353,36 @@ def _gradient_weighted_layers(checked: CheckedArguments, *, check: bool) -> _Str
     per_row = math.prod(batch) * (layout.n_heads or 1) * n * (xp.finfo(first_a.dtype).bits // 8)
 
     empty_batch = math.prod(batch) == 0  # nothing to check (and no minimum to take)
+    device = array_device(first_a)
+    # Stacked host input: NumPy views of the whole stacks, taken once, so that each layer
+    # the kernel reads is a view (eager JAX copies every slice it is asked for).
+    stacks = None
+    if checked.stacked is not None and checked.gradient_stacked is not None:
+        stacks = host_stacks(checked.stacked, checked.gradient_stacked)
+    if stacks is not None and mask is not None:
+        host_mask = host_stacks(mask)
+        stacks = None if host_mask is None else [*stacks, host_mask[0]]
+
+    def kernel_layer(i: int, rows: tuple[int, ...] | None, checking: bool) -> Any:
+        """Run the compiled pass on layer `i`; None where it does not apply."""
+        if stacks is None:
+            return fuse_layer(attention(i), gradient(i), rows, xp, check=checking, mask=mask)
+        a, g = stacks[0][..., i, :, :, :], stacks[1][..., i, :, :, :]
+        keys = stacks[2] if mask is not None else None
+        return fuse_layer(a, g, rows, xp, check=checking, mask=keys, device=device)
 
     def compute(i: int, rows: tuple[int, ...] | None) -> Any:
-        weights, grads = attention(i), gradient(i)
         checking = check and not empty_batch
-        if mask is None:
-            # Host memory: the compiled kernel reads each weight once, checks included.
-            kernel = fuse_layer(weights, grads, rows, xp, check=checking)
-            if kernel is not None:
-                if checking:
-                    sums.append(kernel.sums)
-                    minima.append(kernel.low)
-                    totals.append(kernel.total)
-                return kernel.fused
+        # Host memory: the compiled kernel reads each weight once, checks and padding
+        # included (its row sums are 1 for padded queries, its minimum over real rows).
+        kernel = kernel_layer(i, rows, checking)
+        if kernel is not None:
+            if checking:
+                sums.append(kernel.sums)
+                minima.append(kernel.low)
+                totals.append(kernel.total)
+            return kernel.fused
+        weights, grads = attention(i), gradient(i)
         inspectable = values_are_inspectable(weights)
         # Lazy arrays (a jit trace, a Dask graph) get the layer whole: their compiler fuses.
         step = max(1, BLOCK_BYTES // per_row) if inspectable else n

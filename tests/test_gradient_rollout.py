@@ -684,3 +684,67 @@ def test_gradients_are_checked_with_the_attentions_on_one_path(
         [weights[:, i] for i in range(weights.shape[1])], gradients, rows=[0, 2], layers="all"
     )
     np.testing.assert_array_equal(reverse, stacked)
+
+
+@pytest.mark.parametrize("fill", ["zeros", "nan", "normal"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"rows": [0, 4], "layers": "all"}, {"rule": "weighted", "rows": 0}],
+    ids=["gae", "gae-rows-all-layers", "weighted-row"],
+)
+def test_compiled_pass_with_a_mask_equals_the_array_api_pass(
+    backend: Variant,
+    dtype_name: str,
+    data: tuple[np.ndarray, np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
+    fill: str,
+    options: dict[str, Any],
+) -> None:
+    """Padded host arrays take the compiled pass too, with the array-API pass's result."""
+    weights, gradients, mask = _padded(data, fill)
+    weights, gradients = weights.astype(dtype_name), gradients.astype(dtype_name)
+    # A real query of item 1 with all its weight on padded keys: its own identity row.
+    weights[1, :, :, 3, :] = 0.0
+    weights[1, :, :, 3, 6] = 1.0
+    a, g, m = backend.asarray(weights), backend.asarray(gradients), backend.asarray(mask)
+    calls = _count_kernel_calls(monkeypatch)
+    compiled = backend.to_numpy(_run(backend, a, g, mask=m, **options))
+    host = backend.library in {"numpy", "array_api_strict", "tensorflow"} or (
+        backend.library == "torch" and str(backend.device).startswith("cpu")
+    )
+    if host and not backend.jit:
+        assert calls[0] > 0, "padded host arrays must take the compiled pass"
+    reference = backend.to_numpy(_array_api_pass(lambda: _run(backend, a, g, mask=m, **options)))
+    expected = oracle_gradient_rollout(weights, gradients, mask=mask, **options)
+    tol = tolerance(dtype_name)
+    scale = max(1.0, float(np.abs(expected).max()))
+    np.testing.assert_allclose(compiled, reference, rtol=tol, atol=tol * scale)
+    np.testing.assert_allclose(compiled, expected, rtol=tol, atol=tol * scale)
+
+
+def test_compiled_pass_with_a_mask_keeps_every_verdict(
+    data: tuple[np.ndarray, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real rows and real gradients are judged, padding is not, in the compiled pass."""
+    weights, gradients, mask = _padded(data, "nan")  # NaN in every padded row and gradient
+    calls = _count_kernel_calls(monkeypatch)
+    attnflow.gradient_rollout(weights, gradients, mask=mask, rows=0)
+    assert calls[0] > 0
+    cases: list[tuple[np.ndarray, np.ndarray, str]] = []
+    negative = weights.copy()
+    negative[1, 2, 0, 4, 1] = -0.25  # a real row of item 1 (5 real tokens)
+    negative[1, 2, 0, 4, 2] += 0.25
+    cases.append((negative, gradients, "non-negative"))
+    off = weights.copy()
+    off[2, 0, 1, 1, 0] += 0.5  # a real row of item 2 that no longer sums to one
+    cases.append((off, gradients, "sum to 1"))
+    bad = gradients.copy()
+    bad[0, 3, 2, 6, 5] = np.inf  # item 0 is all real
+    cases.append((weights, bad, "`gradients` must be finite"))
+    for attention, gradient, message in cases:
+        with pytest.raises(ValueError, match=message):
+            attnflow.gradient_rollout(attention, gradient, mask=mask)
+        with pytest.raises(ValueError, match=message):
+            _array_api_pass(
+                lambda a=attention, g=gradient: attnflow.gradient_rollout(a, g, mask=mask)
+            )
