@@ -124,8 +124,7 @@ def fuse_layer(
         m = _host_view(mask)
         if m is None or m.dtype != np.bool_:
             return None
-        keys = np.ascontiguousarray(np.broadcast_to(m, (*batch, n))).reshape(-1, n)
-        keys = keys.view(np.uint8)
+        keys = np.broadcast_to(m, (*batch, n)).reshape(-1, n).astype(a.dtype)
     picked = np.arange(n, dtype=np.intp) if rows is None else np.asarray(rows, dtype=np.intp)
     count = a.shape[0]
     out = np.empty((count, picked.size, n), dtype=a.dtype)

@@ -117,18 +117,20 @@ ATTNFLOW_GAE_SPAN(attnflow_gae_span_f64, double)
 ATTNFLOW_GAE_FUSE(attnflow_gae_fuse_f32, attnflow_gae_span_f32, float)
 ATTNFLOW_GAE_FUSE(attnflow_gae_fuse_f64, attnflow_gae_span_f64, double)
 
-/* The same layer with padding (`keys`, (nb, n) of 0/1: is each token real?), as the
- * array-API pass forms it: padded queries give zero rows and are not read; a real
- * query's weights on padded keys, and the gradients there, count as zero; each head's
- * row is divided by its sum over the real keys (by one where that sum is negative or
- * NaN, as `normalize_rows` leaves it), and a row with none becomes the query's own
- * identity row. The checks see every key of each real row, raw (sums[b, h, r] is 1 for
- * a padded query); the sum of products is that of the masked, renormalised ones. */
+/* The same layer with padding (`keys`, (nb, n), 1 for a real token and 0 for padding,
+ * in the dtype of the weights so that the selections vectorise), as the array-API pass
+ * forms it: padded queries give zero rows and are not read; a real query's weights on
+ * padded keys, and the gradients there, count as zero (selected away, never multiplied:
+ * they may hold anything); each head's row is scaled by the inverse of its sum over the
+ * real keys (by one where that sum is negative or NaN, as `normalize_rows` leaves it),
+ * and a row with none becomes the query's own identity row. The checks see every key of
+ * each real row, raw (sums[b, h, r] is 1 for a padded query); the sum of products is
+ * that of the masked, renormalised ones. */
 #define ATTNFLOW_GAE_MASKED(NAME, T)                                                        \
 ATTNFLOW_GAE_CLONES static void NAME(                                                       \
     const T *a, const T *g, ptrdiff_t nb, ptrdiff_t nh, ptrdiff_t nr, ptrdiff_t n,          \
     ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_sr, ptrdiff_t g_sb, ptrdiff_t g_sh,         \
-    ptrdiff_t g_sr, const ptrdiff_t *rows, const unsigned char *keys, T *out, T *sums,      \
+    ptrdiff_t g_sr, const ptrdiff_t *rows, const T *keys, T *out, T *sums,                  \
     T *low, T *total)                                                                       \
 {                                                                                           \
     ptrdiff_t block = ATTNFLOW_GAE_BLOCK_BYTES / (n * (ptrdiff_t)sizeof(T));                \
@@ -136,7 +138,7 @@ ATTNFLOW_GAE_CLONES static void NAME(                                           
     T lowest = INFINITY, all = 0, heads = (T)nh;                                            \
     if (block < 1) block = 1;                                                               \
     for (ptrdiff_t b = 0; b < nb; ++b) {                                                    \
-        const unsigned char *restrict kb = keys + b * n;                                    \
+        const T *restrict kb = keys + b * n;                                                \
         for (ptrdiff_t r0 = 0; r0 < nr; r0 += block) {                                      \
             ptrdiff_t r1 = r0 + block < nr ? r0 + block : nr;                               \
             for (ptrdiff_t h = 0; h < nh; ++h) {                                            \
@@ -144,49 +146,64 @@ ATTNFLOW_GAE_CLONES static void NAME(                                           
                 for (ptrdiff_t r = r0; r < r1; ++r) {                                       \
                     ptrdiff_t row = rows[r];                                                \
                     T *restrict o = out + (b * nr + r) * n;                                 \
-                    if (!kb[row]) {                                                         \
-                        if (h == 0) for (ptrdiff_t j = 0; j < n; ++j) o[j] = 0;             \
+                    if (kb[row] == 0) {                                                     \
                         if (check) sums[(b * nh + h) * nr + r] = 1;                         \
                         continue;                                                           \
                     }                                                                       \
                     const T *restrict ar = ab + row * a_sr, *restrict gr = gb + row * g_sr; \
-                    T s = 0, tt = 0;                                                        \
-                    ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:s)")                     \
-                    for (ptrdiff_t j = 0; j < n; ++j) s += kb[j] ? ar[j] : 0;               \
-                    if (s == 0) { /* no weight on a real key: the identity row */           \
-                        for (ptrdiff_t j = 0; j < n; ++j) {                                 \
-                            T p = kb[j] ? gr[j] * (T)(j == row) : 0, c = p < 0 ? 0 : p;     \
-                            o[j] = h == 0 ? c : o[j] + c; tt += p;                          \
-                        }                                                                   \
-                    } else {                                                                \
-                        T d = s > 0 ? s : 1;                                                \
-                        if (h == 0) {                                                       \
-                            ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:tt)")            \
-                            for (ptrdiff_t j = 0; j < n; ++j) {                             \
-                                T p = kb[j] ? gr[j] * (ar[j] / d) : 0;                      \
-                                o[j] = p < 0 ? 0 : p; tt += p;                              \
-                            }                                                               \
-                        } else {                                                            \
-                            ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:tt)")            \
-                            for (ptrdiff_t j = 0; j < n; ++j) {                             \
-                                T p = kb[j] ? gr[j] * (ar[j] / d) : 0;                      \
-                                o[j] += p < 0 ? 0 : p; tt += p;                             \
-                            }                                                               \
-                        }                                                                   \
-                    }                                                                       \
+                    T s = 0, tt = 0, ss = 0, mm = INFINITY;                                 \
                     if (check) {                                                            \
-                        T ss = 0, mm = INFINITY;                                            \
-                        ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:ss) reduction(min:mm)") \
+                        ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:s,ss) reduction(min:mm)") \
                         for (ptrdiff_t j = 0; j < n; ++j) {                                 \
-                            T x = ar[j]; ss += x; mm = x < mm ? x : mm;                     \
+                            T x = ar[j];                                                    \
+                            s += kb[j] != 0 ? x : 0; ss += x; mm = x < mm ? x : mm;         \
                         }                                                                   \
                         sums[(b * nh + h) * nr + r] = ss;                                   \
                         lowest = mm < lowest ? mm : lowest;                                 \
+                    } else {                                                                \
+                        ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:s)")                 \
+                        for (ptrdiff_t j = 0; j < n; ++j) { T x = ar[j]; s += kb[j] != 0 ? x : 0; } \
+                    }                                                                       \
+                    if (s == 0) { /* no weight on a real key: the identity row */           \
+                        for (ptrdiff_t j = 0; j < n; ++j) {                                 \
+                            T p = kb[j] != 0 ? gr[j] * (T)(j == row) : 0, c = p < 0 ? 0 : p; \
+                            o[j] = h == 0 ? c : o[j] + c; tt += p;                          \
+                        }                                                                   \
                         all += tt;                                                          \
+                        continue;                                                           \
+                    }                                                                       \
+                    /* max(g a / s, 0) = max(g a, 0) / s for s > 0; padded keys are zeroed \
+                     * once every head is in (they may hold anything, even NaN). */         \
+                    T inv = 1 / (s > 0 ? s : 1);                                            \
+                    if (check) {                                                            \
+                        ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:tt)")                \
+                        for (ptrdiff_t j = 0; j < n; ++j) {                                 \
+                            T p = gr[j] * ar[j], c = (p < 0 ? 0 : p) * inv;                 \
+                            o[j] = h == 0 ? c : o[j] + c; tt += kb[j] != 0 ? p : 0;         \
+                        }                                                                   \
+                        all += tt * inv;                                                    \
+                    } else if (h == 0) {                                                    \
+                        ATTNFLOW_GAE_SIMD_REDUCE("omp simd")                                \
+                        for (ptrdiff_t j = 0; j < n; ++j) {                                 \
+                            T p = gr[j] * ar[j]; o[j] = (p < 0 ? 0 : p) * inv;              \
+                        }                                                                   \
+                    } else {                                                                \
+                        ATTNFLOW_GAE_SIMD_REDUCE("omp simd")                                \
+                        for (ptrdiff_t j = 0; j < n; ++j) {                                 \
+                            T p = gr[j] * ar[j]; o[j] += (p < 0 ? 0 : p) * inv;             \
+                        }                                                                   \
                     }                                                                       \
                 }                                                                           \
             }                                                                               \
-            for (ptrdiff_t j = r0 * n; j < r1 * n; ++j) out[b * nr * n + j] /= heads;       \
+            for (ptrdiff_t r = r0; r < r1; ++r) {                                           \
+                T *restrict o = out + (b * nr + r) * n;                                     \
+                if (kb[rows[r]] == 0) {                                                     \
+                    for (ptrdiff_t j = 0; j < n; ++j) o[j] = 0;                             \
+                } else {                                                                    \
+                    ATTNFLOW_GAE_SIMD_REDUCE("omp simd")                                    \
+                    for (ptrdiff_t j = 0; j < n; ++j) o[j] = kb[j] != 0 ? o[j] / heads : 0; \
+                }                                                                           \
+            }                                                                               \
         }                                                                                   \
     }                                                                                       \
     if (check) { *low = lowest; *total = all; }                                             \

@@ -23,19 +23,19 @@ cdef extern from "_gae_kernel.h" nogil:
         const float *a, const float *g, Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t nr,
         Py_ssize_t n, Py_ssize_t a_sb, Py_ssize_t a_sh, Py_ssize_t a_sr,
         Py_ssize_t g_sb, Py_ssize_t g_sh, Py_ssize_t g_sr, const Py_ssize_t *rows,
-        const unsigned char *keys, float *out, float *sums, float *low, float *total)
+        const float *keys, float *out, float *sums, float *low, float *total)
     void attnflow_gae_fuse_masked_f64(
         const double *a, const double *g, Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t nr,
         Py_ssize_t n, Py_ssize_t a_sb, Py_ssize_t a_sh, Py_ssize_t a_sr,
         Py_ssize_t g_sb, Py_ssize_t g_sh, Py_ssize_t g_sr, const Py_ssize_t *rows,
-        const unsigned char *keys, double *out, double *sums, double *low, double *total)
+        const double *keys, double *out, double *sums, double *low, double *total)
 
 
 def fuse(
     const floating[:, :, :, :] a,
     const floating[:, :, :, :] g,
     const Py_ssize_t[::1] rows,
-    const unsigned char[:, ::1] keys,
+    const floating[:, ::1] keys,
     floating[:, :, ::1] out,
     floating[:, :, ::1] sums,
     floating[::1] stats,
@@ -47,7 +47,7 @@ def fuse(
     with a unit stride on the last axis; `rows` holds ``r >= 1`` row indices in range.
     With `check`, the row sums of every head go to `sums` ``(B, H, r)`` and `stats`
     receives the smallest weight and the sum of the products. `keys` ``(B, n)`` (1 for
-    a real token, 0 for padding) or None: with it, padded queries give zero rows, padded
+    a real token, 0 for padding, in the dtype of `a`) or None: with it, padded queries give zero rows, padded
     keys count as zero and each head's row is renormalised over the real keys.
     """
     cdef Py_ssize_t item = sizeof(floating)
@@ -59,7 +59,7 @@ def fuse(
     if n > 1 and (a.strides[3] != item or g.strides[3] != item):
         raise ValueError("the last axis must have a unit stride")
     cdef floating *sum_ptr = &sums[0, 0, 0] if check else NULL
-    cdef const unsigned char *key_ptr = NULL
+    cdef const floating *key_ptr = NULL
     if keys is not None:
         if keys.shape[0] != nb or keys.shape[1] != n:
             raise ValueError("`keys` must be (B, n)")
