@@ -163,13 +163,14 @@ def gradient_rollout(
 
     :math:`\bar A_l` is formed one layer at a time. Arrays in host memory that NumPy can
     view without a copy (NumPy, PyTorch CPU tensors that do not require gradients, eager
-    JAX on the CPU, array-api-strict) go through a compiled pass that reads each weight
-    and gradient once, reducing the value checks in the same pass; the result comes back
-    in the caller's library. Other arrays, and masked input, take array-API blocks of
-    query rows of about 2 MiB, so that the product, its clip and the head mean of a
-    block stay in cache and no temporary of the input's size is allocated. A row chain
-    reads only its rows of the top layer. Lazy arrays (``jax.jit``, Dask) get whole
-    layers. The GAE product is computed as
+    JAX on the CPU, array-api-strict, and TensorFlow after its conversion) go through a
+    compiled pass that reads each weight and gradient once, padding mask included,
+    reducing the value checks in the same pass; the result comes back in the caller's
+    library. Other arrays take array-API blocks of query rows of about 2 MiB, so that
+    the product, its clip and the head mean of a block stay in cache and no temporary
+    of the input's size is allocated. A row chain reads only its rows of the top layer.
+    Lazy arrays (``jax.jit``, Dask) get whole layers; under ``jax.jit`` the head mean is
+    an in-order sum of the clipped products, which XLA fuses into one pass. The GAE product is computed as
     :math:`2^l` times the rollout of :math:`\bar A` with :math:`\alpha = 0.5`, which is
     exact (a power of two) and reuses rollout's row chains, O(L n²) per selected row.
 
