@@ -39,7 +39,7 @@ def _load_kernel() -> Callable[..., None] | None:
 
 _fuse = _load_kernel()
 
-__all__ = ["KERNEL_AVAILABLE", "FusedRows", "fuse_layer", "host_stacks"]
+__all__ = ["KERNEL_AVAILABLE", "FusedRows", "fuse_dask_layer", "fuse_layer", "host_stacks"]
 
 KERNEL_AVAILABLE = _fuse is not None
 
@@ -145,3 +145,58 @@ def fuse_layer(
         back(stats[:1]),
         back(stats[1]),
     )
+
+
+def fuse_dask_layer(
+    attention: Any, gradient: Any, rows: tuple[int, ...] | None, mask: Any | None
+) -> Any | None:
+    r"""Layer :math:`\bar A_l` of Dask arrays as a lazy map of the compiled pass, or None.
+
+    Each block of the batch is fused by :func:`fuse_layer` when the graph is computed
+    (no checks: Dask values are not inspected), so Dask gets the one-read pass too. None
+    where it does not apply: no compiled kernel, other dtypes, heads or tokens split
+    into several chunks, chunks that are not NumPy arrays.
+    """
+    if _fuse is None or not (is_dask_array(attention) and is_dask_array(gradient)):
+        return None
+    a, g = attention, gradient
+    if a.dtype not in _DTYPES or g.dtype != a.dtype or a.ndim < 4:
+        return None
+    if not isinstance(a._meta, np.ndarray) or not isinstance(g._meta, np.ndarray):
+        return None
+    if any(len(c) != 1 for c in (*a.chunks[-3:], *g.chunks[-3:])):
+        return None
+    import dask.array as da
+
+    if g.chunks != a.chunks:
+        g = g.rechunk(a.chunks)  # type: ignore[no-untyped-call]
+    batch_chunks = a.chunks[:-3]
+    n = a.shape[-1]
+    r = n if rows is None else len(rows)
+    keys = None
+    if mask is not None:
+        if not is_dask_array(mask) or mask.dtype != np.bool_:
+            return None
+        # As many axes as the attention, so that map_blocks pairs the blocks of the batch.
+        keys = mask.reshape((*a.shape[:-3], 1, 1, n))  # type: ignore[no-untyped-call]
+        keys = keys.rechunk((*batch_chunks, (1,), (1,), (n,)))
+    import array_api_compat.numpy as xp_numpy
+
+    def block(a_block: np.ndarray, g_block: np.ndarray, *k: np.ndarray) -> np.ndarray:
+        m = k[0].reshape(*k[0].shape[:-3], n) if k else None
+        fused = fuse_layer(a_block, g_block, rows, xp_numpy, check=False, mask=m)
+        if fused is None:  # an empty block: nothing to fuse
+            return np.zeros((*a_block.shape[:-3], 1, r, n), dtype=a_block.dtype)
+        return np.asarray(fused.fused)[..., None, :, :]
+
+    # The head axis is kept (length 1) and dropped afterwards: a dropped axis would make
+    # map_blocks concatenate (copy) every input block first.
+    args = [a, g] if keys is None else [a, g, keys]
+    fused = da.map_blocks(  # type: ignore[no-untyped-call]
+        block,
+        *args,
+        chunks=(*batch_chunks, (1,), (r,), (n,)),
+        dtype=a.dtype,
+        meta=np.empty((0,) * a.ndim, dtype=a.dtype),
+    )
+    return fused[..., 0, :, :]

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._deprecation import MISSING, Missing, renamed_keyword
-from ._gae_fused import fuse_layer, host_stacks
-from ._namespace import array_device, is_jax_array, values_are_inspectable
+from ._gae_fused import FusedRows, fuse_dask_layer, fuse_layer, host_stacks
+from ._namespace import array_device, is_dask_array, is_jax_array, values_are_inspectable
 from ._normalize import normalize_rows
 from ._prepare import CheckedArguments, FusedLayers, check_arguments
 from ._receptive_field import normalize_attribution, uniform_causal_attention
@@ -169,8 +169,10 @@ def gradient_rollout(
     library. Other arrays take array-API blocks of query rows of about 2 MiB, so that
     the product, its clip and the head mean of a block stay in cache and no temporary
     of the input's size is allocated. A row chain reads only its rows of the top layer.
-    Lazy arrays (``jax.jit``, Dask) get whole layers; under ``jax.jit`` the head mean is
-    an in-order sum of the clipped products, which XLA fuses into one pass. The GAE product is computed as
+    Dask arrays (float32 or float64 NumPy chunks, heads and tokens in one chunk) get the
+    compiled pass too, lazily, block by block of the batch (``map_blocks``). Under
+    ``jax.jit`` each layer is whole and the head mean is an in-order sum of the clipped
+    products, which XLA fuses into one pass. The GAE product is computed as
     :math:`2^l` times the rollout of :math:`\bar A` with :math:`\alpha = 0.5`, which is
     exact (a power of two) and reuses rollout's row chains, O(L n²) per selected row.
 
@@ -366,6 +368,9 @@ def _gradient_weighted_layers(checked: CheckedArguments, *, check: bool) -> _Str
 
     def kernel_layer(i: int, rows: tuple[int, ...] | None, checking: bool) -> Any:
         """Run the compiled pass on layer `i`; None where it does not apply."""
+        if is_dask_array(first_a):  # lazily, block by block of the batch (no checks)
+            fused = fuse_dask_layer(attention(i), gradient(i), rows, mask)
+            return None if fused is None else FusedRows(fused, None, None, None)
         if stacks is None:
             return fuse_layer(attention(i), gradient(i), rows, xp, check=checking, mask=mask)
         a, g = stacks[0][..., i, :, :, :], stacks[1][..., i, :, :, :]
@@ -378,7 +383,7 @@ def _gradient_weighted_layers(checked: CheckedArguments, *, check: bool) -> _Str
         # included (its row sums are 1 for padded queries, its minimum over real rows).
         kernel = kernel_layer(i, rows, checking)
         if kernel is not None:
-            if checking:
+            if checking and kernel.sums is not None:  # (Dask: no checks)
                 sums.append(kernel.sums)
                 minima.append(kernel.low)
                 totals.append(kernel.total)
