@@ -61,7 +61,7 @@ import torch
 from torch import nn
 
 import attnflow
-from attnflow._contributions import Method, contributions_and_outputs
+from attnflow._contributions import Method, attention_output, contributions_and_outputs
 
 __all__ = ["SUPPORTED_BLOCKS", "BlockRecorder", "find_blocks"]
 
@@ -602,6 +602,16 @@ class BlockRecorder:
                 value_heads=value_heads,
                 value_bias=value_bias,
             )
+            # The heads' contexts projected once, not the sum over the values in d dimensions.
+            attended = attention_output(
+                weights,
+                attention_input,
+                value_weight,
+                output_weight,
+                heads=heads,
+                value_heads=value_heads,
+                value_bias=value_bias,
+            )
             matrix, output = contributions_and_outputs(
                 weights,
                 values,
@@ -611,6 +621,7 @@ class BlockRecorder:
                 norm=_parameters(spec.post_norm),
                 second_norm=_parameters(second),
                 second_norm_input=None if second is None else running.second_input,
+                attended=attended,
             )
         checked = spec.checked is not None or spec.stream is not None
         if checked and not self._matches(running, output):
