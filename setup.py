@@ -1,7 +1,8 @@
 """Build configuration that pyproject.toml cannot express: the compiled kernels.
 
-The max-flow solver, and the fused pass of gradient-weighted rollout (whose value-check
-reductions are vectorised by ``omp simd``: -fopenmp-simd, no OpenMP runtime).
+The max-flow solver, the fused pass of gradient-weighted rollout (whose value-check
+reductions are vectorised by ``omp simd``: -fopenmp-simd, no OpenMP runtime), and ALTI's
+Manhattan distances.
 
 Everything else (metadata, packages, data) lives in pyproject.toml.
 """
@@ -25,4 +26,12 @@ GAE_KERNEL = Extension(
     extra_compile_args=["/O2"] if sys.platform == "win32" else ["-O3", "-fopenmp-simd"],
 )
 
-setup(ext_modules=cythonize([KERNEL, GAE_KERNEL], language_level=3))
+ALTI_KERNEL = Extension(
+    "attnflow._alti_kernel",
+    sources=["attnflow/_alti_kernel.pyx"],
+    depends=["attnflow/_alti_kernel.h"],
+    # Plain arithmetic (never -ffast-math): ALTI subtracts two large norms.
+    extra_compile_args=["/O2"] if sys.platform == "win32" else ["-O3"],
+)
+
+setup(ext_modules=cythonize([KERNEL, GAE_KERNEL, ALTI_KERNEL], language_level=3))

@@ -26,8 +26,10 @@ import math
 import numbers
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal, NoReturn, TypeAlias
 
+from . import _alti_fused
 from ._namespace import Boundary, array_device, enter_boundary, resolve_namespace
 from ._typing import ArrayT, Namespace
 from ._validation import describe
@@ -301,15 +303,26 @@ class _Linear:
 
     A LayerNorm with a fixed std is linear and acts on each vector alone, so its centring
     and gain are applied once to the values and the residual (``O(H n d)``) instead of to
-    each of the ``n x n`` terms, and its ``1 / s_i`` scales the attention rows.
+    each of the ``n x n`` terms, and its ``1 / s_i`` scales the attention rows. The
+    values are centred when first read: the norm-based rule never reads them.
     """
 
-    values: Any
-    """v^h_j, ``(*batch, H, n, d)``."""
+    source: Any
+    """The values before the LayerNorm's centring and gain, ``(*batch, H, n, d)``."""
     residual: Any
     """r_j, ``(*batch, n, d)``."""
     scale: Any | None
     """c_i (``1 / s_i`` for a LayerNorm), ``(*batch, n, 1)``, or None for 1."""
+    xp: Namespace | None = None
+    """With `xp`, `values` is ``gamma ⊙ (source − mean source)`` (a LayerNorm)."""
+    gamma: Any | None = None
+
+    @cached_property
+    def values(self) -> Any:
+        """v^h_j, ``(*batch, H, n, d)``."""
+        if self.xp is None:
+            return self.source
+        return _centre(self.source, self.gamma, self.xp)
 
 
 @dataclass(frozen=True)
@@ -480,7 +493,7 @@ def _prepare(
     offset = _centre(bias_vector, gamma, namespace) * inverse_std
     if beta is not None:
         offset = offset + beta
-    terms = _Linear(_centre(f, gamma, namespace), _centre(x, gamma, namespace), inverse_std)
+    terms = _Linear(f, _centre(x, gamma, namespace), inverse_std, namespace, gamma)
     block = _Block(namespace, boundary, alpha, f, terms, offset, attended, gamma)
     return block, (second_input, second_gamma)
 
@@ -845,11 +858,19 @@ def contributions_and_outputs(
                 norms = _with_diagonal(norms, own_norms, start, stop, namespace, device)
             rows.append(norms)
     else:
+        own_rest = _manhattan(outputs - _diagonal(linear, alpha, namespace), namespace)
+        total = _manhattan(outputs, namespace)[..., None, :]  # ‖y_i‖₁, (*batch, 1, n)
+        # On host memory the compiled kernel forms each term in registers and reduces it
+        # at once (no (n, n, d) block is stored); elsewhere, the array-API blocks below.
+        distances = _alti_fused.distances(alpha, linear.values, linear.scale, outputs, namespace)
+        if distances is not None:
+            rest = _with_diagonal(distances, own_rest, 0, n, namespace, device)
+            own_total = _manhattan(outputs, namespace)[..., None]  # ‖y_i‖₁, (*batch, n, 1)
+            rows = [namespace.maximum(own_total - rest, namespace.zeros_like(rest))]
+    if method == "alti" and not rows:
         # ALTI's Manhattan distance needs the terms themselves: built a block of keys at a
         # time, all receiving tokens at once, key-major (a few large products per block,
         # not one tiny product per key and receiving block), then transposed once.
-        own_rest = _manhattan(outputs - _diagonal(linear, alpha, namespace), namespace)
-        total = _manhattan(outputs, namespace)[..., None, :]  # ‖y_i‖₁, (*batch, 1, n)
         scaled = alpha if linear.scale is None else alpha * linear.scale[..., None, :, :]
         nb = alpha.ndim - 3
         by_key = namespace.permute_dims(scaled, (*range(nb), nb + 2, nb + 1, nb))  # (*b, n, n, H)

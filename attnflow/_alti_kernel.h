@@ -1,0 +1,151 @@
+/* ALTI's Manhattan distances of one attention block (attnflow/_alti_kernel.pyx).
+ *
+ * For every batch item b, receiving token i and key j:
+ *
+ *     out[b, i, j] = sum_d | y[b, i, d] - c[b, i] * sum_h alpha[b, h, i, j] * v[b, h, j, d] |
+ *
+ * the distance ||y_i - T_i(x_j)||_1 of Ferrando et al. (2022) with T_i(x_j) the term of
+ * key j without the residual (exact off the diagonal; the caller replaces the diagonal).
+ * The (n, n, d) terms are never stored: each is formed in registers, d lanes at a time,
+ * for four receiving tokens that share the loads of one key's head vectors, and reduced
+ * at once. The weights of a block of keys are first gathered key-major (times c_i), so
+ * the head-major attention is read once, a cache line at a time.
+ *
+ * No -ffast-math: each term is accumulated head by head, in order (fused multiply-adds
+ * in the AVX2 clone), as a matmul would; the sum over d goes lane by lane (W lanes) and
+ * the lanes are added at the end, a pairwise-like order.
+ */
+#include <stddef.h>
+#include <stdlib.h>
+#include <math.h>
+
+#if defined(_MSC_VER) && !defined(__clang__)
+#define restrict __restrict
+#endif
+
+/* x86-64 with GCC or Clang on ELF: an AVX+FMA clone chosen at load time (ifunc), SSE2
+ * else. ("arch=haswell" would dispatch on the CPU model, not its features.) */
+#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__))
+#define ATTNFLOW_ALTI_CLONES __attribute__((target_clones("fma", "default")))
+#else
+#define ATTNFLOW_ALTI_CLONES
+#endif
+
+#define ATTNFLOW_ALTI_ROWS 8  /* receiving tokens sharing one key's loads (8 FMA chains) */
+#define ATTNFLOW_ALTI_LANES 8 /* coordinates per step */
+#define ATTNFLOW_ALTI_KEYS 16 /* keys per gathered block of weights */
+
+#if defined(__GNUC__) || defined(__clang__)
+#include <string.h>
+#include <stdint.h>
+/* Eight lanes as one vector (GCC and Clang vector extensions): one register of AVX2
+ * floats, two of doubles; the abs clears the sign bit. */
+typedef float attnflow_alti_vf __attribute__((vector_size(32)));
+typedef int32_t attnflow_alti_vfi __attribute__((vector_size(32)));
+typedef double attnflow_alti_vd __attribute__((vector_size(64)));
+typedef int64_t attnflow_alti_vdi __attribute__((vector_size(64)));
+#define ATTNFLOW_ALTI_VECTORS 1
+#else
+#define ATTNFLOW_ALTI_VECTORS 0
+#endif
+
+/* One block of R receiving tokens against key j: tot[r] = sum_d |y_r - sum_h a_rh v_h|.
+ * The vector version keeps the R accumulators of W lanes in registers. */
+#if ATTNFLOW_ALTI_VECTORS
+#define ATTNFLOW_ALTI_BLOCK(NAME, T, V, VI, SIGN, ABS)                                      \
+ATTNFLOW_ALTI_CLONES static void NAME(                                                       \
+    const T *const *yr, const T *const *cr, const T *vj, ptrdiff_t nh, ptrdiff_t d,         \
+    ptrdiff_t v_sh, T *tot)                                                                 \
+{                                                                                           \
+    enum { R = ATTNFLOW_ALTI_ROWS, W = ATTNFLOW_ALTI_LANES };                               \
+    const VI keep = (VI){0} + (SIGN);                                                       \
+    V sum[R], acc[R];                                                                       \
+    ptrdiff_t full = d - d % W;                                                             \
+    for (int r = 0; r < R; ++r) { sum[r] = (V){0}; tot[r] = 0; }                            \
+    for (ptrdiff_t e = 0; e < full; e += W) {                                               \
+        for (int r = 0; r < R; ++r) memcpy(&acc[r], yr[r] + e, sizeof(V));                  \
+        for (ptrdiff_t h = 0; h < nh; ++h) {                                                \
+            V x;                                                                            \
+            memcpy(&x, vj + h * v_sh + e, sizeof(V));                                       \
+            for (int r = 0; r < R; ++r) acc[r] -= cr[r][h] * x;                             \
+        }                                                                                   \
+        for (int r = 0; r < R; ++r) sum[r] += (V)((VI)acc[r] & keep);                       \
+    }                                                                                       \
+    for (int r = 0; r < R; ++r) {                                                           \
+        for (int w = 0; w < W; ++w) tot[r] += sum[r][w];                                    \
+        for (ptrdiff_t e = full; e < d; ++e) {                                              \
+            T s = yr[r][e];                                                                 \
+            for (ptrdiff_t h = 0; h < nh; ++h) s -= cr[r][h] * vj[h * v_sh + e];            \
+            tot[r] += ABS(s);                                                               \
+        }                                                                                   \
+    }                                                                                       \
+}
+#else
+#define ATTNFLOW_ALTI_BLOCK(NAME, T, V, VI, SIGN, ABS)                                      \
+static inline void NAME(                                                                    \
+    const T *const *yr, const T *const *cr, const T *vj, ptrdiff_t nh, ptrdiff_t d,         \
+    ptrdiff_t v_sh, T *tot)                                                                 \
+{                                                                                           \
+    for (int r = 0; r < ATTNFLOW_ALTI_ROWS; ++r) {                                          \
+        tot[r] = 0;                                                                         \
+        for (ptrdiff_t e = 0; e < d; ++e) {                                                 \
+            T s = yr[r][e];                                                                 \
+            for (ptrdiff_t h = 0; h < nh; ++h) s -= cr[r][h] * vj[h * v_sh + e];            \
+            tot[r] += ABS(s);                                                               \
+        }                                                                                   \
+    }                                                                                       \
+}
+#endif
+
+/* Returns 0, or -1 if the scratch buffer could not be allocated. */
+#define ATTNFLOW_ALTI_DISTANCES(NAME, BLOCK, T)                                             \
+ATTNFLOW_ALTI_CLONES static int NAME(                                                       \
+    const T *alpha, const T *scale, const T *v, const T *y, ptrdiff_t nb, ptrdiff_t nh,     \
+    ptrdiff_t n, ptrdiff_t d, ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_si,               \
+    ptrdiff_t v_sb, ptrdiff_t v_sh, ptrdiff_t v_sj, T *out)                                 \
+{                                                                                           \
+    enum { R = ATTNFLOW_ALTI_ROWS, K = ATTNFLOW_ALTI_KEYS };                                \
+    T *coef = (T *)malloc(sizeof(T) * (size_t)(K * n * nh));                                \
+    if (coef == NULL) return -1;                                                            \
+    for (ptrdiff_t b = 0; b < nb; ++b) {                                                    \
+        const T *ab = alpha + b * a_sb, *yb = y + b * n * d;                                \
+        const T *cb = scale == NULL ? NULL : scale + b * n;                                 \
+        for (ptrdiff_t j0 = 0; j0 < n; j0 += K) {                                           \
+            ptrdiff_t kk = j0 + K < n ? K : n - j0;                                         \
+            /* coef[k][i][h] = c_i alpha[b, h, i, j0 + k] */                                \
+            for (ptrdiff_t h = 0; h < nh; ++h)                                              \
+                for (ptrdiff_t i = 0; i < n; ++i) {                                         \
+                    const T *row = ab + h * a_sh + i * a_si + j0;                           \
+                    T c = cb == NULL ? (T)1 : cb[i];                                        \
+                    for (ptrdiff_t k = 0; k < kk; ++k)                                      \
+                        coef[(k * n + i) * nh + h] = c * row[k];                            \
+                }                                                                           \
+            for (ptrdiff_t k = 0; k < kk; ++k) {                                            \
+                ptrdiff_t j = j0 + k;                                                       \
+                const T *vj = v + b * v_sb + j * v_sj;                                      \
+                for (ptrdiff_t i0 = 0; i0 < n; i0 += R) {                                   \
+                    const T *yr[R];                                                         \
+                    const T *cr[R];                                                         \
+                    T tot[R];                                                               \
+                    for (int r = 0; r < R; ++r) {                                           \
+                        ptrdiff_t i = i0 + r < n ? i0 + r : n - 1;                          \
+                        yr[r] = yb + i * d;                                                 \
+                        cr[r] = coef + (k * n + i) * nh;                                    \
+                    }                                                                       \
+                    BLOCK(yr, cr, vj, nh, d, v_sh, tot);                                    \
+                    for (int r = 0; r < R && i0 + r < n; ++r)                               \
+                        out[(b * n + i0 + r) * n + j] = tot[r];                             \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    free(coef);                                                                             \
+    return 0;                                                                               \
+}
+
+ATTNFLOW_ALTI_BLOCK(attnflow_alti_block_f32, float, attnflow_alti_vf, attnflow_alti_vfi,
+                    0x7fffffff, fabsf)
+ATTNFLOW_ALTI_BLOCK(attnflow_alti_block_f64, double, attnflow_alti_vd, attnflow_alti_vdi,
+                    0x7fffffffffffffffLL, fabs)
+ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f32, attnflow_alti_block_f32, float)
+ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f64, attnflow_alti_block_f64, double)
