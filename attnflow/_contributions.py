@@ -603,8 +603,9 @@ def _key_terms(by_key: Any, keyed: Any, start: int, stop: int, xp: Namespace) ->
 def _diagonal(linear: _Linear, alpha: Any, xp: Namespace) -> Any:
     """``T_i(x_i)`` for every i, ``(*batch, n, d)``: the only terms with the residual."""
     n = alpha.shape[-1]
-    eye = xp.eye(n, dtype=alpha.dtype, device=array_device(alpha))
-    own = xp.sum(alpha * eye, axis=-1)  # α^h_ii, (*batch, H, n)
+    # α^h_ii, (*batch, H, n): every (n + 1)-th weight of the flattened matrices, read
+    # without a pass over all n² weights of every head.
+    own = xp.reshape(alpha, (*alpha.shape[:-2], n * n))[..., :: n + 1]
     terms = xp.sum(own[..., None] * linear.values, axis=-3) + linear.residual
     return terms if linear.scale is None else terms * linear.scale
 
