@@ -1,8 +1,8 @@
 """Build configuration that pyproject.toml cannot express: the compiled kernels.
 
 The max-flow solver, the fused pass of gradient-weighted rollout (whose value-check
-reductions are vectorised by ``omp simd``: -fopenmp-simd, no OpenMP runtime), and ALTI's
-Manhattan distances.
+reductions are vectorised by ``omp simd``: -fopenmp-simd, no OpenMP runtime), and the
+value-aware token-mixing rules (ALTI's Manhattan distances, the Gram-matrix norms).
 
 Everything else (metadata, packages, data) lives in pyproject.toml.
 """
@@ -26,12 +26,13 @@ GAE_KERNEL = Extension(
     extra_compile_args=["/O2"] if sys.platform == "win32" else ["-O3", "-fopenmp-simd"],
 )
 
-ALTI_KERNEL = Extension(
-    "attnflow._alti_kernel",
-    sources=["attnflow/_alti_kernel.pyx"],
-    depends=["attnflow/_alti_kernel.h"],
-    # Plain arithmetic (never -ffast-math): ALTI subtracts two large norms.
-    extra_compile_args=["/O2"] if sys.platform == "win32" else ["-O3"],
+CONTRIBUTIONS_KERNEL = Extension(
+    "attnflow._contributions_kernel",
+    sources=["attnflow/_contributions_kernel.pyx"],
+    depends=["attnflow/_contributions_kernel.h"],
+    # Never -ffast-math (ALTI subtracts two large norms); the Gram matrices' dot products
+    # are vectorised by ``omp simd`` (-fopenmp-simd, no OpenMP runtime).
+    extra_compile_args=["/O2"] if sys.platform == "win32" else ["-O3", "-fopenmp-simd"],
 )
 
-setup(ext_modules=cythonize([KERNEL, GAE_KERNEL, ALTI_KERNEL], language_level=3))
+setup(ext_modules=cythonize([KERNEL, GAE_KERNEL, CONTRIBUTIONS_KERNEL], language_level=3))

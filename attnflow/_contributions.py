@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal, NoReturn, TypeAlias
 
-from . import _alti_fused
+from . import _contributions_fused
 from ._namespace import Boundary, array_device, enter_boundary, resolve_namespace
 from ._typing import ArrayT, Namespace
 from ._validation import describe
@@ -848,22 +848,31 @@ def contributions_and_outputs(
         # terms at all. GlobEnc's residual sits only on the diagonal, set apart.
         values = block.values if method == "norm" else linear.values
         scale = None if method == "norm" else linear.scale
-        gram = _gram(values, namespace)
         own_norms = (
             None if method == "norm" else _l2(_diagonal(linear, alpha, namespace), namespace)
         )
-        heads = alpha.shape[-3]
-        for start, stop in _chunks(n, _rows_per_chunk(batch, n, heads)):
-            norms = _gram_norms(_rows(alpha, start, stop, scale), gram, namespace)
+        # On host memory the compiled kernel; elsewhere the array-API blocks below.
+        norms = _contributions_fused.gram_norms(alpha, values, scale, namespace)
+        if norms is not None:
             if own_norms is not None:
-                norms = _with_diagonal(norms, own_norms, start, stop, namespace, device)
+                norms = _with_diagonal(norms, own_norms, 0, n, namespace, device)
             rows.append(norms)
+        else:
+            gram = _gram(values, namespace)
+            heads = alpha.shape[-3]
+            for start, stop in _chunks(n, _rows_per_chunk(batch, n, heads)):
+                norms = _gram_norms(_rows(alpha, start, stop, scale), gram, namespace)
+                if own_norms is not None:
+                    norms = _with_diagonal(norms, own_norms, start, stop, namespace, device)
+                rows.append(norms)
     else:
         own_rest = _manhattan(outputs - _diagonal(linear, alpha, namespace), namespace)
         total = _manhattan(outputs, namespace)[..., None, :]  # ‖y_i‖₁, (*batch, 1, n)
         # On host memory the compiled kernel forms each term in registers and reduces it
         # at once (no (n, n, d) block is stored); elsewhere, the array-API blocks below.
-        distances = _alti_fused.distances(alpha, linear.values, linear.scale, outputs, namespace)
+        distances = _contributions_fused.distances(
+            alpha, linear.values, linear.scale, outputs, namespace
+        )
         if distances is not None:
             rest = _with_diagonal(distances, own_rest, 0, n, namespace, device)
             own_total = _manhattan(outputs, namespace)[..., None]  # ‖y_i‖₁, (*batch, n, 1)

@@ -1,14 +1,15 @@
 # cython: boundscheck=False, wraparound=False, initializedcheck=False
-"""Compiled Manhattan distances of ALTI (the loops are in ``_alti_kernel.h``).
+"""Compiled token-mixing rules (the loops are in ``_contributions_kernel.h``).
 
-:func:`distances` fills ``out[b, i, j] = ||y_i - c_i sum_h alpha^h_ij v^h_j||_1`` from
-NumPy views of host memory without forming the ``(n, n, d)`` terms. Used by
-:mod:`attnflow._alti_fused`.
+:func:`distances` fills ALTI's ``out[b, i, j] = ||y_i - c_i sum_h alpha^h_ij v^h_j||_1``
+and :func:`gram_norms` the norm-based and GlobEnc ``||c_i sum_h alpha^h_ij v^h_j||_2``
+from NumPy views of host memory, without forming the ``(n, n, d)`` terms. Used by
+:mod:`attnflow._contributions_fused`.
 """
 
 from cython cimport floating
 
-cdef extern from "_alti_kernel.h" nogil:
+cdef extern from "_contributions_kernel.h" nogil:
     int attnflow_alti_distances_f32(
         const float *alpha, const float *scale, const float *v, const float *y,
         Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb,
@@ -19,6 +20,51 @@ cdef extern from "_alti_kernel.h" nogil:
         Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb,
         Py_ssize_t a_sh, Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj,
         double *out)
+    int attnflow_gram_norms_f32(
+        const float *alpha, const float *scale, const float *v, Py_ssize_t nb,
+        Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb, Py_ssize_t a_sh,
+        Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj, float *out)
+    int attnflow_gram_norms_f64(
+        const double *alpha, const double *scale, const double *v, Py_ssize_t nb,
+        Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb, Py_ssize_t a_sh,
+        Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj, double *out)
+
+
+def gram_norms(
+    const floating[:, :, :, :] alpha,
+    const floating[:, ::1] scale,
+    const floating[:, :, :, :] values,
+    floating[:, :, ::1] out,
+    bint scaled,
+):
+    """Fill `out` ``(B, n, n)`` with ``||c_i sum_h alpha^h_ij v^h_j||_2``.
+
+    The arguments are those of :func:`distances`, without `y`.
+    """
+    cdef Py_ssize_t item = sizeof(floating)
+    cdef Py_ssize_t nb = alpha.shape[0], nh = alpha.shape[1], n = alpha.shape[2]
+    cdef Py_ssize_t d = values.shape[3]
+    if alpha.strides[3] != item or values.strides[3] != item:
+        raise ValueError("the last axis must have a unit stride")
+    cdef Py_ssize_t a_sb = alpha.strides[0] // item, a_sh = alpha.strides[1] // item
+    cdef Py_ssize_t a_si = alpha.strides[2] // item
+    cdef Py_ssize_t v_sb = values.strides[0] // item, v_sh = values.strides[1] // item
+    cdef Py_ssize_t v_sj = values.strides[2] // item
+    cdef const floating *scale_ptr = &scale[0, 0] if scaled else NULL
+    cdef int failed
+    with nogil:
+        if floating is float:
+            failed = attnflow_gram_norms_f32(
+                &alpha[0, 0, 0, 0], scale_ptr, &values[0, 0, 0, 0],
+                nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, &out[0, 0, 0],
+            )
+        else:
+            failed = attnflow_gram_norms_f64(
+                &alpha[0, 0, 0, 0], scale_ptr, &values[0, 0, 0, 0],
+                nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, &out[0, 0, 0],
+            )
+    if failed:
+        raise MemoryError("no memory for the Gram matrices")
 
 
 def distances(

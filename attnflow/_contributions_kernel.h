@@ -1,4 +1,4 @@
-/* ALTI's Manhattan distances of one attention block (attnflow/_alti_kernel.pyx).
+/* ALTI's Manhattan distances of one attention block (attnflow/_contributions_kernel.pyx).
  *
  * For every batch item b, receiving token i and key j:
  *
@@ -20,7 +20,9 @@
 #include <math.h>
 
 #if defined(_MSC_VER) && !defined(__clang__)
-#define restrict __restrict
+#define ATTNFLOW_CONTRIB_SIMD_REDUCE(clause)
+#else
+#define ATTNFLOW_CONTRIB_SIMD_REDUCE(clause) _Pragma(clause)
 #endif
 
 /* x86-64 with GCC or Clang on ELF: an AVX+FMA clone chosen at load time (ifunc), SSE2
@@ -149,3 +151,106 @@ ATTNFLOW_ALTI_BLOCK(attnflow_alti_block_f64, double, attnflow_alti_vd, attnflow_
                     0x7fffffffffffffffLL, fabs)
 ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f32, attnflow_alti_block_f32, float)
 ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f64, attnflow_alti_block_f64, double)
+
+/* The Euclidean rules (norm, GlobEnc) of one attention block:
+ *
+ *     out[b, i, j] = c[b, i] * sqrt(max(0, a^T G_j a)),  a_h = alpha[b, h, i, j],
+ *     G_j[h, h'] = v[b, h, j, :] . v[b, h', j, :]
+ *
+ * = ||c_i sum_h alpha^h_ij v^h_j||_2 (Kobayashi et al. 2020, Modarressi et al. 2022)
+ * from each key's Gram matrix of its head vectors, H^2 products per pair instead of H d.
+ * Per batch item the upper triangles of the Gram matrices are stored head-pair-major,
+ * gram[p][j] with the off-diagonal entries doubled, so that W consecutive keys of one
+ * receiving row are reduced lane by lane. Rounding can leave a tiny negative square where
+ * heads cancel: it is clipped to 0. */
+#if ATTNFLOW_ALTI_VECTORS
+#define ATTNFLOW_GRAM_ROW(NAME, T, V)                                                       \
+ATTNFLOW_ALTI_CLONES static void NAME(                                                      \
+    const T *ai, ptrdiff_t a_sh, const T *gram, ptrdiff_t nh, ptrdiff_t n, T *squares)      \
+{                                                                                           \
+    enum { W = ATTNFLOW_ALTI_LANES };                                                       \
+    ptrdiff_t full = n - n % W;                                                             \
+    for (ptrdiff_t j = 0; j < full; j += W) {                                               \
+        V s = (V){0};                                                                       \
+        const T *g = gram + j;                                                              \
+        for (ptrdiff_t h = 0; h < nh; ++h) {                                                \
+            V ah, t = (V){0};                                                               \
+            memcpy(&ah, ai + h * a_sh + j, sizeof(V));                                      \
+            for (ptrdiff_t k = h; k < nh; ++k, g += n) {                                    \
+                V ak, gk;                                                                   \
+                memcpy(&ak, ai + k * a_sh + j, sizeof(V));                                  \
+                memcpy(&gk, g, sizeof(V));                                                  \
+                t += gk * ak;                                                               \
+            }                                                                               \
+            s += ah * t;                                                                    \
+        }                                                                                   \
+        memcpy(squares + j, &s, sizeof(V));                                                 \
+    }                                                                                       \
+    for (ptrdiff_t j = full; j < n; ++j) {                                                  \
+        T s = 0;                                                                            \
+        const T *g = gram + j;                                                              \
+        for (ptrdiff_t h = 0; h < nh; ++h) {                                                \
+            T t = 0;                                                                        \
+            for (ptrdiff_t k = h; k < nh; ++k, g += n) t += *g * ai[k * a_sh + j];          \
+            s += ai[h * a_sh + j] * t;                                                      \
+        }                                                                                   \
+        squares[j] = s;                                                                     \
+    }                                                                                       \
+}
+#else
+#define ATTNFLOW_GRAM_ROW(NAME, T, V)                                                       \
+static void NAME(                                                                           \
+    const T *ai, ptrdiff_t a_sh, const T *gram, ptrdiff_t nh, ptrdiff_t n, T *squares)      \
+{                                                                                           \
+    for (ptrdiff_t j = 0; j < n; ++j) {                                                     \
+        T s = 0;                                                                            \
+        const T *g = gram + j;                                                              \
+        for (ptrdiff_t h = 0; h < nh; ++h) {                                                \
+            T t = 0;                                                                        \
+            for (ptrdiff_t k = h; k < nh; ++k, g += n) t += *g * ai[k * a_sh + j];          \
+            s += ai[h * a_sh + j] * t;                                                      \
+        }                                                                                   \
+        squares[j] = s;                                                                     \
+    }                                                                                       \
+}
+#endif
+
+/* Returns 0, or -1 if the Gram matrices could not be allocated. */
+#define ATTNFLOW_GRAM_NORMS(NAME, ROW, T, SQRT)                                             \
+ATTNFLOW_ALTI_CLONES static int NAME(                                                       \
+    const T *alpha, const T *scale, const T *v, ptrdiff_t nb, ptrdiff_t nh, ptrdiff_t n,    \
+    ptrdiff_t d, ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_si, ptrdiff_t v_sb,            \
+    ptrdiff_t v_sh, ptrdiff_t v_sj, T *out)                                                 \
+{                                                                                           \
+    T *gram = (T *)malloc(sizeof(T) * (size_t)(nh * (nh + 1) / 2 * n));                     \
+    if (gram == NULL) return -1;                                                            \
+    for (ptrdiff_t b = 0; b < nb; ++b) {                                                    \
+        const T *vb = v + b * v_sb;                                                         \
+        for (ptrdiff_t j = 0; j < n; ++j) {                                                 \
+            T *g = gram + j;                                                                \
+            for (ptrdiff_t h = 0; h < nh; ++h) {                                            \
+                const T *vh = vb + h * v_sh + j * v_sj;                                     \
+                for (ptrdiff_t k = h; k < nh; ++k, g += n) {                                \
+                    const T *vk = vb + k * v_sh + j * v_sj;                                 \
+                    T s = 0;                                                                \
+                    ATTNFLOW_CONTRIB_SIMD_REDUCE("omp simd reduction(+:s)")                \
+                    for (ptrdiff_t e = 0; e < d; ++e) s += vh[e] * vk[e];                   \
+                    *g = k == h ? s : 2 * s;                                                \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
+        for (ptrdiff_t i = 0; i < n; ++i) {                                                 \
+            T *row = out + (b * n + i) * n;                                                 \
+            T c = scale == NULL ? (T)1 : scale[b * n + i];                                  \
+            ROW(alpha + b * a_sb + i * a_si, a_sh, gram, nh, n, row);                       \
+            for (ptrdiff_t j = 0; j < n; ++j) row[j] = c * SQRT(row[j] > 0 ? row[j] : 0);   \
+        }                                                                                   \
+    }                                                                                       \
+    free(gram);                                                                             \
+    return 0;                                                                               \
+}
+
+ATTNFLOW_GRAM_ROW(attnflow_gram_row_f32, float, attnflow_alti_vf)
+ATTNFLOW_GRAM_ROW(attnflow_gram_row_f64, double, attnflow_alti_vd)
+ATTNFLOW_GRAM_NORMS(attnflow_gram_norms_f32, attnflow_gram_row_f32, float, sqrtf)
+ATTNFLOW_GRAM_NORMS(attnflow_gram_norms_f64, attnflow_gram_row_f64, double, sqrt)

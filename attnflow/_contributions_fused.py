@@ -1,0 +1,106 @@
+r"""Value-aware token-mixing rules on host memory, through the compiled kernel.
+
+:func:`gram_norms` computes the norm-based and GlobEnc entries
+:math:`\lVert c_i \sum_h \alpha^h_{ij} v^h_j \rVert_2` from each key's Gram matrix
+:math:`G_j[h, h'] = v^h_j \cdot v^{h'}_j`, and :func:`distances`, for ALTI,
+
+.. math::
+
+    D_{ij} = \Big\lVert y_i - c_i \sum_h \alpha^h_{ij} v^h_j \Big\rVert_1
+
+for every receiving token :math:`i` and key :math:`j` (Ferrando et al. 2022; exact
+:math:`\lVert y_i - T_i(x_j) \rVert_1` off the diagonal, where the term has no residual)
+without storing the :math:`n^2 d` terms: each is formed in registers and reduced at
+once. Arrays whose memory NumPy can view without a copy (NumPy, PyTorch CPU tensors,
+eager JAX on the CPU, array-api-strict: DLPack) go to the kernel; anything else (a GPU,
+a lazy array, float16, a source checkout without the compiled kernel) gets None, and the
+caller takes its array-API path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._gae_fused import _host_view
+from ._namespace import array_device
+from ._typing import Namespace
+
+__all__ = ["KERNEL_AVAILABLE", "distances", "gram_norms"]
+
+
+def _load_kernels() -> tuple[Callable[..., None], Callable[..., None]] | None:
+    try:
+        from ._contributions_kernel import distances as alti
+        from ._contributions_kernel import gram_norms as euclidean
+    except ImportError:  # pragma: no cover - a source checkout without the compiled kernel
+        return None
+    return alti, euclidean
+
+
+_kernels = _load_kernels()
+
+KERNEL_AVAILABLE = _kernels is not None
+
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _host_dtype(views: list[np.ndarray], view: np.ndarray) -> np.dtype[Any]:
+    """Return the dtype every view must share: the first one's."""
+    return views[0].dtype if views else view.dtype
+
+
+def _run(alpha: Any, values: Any, scale: Any | None, y: Any | None, xp: Namespace) -> Any | None:
+    """Run ALTI's kernel (with `y`) or the Gram norms' (without) on host views, or None."""
+    if _kernels is None:
+        return None
+    given = [alpha, values] + ([] if y is None else [y]) + ([] if scale is None else [scale])
+    views: list[np.ndarray] = []
+    for array in given:
+        view = _host_view(array)
+        if view is None or view.dtype not in _DTYPES or view.dtype != _host_dtype(views, view):
+            return None
+        views.append(view)
+    a, v = views[:2]
+    *batch, heads, n, _ = a.shape
+    d = v.shape[-1]
+    count = math.prod(batch)
+    if count == 0 or heads == 0 or n == 0 or d == 0:
+        return None
+    a = a.reshape(count, heads, n, n)
+    v = v.reshape(count, heads, n, d)
+    if a.strides[-1] != a.itemsize:
+        a = np.ascontiguousarray(a)
+    if v.strides[-1] != v.itemsize:
+        v = np.ascontiguousarray(v)
+    scaled = scale is not None
+    c = np.ascontiguousarray(views[-1].reshape(count, n)) if scaled else np.ones((1, 1), a.dtype)
+    out = np.empty((count, n, n), dtype=a.dtype)
+    alti, euclidean = _kernels
+    if y is None:
+        euclidean(a, c, v, out, scaled)
+    else:
+        alti(a, c, v, np.ascontiguousarray(views[2].reshape(count, n, d)), out, scaled)
+    return xp.asarray(out.reshape(*batch, n, n), device=array_device(alpha))
+
+
+def distances(alpha: Any, values: Any, scale: Any | None, y: Any, xp: Namespace) -> Any | None:
+    r""":math:`D_{ij}`, ``(*batch, n, n)`` in `xp` on `alpha`'s device, or None.
+
+    `alpha` is ``(*batch, H, n, n)``, `values` :math:`v^h_j` ``(*batch, H, n, d)``,
+    `scale` :math:`c_i` ``(*batch, n, 1)`` or None for 1, `y` ``(*batch, n, d)``; all of
+    one dtype.
+    """
+    return _run(alpha, values, scale, y, xp)
+
+
+def gram_norms(alpha: Any, values: Any, scale: Any | None, xp: Namespace) -> Any | None:
+    r""":math:`\lVert c_i \sum_h \alpha^h_{ij} v^h_j \rVert_2`, ``(*batch, n, n)``, or None.
+
+    From each key's Gram matrix of its head vectors (:math:`H^2` products per pair of
+    tokens); the arguments are those of :func:`distances` without `y`.
+    """
+    return _run(alpha, values, scale, None, xp)

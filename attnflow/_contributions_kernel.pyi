@@ -1,0 +1,19 @@
+"""Type stub of the compiled token-mixing rules (attnflow/_contributions_kernel.pyx)."""
+
+import numpy as np
+
+def distances(
+    alpha: np.ndarray,
+    scale: np.ndarray,
+    values: np.ndarray,
+    y: np.ndarray,
+    out: np.ndarray,
+    scaled: bool,
+) -> None: ...
+def gram_norms(
+    alpha: np.ndarray,
+    scale: np.ndarray,
+    values: np.ndarray,
+    out: np.ndarray,
+    scaled: bool,
+) -> None: ...
