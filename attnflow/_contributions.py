@@ -870,12 +870,12 @@ def contributions_and_outputs(
         total = _manhattan(outputs, namespace)[..., None, :]  # ‖y_i‖₁, (*batch, 1, n)
         # On host memory the compiled kernel forms each term in registers and reduces it
         # at once (no (n, n, d) block is stored); elsewhere, the array-API blocks below.
-        distances = _contributions_fused.distances(
+        fused = _contributions_fused.distances(
             alpha, linear.values, linear.scale, outputs, namespace
         )
-        if distances is not None:
+        if fused is not None:
+            distances, own_total = fused  # ‖y_i‖₁ (*batch, n, 1) summed as the distances
             rest = _with_diagonal(distances, own_rest, 0, n, namespace, device)
-            own_total = _manhattan(outputs, namespace)[..., None]  # ‖y_i‖₁, (*batch, n, 1)
             rows = [namespace.maximum(own_total - rest, namespace.zeros_like(rest))]
     if method == "alti" and not rows:
         # ALTI's Manhattan distance needs the terms themselves: built a block of keys at a

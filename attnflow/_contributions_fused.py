@@ -53,8 +53,13 @@ def _host_dtype(views: list[np.ndarray], view: np.ndarray) -> np.dtype[Any]:
     return views[0].dtype if views else view.dtype
 
 
-def _run(alpha: Any, values: Any, scale: Any | None, y: Any | None, xp: Namespace) -> Any | None:
-    """Run ALTI's kernel (with `y`) or the Gram norms' (without) on host views, or None."""
+def _run(
+    alpha: Any, values: Any, scale: Any | None, y: Any | None, xp: Namespace
+) -> tuple[Any, Any | None] | None:
+    """Run ALTI's kernel (with `y`) or the Gram norms' (without) on host views, or None.
+
+    Returns the ``(*batch, n, n)`` matrix and, for ALTI, ``‖y_i‖₁`` ``(*batch, n, 1)``.
+    """
     if _kernels is None:
         return None
     given = [alpha, values] + ([] if y is None else [y]) + ([] if scale is None else [scale])
@@ -80,19 +85,28 @@ def _run(alpha: Any, values: Any, scale: Any | None, y: Any | None, xp: Namespac
     c = np.ascontiguousarray(views[-1].reshape(count, n)) if scaled else np.ones((1, 1), a.dtype)
     out = np.empty((count, n, n), dtype=a.dtype)
     alti, euclidean = _kernels
+    device = array_device(alpha)
+    matrix = out.reshape(*batch, n, n)
     if y is None:
         euclidean(a, c, v, out, scaled)
-    else:
-        alti(a, c, v, np.ascontiguousarray(views[2].reshape(count, n, d)), out, scaled)
-    return xp.asarray(out.reshape(*batch, n, n), device=array_device(alpha))
+        return xp.asarray(matrix, device=device), None
+    totals = np.empty((count, n), dtype=a.dtype)
+    alti(a, c, v, np.ascontiguousarray(views[2].reshape(count, n, d)), out, totals, scaled)
+    return xp.asarray(matrix, device=device), xp.asarray(
+        totals.reshape(*batch, n, 1), device=device
+    )
 
 
-def distances(alpha: Any, values: Any, scale: Any | None, y: Any, xp: Namespace) -> Any | None:
-    r""":math:`D_{ij}`, ``(*batch, n, n)`` in `xp` on `alpha`'s device, or None.
+def distances(
+    alpha: Any, values: Any, scale: Any | None, y: Any, xp: Namespace
+) -> tuple[Any, Any] | None:
+    r""":math:`D_{ij}` ``(*batch, n, n)`` and :math:`\lVert y_i \rVert_1` ``(*batch, n, 1)``, or None.
 
     `alpha` is ``(*batch, H, n, n)``, `values` :math:`v^h_j` ``(*batch, H, n, d)``,
     `scale` :math:`c_i` ``(*batch, n, 1)`` or None for 1, `y` ``(*batch, n, d)``; all of
-    one dtype.
+    one dtype, the result in `xp` on `alpha`'s device. The norms are summed in the order
+    of the distances, so that a key with no weight in any head has
+    :math:`D_{ij} = \lVert y_i \rVert_1` exactly (its contribution exactly 0).
     """
     return _run(alpha, values, scale, y, xp)
 
@@ -103,4 +117,5 @@ def gram_norms(alpha: Any, values: Any, scale: Any | None, xp: Namespace) -> Any
     From each key's Gram matrix of its head vectors (:math:`H^2` products per pair of
     tokens); the arguments are those of :func:`distances` without `y`.
     """
-    return _run(alpha, values, scale, None, xp)
+    result = _run(alpha, values, scale, None, xp)
+    return None if result is None else result[0]

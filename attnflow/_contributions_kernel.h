@@ -100,18 +100,31 @@ static inline void NAME(                                                        
 #endif
 
 /* Returns 0, or -1 if the scratch buffer could not be allocated. */
-#define ATTNFLOW_ALTI_DISTANCES(NAME, BLOCK, T)                                             \
+#define ATTNFLOW_ALTI_DISTANCES(NAME, BLOCK, T, ABS)                                           \
 ATTNFLOW_ALTI_CLONES static int NAME(                                                       \
     const T *alpha, const T *scale, const T *v, const T *y, ptrdiff_t nb, ptrdiff_t nh,     \
     ptrdiff_t n, ptrdiff_t d, ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_si,               \
-    ptrdiff_t v_sb, ptrdiff_t v_sh, ptrdiff_t v_sj, T *out)                                 \
+    ptrdiff_t v_sb, ptrdiff_t v_sh, ptrdiff_t v_sj, T *out, T *totals)                      \
 {                                                                                           \
-    enum { R = ATTNFLOW_ALTI_ROWS, K = ATTNFLOW_ALTI_KEYS };                                \
+    enum { R = ATTNFLOW_ALTI_ROWS, K = ATTNFLOW_ALTI_KEYS, W = ATTNFLOW_ALTI_LANES };        \
     T *coef = (T *)malloc(sizeof(T) * (size_t)(K * n * nh));                                \
     if (coef == NULL) return -1;                                                            \
     for (ptrdiff_t b = 0; b < nb; ++b) {                                                    \
         const T *ab = alpha + b * a_sb, *yb = y + b * n * d;                                \
         const T *cb = scale == NULL ? NULL : scale + b * n;                                 \
+        /* ||y_i||_1 summed in the order of the distances, so that a key with no weight */  \
+        /* in any head is exactly as far as nothing (its share exactly 0). */               \
+        for (ptrdiff_t i = 0; i < n; ++i) {                                                 \
+            const T *yi = yb + i * d;                                                       \
+            T lanes[W], s = 0;                                                              \
+            ptrdiff_t full = d - d % W;                                                     \
+            for (int w = 0; w < W; ++w) lanes[w] = 0;                                       \
+            for (ptrdiff_t e = 0; e < full; e += W)                                         \
+                for (int w = 0; w < W; ++w) lanes[w] += ABS(yi[e + w]);                    \
+            for (int w = 0; w < W; ++w) s += lanes[w];                                      \
+            for (ptrdiff_t e = full; e < d; ++e) s += ABS(yi[e]);                           \
+            totals[b * n + i] = s;                                                          \
+        }                                                                                   \
         for (ptrdiff_t j0 = 0; j0 < n; j0 += K) {                                           \
             ptrdiff_t kk = j0 + K < n ? K : n - j0;                                         \
             /* coef[k][i][h] = c_i alpha[b, h, i, j0 + k] */                                \
@@ -149,8 +162,8 @@ ATTNFLOW_ALTI_BLOCK(attnflow_alti_block_f32, float, attnflow_alti_vf, attnflow_a
                     0x7fffffff, fabsf)
 ATTNFLOW_ALTI_BLOCK(attnflow_alti_block_f64, double, attnflow_alti_vd, attnflow_alti_vdi,
                     0x7fffffffffffffffLL, fabs)
-ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f32, attnflow_alti_block_f32, float)
-ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f64, attnflow_alti_block_f64, double)
+ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f32, attnflow_alti_block_f32, float, fabsf)
+ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f64, attnflow_alti_block_f64, double, fabs)
 
 /* The Euclidean rules (norm, GlobEnc) of one attention block:
  *

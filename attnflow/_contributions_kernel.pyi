@@ -8,6 +8,7 @@ def distances(
     values: np.ndarray,
     y: np.ndarray,
     out: np.ndarray,
+    totals: np.ndarray,
     scaled: bool,
 ) -> None: ...
 def gram_norms(

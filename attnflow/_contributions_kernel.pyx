@@ -14,12 +14,12 @@ cdef extern from "_contributions_kernel.h" nogil:
         const float *alpha, const float *scale, const float *v, const float *y,
         Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb,
         Py_ssize_t a_sh, Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj,
-        float *out)
+        float *out, float *totals)
     int attnflow_alti_distances_f64(
         const double *alpha, const double *scale, const double *v, const double *y,
         Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb,
         Py_ssize_t a_sh, Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj,
-        double *out)
+        double *out, double *totals)
     int attnflow_gram_norms_f32(
         const float *alpha, const float *scale, const float *v, Py_ssize_t nb,
         Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb, Py_ssize_t a_sh,
@@ -73,10 +73,12 @@ def distances(
     const floating[:, :, :, :] values,
     const floating[:, :, ::1] y,
     floating[:, :, ::1] out,
+    floating[:, ::1] totals,
     bint scaled,
 ):
     """Fill `out` ``(B, n, n)`` with ALTI's distances ``||y_i - T_i(x_j)||_1`` (no residual).
 
+    `totals` ``(B, n)`` receives ``||y_i||_1``, summed in the order of the distances.
     `alpha` ``(B, H, n, n)`` and `values` ``(B, H, n, d)`` have a unit stride on their
     last axis; `y` is ``(B, n, d)``; `scale` ``(B, n)`` holds ``c_i`` when `scaled` (any
     non-empty array otherwise). All of one dtype, float32 or float64, B, H, n, d >= 1.
@@ -97,11 +99,13 @@ def distances(
             failed = attnflow_alti_distances_f32(
                 &alpha[0, 0, 0, 0], scale_ptr, &values[0, 0, 0, 0], &y[0, 0, 0],
                 nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, &out[0, 0, 0],
+                &totals[0, 0],
             )
         else:
             failed = attnflow_alti_distances_f64(
                 &alpha[0, 0, 0, 0], scale_ptr, &values[0, 0, 0, 0], &y[0, 0, 0],
                 nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, &out[0, 0, 0],
+                &totals[0, 0],
             )
     if failed:
         raise MemoryError("no memory for ALTI's block of weights")

@@ -19,7 +19,7 @@ from oracle import (
 )
 
 import attnflow
-from attnflow import _contributions
+from attnflow import _contributions, _contributions_fused
 
 BATCH, HEADS, N, D = 2, 3, 5, 6
 EPS = 1e-5
@@ -198,9 +198,24 @@ def _contributions_of(
 CASES = [(m, p) for m in METHODS for p in ("post", "pre")] + [("globenc", "post+ln2")]
 
 
+@pytest.fixture(params=["compiled", "array-api"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Host memory goes to the compiled kernel; "array-api" turns it off (the GPU's path)."""
+    if request.param == "array-api":
+        monkeypatch.setattr(_contributions_fused, "_kernels", None)
+    elif not _contributions_fused.KERNEL_AVAILABLE:  # pragma: no cover - a source checkout
+        pytest.fail("the compiled kernel is not built: pip install -e . builds it")
+    return str(request.param)
+
+
 @pytest.mark.parametrize(("method", "placement"), CASES)
 def test_matrices_equal_the_oracle(
-    backend: Variant, dtype_name: str, block: dict[str, np.ndarray], method: str, placement: str
+    backend: Variant,
+    dtype_name: str,
+    block: dict[str, np.ndarray],
+    method: str,
+    placement: str,
+    path: str,  # the fixture picks the path
 ) -> None:
     # "post+ln2": GlobEnc with the second LayerNorm of a post-LN (BERT) layer.
     post, second = placement != "pre", placement == "post+ln2"
@@ -221,7 +236,11 @@ def test_matrices_equal_the_oracle(
 def test_chunks_give_the_same_matrices(
     backend: Variant, block: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Receiving tokens taken two at a time (three blocks of rows) change nothing."""
+    """Receiving tokens taken two at a time (three blocks of rows) change nothing.
+
+    The blocks are the array-API path's (the compiled kernel needs none).
+    """
+    monkeypatch.setattr(_contributions_fused, "_kernels", None)
     exact = _exact(block, "float64")
     values = _values(exact, exact["x"])
     native = _native(backend, {**block, "f": values}, "float64")
@@ -232,6 +251,77 @@ def test_chunks_give_the_same_matrices(
         matrices = backend.check(result, dtype_name="float64", shape=(BATCH, N, N))
         expected = _expected(exact, values, method, post=True, second=False)
         np.testing.assert_allclose(matrices, expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+@pytest.mark.parametrize("placement", ["post", "post+ln2", "pre"])
+def test_the_compiled_kernel_equals_the_array_api_path(
+    dtype_name: str, placement: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel's loops against the blocks of terms, on shapes with every remainder.
+
+    n = 19 and d = 21 leave tails past the kernel's 8 receiving tokens, 8 lanes and 16
+    keys; the weights are a view with rows n + 5 apart, 12 heads as in MiniLM, the batch
+    two axes. Padded keys (no weight in any head) get exactly 0.
+    """
+    if not _contributions_fused.KERNEL_AVAILABLE:  # pragma: no cover - a source checkout
+        pytest.fail("the compiled kernel is not built: pip install -e . builds it")
+    rng = np.random.default_rng(20261126)
+    batch, heads, n, d = (2, 1), 12, 19, 21
+    weights = softmax_attention(rng, (*batch, heads, n, n - 3), scale=2.0)
+    wide = np.zeros((*batch, heads, n, n + 5), dtype=dtype_name)
+    wide[..., : n - 3] = weights  # the last three keys are padding
+    alpha = wide[..., :n]  # rows n + 5 apart
+    assert not alpha.flags.c_contiguous
+    f = rng.normal(size=(*batch, heads, n, d)).astype(dtype_name)
+    x = rng.normal(size=(*batch, n, d)).astype(dtype_name)
+    b_o = rng.normal(size=d).astype(dtype_name)
+    gamma = (1.0 + rng.normal(scale=0.3, size=d)).astype(dtype_name)
+    options: dict[str, Any] = {"bias": b_o}
+    if placement != "pre":
+        options["norm"] = (gamma, rng.normal(size=d).astype(dtype_name), EPS)
+    if placement == "post+ln2":
+        options["second_norm"] = (gamma[::-1].copy(), None, EPS)
+        options["second_norm_input"] = rng.normal(size=(*batch, n, d)).astype(dtype_name)
+    tol = 1e-12 if dtype_name == "float64" else 1e-5
+    for method in METHODS:
+        if placement == "post+ln2" and method != "globenc":
+            continue
+        compiled = attnflow.contributions(alpha, f, x, method=method, **options)
+        with monkeypatch.context() as patch:
+            patch.setattr(_contributions_fused, "_kernels", None)
+            reference = attnflow.contributions(alpha, f, x, method=method, **options)
+        # Relative to each row's largest entry (ALTI's rows sum to one, norms do not).
+        error = np.abs(compiled - reference) / np.abs(reference).max(axis=-1, keepdims=True)
+        assert error.max() < tol, (method, error.max())
+        assert compiled.dtype == np.dtype(dtype_name)
+        assert (compiled[..., : n - 3, n - 3 :] == 0).all()  # real rows, padded keys
+
+
+@pytest.mark.parametrize("value_heads", [None, 2])
+def test_attention_output_is_the_sum_over_the_head_values(value_heads: int | None) -> None:
+    """Head-space contexts projected once equal ``Σ_h α^h f^h`` (grouped-query too)."""
+    heads, d_head = 6, 2
+    kv = heads if value_heads is None else value_heads
+    rng = np.random.default_rng(20261127)
+    alpha = softmax_attention(rng, (BATCH, heads, N, N), scale=1.5)
+    z = rng.normal(size=(BATCH, N, D))
+    w_v = rng.normal(size=(D, kv * d_head))
+    w_o = rng.normal(size=(heads * d_head, D))
+    b_v = rng.normal(size=kv * d_head)
+    options: dict[str, Any] = {"heads": heads, "value_heads": value_heads, "value_bias": b_v}
+    got = _contributions.attention_output(alpha, z, w_v, w_o, **options)
+    f = attnflow.head_values(z, w_v, w_o, **options)
+    expected = np.einsum("bhij,bhjd->bid", alpha, f)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    # And the matrices built with it are those built without.
+    for method in METHODS:
+        with_it, out_with = _contributions.contributions_and_outputs(
+            alpha, f, z, method=method, attended=got
+        )
+        without, out_without = _contributions.contributions_and_outputs(alpha, f, z, method=method)
+        np.testing.assert_allclose(with_it, without, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(out_with, out_without, rtol=1e-12, atol=1e-12)
 
 
 def test_outputs_are_rebuilt_from_the_terms(block: dict[str, np.ndarray]) -> None:

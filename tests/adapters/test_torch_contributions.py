@@ -398,8 +398,9 @@ def test_terms_are_never_formed_whole(
 
     ALTI builds its terms a block of keys at a time; norm and GlobEnc build none (their
     norms come from the Gram matrices of the head vectors), in blocks of the same budget.
+    This is the array-API path (the compiled kernel, off): what runs off the host.
     """
-    from attnflow import _contributions
+    from attnflow import _contributions, _contributions_fused
 
     model, batch = minilm["eager"], minilm["batch"]
     with torch.no_grad(), adapter.capture(model, contributions=method) as whole:
@@ -419,6 +420,7 @@ def test_terms_are_never_formed_whole(
         grams.append(alpha.numel())  # (*batch, H, r, n): the (*batch, n, r, H) products
         return gram_norms(alpha, gram, xp)
 
+    monkeypatch.setattr(_contributions_fused, "_kernels", None)
     monkeypatch.setattr(_contributions, "_CHUNK_ELEMENTS", budget)
     monkeypatch.setattr(_contributions, "_key_terms", spy)
     monkeypatch.setattr(_contributions, "_gram_norms", gram_spy)
