@@ -390,6 +390,44 @@ def test_transformer_encoder_matrices_equal_the_oracle(norm_first: bool, method:
             np.testing.assert_allclose(got[b, index], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_minilm_capture_equals_the_previous_formulation(
+    minilm: dict[str, Any],
+    implementation: str,
+    dtype: torch.dtype,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fast capture (head-space attention output, compiled kernels) changes nothing.
+
+    The previous formulation, kept as the oracle: the attention's output summed over the
+    d-dimensional head values and the array-API blocks of terms and Gram matrices.
+    """
+    from attnflow import _contributions_fused
+    from attnflow.adapters import _torch_contributions
+
+    model, batch = minilm[implementation].to(dtype), minilm["batch"]
+    mask = batch["attention_mask"].bool()
+    real = (mask[:, None, :, None] & mask[:, None, None, :]).expand(-1, 6, -1, -1)
+    try:
+        for method in METHODS:
+            with torch.no_grad(), adapter.capture(model, contributions=method) as fast:
+                model(**batch)
+            with monkeypatch.context() as patch:
+                patch.setattr(_contributions_fused, "_kernels", None)
+                patch.setattr(_torch_contributions, "attention_output", lambda *_, **__: None)
+                with torch.no_grad(), adapter.capture(model, contributions=method) as previous:
+                    model(**batch)
+            got, expected = fast.contributions, previous.contributions
+            assert got.dtype == dtype
+            scale = expected.abs().amax(dim=-1, keepdim=True)
+            error = ((got - expected).abs() / scale)[real].max().item()
+            assert error < (1e-12 if dtype == torch.float64 else 1e-5), (method, error)
+            torch.testing.assert_close(fast.outputs, previous.outputs)
+    finally:
+        model.to(torch.float32)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_terms_are_never_formed_whole(
     minilm: dict[str, Any], method: str, monkeypatch: pytest.MonkeyPatch
