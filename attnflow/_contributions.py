@@ -16,8 +16,10 @@ Everything here is written once against the array API standard. The ``(n, n, d)`
 of one layer's terms is never formed whole when it is large. The Euclidean rules (norm,
 GlobEnc) never form it at all: ``‖Σ_h α^h_ij v^h_j‖² = a_ij^T G_j a_ij`` with each key's
 Gram matrix ``G_j[h, h'] = v^h_j · v^h'_j`` (see docs/maths.md, "Cost: Gram matrices
-instead of terms"). ALTI's Manhattan distance has no such form: its terms are built for a
-block of receiving tokens at a time and reduced before the next block.
+instead of terms"). ALTI's Manhattan distance has no such form: on host memory a compiled
+kernel (``attnflow._contributions_fused``) forms each term in registers and reduces it
+at once, and computes the Euclidean rules from the Gram matrices too; elsewhere the terms
+are built for a block of receiving tokens at a time and reduced before the next block.
 """
 
 from __future__ import annotations
@@ -970,9 +972,10 @@ def contributions(
     squared norm of :math:`\sum_h \alpha^h_{ij} v^h_j` is :math:`a^\top G_j a` with
     :math:`a_h = \alpha^h_{ij}` and each key's Gram matrix
     :math:`G_j[h, h'] = v^h_j \cdot v^{h'}_j` (:math:`H^2` products per pair of tokens
-    instead of :math:`H d`). ``"alti"``'s Manhattan distance has no such form: its terms
-    are built for a block of receiving tokens at a time (at most 2**22 elements), so memory
-    stays near one layer's attention weights.
+    instead of :math:`H d`). ``"alti"``'s Manhattan distance has no such form: on host
+    memory (NumPy, PyTorch CPU tensors) a compiled kernel forms each term in registers and
+    reduces it at once; elsewhere the terms are built for a block of receiving tokens at a
+    time (at most 2**22 elements). Memory stays near one layer's attention weights.
 
     Parameters
     ----------
