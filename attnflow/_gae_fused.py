@@ -169,7 +169,7 @@ def fuse_dask_layer(
     import dask.array as da
 
     if g.chunks != a.chunks:
-        g = g.rechunk(a.chunks)  # type: ignore[no-untyped-call]
+        g = g.rechunk(a.chunks)  # type: ignore[no-untyped-call,unused-ignore]
     batch_chunks = a.chunks[:-3]
     n = a.shape[-1]
     r = n if rows is None else len(rows)
@@ -178,7 +178,7 @@ def fuse_dask_layer(
         if not is_dask_array(mask) or mask.dtype != np.bool_:
             return None
         # As many axes as the attention, so that map_blocks pairs the blocks of the batch.
-        keys = mask.reshape((*a.shape[:-3], 1, 1, n))  # type: ignore[no-untyped-call]
+        keys = mask.reshape((*a.shape[:-3], 1, 1, n))  # type: ignore[no-untyped-call,unused-ignore]
         keys = keys.rechunk((*batch_chunks, (1,), (1,), (n,)))
     import array_api_compat.numpy as xp_numpy
 
@@ -192,7 +192,7 @@ def fuse_dask_layer(
     # The head axis is kept (length 1) and dropped afterwards: a dropped axis would make
     # map_blocks concatenate (copy) every input block first.
     args = [a, g] if keys is None else [a, g, keys]
-    fused = da.map_blocks(  # type: ignore[no-untyped-call]
+    fused = da.map_blocks(  # type: ignore[no-untyped-call,unused-ignore]
         block,
         *args,
         chunks=(*batch_chunks, (1,), (r,), (n,)),
