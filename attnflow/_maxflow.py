@@ -43,10 +43,10 @@ from ._graph import LayeredGraph, build_layered_graph
 
 def _load_kernel() -> tuple[Callable[..., None], ...] | None:
     try:
-        from ._maxflow_kernel import build_arcs, build_backward_arcs, solve
+        from ._maxflow_kernel import build_arcs, build_backward_arcs, scan_layers, solve
     except ImportError:  # pragma: no cover - a source checkout without the compiled kernel
         return None
-    return solve, build_arcs, build_backward_arcs
+    return solve, build_arcs, build_backward_arcs, scan_layers
 
 
 _kernel = _load_kernel()
@@ -158,7 +158,23 @@ def _reach(mixed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     node outside it for sink ``m`` carries none of ``m``'s flow: exact pruning). Causal
     attention gives ``hi = j`` for token ``j``; a node with no path down gets ``lo > hi``.
     """
+    return _scan(mixed)[:2]
+
+
+def _scan(mixed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """`_reach`, and the arcs of each row of the middle matrices (None without the kernel).
+
+    One pass of the compiled kernel (``scan_layers``) over float64 C-contiguous input;
+    numpy otherwise.
+    """
     n_layers, n = mixed.shape[0], mixed.shape[-1]
+    if _kernel is not None and mixed.dtype == np.float64 and mixed.flags.c_contiguous:
+        lo = np.empty((n_layers - 1, n), dtype=np.int32)
+        hi = np.empty((n_layers - 1, n), dtype=np.int32)
+        counts = np.empty((max(n_layers - 2, 0), n), dtype=np.int64)
+        if n_layers >= 2:
+            _kernel[3](mixed, lo, hi, counts)
+        return lo, hi, counts
     lo = np.empty((n_layers - 1, n), dtype=np.int32)
     hi = np.empty((n_layers - 1, n), dtype=np.int32)
     tokens = np.arange(n, dtype=np.int32)
@@ -168,7 +184,7 @@ def _reach(mixed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         lo[layer] = np.where(present, below_lo[None, :], n).min(axis=1)
         hi[layer] = np.where(present, below_hi[None, :], -1).max(axis=1)
         below_lo, below_hi = lo[layer], hi[layer]
-    return lo, hi
+    return lo, hi, None
 
 
 def _source_cut(top: np.ndarray, lo: np.ndarray, hi: np.ndarray, sinks: np.ndarray) -> np.ndarray:
@@ -245,9 +261,21 @@ class _Arcs:
 
 def _arcs(middle: np.ndarray) -> _Arcs:
     """Arc lists of the middle matrices ``Ã_2 .. Ã_{T-1}`` (zero capacities dropped)."""
+    return _arcs_and_residuals(middle, np.count_nonzero(middle > 0, axis=-1), None)[0]
+
+
+def _arcs_and_residuals(
+    middle: np.ndarray, counts: np.ndarray, dense_layers: int | None
+) -> tuple[_Arcs, np.ndarray | None]:
+    """The arc lists and (with `dense_layers`) the solver's first residual buffer.
+
+    `counts` ``(T-2, n)`` holds the non-zero entries of each row. The buffer (see
+    `_Prepared.take_buffer`) is written by the same pass as the arcs, with the arcs of the
+    first `dense_layers` matrices left unwritten (`_Prepared.complete` writes them when a
+    solve first needs backward arcs).
+    """
     assert _kernel_build_arcs is not None  # the caller checked
     n_mats, n = middle.shape[0], middle.shape[1]
-    counts = np.count_nonzero(middle > 0, axis=-1)
     offsets = np.zeros(n_mats * n + 1, dtype=np.int64)
     np.cumsum(counts.ravel(), out=offsets[1:])
     start = np.empty((n_mats, n + 1), dtype=np.int64)
@@ -256,8 +284,13 @@ def _arcs(middle: np.ndarray) -> _Arcs:
     head = np.empty(offsets[-1], dtype=np.int32)
     capacity = np.empty(offsets[-1])
     bucket_end = np.empty((n_mats, n, 64), dtype=np.int32)
-    _kernel_build_arcs(middle, start, head, capacity, bucket_end)
-    return _Arcs(start, head, capacity, counts, bucket_end)
+    if dense_layers is None:
+        _kernel_build_arcs(middle, start, head, capacity, bucket_end)
+        return _Arcs(start, head, capacity, counts, bucket_end), None
+    # np.empty: the pages of the arcs left unwritten are not even mapped until written.
+    residual = np.empty(head.shape[0] + 2 * n + dense_layers * n * n)
+    _kernel_build_arcs(middle, start, head, capacity, bucket_end, residual, dense_layers)
+    return _Arcs(start, head, capacity, counts, bucket_end), residual
 
 
 def _last_heads(arcs: _Arcs, layers: int) -> np.ndarray:
@@ -309,6 +342,14 @@ def _sorted_heads(hi: np.ndarray) -> np.ndarray:
     return np.asarray((np.diff(hi[:-1], axis=1) >= 0).all(axis=1), dtype=np.uint8)
 
 
+@dataclass
+class _Residuals:
+    """A residual buffer of the solver and whether the arcs of its dense layers are in it."""
+
+    array: np.ndarray
+    complete: bool
+
+
 class _Prepared:
     """What every task on one graph shares: arcs, reachability, residual buffers.
 
@@ -319,8 +360,8 @@ class _Prepared:
     def __init__(self, mixed: np.ndarray) -> None:
         self.source = weakref.ref(mixed)  # the entry lives as long as its array
         self.n = mixed.shape[-1]
-        self.arcs = _arcs(mixed[1:-1])
-        self.reach = _reach(mixed)
+        lo, hi, counts = _scan(mixed)
+        self.reach = lo, hi
         self.sorted_heads = _sorted_heads(self.reach[1])
         # Causal (and banded) graphs block many tokens near the sink; elsewhere the
         # strongest-first arc lists find wide paths sooner from the third layer up.
@@ -328,6 +369,14 @@ class _Prepared:
         dense = DENSE_LAYERS if ordered else min(DENSE_LAYERS, 1)
         affordable = max(1, DENSE_BYTES // (8 * self.n * self.n))
         self.dense_layers = min(dense, affordable, mixed.shape[0] - 2)
+        if counts is None:
+            counts = np.count_nonzero(mixed[1:-1] > 0, axis=-1)
+        # The arcs and the first residual buffer in one pass (the solver's residuals of
+        # the arcs of the dense layers are written only when backward arcs need them).
+        self.arcs, first = _arcs_and_residuals(mixed[1:-1], counts, self.dense_layers)
+        assert first is not None
+        # Where the arcs of the dense layers end: the residuals a first pass never reads.
+        self.lower_end = int(self.arcs.start[self.dense_layers - 1, -1])
         self.dense_top = _last_heads(self.arcs, self.dense_layers)
         # Ã_1 transposed: the capacities into each sink, contiguous (copied for every pair).
         self.sink_columns = np.ascontiguousarray(mixed[0].T)
@@ -335,7 +384,7 @@ class _Prepared:
         self._backward: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._backward_sinks = (0, -1)  # the input tokens `_backward` serves
         self._inflow: dict[bytes, np.ndarray] = {}
-        self._buffers: list[np.ndarray] = []
+        self._buffers: list[_Residuals] = [_Residuals(first, complete=False)]
 
     def backward(self, sinks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Backward arcs that serve every input token of `sinks` (built when first needed).
@@ -365,18 +414,29 @@ class _Prepared:
                 self._inflow[key] = found
         return found
 
-    def take_buffer(self, mixed: np.ndarray) -> np.ndarray:
-        """Residuals: every middle arc at its capacity, then ``Ã_2`` dense (one per call)."""
+    def take_buffer(self, mixed: np.ndarray) -> _Residuals:
+        """Residuals: every middle arc at its capacity, then ``Ã_2 .. Ã_{D+1}`` dense.
+
+        One per call (the first one was written with the arcs). A buffer may come without
+        the residuals of the dense layers' arcs: `complete` writes them.
+        """
         with self._lock:
             if self._buffers:
                 return self._buffers.pop()
         arcs = self.arcs.capacity.shape[0]
         buffer = np.empty(arcs + 2 * self.n + self.dense_layers * self.n * self.n)
-        buffer[:arcs] = self.arcs.capacity
+        buffer[self.lower_end : arcs] = self.arcs.capacity[self.lower_end :]
         buffer[arcs + 2 * self.n :] = mixed[1 : self.dense_layers + 1].ravel()
-        return buffer
+        return _Residuals(buffer, complete=False)
 
-    def give_back(self, buffer: np.ndarray) -> None:
+    def complete(self, residuals: _Residuals) -> np.ndarray:
+        """The buffer with every middle arc at its capacity (what backward arcs need)."""
+        if not residuals.complete:
+            residuals.array[: self.lower_end] = self.arcs.capacity[: self.lower_end]
+            residuals.complete = True
+        return residuals.array
+
+    def give_back(self, buffer: _Residuals) -> None:
         with self._lock:
             self._buffers.append(buffer)
 
@@ -441,10 +501,11 @@ def _solve_with_kernel(
         # Where most pairs of the last chunk needed backward arcs, the next chunks go
         # straight to the solver with them (arcs listed once for every sink left).
         backward = graph.backward(sinks[start:]) if direct else none
+        residual = graph.complete(buffer) if direct else buffer.array
         _kernel_solve(
             mixed, graph.sink_columns, rows.astype(np.int64), sinks[chunk].astype(np.int64),
             np.ascontiguousarray(upper[:, chunk]), *forward, *backward, arcs.bucket_end, graph.sorted_heads,
-            graph.dense_top, from_source, source_count, *reach, direct, TARGET_TOLERANCE, buffer, part_values, part_status,
+            graph.dense_top, from_source, source_count, *reach, direct, TARGET_TOLERANCE, residual, part_values, part_status,
         )  # fmt: skip
         values[:, chunk] = part_values
         status[:, chunk] = part_status
@@ -458,7 +519,7 @@ def _solve_with_kernel(
             mixed, graph.sink_columns, rows[i : i + 1].astype(np.int64), sinks[columns].astype(np.int64),
             np.ascontiguousarray(upper[i : i + 1, columns]), *forward, *graph.backward(sinks[columns]),
             arcs.bucket_end, graph.sorted_heads, graph.dense_top, from_source[i : i + 1], source_count[i : i + 1], *reach, True,
-            TARGET_TOLERANCE, buffer, part_values, part_status,
+            TARGET_TOLERANCE, graph.complete(buffer), part_values, part_status,
         )  # fmt: skip
         values[i, columns] = part_values[0]
         status[i, columns] = part_status[0]

@@ -679,12 +679,61 @@ cdef void _reset(Work* w) noexcept nogil:
 
 
 
+def scan_layers(
+    const double[:, :, ::1] mixed,
+    int[:, ::1] reach_lo,
+    int[:, ::1] reach_hi,
+    long long[:, ::1] counts,
+):
+    """Reachability and arc counts in one pass over ``Ã_1 .. Ã_{T-1}``.
+
+    `reach_lo`, `reach_hi` ``(T-1, n)``: the smallest and largest input token that token
+    ``j`` of layer ``a`` reaches (``lo = n``, ``hi = -1`` for a token with no path down),
+    ``lo_a[j] = min{lo_{a-1}[k] : Ã_a[j, k] > 0}`` with ``lo_0[k] = hi_0[k] = k``.
+    `counts` ``(T-2, n)``: the non-zero entries of each row of ``Ã_2 .. Ã_{T-1}``.
+    """
+    cdef Py_ssize_t n_layers = mixed.shape[0], n = mixed.shape[2], a, j, k
+    cdef int low, high, lo_k, hi_k
+    cdef long long count
+    cdef const double* row
+    cdef const int* below_lo
+    cdef const int* below_hi
+    if reach_lo.shape[0] != n_layers - 1 or counts.shape[0] != n_layers - 2:
+        raise ValueError("`reach_lo` must be (T-1, n) and `counts` (T-2, n)")
+    with nogil:
+        for a in range(n_layers - 1):
+            for j in range(n):
+                row = &mixed[a, j, 0]
+                low = <int>n
+                high = -1
+                count = 0
+                for k in range(n):
+                    if row[k] > 0.0:
+                        count += 1
+                        if a == 0:
+                            lo_k = <int>k
+                            hi_k = <int>k
+                        else:
+                            lo_k = reach_lo[a - 1, k]
+                            hi_k = reach_hi[a - 1, k]
+                        if lo_k < low:
+                            low = lo_k
+                        if hi_k > high:
+                            high = hi_k
+                reach_lo[a, j] = low
+                reach_hi[a, j] = high
+                if a > 0:
+                    counts[a - 1, j] = count
+
+
 def build_arcs(
     const double[:, :, ::1] matrices,
     long long[:, ::1] start,
     int[::1] head,
     double[::1] capacity,
     int[:, :, ::1] bucket_end,
+    double[::1] residual=None,
+    Py_ssize_t dense_layers=0,
 ):
     """Each row's non-zero entries as arcs, strongest first by powers of two.
 
@@ -695,19 +744,36 @@ def build_arcs(
     (``start[l, j]``, with ``start[l, n]`` the next matrix's first); `head` and `capacity`
     have one slot per non-zero entry. A counting sort on the binary exponent (64 buckets,
     the last one for everything below ``2**-62``): linear in the entries.
+
+    With `residual` (the solver's buffer, ``arcs + 2 n + D n²``, ``D = dense_layers``), the
+    same pass writes the solver's starting residuals, each row while it is in cache: the
+    arcs of matrices ``D ..`` at their capacities, and matrices ``0 .. D-1`` dense, row-major,
+    in the last ``D n²``. The residuals of the arcs of matrices ``0 .. D-1`` are left
+    unwritten: first blocking flows read those layers dense (see `solve`); a solve with
+    backward arcs needs them copied from `capacity` first.
     """
     cdef Py_ssize_t n_mats = matrices.shape[0], n = matrices.shape[1], l, j, k
     cdef long long counts[N_BUCKETS]
     cdef long long place[N_BUCKETS]
     cdef int b, e
-    cdef long long total
+    cdef long long total, dense = 0
     cdef double c
     cdef const double* row
+    cdef double* res = NULL
     cdef unsigned long long bits
+    if residual is not None:
+        if dense_layers < 0 or dense_layers > n_mats:
+            raise ValueError("`dense_layers` must be between 0 and the number of matrices")
+        dense = head.shape[0] + 2 * n
+        if residual.shape[0] != dense + dense_layers * n * n:
+            raise ValueError("`residual` must have one entry per arc, then 2 n, then D n²")
+        res = &residual[0]
     with nogil:
         for l in range(n_mats):
             for j in range(n):
                 row = &matrices[l, j, 0]
+                if res != NULL and l < dense_layers:
+                    memcpy(res + dense + (l * n + j) * n, row, n * sizeof(double))
                 memset(counts, 0, sizeof(counts))
                 for k in range(n):
                     c = row[k]
@@ -737,6 +803,8 @@ def build_arcs(
                             b = N_BUCKETS - 1
                         head[place[b]] = <int>k
                         capacity[place[b]] = c
+                        if res != NULL and l >= dense_layers:
+                            res[place[b]] = c
                         place[b] += 1
 
 
@@ -821,7 +889,8 @@ def solve(
     + D n²``) must hold `arc_cap` in its first ``arcs`` entries and ``Ã_2 .. Ã_{D+1}``
     (row-major) in its last ``D n²`` (those layers' arcs, dense, read by first blocking
     flows without `with_backward`; `dense_top` ``(D, n)`` is each row's last non-zero
-    column, -1 for none); it is given back so, every touched
+    column, -1 for none); without `with_backward` the entries of the arcs of ``Ã_2 ..
+    Ã_{D+1}`` are never read and may hold anything. It is given back so, every touched
     arc restored, so that one buffer serves call after call.
     """
     cdef int n_layers = mixed.shape[0], n = mixed.shape[2]

@@ -522,7 +522,7 @@ def test_prefetching_solver_on_a_graph_beyond_the_caches_equals_igraph(
     graph = engine._prepared(mixed)
     buffer = graph.take_buffer(mixed)
     graph.give_back(buffer)
-    assert buffer.nbytes >= 16 * 2**20
+    assert buffer.array.nbytes >= 16 * 2**20
     task = FlowTask((), mixed, np.array([n - 1]), np.array([0]), np.array([0, 1, 400, n - 1]))
     values, status = solve_flow_task_with_status(task)
     with monkeypatch.context() as patch:
