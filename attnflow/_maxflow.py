@@ -267,7 +267,7 @@ def _arcs(middle: np.ndarray) -> _Arcs:
 def _arcs_and_residuals(
     middle: np.ndarray, counts: np.ndarray, dense_layers: int | None
 ) -> tuple[_Arcs, np.ndarray | None]:
-    """The arc lists and (with `dense_layers`) the solver's first residual buffer.
+    """Build the arc lists and (with `dense_layers`) the solver's first residual buffer.
 
     `counts` ``(T-2, n)`` holds the non-zero entries of each row. The buffer (see
     `_Prepared.take_buffer`) is written by the same pass as the arcs, with the arcs of the
@@ -430,7 +430,7 @@ class _Prepared:
         return _Residuals(buffer, complete=False)
 
     def complete(self, residuals: _Residuals) -> np.ndarray:
-        """The buffer with every middle arc at its capacity (what backward arcs need)."""
+        """Return the buffer with every middle arc at its capacity (backward arcs need it)."""
         if not residuals.complete:
             residuals.array[: self.lower_end] = self.arcs.capacity[: self.lower_end]
             residuals.complete = True

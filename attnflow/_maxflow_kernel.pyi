@@ -2,8 +2,17 @@
 
 import numpy as np
 
+def scan_layers(
+    mixed: np.ndarray, reach_lo: np.ndarray, reach_hi: np.ndarray, counts: np.ndarray
+) -> None: ...
 def build_arcs(
-    matrices: np.ndarray, start: np.ndarray, head: np.ndarray, capacity: np.ndarray
+    matrices: np.ndarray,
+    start: np.ndarray,
+    head: np.ndarray,
+    capacity: np.ndarray,
+    bucket_end: np.ndarray,
+    residual: np.ndarray | None = None,
+    dense_layers: int = 0,
 ) -> None: ...
 def build_backward_arcs(
     start: np.ndarray,

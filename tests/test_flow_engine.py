@@ -389,6 +389,63 @@ def test_source_cut_is_an_upper_bound_and_tight_on_causal_rows(
     assert np.mean(np.abs(upper - reference) < 1e-13) > 0.5
 
 
+def test_one_pass_scan_equals_the_numpy_reach_and_counts() -> None:
+    # The compiled scan (reachability and arc counts in one pass) gives what the NumPy
+    # reference gives, on causal attention with rows without arcs and on dense attention.
+    rng = np.random.default_rng(4)
+    causal = _mixed(_sparse_causal(rng, 5, 20), 0.0)
+    causal[1, 3] = 0.0
+    causal[3, 19] = 0.0
+    dense = _mixed(_sinks(rng, 4, 17))
+    for mixed in (causal, dense):
+        lo, hi, counts = engine._scan(mixed)
+        assert counts is not None
+        reference = engine._scan(np.asfortranarray(mixed))  # not C-contiguous: NumPy
+        assert reference[2] is None
+        np.testing.assert_array_equal(lo, reference[0])
+        np.testing.assert_array_equal(hi, reference[1])
+        np.testing.assert_array_equal(counts, np.count_nonzero(mixed[1:-1] > 0, axis=-1))
+
+
+@pytest.mark.parametrize("pattern", ["sinks", "causal"])
+def test_first_pass_never_reads_the_dense_layers_arc_residuals(
+    pattern: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first residual buffer is written with the arcs, all but the residuals of the arcs
+    # of the dense layers, which first blocking flows read dense. Poisoned (NaN: an arc
+    # read so would look saturated, and the pair would go on to backward arcs), they change
+    # nothing where every pair is certified by a first blocking flow (attention sinks) and
+    # stay untouched; where pairs need backward arcs (causal), every arc is written at its
+    # capacity first, and the max-flows stay exact.
+    rng = np.random.default_rng(6)
+    weights = _sinks(rng, 6, 40) if pattern == "sinks" else _causal(rng, 6, 40)
+    mixed = _mixed(weights)
+    graph = engine._prepared(mixed)
+    assert graph.dense_layers >= 1
+    assert graph.lower_end > 0
+    buffer = graph.take_buffer(mixed)
+    assert not buffer.complete
+    arcs = graph.arcs.capacity.shape[0]
+    np.testing.assert_array_equal(
+        buffer.array[graph.lower_end : arcs], graph.arcs.capacity[graph.lower_end :]
+    )
+    dense = buffer.array[arcs + 2 * 40 :].reshape(graph.dense_layers, 40, 40)
+    np.testing.assert_array_equal(dense, mixed[1 : graph.dense_layers + 1])
+    buffer.array[: graph.lower_end] = np.nan
+    graph.give_back(buffer)
+    values, status, reference = _both_engines(mixed, np.array([39]), monkeypatch)
+    np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+    if pattern == "sinks":
+        assert np.all(status == CERTIFIED)
+        assert not buffer.complete
+        assert np.isnan(buffer.array[: graph.lower_end]).all()
+    else:
+        assert np.any(status == SOLVED)
+        assert buffer.complete
+    graph.complete(buffer)
+    np.testing.assert_array_equal(buffer.array[:arcs], graph.arcs.capacity)
+
+
 def test_last_heads_are_each_rows_last_non_zero_column() -> None:
     middle = _mixed(_sparse_causal(np.random.default_rng(5), 5, 16), 0.0)
     middle[0, 4] = 0.0  # rows without arcs: first, inside and last of a matrix
