@@ -70,6 +70,14 @@ def clear_non_finite(
         True where the result is NaN, in flow's output shape with its row axis:
         ``(*batch, [L,] [H,] r, n)``; None when every capacity is finite.
     """
+    # A sum is finite exactly when every term is and it does not overflow: one pass and
+    # no (L, n, n) temporary for the common case; an overflow only takes the long way.
+    with np.errstate(over="ignore", invalid="ignore"):
+        finite = np.isfinite(np.sum(mixed)) and (
+            mixed_heads is None or np.isfinite(np.sum(mixed_heads))
+        )
+    if finite:
+        return mixed, mixed_heads, None
     bad: np.ndarray = ~np.isfinite(mixed)
     bad_heads: np.ndarray | None = None
     if mixed_heads is not None:

@@ -360,3 +360,20 @@ def test_flow_copies_its_mask_to_the_host_once(
         got = result[item][..., real_rows, :]
         np.testing.assert_allclose(got[..., real], alone, rtol=1e-10, atol=1e-12)
         assert np.all(np.delete(got, real, axis=-1) == 0)
+
+
+def test_non_finite_scan_takes_an_overflowing_sum_the_long_way() -> None:
+    # Finite capacities whose sum overflows are finite: nothing cleared, nothing NaN out;
+    # one infinity among them is cleared and reported.
+    from attnflow._nonfinite import clear_non_finite
+
+    huge = np.full((2, 3, 3), 1e308)
+    clean, _, nan_out = clear_non_finite(huge, None, rows=None, all_layers=True, whole_rows=False)
+    assert clean is huge
+    assert nan_out is None
+    huge[0, 1, 2] = np.inf
+    clean, _, nan_out = clear_non_finite(huge, None, rows=None, all_layers=True, whole_rows=False)
+    assert clean[0, 1, 2] == 0.0
+    assert np.isfinite(clean).all()
+    assert nan_out is not None
+    assert nan_out[0, 1, 2]
