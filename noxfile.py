@@ -410,11 +410,16 @@ def adapters_jax(session: nox.Session) -> None:
     session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.jax", env=env)
     # Keras in a pytest process of its own: the JAX backend tests switch on jax_enable_x64
     # (tests/backends.py), which would change what Keras computes in float64.
-    _keras_tests(session, "jax")
+    _keras_tests(session, "jax", parallel=True)
 
 
-def _keras_tests(session: nox.Session, keras_backend: str) -> None:
-    """The Keras adapter's tests and examples on one Keras 3 backend (installed already)."""
+def _keras_tests(session: nox.Session, keras_backend: str, *, parallel: bool = False) -> None:
+    """The Keras adapter's tests and examples on one Keras 3 backend (installed already).
+
+    `parallel`: on every core (pytest-xdist). Worth it on JAX only (about 30 s in one
+    process); on TensorFlow and PyTorch the tests take 5-12 s, less than what two more
+    processes importing the framework would cost.
+    """
     env = {
         **ENV,
         "KERAS_BACKEND": keras_backend,
@@ -422,7 +427,8 @@ def _keras_tests(session: nox.Session, keras_backend: str) -> None:
         # A failed install must fail the session, not skip the module.
         "ATTNFLOW_REQUIRE_MODULES": f"keras,{keras_backend}",
     }
-    session.run("pytest", *PARALLEL, *KERAS_TESTS, *session.posargs, env={**env, **ONE_THREAD})
+    workers, threads = (PARALLEL, ONE_THREAD) if parallel else ((), {})
+    session.run("pytest", *workers, *KERAS_TESTS, *session.posargs, env={**env, **threads})
     session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.keras", env=env)
 
 
