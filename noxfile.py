@@ -535,7 +535,8 @@ def build(session: nox.Session) -> None:
             "attnflow/data/minilm_sample.npz",
         }
         missing = sorted(required - names)
-        kernels = ("_maxflow_kernel", "_gae_kernel")  # the compiled extensions (setup.py)
+        # The compiled extensions of setup.py.
+        kernels = ("_maxflow_kernel", "_gae_kernel", "_contributions_kernel")
         for kernel in kernels:
             if not any(
                 name.startswith(f"attnflow/{kernel}.") and name.endswith((".so", ".pyd"))
@@ -547,7 +548,8 @@ def build(session: nox.Session) -> None:
         sdist = next(p for p in dist if p.name.endswith(".tar.gz"))
         with tarfile.open(sdist) as archive:
             sources = archive.getnames()
-        for source in (*(f"attnflow/{k}.pyx" for k in kernels), "attnflow/_gae_kernel.h"):
+        headers = ("attnflow/_gae_kernel.h", "attnflow/_contributions_kernel.h")
+        for source in (*(f"attnflow/{k}.pyx" for k in kernels), *headers):
             if not any(n.endswith(source) for n in sources):
                 session.error(f"sdist {sdist.name} lacks {source}")
         if any(name.startswith(("adapters/", "tests/")) for name in names):
