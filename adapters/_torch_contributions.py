@@ -60,8 +60,11 @@ from typing import Any, TypeAlias
 import torch
 from torch import nn
 
-import attnflow
-from attnflow._contributions import Method, attention_output, contributions_and_outputs
+from attnflow._contributions import (
+    Method,
+    contributions_and_outputs,
+    head_values_and_attention_output,
+)
 
 __all__ = ["SUPPORTED_BLOCKS", "BlockRecorder", "find_blocks"]
 
@@ -594,16 +597,9 @@ class BlockRecorder:
             value_heads = heads * value_width // output_width
         second = spec.second_norm if self.method == "globenc" else None
         with torch.no_grad():
-            values = attnflow.head_values(
-                attention_input,
-                value_weight,
-                output_weight,
-                heads=heads,
-                value_heads=value_heads,
-                value_bias=value_bias,
-            )
-            # The heads' contexts projected once, not the sum over the values in d dimensions.
-            attended = attention_output(
+            # The heads' contexts projected once, not the sum over the values in d
+            # dimensions; the values projected once for both.
+            values, attended = head_values_and_attention_output(
                 weights,
                 attention_input,
                 value_weight,

@@ -171,6 +171,73 @@ def head_values(
            [[0., 1.],
             [0., 0.]]])
     """
+    values, _ = _value_pathway(
+        None,
+        inputs,
+        value_weight,
+        output_weight,
+        heads=heads,
+        value_heads=value_heads,
+        value_bias=value_bias,
+        xp=xp,
+    )
+    return values  # type: ignore[no-any-return]
+
+
+def head_values_and_attention_output(
+    weights: Any,
+    inputs: Any,
+    value_weight: Any,
+    output_weight: Any,
+    /,
+    *,
+    heads: int,
+    value_heads: int | None = None,
+    value_bias: Any | None = None,
+    xp: Namespace | None = None,
+) -> tuple[Any, Any]:
+    r"""Return :func:`head_values` and the attention's output before its bias, one projection.
+
+    The output is
+
+    .. math::
+
+        \sum_h \sum_j \alpha^h_{ij} f^h(z_j)
+        = \sum_h \Big(\sum_j \alpha^h_{ij} (z_j W_V^h + b_V^h)\Big) W_O^h ,
+
+    the heads' contexts concatenated and projected once: :math:`H n^2 d_{head}` products
+    for the contexts and :math:`n H d_{head} d` for the projection, where the sum over
+    :func:`head_values` takes :math:`H n^2 d` (12 times more for MiniLM, as much as its
+    whole layer). The values :math:`z_j W_V + b_V` are projected once for both results.
+    The arguments are those of :func:`head_values` and the weights ``(*batch, heads, n,
+    n)``; the results are ``(*batch, heads, n, d)`` and ``(*batch, n, d)``.
+    """
+    values, attended = _value_pathway(
+        weights,
+        inputs,
+        value_weight,
+        output_weight,
+        heads=heads,
+        value_heads=value_heads,
+        value_bias=value_bias,
+        xp=xp,
+    )
+    return values, attended
+
+
+def _value_pathway(
+    weights: Any | None,
+    inputs: Any,
+    value_weight: Any,
+    output_weight: Any,
+    /,
+    *,
+    heads: int,
+    value_heads: int | None,
+    value_bias: Any | None,
+    xp: Namespace | None,
+) -> tuple[Any, Any | None]:
+    """:func:`head_values`, and with `weights` the attention's output, the values projected once."""
     arrays, boundary = enter_boundary(
         [inputs, value_weight, output_weight, value_bias],
         ["inputs", "value_weight", "output_weight", "value_bias"],
@@ -225,68 +292,21 @@ def head_values(
     n = values.shape[-2]
     values = namespace.reshape(values, (*batch, n, n_value, d_head))
     nb = len(batch)
-    values = namespace.permute_dims(values, (*range(nb), nb + 1, nb, nb + 2))
+    values = namespace.permute_dims(values, (*range(nb), nb + 1, nb, nb + 2))  # (*b, kv, n, dh)
     # (*batch, kv, 1, n, d_head) @ (kv, g, d_head, d): one value head meets each output
     # projection of its group, the repeat broadcast rather than materialised.
-    values = namespace.reshape(values, (*batch, n_value, 1, n, d_head))
     per_head = namespace.reshape(w_o, (n_value, group, d_head, w_o.shape[1]))
-    mixed = namespace.matmul(values, per_head)
+    mixed = namespace.matmul(namespace.reshape(values, (*batch, n_value, 1, n, d_head)), per_head)
     out = namespace.reshape(mixed, (*batch, n_heads, n, w_o.shape[1]))
-    return boundary.restore(out)  # type: ignore[no-any-return]
-
-
-def attention_output(
-    weights: Any,
-    inputs: Any,
-    value_weight: Any,
-    output_weight: Any,
-    /,
-    *,
-    heads: int,
-    value_heads: int | None = None,
-    value_bias: Any | None = None,
-    xp: Namespace | None = None,
-) -> Any:
-    r"""Compute the attention's output before its bias, :math:`\sum_h \alpha^h f^h`.
-
-    .. math::
-
-        \sum_h \sum_j \alpha^h_{ij} f^h(z_j)
-        = \sum_h \Big(\sum_j \alpha^h_{ij} (z_j W_V^h + b_V^h)\Big) W_O^h ,
-
-    the heads' contexts concatenated and projected once: :math:`H n^2 d_{head}` products
-    for the contexts and :math:`n H d_{head} d` for the projection, where the sum over
-    :func:`head_values` takes :math:`H n^2 d` (12 times more for MiniLM, as much as its
-    whole layer). The arguments are those of :func:`head_values` (already checked by it)
-    and the weights ``(*batch, heads, n, n)``; the result is ``(*batch, n, d)``.
-    """
-    namespace = resolve_namespace(
-        weights,
-        inputs,
-        value_weight,
-        output_weight,
-        value_bias,
-        xp=xp,
-        names=["weights", "inputs", "value_weight", "output_weight", "value_bias"],
-    )
-    n_heads = heads
-    n_value = heads if value_heads is None else value_heads
-    group = n_heads // n_value
-    d_head = output_weight.shape[0] // n_heads
-    values = namespace.matmul(inputs, value_weight)
-    if value_bias is not None:
-        values = values + value_bias
-    batch = tuple(values.shape[:-2])
-    n = values.shape[-2]
-    nb = len(batch)
-    values = namespace.reshape(values, (*batch, n, n_value, d_head))
-    values = namespace.permute_dims(values, (*range(nb), nb + 1, nb, nb + 2))  # (*b, kv, n, dh)
+    if weights is None:
+        return boundary.restore(out), None
+    # The heads' contexts from the same projected values, concatenated and projected once.
     grouped = namespace.reshape(weights, (*batch, n_value, group, n, n))
     context = namespace.matmul(grouped, values[..., None, :, :])  # (*b, kv, g, n, dh)
     context = namespace.reshape(context, (*batch, n_heads, n, d_head))
     context = namespace.permute_dims(context, (*range(nb), nb + 1, nb, nb + 2))  # (*b, n, H, dh)
     context = namespace.reshape(context, (*batch, n, n_heads * d_head))
-    return namespace.matmul(context, output_weight)
+    return boundary.restore(out), namespace.matmul(context, w_o)
 
 
 def _positive_int(name: str, given: object, fix: str) -> int:
@@ -796,7 +816,7 @@ def contributions_and_outputs(
     :math:`\sum_h \alpha^h f^h`. From `values` it costs :math:`H n^2 d` products, as many
     as a whole MiniLM layer's forward pass; an adapter that holds the head-space values
     :math:`z W_V^h + b_V^h` computes it in :math:`H n^2 d_{head} + n H d_{head} d`
-    (:func:`attention_output`) and passes it here.
+    (:func:`head_values_and_attention_output`) and passes it here.
     """
     if method not in _METHODS:
         _fail(

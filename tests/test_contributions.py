@@ -310,8 +310,8 @@ def test_attention_output_is_the_sum_over_the_head_values(value_heads: int | Non
     w_o = rng.normal(size=(heads * d_head, D))
     b_v = rng.normal(size=kv * d_head)
     options: dict[str, Any] = {"heads": heads, "value_heads": value_heads, "value_bias": b_v}
-    got = _contributions.attention_output(alpha, z, w_v, w_o, **options)
-    f = attnflow.head_values(z, w_v, w_o, **options)
+    f, got = _contributions.head_values_and_attention_output(alpha, z, w_v, w_o, **options)
+    np.testing.assert_array_equal(f, attnflow.head_values(z, w_v, w_o, **options))
     expected = np.einsum("bhij,bhjd->bid", alpha, f)
     np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
     # And the matrices built with it are those built without.

@@ -415,7 +415,14 @@ def test_minilm_capture_equals_the_previous_formulation(
                 model(**batch)
             with monkeypatch.context() as patch:
                 patch.setattr(_contributions_fused, "_kernels", None)
-                patch.setattr(_torch_contributions, "attention_output", lambda *_, **__: None)
+                patch.setattr(
+                    _torch_contributions,
+                    "head_values_and_attention_output",
+                    lambda _, *arguments, **options: (
+                        attnflow.head_values(*arguments, **options),
+                        None,
+                    ),
+                )
                 with torch.no_grad(), adapter.capture(model, contributions=method) as previous:
                     model(**batch)
             got, expected = fast.contributions, previous.contributions
