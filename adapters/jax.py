@@ -68,12 +68,14 @@ from ._common import (
     Method,
     Reduction,
     Score,
+    TargetScore,
     capture_heads,
     check_class_values,
     check_contributions,
     check_method,
     check_no_target,
     check_reduce_output,
+    check_target_score,
     check_target_type,
     explain_contributions,
     explain_gradients,
@@ -1116,8 +1118,11 @@ def gradients_nnx(
     return _gradients_nnx(model, *args, target=target, **kwargs)
 
 
-def _check_method(method: object, target: object, heads: object = "mean") -> None:
+def _check_method(
+    method: object, target: object, heads: object = "mean", target_score: object = "logit"
+) -> None:
     check_method(method)
+    check_target_score(target_score, method)
     if method in ("norm", "globenc", "alti") and heads != "mean":
         reject_heads(method, heads)
     if method != "gradient_rollout":
@@ -1125,13 +1130,16 @@ def _check_method(method: object, target: object, heads: object = "mean") -> Non
     check_target_type(target, _describe_target, arrays="a 0-d or 1-d integer array")
 
 
-def _class_logit(target: Any) -> Callable[[Any], jax.Array]:
-    """Return the scalar that gradient_rollout differentiates: target logits summed over the batch."""
+def _class_score(target: Any, target_score: TargetScore) -> Callable[[Any], jax.Array]:
+    """Return the scalar that gradient_rollout differentiates, summed over the batch.
+
+    Each sample's target logit, or its log-probability (`target_score`).
+    """
 
     def score(outputs: Any) -> jax.Array:
         logits = _logits_of(outputs)
         classes, _ = _target_classes(target, int(logits.shape[0]), int(logits.shape[1]))
-        return _target_score(logits, classes, "logit")
+        return _target_score(logits, classes, target_score)
 
     return score
 
@@ -1145,10 +1153,11 @@ def explain_linen(
     rows: int | Sequence[int] | None = 0,
     heads: HeadReduction = "mean",
     target: Any = None,
+    target_score: TargetScore = "logit",
     options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> jax.Array:
-    """Call a Flax linen model and return rollout or flow maps of its attention.
+    r"""Call a Flax linen model and return rollout or flow maps of its attention.
 
     Captures with :func:`capture_linen` (heads fused while capturing), then runs
     :func:`attnflow.rollout` or :func:`attnflow.flow` with the captured padding mask.
@@ -1164,7 +1173,8 @@ def explain_linen(
     method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"}, default "rollout"
         The attribution method. Flow runs on the host and cannot be traced.
         ``"gradient_rollout"`` (Chefer et al.'s GAE, :func:`attnflow.gradient_rollout`)
-        differentiates the logit of the `target` class of each sample, summed over the
+        differentiates the logit of the `target` class of each sample, or its
+        log-probability (`target_score`), summed over the
         batch, with respect to every layer's attention weights (:func:`attention_gradients_linen`)
         and pairs weights and gradients layer by layer; it is traceable. ``"norm"``,
         ``"globenc"`` and ``"alti"`` capture the value-aware token-mixing matrices
@@ -1184,6 +1194,14 @@ def explain_linen(
         ``"gradient_rollout"`` only: the class whose logit is explained (the model returns
         ``(batch, classes)`` logits, or an output with ``.logits``); None for each
         sample's predicted class.
+    target_score : {"logit", "log_probability"}, default "logit"
+        ``"gradient_rollout"`` only: what is differentiated, the target's logit
+        :math:`z_t` or its log-probability over the classes,
+        :math:`\log \operatorname{softmax}(z)_t = z_t - \log \sum_v e^{z_v}`, whose
+        gradient :math:`\nabla z_t - \sum_v p_v \nabla z_v` is what raises the target
+        above the other classes (as in :func:`attnflow.adapters.torch.explain`). The default target (the argmax) is the
+        same for both. Checked before the model runs: another value, or a value other
+        than ``"logit"`` with another method, raises a ValueError.
     options : mapping, optional
         More options for the method (``residual``, ``layers``, ``mask``, ``rule``,
         ``normalize_result``, ``exclude_self``...).
@@ -1210,9 +1228,11 @@ def explain_linen(
     >>> explain_linen(Encoder(), variables, x, rows=0).shape
     (1, 5)
     """
-    _check_method(method, target, heads)
+    _check_method(method, target, heads, target_score)
     if method == "gradient_rollout":
-        _, cap = _gradients_linen(module, variables, *args, target=_class_logit(target), **kwargs)
+        _, cap = _gradients_linen(
+            module, variables, *args, target=_class_score(target, target_score), **kwargs
+        )
         assert cap.gradients is not None  # _gradients_linen / _gradients_nnx fill them
         grads: jax.Array = explain_gradients(cap.attentions, cap.gradients, cap.mask, rows, options)
         return grads
@@ -1235,6 +1255,7 @@ def explain_nnx(
     rows: int | Sequence[int] | None = 0,
     heads: HeadReduction = "mean",
     target: Any = None,
+    target_score: TargetScore = "logit",
     options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> jax.Array:
@@ -1259,6 +1280,9 @@ def explain_nnx(
     target : int, sequence of int, int array or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained; None for each
         sample's predicted class.
+    target_score : {"logit", "log_probability"}, default "logit"
+        ``"gradient_rollout"`` only: the target's logit or its log-probability, as for
+        :func:`explain_linen`.
     options : mapping, optional
         More options for the method (``residual``, ``layers``, ``mask``, ``rule``,
         ``normalize_result``, ``exclude_self``...).
@@ -1281,9 +1305,9 @@ def explain_nnx(
     >>> explain_nnx(attention, x, method="flow", rows=[0, 1]).shape
     (1, 2, 5)
     """
-    _check_method(method, target, heads)
+    _check_method(method, target, heads, target_score)
     if method == "gradient_rollout":
-        _, cap = _gradients_nnx(model, *args, target=_class_logit(target), **kwargs)
+        _, cap = _gradients_nnx(model, *args, target=_class_score(target, target_score), **kwargs)
         assert cap.gradients is not None  # _gradients_linen / _gradients_nnx fill them
         grads: jax.Array = explain_gradients(cap.attentions, cap.gradients, cap.mask, rows, options)
         return grads
@@ -1354,11 +1378,18 @@ def _logits_of(outputs: Any) -> jax.Array:
     raise TypeError(msg)
 
 
-def _target_score(logits: jax.Array, classes: jax.Array | None, output: Score) -> jax.Array:
-    """Sum over the batch of each sample's target probability (or logit)."""
+def _target_score(
+    logits: jax.Array, classes: jax.Array | None, output: Score | TargetScore
+) -> jax.Array:
+    """Sum over the batch of each sample's target probability, log-probability or logit."""
     if classes is None:
         classes = jnp.argmax(jax.lax.stop_gradient(logits), axis=-1)
-    scores = jax.nn.softmax(logits, axis=-1) if output == "probability" else logits
+    if output == "probability":
+        scores = jax.nn.softmax(logits, axis=-1)
+    elif output == "log_probability":
+        scores = jax.nn.log_softmax(logits, axis=-1)
+    else:
+        scores = logits
     index = jnp.clip(classes, 0, logits.shape[-1] - 1).astype(jnp.int32)
     return jnp.sum(jnp.take_along_axis(scores, index[:, None], axis=-1))
 

@@ -55,6 +55,7 @@ from ._common import (
     Method,
     Reduction,
     Score,
+    TargetScore,
     capture_heads,
     check_class_values,
     check_contributions,
@@ -63,6 +64,7 @@ from ._common import (
     check_reduce_output,
     check_scalar_shape,
     check_scalar_target,
+    check_target_score,
     check_target_type,
     explain_contributions,
     explain_gradients,
@@ -539,15 +541,17 @@ def explain(
     method: Method = "rollout",
     rows: int | Sequence[int] | None = 0,
     target: Any = None,
+    target_score: TargetScore = "logit",
     **options: Any,
 ) -> Any:
-    """Capture a Keras model's attention on `inputs` and return rollout, flow, GAE or value-aware maps.
+    r"""Capture a Keras model's attention on `inputs` and return rollout, flow, GAE or value-aware maps.
 
     Calls ``model(inputs)`` eagerly inside :func:`capture` (a mapping, list or tuple is
     passed as one argument, as Keras models take their inputs), then applies
     :func:`attnflow.rollout` or :func:`attnflow.flow` with the captured padding mask.
     ``method="gradient_rollout"`` also differentiates the logit of the `target` class of
-    each sample (summed over the batch) with respect to every layer's attention weights
+    each sample, or its log-probability (`target_score`), summed over the batch, with
+    respect to every layer's attention weights
     (:func:`attention_gradients`, the backend's own autodiff) and applies
     :func:`attnflow.gradient_rollout` to the weights and gradients, paired layer by layer.
 
@@ -574,6 +578,13 @@ def explain(
     target : int, sequence of int, 1-d int tensor or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained (the model returns
         ``(batch, classes)`` logits), None for each sample's predicted class.
+    target_score : {"logit", "log_probability"}, default "logit"
+        ``"gradient_rollout"`` only: what is differentiated, the target's logit
+        :math:`z_t` or its log-probability over the classes,
+        :math:`\log \operatorname{softmax}(z)_t = z_t - \log \sum_v e^{z_v}`, whose
+        gradient :math:`\nabla z_t - \sum_v p_v \nabla z_v` is what raises the target
+        above the other classes (as in :func:`attnflow.adapters.torch.explain`). The
+        default target (the argmax) is the same for both.
     **options
         Passed on to :func:`attnflow.rollout`, :func:`attnflow.flow` or
         :func:`attnflow.gradient_rollout` (``heads``, ``residual``, ``layers``, ``mask``,
@@ -590,7 +601,9 @@ def explain(
     Raises
     ------
     ValueError
-        On an unknown `method` or as raised by :func:`capture` and the method.
+        On an unknown `method`, an unknown `target_score` (or one other than ``"logit"``
+        with a method without gradients), before the model runs, or as raised by
+        :func:`capture` and the method.
 
     Examples
     --------
@@ -604,6 +617,7 @@ def explain(
     (2, 6)
     """
     check_method(method)
+    check_target_score(target_score, method)
     if method in ("norm", "globenc", "alti") and target is None:
         return _explain_contributions(model, inputs, method=method, rows=rows, **options)
     if method == "gradient_rollout":
@@ -615,7 +629,7 @@ def explain(
             _target_classes(target, batch, n_classes, _to_numpy(logits))
         )
         attentions, gradients = attention_gradients(
-            model, inputs, target=lambda y: _target_score(_logits(y), classes, "logit")
+            model, inputs, target=lambda y: _target_score(_logits(y), classes, target_score)
         )
         return explain_gradients(attentions, gradients, cap.mask, rows, options)
     check_no_target(method, target)
@@ -1200,9 +1214,14 @@ def _warn_if_probabilities(values: np.ndarray) -> None:
         )
 
 
-def _target_score(logits: Any, classes: Any, output: Score) -> Any:
-    """Sum over the batch of each sample's target probability (or logit)."""
-    scores = keras.ops.softmax(logits, axis=-1) if output == "probability" else logits
+def _target_score(logits: Any, classes: Any, output: Score | TargetScore) -> Any:
+    """Sum over the batch of each sample's target probability, log-probability or logit."""
+    if output == "probability":
+        scores = keras.ops.softmax(logits, axis=-1)
+    elif output == "log_probability":
+        scores = keras.ops.log_softmax(logits, axis=-1)
+    else:
+        scores = logits
     picked = keras.ops.take_along_axis(scores, keras.ops.expand_dims(classes, -1), axis=-1)
     return keras.ops.sum(picked)
 

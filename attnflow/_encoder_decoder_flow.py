@@ -15,7 +15,11 @@ from typing import Any, Literal
 import numpy as np
 
 from ._deprecation import MISSING, Missing, renamed_keyword
-from ._encoder_decoder import EncoderDecoderAttribution, prepare_encoder_decoder
+from ._encoder_decoder import (
+    EncoderDecoderAttribution,
+    PreparedEncoderDecoder,
+    prepare_encoder_decoder,
+)
 from ._encoder_decoder_graph import decoder_capacities, source_capacities
 from ._flow import (
     SECONDS_PER_BOUND_TERM,
@@ -25,11 +29,23 @@ from ._flow import (
     SECONDS_PER_SORTED_ENTRY,
     SECONDS_PER_TASK,
     TASK_SECONDS,
+    THREADS_FROM_SECONDS,
     FlowCost,
     _check_flow_options,
+    _profiled_sequences,
     _progress_bar,
     _run,
+    _sampled_rows,
     _worker_count,
+)
+from ._flow_cost import (
+    SECONDS_PER_FUSED_ENTRY,
+    SECONDS_PER_RAW_ENTRY,
+    GraphProfile,
+    dearest_profile,
+    graph_profile,
+    kernel_task_seconds,
+    profile_rows,
 )
 from ._host import from_host, to_host
 from ._maxflow import FlowTask, flow_path
@@ -124,9 +140,10 @@ def encoder_decoder_flow(
     progress : bool, default False
         Show a progress bar (tqdm) over the max-flows.
     max_seconds : float or None, default 600
-        Refuse to start when the estimated single-core time (``estimated_seconds`` of
-        :class:`FlowCost`, from shapes and masks alone) exceeds this many seconds; None
-        lifts the limit.
+        Refuse to start, before any max-flow, when the estimated single-core time
+        (``estimated_seconds`` of :class:`FlowCost`) exceeds this many seconds; None
+        lifts the limit. The estimate is :func:`flow`'s cost model (shapes, masks and a
+        profile of a sample of the attention's rows) applied to the two layered graphs.
     max_work : float or None, optional
         Deprecated (removed in 0.2): the old limit, in max-flows times edges of the
         graph (edge visits of the igraph engine); given, it replaces `max_seconds`, with
@@ -243,7 +260,19 @@ def encoder_decoder_flow(
         )
     )
     shape = _Shape(n_enc, n_src, n_tgt, 1 if heads is None else int(encoder.shape[-3]))
-    estimate = _cost(shape, reported, wanted, source_real, target_real)
+    # The estimate decides refusing (above `max_seconds`) and threads, as in `flow`: priced
+    # from a profile of the attention, unless the dearest attention of these shapes
+    # already stays below both (small calls).
+    limit = max_seconds if max_work is MISSING and max_seconds is not None else math.inf
+    estimate = _cost_of(
+        prepared,
+        shape,
+        reported,
+        wanted,
+        source_real,
+        target_real,
+        decided_below=min(limit, THREADS_FROM_SECONDS),
+    )
     _refuse_above_limit(estimate, shape, batch, reported, wanted, max_seconds, max_work)
 
     alpha = prepared.alpha
@@ -391,17 +420,31 @@ def _problems(
     ]
 
 
+@dataclass(frozen=True)
+class _Profiles:
+    """What the cost model reads of the attention (``attnflow._flow_cost``), per graph."""
+
+    source: GraphProfile
+    """The source tokens' graph: ``L_e + L_d`` layers of ``S + T`` tokens."""
+    decoder: GraphProfile
+    """The decoder's graph: ``L_d`` layers of ``T`` tokens."""
+
+
 def _cost(
     shape: _Shape,
     reported: list[int],
     wanted: list[int],
     source_real: np.ndarray,
     target_real: np.ndarray,
+    profiles: _Profiles | None = None,
 ) -> FlowCost:
-    """Count the work of a call from its shapes, rows and masks (vectorised over the batch).
+    """Count the work of a call from its shapes, rows, masks and attention profiles.
 
     Sequences with the same numbers of real source tokens, real target positions and
-    real rows cost the same: each kind is counted once, times how often it occurs.
+    real rows cost the same: each kind is counted once, times how often it occurs. With
+    `profiles` (:func:`_profiles_of`), problems on the compiled solver are priced as
+    `flow` prices them (``attnflow._flow_cost``); without (and on the closed forms and
+    igraph), from shapes alone.
     """
     flat_s = source_real.reshape(-1, shape.n_src)
     flat_t = target_real.reshape(-1, shape.n_tgt)
@@ -415,9 +458,29 @@ def _cost(
     )
     kinds, counts = np.unique(kinds, axis=0, return_counts=True)
     n_src, n_tgt, n_rows = (kinds[:, i].astype(np.int64) for i in range(3))
+    rows = np.asarray(wanted, dtype=np.intp)
     max_flows, largest, visits, seconds = 0, 0, 0.0, 0.0
     for layer in reported:
-        for _, _, sinks, edges, per_task in _problems(shape, layer, n_src, n_tgt, n_rows):
+        for part, top, sinks, edges, by_shape in _problems(shape, layer, n_src, n_tgt, n_rows):
+            per_task = by_shape
+            if profiles is not None and flow_path(top) == "kernel":
+                # The source tokens' graph is priced in the frame of its profile: target
+                # position t over source token t, the sinks the first `s` tokens.
+                profile = profiles.source if part == SOURCE else profiles.decoder
+                tokens = n_src + n_tgt if part == SOURCE else n_tgt
+                per_task = np.array(
+                    [
+                        SECONDS_PER_TASK
+                        + kernel_task_seconds(
+                            profile,
+                            top,
+                            np.minimum(rows[:r], max(t - 1, 0)),
+                            int(n),
+                            n_sinks=int(k),
+                        )
+                        for n, t, r, k in zip(tokens, n_tgt, n_rows, sinks, strict=True)
+                    ]
+                )
             pairs = n_rows * sinks
             max_flows += int(np.sum(pairs * counts))
             largest = max(largest, int(np.max(edges, initial=0)))
@@ -425,8 +488,96 @@ def _cost(
             seconds += float(np.sum(np.where(pairs > 0, per_task, 0.0) * counts))
     used = max(reported) + 1
     entries = shape.n_enc * n_src**2 + used * (n_tgt**2 + n_tgt * n_src)
-    seconds += float(np.sum(entries * counts)) * shape.n_heads * SECONDS_PER_INPUT_ENTRY
+    if profiles is None:
+        seconds += float(np.sum(entries * counts)) * shape.n_heads * SECONDS_PER_INPUT_ENTRY
+    else:
+        # Read once per head; the host copy and the two graphs' capacities per entry.
+        graphs = (shape.n_enc + used) * (n_src + n_tgt) ** 2 + used * n_tgt**2
+        per_sequence = (
+            entries * shape.n_heads * SECONDS_PER_RAW_ENTRY + graphs * SECONDS_PER_FUSED_ENTRY
+        )
+        seconds += float(np.sum(per_sequence * counts))
     return FlowCost(max_flows, largest, visits, seconds)
+
+
+def _cost_of(
+    prepared: PreparedEncoderDecoder,
+    shape: _Shape,
+    reported: list[int],
+    wanted: list[int],
+    source_real: np.ndarray,
+    target_real: np.ndarray,
+    *,
+    decided_below: float = 0.0,
+) -> FlowCost:
+    """Estimate a prepared call's work from profiles of its fused attention.
+
+    As `flow`'s estimate: where the estimate for the dearest attention of these shapes
+    (`dearest_profile`) is at most `decided_below`, that bound is returned instead,
+    without a profile.
+    """
+    counts = (shape, reported, wanted, source_real, target_real)
+    if decided_below > 0:
+        used = max(reported) + 1
+        dearest = _Profiles(dearest_profile(shape.n_enc + used), dearest_profile(used))
+        estimate = _cost(*counts, profiles=dearest)
+        if estimate.estimated_seconds <= decided_below:
+            return estimate
+    return _cost(*counts, profiles=_profiles_of(prepared))
+
+
+def _profiles_of(prepared: PreparedEncoderDecoder) -> _Profiles:
+    """Profile the two graphs of a call from a sample of the rows of its fused attention.
+
+    The sampled rows (`profile_rows`) of a few sequences (`PROFILE_SEQUENCES`), as for
+    `flow`. The decoder's graph is the decoder's attention. The source tokens' graph is
+    read without its residuals and pass-through edges: its encoder layers are the
+    encoder's rows, its decoder layers the rows ``[(1-α) C | α(1-α) D]`` of the target
+    slots, each part's densities scaled by the share of the layer's rows it fills. Its
+    drift is read where target position ``t`` sits over source token ``t`` (the cross
+    attention's jump from the target slots to the source slots, made once on every
+    path, is no distance), which is the frame `_cost` prices it in.
+    """
+    xp, alpha = prepared.xp, prepared.alpha
+    enc, dec, crs = prepared.fused
+    n_src, n_tgt = int(enc.shape[-1]), int(dec.shape[-1])
+    n = n_src + n_tgt
+    chosen = _profiled_sequences(tuple(int(d) for d in enc.shape[:-3]))
+
+    def sampled(family: Any, sample: np.ndarray) -> np.ndarray:
+        index = tuple(sample.tolist())
+        rows = xp.stack([_sampled_rows(family[(*item, ...)], index, xp) for item in chosen])
+        host: np.ndarray = np.nan_to_num(to_host(rows))  # (sequences, L, rows, keys)
+        return host
+
+    src_rows, tgt_rows = profile_rows(n_src), profile_rows(n_tgt)
+    encoder_rows, decoder_rows = sampled(enc, src_rows), sampled(dec, tgt_rows)
+    cross_rows = sampled(crs, tgt_rows)
+    encoder_part, decoder = (
+        graph_profile(encoder_rows, src_rows),
+        graph_profile(decoder_rows, tgt_rows),
+    )
+    slots = graph_profile(
+        np.concatenate([(1 - alpha) * cross_rows, alpha * (1 - alpha) * decoder_rows], axis=-1),
+        n_src + tgt_rows,
+    )
+    aligned = np.zeros((*cross_rows.shape[:-1], max(n_src, n_tgt)))
+    aligned[..., :n_src] = cross_rows
+    cross = graph_profile(aligned, tgt_rows)
+    # A path to a source token crosses once, then moves in the encoder layers: the cross
+    # drift (mean over the layers) counts once. The decoder's self-attention, below the
+    # cross attention in every row, adds no reach the engine's bounds see (measured: the
+    # first pairs solved to completion lie beyond the encoder's and the cross drift).
+    drift = np.concatenate([encoder_part.drift, np.zeros_like(decoder.drift)])
+    drift[encoder_part.drift.size] = float(np.mean(cross.drift))
+    # The encoder's densities are of S columns, the decoder rows' of S + T (or of the
+    # lower triangle, which they fill): as shares of the (S + T)^2 capacities of a layer.
+    source = GraphProfile(
+        encoder_part.causal and decoder.causal and cross.causal,
+        np.concatenate([encoder_part.density * (n_src / n) ** 2, slots.density * n_tgt / n]),
+        drift,
+    )
+    return _Profiles(source, decoder)
 
 
 def _plan(

@@ -169,28 +169,33 @@ def graph_profile(sampled: np.ndarray, rows: np.ndarray) -> GraphProfile:
     return GraphProfile(causal, np.asarray(density, dtype=np.float64), drift)
 
 
-def _distance_counts(rows: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _distance_counts(rows: np.ndarray, n: int, n_sinks: int) -> tuple[np.ndarray, np.ndarray]:
     """Pairs (row, sink) of each distance ``d = |row - sink|``, sinks below and above.
 
-    ``(n,)`` each: ``below[d]`` counts sinks ``row - d`` (d = 0 included), ``above[d]``
-    sinks ``row + d`` (d >= 1).
+    The sinks are tokens ``0 .. n_sinks - 1``. ``(n,)`` each: ``below[d]`` counts sinks
+    ``row - d`` (d = 0 included), ``above[d]`` sinks ``row + d`` (d >= 1).
     """
     rows = np.clip(rows, 0, n - 1)
-    at = np.bincount(rows, minlength=n)
-    below = np.cumsum(at[::-1])[::-1]  # rows >= d: sink row - d exists
-    above = np.cumsum(at)[::-1].copy()  # rows <= n - 1 - d: sink row + d exists
+    before = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])  # rows < x
+    d = np.arange(n)
+    below = before[np.minimum(d + n_sinks, n)] - before[d]  # d <= row < d + n_sinks
+    above = before[np.clip(n_sinks - d, 0, n)]  # row <= n_sinks - 1 - d
     above[0] = 0
     return below, above
 
 
-def kernel_task_seconds(profile: GraphProfile, n_layers: int, rows: np.ndarray, n: int) -> float:
+def kernel_task_seconds(
+    profile: GraphProfile, n_layers: int, rows: np.ndarray, n: int, *, n_sinks: int | None = None
+) -> float:
     """Single-core seconds of one sequence-layer problem on the compiled solver (T >= 3).
 
-    `rows` are the output positions (sources) at layer `n_layers` and every one of the
-    `n` tokens is a sink.
+    `rows` are the output positions (sources) at layer `n_layers` and the sinks are the
+    first `n_sinks` of the `n` tokens (None: every token).
     """
     middle = profile.density[1 : n_layers - 1]
-    below, above = _distance_counts(np.asarray(rows, dtype=np.intp), n)
+    below, above = _distance_counts(
+        np.asarray(rows, dtype=np.intp), n, n if n_sinks is None else n_sinks
+    )
     distance = np.arange(n, dtype=np.float64)
     if profile.causal:
         # Flow from row s reaches sink m <= s through tokens m .. s alone.

@@ -436,3 +436,93 @@ def test_the_deprecated_max_work_keeps_its_meaning_one_release() -> None:
         attnflow.encoder_decoder_flow(*arrays, max_work=visits - 1)
     with pytest.raises(TypeError, match=r"pass `max_seconds` only"):
         attnflow.encoder_decoder_flow(*arrays, max_work=1e9, max_seconds=5.0)
+
+
+# --- one estimate with flow: the profile-based cost model (issue 21/25 follow-up) ------
+
+#: flow's refusal and encoder_decoder_flow's, in one shape: the call, the estimate in
+#: words (str(FlowCost)), the limit, then what to change.
+REFUSAL = re.compile(
+    r"^this (attention|encoder-decoder) flow would take [\d,]+ max-flows on graphs of up to "
+    r"[\d,]+ edges \([\d.e+]+ edge visits, roughly ([\d.]+) (s|min|h) on one core\), above "
+    r"`max_seconds`=([\d.e+-]+)\. Explain fewer .*`max_seconds=None` to run it anyway\.$"
+)
+
+
+def _fused(rng: np.random.Generator, n_e: int, n_d: int, s: int, t: int, decay: float) -> tuple:
+    """Head-fused attention of the three families (heads=None); logits fall by `decay` per
+    token of distance (0: spread over the sequence, 0.5: strongly local)."""
+
+    def attention(shape: tuple[int, ...]) -> np.ndarray:
+        q, k = shape[-2:]
+        distance = np.abs(np.arange(q)[:, None] - np.arange(k)[None, :])
+        logits = rng.standard_normal(shape) - decay * distance
+        weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        return weights / weights.sum(axis=-1, keepdims=True)
+
+    return attention((n_e, s, s)), _causal(attention((n_d, t, t))), attention((n_d, t, s))
+
+
+class _Refused(Exception):
+    pass
+
+
+def _estimate(monkeypatch: pytest.MonkeyPatch, *arrays: np.ndarray, **options: Any) -> Any:
+    """The estimate encoder_decoder_flow decides from (read where it refuses or not)."""
+    seen = []
+
+    def record(estimate: Any, *args: Any) -> None:
+        seen.append(estimate)
+        raise _Refused
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ed_flow, "_refuse_above_limit", record)
+        with pytest.raises(_Refused):
+            attnflow.encoder_decoder_flow(*arrays, heads=None, **options)
+    return seen[0]
+
+
+def test_a_clearly_too_expensive_call_is_refused_before_any_work_as_flow_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = np.random.default_rng(21)
+    arrays = _fused(rng, 6, 6, 320, 320, decay=0.3)  # local: pairs solved to completion
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        msg = "built a graph or solved before refusing"
+        raise AssertionError(msg)
+
+    for name in ("source_capacities", "decoder_capacities", "_run"):
+        monkeypatch.setattr(ed_flow, name, refuse)
+    with pytest.raises(ValueError, match="above `max_seconds`") as refused:
+        attnflow.encoder_decoder_flow(*arrays, heads=None)  # the default limit, 600 s
+    message = str(refused.value)
+    assert "this encoder-decoder flow would take" in message
+    shape = REFUSAL.match(message)
+    assert shape is not None, message
+    amount, unit, limit = float(shape[2]), shape[3], float(shape[4])
+    assert limit == 600
+    assert amount * {"s": 1, "min": 60, "h": 3600}[unit] > 5 * 600  # clearly above
+    # flow's own refusal has the same shape.
+    with pytest.raises(ValueError, match="above `max_seconds`") as by_flow:
+        attnflow.flow(arrays[1], heads=None, max_seconds=1e-9)
+    assert REFUSAL.match(str(by_flow.value)), str(by_flow.value)
+    # A cheap call of the same kind is not refused, and is decided without a profile.
+    monkeypatch.undo()
+    small = _fused(rng, 2, 2, 12, 10, decay=0.0)
+    monkeypatch.setattr(ed_flow, "graph_profile", refuse)
+    result = attnflow.encoder_decoder_flow(*small, heads=None, rows=[0, 9])
+    assert np.all(np.isfinite(result.source))
+
+
+def test_the_estimate_reads_the_attention_as_flows_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Same shapes: strongly local attention is priced above attention spread over the
+    # sequence (pairs beyond its reach are solved to completion), as flow's cost model
+    # prices a single stack.
+    rng = np.random.default_rng(4)
+    local = _fused(rng, 4, 4, 48, 40, decay=0.5)
+    spread = _fused(rng, 4, 4, 48, 40, decay=0.0)
+    options = {"rows": [0, 39], "max_seconds": 1e-9}
+    assert _estimate(monkeypatch, *local, **options).estimated_seconds > 3 * (
+        _estimate(monkeypatch, *spread, **options).estimated_seconds
+    )

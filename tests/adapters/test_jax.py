@@ -717,3 +717,72 @@ def test_explain_gradient_rollout_nnx_equals_chefer_loop(nnx_classifier):
         adapter.explain_nnx(model, IDS, mask, target=1)
     with pytest.raises(ValueError, match=r"`target` classes must lie in \[0, 3\)"):
         adapter.explain_nnx(model, IDS, mask, method="gradient_rollout", target=7)
+
+
+def log_probability_of(classes):
+    """The explicit score: each sample's log-softmax at its class, summed over the batch."""
+    return lambda y: jnp.sum(jax.nn.log_softmax(y, axis=-1)[jnp.arange(y.shape[0]), classes])
+
+
+@pytest.mark.parametrize("target", [None, 1])
+def test_explain_linen_log_probability_is_gae_of_the_log_softmax(linen_classifier, in_x64, target):
+    # Reference: jax.grad (through attention_gradients_linen) of the explicit expression
+    # log_softmax(z)[class], then Chefer's loop; float64.
+    model, variables, mask = linen_classifier
+    classes = resolve(target, model.apply(variables, IDS, mask))
+    attentions, gradients = adapter.attention_gradients_linen(
+        model, variables, IDS, mask, target=log_probability_of(classes)
+    )
+    expected = chefer_loop(attentions, gradients)
+    options = {"method": "gradient_rollout", "target": target, "rows": None}
+    options["options"] = {"mask": None}  # padded rows as Chefer's loop leaves them
+    got = adapter.explain_linen(
+        model, variables, IDS, mask, target_score="log_probability", **options
+    )
+    assert got.dtype == jnp.float64
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10)
+    # "logit" is the default, unchanged, and a different score.
+    logit = adapter.explain_linen(model, variables, IDS, mask, target_score="logit", **options)
+    np.testing.assert_array_equal(
+        logit, adapter.explain_linen(model, variables, IDS, mask, **options)
+    )
+    assert not np.allclose(logit, got, rtol=1e-6, atol=1e-6)
+
+
+def test_explain_nnx_log_probability_is_gae_of_the_log_softmax():
+    # float32, NNX's default attention kernel.
+    mask = nn.make_attention_mask(VALID, VALID)
+    model = NNXClassifier(nnx.Rngs(3), dtype=jnp.float32)
+    for attention in model.attention:
+        attention.attention_fn = nnx.dot_product_attention
+    attentions, gradients = adapter.attention_gradients_nnx(
+        model, IDS, mask, target=log_probability_of(jnp.array([2, 2]))
+    )
+    expected = chefer_loop(attentions, gradients)
+    got = adapter.explain_nnx(
+        model,
+        IDS,
+        mask,
+        method="gradient_rollout",
+        target=2,
+        target_score="log_probability",
+        rows=None,
+        options={"mask": None},
+    )
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_explain_target_score_is_checked_before_the_model_runs():
+    # Not a model at all: the check must come first.
+    for explain in [
+        lambda **kw: adapter.explain_linen(object(), {}, IDS, **kw),
+        lambda **kw: adapter.explain_nnx(object(), IDS, **kw),
+    ]:
+        with pytest.raises(
+            ValueError,
+            match=r'`target_score` must be "logit" .* or "log_probability" .*; got \'probability\'',
+        ):
+            explain(method="gradient_rollout", target_score="probability")
+        with pytest.raises(ValueError, match=r"flow does not use gradients.*Drop `target_score`"):
+            explain(method="flow", target_score="log_probability")

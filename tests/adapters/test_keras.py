@@ -581,15 +581,25 @@ def test_input_gradients_errors(classifier, in_float64):
 
 
 # -- gradient-weighted rollout (Chefer et al. 2021, GAE) -----------------------------------------
+def explicit_score(classes, target_score):
+    """Each sample's logit (or log-softmax) at its class, summed over the batch."""
+
+    def score(y):
+        values = keras.ops.log_softmax(y, axis=-1) if target_score == "log_probability" else y
+        return keras.ops.sum(values * keras.ops.one_hot(classes, CLASSES, dtype=y.dtype))
+
+    return score
+
+
+@pytest.mark.parametrize("target_score", ["logit", "log_probability"])
 @pytest.mark.parametrize("target", [None, 1])
-def test_explain_gradient_rollout_equals_chefer_loop(in_float64, target):
+def test_explain_gradient_rollout_equals_chefer_loop(in_float64, target, target_score):
+    # Reference: the backend's autodiff (attention_gradients) of the explicit expression.
     model, _, _ = make_classifier(seed=3)
     logits = to_numpy(model(TOKENS))
     classes = logits.argmax(-1) if target is None else np.full(2, target)
     attentions, gradients = adapter.attention_gradients(
-        model,
-        TOKENS,
-        target=lambda y: keras.ops.sum(y * keras.ops.one_hot(classes, CLASSES, dtype=y.dtype)),
+        model, TOKENS, target=explicit_score(classes, target_score)
     )
     weights, grads = to_numpy(attentions), to_numpy(gradients)
     assert np.abs(grads).max() > 1e-6
@@ -600,18 +610,29 @@ def test_explain_gradient_rollout_equals_chefer_loop(in_float64, target):
             cam = np.clip(grads[sample, layer] * weights[sample, layer], 0, None).mean(0)
             relevance = relevance + cam @ relevance
         expected.append(relevance)
-    got = adapter.explain(model, TOKENS, method="gradient_rollout", target=target, rows=None)
+    options = {"method": "gradient_rollout", "target": target}
+    got = adapter.explain(model, TOKENS, target_score=target_score, rows=None, **options)
     assert keras.ops.is_tensor(got) or isinstance(got, np.ndarray)
     np.testing.assert_allclose(to_numpy(got), np.stack(expected), rtol=1e-10, atol=1e-10)
-    cls = adapter.explain(
-        model, TOKENS, method="gradient_rollout", target=target, exclude_self=True
-    )
-    np.testing.assert_allclose(to_numpy(cls)[:, 1:], np.stack(expected)[:, 0, 1:], rtol=1e-10)
-    assert np.all(to_numpy(cls)[:, 0] == 0)
+    if target_score == "logit":  # the default: unchanged
+        cls = adapter.explain(model, TOKENS, exclude_self=True, **options)
+        np.testing.assert_allclose(to_numpy(cls)[:, 1:], np.stack(expected)[:, 0, 1:], rtol=1e-10)
+        assert np.all(to_numpy(cls)[:, 0] == 0)
+    else:  # another score than the logit's
+        logit = adapter.explain(model, TOKENS, rows=None, **options)
+        assert not np.allclose(to_numpy(logit), to_numpy(got), rtol=1e-6, atol=1e-6)
 
 
 def test_explain_gradient_rollout_errors(functional, batch):
     model, _ = functional
+    # `target_score` is checked before the model runs (not a model at all here).
+    with pytest.raises(
+        ValueError,
+        match=r'`target_score` must be "logit" .* or "log_probability" .*; got \'probability\'',
+    ):
+        adapter.explain(object(), batch, method="gradient_rollout", target_score="probability")
+    with pytest.raises(ValueError, match=r"rollout does not use gradients.*Drop `target_score`"):
+        adapter.explain(object(), batch, target_score="log_probability")
     with pytest.raises(ValueError, match="`target` selects the class"):
         adapter.explain(model, batch, target=1)
     with pytest.raises(TypeError, match="needs a classifier"):
