@@ -51,6 +51,7 @@ __all__ = [
     "fuses_while_capturing",
     "is_class_index",
     "reject_heads",
+    "score_values",
 ]
 
 #: How the adapters fuse heads while capturing: the named subset of the core's
@@ -249,6 +250,25 @@ def check_target_score(target_score: object, method: object = "gradient_rollout"
             "method='gradient_rollout'."
         )
         raise ValueError(msg)
+
+
+def score_values(
+    logits: Any,
+    output: Score | TargetScore,
+    softmax: Callable[[Any], Any],
+    log_softmax: Callable[[Any], Any],
+) -> Any:
+    r"""Return what a target score reads of `logits` ``(batch, classes)``, per class.
+
+    ``"probability"``: :math:`\operatorname{softmax}(z)`; ``"log_probability"``:
+    :math:`\log \operatorname{softmax}(z) = z - \log \sum_v e^{z_v}`; ``"logit"``: `z`
+    itself. `softmax` and `log_softmax` are the framework's, over the last axis.
+    """
+    if output == "probability":
+        return softmax(logits)
+    if output == "log_probability":
+        return log_softmax(logits)
+    return logits
 
 
 def reject_heads(method: object, heads: object) -> None:

@@ -24,6 +24,7 @@ from ._common import (
     check_scalar_shape,
     check_scalar_target,
     check_target_type,
+    score_values,
 )
 from ._torch_capture import capture
 
@@ -78,8 +79,19 @@ def _target_score(
     Samples are independent, so the sum's gradient gives each sample's own.
     """
     classes = _target_classes(target, logits.shape[0], logits.shape[-1], logits.detach())
-    values = torch.log_softmax(logits, dim=-1) if target_score == "log_probability" else logits
+    values = _class_values(logits, target_score)
     return values.gather(-1, classes.to(logits.device)[:, None]).sum()
+
+
+def _class_values(logits: torch.Tensor, output: Score | TargetScore) -> torch.Tensor:
+    """Probabilities, log-probabilities or the logits themselves (:func:`score_values`)."""
+    values: torch.Tensor = score_values(
+        logits,
+        output,
+        lambda z: torch.softmax(z, dim=-1),
+        lambda z: torch.log_softmax(z, dim=-1),
+    )
+    return values
 
 
 def _lm_rows(rows: int | Sequence[int] | None, n: int) -> Rows:
@@ -457,7 +469,7 @@ def input_gradients(
         raise ValueError(msg)
     classes = _target_classes(target, logits.shape[0], logits.shape[1], logits.detach())
     with torch.enable_grad():
-        scores = torch.softmax(logits, dim=-1) if output == "probability" else logits
+        scores = _class_values(logits, output)
         chosen = scores.gather(-1, classes.to(scores.device)[:, None]).sum()
         grads: Sequence[torch.Tensor | None] = (
             torch.autograd.grad(chosen, zero, allow_unused=True) if chosen.requires_grad else [None]

@@ -82,6 +82,7 @@ from ._common import (
     explain_weights,
     is_class_index,
     reject_heads,
+    score_values,
 )
 from ._jax_contributions import BlockTracker, linen_tracking, nnx_tracking, read_linen, read_nnx
 
@@ -1384,12 +1385,12 @@ def _target_score(
     """Sum over the batch of each sample's target probability, log-probability or logit."""
     if classes is None:
         classes = jnp.argmax(jax.lax.stop_gradient(logits), axis=-1)
-    if output == "probability":
-        scores = jax.nn.softmax(logits, axis=-1)
-    elif output == "log_probability":
-        scores = jax.nn.log_softmax(logits, axis=-1)
-    else:
-        scores = logits
+    scores = score_values(
+        logits,
+        output,
+        lambda z: jax.nn.softmax(z, axis=-1),
+        lambda z: jax.nn.log_softmax(z, axis=-1),
+    )
     index = jnp.clip(classes, 0, logits.shape[-1] - 1).astype(jnp.int32)
     return jnp.sum(jnp.take_along_axis(scores, index[:, None], axis=-1))
 

@@ -72,6 +72,7 @@ from ._common import (
     fuses_while_capturing,
     is_class_index,
     reject_heads,
+    score_values,
 )
 from ._keras_contributions import BlockRecorder, find_blocks
 
@@ -1216,12 +1217,12 @@ def _warn_if_probabilities(values: np.ndarray) -> None:
 
 def _target_score(logits: Any, classes: Any, output: Score | TargetScore) -> Any:
     """Sum over the batch of each sample's target probability, log-probability or logit."""
-    if output == "probability":
-        scores = keras.ops.softmax(logits, axis=-1)
-    elif output == "log_probability":
-        scores = keras.ops.log_softmax(logits, axis=-1)
-    else:
-        scores = logits
+    scores = score_values(
+        logits,
+        output,
+        lambda z: keras.ops.softmax(z, axis=-1),
+        lambda z: keras.ops.log_softmax(z, axis=-1),
+    )
     picked = keras.ops.take_along_axis(scores, keras.ops.expand_dims(classes, -1), axis=-1)
     return keras.ops.sum(picked)
 
