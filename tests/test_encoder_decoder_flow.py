@@ -526,3 +526,22 @@ def test_the_estimate_reads_the_attention_as_flows_does(monkeypatch: pytest.Monk
     assert _estimate(monkeypatch, *local, **options).estimated_seconds > 3 * (
         _estimate(monkeypatch, *spread, **options).estimated_seconds
     )
+
+
+def test_backends_get_the_estimate_of_numpy(
+    backend: Variant, dtype_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The profiled path (a limit it could cross), with masks: the sampled rows are read
+    # in the caller's library.
+    arrays = [a.astype(dtype_name) for a in _fused(np.random.default_rng(5), 3, 3, 20, 16, 0.3)]
+    masks = {"source_mask": np.arange(20) < 17, "target_mask": np.arange(16) < 12}
+    options = {"rows": [0, 5], "max_seconds": 1e-9}
+    expected = _estimate(monkeypatch, *arrays, **masks, **options)
+    got = _estimate(
+        monkeypatch,
+        *(backend.asarray(a) for a in arrays),
+        **{name: backend.asarray(m) for name, m in masks.items()},
+        **options,
+    )
+    assert got.max_flows == expected.max_flows
+    assert got.estimated_seconds == pytest.approx(expected.estimated_seconds, rel=1e-9)
