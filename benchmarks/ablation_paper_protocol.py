@@ -116,7 +116,7 @@ SEED_STUDY: dict[str, int] = {"distilled_long_seed1": 1, "distilled_long_seed2":
 LINZEN_STUDY: dict[str, int] = {"linzen_long": 0, "linzen_long_seed1": 1, "linzen_long_seed2": 2}
 # 3 epochs, not the second student's 5: set 3 minutes into the first launch (before any
 # model finished or was evaluated), when the shared machine gave each of the three
-# nice-19 trainings about 12 % of a core (two nice-10 jobs ran beside them), so that 5
+# nice-19 trainings about 15 % of a core (two nice-10 jobs ran beside them), so that 5
 # epochs (3,125 steps of about 1.7 s) would not have ended before the session's
 # deadline. The second student's validation accuracy was 0.972 after its third epoch.
 LINZEN_EPOCHS = 3
