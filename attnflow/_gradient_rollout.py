@@ -267,8 +267,7 @@ def gradient_rollout(
     def compose(fused: Any) -> Any:
         if rule == "weighted":
             if isinstance(fused, FusedLayers):
-                rows_ok = None if mask is None else valid_rows[..., 0, :, :]
-                fused = fused.map(lambda f: normalize_rows(f, namespace, valid_rows=rows_ok))
+                fused = fused.renormalized(None if mask is None else valid_rows[..., 0, :, :])
             else:
                 fused = normalize_rows(fused, namespace, valid_rows=valid_rows)
             return rollout_products(

@@ -14,6 +14,7 @@ def normalize_rows(
     *,
     valid_rows: Array | None = None,
     first_row: int | None = None,
+    rows: tuple[int, ...] | None = None,
 ) -> Array:
     """Divide each row of `attention` by its sum, over the last axis, keeping dimensions.
 
@@ -35,6 +36,9 @@ def normalize_rows(
         `attention` is the block of rows ``first_row, first_row + 1, ...`` of square
         ``(..., n, n)`` matrices (a block of a blocked pass): an empty real row becomes
         its own position's self-attention row. None: `attention` holds whole matrices.
+    rows : tuple of int, optional
+        `attention` holds rows ``rows`` (in that order) of square ``(..., n, n)``
+        matrices (the rows a row chain reads); as `first_row`, for any positions.
 
     Returns
     -------
@@ -47,14 +51,19 @@ def normalize_rows(
     safe = xp.where(has_mass, sums, xp.ones_like(sums))
     normalised = attention / safe
     n_rows, n = attention.shape[-2], attention.shape[-1]
-    if first_row is None and n_rows != n:
+    whole = first_row is None and rows is None
+    if whole and n_rows != n:
         return normalised  # cross-attention has no self to fall back on: empty rows stay 0
     empty = sums == 0  # not `~has_mass`: a NaN sum is not an empty row
     empty = empty if valid_rows is None else (empty & valid_rows)
     device = array_device(attention)
-    if first_row is None:
+    if whole:
         eye = xp.eye(n, dtype=attention.dtype, device=device)
-    else:  # rows first_row.. of the identity (not `eye(k=...)`: Dask loses its chunks)
-        own = xp.arange(first_row, first_row + n_rows, device=device)[:, None]
+    else:  # those rows of the identity (not `eye(k=...)`: Dask loses its chunks)
+        if rows is not None:
+            own = xp.reshape(xp.asarray(rows, device=device), (-1, 1))
+        else:
+            assert first_row is not None  # `whole` is False
+            own = xp.arange(first_row, first_row + n_rows, device=device)[:, None]
         eye = xp.astype(own == xp.arange(n, device=device)[None, :], attention.dtype)
     return xp.where(empty, eye, normalised)

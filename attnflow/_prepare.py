@@ -141,13 +141,65 @@ class FusedLayers:
         check, self._check = self._check, _nothing
         check()
 
-    def map(self, function: Callable[[Any], Any]) -> FusedLayers:
-        """Return the same layers with `function` applied to each (rows renormalised, say)."""
+    def renormalized(self, valid_rows: Any | None) -> FusedLayers:
+        """Return the same layers with each row divided by its sum (:func:`normalize_rows`).
+
+        `valid_rows` (bool ``(*batch, n, 1)``, True = real query, or None) as there: an
+        empty real row becomes a self-attention row. Rows that a chain reads (the top
+        layer's selected rows) are renormalised as read; a product ``left @ layer(i)``
+        (:meth:`times`) never forms the renormalised layer, it scales the row vectors
+        instead, which is n times less work.
+        """
+        return _RenormalizedLayers(self, valid_rows)
+
+
+class _RenormalizedLayers(FusedLayers):
+    r"""Layers whose rows are divided by their sums, formed only where rows are read.
+
+    With :math:`s_q` the sum of row :math:`q` of a layer :math:`A`, the renormalised
+    layer :math:`\hat A` has rows :math:`A_q / s_q`, or the unit row :math:`e_q` where a
+    real query's row is empty (:math:`s_q = 0`); rows whose sum is not positive
+    otherwise (NaN, a padded query) are divided by one, as :func:`normalize_rows` does.
+    For row vectors :math:`v` (zero on padded tokens),
+
+    .. math::
+
+        v \hat A = \sum_{q \,\text{not empty}} \frac{v_q}{s_q} A_q
+        + \sum_{q \,\text{empty}} v_q e_q
+        = (v \oslash \tilde s) A + v \odot [\text{empty}],
+
+    with :math:`\tilde s_q = s_q` where positive, 1 elsewhere, and the scaled
+    :math:`v_q / \tilde s_q` set to zero on empty rows (whose entries are finite, their
+    sum being 0): an O(r n) scaling of the vectors instead of O(n²) passes over the layer.
+    """
+
+    def __init__(self, base: FusedLayers, valid_rows: Any | None) -> None:
+        xp = base.xp
 
         def compute(i: int, rows: tuple[int, ...] | None) -> Any:
-            return take_rows(function(self.layer(i)), rows, self.xp)
+            ok = None if valid_rows is None else take_rows(valid_rows, rows, xp)
+            return normalize_rows(base.layer(i, rows), xp, valid_rows=ok, rows=rows)
 
-        return FusedLayers(self.shape, self.dtype, self.device, self.xp, compute, self.check)
+        super().__init__(base.shape, base.dtype, base.device, xp, compute, base.check)
+        self._base = base
+        self._real_columns = None if valid_rows is None else xp.matrix_transpose(valid_rows)
+
+    def times(self, left: Any, i: int) -> Any:
+        """``left @ renormalised layer(i)``, by scaling `left` (see the class)."""
+        xp = self.xp
+        layer = self._base.layer(i)
+        sums = xp.matrix_transpose(sum_rows(layer, xp)[..., None])  # (*batch, 1, n)
+        safe = xp.where(sums > 0, sums, xp.ones_like(sums))
+        empty = sums == 0  # not `<= 0`: a NaN sum is not an empty row
+        if self._real_columns is not None:
+            empty = empty & self._real_columns
+        zero = xp.zeros_like(left)
+        scaled = xp.where(empty, zero, left / safe)
+        product = xp.matmul(scaled, layer) + xp.where(empty, left, zero)
+        self._pending.discard(i)
+        if not self._pending:
+            self.check()
+        return product
 
 
 def _nothing() -> None:

@@ -254,6 +254,34 @@ def test_weighted_rows_that_clip_to_zero_become_identity_rows() -> None:
     np.testing.assert_allclose(gae[1], [0.0, 1.0, 0.0])
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("rows", [0, [3, 2, 5]], ids=["row", "rows"])
+def test_weighted_row_chain_through_rows_that_clip_to_zero(
+    backend: Variant, dtype_name: str, masked: bool, rows: Any
+) -> None:
+    """The row chain scales its vectors instead of renormalising the layers below the top:
+    rows that clip to zero there (identity rows) and padded queries come out as the oracle's."""
+    rng = np.random.default_rng(8)
+    weights = softmax_attention(rng, (2, 3, 2, 6, 6))
+    gradients = rng.normal(size=weights.shape)
+    gradients[:, 1, :, 2, :] = -1.0  # layer 1, query 2: every head's relevance clips to 0
+    gradients[0, 0, :, 4, :] = -1.0  # layer 0, query 4 of the first item
+    mask = np.ones((2, 6), dtype=bool)
+    mask[1, 4:] = False
+    options: dict[str, Any] = {"rule": "weighted", "rows": rows}
+    if masked:
+        options["mask"] = backend.asarray(mask)
+    weights, gradients = weights.astype(dtype_name), gradients.astype(dtype_name)
+    result = _run(backend, backend.asarray(weights), backend.asarray(gradients), **options)
+    shape = (2, 6) if isinstance(rows, int) else (2, len(rows), 6)
+    values = backend.check(result, dtype_name=dtype_name, shape=shape)
+    expected = oracle_gradient_rollout(
+        weights, gradients, rule="weighted", rows=rows, mask=mask if masked else None
+    )
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol)
+
+
 def test_gae_equals_the_recurrence_by_hand() -> None:
     rng = np.random.default_rng(3)
     weights = softmax_attention(rng, (5, 2, 6, 6))
