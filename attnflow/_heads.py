@@ -9,6 +9,7 @@ from ._namespace import (
     array_device,
     enter_boundary,
     is_jax_array,
+    is_numpy_array,
     resolve_namespace,
     values_are_inspectable,
 )
@@ -24,7 +25,7 @@ from ._validation import (
     checks_every_head,
 )
 
-__all__ = ["apply_head_fusion", "fuse_heads", "head_mean"]
+__all__ = ["apply_head_fusion", "fuse_heads", "head_mean", "masked_head_mean"]
 
 
 def head_mean(attentions: Any, xp: Namespace, weights: Any | None = None) -> Any:
@@ -47,6 +48,98 @@ def head_mean(attentions: Any, xp: Namespace, weights: Any | None = None) -> Any
     if weights is None:
         return xp.mean(attentions, axis=-3)
     return xp.sum(attentions * weights, axis=-3)
+
+
+def masked_head_mean(
+    heads: Any,
+    xp: Namespace,
+    *,
+    real_rows: Any,
+    real_keys: Any,
+    positions: Any,
+    weights: Any | None = None,
+    exact_sums: bool = True,
+) -> Any:
+    r"""Fuse heads ``(..., H, r, n)``, each renormalised over the real keys, in one pass.
+
+    The masked preparation (:func:`attnflow._prepare.prepare_attention`) zeroes padded
+    queries and keys of every head, divides each head's rows by their mass on the real
+    keys, :math:`s_{h,q} = \sum_{k \text{ real}} W_{h,q,k}`, then averages the heads.
+    The head mean does not commute with that renormalisation (each head has its own
+    :math:`s_{h,q}`), but the renormalisation is a scale per head and row, so the masked
+    mean is a head sum with per-row weights, masked once afterwards:
+
+    .. math::
+
+        A_{q,k} = [q, k \text{ real}] \Big( \sum_h \frac{w_h}{\tilde s_{h,q}} W_{h,q,k}
+        + \delta_{qk} \sum_h w_h [s_{h,q} = 0] \Big),
+
+    with :math:`w_h = 1/H` (or the normalised head weights), :math:`\tilde s = s` where
+    positive and 1 elsewhere (an empty or NaN row is left as it is), and a real query's
+    empty head contributing its unit row, as :func:`attnflow._normalize.normalize_rows`
+    makes it. No masked or renormalised copy of the heads is formed: the sums read them
+    once, the weighted head sum once, and what is masked is the fused block, 1/H of the
+    data. Padded entries (NaN included) come out exactly zero.
+
+    Parameters
+    ----------
+    heads : array, shape (..., H, r, n)
+        Rows `positions` of a layer's heads.
+    real_rows : bool array, broadcastable to (..., 1, r, 1)
+        True where the query is a real token.
+    real_keys : bool array, broadcastable to (..., 1, 1, n)
+        True where the key is a real token.
+    positions : int array, shape (r, 1)
+        The rows' positions among the n queries (for the unit rows of empty rows).
+    weights : array, shape (H, 1, 1), optional
+        Head weights summing to one; None for the mean.
+    exact_sums : bool
+        Sum over the real keys with a `where`, so that NaN or infinities on padded keys
+        of a real row stay out of its sum. False sums with a matrix product against the
+        key mask, faster, for callers whose value checks refuse such rows anyway.
+
+    Returns
+    -------
+    array, shape (..., r, n)
+        The fused rows, zero in padded rows and columns.
+    """
+    n_heads, n = heads.shape[-3], heads.shape[-1]
+    dtype = heads.dtype
+    if exact_sums:
+        zero = xp.zeros((), dtype=dtype, device=array_device(heads))
+        sums = xp.sum(xp.where(real_keys, heads, zero), axis=-1, keepdims=True)
+    else:
+        key_weights = xp.matrix_transpose(xp.astype(real_keys, dtype))  # (..., 1, n, 1)
+        sums = xp.matmul(heads, key_weights)
+    share = (
+        xp.full((n_heads, 1, 1), 1.0 / n_heads, dtype=dtype, device=array_device(heads))
+        if weights is None
+        else weights
+    )
+    scale = share / xp.where(sums > 0, sums, xp.ones_like(sums))  # (..., H, r, 1)
+    empty = (sums == 0) & real_rows  # a NaN sum is not empty
+    fused = _weighted_head_sum(heads, scale, xp)
+    units = xp.sum(xp.where(empty, share, xp.zeros_like(scale)), axis=-3)  # (..., r, 1)
+    own = xp.astype(positions == xp.arange(n, device=array_device(heads)), dtype)
+    fused = fused + units * own
+    keep = real_rows[..., 0, :, :] & real_keys[..., 0, :, :]
+    return xp.where(keep, fused, xp.zeros_like(fused))
+
+
+def _weighted_head_sum(heads: Any, scale: Any, xp: Namespace) -> Any:
+    """``sum_h scale[..., h, q, 0] * heads[..., h, q, :]`` over axis -3.
+
+    NumPy: one matrix product per row, ``(1, H) @ (H, n)`` with the head axis moved in
+    front of the keys (a view), BLAS reading each weight once; no scaled copy of the
+    heads. A ``jax.jit`` trace: the head-by-head sum XLA fuses (:func:`head_mean`).
+    Elsewhere the product and the sum (the library fuses or blocks them itself).
+    """
+    if is_numpy_array(heads):
+        nb = heads.ndim - 3
+        by_row = xp.permute_dims(heads, (*range(nb), nb + 1, nb, nb + 2))  # (..., r, H, n)
+        row_scale = xp.permute_dims(scale, (*range(nb), nb + 1, nb + 2, nb))  # (..., r, 1, H)
+        return xp.matmul(row_scale, by_row)[..., 0, :]
+    return head_mean(heads, xp, scale)
 
 
 def _head_term(attentions: Any, weights: Any | None, h: int) -> Any:

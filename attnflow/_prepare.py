@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._heads import apply_head_fusion
+from ._heads import apply_head_fusion, masked_head_mean
 from ._namespace import (
     Boundary,
     array_device,
@@ -513,17 +513,18 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
     pruning, excluded = checked.pruning, checked.exclude
 
     # Unmasked (weighted) means are checked on the fused layers; with a stream, each
-    # layer is fused (and reduced for the checks) only when the method reads it.
+    # layer is fused (and reduced for the checks) only when the method reads it. Masked
+    # ones check every head, in the same pass that fuses it (:func:`masked_head_mean`).
     validate_fused_only = not do_validate or not (
         normalise_field or checks_every_head(do_validate, spec.kind, masked=False)
     )
+    streamable = validate_fused_only if mask is None else not (do_validate and normalise_field)
     if (
         stream
-        and mask is None
         and not normalize_layers
         and pruning is None
         and spec.kind in {"mean", "weights"}
-        and validate_fused_only
+        and streamable
     ):
         fused_layers = _stream_fused(checked, check=bool(do_validate))
         return PreparedAttention(
@@ -534,7 +535,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
             residual=alpha,
             rows=selected_rows,
             all_layers=all_layers,
-            mask=None,
+            mask=mask,
             pruning=pruning,
             receptive_field=normalise_field,
             exclude=excluded,
@@ -565,6 +566,42 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
     if do_validate and every_head:
         check_attention_values(
             stacked, namespace, valid_rows=valid_rows, row_sums=not normalize_layers
+        )
+
+    if mask is not None and spec.kind in {"mean", "weights"} and not normalize_layers:
+        # Each head renormalised over the real keys and fused in one pass, the padded
+        # queries and keys dropped from the fused layers (:func:`masked_head_mean`).
+        weights = None
+        if spec.kind == "weights" and spec.weights is not None:
+            weights = spec.weights / namespace.sum(spec.weights, axis=-1, keepdims=True)
+            if weights.ndim == 2:  # (layers, heads): only the layers in use
+                weights = weights[: stacked.shape[-4], ...]
+            weights = namespace.reshape(weights, (*weights.shape, 1, 1))
+        device = array_device(stacked)
+        fused = masked_head_mean(
+            stacked,
+            namespace,
+            real_rows=valid_rows,
+            real_keys=valid_keys,
+            positions=namespace.arange(layout.n_tokens, device=device)[:, None],
+            weights=weights,
+            # Checked rows hold no NaN on padded keys: matrix-product sums are exact.
+            exact_sums=not (do_validate and values_are_inspectable(stacked)),
+        )
+        if do_validate and normalise_field:
+            check_causal(fused, namespace)
+        return PreparedAttention(
+            xp=namespace,
+            boundary=boundary,
+            layout=layout,
+            fused=fused,
+            residual=alpha,
+            rows=selected_rows,
+            all_layers=all_layers,
+            mask=mask,
+            pruning=pruning,
+            receptive_field=normalise_field,
+            exclude=excluded,
         )
 
     if mask is not None:
@@ -607,7 +644,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
 
 
 def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
-    """Stream the used layers of unmasked attention, fused by a (weighted) mean, one by one.
+    """Stream the used layers, fused by a (weighted) mean, one by one.
 
     A long layer is streamed into a row chain in blocks of rows (:meth:`FusedLayers.times`),
     so that no whole fused layer is held. While each fused layer (or block) is in cache it
@@ -617,44 +654,100 @@ def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
     (:func:`check_row_statistics`), for the eager checks' message. Running numbers, not
     a list of per-row statistics, keep the allocator from scattering small long-lived
     blocks among the freed fused blocks, which grew PyTorch's heap by a block per block.
+
+    With a padding mask each head is renormalised over the real keys as it is fused
+    (:func:`masked_head_mean`), and the checks read every head, as the eager masked
+    checks do: the running deviation is that of the real queries' rows, the running
+    minimum that of every weight read (padded queries included, which may hold
+    anything: when it fails, the exact check, which leaves them out, decides).
     """
-    xp, layout, spec = checked.xp, checked.layout, checked.spec
-    used = checked.used_layers
+    xp, layout, spec, mask = checked.xp, checked.layout, checked.spec, checked.mask
+    used, batch, n = checked.used_layers, layout.batch_shape, layout.n_tokens
+    dtype, device = checked.first.dtype, array_device(checked.first)
     running: dict[str, Any] = {}
     read_rows: dict[int, tuple[int, ...] | None] = {}
-    tolerance = row_sum_tolerance(xp, checked.first.dtype, layout.n_tokens)
+    tolerance = row_sum_tolerance(xp, dtype, n)
+    real_keys = None if mask is None else xp.reshape(mask, (*batch, 1, 1, n))
+    # Matrix-product sums over the real keys: NaN on a padded key of a real row would
+    # enter them, but such a row fails the checks (its full row sum is not finite).
+    exact_sums = not (check and values_are_inspectable(checked.first))
+
+    def layer_spec(i: int) -> HeadFusionSpec:
+        if spec.kind == "weights" and spec.weights is not None and spec.weights.ndim == 2:
+            return HeadFusionSpec("weights", weights=spec.weights[i, ...])
+        return spec
 
     def fuse(i: int, heads: Any) -> Any:
-        fused_spec = spec
-        if spec.kind == "weights" and spec.weights is not None and spec.weights.ndim == 2:
-            fused_spec = HeadFusionSpec("weights", weights=spec.weights[i, ...])
-        return apply_head_fusion(heads, fused_spec, xp, check=check)
+        return apply_head_fusion(heads, layer_spec(i), xp, check=check)
 
-    def reduce(fused: Any) -> None:
-        if not (check and values_are_inspectable(fused) and math.prod(fused.shape) > 0):
-            return
-        deviation = xp.max(xp.abs(sum_rows(fused, xp) - 1))
-        low = xp.min(fused)
+    def real_rows_of(start: int | None, rows: tuple[int, ...] | None, count: int) -> Any:
+        """Return the mask of the queries read, ``(*batch, 1, r, 1)``."""
+        assert mask is not None
+        if rows is not None:
+            picked = xp.stack([mask[..., row] for row in rows], axis=-1)
+        else:
+            picked = mask[..., start : start + count] if start is not None else mask
+        return xp.reshape(picked, (*batch, 1, picked.shape[-1], 1))
+
+    def fuse_masked(i: int, heads: Any, start: int | None, rows: tuple[int, ...] | None) -> Any:
+        """Fuse rows of layer `i`'s heads with the mask, reducing them for the checks."""
+        count = heads.shape[-2]
+        real_rows = real_rows_of(start, rows, count)
+        if rows is not None:
+            positions = xp.reshape(xp.asarray(rows, device=device), (-1, 1))
+        else:
+            first = 0 if start is None else start
+            positions = xp.arange(first, first + count, device=device)[:, None]
+        weights = None
+        layer = layer_spec(i)
+        if layer.kind == "weights" and layer.weights is not None:
+            weights = layer.weights / xp.sum(layer.weights)
+            weights = xp.reshape(weights, (*weights.shape, 1, 1))
+        reduce_heads(heads, real_rows)
+        return masked_head_mean(
+            heads,
+            xp,
+            real_rows=real_rows,
+            real_keys=real_keys,
+            positions=positions,
+            weights=weights,
+            exact_sums=exact_sums,
+        )
+
+    def update(deviation: Any, low: Any) -> None:
         if running:  # maximum and minimum carry NaN through
             deviation = xp.maximum(running["deviation"], deviation)
             low = xp.minimum(running["low"], low)
         running["deviation"], running["low"] = deviation, low
 
+    def reduce(fused: Any) -> None:
+        if not (check and values_are_inspectable(fused) and math.prod(fused.shape) > 0):
+            return
+        update(xp.max(xp.abs(sum_rows(fused, xp) - 1)), xp.min(fused))
+
+    def reduce_heads(heads: Any, real_rows: Any) -> None:
+        if not (check and values_are_inspectable(heads) and math.prod(heads.shape) > 0):
+            return
+        deviation = xp.abs(sum_rows(heads, xp) - 1)  # (*batch, H, r)
+        real = real_rows[..., 0]
+        deviation = xp.where(real, deviation, xp.zeros_like(deviation))
+        update(xp.max(deviation), xp.min(heads))
+
     heads_of = checked.layer
+
+    def fuse_rows(i: int, heads: Any, start: int | None, rows: tuple[int, ...] | None) -> Any:
+        if mask is not None:
+            return fuse_masked(i, heads, start, rows)
+        fused = fuse(i, heads)
+        reduce(fused)
+        return fused
 
     def compute(i: int, rows: tuple[int, ...] | None) -> Any:
         read_rows[i] = rows
-        fused = fuse(i, take_rows(heads_of(i), rows, xp))
-        reduce(fused)
-        return fused
+        return fuse_rows(i, take_rows(heads_of(i), rows, xp), None, rows)
 
-    n = layout.n_tokens
-    row_bytes = math.prod(layout.batch_shape) * n * (xp.finfo(checked.first.dtype).bits // 8)
+    row_bytes = math.prod(batch) * n * (xp.finfo(dtype).bits // 8)
     step = max(1, STREAM_BLOCK_BYTES // max(1, row_bytes))
-
-    def reduced(fused: Any) -> Any:
-        reduce(fused)
-        return fused
 
     def blocks(i: int) -> Iterator[tuple[int, int, Any]]:
         read_rows[i] = None
@@ -662,7 +755,7 @@ def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
         for start in range(0, n, step):
             stop = min(n, start + step)
             # No local name: the consumer's drop of a block frees it.
-            yield start, stop, reduced(fuse(i, heads[..., start:stop, :]))
+            yield start, stop, fuse_rows(i, heads[..., start:stop, :], start, None)
 
     def decide() -> None:
         if not running:
@@ -670,8 +763,14 @@ def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
         deviation, low = running.pop("deviation"), running.pop("low")
         if bool(deviation <= tolerance) and bool(low >= 0):
             return
-        # A bad value: fuse the rows that were read again, for the eager checks' verdict
+        # A bad value: read the rows that were read again, for the eager checks' verdict
         # and message (which rows, the smallest weight, the largest deviation).
+        if mask is not None:
+            for i, rows in sorted(read_rows.items()):
+                heads = take_rows(heads_of(i), rows, xp)
+                real_rows = real_rows_of(None, rows, heads.shape[-2])
+                check_attention_values(heads, xp, valid_rows=real_rows)
+            return
         sums, minima = [], []
         for i, rows in sorted(read_rows.items()):
             fused = fuse(i, take_rows(heads_of(i), rows, xp))
@@ -682,17 +781,14 @@ def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
             xp.concat(minima),
             xp,
             valid_rows=None,
-            dtype=checked.first.dtype,
-            n_tokens=layout.n_tokens,
+            dtype=dtype,
+            n_tokens=n,
             heads_fused=True,
         )
 
-    shape = (*layout.batch_shape, used, layout.n_tokens, layout.n_tokens)
-    device = array_device(checked.first)
+    shape = (*batch, used, n, n)
     # Lazy arrays (a jit trace, a Dask graph) and layers of one block get whole layers.
     streamed = (
         n * row_bytes > STREAM_LAYER_BYTES and step < n and values_are_inspectable(checked.first)
     )
-    return FusedLayers(
-        shape, checked.first.dtype, device, xp, compute, decide, blocks if streamed else None
-    )
+    return FusedLayers(shape, dtype, device, xp, compute, decide, blocks if streamed else None)
