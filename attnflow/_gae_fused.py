@@ -39,7 +39,14 @@ def _load_kernel() -> Callable[..., None] | None:
 
 _fuse = _load_kernel()
 
-__all__ = ["KERNEL_AVAILABLE", "FusedRows", "fuse_dask_layer", "fuse_layer", "host_stacks"]
+__all__ = [
+    "KERNEL_AVAILABLE",
+    "FusedRows",
+    "fuse_dask_layer",
+    "fuse_layer",
+    "fuse_masked_mean",
+    "host_stacks",
+]
 
 KERNEL_AVAILABLE = _fuse is not None
 
@@ -145,6 +152,46 @@ def fuse_layer(
         back(stats[:1]),
         back(stats[1]),
     )
+
+
+def fuse_masked_mean(
+    attention: Any,
+    rows: tuple[int, ...] | None,
+    xp: Namespace,
+    *,
+    mask: Any,
+    weights: Any | None = None,
+    device: Any | None = None,
+) -> FusedRows | None:
+    r"""Return a padded layer's (weighted) head mean, heads renormalised over real keys.
+
+    The masked pass of :func:`fuse_layer` with constant "gradients" :math:`g_h = H w_h`
+    (:math:`w_h = 1/H` for the mean): for checked attention (non-negative weights) the
+    clip :math:`\max(g_h a, 0) = g_h a` does nothing, and the pass forms
+    :math:`\sum_h w_h \hat W_h` of the heads :math:`\hat W_h` renormalised over the real
+    keys (empty rows the identity row, padded rows and keys zero), reading every weight
+    once, with every head's row sums and the smallest weight of the real rows for the
+    checks. The constant rows are a broadcast view, read from cache. For attention whose
+    values are checked only (negative weights would be clipped here: unchecked input
+    takes the array-API path). None where the compiled pass does not apply.
+    """
+    if _fuse is None:
+        return None
+    a = _host_view(attention)
+    if a is None or a.dtype not in _DTYPES or a.ndim < 3:
+        return None
+    heads, n = a.shape[-3], a.shape[-1]
+    if weights is None:
+        scale = np.ones(heads, dtype=a.dtype)
+    else:
+        w = _host_view(weights)
+        if w is None:
+            return None
+        scale = (np.asarray(w, dtype=a.dtype) * heads).reshape(heads)
+    # (H, 1, n) in memory, (*batch, H, n, n) by strides of zero: the last axis is unit.
+    constant = np.ascontiguousarray(np.broadcast_to(scale[:, None, None], (heads, 1, n)))
+    gradient = np.broadcast_to(constant, a.shape)
+    return fuse_layer(a, gradient, rows, xp, check=True, mask=mask, device=device)
 
 
 def fuse_dask_layer(

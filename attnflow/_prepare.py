@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._gae_fused import fuse_masked_mean, host_stacks
 from ._heads import apply_head_fusion, masked_head_mean
 from ._namespace import (
     Boundary,
@@ -734,6 +735,32 @@ def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
         update(xp.max(deviation), xp.min(heads))
 
     heads_of = checked.layer
+    # Checked host memory with a mask: the compiled pass reads every weight once, for the
+    # fusion and the checks (NumPy views of whole stacks: eager JAX copies each slice).
+    compiled = mask is not None and check and values_are_inspectable(checked.first)
+    stacks = None
+    if compiled and checked.stacked is not None:
+        stacks = host_stacks(checked.stacked, mask)
+
+    def fuse_compiled(i: int, rows: tuple[int, ...] | None) -> Any | None:
+        if not compiled:
+            return None
+        layer = heads_of(i) if stacks is None else stacks[0][..., i, :, :, :]
+        weights = layer_spec(i).weights
+        if weights is not None:
+            weights = weights / xp.sum(weights)
+        kernel = fuse_masked_mean(
+            layer,
+            rows,
+            xp,
+            mask=mask if stacks is None else stacks[1],
+            weights=weights,
+            device=device,
+        )
+        if kernel is None or kernel.sums is None:
+            return None
+        update(xp.max(xp.abs(kernel.sums - 1)), xp.min(kernel.low))  # padded rows: 1
+        return kernel.fused
 
     def fuse_rows(i: int, heads: Any, start: int | None, rows: tuple[int, ...] | None) -> Any:
         if mask is not None:
@@ -744,6 +771,9 @@ def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
 
     def compute(i: int, rows: tuple[int, ...] | None) -> Any:
         read_rows[i] = rows
+        fused = fuse_compiled(i, rows)
+        if fused is not None:
+            return fused
         return fuse_rows(i, take_rows(heads_of(i), rows, xp), None, rows)
 
     row_bytes = math.prod(batch) * n * (xp.finfo(dtype).bits // 8)
@@ -754,8 +784,11 @@ def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
         heads = heads_of(i)
         for start in range(0, n, step):
             stop = min(n, start + step)
-            # No local name: the consumer's drop of a block frees it.
-            yield start, stop, fuse_rows(i, heads[..., start:stop, :], start, None)
+            fused = fuse_compiled(i, tuple(range(start, stop)))
+            if fused is None:
+                fused = fuse_rows(i, heads[..., start:stop, :], start, None)
+            yield start, stop, fused
+            del fused  # the consumer's drop of a block frees it
 
     def decide() -> None:
         if not running:

@@ -384,3 +384,131 @@ def test_rows_of_the_top_layer_that_no_chain_reads_are_not_checked(
         attnflow.rollout(bad, rows=[0, 5])
     with pytest.raises(ValueError, match="must be finite"):
         attnflow.rollout(bad)
+
+
+# -- padded rollout, heads renormalised and fused in one pass (issue 24) -----------------
+
+
+def _leaky_padded(weights: np.ndarray, dtype_name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Attention computed without the mask: real rows put weight on padded keys too.
+
+    Each head then has its own mass on the real keys, so renormalising the heads and
+    averaging them is not the same as averaging and renormalising; padded queries hold
+    NaN (as fully masked softmax rows do).
+    """
+    mask = np.arange(SHAPE[-1])[None, :] < np.array([9, 6, 3])[:, None]
+    data = np.where(~mask[:, None, None, :, None], np.nan, weights)
+    return data.astype(dtype_name), mask
+
+
+PADDED_OPTIONS = pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"rows": 0},
+        {"rows": [4, 1], "layers": "all"},
+        {"heads": [0.1, 0.2, 0.3, 0.4], "rows": -1},
+        {"heads": np.arange(1.0, 21.0).reshape(5, 4).tolist(), "rows": [2, 0]},
+        {"validate": False, "rows": 0},
+    ],
+    ids=["full", "cls", "rows-all-layers", "weights(H)", "weights(L,H)", "unvalidated"],
+)
+
+
+@STREAM_BLOCKS
+@PADDED_OPTIONS
+def test_padded_heads_are_renormalised_before_they_are_fused(
+    backend: Variant,
+    dtype_name: str,
+    weights: np.ndarray,
+    options: dict[str, Any],
+    block_bytes: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each head's rows over the real keys, then the (weighted) mean: the unfused oracle."""
+    from attnflow import _prepare
+
+    monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
+    data, mask = _leaky_padded(weights, dtype_name)
+    result = backend.run(
+        attnflow.rollout, backend.asarray(data), mask=backend.asarray(mask), **options
+    )
+    values = backend.check(result, dtype_name=dtype_name, shape=_expected_shape(options))
+    oracle_options = _oracle_options({k: v for k, v in options.items() if k != "validate"})
+    expected = oracle_rollout(data, mask=mask, **oracle_options)
+    tol = tolerance(dtype_name)
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol)
+    # Averaging first and renormalising the mean is a different (wrong) answer here.
+    fused = data.astype(np.float64).mean(axis=-3) if "heads" not in options else None
+    if fused is not None:
+        commuted = oracle_rollout(fused, heads=None, mask=mask, **oracle_options)
+        assert not np.allclose(values, commuted, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+@pytest.mark.parametrize("path", ["compiled", "array-api", "eager"])
+@pytest.mark.parametrize("block_bytes", [1 << 40, 1], ids=["whole-layers", "row-blocks"])
+def test_padded_paths_agree_on_rows_without_real_weight(
+    weights: np.ndarray,
+    dtype_name: str,
+    path: str,
+    block_bytes: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A head with no weight on a real key gives that query its unit row, on every path.
+
+    The compiled pass, the array-API pass (:func:`masked_head_mean`) and the eager
+    preparation (taken with pruning that prunes nothing) agree with the oracle.
+    """
+    from attnflow import _prepare
+
+    monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
+    if path == "array-api":
+        monkeypatch.setattr(_prepare, "fuse_masked_mean", lambda *a, **k: None)
+    data, mask = _leaky_padded(weights, dtype_name)
+    data[1, 2, 0, 4, :] = 0.0  # item 1 (6 real tokens), layer 2, head 0, query 4:
+    data[1, 2, 0, 4, 7] = 1.0  # all of its weight on a padded key
+    data[1, 0, :, 2, :] = 0.0  # layer 0, query 2: every head on padded keys
+    data[1, 0, :, 2, 8] = 1.0
+    options: dict[str, Any] = {"threshold": 0.0} if path == "eager" else {}
+    tol = tolerance(dtype_name)
+    for rows in (None, 2, [4, 0]):
+        result = attnflow.rollout(data, mask=mask, rows=rows, layers="all", **options)
+        expected = oracle_rollout(data, mask=mask, rows=rows, layers="all")
+        np.testing.assert_allclose(result, expected, rtol=tol, atol=tol)
+    first = attnflow.raw(data, mask=mask, layers=0)
+    np.testing.assert_array_equal(first[1, 2], np.eye(SHAPE[-1])[2])  # the identity row
+
+
+@pytest.mark.parametrize("path", ["compiled", "array-api"])
+@STREAM_BLOCKS
+def test_padded_checks_keep_their_verdicts(
+    weights: np.ndarray, path: str, block_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every head of the rows read is checked, padded queries left out, as before."""
+    from attnflow import _prepare
+
+    monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
+    if path == "array-api":
+        monkeypatch.setattr(_prepare, "fuse_masked_mean", lambda *a, **k: None)
+    data, mask = _leaky_padded(weights, "float64")
+    attnflow.rollout(data, mask=mask, rows=0)  # NaN in padded queries only: fine
+    nan_key = data.copy()
+    nan_key[2, 1, 3, 1, 7] = np.nan  # a padded key of a real row (item 2 has 3 tokens)
+    with pytest.raises(ValueError, match=r"`attentions` must be finite; found NaN.* in 1 row"):
+        attnflow.rollout(nan_key, mask=mask, rows=0)
+    unvalidated = attnflow.rollout(nan_key, mask=mask, rows=0, validate=False)
+    np.testing.assert_allclose(unvalidated, oracle_rollout(data, mask=mask, rows=0), atol=1e-12)
+    negative = data.copy()
+    negative[0, 3, 2, 5, 1] = -0.25  # one head of a real row, its sum kept at one
+    negative[0, 3, 2, 5, 2] += 0.25
+    with pytest.raises(ValueError, match="must be non-negative"):
+        attnflow.rollout(negative, mask=mask, rows=0)
+    scaled = data.copy()
+    scaled[1, 0, 1, 5, :] *= 1.01  # one head's row: the renormalisation would hide it
+    with pytest.raises(ValueError, match="rows must sum to 1"):
+        attnflow.rollout(scaled, mask=mask, rows=0)
+    attnflow.rollout(scaled, mask=mask, rows=0, validate=False)
