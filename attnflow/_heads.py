@@ -96,7 +96,11 @@ def masked_head_mean(
     exact_sums : bool
         Sum over the real keys with a `where`, so that NaN or infinities on padded keys
         of a real row stay out of its sum. False sums with a matrix product against the
-        key mask, faster, for callers whose value checks refuse such rows anyway.
+        key mask, faster, for callers whose value checks refuse such rows anyway, and
+        inside ``jax.jit``, where a `where` over every weight costs five head means on
+        the CPU: there, NaN or infinite weights on padded keys of a real query's row
+        make that row NaN (frameworks give padded keys zero weight; padded queries,
+        NaN or not, are still dropped).
 
     Returns
     -------
@@ -119,7 +123,7 @@ def masked_head_mean(
     scale = share / xp.where(sums > 0, sums, xp.ones_like(sums))  # (..., H, r, 1)
     empty = (sums == 0) & real_rows  # a NaN sum is not empty
     fused = _weighted_head_sum(heads, scale, xp)
-    units = xp.sum(xp.where(empty, share, xp.zeros_like(scale)), axis=-3)  # (..., r, 1)
+    units = _head_sum(xp.where(empty, share, xp.zeros_like(scale)), xp)  # (..., r, 1)
     own = xp.astype(positions == xp.arange(n, device=array_device(heads)), dtype)
     fused = fused + units * own
     keep = real_rows[..., 0, :, :] & real_keys[..., 0, :, :]
@@ -140,6 +144,21 @@ def _weighted_head_sum(heads: Any, scale: Any, xp: Namespace) -> Any:
         row_scale = xp.permute_dims(scale, (*range(nb), nb + 1, nb + 2, nb))  # (..., r, 1, H)
         return xp.matmul(row_scale, by_row)[..., 0, :]
     return head_mean(heads, xp, scale)
+
+
+def _head_sum(values: Any, xp: Namespace) -> Any:
+    """Sum over axis -3; head by head inside ``jax.jit`` (see :func:`head_mean`).
+
+    There, XLA on the CPU fused a reduction over the heads of these per-row numbers into
+    the elementwise pass over the fused layer, recomputing it for every weight: the
+    padded rollout ran at a sixth of its speed.
+    """
+    if is_jax_array(values) and not values_are_inspectable(values) and values.shape[-3] > 0:
+        total = values[..., 0, :, :]
+        for h in range(1, values.shape[-3]):
+            total = total + values[..., h, :, :]
+        return total
+    return xp.sum(values, axis=-3)
 
 
 def _head_term(attentions: Any, weights: Any | None, h: int) -> Any:

@@ -28,6 +28,17 @@ the minimum.
                    the residual applied to the vector; no checks. The goal is (c) within
                    1.1x of it, validated.
 
+``--paths`` times the paths the table above skips (issue 24, item 4), each against a
+baseline of the same run, by default on ``(8, 12, 12, 197, 197)``:
+
+(p) padded         ``attnflow.rollout(a, rows=0, mask=m)`` and ``attnflow.rollout(a, mask=m)``
+                   (sequence lengths drawn between n/2 and n), against the unpadded calls
+                   (c) and (d). Goal: at most 2x.
+(w) weighted       ``attnflow.gradient_rollout(a, g, rule="weighted", rows=0)`` (and GAE,
+                   ``rule="gae"``) against (c). Goal: at most 1.5x.
+(j) jit            ``jax.jit`` of ``rollout(a, rows=0)`` (and with the mask) against
+                   ``jax.jit`` of the head mean ``jnp.mean(a, axis=2)``. Goal: at most 1.5x.
+
 ``--memory`` measures peak memory instead: each case runs in a fresh process on
 attention built in place (by default ``(1, 12, 12, 2048, 2048)`` float32, 2.4 GB), and
 reports the peak resident memory during the call beyond what the process held before it
@@ -59,6 +70,7 @@ From the repository root, with attnflow installed (``pip install -e .``)::
     python benchmarks/bench_rollout.py --quick          # small sizes, a smoke test for CI
     python benchmarks/bench_rollout.py --backend torch --device cuda   # GPU, with GB/s
     python benchmarks/bench_rollout.py --batch 8 --tokens 577 --repeats 9
+    python benchmarks/bench_rollout.py --paths --backend numpy,torch,jax   # (p), (w), (j)
 
 Backends: ``numpy`` (CPU only), ``torch``, ``jax`` (CPU or GPU) and ``cupy`` (GPU only).
 A backend that is not installed, or has no CUDA device with ``--device cuda``, is
@@ -109,6 +121,7 @@ class Config:
     budget: float
     memory: bool = False
     memory_case: str | None = None
+    paths: bool = False
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -146,6 +159,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     )
     parser.add_argument("--memory-case", help=argparse.SUPPRESS)
     parser.add_argument(
+        "--paths",
+        action="store_true",
+        help="time padded rollout, gradient_rollout(rule='weighted') and rollout under "
+        "jax.jit against same-run baselines (default batch 8)",
+    )
+    parser.add_argument(
         "--no-breakdown",
         dest="breakdown",
         action="store_false",
@@ -163,6 +182,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     defaults = (4, 4, 4, 50, 7) if args.quick else (32, 12, 12, 197, 7)
     if args.memory or args.memory_case:
         defaults = (1, 12, 12, 2048, 1)
+    elif args.paths and not args.quick:
+        defaults = (8, 12, 12, 197, 7)
     given = (args.batch, args.layers, args.heads, args.tokens, args.repeats)
     batch, layers, heads, tokens, repeats = (
         d if g is None else g for g, d in zip(given, defaults, strict=True)
@@ -186,6 +207,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         budget=args.budget if args.budget is not None else (5.0 if args.quick else 25.0),
         memory=args.memory,
         memory_case=args.memory_case,
+        paths=args.paths,
     )
 
 
@@ -638,6 +660,87 @@ MEMORY_CASES = {
 }
 
 
+def _like(backend: Backend, host: np.ndarray) -> Any:
+    """`host` as an array of `backend`'s library, on its device."""
+    if backend.name == "numpy":
+        return host
+    return backend.xp.asarray(host, device=array_api_compat.device(backend.data))
+
+
+def paths_report(backend: Backend, config: Config) -> None:
+    """Time the paths of issue 24 item 4 against their baselines, in one interleaved run."""
+    a, xp = backend.data, backend.xp
+    rng = np.random.default_rng(config.seed + 1)
+    n = config.tokens
+    lengths = rng.integers(max(1, n // 2), n + 1, size=config.batch)
+    lengths[0] = n
+    mask = _like(backend, np.arange(n)[None, :] < lengths[:, None])
+    gradients = _like(backend, rng.standard_normal(config.shape, dtype=np.float32))
+    cases: list[tuple[str, str, str | None, Callable[[], Any]]] = [
+        ("c", "(c) rollout(a, rows=0)", None, lambda: attnflow.rollout(a, rows=0)),
+        ("d", "(d) rollout(a)", None, lambda: attnflow.rollout(a)),
+        (
+            "p",
+            "(p) rollout(a, rows=0, mask=m)",
+            "c",
+            lambda: attnflow.rollout(a, rows=0, mask=mask),
+        ),
+        ("p-full", "(p) rollout(a, mask=m)", "d", lambda: attnflow.rollout(a, mask=mask)),
+        (
+            "w",
+            '(w) gradient_rollout(a, g, rule="weighted", rows=0)',
+            "c",
+            lambda: attnflow.gradient_rollout(a, gradients, rule="weighted", rows=0),
+        ),
+        (
+            "w-gae",
+            "(w) gradient_rollout(a, g, rows=0)  [GAE]",
+            "c",
+            lambda: attnflow.gradient_rollout(a, gradients, rows=0),
+        ),
+    ]
+    if backend.name == "jax":
+        import jax
+
+        mean = jax.jit(lambda x: xp.mean(x, axis=2))
+        cls = jax.jit(lambda x: attnflow.rollout(x, rows=0))
+        padded = jax.jit(lambda x, m: attnflow.rollout(x, rows=0, mask=m))
+        cases += [
+            ("j-a", "(j) jit: mean over heads", None, lambda: mean(a)),
+            ("j", "(j) jit: rollout(a, rows=0)", "j-a", lambda: cls(a)),
+            ("j-p", "(j) jit: rollout(a, rows=0, mask=m)", "j-a", lambda: padded(a, mask)),
+        ]
+    timings = time_cases(
+        [(key, fn) for key, _, _, fn in cases], backend.sync, config.repeats, config.budget
+    )
+    width = max(len(label) for _, label, _, _ in cases)
+    header = (
+        f"{'case':<{width}}  {'median ms':>10}  {'CPU ms':>8}  {'baseline':>8}  "
+        f"{'x wall':>7}  {'x CPU':>7}  {'runs':>4}"
+    )
+    print(f"\n{backend.label}: paths of issue 24 item 4 (load {_load()})")
+    print(header)
+    print("-" * len(header))
+    for key, label, base, _ in cases:
+        t = timings[key]
+        ratios = f"{'':>8}  {'':>7}  {'':>7}"
+        if base is not None:
+            b = timings[base]
+            ratios = f"{base:>8}  {t.median / b.median:>6.2f}x  {t.cpu / max(b.cpu, 1e-9):>6.2f}x"
+        print(
+            f"{label:<{width}}  {t.median * 1e3:>10.2f}  {t.cpu * 1e3:>8.2f}  {ratios}  {t.runs:>4}"
+        )
+    print("(x wall / x CPU: median wall / CPU time over the baseline case's, same run;")
+    print(" goals: (p) <= 2x, (w) <= 1.5x, (j) <= 1.5x)")
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover - no load average on this platform
+        return "n/a"
+
+
 def _status_kib(field_name: str) -> int:
     with Path("/proc/self/status").open(encoding="ascii") as status:
         for line in status:
@@ -744,6 +847,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("no backend available; nothing to time.")
         return 0
     for backend in backends:
+        if config.paths:
+            paths_report(backend, config)
+            continue
         cases = cases_for(backend)
         timings = time_cases(
             [(case.key, case.fn) for case in cases], backend.sync, config.repeats, config.budget
