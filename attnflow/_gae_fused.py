@@ -39,6 +39,17 @@ def _load_kernel() -> Callable[..., None] | None:
 
 _fuse = _load_kernel()
 
+
+def _load_masked_mean() -> Callable[..., None] | None:
+    try:
+        from ._gae_kernel import masked_mean
+    except ImportError:  # pragma: no cover - a source checkout without the compiled kernel
+        return None
+    return masked_mean
+
+
+_masked_mean = _load_masked_mean()
+
 __all__ = [
     "KERNEL_AVAILABLE",
     "FusedRows",
@@ -162,36 +173,54 @@ def fuse_masked_mean(
     mask: Any,
     weights: Any | None = None,
     device: Any | None = None,
+    check: bool = True,
 ) -> FusedRows | None:
     r"""Return a padded layer's (weighted) head mean, heads renormalised over real keys.
 
-    The masked pass of :func:`fuse_layer` with constant "gradients" :math:`g_h = H w_h`
-    (:math:`w_h = 1/H` for the mean): for checked attention (non-negative weights) the
-    clip :math:`\max(g_h a, 0) = g_h a` does nothing, and the pass forms
-    :math:`\sum_h w_h \hat W_h` of the heads :math:`\hat W_h` renormalised over the real
-    keys (empty rows the identity row, padded rows and keys zero), reading every weight
-    once, with every head's row sums and the smallest weight of the real rows for the
-    checks. The constant rows are a broadcast view, read from cache. For attention whose
-    values are checked only (negative weights would be clipped here: unchecked input
-    takes the array-API path). None where the compiled pass does not apply.
+    Rows `rows` (None: all) of :math:`\sum_h w_h \hat W_h` for one layer ``(*batch, H,
+    n, n)``, with :math:`\hat W_h` head :math:`h` with padded queries and keys dropped and
+    its rows divided by their sums over the real keys (the unit row where a real query
+    has none), as the array-API preparation forms it (:func:`attnflow._heads.
+    masked_head_mean`), by the compiled pass: every weight read once, and with `check`
+    every head's row sums and the smallest weight of the real rows reduced in the same
+    pass (`sums` ``(*batch, H, r)``, 1 for padded queries; `low` ``(1,)``). `weights`
+    ``(H,)`` sum to one (None: the mean). None where the compiled pass does not apply.
     """
-    if _fuse is None:
+    if _masked_mean is None:
         return None
     a = _host_view(attention)
-    if a is None or a.dtype not in _DTYPES or a.ndim < 3:
+    m = _host_view(mask)
+    if a is None or m is None or a.dtype not in _DTYPES or m.dtype != np.bool_ or a.ndim < 3:
         return None
-    heads, n = a.shape[-3], a.shape[-1]
+    *batch, heads, n, _ = a.shape
+    if math.prod(batch) == 0 or heads == 0 or n == 0:
+        return None
+    a = a.reshape(-1, heads, n, n)
+    if n > 1 and a.strides[-1] != a.itemsize:
+        return None
     if weights is None:
-        scale = np.ones(heads, dtype=a.dtype)
+        w = np.full(heads, 1.0 / heads, dtype=a.dtype)
     else:
-        w = _host_view(weights)
-        if w is None:
+        host = _host_view(weights)
+        if host is None:
             return None
-        scale = (np.asarray(w, dtype=a.dtype) * heads).reshape(heads)
-    # (H, 1, n) in memory, (*batch, H, n, n) by strides of zero: the last axis is unit.
-    constant = np.ascontiguousarray(np.broadcast_to(scale[:, None, None], (heads, 1, n)))
-    gradient = np.broadcast_to(constant, a.shape)
-    return fuse_layer(a, gradient, rows, xp, check=True, mask=mask, device=device)
+        w = np.ascontiguousarray(np.asarray(host, dtype=a.dtype).reshape(heads))
+    keys = np.broadcast_to(m, (*batch, n)).reshape(-1, n).astype(a.dtype)
+    picked = np.arange(n, dtype=np.intp) if rows is None else np.asarray(rows, dtype=np.intp)
+    count = a.shape[0]
+    out = np.empty((count, picked.size, n), dtype=a.dtype)
+    sums = np.empty((count, heads, picked.size) if check else (1, 1, 1), dtype=a.dtype)
+    stats = np.empty(1, dtype=a.dtype)
+    _masked_mean(a, picked, keys, w, out, sums, stats, check)
+    device = array_device(attention) if device is None else device
+
+    def back(values: np.ndarray) -> Any:
+        return xp.asarray(values, device=device)
+
+    fused = back(out.reshape(*batch, picked.size, n))
+    if not check:
+        return FusedRows(fused, None, None, None)
+    return FusedRows(fused, back(sums.reshape(*batch, heads, picked.size)), back(stats), None)
 
 
 def fuse_dask_layer(

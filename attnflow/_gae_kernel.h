@@ -211,3 +211,74 @@ ATTNFLOW_GAE_CLONES static void NAME(                                           
 
 ATTNFLOW_GAE_MASKED(attnflow_gae_fuse_masked_f32, float)
 ATTNFLOW_GAE_MASKED(attnflow_gae_fuse_masked_f64, double)
+
+/* The padded head mean of rollout (attnflow._prepare, through _gae_fused.fuse_masked_mean):
+ * out[b, r, :] = sum_h w[h] * a[b, h, row_r, :] / s, with s the row's sum over the real
+ * keys (`keys` as above), reading each weight once. As `normalize_rows` does after the
+ * masking: s <= 0 or NaN divides by one, except s == 0, which gives the unit row (weight
+ * w[h] on the query itself); padded queries are not read and give zero rows; padded keys
+ * may hold anything (selected away, never summed) and are zero in the result. Nothing
+ * is clipped. With `sums` (not NULL) the same pass reduces the checks: every head's full
+ * row sum, sums[b, h, r] (1 for a padded query), and the smallest weight of the real
+ * rows, *low. */
+#define ATTNFLOW_MASKED_MEAN(NAME, T)                                                       \
+ATTNFLOW_GAE_CLONES static void NAME(                                                       \
+    const T *a, ptrdiff_t nb, ptrdiff_t nh, ptrdiff_t nr, ptrdiff_t n, ptrdiff_t a_sb,      \
+    ptrdiff_t a_sh, ptrdiff_t a_sr, const ptrdiff_t *rows, const T *keys, const T *w,       \
+    T *out, T *sums, T *low)                                                                \
+{                                                                                           \
+    ptrdiff_t block = ATTNFLOW_GAE_BLOCK_BYTES / (n * (ptrdiff_t)sizeof(T));                \
+    int check = sums != NULL;                                                               \
+    T lowest = INFINITY;                                                                    \
+    if (block < 1) block = 1;                                                               \
+    for (ptrdiff_t b = 0; b < nb; ++b) {                                                    \
+        const T *restrict kb = keys + b * n;                                                \
+        for (ptrdiff_t r0 = 0; r0 < nr; r0 += block) {                                      \
+            ptrdiff_t r1 = r0 + block < nr ? r0 + block : nr;                               \
+            for (ptrdiff_t j = (b * nr + r0) * n; j < (b * nr + r1) * n; ++j) out[j] = 0;   \
+            for (ptrdiff_t h = 0; h < nh; ++h) {                                            \
+                const T *ab = a + b * a_sb + h * a_sh;                                      \
+                T wh = w[h];                                                                \
+                for (ptrdiff_t r = r0; r < r1; ++r) {                                       \
+                    ptrdiff_t row = rows[r];                                                \
+                    T *restrict o = out + (b * nr + r) * n;                                 \
+                    if (kb[row] == 0) {                                                     \
+                        if (check) sums[(b * nh + h) * nr + r] = 1;                         \
+                        continue;                                                           \
+                    }                                                                       \
+                    const T *restrict ar = ab + row * a_sr;                                 \
+                    T s = 0, ss = 0, mm = INFINITY;                                         \
+                    if (check) {                                                            \
+                        ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:s,ss) reduction(min:mm)") \
+                        for (ptrdiff_t j = 0; j < n; ++j) {                                 \
+                            T x = ar[j];                                                    \
+                            s += kb[j] != 0 ? x : 0; ss += x; mm = x < mm ? x : mm;         \
+                        }                                                                   \
+                        sums[(b * nh + h) * nr + r] = ss;                                   \
+                        lowest = mm < lowest ? mm : lowest;                                 \
+                    } else {                                                                \
+                        ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:s)")                 \
+                        for (ptrdiff_t j = 0; j < n; ++j) { T x = ar[j]; s += kb[j] != 0 ? x : 0; } \
+                    }                                                                       \
+                    if (s == 0) { o[row] += wh; continue; } /* the unit row */              \
+                    T scale = wh / (s > 0 ? s : 1);                                         \
+                    ATTNFLOW_GAE_SIMD_REDUCE("omp simd")                                    \
+                    for (ptrdiff_t j = 0; j < n; ++j) o[j] += ar[j] * scale;                \
+                }                                                                           \
+            }                                                                               \
+            for (ptrdiff_t r = r0; r < r1; ++r) {                                           \
+                T *restrict o = out + (b * nr + r) * n;                                     \
+                if (kb[rows[r]] == 0) {                                                     \
+                    for (ptrdiff_t j = 0; j < n; ++j) o[j] = 0;                             \
+                } else {                                                                    \
+                    ATTNFLOW_GAE_SIMD_REDUCE("omp simd")                                    \
+                    for (ptrdiff_t j = 0; j < n; ++j) o[j] = kb[j] != 0 ? o[j] : 0;         \
+                }                                                                           \
+            }                                                                               \
+        }                                                                                   \
+    }                                                                                       \
+    if (check) *low = lowest;                                                               \
+}
+
+ATTNFLOW_MASKED_MEAN(attnflow_masked_mean_f32, float)
+ATTNFLOW_MASKED_MEAN(attnflow_masked_mean_f64, double)

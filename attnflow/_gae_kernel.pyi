@@ -11,3 +11,13 @@ def fuse(
     stats: np.ndarray,
     check: bool,
 ) -> None: ...
+def masked_mean(
+    a: np.ndarray,
+    rows: np.ndarray,
+    keys: np.ndarray,
+    weights: np.ndarray,
+    out: np.ndarray,
+    sums: np.ndarray,
+    stats: np.ndarray,
+    check: bool,
+) -> None: ...

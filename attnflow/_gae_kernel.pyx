@@ -29,6 +29,14 @@ cdef extern from "_gae_kernel.h" nogil:
         Py_ssize_t n, Py_ssize_t a_sb, Py_ssize_t a_sh, Py_ssize_t a_sr,
         Py_ssize_t g_sb, Py_ssize_t g_sh, Py_ssize_t g_sr, const Py_ssize_t *rows,
         const double *keys, double *out, double *sums, double *low, double *total)
+    void attnflow_masked_mean_f32(
+        const float *a, Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t nr, Py_ssize_t n,
+        Py_ssize_t a_sb, Py_ssize_t a_sh, Py_ssize_t a_sr, const Py_ssize_t *rows,
+        const float *keys, const float *w, float *out, float *sums, float *low)
+    void attnflow_masked_mean_f64(
+        const double *a, Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t nr, Py_ssize_t n,
+        Py_ssize_t a_sb, Py_ssize_t a_sh, Py_ssize_t a_sr, const Py_ssize_t *rows,
+        const double *keys, const double *w, double *out, double *sums, double *low)
 
 
 def fuse(
@@ -91,3 +99,44 @@ def fuse(
                     a_sb, a_sh, a_sr, g_sb, g_sh, g_sr, &rows[0],
                     &out[0, 0, 0], sum_ptr, &stats[0], &stats[1],
                 )
+
+
+def masked_mean(
+    const floating[:, :, :, :] a,
+    const Py_ssize_t[::1] rows,
+    const floating[:, ::1] keys,
+    const floating[::1] weights,
+    floating[:, :, ::1] out,
+    floating[:, :, ::1] sums,
+    floating[::1] stats,
+    bint check,
+):
+    """Fill `out` ``(B, r, n)`` with the padded head mean of rows `rows` (rollout's).
+
+    `a` is a non-empty ``(B, H, n, n)`` array (float32 or float64, unit stride on the
+    last axis); `keys` ``(B, n)`` is 1 for a real token and 0 for padding; `weights`
+    ``(H,)`` the head weights (summing to one). Each head's row is divided by its sum
+    over the real keys (the unit row where that sum is 0), padded queries and keys give
+    zeros. With `check`, every head's full row sums go to `sums` ``(B, H, r)`` (1 for a
+    padded query) and `stats[0]` receives the smallest weight of the real rows.
+    """
+    cdef Py_ssize_t item = sizeof(floating)
+    cdef Py_ssize_t nb = a.shape[0], nh = a.shape[1], n = a.shape[3], nr = rows.shape[0]
+    cdef Py_ssize_t a_sb = a.strides[0] // item, a_sh = a.strides[1] // item
+    cdef Py_ssize_t a_sr = a.strides[2] // item
+    if n > 1 and a.strides[3] != item:
+        raise ValueError("the last axis must have a unit stride")
+    if keys.shape[0] != nb or keys.shape[1] != n or weights.shape[0] != nh:
+        raise ValueError("`keys` must be (B, n) and `weights` (H,)")
+    cdef floating *sum_ptr = &sums[0, 0, 0] if check else NULL
+    with nogil:
+        if floating is float:
+            attnflow_masked_mean_f32(
+                &a[0, 0, 0, 0], nb, nh, nr, n, a_sb, a_sh, a_sr, &rows[0], &keys[0, 0],
+                &weights[0], &out[0, 0, 0], sum_ptr, &stats[0],
+            )
+        else:
+            attnflow_masked_mean_f64(
+                &a[0, 0, 0, 0], nb, nh, nr, n, a_sb, a_sh, a_sr, &rows[0], &keys[0, 0],
+                &weights[0], &out[0, 0, 0], sum_ptr, &stats[0],
+            )

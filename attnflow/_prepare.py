@@ -587,7 +587,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
             weights = namespace.reshape(weights, (*weights.shape, 1, 1))
         device = array_device(stacked)
         fused = None
-        if do_validate and values_are_inspectable(stacked):
+        if values_are_inspectable(stacked):
             # The compiled pass, layer by layer, as the streamed rollout fuses them (the
             # same numbers: pruning that prunes nothing is plain rollout exactly).
             fused = _compiled_masked_layers(stacked, mask, weights, namespace, device)
@@ -677,7 +677,13 @@ def _compiled_masked_layers(
             layer_weights = weights[i, ...] if weights.ndim == 4 else weights
             layer_weights = xp.reshape(layer_weights, (-1,))
         fused = fuse_masked_mean(
-            views[0][..., i, :, :, :], None, xp, mask=views[1], weights=layer_weights, device=device
+            views[0][..., i, :, :, :],
+            None,
+            xp,
+            mask=views[1],
+            weights=layer_weights,
+            device=device,
+            check=False,  # checked before, every head
         )
         if fused is None:
             return None
@@ -776,9 +782,9 @@ def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
         update(xp.max(deviation), xp.min(heads))
 
     heads_of = checked.layer
-    # Checked host memory with a mask: the compiled pass reads every weight once, for the
-    # fusion and the checks (NumPy views of whole stacks: eager JAX copies each slice).
-    compiled = mask is not None and check and values_are_inspectable(checked.first)
+    # Host memory with a mask: the compiled pass reads every weight once, for the fusion
+    # and the checks (NumPy views of whole stacks: eager JAX copies each slice).
+    compiled = mask is not None and values_are_inspectable(checked.first)
     stacks = None
     if compiled and checked.stacked is not None:
         stacks = host_stacks(checked.stacked, mask)
@@ -797,10 +803,12 @@ def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
             mask=mask if stacks is None else stacks[1],
             weights=weights,
             device=device,
+            check=check,
         )
-        if kernel is None or kernel.sums is None:
+        if kernel is None:
             return None
-        update(xp.max(xp.abs(kernel.sums - 1)), xp.min(kernel.low))  # padded rows: 1
+        if kernel.sums is not None and kernel.low is not None:
+            update(xp.max(xp.abs(kernel.sums - 1)), xp.min(kernel.low))  # padded rows: 1
         return kernel.fused
 
     def fuse_rows(i: int, heads: Any, start: int | None, rows: tuple[int, ...] | None) -> Any:

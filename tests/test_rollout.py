@@ -447,7 +447,7 @@ def test_padded_heads_are_renormalised_before_they_are_fused(
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "float64"])
-@pytest.mark.parametrize("path", ["compiled", "array-api", "eager"])
+@pytest.mark.parametrize("path", ["compiled", "array-api", "eager", "eager-array-api"])
 @pytest.mark.parametrize("block_bytes", [1 << 40, 1], ids=["whole-layers", "row-blocks"])
 def test_padded_paths_agree_on_rows_without_real_weight(
     weights: np.ndarray,
@@ -458,21 +458,21 @@ def test_padded_paths_agree_on_rows_without_real_weight(
 ) -> None:
     """A head with no weight on a real key gives that query its unit row, on every path.
 
-    The compiled pass, the array-API pass (:func:`masked_head_mean`) and the eager
-    preparation (taken with pruning that prunes nothing) agree with the oracle.
+    The compiled pass, the array-API pass (:func:`masked_head_mean`), streamed or in the
+    eager preparation (taken with pruning that prunes nothing), agree with the oracle.
     """
     from attnflow import _prepare
 
     monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
     monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
-    if path == "array-api":
+    if path.endswith("array-api"):
         monkeypatch.setattr(_prepare, "fuse_masked_mean", lambda *a, **k: None)
     data, mask = _leaky_padded(weights, dtype_name)
     data[1, 2, 0, 4, :] = 0.0  # item 1 (6 real tokens), layer 2, head 0, query 4:
     data[1, 2, 0, 4, 7] = 1.0  # all of its weight on a padded key
     data[1, 0, :, 2, :] = 0.0  # layer 0, query 2: every head on padded keys
     data[1, 0, :, 2, 8] = 1.0
-    options: dict[str, Any] = {"threshold": 0.0} if path == "eager" else {}
+    options: dict[str, Any] = {"threshold": 0.0} if path.startswith("eager") else {}
     tol = tolerance(dtype_name)
     for rows in (None, 2, [4, 0]):
         result = attnflow.rollout(data, mask=mask, rows=rows, layers="all", **options)
