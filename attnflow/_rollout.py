@@ -402,9 +402,10 @@ def rollout(
         ``"heads"`` checks every weight of every head (two more passes over the input);
         False checks nothing, for attention that is not row-stochastic on purpose. Value
         checks are skipped where values cannot be read cheaply (inside ``jax.jit``, on
-        Dask graphs). For a mean or weighted mean without a mask or pruning, each layer
-        is fused when the row chain reaches it and checked while it is in cache (the top
-        layer of a row chain only in the rows asked, the rest cannot change the result);
+        Dask graphs). For a mean or weighted mean without pruning, each layer is fused
+        when the row chain reaches it and checked while it is in cache (the top layer of
+        a row chain only in the rows asked, the rest cannot change the result; with a
+        mask, every head of those rows, in the pass that renormalises and fuses them);
         the checks are decided before anything is returned. Memory beyond the input then
         stays about one fused layer.
     renormalize : bool, optional
