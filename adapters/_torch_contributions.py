@@ -596,6 +596,12 @@ class BlockRecorder:
                 return
             value_heads = heads * value_width // output_width
         second = spec.second_norm if self.method == "globenc" else None
+        # Post-LN blocks: GlobEnc's and ALTI's terms read the values after the LayerNorms'
+        # centring and gains, folded into the output projection (the norm-based rule reads
+        # the values before them).
+        folded = self.method != "norm" and spec.post_norm is not None
+        norms = (spec.post_norm, second) if folded else ()
+        centred_by = [_tensor(norm, "weight") for norm in norms if norm is not None]
         with torch.no_grad():
             # The heads' contexts projected once, not the sum over the values in d
             # dimensions; the values projected once for both.
@@ -607,6 +613,7 @@ class BlockRecorder:
                 heads=heads,
                 value_heads=value_heads,
                 value_bias=value_bias,
+                centred_by=centred_by,
             )
             matrix, output = contributions_and_outputs(
                 weights,
@@ -618,6 +625,8 @@ class BlockRecorder:
                 second_norm=_parameters(second),
                 second_norm_input=None if second is None else running.second_input,
                 attended=attended,
+                normalised_values=folded,
+                threads=torch.get_num_threads(),  # the kernel's share of the cores: torch's
             )
         checked = spec.checked is not None or spec.stream is not None
         if checked and not self._matches(running, output):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal, NoReturn, TypeAlias
@@ -194,6 +194,7 @@ def head_values_and_attention_output(
     heads: int,
     value_heads: int | None = None,
     value_bias: Any | None = None,
+    centred_by: Sequence[Any | None] = (),
     xp: Namespace | None = None,
 ) -> tuple[Any, Any]:
     r"""Return :func:`head_values` and the attention's output before its bias, one projection.
@@ -211,6 +212,24 @@ def head_values_and_attention_output(
     whole layer). The values :math:`z_j W_V + b_V` are projected once for both results.
     The arguments are those of :func:`head_values` and the weights ``(*batch, heads, n,
     n)``; the results are ``(*batch, heads, n, d)`` and ``(*batch, n, d)``.
+
+    `centred_by` lists the gains :math:`\gamma_1, \dots, \gamma_k` (``(d,)`` arrays, or
+    None for a LayerNorm without an affine weight) of LayerNorms whose linear part, the
+    centring :math:`C = I - \tfrac{1}{d} \mathbf{1}\mathbf{1}^\top` and the gain
+    :math:`\Gamma = \operatorname{diag}(\gamma)`, is to be applied to the head values,
+    in order. Both are linear maps of the :math:`d` coordinates, so they fold into the
+    output projection, once per layer (:math:`H d_{head} d` products), instead of passes
+    over the ``(*batch, heads, n, d)`` values:
+
+    .. math::
+
+        v^h_j = f^h(z_j)\, C \Gamma_1 \cdots C \Gamma_k
+        = \left(z_j W_V^h + b_V^h\right) \left(W_O^h C \Gamma_1 \cdots C \Gamma_k\right),
+
+    where :math:`W_O^h C` is :math:`W_O^h` with each row's mean subtracted. The values
+    returned are then these :math:`v^h_j` (what a post-LN block's terms are made of: pass
+    them to :func:`contributions_and_outputs` with ``normalised_values=True``); the
+    attention's output stays :math:`\sum_h \alpha^h f^h`, from :math:`W_O` itself.
     """
     values, attended = _value_pathway(
         weights,
@@ -221,6 +240,7 @@ def head_values_and_attention_output(
         value_heads=value_heads,
         value_bias=value_bias,
         xp=xp,
+        centred_by=centred_by,
     )
     return values, attended
 
@@ -236,15 +256,21 @@ def _value_pathway(
     value_heads: int | None,
     value_bias: Any | None,
     xp: Namespace | None,
+    centred_by: Sequence[Any | None] = (),
 ) -> tuple[Any, Any | None]:
-    """:func:`head_values`, and with `weights` the attention's output, the values projected once."""
+    """:func:`head_values`, and with `weights` the attention's output, the values projected once.
+
+    With `centred_by`, the head values are those of the folded output projection
+    (:func:`head_values_and_attention_output`).
+    """
+    gains = list(centred_by)
+    gain_names = [f"centred_by[{k}]" for k in range(len(gains))]
+    names = ["inputs", "value_weight", "output_weight", "value_bias", *gain_names]
     arrays, boundary = enter_boundary(
-        [inputs, value_weight, output_weight, value_bias],
-        ["inputs", "value_weight", "output_weight", "value_bias"],
+        [inputs, value_weight, output_weight, value_bias, *gains], names
     )
-    z, w_v, w_o, b_v = arrays
-    names = ["inputs", "value_weight", "output_weight", "value_bias"]
-    namespace = resolve_namespace(z, w_v, w_o, b_v, xp=xp, names=names)
+    z, w_v, w_o, b_v = arrays[:4]
+    namespace = resolve_namespace(*arrays, xp=xp, names=names)
     _check_dtypes(namespace, list(zip(names, arrays, strict=True)))
     n_heads = _positive_int("heads", heads, "Pass the number of (query) heads.")
     n_value = n_heads
@@ -284,6 +310,15 @@ def _value_pathway(
         )
     if b_v is not None and tuple(b_v.shape) != (w_v.shape[1],):
         _fail("value_bias", f"have shape ({w_v.shape[1]},)", describe(b_v), "Pass b_V.", ValueError)
+    for name, gain in zip(gain_names, arrays[4:], strict=True):
+        if gain is not None and tuple(gain.shape) != (w_o.shape[1],):
+            _fail(
+                name,
+                f"be None or a LayerNorm gain of shape ({w_o.shape[1]},)",
+                describe(gain),
+                "Pass the post-LN LayerNorm's weight (and GlobEnc's second one), or None.",
+                ValueError,
+            )
     group = n_heads // n_value
     values = namespace.matmul(z, w_v)
     if b_v is not None:
@@ -295,7 +330,8 @@ def _value_pathway(
     values = namespace.permute_dims(values, (*range(nb), nb + 1, nb, nb + 2))  # (*b, kv, n, dh)
     # (*batch, kv, 1, n, d_head) @ (kv, g, d_head, d): one value head meets each output
     # projection of its group, the repeat broadcast rather than materialised.
-    per_head = namespace.reshape(w_o, (n_value, group, d_head, w_o.shape[1]))
+    folded = _fold_centring(w_o, arrays[4:], namespace)
+    per_head = namespace.reshape(folded, (n_value, group, d_head, w_o.shape[1]))
     mixed = namespace.matmul(namespace.reshape(values, (*batch, n_value, 1, n, d_head)), per_head)
     out = namespace.reshape(mixed, (*batch, n_heads, n, w_o.shape[1]))
     if weights is None:
@@ -307,6 +343,19 @@ def _value_pathway(
     context = namespace.permute_dims(context, (*range(nb), nb + 1, nb, nb + 2))  # (*b, n, H, dh)
     context = namespace.reshape(context, (*batch, n, n_heads * d_head))
     return boundary.restore(out), namespace.matmul(context, w_o)
+
+
+def _fold_centring(output_weight: Any, gains: Sequence[Any | None], xp: Namespace) -> Any:
+    r"""``W_O C Γ_1 ⋯ C Γ_k``: LayerNorms' centring and gains folded into the projection.
+
+    :math:`W C` subtracts each row's mean (:math:`C = I - \tfrac{1}{d}\mathbf{1}\mathbf{1}^\top`
+    acts on the output coordinates), :math:`W \Gamma` scales column :math:`k` by
+    :math:`\gamma_k`; ``(H d_head, d)`` elements each, once per layer.
+    """
+    folded = output_weight
+    for gain in gains:
+        folded = _centre(folded, gain, xp)
+    return folded
 
 
 def _positive_int(name: str, given: object, fix: str) -> int:
@@ -431,12 +480,14 @@ def _prepare(
     second: tuple[Any | None, Any | None],
     xp: Namespace | None,
     attended: Any | None = None,
+    normalised: bool = False,
 ) -> tuple[_Block, tuple[Any | None, Any | None]]:
     """Check the pieces (shapes and dtypes first), then compute the per-row quantities.
 
     `second` is GlobEnc's ``(second_norm_input, second_norm weight)``, checked and
     converted with the rest and handed back. `attended`, when given, is the caller's
-    ``Σ_h α^h f^h`` (see :func:`contributions_and_outputs`).
+    ``Σ_h α^h f^h`` (see :func:`contributions_and_outputs`). With `normalised`, `values`
+    already carry the LayerNorm's centring and gain (its linear part is not applied again).
     """
     gamma_beta: list[Any] = [None, None]
     if isinstance(norm, tuple) and len(norm) == 3:
@@ -515,7 +566,10 @@ def _prepare(
     offset = _centre(bias_vector, gamma, namespace) * inverse_std
     if beta is not None:
         offset = offset + beta
-    terms = _Linear(f, _centre(x, gamma, namespace), inverse_std, namespace, gamma)
+    if normalised:  # the centring and gain folded into the output projection
+        terms = _Linear(f, _centre(x, gamma, namespace), inverse_std)
+    else:
+        terms = _Linear(f, _centre(x, gamma, namespace), inverse_std, namespace, gamma)
     block = _Block(namespace, boundary, alpha, f, terms, offset, attended, gamma)
     return block, (second_input, second_gamma)
 
@@ -804,6 +858,8 @@ def contributions_and_outputs(
     second_norm: LayerNormParameters | None = None,
     second_norm_input: Any | None = None,
     attended: Any | None = None,
+    normalised_values: bool = False,
+    threads: int | None = None,
     xp: Namespace | None = None,
 ) -> tuple[Any, Any]:
     r""":func:`contributions` and the block output rebuilt as ``Σ_j T_i(x_j) + b_i``.
@@ -817,7 +873,37 @@ def contributions_and_outputs(
     as a whole MiniLM layer's forward pass; an adapter that holds the head-space values
     :math:`z W_V^h + b_V^h` computes it in :math:`H n^2 d_{head} + n H d_{head} d`
     (:func:`head_values_and_attention_output`) and passes it here.
+
+    `normalised_values` True says that `values` are not :math:`f^h(z_j)` but the
+    :math:`v^h_j` of a post-LN block's terms, with `norm`'s centring and gain (and, for
+    GlobEnc, `second_norm`'s after them) already applied, as
+    :func:`head_values_and_attention_output` returns them with ``centred_by`` (folded into
+    the output projection once per layer instead of two passes over the values). It needs
+    `attended`, `norm`, and the method ``"globenc"`` or ``"alti"`` (the norm-based rule
+    reads the values before any LayerNorm).
+
+    `threads` is the number of threads the compiled kernel splits the receiving rows
+    between on host memory (None: the CPUs this process may use); the matrices do not
+    depend on it. The torch adapter passes ``torch.get_num_threads()``.
     """
+    if normalised_values and (method not in ("globenc", "alti") or norm is None):
+        _fail(
+            "normalised_values",
+            'be False unless `method` is "globenc" or "alti" and `norm` is given',
+            f"True with method={method!r}, norm={'None' if norm is None else 'given'}",
+            "Pass f^h(z_j) (attnflow.head_values) and normalised_values=False.",
+            ValueError,
+        )
+    if normalised_values and attended is None:
+        _fail(
+            "attended",
+            "be given with normalised_values=True",
+            "None",
+            "Pass the attention's output from head_values_and_attention_output.",
+            ValueError,
+        )
+    if threads is not None:
+        _positive_int("threads", threads, "Pass a number of threads, or None for every CPU.")
     if method not in _METHODS:
         _fail(
             "method",
@@ -846,7 +932,15 @@ def contributions_and_outputs(
     second = _check_norm(second_norm, "second_norm", None)
     second_weight = None if second is None else second[0]
     block, (second_input, gamma2) = _prepare(
-        weights, values, residual, bias, norm, (second_norm_input, second_weight), xp, attended
+        weights,
+        values,
+        residual,
+        bias,
+        norm,
+        (second_norm_input, second_weight),
+        xp,
+        attended,
+        normalised_values,
     )
     namespace = block.xp
     batch, n, d = block.shape
@@ -859,7 +953,7 @@ def contributions_and_outputs(
         inverse_std = 1.0 / namespace.sqrt(variance + second[2])
         scale = inverse_std if linear.scale is None else linear.scale * inverse_std
         linear = _Linear(
-            _centre(linear.values, gamma2, namespace),
+            linear.values if normalised_values else _centre(linear.values, gamma2, namespace),
             _centre(linear.residual, gamma2, namespace),
             scale,
         )
@@ -874,7 +968,7 @@ def contributions_and_outputs(
             None if method == "norm" else _l2(_diagonal(linear, alpha, namespace), namespace)
         )
         # On host memory the compiled kernel; elsewhere the array-API blocks below.
-        norms = _contributions_fused.gram_norms(alpha, values, scale, namespace)
+        norms = _contributions_fused.gram_norms(alpha, values, scale, namespace, threads)
         if norms is not None:
             if own_norms is not None:
                 norms = _with_diagonal(norms, own_norms, 0, n, namespace, device)
@@ -893,7 +987,7 @@ def contributions_and_outputs(
         # On host memory the compiled kernel forms each term in registers and reduces it
         # at once (no (n, n, d) block is stored); elsewhere, the array-API blocks below.
         fused = _contributions_fused.distances(
-            alpha, linear.values, linear.scale, outputs, namespace
+            alpha, linear.values, linear.scale, outputs, namespace, threads
         )
         if fused is not None:
             distances, own_total = fused  # ‖y_i‖₁ (*batch, n, 1) summed as the distances

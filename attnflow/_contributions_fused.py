@@ -15,12 +15,21 @@ once. Arrays whose memory NumPy can view without a copy (NumPy, PyTorch CPU tens
 eager JAX on the CPU, array-api-strict: DLPack) go to the kernel; anything else (a GPU,
 a lazy array, float16, a source checkout without the compiled kernel) gets None, and the
 caller takes its array-API path.
+
+The kernel releases the GIL and fills a given range of receiving rows, so a layer's rows
+are split between `threads` threads (contiguous ranges of the flattened ``(batch, n)``
+rows, one per thread, each written by one thread only): the values do not depend on the
+split, so any number of threads gives the same bits as one. Small layers (fewer than
+:data:`_THREADED_WORK` multiply-adds) run on the calling thread.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -29,7 +38,7 @@ from ._gae_fused import _host_view
 from ._namespace import array_device
 from ._typing import Namespace
 
-__all__ = ["KERNEL_AVAILABLE", "distances", "gram_norms"]
+__all__ = ["KERNEL_AVAILABLE", "default_threads", "distances", "gram_norms"]
 
 
 def _load_kernels() -> tuple[Callable[..., None], Callable[..., None]] | None:
@@ -47,6 +56,57 @@ KERNEL_AVAILABLE = _kernels is not None
 
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
+#: Multiply-adds of a layer below which its rows are not split between threads (a task's
+#: hand-off costs tens of microseconds; MiniLM's 4 x 256-token layer is 10**9).
+_THREADED_WORK = 1 << 22
+
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+_pool_lock = threading.Lock()
+
+
+def default_threads() -> int:
+    """Count the CPUs this process may run on (its affinity mask where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        return max(1, len(affinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    """Return a process-wide pool with at least `workers` threads (grown if asked for more)."""
+    global _pool, _pool_size  # one pool for the process, made on first use
+    with _pool_lock:
+        if _pool is None or _pool_size < workers:
+            old = _pool
+            _pool, _pool_size = ThreadPoolExecutor(workers, "attnflow-contributions"), workers
+            if old is not None:
+                old.shutdown(wait=False)
+        return _pool
+
+
+def _row_ranges(rows: int, parts: int) -> list[tuple[int, int]]:
+    """`rows` split into at most `parts` contiguous ranges of near-equal size."""
+    parts = max(1, min(parts, rows))
+    bounds = [rows * k // parts for k in range(parts + 1)]
+    return [(bounds[k], bounds[k + 1]) for k in range(parts) if bounds[k] < bounds[k + 1]]
+
+
+def _in_threads(kernel: Callable[[int, int], None], rows: int, work: int, threads: int) -> None:
+    """Run ``kernel(first, last)`` over the rows, split between `threads` threads."""
+    ranges = _row_ranges(rows, threads if work >= _THREADED_WORK else 1)
+    if len(ranges) == 1:
+        kernel(*ranges[0])
+        return
+    pool = _executor(len(ranges) - 1)
+    # The calling thread takes the first range itself; the pool the others.
+    futures = [pool.submit(kernel, first, last) for first, last in ranges[1:]]
+    try:
+        kernel(*ranges[0])
+    finally:
+        for future in futures:
+            future.result()
+
 
 def _host_dtype(views: list[np.ndarray], view: np.ndarray) -> np.dtype[Any]:
     """Return the dtype every view must share: the first one's."""
@@ -54,7 +114,12 @@ def _host_dtype(views: list[np.ndarray], view: np.ndarray) -> np.dtype[Any]:
 
 
 def _run(
-    alpha: Any, values: Any, scale: Any | None, y: Any | None, xp: Namespace
+    alpha: Any,
+    values: Any,
+    scale: Any | None,
+    y: Any | None,
+    xp: Namespace,
+    threads: int | None,
 ) -> tuple[Any, Any | None] | None:
     """Run ALTI's kernel (with `y`) or the Gram norms' (without) on host views, or None.
 
@@ -87,18 +152,31 @@ def _run(
     alti, euclidean = _kernels
     device = array_device(alpha)
     matrix = out.reshape(*batch, n, n)
+    workers = default_threads() if threads is None else threads
+    rows = count * n
     if y is None:
-        euclidean(a, c, v, out, scaled)
+        _in_threads(
+            lambda first, last: euclidean(a, c, v, out, scaled, first, last),
+            rows,
+            rows * n * heads * (heads + 1) // 2,
+            workers,
+        )
         return xp.asarray(matrix, device=device), None
     totals = np.empty((count, n), dtype=a.dtype)
-    alti(a, c, v, np.ascontiguousarray(views[2].reshape(count, n, d)), out, totals, scaled)
+    target = np.ascontiguousarray(views[2].reshape(count, n, d))
+    _in_threads(
+        lambda first, last: alti(a, c, v, target, out, totals, scaled, first, last),
+        rows,
+        rows * n * heads * d,
+        workers,
+    )
     return xp.asarray(matrix, device=device), xp.asarray(
         totals.reshape(*batch, n, 1), device=device
     )
 
 
 def distances(
-    alpha: Any, values: Any, scale: Any | None, y: Any, xp: Namespace
+    alpha: Any, values: Any, scale: Any | None, y: Any, xp: Namespace, threads: int | None = None
 ) -> tuple[Any, Any] | None:
     r""":math:`D_{ij}` ``(*batch, n, n)`` and :math:`\lVert y_i \rVert_1` ``(*batch, n, 1)``, or None.
 
@@ -106,16 +184,20 @@ def distances(
     `scale` :math:`c_i` ``(*batch, n, 1)`` or None for 1, `y` ``(*batch, n, d)``; all of
     one dtype, the result in `xp` on `alpha`'s device. The norms are summed in the order
     of the distances, so that a key with no weight in any head has
-    :math:`D_{ij} = \lVert y_i \rVert_1` exactly (its contribution exactly 0).
+    :math:`D_{ij} = \lVert y_i \rVert_1` exactly (its contribution exactly 0). `threads`
+    (None: :func:`default_threads`) share the receiving rows; the result does not depend
+    on how many.
     """
-    return _run(alpha, values, scale, y, xp)
+    return _run(alpha, values, scale, y, xp, threads)
 
 
-def gram_norms(alpha: Any, values: Any, scale: Any | None, xp: Namespace) -> Any | None:
+def gram_norms(
+    alpha: Any, values: Any, scale: Any | None, xp: Namespace, threads: int | None = None
+) -> Any | None:
     r""":math:`\lVert c_i \sum_h \alpha^h_{ij} v^h_j \rVert_2`, ``(*batch, n, n)``, or None.
 
     From each key's Gram matrix of its head vectors (:math:`H^2` products per pair of
     tokens); the arguments are those of :func:`distances` without `y`.
     """
-    result = _run(alpha, values, scale, None, xp)
+    result = _run(alpha, values, scale, None, xp, threads)
     return None if result is None else result[0]

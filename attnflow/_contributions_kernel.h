@@ -99,22 +99,32 @@ static inline void NAME(                                                        
 }
 #endif
 
-/* Returns 0, or -1 if the scratch buffer could not be allocated. */
+/* Fills the receiving rows [first, last) of the flattened (b, i) range, b < nb: the
+ * callers split the rows between threads (each output is written by one thread, and its
+ * value does not depend on the split: every row has its own accumulators).
+ * Returns 0, or -1 if the scratch buffer could not be allocated. */
 #define ATTNFLOW_ALTI_DISTANCES(NAME, BLOCK, T, ABS)                                           \
 ATTNFLOW_ALTI_CLONES static int NAME(                                                       \
     const T *alpha, const T *scale, const T *v, const T *y, ptrdiff_t nb, ptrdiff_t nh,     \
     ptrdiff_t n, ptrdiff_t d, ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_si,               \
-    ptrdiff_t v_sb, ptrdiff_t v_sh, ptrdiff_t v_sj, T *out, T *totals)                      \
+    ptrdiff_t v_sb, ptrdiff_t v_sh, ptrdiff_t v_sj, T *out, T *totals, ptrdiff_t first,     \
+    ptrdiff_t last)                                                                         \
 {                                                                                           \
     enum { R = ATTNFLOW_ALTI_ROWS, K = ATTNFLOW_ALTI_KEYS, W = ATTNFLOW_ALTI_LANES };        \
-    T *coef = (T *)malloc(sizeof(T) * (size_t)(K * n * nh));                                \
+    T *coef;                                                                                \
+    if (first < 0) first = 0;                                                               \
+    if (last > nb * n) last = nb * n;                                                       \
+    if (first >= last) return 0;                                                            \
+    coef = (T *)malloc(sizeof(T) * (size_t)(K * n * nh));                                   \
     if (coef == NULL) return -1;                                                            \
-    for (ptrdiff_t b = 0; b < nb; ++b) {                                                    \
+    for (ptrdiff_t b = first / n; b * n < last; ++b) {                                      \
         const T *ab = alpha + b * a_sb, *yb = y + b * n * d;                                \
         const T *cb = scale == NULL ? NULL : scale + b * n;                                 \
+        ptrdiff_t lo = first > b * n ? first - b * n : 0;                                   \
+        ptrdiff_t hi = last < (b + 1) * n ? last - b * n : n;                               \
         /* ||y_i||_1 summed in the order of the distances, so that a key with no weight */  \
         /* in any head is exactly as far as nothing (its share exactly 0). */               \
-        for (ptrdiff_t i = 0; i < n; ++i) {                                                 \
+        for (ptrdiff_t i = lo; i < hi; ++i) {                                               \
             const T *yi = yb + i * d;                                                       \
             T lanes[W], s = 0;                                                              \
             ptrdiff_t full = d - d % W;                                                     \
@@ -129,7 +139,7 @@ ATTNFLOW_ALTI_CLONES static int NAME(                                           
             ptrdiff_t kk = j0 + K < n ? K : n - j0;                                         \
             /* coef[k][i][h] = c_i alpha[b, h, i, j0 + k] */                                \
             for (ptrdiff_t h = 0; h < nh; ++h)                                              \
-                for (ptrdiff_t i = 0; i < n; ++i) {                                         \
+                for (ptrdiff_t i = lo; i < hi; ++i) {                                       \
                     const T *row = ab + h * a_sh + i * a_si + j0;                           \
                     T c = cb == NULL ? (T)1 : cb[i];                                        \
                     for (ptrdiff_t k = 0; k < kk; ++k)                                      \
@@ -138,17 +148,17 @@ ATTNFLOW_ALTI_CLONES static int NAME(                                           
             for (ptrdiff_t k = 0; k < kk; ++k) {                                            \
                 ptrdiff_t j = j0 + k;                                                       \
                 const T *vj = v + b * v_sb + j * v_sj;                                      \
-                for (ptrdiff_t i0 = 0; i0 < n; i0 += R) {                                   \
+                for (ptrdiff_t i0 = lo; i0 < hi; i0 += R) {                                 \
                     const T *yr[R];                                                         \
                     const T *cr[R];                                                         \
                     T tot[R];                                                               \
                     for (int r = 0; r < R; ++r) {                                           \
-                        ptrdiff_t i = i0 + r < n ? i0 + r : n - 1;                          \
+                        ptrdiff_t i = i0 + r < hi ? i0 + r : hi - 1;                        \
                         yr[r] = yb + i * d;                                                 \
                         cr[r] = coef + (k * n + i) * nh;                                    \
                     }                                                                       \
                     BLOCK(yr, cr, vj, nh, d, v_sh, tot);                                    \
-                    for (int r = 0; r < R && i0 + r < n; ++r)                               \
+                    for (int r = 0; r < R && i0 + r < hi; ++r)                              \
                         out[(b * n + i0 + r) * n + j] = tot[r];                             \
                 }                                                                           \
             }                                                                               \
@@ -228,17 +238,25 @@ static void NAME(                                                               
 }
 #endif
 
-/* Returns 0, or -1 if the Gram matrices could not be allocated. */
+/* Fills the receiving rows [first, last) of the flattened (b, i) range, as the distances
+ * do (a thread whose rows share a batch item with another's builds its Gram matrices too).
+ * Returns 0, or -1 if the Gram matrices could not be allocated. */
 #define ATTNFLOW_GRAM_NORMS(NAME, ROW, T, SQRT)                                             \
 ATTNFLOW_ALTI_CLONES static int NAME(                                                       \
     const T *alpha, const T *scale, const T *v, ptrdiff_t nb, ptrdiff_t nh, ptrdiff_t n,    \
     ptrdiff_t d, ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_si, ptrdiff_t v_sb,            \
-    ptrdiff_t v_sh, ptrdiff_t v_sj, T *out)                                                 \
+    ptrdiff_t v_sh, ptrdiff_t v_sj, T *out, ptrdiff_t first, ptrdiff_t last)                \
 {                                                                                           \
-    T *gram = (T *)malloc(sizeof(T) * (size_t)(nh * (nh + 1) / 2 * n));                     \
+    T *gram;                                                                                \
+    if (first < 0) first = 0;                                                               \
+    if (last > nb * n) last = nb * n;                                                       \
+    if (first >= last) return 0;                                                            \
+    gram = (T *)malloc(sizeof(T) * (size_t)(nh * (nh + 1) / 2 * n));                        \
     if (gram == NULL) return -1;                                                            \
-    for (ptrdiff_t b = 0; b < nb; ++b) {                                                    \
+    for (ptrdiff_t b = first / n; b * n < last; ++b) {                                      \
         const T *vb = v + b * v_sb;                                                         \
+        ptrdiff_t lo = first > b * n ? first - b * n : 0;                                   \
+        ptrdiff_t hi = last < (b + 1) * n ? last - b * n : n;                               \
         for (ptrdiff_t j = 0; j < n; ++j) {                                                 \
             T *g = gram + j;                                                                \
             for (ptrdiff_t h = 0; h < nh; ++h) {                                            \
@@ -252,7 +270,7 @@ ATTNFLOW_ALTI_CLONES static int NAME(                                           
                 }                                                                           \
             }                                                                               \
         }                                                                                   \
-        for (ptrdiff_t i = 0; i < n; ++i) {                                                 \
+        for (ptrdiff_t i = lo; i < hi; ++i) {                                               \
             T *row = out + (b * n + i) * n;                                                 \
             T c = scale == NULL ? (T)1 : scale[b * n + i];                                  \
             ROW(alpha + b * a_sb + i * a_si, a_sh, gram, nh, n, row);                       \

@@ -10,6 +10,8 @@ def distances(
     out: np.ndarray,
     totals: np.ndarray,
     scaled: bool,
+    first: int,
+    last: int,
 ) -> None: ...
 def gram_norms(
     alpha: np.ndarray,
@@ -17,4 +19,6 @@ def gram_norms(
     values: np.ndarray,
     out: np.ndarray,
     scaled: bool,
+    first: int,
+    last: int,
 ) -> None: ...

@@ -14,20 +14,22 @@ cdef extern from "_contributions_kernel.h" nogil:
         const float *alpha, const float *scale, const float *v, const float *y,
         Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb,
         Py_ssize_t a_sh, Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj,
-        float *out, float *totals)
+        float *out, float *totals, Py_ssize_t first, Py_ssize_t last)
     int attnflow_alti_distances_f64(
         const double *alpha, const double *scale, const double *v, const double *y,
         Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb,
         Py_ssize_t a_sh, Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj,
-        double *out, double *totals)
+        double *out, double *totals, Py_ssize_t first, Py_ssize_t last)
     int attnflow_gram_norms_f32(
         const float *alpha, const float *scale, const float *v, Py_ssize_t nb,
         Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb, Py_ssize_t a_sh,
-        Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj, float *out)
+        Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj, float *out,
+        Py_ssize_t first, Py_ssize_t last)
     int attnflow_gram_norms_f64(
         const double *alpha, const double *scale, const double *v, Py_ssize_t nb,
         Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb, Py_ssize_t a_sh,
-        Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj, double *out)
+        Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj, double *out,
+        Py_ssize_t first, Py_ssize_t last)
 
 
 def gram_norms(
@@ -36,10 +38,12 @@ def gram_norms(
     const floating[:, :, :, :] values,
     floating[:, :, ::1] out,
     bint scaled,
+    Py_ssize_t first,
+    Py_ssize_t last,
 ):
-    """Fill `out` ``(B, n, n)`` with ``||c_i sum_h alpha^h_ij v^h_j||_2``.
+    """Fill rows of `out` ``(B, n, n)`` with ``||c_i sum_h alpha^h_ij v^h_j||_2``.
 
-    The arguments are those of :func:`distances`, without `y`.
+    The arguments are those of :func:`distances`, without `y` and `totals`.
     """
     cdef Py_ssize_t item = sizeof(floating)
     cdef Py_ssize_t nb = alpha.shape[0], nh = alpha.shape[1], n = alpha.shape[2]
@@ -57,11 +61,13 @@ def gram_norms(
             failed = attnflow_gram_norms_f32(
                 &alpha[0, 0, 0, 0], scale_ptr, &values[0, 0, 0, 0],
                 nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, &out[0, 0, 0],
+                first, last,
             )
         else:
             failed = attnflow_gram_norms_f64(
                 &alpha[0, 0, 0, 0], scale_ptr, &values[0, 0, 0, 0],
                 nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, &out[0, 0, 0],
+                first, last,
             )
     if failed:
         raise MemoryError("no memory for the Gram matrices")
@@ -75,8 +81,14 @@ def distances(
     floating[:, :, ::1] out,
     floating[:, ::1] totals,
     bint scaled,
+    Py_ssize_t first,
+    Py_ssize_t last,
 ):
-    """Fill `out` ``(B, n, n)`` with ALTI's distances ``||y_i - T_i(x_j)||_1`` (no residual).
+    """Fill rows of `out` ``(B, n, n)`` with ALTI's distances ``||y_i - T_i(x_j)||_1`` (no residual).
+
+    Only the receiving rows ``first <= b * n + i < last`` are written (of `out` and
+    `totals`), without the GIL: threads given disjoint ranges fill one array, and each
+    row's values do not depend on the ranges.
 
     `totals` ``(B, n)`` receives ``||y_i||_1``, summed in the order of the distances.
     `alpha` ``(B, H, n, n)`` and `values` ``(B, H, n, d)`` have a unit stride on their
@@ -99,13 +111,13 @@ def distances(
             failed = attnflow_alti_distances_f32(
                 &alpha[0, 0, 0, 0], scale_ptr, &values[0, 0, 0, 0], &y[0, 0, 0],
                 nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, &out[0, 0, 0],
-                &totals[0, 0],
+                &totals[0, 0], first, last,
             )
         else:
             failed = attnflow_alti_distances_f64(
                 &alpha[0, 0, 0, 0], scale_ptr, &values[0, 0, 0, 0], &y[0, 0, 0],
                 nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, &out[0, 0, 0],
-                &totals[0, 0],
+                &totals[0, 0], first, last,
             )
     if failed:
         raise MemoryError("no memory for ALTI's block of weights")

@@ -298,6 +298,49 @@ def test_the_compiled_kernel_equals_the_array_api_path(
         assert (compiled[..., : n - 3, n - 3 :] == 0).all()  # real rows, padded keys
 
 
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+@pytest.mark.parametrize("batch", [(1,), (3, 1)])
+def test_threads_give_the_same_bits_as_one(
+    dtype_name: str, batch: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel's rows split between 2, 3 or 7 threads: bit for bit the one-thread result.
+
+    Ranges that cut a sequence in the middle (one batch item) and at odd rows (n = 19).
+    """
+    if not _contributions_fused.KERNEL_AVAILABLE:  # pragma: no cover - a source checkout
+        pytest.fail("the compiled kernel is not built: pip install -e . builds it")
+    monkeypatch.setattr(_contributions_fused, "_THREADED_WORK", 0)  # split even tiny layers
+    rng = np.random.default_rng(20261128)
+    heads, n, d = 5, 19, 21
+    alpha = softmax_attention(rng, (*batch, heads, n, n), scale=2.0).astype(dtype_name)
+    f = rng.normal(size=(*batch, heads, n, d)).astype(dtype_name)
+    x = rng.normal(size=(*batch, n, d)).astype(dtype_name)
+    norm = ((1.0 + rng.normal(scale=0.3, size=d)).astype(dtype_name), None, EPS)
+    calls: list[tuple[int, int]] = []
+    split = _contributions_fused._row_ranges
+
+    def spy(rows: int, parts: int) -> list[tuple[int, int]]:
+        ranges = split(rows, parts)
+        calls.extend(ranges)
+        return ranges
+
+    monkeypatch.setattr(_contributions_fused, "_row_ranges", spy)
+    for method in METHODS:
+        one, one_out = _contributions.contributions_and_outputs(
+            alpha, f, x, method=method, norm=norm, threads=1
+        )
+        for threads in (2, 3, 7):
+            calls.clear()
+            many, many_out = _contributions.contributions_and_outputs(
+                alpha, f, x, method=method, norm=norm, threads=threads
+            )
+            assert len(calls) == threads  # the rows were split
+            np.testing.assert_array_equal(many, one)
+            np.testing.assert_array_equal(many_out, one_out)
+    with pytest.raises(ValueError, match=r"`threads` must be a positive int; got 0"):
+        _contributions.contributions_and_outputs(alpha, f, x, method="alti", threads=0)
+
+
 @pytest.mark.parametrize("value_heads", [None, 2])
 def test_attention_output_is_the_sum_over_the_head_values(value_heads: int | None) -> None:
     """Head-space contexts projected once equal ``Σ_h α^h f^h`` (grouped-query too)."""
@@ -322,6 +365,84 @@ def test_attention_output_is_the_sum_over_the_head_values(value_heads: int | Non
         without, out_without = _contributions.contributions_and_outputs(alpha, f, z, method=method)
         np.testing.assert_allclose(with_it, without, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(out_with, out_without, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+@pytest.mark.parametrize(
+    ("method", "second"), [("alti", False), ("globenc", False), ("globenc", True)]
+)
+def test_layer_norms_folded_into_the_output_projection(
+    block: dict[str, np.ndarray], dtype_name: str, method: str, second: bool, path: str
+) -> None:
+    """``W_O C Γ_1 (C Γ_2)`` gives the centred values, and the same matrices and outputs.
+
+    The previous formulation (the core centring f^h and applying the gains) is the oracle,
+    on the compiled and the array-API path; a LayerNorm without a gain (None) centres only.
+    """
+    exact = _exact(block, dtype_name)
+    alpha, z = exact["alpha"].astype(dtype_name), exact["x"].astype(dtype_name)
+    w_v, w_o, b_v = (exact[k].astype(dtype_name) for k in ("w_v", "w_o", "b_v"))
+    gammas = [exact["gamma"].astype(dtype_name)]
+    options: dict[str, Any] = {
+        "bias": exact["b_o"].astype(dtype_name),
+        "norm": (gammas[0], exact["beta"].astype(dtype_name), EPS),
+    }
+    if second:
+        gammas.append(exact["gamma2"].astype(dtype_name))
+        options["second_norm"] = (gammas[1], None, EPS)
+        options["second_norm_input"] = exact["v2"].astype(dtype_name)
+    tol = 1e-12 if dtype_name == "float64" else 1e-5
+    for gains in (gammas, [None] * len(gammas)):
+        pathway = {"heads": HEADS, "value_bias": b_v}
+        f, attended = _contributions.head_values_and_attention_output(alpha, z, w_v, w_o, **pathway)
+        folded, attended_folded = _contributions.head_values_and_attention_output(
+            alpha, z, w_v, w_o, centred_by=gains, **pathway
+        )
+        np.testing.assert_array_equal(attended_folded, attended)  # from W_O itself
+        expected_values = f.astype(np.float64)
+        for gain in gains:
+            expected_values = expected_values - expected_values.mean(-1, keepdims=True)
+            expected_values = expected_values if gain is None else expected_values * gain
+        scale = np.abs(expected_values).max()
+        np.testing.assert_allclose(folded, expected_values, rtol=0, atol=tol * scale)
+        run = dict(options)
+        if gains[0] is None:
+            run["norm"] = (None, run["norm"][1], EPS)
+            if second:
+                run["second_norm"] = (None, None, EPS)
+        got, got_out = _contributions.contributions_and_outputs(
+            alpha, folded, z, method=method, attended=attended, normalised_values=True, **run
+        )
+        want, want_out = _contributions.contributions_and_outputs(
+            alpha, f, z, method=method, attended=attended, **run
+        )
+        assert got.dtype == np.dtype(dtype_name)
+        largest = np.abs(want).max(axis=-1, keepdims=True)  # an ALTI row may be all zero
+        error = np.abs(got - want) / np.where(largest > 0, largest, 1)
+        assert error.max() < tol, (gains[0] is None, error.max())
+        np.testing.assert_array_equal(got_out, want_out)
+
+
+def test_folded_values_are_refused_where_they_do_not_apply(block: dict[str, np.ndarray]) -> None:
+    alpha, z, f = block["alpha"], block["x"], _values(block, block["x"])
+    norm = (block["gamma"], block["beta"], EPS)
+    attended = np.einsum("bhij,bhjd->bid", alpha, f)
+    with pytest.raises(ValueError, match=r"`normalised_values` must be False unless"):
+        _contributions.contributions_and_outputs(
+            alpha, f, z, method="norm", norm=norm, attended=attended, normalised_values=True
+        )
+    with pytest.raises(ValueError, match=r"`normalised_values` must .* norm=None"):
+        _contributions.contributions_and_outputs(
+            alpha, f, z, method="alti", attended=attended, normalised_values=True
+        )
+    with pytest.raises(ValueError, match=r"`attended` must be given with normalised_values"):
+        _contributions.contributions_and_outputs(
+            alpha, f, z, method="alti", norm=norm, normalised_values=True
+        )
+    with pytest.raises(ValueError, match=r"`centred_by\[1\]` must be None or a LayerNorm gain"):
+        _contributions.head_values_and_attention_output(
+            alpha, z, block["w_v"], block["w_o"], heads=HEADS, centred_by=[None, np.ones(D + 1)]
+        )
 
 
 def test_outputs_are_rebuilt_from_the_terms(block: dict[str, np.ndarray]) -> None:

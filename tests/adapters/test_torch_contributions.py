@@ -398,13 +398,21 @@ def test_minilm_capture_equals_the_previous_formulation(
     dtype: torch.dtype,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The fast capture (head-space attention output, compiled kernels) changes nothing.
+    """The fast capture (head-space attention output, compiled kernels, LayerNorms' centring
+    and gains folded into the output projection) changes nothing.
 
     The previous formulation, kept as the oracle: the attention's output summed over the
-    d-dimensional head values and the array-API blocks of terms and Gram matrices.
+    d-dimensional head values, the LayerNorms applied to the values by the core, and the
+    array-API blocks of terms and Gram matrices.
     """
     from attnflow import _contributions_fused
     from attnflow.adapters import _torch_contributions
+
+    fast_core = _torch_contributions.contributions_and_outputs
+
+    def previous_core(*arguments: Any, **options: Any) -> Any:
+        options["normalised_values"] = False
+        return fast_core(*arguments, **options)
 
     model, batch = minilm[implementation].to(dtype), minilm["batch"]
     mask = batch["attention_mask"].bool()
@@ -418,11 +426,12 @@ def test_minilm_capture_equals_the_previous_formulation(
                 patch.setattr(
                     _torch_contributions,
                     "head_values_and_attention_output",
-                    lambda _, *arguments, **options: (
+                    lambda _, *arguments, centred_by, **options: (
                         attnflow.head_values(*arguments, **options),
                         None,
                     ),
                 )
+                patch.setattr(_torch_contributions, "contributions_and_outputs", previous_core)
                 with torch.no_grad(), adapter.capture(model, contributions=method) as previous:
                     model(**batch)
             got, expected = fast.contributions, previous.contributions
