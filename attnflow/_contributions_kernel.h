@@ -29,12 +29,17 @@
  * else. ("arch=haswell" would dispatch on the CPU model, not its features.) */
 #if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__))
 #define ATTNFLOW_ALTI_CLONES __attribute__((target_clones("fma", "default")))
+/* ALTI's distances also have an AVX-512 version (32 registers of 16 floats or 8 doubles:
+ * the 8 rows' accumulators and sums stay in registers), chosen at run time. */
+#define ATTNFLOW_ALTI_AVX512 1
+#define ATTNFLOW_ALTI_AVX512_TARGET __attribute__((target("avx512f")))
 #else
 #define ATTNFLOW_ALTI_CLONES
+#define ATTNFLOW_ALTI_AVX512 0
 #endif
 
 #define ATTNFLOW_ALTI_ROWS 8  /* receiving tokens sharing one key's loads (8 FMA chains) */
-#define ATTNFLOW_ALTI_LANES 8 /* coordinates per step */
+#define ATTNFLOW_ALTI_LANES 8 /* coordinates per step (16 floats in the AVX-512 version) */
 #define ATTNFLOW_ALTI_KEYS 16 /* keys per gathered block of weights */
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -46,6 +51,9 @@ typedef float attnflow_alti_vf __attribute__((vector_size(32)));
 typedef int32_t attnflow_alti_vfi __attribute__((vector_size(32)));
 typedef double attnflow_alti_vd __attribute__((vector_size(64)));
 typedef int64_t attnflow_alti_vdi __attribute__((vector_size(64)));
+/* Sixteen floats: one AVX-512 register. */
+typedef float attnflow_alti_vf16 __attribute__((vector_size(64)));
+typedef int32_t attnflow_alti_vfi16 __attribute__((vector_size(64)));
 #define ATTNFLOW_ALTI_VECTORS 1
 #else
 #define ATTNFLOW_ALTI_VECTORS 0
@@ -54,12 +62,12 @@ typedef int64_t attnflow_alti_vdi __attribute__((vector_size(64)));
 /* One block of R receiving tokens against key j: tot[r] = sum_d |y_r - sum_h a_rh v_h|.
  * The vector version keeps the R accumulators of W lanes in registers. */
 #if ATTNFLOW_ALTI_VECTORS
-#define ATTNFLOW_ALTI_BLOCK(NAME, T, V, VI, SIGN, ABS)                                      \
-ATTNFLOW_ALTI_CLONES static void NAME(                                                       \
+#define ATTNFLOW_ALTI_BLOCK(NAME, T, V, VI, SIGN, ABS, LANES, TARGET)                       \
+TARGET static void NAME(                                                                    \
     const T *const *yr, const T *const *cr, const T *vj, ptrdiff_t nh, ptrdiff_t d,         \
     ptrdiff_t v_sh, T *tot)                                                                 \
 {                                                                                           \
-    enum { R = ATTNFLOW_ALTI_ROWS, W = ATTNFLOW_ALTI_LANES };                               \
+    enum { R = ATTNFLOW_ALTI_ROWS, W = LANES };                                             \
     const VI keep = (VI){0} + (SIGN);                                                       \
     V sum[R], acc[R];                                                                       \
     ptrdiff_t full = d - d % W;                                                             \
@@ -83,7 +91,7 @@ ATTNFLOW_ALTI_CLONES static void NAME(                                          
     }                                                                                       \
 }
 #else
-#define ATTNFLOW_ALTI_BLOCK(NAME, T, V, VI, SIGN, ABS)                                      \
+#define ATTNFLOW_ALTI_BLOCK(NAME, T, V, VI, SIGN, ABS, LANES, TARGET)                       \
 static inline void NAME(                                                                    \
     const T *const *yr, const T *const *cr, const T *vj, ptrdiff_t nh, ptrdiff_t d,         \
     ptrdiff_t v_sh, T *tot)                                                                 \
@@ -103,14 +111,14 @@ static inline void NAME(                                                        
  * callers split the rows between threads (each output is written by one thread, and its
  * value does not depend on the split: every row has its own accumulators).
  * Returns 0, or -1 if the scratch buffer could not be allocated. */
-#define ATTNFLOW_ALTI_DISTANCES(NAME, BLOCK, T, ABS)                                           \
-ATTNFLOW_ALTI_CLONES static int NAME(                                                       \
+#define ATTNFLOW_ALTI_DISTANCES(NAME, BLOCK, T, ABS, LANES, TARGET)                            \
+TARGET static int NAME(                                                                     \
     const T *alpha, const T *scale, const T *v, const T *y, ptrdiff_t nb, ptrdiff_t nh,     \
     ptrdiff_t n, ptrdiff_t d, ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_si,               \
     ptrdiff_t v_sb, ptrdiff_t v_sh, ptrdiff_t v_sj, T *out, T *totals, ptrdiff_t first,     \
     ptrdiff_t last)                                                                         \
 {                                                                                           \
-    enum { R = ATTNFLOW_ALTI_ROWS, K = ATTNFLOW_ALTI_KEYS, W = ATTNFLOW_ALTI_LANES };        \
+    enum { R = ATTNFLOW_ALTI_ROWS, K = ATTNFLOW_ALTI_KEYS, W = LANES };                     \
     T *coef;                                                                                \
     if (first < 0) first = 0;                                                               \
     if (last > nb * n) last = nb * n;                                                       \
@@ -169,11 +177,59 @@ ATTNFLOW_ALTI_CLONES static int NAME(                                           
 }
 
 ATTNFLOW_ALTI_BLOCK(attnflow_alti_block_f32, float, attnflow_alti_vf, attnflow_alti_vfi,
-                    0x7fffffff, fabsf)
+                    0x7fffffff, fabsf, ATTNFLOW_ALTI_LANES, ATTNFLOW_ALTI_CLONES)
 ATTNFLOW_ALTI_BLOCK(attnflow_alti_block_f64, double, attnflow_alti_vd, attnflow_alti_vdi,
-                    0x7fffffffffffffffLL, fabs)
-ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f32, attnflow_alti_block_f32, float, fabsf)
-ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f64, attnflow_alti_block_f64, double, fabs)
+                    0x7fffffffffffffffLL, fabs, ATTNFLOW_ALTI_LANES, ATTNFLOW_ALTI_CLONES)
+ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f32_any, attnflow_alti_block_f32, float, fabsf,
+                        ATTNFLOW_ALTI_LANES, ATTNFLOW_ALTI_CLONES)
+ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f64_any, attnflow_alti_block_f64, double, fabs,
+                        ATTNFLOW_ALTI_LANES, ATTNFLOW_ALTI_CLONES)
+
+#define ATTNFLOW_ALTI_ARGUMENTS(T)                                                          \
+    const T *alpha, const T *scale, const T *v, const T *y, ptrdiff_t nb, ptrdiff_t nh,     \
+    ptrdiff_t n, ptrdiff_t d, ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_si,               \
+    ptrdiff_t v_sb, ptrdiff_t v_sh, ptrdiff_t v_sj, T *out, T *totals, ptrdiff_t first,     \
+    ptrdiff_t last
+#define ATTNFLOW_ALTI_FORWARD                                                               \
+    alpha, scale, v, y, nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, out, totals,      \
+    first, last
+
+#if ATTNFLOW_ALTI_AVX512
+/* Floats 16 lanes at a time (the sum over d in that order), doubles 8 as elsewhere. */
+ATTNFLOW_ALTI_BLOCK(attnflow_alti_block_f32_avx512, float, attnflow_alti_vf16,
+                    attnflow_alti_vfi16, 0x7fffffff, fabsf, 16, ATTNFLOW_ALTI_AVX512_TARGET)
+ATTNFLOW_ALTI_BLOCK(attnflow_alti_block_f64_avx512, double, attnflow_alti_vd, attnflow_alti_vdi,
+                    0x7fffffffffffffffLL, fabs, 8, ATTNFLOW_ALTI_AVX512_TARGET)
+ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f32_avx512, attnflow_alti_block_f32_avx512,
+                        float, fabsf, 16, ATTNFLOW_ALTI_AVX512_TARGET)
+ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f64_avx512, attnflow_alti_block_f64_avx512,
+                        double, fabs, 8, ATTNFLOW_ALTI_AVX512_TARGET)
+
+static int attnflow_alti_has_avx512(void)
+{
+    static int known = -1; /* a benign race: every thread computes the same answer */
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    }
+    return known;
+}
+#define ATTNFLOW_ALTI_DISPATCH(T, SUFFIX)                                                   \
+static int attnflow_alti_distances_##SUFFIX(ATTNFLOW_ALTI_ARGUMENTS(T))                     \
+{                                                                                           \
+    if (attnflow_alti_has_avx512())                                                         \
+        return attnflow_alti_distances_##SUFFIX##_avx512(ATTNFLOW_ALTI_FORWARD);            \
+    return attnflow_alti_distances_##SUFFIX##_any(ATTNFLOW_ALTI_FORWARD);                   \
+}
+#else
+#define ATTNFLOW_ALTI_DISPATCH(T, SUFFIX)                                                   \
+static int attnflow_alti_distances_##SUFFIX(ATTNFLOW_ALTI_ARGUMENTS(T))                     \
+{                                                                                           \
+    return attnflow_alti_distances_##SUFFIX##_any(ATTNFLOW_ALTI_FORWARD);                   \
+}
+#endif
+ATTNFLOW_ALTI_DISPATCH(float, f32)
+ATTNFLOW_ALTI_DISPATCH(double, f64)
 
 /* The Euclidean rules (norm, GlobEnc) of one attention block:
  *
