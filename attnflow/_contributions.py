@@ -682,7 +682,13 @@ def _diagonal(linear: _Linear, alpha: Any, xp: Namespace) -> Any:
     # α^h_ii, (*batch, H, n): every (n + 1)-th weight of the flattened matrices, read
     # without a pass over all n² weights of every head.
     own = xp.reshape(alpha, (*alpha.shape[:-2], n * n))[..., :: n + 1]
-    terms = xp.sum(own[..., None] * linear.values, axis=-3) + linear.residual
+    # Head by head into one (*batch, n, d) sum, in the order of a sum over the head axis:
+    # no (*batch, H, n, d) product is written.
+    values = linear.values
+    terms = own[..., 0, :, None] * values[..., 0, :, :]
+    for head in range(1, values.shape[-3]):
+        terms = terms + own[..., head, :, None] * values[..., head, :, :]
+    terms = terms + linear.residual
     return terms if linear.scale is None else terms * linear.scale
 
 

