@@ -100,7 +100,9 @@ def _load_baseline(checkout: str) -> None:
     if built:
         modules.insert(0, ("attnflow._contributions_kernel", str(built[0].relative_to(checkout))))
     else:
-        print(f"{checkout} has no compiled contributions kernel: this one's is used", file=sys.stderr)
+        print(
+            f"{checkout} has no compiled contributions kernel: this one's is used", file=sys.stderr
+        )
     for name, path in modules:
         if not (Path(checkout) / path).exists():
             continue  # an older checkout without the module: this one's is used
