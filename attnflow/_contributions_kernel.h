@@ -205,6 +205,9 @@ ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f32_avx512, attnflow_alti_block_
 ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f64_avx512, attnflow_alti_block_f64_avx512,
                         double, fabs, 8, ATTNFLOW_ALTI_AVX512_TARGET)
 
+/* Set by the tests to run the other version on a CPU with AVX-512 (not thread-safe). */
+static int attnflow_alti_avx512_off = 0;
+
 static int attnflow_alti_has_avx512(void)
 {
     static int known = -1; /* a benign race: every thread computes the same answer */
@@ -212,7 +215,7 @@ static int attnflow_alti_has_avx512(void)
         __builtin_cpu_init();
         known = __builtin_cpu_supports("avx512f") ? 1 : 0;
     }
-    return known;
+    return known && !attnflow_alti_avx512_off;
 }
 #define ATTNFLOW_ALTI_DISPATCH(T, SUFFIX)                                                   \
 static int attnflow_alti_distances_##SUFFIX(ATTNFLOW_ALTI_ARGUMENTS(T))                     \
@@ -221,7 +224,18 @@ static int attnflow_alti_distances_##SUFFIX(ATTNFLOW_ALTI_ARGUMENTS(T))         
         return attnflow_alti_distances_##SUFFIX##_avx512(ATTNFLOW_ALTI_FORWARD);            \
     return attnflow_alti_distances_##SUFFIX##_any(ATTNFLOW_ALTI_FORWARD);                   \
 }
+static int attnflow_alti_avx512(int allowed)
+{
+    int before = attnflow_alti_has_avx512();
+    attnflow_alti_avx512_off = !allowed;
+    return before;
+}
 #else
+static int attnflow_alti_avx512(int allowed)
+{
+    (void)allowed;
+    return 0;
+}
 #define ATTNFLOW_ALTI_DISPATCH(T, SUFFIX)                                                   \
 static int attnflow_alti_distances_##SUFFIX(ATTNFLOW_ALTI_ARGUMENTS(T))                     \
 {                                                                                           \

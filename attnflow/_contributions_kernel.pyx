@@ -10,6 +10,7 @@ from NumPy views of host memory, without forming the ``(n, n, d)`` terms. Used b
 from cython cimport floating
 
 cdef extern from "_contributions_kernel.h" nogil:
+    int attnflow_alti_avx512(int allowed)
     int attnflow_alti_distances_f32(
         const float *alpha, const float *scale, const float *v, const float *y,
         Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb,
@@ -121,3 +122,12 @@ def distances(
             )
     if failed:
         raise MemoryError("no memory for ALTI's block of weights")
+
+
+def _allow_avx512(bint allowed):
+    """Let ALTI's distances use their AVX-512 version where the CPU has it, or not (tests).
+
+    Returns whether they used it before. Not thread-safe: for tests that compare the
+    versions on one machine.
+    """
+    return bool(attnflow_alti_avx512(allowed))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -253,19 +253,32 @@ def test_chunks_give_the_same_matrices(
         np.testing.assert_allclose(matrices, expected, rtol=tol, atol=tol)
 
 
+@pytest.fixture(params=["avx512", "avx2"])
+def vector_width(request: pytest.FixtureRequest) -> Iterator[str]:
+    """ALTI's AVX-512 version where the CPU has one, or the AVX2 / SSE2 clones."""
+    if not _contributions_fused.KERNEL_AVAILABLE:  # pragma: no cover - a source checkout
+        pytest.fail("the compiled kernel is not built: pip install -e . builds it")
+    from attnflow import _contributions_kernel
+
+    before = _contributions_kernel._allow_avx512(request.param == "avx512")
+    try:
+        yield str(request.param)
+    finally:
+        _contributions_kernel._allow_avx512(before)
+
+
 @pytest.mark.parametrize("dtype_name", ["float32", "float64"])
 @pytest.mark.parametrize("placement", ["post", "post+ln2", "pre"])
 def test_the_compiled_kernel_equals_the_array_api_path(
-    dtype_name: str, placement: str, monkeypatch: pytest.MonkeyPatch
+    dtype_name: str, placement: str, monkeypatch: pytest.MonkeyPatch, vector_width: str
 ) -> None:
     """The kernel's loops against the blocks of terms, on shapes with every remainder.
 
-    n = 19 and d = 21 leave tails past the kernel's 8 receiving tokens, 8 lanes and 16
-    keys; the weights are a view with rows n + 5 apart, 12 heads as in MiniLM, the batch
-    two axes. Padded keys (no weight in any head) get exactly 0.
+    n = 19 and d = 21 leave tails past the kernel's 8 receiving tokens, 8 or 16 lanes and
+    16 keys; the weights are a view with rows n + 5 apart, 12 heads as in MiniLM, the
+    batch two axes. Padded keys (no weight in any head) get exactly 0. Both versions of
+    ALTI's distances run on a CPU with AVX-512 (`vector_width`).
     """
-    if not _contributions_fused.KERNEL_AVAILABLE:  # pragma: no cover - a source checkout
-        pytest.fail("the compiled kernel is not built: pip install -e . builds it")
     rng = np.random.default_rng(20261126)
     batch, heads, n, d = (2, 1), 12, 19, 21
     weights = softmax_attention(rng, (*batch, heads, n, n - 3), scale=2.0)
@@ -301,7 +314,7 @@ def test_the_compiled_kernel_equals_the_array_api_path(
 @pytest.mark.parametrize("dtype_name", ["float32", "float64"])
 @pytest.mark.parametrize("batch", [(1,), (3, 1)])
 def test_threads_give_the_same_bits_as_one(
-    dtype_name: str, batch: tuple[int, ...], monkeypatch: pytest.MonkeyPatch
+    dtype_name: str, batch: tuple[int, ...], monkeypatch: pytest.MonkeyPatch, vector_width: str
 ) -> None:
     """The kernel's rows split between 2, 3 or 7 threads: bit for bit the one-thread result.
 
