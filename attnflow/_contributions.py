@@ -970,16 +970,16 @@ def contributions_and_outputs(
         # terms at all. GlobEnc's residual sits only on the diagonal, set apart.
         values = block.values if method == "norm" else linear.values
         scale = None if method == "norm" else linear.scale
-        own_norms = (
-            None if method == "norm" else _l2(_diagonal(linear, alpha, namespace), namespace)
-        )
-        # On host memory the compiled kernel; elsewhere the array-API blocks below.
-        norms = _contributions_fused.gram_norms(alpha, values, scale, namespace, threads)
+        residual = None if method == "norm" else linear.residual
+        # On host memory the compiled kernel (GlobEnc's diagonal with the residual
+        # included); elsewhere the array-API blocks below.
+        norms = _contributions_fused.gram_norms(alpha, values, scale, namespace, threads, residual)
         if norms is not None:
-            if own_norms is not None:
-                norms = _with_diagonal(norms, own_norms, 0, n, namespace, device)
             rows.append(norms)
         else:
+            own_norms = (
+                None if method == "norm" else _l2(_diagonal(linear, alpha, namespace), namespace)
+            )
             gram = _gram(values, namespace)
             heads = alpha.shape[-3]
             for start, stop in _chunks(n, _rows_per_chunk(batch, n, heads)):
@@ -988,18 +988,18 @@ def contributions_and_outputs(
                     norms = _with_diagonal(norms, own_norms, start, stop, namespace, device)
                 rows.append(norms)
     else:
-        own_rest = _manhattan(outputs - _diagonal(linear, alpha, namespace), namespace)
-        total = _manhattan(outputs, namespace)[..., None, :]  # ‖y_i‖₁, (*batch, 1, n)
         # On host memory the compiled kernel forms each term in registers and reduces it
-        # at once (no (n, n, d) block is stored); elsewhere, the array-API blocks below.
+        # at once (no (n, n, d) block is stored), the diagonal with the residual; elsewhere,
+        # the array-API blocks below.
         fused = _contributions_fused.distances(
-            alpha, linear.values, linear.scale, outputs, namespace, threads
+            alpha, linear.values, linear.scale, outputs, namespace, threads, linear.residual
         )
         if fused is not None:
-            distances, own_total = fused  # ‖y_i‖₁ (*batch, n, 1) summed as the distances
-            rest = _with_diagonal(distances, own_rest, 0, n, namespace, device)
+            rest, own_total = fused  # ‖y_i‖₁ (*batch, n, 1) summed as the distances
             rows = [namespace.maximum(own_total - rest, namespace.zeros_like(rest))]
     if method == "alti" and not rows:
+        own_rest = _manhattan(outputs - _diagonal(linear, alpha, namespace), namespace)
+        total = _manhattan(outputs, namespace)[..., None, :]  # ‖y_i‖₁, (*batch, 1, n)
         # ALTI's Manhattan distance needs the terms themselves: built a block of keys at a
         # time, all receiving tokens at once, key-major (a few large products per block,
         # not one tiny product per key and receiving block), then transposed once.

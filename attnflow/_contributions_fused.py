@@ -118,6 +118,7 @@ def _run(
     values: Any,
     scale: Any | None,
     y: Any | None,
+    residual: Any | None,
     xp: Namespace,
     threads: int | None,
 ) -> tuple[Any, Any | None] | None:
@@ -127,9 +128,10 @@ def _run(
     """
     if _kernels is None:
         return None
-    given = [alpha, values] + ([] if y is None else [y]) + ([] if scale is None else [scale])
     views: list[np.ndarray] = []
-    for array in given:
+    for array in (alpha, values, y, residual, scale):
+        if array is None:
+            continue
         view = _host_view(array)
         if view is None or view.dtype not in _DTYPES or view.dtype != _host_dtype(views, view):
             return None
@@ -148,6 +150,10 @@ def _run(
         v = np.ascontiguousarray(v)
     scaled = scale is not None
     c = np.ascontiguousarray(views[-1].reshape(count, n)) if scaled else np.ones((1, 1), a.dtype)
+    with_residual = residual is not None
+    r = np.ones((1, 1, 1), a.dtype)
+    if with_residual:
+        r = np.ascontiguousarray(views[2 + (y is not None)].reshape(count, n, d))
     out = np.empty((count, n, n), dtype=a.dtype)
     alti, euclidean = _kernels
     device = array_device(alpha)
@@ -156,7 +162,7 @@ def _run(
     rows = count * n
     if y is None:
         _in_threads(
-            lambda first, last: euclidean(a, c, v, out, scaled, first, last),
+            lambda first, last: euclidean(a, c, v, r, out, scaled, with_residual, first, last),
             rows,
             rows * n * heads * (heads + 1) // 2,
             workers,
@@ -165,7 +171,9 @@ def _run(
     totals = np.empty((count, n), dtype=a.dtype)
     target = np.ascontiguousarray(views[2].reshape(count, n, d))
     _in_threads(
-        lambda first, last: alti(a, c, v, target, out, totals, scaled, first, last),
+        lambda first, last: alti(
+            a, c, v, target, r, out, totals, scaled, with_residual, first, last
+        ),
         rows,
         rows * n * heads * d,
         workers,
@@ -176,7 +184,13 @@ def _run(
 
 
 def distances(
-    alpha: Any, values: Any, scale: Any | None, y: Any, xp: Namespace, threads: int | None = None
+    alpha: Any,
+    values: Any,
+    scale: Any | None,
+    y: Any,
+    xp: Namespace,
+    threads: int | None = None,
+    residual: Any | None = None,
 ) -> tuple[Any, Any] | None:
     r""":math:`D_{ij}` ``(*batch, n, n)`` and :math:`\lVert y_i \rVert_1` ``(*batch, n, 1)``, or None.
 
@@ -186,18 +200,26 @@ def distances(
     of the distances, so that a key with no weight in any head has
     :math:`D_{ij} = \lVert y_i \rVert_1` exactly (its contribution exactly 0). `threads`
     (None: :func:`default_threads`) share the receiving rows; the result does not depend
-    on how many.
+    on how many. With `residual` :math:`r` ``(*batch, n, d)`` the diagonal is the own
+    distance :math:`\lVert y_i - c_i (\sum_h \alpha^h_{ii} v^h_i + r_i) \rVert_1`.
     """
-    return _run(alpha, values, scale, y, xp, threads)
+    return _run(alpha, values, scale, y, residual, xp, threads)
 
 
 def gram_norms(
-    alpha: Any, values: Any, scale: Any | None, xp: Namespace, threads: int | None = None
+    alpha: Any,
+    values: Any,
+    scale: Any | None,
+    xp: Namespace,
+    threads: int | None = None,
+    residual: Any | None = None,
 ) -> Any | None:
     r""":math:`\lVert c_i \sum_h \alpha^h_{ij} v^h_j \rVert_2`, ``(*batch, n, n)``, or None.
 
     From each key's Gram matrix of its head vectors (:math:`H^2` products per pair of
-    tokens); the arguments are those of :func:`distances` without `y`.
+    tokens); the arguments are those of :func:`distances` without `y`. With `residual`
+    the diagonal is :math:`\lVert c_i (\sum_h \alpha^h_{ii} v^h_i + r_i) \rVert_2`
+    (GlobEnc's own term).
     """
-    result = _run(alpha, values, scale, None, xp, threads)
+    result = _run(alpha, values, scale, None, residual, xp, threads)
     return None if result is None else result[0]

@@ -5,7 +5,8 @@
  *     out[b, i, j] = sum_d | y[b, i, d] - c[b, i] * sum_h alpha[b, h, i, j] * v[b, h, j, d] |
  *
  * the distance ||y_i - T_i(x_j)||_1 of Ferrando et al. (2022) with T_i(x_j) the term of
- * key j without the residual (exact off the diagonal; the caller replaces the diagonal).
+ * key j without the residual (exact off the diagonal); given the residual r, the diagonal
+ * is then replaced by ||y_i - c_i (sum_h alpha[b, h, i, i] v[b, h, i, :] + r_i)||_1.
  * The (n, n, d) terms are never stored: each is formed in registers, d lanes at a time,
  * for four receiving tokens that share the loads of one key's head vectors, and reduced
  * at once. The weights of a block of keys are first gathered key-major (times c_i), so
@@ -107,14 +108,32 @@ static inline void NAME(                                                        
 }
 #endif
 
+/* The diagonal term, the only one with the residual r_i (when `res` is not NULL):
+ * t[e] = c_i (sum_h alpha[b, h, i, i] v[b, h, i, e] + r[b, i, e]), heads in order. */
+#define ATTNFLOW_OWN_TERM(NAME, T)                                                          \
+static void NAME(                                                                           \
+    const T *ai, ptrdiff_t a_sh, const T *vi, ptrdiff_t v_sh, const T *ri, T c, ptrdiff_t nh, \
+    ptrdiff_t d, T *t)                                                                      \
+{                                                                                           \
+    for (ptrdiff_t e = 0; e < d; ++e) t[e] = 0;                                             \
+    for (ptrdiff_t h = 0; h < nh; ++h) {                                                    \
+        T a = ai[h * a_sh];                                                                 \
+        const T *vh = vi + h * v_sh;                                                        \
+        for (ptrdiff_t e = 0; e < d; ++e) t[e] += a * vh[e];                                \
+    }                                                                                       \
+    for (ptrdiff_t e = 0; e < d; ++e) t[e] = (t[e] + ri[e]) * c;                            \
+}
+ATTNFLOW_OWN_TERM(attnflow_own_term_f32, float)
+ATTNFLOW_OWN_TERM(attnflow_own_term_f64, double)
+
 /* Fills the receiving rows [first, last) of the flattened (b, i) range, b < nb: the
  * callers split the rows between threads (each output is written by one thread, and its
  * value does not depend on the split: every row has its own accumulators).
  * Returns 0, or -1 if the scratch buffer could not be allocated. */
-#define ATTNFLOW_ALTI_DISTANCES(NAME, BLOCK, T, ABS, LANES, TARGET)                            \
+#define ATTNFLOW_ALTI_DISTANCES(NAME, BLOCK, OWN, T, ABS, LANES, TARGET)                       \
 TARGET static int NAME(                                                                     \
-    const T *alpha, const T *scale, const T *v, const T *y, ptrdiff_t nb, ptrdiff_t nh,     \
-    ptrdiff_t n, ptrdiff_t d, ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_si,               \
+    const T *alpha, const T *scale, const T *v, const T *y, const T *res, ptrdiff_t nb,     \
+    ptrdiff_t nh, ptrdiff_t n, ptrdiff_t d, ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_si, \
     ptrdiff_t v_sb, ptrdiff_t v_sh, ptrdiff_t v_sj, T *out, T *totals, ptrdiff_t first,     \
     ptrdiff_t last)                                                                         \
 {                                                                                           \
@@ -123,7 +142,7 @@ TARGET static int NAME(                                                         
     if (first < 0) first = 0;                                                               \
     if (last > nb * n) last = nb * n;                                                       \
     if (first >= last) return 0;                                                            \
-    coef = (T *)malloc(sizeof(T) * (size_t)(K * n * nh));                                   \
+    coef = (T *)malloc(sizeof(T) * (size_t)(K * n * nh + d));                               \
     if (coef == NULL) return -1;                                                            \
     for (ptrdiff_t b = first / n; b * n < last; ++b) {                                      \
         const T *ab = alpha + b * a_sb, *yb = y + b * n * d;                                \
@@ -171,6 +190,20 @@ TARGET static int NAME(                                                         
                 }                                                                           \
             }                                                                               \
         }                                                                                   \
+        /* The diagonal, ||y_i - T_i(x_i)||_1 with the residual, in place of the above. */  \
+        for (ptrdiff_t i = lo; res != NULL && i < hi; ++i) {                                \
+            T *t = coef + K * n * nh, lanes[W], s = 0;                                      \
+            const T *yi = yb + i * d;                                                       \
+            ptrdiff_t full = d - d % W;                                                     \
+            OWN(ab + i * a_si + i, a_sh, v + b * v_sb + i * v_sj, v_sh, res + (b * n + i) * d, \
+                cb == NULL ? (T)1 : cb[i], nh, d, t);                                       \
+            for (int w = 0; w < W; ++w) lanes[w] = 0;                                       \
+            for (ptrdiff_t e = 0; e < full; e += W)                                         \
+                for (int w = 0; w < W; ++w) lanes[w] += ABS(yi[e + w] - t[e + w]);         \
+            for (int w = 0; w < W; ++w) s += lanes[w];                                      \
+            for (ptrdiff_t e = full; e < d; ++e) s += ABS(yi[e] - t[e]);                    \
+            out[(b * n + i) * n + i] = s;                                                   \
+        }                                                                                   \
     }                                                                                       \
     free(coef);                                                                             \
     return 0;                                                                               \
@@ -180,18 +213,20 @@ ATTNFLOW_ALTI_BLOCK(attnflow_alti_block_f32, float, attnflow_alti_vf, attnflow_a
                     0x7fffffff, fabsf, ATTNFLOW_ALTI_LANES, ATTNFLOW_ALTI_CLONES)
 ATTNFLOW_ALTI_BLOCK(attnflow_alti_block_f64, double, attnflow_alti_vd, attnflow_alti_vdi,
                     0x7fffffffffffffffLL, fabs, ATTNFLOW_ALTI_LANES, ATTNFLOW_ALTI_CLONES)
-ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f32_any, attnflow_alti_block_f32, float, fabsf,
-                        ATTNFLOW_ALTI_LANES, ATTNFLOW_ALTI_CLONES)
-ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f64_any, attnflow_alti_block_f64, double, fabs,
-                        ATTNFLOW_ALTI_LANES, ATTNFLOW_ALTI_CLONES)
+ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f32_any, attnflow_alti_block_f32,
+                        attnflow_own_term_f32, float, fabsf, ATTNFLOW_ALTI_LANES,
+                        ATTNFLOW_ALTI_CLONES)
+ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f64_any, attnflow_alti_block_f64,
+                        attnflow_own_term_f64, double, fabs, ATTNFLOW_ALTI_LANES,
+                        ATTNFLOW_ALTI_CLONES)
 
 #define ATTNFLOW_ALTI_ARGUMENTS(T)                                                          \
-    const T *alpha, const T *scale, const T *v, const T *y, ptrdiff_t nb, ptrdiff_t nh,     \
-    ptrdiff_t n, ptrdiff_t d, ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_si,               \
+    const T *alpha, const T *scale, const T *v, const T *y, const T *res, ptrdiff_t nb,     \
+    ptrdiff_t nh, ptrdiff_t n, ptrdiff_t d, ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_si,               \
     ptrdiff_t v_sb, ptrdiff_t v_sh, ptrdiff_t v_sj, T *out, T *totals, ptrdiff_t first,     \
     ptrdiff_t last
 #define ATTNFLOW_ALTI_FORWARD                                                               \
-    alpha, scale, v, y, nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, out, totals,      \
+    alpha, scale, v, y, res, nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, out, totals, \
     first, last
 
 #if ATTNFLOW_ALTI_AVX512
@@ -201,9 +236,9 @@ ATTNFLOW_ALTI_BLOCK(attnflow_alti_block_f32_avx512, float, attnflow_alti_vf16,
 ATTNFLOW_ALTI_BLOCK(attnflow_alti_block_f64_avx512, double, attnflow_alti_vd, attnflow_alti_vdi,
                     0x7fffffffffffffffLL, fabs, 8, ATTNFLOW_ALTI_AVX512_TARGET)
 ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f32_avx512, attnflow_alti_block_f32_avx512,
-                        float, fabsf, 16, ATTNFLOW_ALTI_AVX512_TARGET)
+                        attnflow_own_term_f32, float, fabsf, 16, ATTNFLOW_ALTI_AVX512_TARGET)
 ATTNFLOW_ALTI_DISTANCES(attnflow_alti_distances_f64_avx512, attnflow_alti_block_f64_avx512,
-                        double, fabs, 8, ATTNFLOW_ALTI_AVX512_TARGET)
+                        attnflow_own_term_f64, double, fabs, 8, ATTNFLOW_ALTI_AVX512_TARGET)
 
 /* Set by the tests to run the other version on a CPU with AVX-512 (not thread-safe). */
 static int attnflow_alti_avx512_off = 0;
@@ -311,17 +346,17 @@ static void NAME(                                                               
 /* Fills the receiving rows [first, last) of the flattened (b, i) range, as the distances
  * do (a thread whose rows share a batch item with another's builds its Gram matrices too).
  * Returns 0, or -1 if the Gram matrices could not be allocated. */
-#define ATTNFLOW_GRAM_NORMS(NAME, ROW, T, SQRT)                                             \
+#define ATTNFLOW_GRAM_NORMS(NAME, ROW, OWN, T, SQRT)                                        \
 ATTNFLOW_ALTI_CLONES static int NAME(                                                       \
-    const T *alpha, const T *scale, const T *v, ptrdiff_t nb, ptrdiff_t nh, ptrdiff_t n,    \
-    ptrdiff_t d, ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_si, ptrdiff_t v_sb,            \
-    ptrdiff_t v_sh, ptrdiff_t v_sj, T *out, ptrdiff_t first, ptrdiff_t last)                \
+    const T *alpha, const T *scale, const T *v, const T *res, ptrdiff_t nb, ptrdiff_t nh,   \
+    ptrdiff_t n, ptrdiff_t d, ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_si,               \
+    ptrdiff_t v_sb, ptrdiff_t v_sh, ptrdiff_t v_sj, T *out, ptrdiff_t first, ptrdiff_t last) \
 {                                                                                           \
     T *gram;                                                                                \
     if (first < 0) first = 0;                                                               \
     if (last > nb * n) last = nb * n;                                                       \
     if (first >= last) return 0;                                                            \
-    gram = (T *)malloc(sizeof(T) * (size_t)(nh * (nh + 1) / 2 * n));                        \
+    gram = (T *)malloc(sizeof(T) * (size_t)(nh * (nh + 1) / 2 * n + d));                    \
     if (gram == NULL) return -1;                                                            \
     for (ptrdiff_t b = first / n; b * n < last; ++b) {                                      \
         const T *vb = v + b * v_sb;                                                         \
@@ -345,6 +380,13 @@ ATTNFLOW_ALTI_CLONES static int NAME(                                           
             T c = scale == NULL ? (T)1 : scale[b * n + i];                                  \
             ROW(alpha + b * a_sb + i * a_si, a_sh, gram, nh, n, row);                       \
             for (ptrdiff_t j = 0; j < n; ++j) row[j] = c * SQRT(row[j] > 0 ? row[j] : 0);   \
+            if (res != NULL) { /* the diagonal, ||T_i(x_i)||_2 with the residual */         \
+                T *t = gram + nh * (nh + 1) / 2 * n, s = 0;                                 \
+                OWN(alpha + b * a_sb + i * a_si + i, a_sh, vb + i * v_sj, v_sh,             \
+                    res + (b * n + i) * d, c, nh, d, t);                                    \
+                for (ptrdiff_t e = 0; e < d; ++e) s += t[e] * t[e];                         \
+                row[i] = SQRT(s);                                                           \
+            }                                                                               \
         }                                                                                   \
     }                                                                                       \
     free(gram);                                                                             \
@@ -353,5 +395,7 @@ ATTNFLOW_ALTI_CLONES static int NAME(                                           
 
 ATTNFLOW_GRAM_ROW(attnflow_gram_row_f32, float, attnflow_alti_vf)
 ATTNFLOW_GRAM_ROW(attnflow_gram_row_f64, double, attnflow_alti_vd)
-ATTNFLOW_GRAM_NORMS(attnflow_gram_norms_f32, attnflow_gram_row_f32, float, sqrtf)
-ATTNFLOW_GRAM_NORMS(attnflow_gram_norms_f64, attnflow_gram_row_f64, double, sqrt)
+ATTNFLOW_GRAM_NORMS(attnflow_gram_norms_f32, attnflow_gram_row_f32, attnflow_own_term_f32,
+                    float, sqrtf)
+ATTNFLOW_GRAM_NORMS(attnflow_gram_norms_f64, attnflow_gram_row_f64, attnflow_own_term_f64,
+                    double, sqrt)

@@ -7,9 +7,11 @@ def distances(
     scale: np.ndarray,
     values: np.ndarray,
     y: np.ndarray,
+    residual: np.ndarray,
     out: np.ndarray,
     totals: np.ndarray,
     scaled: bool,
+    with_residual: bool,
     first: int,
     last: int,
 ) -> None: ...
@@ -17,8 +19,10 @@ def gram_norms(
     alpha: np.ndarray,
     scale: np.ndarray,
     values: np.ndarray,
+    residual: np.ndarray,
     out: np.ndarray,
     scaled: bool,
+    with_residual: bool,
     first: int,
     last: int,
 ) -> None: ...
