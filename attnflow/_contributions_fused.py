@@ -62,6 +62,7 @@ _THREADED_WORK = 1 << 22
 
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
+_pool_pid = 0
 _pool_lock = threading.Lock()
 
 
@@ -75,8 +76,10 @@ def default_threads() -> int:
 
 def _executor(workers: int) -> ThreadPoolExecutor:
     """Return a process-wide pool with at least `workers` threads (grown if asked for more)."""
-    global _pool, _pool_size  # one pool for the process, made on first use
+    global _pool, _pool_size, _pool_pid  # one pool for the process, made on first use
     with _pool_lock:
+        if _pool_pid != os.getpid():  # a forked child inherits the pool but not its threads
+            _pool, _pool_size, _pool_pid = None, 0, os.getpid()
         if _pool is None or _pool_size < workers:
             old = _pool
             _pool, _pool_size = ThreadPoolExecutor(workers, "attnflow-contributions"), workers

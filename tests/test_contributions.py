@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import select
+import signal
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -352,6 +356,45 @@ def test_threads_give_the_same_bits_as_one(
             np.testing.assert_array_equal(many_out, one_out)
     with pytest.raises(ValueError, match=r"`threads` must be a positive int; got 0"):
         _contributions.contributions_and_outputs(alpha, f, x, method="alti", threads=0)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
+def test_threads_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child forked after the pool was made gets a pool of its own (not a hang)."""
+    if not _contributions_fused.KERNEL_AVAILABLE:  # pragma: no cover - a source checkout
+        pytest.fail("the compiled kernel is not built: pip install -e . builds it")
+    monkeypatch.setattr(_contributions_fused, "_THREADED_WORK", 0)
+    rng = np.random.default_rng(20261129)
+    alpha = softmax_attention(rng, (2, 3, 9, 9), scale=2.0)
+    f, x = rng.normal(size=(2, 3, 9, 5)), rng.normal(size=(2, 9, 5))
+    expected, _ = _contributions.contributions_and_outputs(alpha, f, x, method="alti", threads=3)
+    read, write = os.pipe()
+    with warnings.catch_warnings():  # fork() in a process with threads (Python 3.12+)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            matrix, _ = _contributions.contributions_and_outputs(
+                alpha, f, x, method="alti", threads=3
+            )
+            os.write(write, np.ascontiguousarray(matrix).tobytes())
+        finally:
+            os._exit(0)
+    os.close(write)
+    ready: list[int] = []
+    try:
+        ready, _, _ = select.select([read], [], [], 60)
+        assert ready, "the forked child did not answer in 60 s (its thread pool hangs)"
+        data = b""
+        while chunk := os.read(read, 1 << 16):
+            data += chunk
+    finally:
+        os.close(read)
+        if not ready:
+            os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    got = np.frombuffer(data, dtype=np.float64).reshape(expected.shape)
+    np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.parametrize("value_heads", [None, 2])
