@@ -371,6 +371,9 @@ def test_threads_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None
     read, write = os.pipe()
     with warnings.catch_warnings():  # fork() in a process with threads (Python 3.12+)
         warnings.simplefilter("ignore", DeprecationWarning)
+        # JAX, when a run of several backends loaded it, warns from its fork handler
+        # (the child here runs NumPy and the kernel only).
+        warnings.simplefilter("ignore", RuntimeWarning)
         child = os.fork()
     if child == 0:  # pragma: no cover - the child reports through the pipe
         try:
