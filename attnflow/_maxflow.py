@@ -167,14 +167,31 @@ def _scan(mixed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]
     One pass of the compiled kernel (``scan_layers``) over float64 C-contiguous input;
     numpy otherwise.
     """
+    return _scan_layers(mixed)[:3]
+
+
+def _self_strongest(middle: np.ndarray) -> bool:
+    """Whether every row of `middle` with a non-zero entry has its largest on the diagonal."""
+    if middle.shape[0] == 0:
+        return True
+    diagonal = np.diagonal(middle, axis1=1, axis2=2)
+    strongest = middle.max(axis=-1)
+    return bool(np.all((strongest <= 0) | (diagonal >= strongest)))
+
+
+def _scan_layers(
+    mixed: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, bool]:
+    """`_scan`, and whether each middle token's self arc is its strongest (`_self_strongest`)."""
     n_layers, n = mixed.shape[0], mixed.shape[-1]
     if _kernel is not None and mixed.dtype == np.float64 and mixed.flags.c_contiguous:
         lo = np.empty((n_layers - 1, n), dtype=np.int32)
         hi = np.empty((n_layers - 1, n), dtype=np.int32)
         counts = np.empty((max(n_layers - 2, 0), n), dtype=np.int64)
+        strongest = True
         if n_layers >= 2:
-            _kernel[3](mixed, lo, hi, counts)
-        return lo, hi, counts
+            strongest = bool(_kernel[3](mixed, lo, hi, counts))
+        return lo, hi, counts, strongest
     lo = np.empty((n_layers - 1, n), dtype=np.int32)
     hi = np.empty((n_layers - 1, n), dtype=np.int32)
     tokens = np.arange(n, dtype=np.int32)
@@ -184,7 +201,7 @@ def _scan(mixed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]
         lo[layer] = np.where(present, below_lo[None, :], n).min(axis=1)
         hi[layer] = np.where(present, below_hi[None, :], -1).max(axis=1)
         below_lo, below_hi = lo[layer], hi[layer]
-    return lo, hi, None
+    return lo, hi, None, _self_strongest(mixed[1:-1])
 
 
 def _source_cut(top: np.ndarray, lo: np.ndarray, hi: np.ndarray, sinks: np.ndarray) -> np.ndarray:
@@ -257,40 +274,53 @@ class _Arcs:
     bucket_end: np.ndarray
     """``(T-2, n, 64)`` int32: where each power of two's arcs of a token end (heads
     descend within one)."""
+    self_base: int = -1
+    """Where the self arcs begin (``head`` and ``capacity`` end with one per row, token-major:
+    token ``j``'s in matrix ``i`` is ``self_base + j (T-2) + i``, out of the lists), or -1
+    where every arc is listed."""
 
 
-def _arcs(middle: np.ndarray) -> _Arcs:
+def _arcs(middle: np.ndarray, self_arcs: bool = False) -> _Arcs:
     """Arc lists of the middle matrices ``Ã_2 .. Ã_{T-1}`` (zero capacities dropped)."""
-    return _arcs_and_residuals(middle, np.count_nonzero(middle > 0, axis=-1), None)[0]
+    counts = np.count_nonzero(middle > 0, axis=-1)
+    return _arcs_and_residuals(middle, counts, None, self_arcs)[0]
 
 
 def _arcs_and_residuals(
-    middle: np.ndarray, counts: np.ndarray, dense_layers: int | None
+    middle: np.ndarray, counts: np.ndarray, dense_layers: int | None, self_arcs: bool = False
 ) -> tuple[_Arcs, np.ndarray | None]:
     """Build the arc lists and (with `dense_layers`) the solver's first residual buffer.
 
     `counts` ``(T-2, n)`` holds the non-zero entries of each row. The buffer (see
     `_Prepared.take_buffer`) is written by the same pass as the arcs, with the arcs of the
     first `dense_layers` matrices left unwritten (`_Prepared.complete` writes them when a
-    solve first needs backward arcs).
+    solve first needs backward arcs). With `self_arcs`, every row's diagonal entry is set
+    apart (`_Arcs.self_base`): `counts` still counts it, where it is non-zero.
     """
     assert _kernel_build_arcs is not None  # the caller checked
     n_mats, n = middle.shape[0], middle.shape[1]
+    listed = counts
+    if self_arcs:
+        listed = counts - (np.diagonal(middle, axis1=1, axis2=2) > 0)
     offsets = np.zeros(n_mats * n + 1, dtype=np.int64)
-    np.cumsum(counts.ravel(), out=offsets[1:])
+    np.cumsum(listed.ravel(), out=offsets[1:])
     start = np.empty((n_mats, n + 1), dtype=np.int64)
     start[:, :n] = offsets[:-1].reshape(n_mats, n)
     start[:, n] = offsets[n::n]
-    head = np.empty(offsets[-1], dtype=np.int32)
-    capacity = np.empty(offsets[-1])
+    size = int(offsets[-1]) + (n_mats * n if self_arcs else 0)
+    self_base = int(offsets[-1]) if self_arcs else -1
+    head = np.empty(size, dtype=np.int32)
+    capacity = np.empty(size)
     bucket_end = np.empty((n_mats, n, 64), dtype=np.int32)
     if dense_layers is None:
-        _kernel_build_arcs(middle, start, head, capacity, bucket_end)
-        return _Arcs(start, head, capacity, counts, bucket_end), None
+        _kernel_build_arcs(middle, start, head, capacity, bucket_end, None, 0, self_arcs)
+        return _Arcs(start, head, capacity, counts, bucket_end, self_base), None
     # np.empty: the pages of the arcs left unwritten are not even mapped until written.
     residual = np.empty(head.shape[0] + 2 * n + dense_layers * n * n)
-    _kernel_build_arcs(middle, start, head, capacity, bucket_end, residual, dense_layers)
-    return _Arcs(start, head, capacity, counts, bucket_end), residual
+    _kernel_build_arcs(
+        middle, start, head, capacity, bucket_end, residual, dense_layers, self_arcs
+    )
+    return _Arcs(start, head, capacity, counts, bucket_end, self_base), residual
 
 
 def _last_heads(arcs: _Arcs, layers: int) -> np.ndarray:
@@ -298,16 +328,24 @@ def _last_heads(arcs: _Arcs, layers: int) -> np.ndarray:
 
     ``(layers, n)`` int32: each row's last non-zero column, -1 for a row without arcs.
     """
+    n = arcs.counts.shape[-1]
     if layers == 0:
-        return np.empty((0, arcs.counts.shape[-1]), dtype=np.int32)
-    counts = arcs.counts[:layers].ravel()
+        return np.empty((0, n), dtype=np.int32)
+    counts = np.diff(arcs.start[:layers], axis=1).ravel()  # listed arcs
     top = np.full(counts.shape, -1, dtype=np.int32)
     present = counts > 0
     if present.any():
         # Rows with arcs, each to the next one's first arc (rows between have none).
         heads = arcs.head[: arcs.start[layers - 1, -1]]
         top[present] = np.maximum.reduceat(heads, arcs.start[:layers, :-1].ravel()[present])
-    return top.reshape(layers, -1)
+    top = top.reshape(layers, n)
+    if arcs.self_base >= 0:
+        # The self arcs, apart from the lists: token j's own column where it is non-zero.
+        n_mats = arcs.start.shape[0]
+        own = arcs.capacity[arcs.self_base :].reshape(n, n_mats)[:, :layers].T > 0
+        tokens = np.broadcast_to(np.arange(n, dtype=np.int32), (layers, n))
+        top = np.where(own, np.maximum(top, tokens), top)
+    return top
 
 
 def _backward_arcs(
@@ -327,7 +365,7 @@ def _backward_arcs(
     start = np.empty_like(arcs.start)
     ids = np.empty(arcs.head.shape[0], dtype=np.int64)
     tails = np.empty(arcs.head.shape[0], dtype=np.int32)
-    _kernel[2](arcs.start, arcs.head, keep, start, ids, tails)
+    _kernel[2](arcs.start, arcs.head, keep, start, ids, tails, arcs.self_base)
     return start, ids, tails
 
 
@@ -360,7 +398,7 @@ class _Prepared:
     def __init__(self, mixed: np.ndarray) -> None:
         self.source = weakref.ref(mixed)  # the entry lives as long as its array
         self.n = mixed.shape[-1]
-        lo, hi, counts = _scan(mixed)
+        lo, hi, counts, self_strongest = _scan_layers(mixed)
         self.reach = lo, hi
         self.sorted_heads = _sorted_heads(self.reach[1])
         # Causal (and banded) graphs block many tokens near the sink; elsewhere the
@@ -373,7 +411,12 @@ class _Prepared:
             counts = np.count_nonzero(mixed[1:-1] > 0, axis=-1)
         # The arcs and the first residual buffer in one pass (the solver's residuals of
         # the arcs of the dense layers are written only when backward arcs need them).
-        self.arcs, first = _arcs_and_residuals(mixed[1:-1], counts, self.dense_layers)
+        # Where every middle token's strongest arc is its own (a residual of 0.5 or more),
+        # the self arcs go apart, token-major: straight descents, half of all advances on
+        # causal attention, then read a small block instead of two large arrays.
+        self.arcs, first = _arcs_and_residuals(
+            mixed[1:-1], counts, self.dense_layers, False
+        )
         assert first is not None
         # Where the arcs of the dense layers end: the residuals a first pass never reads.
         self.lower_end = int(self.arcs.start[self.dense_layers - 1, -1])

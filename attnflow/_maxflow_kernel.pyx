@@ -691,10 +691,16 @@ def scan_layers(
     ``j`` of layer ``a`` reaches (``lo = n``, ``hi = -1`` for a token with no path down),
     ``lo_a[j] = min{lo_{a-1}[k] : Ã_a[j, k] > 0}`` with ``lo_0[k] = hi_0[k] = k``.
     `counts` ``(T-2, n)``: the non-zero entries of each row of ``Ã_2 .. Ã_{T-1}``.
+
+    Returns whether every row of ``Ã_2 .. Ã_{T-1}`` with a non-zero entry has its largest
+    on the diagonal (each middle token's self arc is its strongest: so with a residual
+    of 0.5 or more on row-stochastic attention), when `build_arcs` may set self arcs apart.
     """
     cdef Py_ssize_t n_layers = mixed.shape[0], n = mixed.shape[2], a, j, k
     cdef int low, high, lo_k, hi_k
     cdef long long count
+    cdef double strongest
+    cdef bint self_strongest = True
     cdef const double* row
     cdef const int* below_lo
     cdef const int* below_hi
@@ -707,9 +713,12 @@ def scan_layers(
                 low = <int>n
                 high = -1
                 count = 0
+                strongest = 0.0
                 for k in range(n):
                     if row[k] > 0.0:
                         count += 1
+                        if row[k] > strongest:
+                            strongest = row[k]
                         if a == 0:
                             lo_k = <int>k
                             hi_k = <int>k
@@ -724,6 +733,9 @@ def scan_layers(
                 reach_hi[a, j] = high
                 if a > 0:
                     counts[a - 1, j] = count
+                    if count > 0 and not row[j] >= strongest:
+                        self_strongest = False
+    return self_strongest
 
 
 def build_arcs(
@@ -734,6 +746,7 @@ def build_arcs(
     int[:, :, ::1] bucket_end,
     double[::1] residual=None,
     Py_ssize_t dense_layers=0,
+    bint self_arcs=False,
 ):
     """Each row's non-zero entries as arcs, strongest first by powers of two.
 
@@ -751,12 +764,18 @@ def build_arcs(
     in the last ``D n²``. The residuals of the arcs of matrices ``0 .. D-1`` are left
     unwritten: first blocking flows read those layers dense (see `solve`); a solve with
     backward arcs needs them copied from `capacity` first.
+
+    With `self_arcs`, the diagonal (each token's arc to itself one layer down) is left out
+    of the lists and goes to the last ``L n`` slots of `head` and `capacity`, token-major:
+    the self arc of token ``j`` in matrix ``l`` is arc ``S + j L + l``, ``S`` the listed
+    arcs (the start offsets then count the listed arcs alone); its starting residual is
+    written whatever ``l``. The solver tries it first (`solve`'s `self_base`).
     """
     cdef Py_ssize_t n_mats = matrices.shape[0], n = matrices.shape[1], l, j, k
     cdef long long counts[N_BUCKETS]
     cdef long long place[N_BUCKETS]
     cdef int b, e
-    cdef long long total, dense = 0
+    cdef long long total, dense = 0, self_base = -1, q
     cdef double c
     cdef const double* row
     cdef double* res = NULL
@@ -768,16 +787,26 @@ def build_arcs(
         if residual.shape[0] != dense + dense_layers * n * n:
             raise ValueError("`residual` must have one entry per arc, then 2 n, then D n²")
         res = &residual[0]
+    if self_arcs:
+        self_base = head.shape[0] - n_mats * n
+        if self_base < 0 or (n_mats > 0 and start[n_mats - 1, n] != self_base):
+            raise ValueError("`head` must have the listed arcs, then one self arc per row")
     with nogil:
         for l in range(n_mats):
             for j in range(n):
                 row = &matrices[l, j, 0]
                 if res != NULL and l < dense_layers:
                     memcpy(res + dense + (l * n + j) * n, row, n * sizeof(double))
+                if self_base >= 0:
+                    q = self_base + j * n_mats + l
+                    head[q] = <int>j
+                    capacity[q] = row[j]
+                    if res != NULL:
+                        res[q] = row[j]
                 memset(counts, 0, sizeof(counts))
                 for k in range(n):
                     c = row[k]
-                    if c > 0.0:
+                    if c > 0.0 and (self_base < 0 or k != j):
                         memcpy(&bits, &c, sizeof(double))
                         e = <int>(bits >> 52)
                         b = 1023 - e + 1  # (0.5, 1] and above: bucket 0 or 1
@@ -793,7 +822,7 @@ def build_arcs(
                     bucket_end[l, j, b] = <int>(total - start[l, j])
                 for k in range(n - 1, -1, -1):
                     c = row[k]
-                    if c > 0.0:
+                    if c > 0.0 and (self_base < 0 or k != j):
                         memcpy(&bits, &c, sizeof(double))
                         e = <int>(bits >> 52)
                         b = 1023 - e + 1
@@ -815,6 +844,7 @@ def build_backward_arcs(
     long long[:, ::1] bwd_start,
     long long[::1] bwd_arc,
     int[::1] bwd_tail,
+    long long self_base=-1,
 ):
     """The arcs into each token of each matrix, by a counting sort on their heads.
 
@@ -824,9 +854,13 @@ def build_backward_arcs(
     into tokens with ``keep[i, k]`` are listed (the others get none: the solver never
     enters a token that cannot reach the sink, so its backward arcs are never read).
     Linear in the arcs; only the kept ones are written.
+
+    With `self_base` (arcs laid out by `build_arcs` with `self_arcs`), the self arcs
+    ``self_base + j L + i`` are listed too, each where its tail puts it; matrix ``i``'s
+    lists then begin at ``start[i, 0] + i n``.
     """
     cdef Py_ssize_t n_mats = start.shape[0], n = start.shape[1] - 1, i, j, k
-    cdef long long p, total
+    cdef long long p, total, first
     with nogil:
         for i in range(n_mats):
             for k in range(n + 1):
@@ -834,12 +868,21 @@ def build_backward_arcs(
             for p in range(start[i, 0], start[i, n]):
                 if keep[i, head[p]]:
                     bwd_start[i, head[p] + 1] += 1
-            total = start[i, 0]
+            if self_base >= 0:
+                for k in range(n):
+                    if keep[i, k]:
+                        bwd_start[i, k + 1] += 1
+            first = start[i, 0] + (i * n if self_base >= 0 else 0)
+            total = first
             for k in range(n + 1):
                 total += bwd_start[i, k]
                 bwd_start[i, k] = total
             # bwd_start[i, k] is now the end of token k - 1's arcs = the start of token k's
             for j in range(n):
+                if self_base >= 0 and keep[i, j]:
+                    bwd_arc[bwd_start[i, j]] = self_base + j * n_mats + i
+                    bwd_tail[bwd_start[i, j]] = <int>j
+                    bwd_start[i, j] += 1
                 for p in range(start[i, j], start[i, j + 1]):
                     k = head[p]
                     if not keep[i, k]:
@@ -850,7 +893,7 @@ def build_backward_arcs(
             # each start advanced to its token's end, the next token's start: shift back
             for k in range(n, 0, -1):
                 bwd_start[i, k] = bwd_start[i, k - 1]
-            bwd_start[i, 0] = start[i, 0]
+            bwd_start[i, 0] = first
 
 
 def solve(
