@@ -317,9 +317,7 @@ def _arcs_and_residuals(
         return _Arcs(start, head, capacity, counts, bucket_end, self_base), None
     # np.empty: the pages of the arcs left unwritten are not even mapped until written.
     residual = np.empty(head.shape[0] + 2 * n + dense_layers * n * n)
-    _kernel_build_arcs(
-        middle, start, head, capacity, bucket_end, residual, dense_layers, self_arcs
-    )
+    _kernel_build_arcs(middle, start, head, capacity, bucket_end, residual, dense_layers, self_arcs)
     return _Arcs(start, head, capacity, counts, bucket_end, self_base), residual
 
 
@@ -415,7 +413,7 @@ class _Prepared:
         # the self arcs go apart, token-major: straight descents, half of all advances on
         # causal attention, then read a small block instead of two large arrays.
         self.arcs, first = _arcs_and_residuals(
-            mixed[1:-1], counts, self.dense_layers, False
+            mixed[1:-1], counts, self.dense_layers, self_strongest
         )
         assert first is not None
         # Where the arcs of the dense layers end: the residuals a first pass never reads.
@@ -549,6 +547,7 @@ def _solve_with_kernel(
             mixed, graph.sink_columns, rows.astype(np.int64), sinks[chunk].astype(np.int64),
             np.ascontiguousarray(upper[:, chunk]), *forward, *backward, arcs.bucket_end, graph.sorted_heads,
             graph.dense_top, from_source, source_count, *reach, direct, TARGET_TOLERANCE, residual, part_values, part_status,
+            arcs.self_base,
         )  # fmt: skip
         values[:, chunk] = part_values
         status[:, chunk] = part_status
@@ -562,7 +561,7 @@ def _solve_with_kernel(
             mixed, graph.sink_columns, rows[i : i + 1].astype(np.int64), sinks[columns].astype(np.int64),
             np.ascontiguousarray(upper[i : i + 1, columns]), *forward, *graph.backward(sinks[columns]),
             arcs.bucket_end, graph.sorted_heads, graph.dense_top, from_source[i : i + 1], source_count[i : i + 1], *reach, True,
-            TARGET_TOLERANCE, graph.complete(buffer), part_values, part_status,
+            TARGET_TOLERANCE, graph.complete(buffer), part_values, part_status, arcs.self_base,
         )  # fmt: skip
         values[i, columns] = part_values[0]
         status[i, columns] = part_status[0]

@@ -4,7 +4,7 @@ import numpy as np
 
 def scan_layers(
     mixed: np.ndarray, reach_lo: np.ndarray, reach_hi: np.ndarray, counts: np.ndarray
-) -> None: ...
+) -> bool: ...
 def build_arcs(
     matrices: np.ndarray,
     start: np.ndarray,
@@ -13,6 +13,7 @@ def build_arcs(
     bucket_end: np.ndarray,
     residual: np.ndarray | None = None,
     dense_layers: int = 0,
+    self_arcs: bool = False,
 ) -> None: ...
 def build_backward_arcs(
     start: np.ndarray,
@@ -21,6 +22,7 @@ def build_backward_arcs(
     bwd_start: np.ndarray,
     bwd_arc: np.ndarray,
     bwd_tail: np.ndarray,
+    self_base: int = -1,
 ) -> None: ...
 def solve(
     mixed: np.ndarray,
@@ -34,6 +36,9 @@ def solve(
     bwd_start: np.ndarray,
     bwd_arc: np.ndarray,
     bwd_tail: np.ndarray,
+    bucket_end: np.ndarray,
+    sorted_heads: np.ndarray,
+    dense_top: np.ndarray,
     src_order: np.ndarray,
     src_count: np.ndarray,
     reach_lo: np.ndarray,
@@ -43,4 +48,5 @@ def solve(
     residual: np.ndarray,
     values: np.ndarray,
     status: np.ndarray,
+    self_base: int = -1,
 ) -> None: ...

@@ -42,6 +42,16 @@ into the sink fills), and a layer-2 token fans out into as many layer-1 tokens a
 path's bottleneck takes before the path is updated once. The current path keeps its
 residuals and running minima and writes each arc back once, when it leaves the path.
 
+Where every middle token's strongest arc is its own (attention with a residual of 0.5 or
+more: ``0.5 + 0.5 A[k, k] >= 0.5 A[k, j]``), the self arcs leave the lists: they take the
+last ``n (T-2)`` arc ids, token-major (token ``k``'s self arc in ``Ã_a`` is ``self_base +
+k (T-2) + a - 2``), and each token tries its own first (current arc 0; list arc ``i - 1``
+after it, then the backward arcs, which list self arcs too). In a first blocking flow half
+of all advances are such straight descents: they now walk consecutive residuals of a block
+that stays in cache instead of missing on the arc heads and residuals of large arrays. The
+search order is unchanged where the self arc was first in its list anyway (strongest, the
+largest head of its class: causal attention), and so are the values, to the last bit.
+
 On graphs whose residuals outgrow the caches the search prefetches what it is about to
 read: when a path leaves the source into a token, that token's first arc at every middle
 layer (where most tokens' strongest arc is their own, as in causal attention with a
@@ -98,6 +108,10 @@ cdef struct Work:
     const int* src_order    # (n,): the source row's columns, strongest first
     int src_count
     long long middle        # number of middle arcs: edge ids of source, sink edges follow
+    # self arcs (token k of layer a to token k of layer a - 1) laid out token-major, apart
+    # from the lists: edge `self_base + k (T-2) + a - 2`, tried first (see `build_arcs`)
+    bint self_on
+    long long self_base
     int source              # node ids: token j of layer a is (a-1) n + j, then source, sink
     int sink
     # the residual graph: edge e has forward residual res[e]; a middle edge's backward
@@ -157,7 +171,7 @@ cdef inline int _admissible_arc(
     Work* w, int u, bint backward, long long* edge, char* forward
 ) noexcept nogil:
     """Advance `u`'s current arc to the next admissible one; its head, or -1 if none is left."""
-    cdef int n = w.n, a, j, k, i, nf, degree, v, b
+    cdef int n = w.n, a, j, k, i, nf, degree, v, b, off
     cdef int want = w.level[u] + 1
     cdef long long base, p, q
     cdef const int* heads
@@ -192,27 +206,41 @@ cdef inline int _admissible_arc(
                 return w.sink
             i = 1
     else:
-        p = w.fwd_start[<long long>(a - 2) * (n + 1) + j]
-        nf = <int>(w.fwd_start[<long long>(a - 2) * (n + 1) + j + 1] - p)
         base = <long long>(a - 2) * n
+        off = 0
+        if w.self_on:
+            # Current arc 0 is the self arc (a straight descent reads a small block of
+            # residuals, token-major); list arc `i - 1` after it.
+            off = 1
+            if i == 0:
+                v = <int>(base + j)
+                q = w.self_base + <long long>j * (w.n_layers - 2) + a - 2
+                if w.level[v] == want and w.res[q] > 0.0:
+                    w.cur[u] = 0
+                    edge[0] = q
+                    forward[0] = 1
+                    return v
+                i = 1
+        p = w.fwd_start[<long long>(a - 2) * (n + 1) + j]
+        nf = <int>(w.fwd_start[<long long>(a - 2) * (n + 1) + j + 1] - p) + off
         heads = w.arc_head + p
         skip = w.sorted_heads[a - 2]
         ends = w.bucket_end + (<long long>(a - 2) * n + j) * N_BUCKETS
         while i < nf:
-            v = <int>(base + heads[i])
-            if w.level[v] == want and w.res[p + i] > 0.0:
+            v = <int>(base + heads[i - off])
+            if w.level[v] == want and w.res[p + i - off] > 0.0:
                 w.cur[u] = i
-                edge[0] = p + i
+                edge[0] = p + i - off
                 forward[0] = 1
                 return v
             if skip and w.reach_hi[v] < w.m:
                 # Heads descend within a strength class and reach no further as they
                 # do: the rest of this class cannot reach the sink either.
                 b = w.bucket[u]
-                while ends[b] <= i:
+                while ends[b] <= i - off:
                     b += 1
                 w.bucket[u] = b
-                i = ends[b]
+                i = ends[b] + off
                 continue
             i += 1
     if backward and a <= w.n_layers - 2:
@@ -259,10 +287,17 @@ cdef inline void _prefetch_column(Work* w, int k) noexcept nogil:
     """
     cdef int n = w.n, a, top
     cdef long long p, row
-    for a in range(w.n_layers - 1, w.dense_layers + 1, -1):
-        p = w.fwd_start[<long long>(a - 2) * (n + 1) + k]
-        _prefetch(w.arc_head + p)
-        _prefetch(w.res + p)
+    if w.self_on:
+        # The self arcs of token k, consecutive (a few cache lines).
+        p = w.self_base + <long long>k * (w.n_layers - 2)
+        for a in range(w.dense_layers, w.n_layers - 2, 8):
+            _prefetch(w.res + p + a)
+        _prefetch(w.res + p + w.n_layers - 3)
+    else:
+        for a in range(w.n_layers - 1, w.dense_layers + 1, -1):
+            p = w.fwd_start[<long long>(a - 2) * (n + 1) + k]
+            _prefetch(w.arc_head + p)
+            _prefetch(w.res + p)
     for a in range(w.dense_layers + 1, 1, -1):
         top = w.dense_top[(a - 2) * n + k]
         if top >= 0:
@@ -567,10 +602,20 @@ cdef bint _layer_residual_graph(Work* w) noexcept nogil:
                 w.level[w.sink] = want
                 sink_level = want
         elif left[a - 1] > 0:
-            # Forward arcs, into layer a - 1.
+            # Forward arcs, into layer a - 1 (the self arc first, where it is apart).
+            base = <long long>(a - 2) * n
             p = w.fwd_start[<long long>(a - 2) * (n + 1) + j]
             p_end = w.fwd_start[<long long>(a - 2) * (n + 1) + j + 1]
-            base = <long long>(a - 2) * n
+            if w.self_on:
+                v = <int>(base + j)
+                q = w.self_base + <long long>j * (n_layers - 2) + a - 2
+                if w.level[v] < 0 and w.res[q] > 0.0 and not _dead(w, v):
+                    w.level[v] = want
+                    w.queue[tail] = v
+                    tail += 1
+                    left[a - 1] -= 1
+                    if left[a - 1] == 0:
+                        p = p_end
             while p < p_end:
                 v = <int>(base + w.arc_head[p])
                 if w.level[v] < 0 and w.res[p] > 0.0 and not _dead(w, v):
@@ -643,6 +688,10 @@ cdef void _bottom_up(Work* w, int m) noexcept nogil:
         for j in range(n):
             start = (a - 2) * (<long long>n + 1) + j
             s = 0.0
+            if w.self_on:
+                c = w.arc_cap[w.self_base + <long long>j * (w.n_layers - 2) + a - 2]
+                d = below[j]
+                s += c if c < d else d
             for p in range(w.fwd_start[start], w.fwd_start[start + 1]):
                 c = w.arc_cap[p]
                 d = below[w.arc_head[p]]
@@ -920,6 +969,7 @@ def solve(
     double[::1] residual,
     double[:, ::1] values,
     signed char[:, ::1] status,
+    long long self_base=-1,
 ):
     """Max-flows from each of `rows` (layer ``T``) to each of `sinks`; see the module doc.
 
@@ -975,10 +1025,16 @@ def solve(
         raise ValueError("`dense_top` must have at most T - 2 rows")
     w.reach_hi = &reach_hi[0, 0]
     w.middle = middle
+    w.self_on = self_base >= 0
+    w.self_base = self_base
+    if w.self_on and self_base + <long long>n * (n_layers - 2) != middle:
+        raise ValueError("`self_base` must be where the last n (T-2) arcs, the self arcs, begin")
     w.source = (n_layers - 1) * n
     w.sink = w.source + 1
     w.large = n_edges * sizeof(double) >= LARGE_BYTES
-    w.prefetch_columns = w.large and w.dense_on and _columnar(&fwd_start[0, 0], w.arc_head, n)
+    w.prefetch_columns = w.large and w.dense_on and (
+        w.self_on or _columnar(&fwd_start[0, 0], w.arc_head, n)
+    )
     if residual.shape[0] != n_edges:
         raise ValueError("`residual` must have one entry per arc, then 2 n, then D n²")
     w.res = &residual[0]
