@@ -41,7 +41,7 @@ import numpy as np
 from ._graph import LayeredGraph, build_layered_graph
 
 
-def _load_kernel() -> tuple[Callable[..., None], ...] | None:
+def _load_kernel() -> tuple[Callable[..., Any], ...] | None:
     try:
         from ._maxflow_kernel import build_arcs, build_backward_arcs, scan_layers, solve
     except ImportError:  # pragma: no cover - a source checkout without the compiled kernel
@@ -336,14 +336,14 @@ def _last_heads(arcs: _Arcs, layers: int) -> np.ndarray:
         # Rows with arcs, each to the next one's first arc (rows between have none).
         heads = arcs.head[: arcs.start[layers - 1, -1]]
         top[present] = np.maximum.reduceat(heads, arcs.start[:layers, :-1].ravel()[present])
-    top = top.reshape(layers, n)
+    last = top.reshape(layers, n)
     if arcs.self_base >= 0:
         # The self arcs, apart from the lists: token j's own column where it is non-zero.
         n_mats = arcs.start.shape[0]
         own = arcs.capacity[arcs.self_base :].reshape(n, n_mats)[:, :layers].T > 0
         tokens = np.broadcast_to(np.arange(n, dtype=np.int32), (layers, n))
-        top = np.where(own, np.maximum(top, tokens), top)
-    return top
+        last = np.where(own, np.maximum(last, tokens), last)
+    return last
 
 
 def _backward_arcs(
