@@ -266,7 +266,7 @@ class _Arcs:
     """``(T-2, n+1)`` int64: token ``j`` of matrix ``i`` has arcs ``start[i, j] ..
     start[i, j+1]``."""
     head: np.ndarray
-    """``(arcs,)`` int32: the token each arc enters."""
+    """``(arcs,)`` uint16: the token each arc enters."""
     capacity: np.ndarray
     """``(arcs,)`` float64."""
     counts: np.ndarray
@@ -309,7 +309,7 @@ def _arcs_and_residuals(
     start[:, n] = offsets[n::n]
     size = int(offsets[-1]) + (n_mats * n if self_arcs else 0)
     self_base = int(offsets[-1]) if self_arcs else -1
-    head = np.empty(size, dtype=np.int32)
+    head = np.empty(size, dtype=np.uint16)
     capacity = np.empty(size)
     bucket_end = np.empty((n_mats, n, 64), dtype=np.int32)
     if dense_layers is None:
@@ -351,6 +351,9 @@ def _backward_arcs(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """List the arcs into each token: ``(start, arc ids, tails)``, see `build_backward_arcs`.
 
+    The ids are relative to their matrix's first arc, self arcs marked (`_arc_ids` reads
+    them): uint32 and uint16 tails, 6 bytes an arc instead of 12.
+
     Only into the tokens that may reach an input token in ``[low, high]`` (their interval
     ``[lo, hi]`` of `_reach` meets it): the solver never enters the others while it solves
     for a sink in that range, so their backward arcs are never read (in causal attention,
@@ -361,10 +364,27 @@ def _backward_arcs(
     # Matrix i (Ã_{i+2}) has its heads at layer i + 1: row i of `reach`.
     keep = ((lo[:-1] <= high) & (hi[:-1] >= low)).astype(np.uint8)
     start = np.empty_like(arcs.start)
-    ids = np.empty(arcs.head.shape[0], dtype=np.int64)
-    tails = np.empty(arcs.head.shape[0], dtype=np.int32)
+    # Arc ids less their matrix's first, and tokens: uint32 and uint16 (see `_arc_ids`).
+    ids = np.empty(arcs.head.shape[0], dtype=np.uint32)
+    tails = np.empty(arcs.head.shape[0], dtype=np.uint16)
     _kernel[2](arcs.start, arcs.head, keep, start, ids, tails, arcs.self_base)
     return start, ids, tails
+
+
+MAX_TOKENS = 2**16 - 1
+"""Tokens a sequence at most for the compiled solver (uint16 tokens, uint32 arc ids within a
+matrix, below `SELF_ARC`)."""
+
+SELF_ARC = 2**32 - 1
+"""A backward list's entry for a self arc set apart (`_Arcs.self_base`)."""
+
+
+def _arc_ids(arcs: _Arcs, matrix: int, entries: np.ndarray, tails: np.ndarray) -> np.ndarray:
+    """Return the arc ids of backward list entries of `matrix` (relative in `_backward_arcs`)."""
+    ids: np.ndarray = arcs.start[matrix, 0] + entries.astype(np.int64)
+    own = entries == SELF_ARC
+    ids[own] = arcs.self_base + tails[own].astype(np.int64) * arcs.start.shape[0] + matrix
+    return ids
 
 
 def _sorted_heads(hi: np.ndarray) -> np.ndarray:
@@ -396,6 +416,12 @@ class _Prepared:
     def __init__(self, mixed: np.ndarray) -> None:
         self.source = weakref.ref(mixed)  # the entry lives as long as its array
         self.n = mixed.shape[-1]
+        if self.n > MAX_TOKENS:
+            message = (
+                f"attention flow's solver takes at most {MAX_TOKENS:,} tokens a sequence, got "
+                f"{self.n:,}: pass shorter sequences (its arcs hold tokens as 16-bit integers)"
+            )
+            raise ValueError(message)
         lo, hi, counts, self_strongest = _scan_layers(mixed)
         self.reach = lo, hi
         self.sorted_heads = _sorted_heads(self.reach[1])
@@ -532,7 +558,7 @@ def _solve_with_kernel(
     values = np.zeros((rows.shape[0], sinks.shape[0]))
     status = np.zeros(values.shape, dtype=np.int8)
     forward = (arcs.start, arcs.head, arcs.capacity)
-    none = (np.zeros((1, 1), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, np.int32))
+    none = (np.zeros((1, 1), dtype=np.int64), np.zeros(0, np.uint32), np.zeros(0, np.uint16))
     buffer = graph.take_buffer(mixed)
     direct = False
     for start in range(0, sinks.shape[0], DEFERRAL_CHUNK):

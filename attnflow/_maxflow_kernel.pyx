@@ -85,9 +85,17 @@ cdef extern from *:
 
 
 cdef enum:
+    MAX_TOKENS = 65535  # tokens are unsigned shorts, and arc ids within a matrix below SELF_ARC
     N_BUCKETS = 64
     RESET_AHEAD = 16  # how far ahead `_reset` prefetches
     LARGE_BYTES = 16 << 20  # residuals from this size on are prefetched (beyond the caches)
+
+
+cdef extern from *:
+    """
+    #define ATTNFLOW_SELF_ARC 0xFFFFFFFFu
+    """
+    const unsigned int SELF_ARC "ATTNFLOW_SELF_ARC"  # a backward list's entry for a self arc
 
 
 cdef struct Work:
@@ -97,11 +105,11 @@ cdef struct Work:
     const double* cap       # Ã_1 .. Ã_T, (T, n, n): the source row is read here
     const double* sink_cols # Ã_1 transposed, (n, n): row m holds the capacities into sink m
     const long long* fwd_start  # (T-2, n+1): arcs of token j of matrix i are start[i, j] ..
-    const int* arc_head     # (arcs,): the token each arc enters, one layer down
+    const unsigned short* arc_head  # (arcs,): the token each arc enters, one layer down
     const double* arc_cap   # (arcs,)
     const long long* bwd_start  # (T-2, n+1): arcs into token j of matrix i, strongest first
-    const long long* bwd_arc    # (arcs,): their arc ids
-    const int* bwd_tail     # (arcs,): the token each one leaves, one layer up
+    const unsigned int* bwd_arc  # (arcs,): their arc ids, less their matrix's first
+    const unsigned short* bwd_tail  # (arcs,): the token each one leaves, one layer up
     const int* bucket_end   # (T-2, n, N_BUCKETS): end of each strength class of a token's arcs
     const unsigned char* sorted_heads  # (T-2,): 1 where dead heads end their strength class
     int* bucket             # (nodes,): the strength class of each node's current arc
@@ -174,7 +182,7 @@ cdef inline int _admissible_arc(
     cdef int n = w.n, a, j, k, i, nf, degree, v, b, off
     cdef int want = w.level[u] + 1
     cdef long long base, p, q
-    cdef const int* heads
+    cdef const unsigned short* heads
     cdef const int* ends
     cdef bint skip
     i = w.cur[u]
@@ -249,7 +257,7 @@ cdef inline int _admissible_arc(
         degree = nf + <int>(w.bwd_start[<long long>(a - 1) * (n + 1) + j + 1] - p)
         while i < degree:
             v = a * n + w.bwd_tail[p + i - nf]
-            q = w.bwd_arc[p + i - nf]
+            q = _arc_id(w, a - 1, w.bwd_tail[p + i - nf], w.bwd_arc[p + i - nf])
             if w.level[v] == want and w.arc_cap[q] - w.res[q] > 0.0:
                 w.cur[u] = i
                 edge[0] = q
@@ -260,7 +268,14 @@ cdef inline int _admissible_arc(
     return -1
 
 
-cdef bint _columnar(const long long* start, const int* head, int n) noexcept nogil:
+cdef inline long long _arc_id(Work* w, int i, int tail, unsigned int relative) noexcept nogil:
+    """The arc id of a backward list entry of matrix `i` (see `build_backward_arcs`)."""
+    if relative == SELF_ARC:
+        return w.self_base + <long long>tail * (w.n_layers - 2) + i
+    return w.fwd_start[<long long>i * (w.n + 1)] + relative
+
+
+cdef bint _columnar(const long long* start, const unsigned short* head, int n) noexcept nogil:
     """Whether `_prefetch_column` pays: most tokens' strongest arc in ``Ã_2`` is their own.
 
     So in causal or banded attention with a residual; in bidirectional attention most
@@ -633,7 +648,7 @@ cdef bint _layer_residual_graph(Work* w) noexcept nogil:
             base = <long long>a * n
             while p < p_end:
                 v = <int>(base + w.bwd_tail[p])
-                q = w.bwd_arc[p]
+                q = _arc_id(w, a - 1, w.bwd_tail[p], w.bwd_arc[p])
                 if w.level[v] < 0 and w.arc_cap[q] - w.res[q] > 0.0 and not _dead(w, v):
                     w.level[v] = want
                     w.queue[tail] = v
@@ -790,7 +805,7 @@ def scan_layers(
 def build_arcs(
     const double[:, :, ::1] matrices,
     long long[:, ::1] start,
-    int[::1] head,
+    unsigned short[::1] head,
     double[::1] capacity,
     int[:, :, ::1] bucket_end,
     double[::1] residual=None,
@@ -829,6 +844,8 @@ def build_arcs(
     cdef const double* row
     cdef double* res = NULL
     cdef unsigned long long bits
+    if n > MAX_TOKENS:
+        raise ValueError(f"the solver takes at most {MAX_TOKENS} tokens, not {n}")
     if residual is not None:
         if dense_layers < 0 or dense_layers > n_mats:
             raise ValueError("`dense_layers` must be between 0 and the number of matrices")
@@ -848,7 +865,7 @@ def build_arcs(
                     memcpy(res + dense + (l * n + j) * n, row, n * sizeof(double))
                 if self_base >= 0:
                     q = self_base + j * n_mats + l
-                    head[q] = <int>j
+                    head[q] = <unsigned short>j
                     capacity[q] = row[j]
                     if res != NULL:
                         res[q] = row[j]
@@ -879,7 +896,7 @@ def build_arcs(
                             b = 0
                         elif b >= N_BUCKETS:
                             b = N_BUCKETS - 1
-                        head[place[b]] = <int>k
+                        head[place[b]] = <unsigned short>k
                         capacity[place[b]] = c
                         if res != NULL and l >= dense_layers:
                             res[place[b]] = c
@@ -888,28 +905,32 @@ def build_arcs(
 
 def build_backward_arcs(
     const long long[:, ::1] start,
-    const int[::1] head,
+    const unsigned short[::1] head,
     const unsigned char[:, ::1] keep,
     long long[:, ::1] bwd_start,
-    long long[::1] bwd_arc,
-    int[::1] bwd_tail,
+    unsigned int[::1] bwd_arc,
+    unsigned short[::1] bwd_tail,
     long long self_base=-1,
 ):
     """The arcs into each token of each matrix, by a counting sort on their heads.
 
     Fills ``bwd_start`` ``(L, n+1)`` (arcs into token ``k`` of matrix ``i`` are
     ``bwd_start[i, k] .. bwd_start[i, k+1]``, within the matrix's global range of forward
-    arcs), their arc ids `bwd_arc` and the tokens they leave, `bwd_tail`. Only the arcs
+    arcs), their arc ids `bwd_arc`, less the matrix's first (``start[i, 0]``; uint32:
+    below ``n² < 2**32``), and the tokens they leave, `bwd_tail` (uint16). Only the arcs
     into tokens with ``keep[i, k]`` are listed (the others get none: the solver never
     enters a token that cannot reach the sink, so its backward arcs are never read).
     Linear in the arcs; only the kept ones are written.
 
     With `self_base` (arcs laid out by `build_arcs` with `self_arcs`), the self arcs
-    ``self_base + j L + i`` are listed too, each where its tail puts it; matrix ``i``'s
-    lists then begin at ``start[i, 0] + i n``.
+    ``self_base + j L + i`` are listed too, each where its tail puts it, as ``SELF_ARC``
+    (``2**32 - 1``: the tail says which); matrix ``i``'s lists then begin at ``start[i, 0]
+    + i n``.
     """
     cdef Py_ssize_t n_mats = start.shape[0], n = start.shape[1] - 1, i, j, k
     cdef long long p, total, first
+    if n > MAX_TOKENS:
+        raise ValueError(f"the solver takes at most {MAX_TOKENS} tokens, not {n}")
     with nogil:
         for i in range(n_mats):
             for k in range(n + 1):
@@ -929,15 +950,15 @@ def build_backward_arcs(
             # bwd_start[i, k] is now the end of token k - 1's arcs = the start of token k's
             for j in range(n):
                 if self_base >= 0 and keep[i, j]:
-                    bwd_arc[bwd_start[i, j]] = self_base + j * n_mats + i
-                    bwd_tail[bwd_start[i, j]] = <int>j
+                    bwd_arc[bwd_start[i, j]] = SELF_ARC
+                    bwd_tail[bwd_start[i, j]] = <unsigned short>j
                     bwd_start[i, j] += 1
                 for p in range(start[i, j], start[i, j + 1]):
                     k = head[p]
                     if not keep[i, k]:
                         continue
-                    bwd_arc[bwd_start[i, k]] = p
-                    bwd_tail[bwd_start[i, k]] = <int>j
+                    bwd_arc[bwd_start[i, k]] = <unsigned int>(p - start[i, 0])
+                    bwd_tail[bwd_start[i, k]] = <unsigned short>j
                     bwd_start[i, k] += 1
             # each start advanced to its token's end, the next token's start: shift back
             for k in range(n, 0, -1):
@@ -952,11 +973,11 @@ def solve(
     const long long[::1] sinks,
     const double[:, ::1] upper,
     const long long[:, ::1] fwd_start,
-    const int[::1] arc_head,
+    const unsigned short[::1] arc_head,
     const double[::1] arc_cap,
     const long long[:, ::1] bwd_start,
-    const long long[::1] bwd_arc,
-    const int[::1] bwd_tail,
+    const unsigned int[::1] bwd_arc,
+    const unsigned short[::1] bwd_tail,
     const int[:, :, ::1] bucket_end,
     const unsigned char[::1] sorted_heads,
     const int[:, ::1] dense_top,

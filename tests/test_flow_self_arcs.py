@@ -101,7 +101,7 @@ def test_self_arcs_apart_hold_every_entry_once() -> None:
     for i in range(n_mats):
         for j in range(n):
             part = slice(arcs.start[i, j], arcs.start[i, j + 1])
-            heads, capacity = arcs.head[part], arcs.capacity[part]
+            heads, capacity = arcs.head[part].astype(int), arcs.capacity[part]
             expected = [k for k in np.flatnonzero(middle[i, j] > 0) if k != j]
             assert sorted(heads) == expected
             np.testing.assert_array_equal(capacity, middle[i, j, heads])
@@ -124,8 +124,9 @@ def test_self_arcs_apart_hold_every_entry_once() -> None:
     without = engine._backward_arcs(listed, reach, 0, n - 1)
     for i in range(n_mats):
         for k in range(n):
-            ids = with_self[1][with_self[0][i, k] : with_self[0][i, k + 1]]
-            tails = with_self[2][with_self[0][i, k] : with_self[0][i, k + 1]]
+            entries = with_self[1][with_self[0][i, k] : with_self[0][i, k + 1]]
+            tails = with_self[2][with_self[0][i, k] : with_self[0][i, k + 1]].astype(int)
+            ids = engine._arc_ids(arcs, i, entries, tails)
             assert np.all(arcs.head[ids] == k)
             np.testing.assert_array_equal(arcs.capacity[ids], middle[i, tails, k])
             reference_tails = without[2][without[0][i, k] : without[0][i, k + 1]]
@@ -234,3 +235,17 @@ def test_any_small_graph_equals_igraph(
         assert apart is engine._self_strongest(mixed[1:-1])
         values, _, reference = _values(mixed, np.arange(n), patch)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+
+
+def test_too_many_tokens_for_the_solver_fail_before_any_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Tokens are 16-bit in the solver's arcs: a longer sequence is refused, naming the
+    # limit and the length, before anything is built.
+    monkeypatch.setattr(engine, "MAX_TOKENS", 11)
+    mixed = _mixed(_attention(np.random.default_rng(7), 4, 12, causal=True), 0.5)
+    scans: list[int] = []
+    monkeypatch.setattr(engine, "_scan_layers", lambda m: scans.append(1))
+    with pytest.raises(ValueError, match=r"at most 11 tokens a sequence, got 12"):
+        engine._Prepared(mixed)
+    assert not scans
