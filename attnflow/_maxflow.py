@@ -43,10 +43,16 @@ from ._graph import LayeredGraph, build_layered_graph
 
 def _load_kernel() -> tuple[Callable[..., Any], ...] | None:
     try:
-        from ._maxflow_kernel import build_arcs, build_backward_arcs, scan_layers, solve
+        from ._maxflow_kernel import (
+            build_arcs,
+            build_backward_arcs,
+            fill_residuals,
+            scan_layers,
+            solve,
+        )
     except ImportError:  # pragma: no cover - a source checkout without the compiled kernel
         return None
-    return solve, build_arcs, build_backward_arcs, scan_layers
+    return solve, build_arcs, build_backward_arcs, scan_layers, fill_residuals
 
 
 _kernel = _load_kernel()
@@ -266,18 +272,32 @@ class _Arcs:
     """``(T-2, n+1)`` int64: token ``j`` of matrix ``i`` has arcs ``start[i, j] ..
     start[i, j+1]``."""
     head: np.ndarray
-    """``(arcs,)`` uint16: the token each arc enters."""
-    capacity: np.ndarray
-    """``(arcs,)`` float64."""
+    """``(arcs,)`` uint16: the token each arc enters (its capacity is the matrix's entry:
+    no copy is kept, see `capacities`)."""
     counts: np.ndarray
     """``(T-2, n)``: arcs of each token."""
     bucket_end: np.ndarray
     """``(T-2, n, 64)`` int32: where each power of two's arcs of a token end (heads
     descend within one)."""
     self_base: int = -1
-    """Where the self arcs begin (``head`` and ``capacity`` end with one per row, token-major:
-    token ``j``'s in matrix ``i`` is ``self_base + j (T-2) + i``, out of the lists), or -1
-    where every arc is listed."""
+    """Where the self arcs begin (``head`` ends with one per row, token-major: token ``j``'s
+    in matrix ``i`` is ``self_base + j (T-2) + i``, out of the lists), or -1 where every
+    arc is listed."""
+
+    def capacities(self, middle: np.ndarray) -> np.ndarray:
+        """Return each arc's capacity ``(arcs,)``, read from the matrices `middle` they list."""
+        n_mats, n = self.start.shape[0], self.start.shape[1] - 1
+        listed = np.diff(self.start, axis=1).ravel()
+        matrix = np.repeat(np.arange(n_mats), n)
+        tail = np.tile(np.arange(n), n_mats)
+        end = int(self.start[-1, -1]) if n_mats else 0
+        out = np.empty(self.head.shape[0])
+        heads = self.head[:end].astype(np.int64)
+        out[:end] = middle[np.repeat(matrix, listed), np.repeat(tail, listed), heads]
+        if self.self_base >= 0:
+            own = np.arange(n)
+            out[self.self_base :] = middle[:, own, own].T.ravel()
+        return out
 
 
 def _arcs(middle: np.ndarray, self_arcs: bool = False) -> _Arcs:
@@ -310,15 +330,14 @@ def _arcs_and_residuals(
     size = int(offsets[-1]) + (n_mats * n if self_arcs else 0)
     self_base = int(offsets[-1]) if self_arcs else -1
     head = np.empty(size, dtype=np.uint16)
-    capacity = np.empty(size)
     bucket_end = np.empty((n_mats, n, 64), dtype=np.int32)
     if dense_layers is None:
-        _kernel_build_arcs(middle, start, head, capacity, bucket_end, None, 0, self_arcs)
-        return _Arcs(start, head, capacity, counts, bucket_end, self_base), None
+        _kernel_build_arcs(middle, start, head, bucket_end, None, 0, self_arcs)
+        return _Arcs(start, head, counts, bucket_end, self_base), None
     # np.empty: the pages of the arcs left unwritten are not even mapped until written.
     residual = np.empty(head.shape[0] + 2 * n + dense_layers * n * n)
-    _kernel_build_arcs(middle, start, head, capacity, bucket_end, residual, dense_layers, self_arcs)
-    return _Arcs(start, head, capacity, counts, bucket_end, self_base), residual
+    _kernel_build_arcs(middle, start, head, bucket_end, residual, dense_layers, self_arcs)
+    return _Arcs(start, head, counts, bucket_end, self_base), residual
 
 
 def _last_heads(arcs: _Arcs, layers: int) -> np.ndarray:
@@ -338,9 +357,9 @@ def _last_heads(arcs: _Arcs, layers: int) -> np.ndarray:
         top[present] = np.maximum.reduceat(heads, arcs.start[:layers, :-1].ravel()[present])
     last = top.reshape(layers, n)
     if arcs.self_base >= 0:
-        # The self arcs, apart from the lists: token j's own column where it is non-zero.
-        n_mats = arcs.start.shape[0]
-        own = arcs.capacity[arcs.self_base :].reshape(n, n_mats)[:, :layers].T > 0
+        # The self arcs, apart from the lists: token j's own column where it is non-zero
+        # (counted in `counts`, not listed).
+        own = arcs.counts[:layers] > np.diff(arcs.start[:layers], axis=1)
         tokens = np.broadcast_to(np.arange(n, dtype=np.int32), (layers, n))
         last = np.where(own, np.maximum(last, tokens), last)
     return last
@@ -442,6 +461,7 @@ class _Prepared:
             mixed[1:-1], counts, self.dense_layers, self_strongest
         )
         assert first is not None
+        self.self_apart = self.arcs.self_base >= 0
         # Where the arcs of the dense layers end: the residuals a first pass never reads.
         self.lower_end = int(self.arcs.start[self.dense_layers - 1, -1])
         self.dense_top = _last_heads(self.arcs, self.dense_layers)
@@ -490,16 +510,23 @@ class _Prepared:
         with self._lock:
             if self._buffers:
                 return self._buffers.pop()
-        arcs = self.arcs.capacity.shape[0]
+        arcs = self.arcs.head.shape[0]
         buffer = np.empty(arcs + 2 * self.n + self.dense_layers * self.n * self.n)
-        buffer[self.lower_end : arcs] = self.arcs.capacity[self.lower_end :]
+        self._fill(mixed, buffer, self.dense_layers, mixed.shape[0] - 2)
         buffer[arcs + 2 * self.n :] = mixed[1 : self.dense_layers + 1].ravel()
         return _Residuals(buffer, complete=False)
+
+    def _fill(self, mixed: np.ndarray, buffer: np.ndarray, low: int, high: int) -> None:
+        """Write the arcs of the middle matrices ``low .. high-1`` at their capacities."""
+        assert _kernel is not None  # the caller checked
+        _kernel[4](mixed[1:-1], self.arcs.start, self.arcs.head, buffer, low, high, self.self_apart)
 
     def complete(self, residuals: _Residuals) -> np.ndarray:
         """Return the buffer with every middle arc at its capacity (backward arcs need it)."""
         if not residuals.complete:
-            residuals.array[: self.lower_end] = self.arcs.capacity[: self.lower_end]
+            mixed = self.source()
+            assert mixed is not None  # the caller holds it
+            self._fill(mixed, residuals.array, 0, self.dense_layers)
             residuals.complete = True
         return residuals.array
 
@@ -557,7 +584,7 @@ def _solve_with_kernel(
     )
     values = np.zeros((rows.shape[0], sinks.shape[0]))
     status = np.zeros(values.shape, dtype=np.int8)
-    forward = (arcs.start, arcs.head, arcs.capacity)
+    forward = (arcs.start, arcs.head)
     none = (np.zeros((1, 1), dtype=np.int64), np.zeros(0, np.uint32), np.zeros(0, np.uint16))
     buffer = graph.take_buffer(mixed)
     direct = False

@@ -9,10 +9,18 @@ def build_arcs(
     matrices: np.ndarray,
     start: np.ndarray,
     head: np.ndarray,
-    capacity: np.ndarray,
     bucket_end: np.ndarray,
     residual: np.ndarray | None = None,
     dense_layers: int = 0,
+    self_arcs: bool = False,
+) -> None: ...
+def fill_residuals(
+    matrices: np.ndarray,
+    start: np.ndarray,
+    head: np.ndarray,
+    residual: np.ndarray,
+    low: int,
+    high: int,
     self_arcs: bool = False,
 ) -> None: ...
 def build_backward_arcs(
@@ -32,7 +40,6 @@ def solve(
     upper: np.ndarray,
     fwd_start: np.ndarray,
     arc_head: np.ndarray,
-    arc_cap: np.ndarray,
     bwd_start: np.ndarray,
     bwd_arc: np.ndarray,
     bwd_tail: np.ndarray,

@@ -106,7 +106,6 @@ cdef struct Work:
     const double* sink_cols # Ã_1 transposed, (n, n): row m holds the capacities into sink m
     const long long* fwd_start  # (T-2, n+1): arcs of token j of matrix i are start[i, j] ..
     const unsigned short* arc_head  # (arcs,): the token each arc enters, one layer down
-    const double* arc_cap   # (arcs,)
     const long long* bwd_start  # (T-2, n+1): arcs into token j of matrix i, strongest first
     const unsigned int* bwd_arc  # (arcs,): their arc ids, less their matrix's first
     const unsigned short* bwd_tail  # (arcs,): the token each one leaves, one layer up
@@ -123,7 +122,7 @@ cdef struct Work:
     int source              # node ids: token j of layer a is (a-1) n + j, then source, sink
     int sink
     # the residual graph: edge e has forward residual res[e]; a middle edge's backward
-    # residual is arc_cap[e] - res[e]
+    # residual is its capacity (in `cap`, by its tail and head) less res[e]
     double* res
     int* level
     int* cur
@@ -131,12 +130,14 @@ cdef struct Work:
     long long* path_edge
     char* path_forward
     double* path_value      # forward residual of each arc of the current path
+    double* path_cap        # capacity of each arc back up of the current path
     double* path_min        # path_min[d]: the smallest of the first d (forward) residuals
     int* queue
     int* left               # (T + 1,): live tokens of each layer without a level yet
     double* deliverable     # bottom-up bound of one sink, per token of one layer (2 n)
     long long* log          # middle edges touched since the last reset
-    long long log_len
+    double* log_old         # and the residual each had before (a reset restores them
+    long long log_len       # in reverse: the capacities are not kept per arc)
     long long log_cap
     # reachability: token j of layer a reaches only input tokens in [lo, hi] (node ids)
     const int* reach_lo
@@ -155,13 +156,23 @@ cdef struct Work:
     unsigned long long* alive
 
 
+cdef inline double _capacity(Work* w, int a, int tail, int head) noexcept nogil:
+    """The capacity of the arc from token `tail` of layer ``a + 1`` into token `head` of `a`.
+
+    ``Ã_{a+1}[tail, head]``, read from the matrices themselves: the arcs keep no copy.
+    """
+    return w.cap[<long long>a * w.n * w.n + <long long>tail * w.n + head]
+
+
 cdef inline bint _dead(Work* w, int v) noexcept nogil:
     """Whether token node `v` cannot reach the current sink (it never carries its flow)."""
     return w.m < w.reach_lo[v] or w.m > w.reach_hi[v]
 
 
-cdef int _log_edge(Work* w, long long edge) noexcept nogil:
+cdef int _log_edge(Work* w, long long edge, double old) noexcept nogil:
+    """Note that `edge`, whose residual was `old`, was written (`_reset` restores it)."""
     cdef long long* grown
+    cdef double* grown_old
     if w.middle <= edge < w.dense:
         return 0  # source and sink edges are reset wholesale
     if w.log_len == w.log_cap:
@@ -169,8 +180,13 @@ cdef int _log_edge(Work* w, long long edge) noexcept nogil:
         if grown == NULL:
             return -1
         w.log = grown
+        grown_old = <double*>realloc(w.log_old, 2 * w.log_cap * sizeof(double))
+        if grown_old == NULL:
+            return -1
+        w.log_old = grown_old
         w.log_cap *= 2
     w.log[w.log_len] = edge
+    w.log_old[w.log_len] = old
     w.log_len += 1
     return 0
 
@@ -258,7 +274,7 @@ cdef inline int _admissible_arc(
         while i < degree:
             v = a * n + w.bwd_tail[p + i - nf]
             q = _arc_id(w, a - 1, w.bwd_tail[p + i - nf], w.bwd_arc[p + i - nf])
-            if w.level[v] == want and w.arc_cap[q] - w.res[q] > 0.0:
+            if w.level[v] == want and _capacity(w, a, v - a * n, j) - w.res[q] > 0.0:
                 w.cur[u] = i
                 edge[0] = q
                 forward[0] = 0
@@ -331,8 +347,9 @@ cdef inline void _prefetch_row(Work* w, int a, int k) noexcept nogil:
 cdef inline int _pop(Work* w, int i) noexcept nogil:
     """Write the residual of path arc `i`, kept on the path while it was there, back."""
     cdef long long edge = w.path_edge[i]
+    cdef double old = w.res[edge]
     w.res[edge] = w.path_value[i]
-    return _log_edge(w, edge)
+    return _log_edge(w, edge, old)
 
 
 cdef inline int _admissible_dense(
@@ -442,7 +459,7 @@ cdef double _fan_out(Work* w, int u, int depth, double total, double target) noe
             d = r_sink
         w.res[edge] = r_arc - d
         w.res[into_sink] = r_sink - d
-        if _log_edge(w, edge) < 0:
+        if _log_edge(w, edge, r_arc) < 0:
             return -1.0
         if sent + d == sent:
             break  # below rounding: the path is full
@@ -466,7 +483,7 @@ cdef int _blocking_flow(
     is the same, so the residuals are the same to the last bit. No other arc of the level
     graph reads an arc of the path (every admissible arc goes one level down).
     """
-    cdef int depth = 0, u, v, i, cut
+    cdef int depth = 0, u, v, i, cut, a
     cdef long long edge
     cdef char forward
     cdef double bottleneck, r, sent
@@ -516,7 +533,7 @@ cdef int _blocking_flow(
                 if w.path_forward[i]:
                     r = w.path_value[i]
                 else:
-                    r = w.arc_cap[w.path_edge[i]] - w.path_value[i]
+                    r = w.path_cap[i] - w.path_value[i]
                 if i == 0 or r < bottleneck:
                     bottleneck = r
             cut = depth
@@ -527,7 +544,7 @@ cdef int _blocking_flow(
                         cut = i
                 else:
                     w.path_value[i] += bottleneck
-                    if w.arc_cap[w.path_edge[i]] - w.path_value[i] <= 0.0 and cut == depth:
+                    if w.path_cap[i] - w.path_value[i] <= 0.0 and cut == depth:
                         cut = i
             total[0] += bottleneck
             if total[0] >= target:
@@ -547,6 +564,9 @@ cdef int _blocking_flow(
             w.path_edge[depth] = edge
             w.path_forward[depth] = forward
             w.path_value[depth] = w.res[edge]
+            if not forward:  # an arc back up, from token v of the layer above u's
+                a = u // w.n + 1
+                w.path_cap[depth] = _capacity(w, a, v - a * w.n, u - (a - 1) * w.n)
             if not backward:
                 r = w.path_value[depth]
                 w.path_min[depth + 1] = r if r < w.path_min[depth] else w.path_min[depth]
@@ -649,7 +669,10 @@ cdef bint _layer_residual_graph(Work* w) noexcept nogil:
             while p < p_end:
                 v = <int>(base + w.bwd_tail[p])
                 q = _arc_id(w, a - 1, w.bwd_tail[p], w.bwd_arc[p])
-                if w.level[v] < 0 and w.arc_cap[q] - w.res[q] > 0.0 and not _dead(w, v):
+                if (
+                    w.level[v] < 0 and _capacity(w, a, w.bwd_tail[p], j) - w.res[q] > 0.0
+                    and not _dead(w, v)
+                ):
                     w.level[v] = want
                     w.queue[tail] = v
                     tail += 1
@@ -690,27 +713,56 @@ cdef void _layer_by_depth(Work* w) noexcept nogil:
 
 
 cdef void _bottom_up(Work* w, int m) noexcept nogil:
-    """``d_{T-1}``: what each token of layer ``T-1`` can deliver to sink `m`, tree-unfolded."""
-    cdef int n = w.n, a, j
-    cdef long long p, start
+    """``d_{T-1}``: what each token of layer ``T-1`` can deliver to sink `m`, tree-unfolded.
+
+    ``d_1[j] = Ã_1[j, m]``, ``d_a[j] = Σ_k min(Ã_a[j, k], d_{a-1}[k])``, summed in the
+    order of the arcs. A token that cannot reach `m` delivers exactly 0, and so adds
+    exactly 0 to a sum: such tokens and the arcs into them are skipped (in causal
+    attention every token before the sink, and within a strength class the rest of the
+    class once a head is one of them), which changes no bit of the bound.
+    """
+    cdef int n = w.n, a, j, k, i, nl, b
+    cdef long long p
     cdef double* below = w.deliverable
     cdef double* above = w.deliverable + n
     cdef double* swap
     cdef double s, c, d
+    cdef const unsigned short* heads
+    cdef const int* ends
+    cdef const int* hi
+    cdef bint skip
     for j in range(n):
         below[j] = w.sink_cols[<long long>m * n + j]
     for a in range(2, w.n_layers):
+        skip = w.sorted_heads[a - 2]
+        hi = w.reach_hi + <long long>(a - 2) * n  # of the heads, at layer a - 1
         for j in range(n):
-            start = (a - 2) * (<long long>n + 1) + j
+            if _dead(w, (a - 1) * n + j):
+                above[j] = 0.0
+                continue
+            p = w.fwd_start[(a - 2) * (<long long>n + 1) + j]
+            nl = <int>(w.fwd_start[(a - 2) * (<long long>n + 1) + j + 1] - p)
+            heads = w.arc_head + p
+            ends = w.bucket_end + (<long long>(a - 2) * n + j) * N_BUCKETS
             s = 0.0
             if w.self_on:
-                c = w.arc_cap[w.self_base + <long long>j * (w.n_layers - 2) + a - 2]
+                c = _capacity(w, a - 1, j, j)
                 d = below[j]
                 s += c if c < d else d
-            for p in range(w.fwd_start[start], w.fwd_start[start + 1]):
-                c = w.arc_cap[p]
-                d = below[w.arc_head[p]]
+            i = 0
+            b = 0
+            while i < nl:
+                k = heads[i]
+                if skip and hi[k] < m:
+                    # Heads descend within a strength class: the rest of it is dead too.
+                    while ends[b] <= i:
+                        b += 1
+                    i = ends[b]
+                    continue
+                c = _capacity(w, a - 1, j, k)
+                d = below[k]
                 s += c if c < d else d
+                i += 1
             above[j] = s
         swap = below
         below = above
@@ -720,23 +772,18 @@ cdef void _bottom_up(Work* w, int m) noexcept nogil:
 
 
 cdef void _reset(Work* w) noexcept nogil:
-    """Give every middle edge an augmentation touched its capacity back."""
-    cdef long long i, edge, ahead
-    for i in range(w.log_len):
-        if w.large and i + RESET_AHEAD < w.log_len:
+    """Give every middle edge an augmentation touched its capacity back.
+
+    Each write is undone, the last first: an edge written several times gets back the
+    residual it had before the first, its capacity.
+    """
+    cdef long long i
+    for i in range(w.log_len - 1, -1, -1):
+        if w.large and i >= RESET_AHEAD:
             # The logged arcs lie all over the residuals: ask for one a few steps ahead,
             # so that the misses overlap instead of coming one after the other.
-            ahead = w.log[i + RESET_AHEAD]
-            _prefetch(w.res + ahead)
-            if ahead < w.middle:
-                _prefetch(w.arc_cap + ahead)
-            else:
-                _prefetch(w.cap + <long long>w.n * w.n + ahead - w.dense)
-        edge = w.log[i]
-        if edge < w.middle:
-            w.res[edge] = w.arc_cap[edge]
-        else:  # a dense arc of Ã_2
-            w.res[edge] = w.cap[<long long>w.n * w.n + edge - w.dense]
+            _prefetch(w.res + w.log[i - RESET_AHEAD])
+        w.res[w.log[i]] = w.log_old[i]
     w.log_len = 0
 
 
@@ -806,7 +853,6 @@ def build_arcs(
     const double[:, :, ::1] matrices,
     long long[:, ::1] start,
     unsigned short[::1] head,
-    double[::1] capacity,
     int[:, :, ::1] bucket_end,
     double[::1] residual=None,
     Py_ssize_t dense_layers=0,
@@ -818,8 +864,9 @@ def build_arcs(
     row, where each power's arcs end (relative to the row's first arc).
 
     ``start`` ``(L, n+1)`` must hold, on entry, the global offset of each row's first arc
-    (``start[l, j]``, with ``start[l, n]`` the next matrix's first); `head` and `capacity`
-    have one slot per non-zero entry. A counting sort on the binary exponent (64 buckets,
+    (``start[l, j]``, with ``start[l, n]`` the next matrix's first); `head` has one slot
+    per non-zero entry (the capacities are the matrices' own entries: the solver reads
+    them there). A counting sort on the binary exponent (64 buckets,
     the last one for everything below ``2**-62``): linear in the entries.
 
     With `residual` (the solver's buffer, ``arcs + 2 n + D n²``, ``D = dense_layers``), the
@@ -827,10 +874,10 @@ def build_arcs(
     arcs of matrices ``D ..`` at their capacities, and matrices ``0 .. D-1`` dense, row-major,
     in the last ``D n²``. The residuals of the arcs of matrices ``0 .. D-1`` are left
     unwritten: first blocking flows read those layers dense (see `solve`); a solve with
-    backward arcs needs them copied from `capacity` first.
+    backward arcs needs them written first (`fill_residuals`).
 
     With `self_arcs`, the diagonal (each token's arc to itself one layer down) is left out
-    of the lists and goes to the last ``L n`` slots of `head` and `capacity`, token-major:
+    of the lists and goes to the last ``L n`` slots of `head`, token-major:
     the self arc of token ``j`` in matrix ``l`` is arc ``S + j L + l``, ``S`` the listed
     arcs (the start offsets then count the listed arcs alone); its starting residual is
     written whatever ``l``. The solver tries it first (`solve`'s `self_base`).
@@ -866,7 +913,6 @@ def build_arcs(
                 if self_base >= 0:
                     q = self_base + j * n_mats + l
                     head[q] = <unsigned short>j
-                    capacity[q] = row[j]
                     if res != NULL:
                         res[q] = row[j]
                 memset(counts, 0, sizeof(counts))
@@ -897,10 +943,41 @@ def build_arcs(
                         elif b >= N_BUCKETS:
                             b = N_BUCKETS - 1
                         head[place[b]] = <unsigned short>k
-                        capacity[place[b]] = c
                         if res != NULL and l >= dense_layers:
                             res[place[b]] = c
                         place[b] += 1
+
+
+def fill_residuals(
+    const double[:, :, ::1] matrices,
+    const long long[:, ::1] start,
+    const unsigned short[::1] head,
+    double[::1] residual,
+    Py_ssize_t low,
+    Py_ssize_t high,
+    bint self_arcs=False,
+):
+    """Write the arcs of matrices ``low .. high-1`` at their capacities into `residual`.
+
+    The arcs as `build_arcs` laid them out (with `self_arcs`, the self arcs of those
+    matrices too): each row's arcs read their capacities from the row, in cache.
+    """
+    cdef Py_ssize_t n_mats = matrices.shape[0], n = matrices.shape[1], l, j
+    cdef long long p, self_base = -1
+    cdef const double* row
+    cdef double* res = &residual[0]
+    if not 0 <= low <= high <= n_mats or residual.shape[0] < head.shape[0]:
+        raise ValueError("`low .. high` must be matrices, and `residual` hold every arc")
+    if self_arcs:
+        self_base = head.shape[0] - n_mats * n
+    with nogil:
+        for l in range(low, high):
+            for j in range(n):
+                row = &matrices[l, j, 0]
+                for p in range(start[l, j], start[l, j + 1]):
+                    res[p] = row[head[p]]
+                if self_base >= 0:
+                    res[self_base + j * n_mats + l] = row[j]
 
 
 def build_backward_arcs(
@@ -974,7 +1051,6 @@ def solve(
     const double[:, ::1] upper,
     const long long[:, ::1] fwd_start,
     const unsigned short[::1] arc_head,
-    const double[::1] arc_cap,
     const long long[:, ::1] bwd_start,
     const unsigned int[::1] bwd_arc,
     const unsigned short[::1] bwd_tail,
@@ -1000,7 +1076,7 @@ def solve(
     Without `with_backward` (`bwd_*` are then placeholders), a pair that needs more than
     the first blocking flow is left with status 3, to be solved again with them.
     Pairs with a zero bound are left alone (value 0, status 0). `residual` (``arcs + 2 n
-    + D n²``) must hold `arc_cap` in its first ``arcs`` entries and ``Ã_2 .. Ã_{D+1}``
+    + D n²``) must hold each arc's capacity in its first ``arcs`` entries and ``Ã_2 .. Ã_{D+1}``
     (row-major) in its last ``D n²`` (those layers' arcs, dense, read by first blocking
     flows without `with_backward`; `dense_top` ``(D, n)`` is each row's last non-zero
     column, -1 for none); without `with_backward` the entries of the arcs of ``Ã_2 ..
@@ -1010,7 +1086,7 @@ def solve(
     cdef int n_layers = mixed.shape[0], n = mixed.shape[2]
     cdef Py_ssize_t n_rows = rows.shape[0], n_sinks = sinks.shape[0]
     cdef Work w
-    cdef long long middle = arc_cap.shape[0]
+    cdef long long middle = arc_head.shape[0]
     cdef int dense_layers = dense_top.shape[0]
     cdef long long n_edges = middle + 2 * n + dense_layers * <long long>n * n
     cdef int n_nodes = (n_layers - 1) * n + 2
@@ -1030,7 +1106,6 @@ def solve(
     w.sink_cols = &sink_columns[0, 0]
     w.fwd_start = &fwd_start[0, 0]
     w.arc_head = &arc_head[0] if middle > 0 else NULL
-    w.arc_cap = &arc_cap[0] if middle > 0 else NULL
     w.bwd_start = &bwd_start[0, 0]
     w.bwd_arc = &bwd_arc[0] if bwd_arc.shape[0] > 0 else NULL
     w.bwd_tail = &bwd_tail[0] if bwd_tail.shape[0] > 0 else NULL
@@ -1069,6 +1144,7 @@ def solve(
     w.path_edge = <long long*>malloc((n_nodes + 1) * sizeof(long long))
     w.path_forward = <char*>malloc((n_nodes + 1) * sizeof(char))
     w.path_value = <double*>malloc((n_nodes + 1) * sizeof(double))
+    w.path_cap = <double*>malloc((n_nodes + 1) * sizeof(double))
     w.path_min = <double*>malloc((n_nodes + 2) * sizeof(double))
     w.queue = <int*>malloc(n_nodes * sizeof(int))
     w.left = <int*>malloc((n_layers + 1) * sizeof(int))
@@ -1076,11 +1152,13 @@ def solve(
     w.log_cap = 1024
     w.log_len = 0
     w.log = <long long*>malloc(w.log_cap * sizeof(long long))
+    w.log_old = <double*>malloc(w.log_cap * sizeof(double))
     try:
         if (
             w.level == NULL or w.cur == NULL or w.bucket == NULL or w.alive == NULL
             or w.path_node == NULL or w.path_edge == NULL or w.path_forward == NULL
-            or w.path_value == NULL or w.path_min == NULL
+            or w.path_value == NULL or w.path_min == NULL or w.path_cap == NULL
+            or w.log_old == NULL
             or w.queue == NULL or w.left == NULL or w.deliverable == NULL or w.log == NULL
         ):
             raise MemoryError()
@@ -1151,8 +1229,10 @@ def solve(
         free(w.path_edge)
         free(w.path_forward)
         free(w.path_value)
+        free(w.path_cap)
         free(w.path_min)
         free(w.queue)
         free(w.left)
         free(w.deliverable)
         free(w.log)
+        free(w.log_old)

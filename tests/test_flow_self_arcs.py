@@ -95,13 +95,14 @@ def test_self_arcs_apart_hold_every_entry_once() -> None:
     middle = _mixed(_attention(np.random.default_rng(1), 4, 16, causal=False), 0.6)
     middle[1, 5] = 0.0  # a row without arcs (its self arc has capacity 0)
     arcs = engine._arcs(middle, self_arcs=True)
+    capacities = arcs.capacities(middle)
     n_mats, n = middle.shape[:2]
     assert arcs.self_base == arcs.start[-1, -1]
     assert arcs.head.shape[0] == arcs.self_base + n_mats * n
     for i in range(n_mats):
         for j in range(n):
             part = slice(arcs.start[i, j], arcs.start[i, j + 1])
-            heads, capacity = arcs.head[part].astype(int), arcs.capacity[part]
+            heads, capacity = arcs.head[part].astype(int), capacities[part]
             expected = [k for k in np.flatnonzero(middle[i, j] > 0) if k != j]
             assert sorted(heads) == expected
             np.testing.assert_array_equal(capacity, middle[i, j, heads])
@@ -111,7 +112,7 @@ def test_self_arcs_apart_hold_every_entry_once() -> None:
                 assert np.all(np.diff(heads[exponents == e]) < 0)
             own = arcs.self_base + j * n_mats + i
             assert arcs.head[own] == j
-            assert arcs.capacity[own] == middle[i, j, j]
+            assert capacities[own] == middle[i, j, j]
     top = engine._last_heads(arcs, 3)
     expected_top = [
         [np.flatnonzero(row > 0).max() if np.any(row > 0) else -1 for row in matrix]
@@ -128,7 +129,7 @@ def test_self_arcs_apart_hold_every_entry_once() -> None:
             tails = with_self[2][with_self[0][i, k] : with_self[0][i, k + 1]].astype(int)
             ids = engine._arc_ids(arcs, i, entries, tails)
             assert np.all(arcs.head[ids] == k)
-            np.testing.assert_array_equal(arcs.capacity[ids], middle[i, tails, k])
+            np.testing.assert_array_equal(capacities[ids], middle[i, tails, k])
             reference_tails = without[2][without[0][i, k] : without[0][i, k + 1]]
             own = [k] if middle[i, k, k] == 0 else []  # a zero self arc is listed apart
             assert sorted(tails) == sorted(list(reference_tails) + own)
