@@ -25,12 +25,16 @@ arcs of every node are tried from the strongest down, so that most of the flow t
 wide paths. On real attention the first blocking flow nearly always reaches the bound.
 Residuals, not flows, are stored, so that a saturated arc is exactly zero (a middle arc's
 flow is its capacity less its residual); only the arcs that an augmentation touched are
-reset between pairs.
+reset between pairs, each write undone, the last first (the log keeps the residual each
+write replaced): the arcs keep no copy of their capacities, which the matrices hold
+(``Ã_{a+1}[tail, head]``, read where a backward arc or the bottom-up bound needs one).
+The bottom-up bound skips the tokens that cannot reach the sink: they deliver exactly 0.
 
 The middle layers are held as lists of arcs (`build_arcs`): each token's non-zero arcs,
 contiguous, strongest first by powers of two (a counting sort, linear in the entries; the
-order only guides the search, any order is exact). Zero capacities take no memory, and a
-node's arcs are read in sequence. Tokens that cannot reach the current sink (outside the
+order only guides the search, any order is exact); a head is a 16-bit token, and the
+backward lists hold 32-bit arc ids relative to their matrix (at most 65,535 tokens).
+Zero capacities take no memory, and a node's arcs are read in sequence. Tokens that cannot reach the current sink (outside the
 interval of input tokens they reach; in causal attention every token before the sink)
 are never entered; within a power of two heads descend, so where the tokens of a layer
 reach no further as they descend (causal, banded) such arcs end the run and are skipped.
