@@ -99,6 +99,12 @@ DEFERRAL_CHUNK = 16
 half the pairs of a chunk were left for backward arcs (strongly local attention), the
 later sinks are solved with them from the start, instead of twice."""
 
+ARC_CAPACITIES_BYTES = 64 * 2**20
+"""Up to this size (8 bytes an arc) the arcs keep a copy of their capacities, read by arc
+where backward arcs and the bottom-up bound need them (locally strong attention, which
+needs many); larger graphs read them from the matrices, and spare the memory (on a first
+call, fresh memory costs about 1 ms of system time a MB)."""
+
 BOUND_BLOCK_ELEMENTS = 4_000_000
 """Elements of the ``rows x n x sinks`` temporary of one vectorised upper-bound step."""
 
@@ -283,6 +289,8 @@ class _Arcs:
     """Where the self arcs begin (``head`` ends with one per row, token-major: token ``j``'s
     in matrix ``i`` is ``self_base + j (T-2) + i``, out of the lists), or -1 where every
     arc is listed."""
+    capacity: np.ndarray | None = None
+    """``(arcs,)`` float64, the capacities by arc, on graphs up to `ARC_CAPACITIES_BYTES`."""
 
     def capacities(self, middle: np.ndarray) -> np.ndarray:
         """Return each arc's capacity ``(arcs,)``, read from the matrices `middle` they list."""
@@ -331,13 +339,14 @@ def _arcs_and_residuals(
     self_base = int(offsets[-1]) if self_arcs else -1
     head = np.empty(size, dtype=np.uint16)
     bucket_end = np.empty((n_mats, n, 64), dtype=np.int32)
+    capacity = np.empty(size) if 8 * size <= ARC_CAPACITIES_BYTES else None
     if dense_layers is None:
-        _kernel_build_arcs(middle, start, head, bucket_end, None, 0, self_arcs)
-        return _Arcs(start, head, counts, bucket_end, self_base), None
+        _kernel_build_arcs(middle, start, head, bucket_end, None, 0, self_arcs, capacity)
+        return _Arcs(start, head, counts, bucket_end, self_base, capacity), None
     # np.empty: the pages of the arcs left unwritten are not even mapped until written.
     residual = np.empty(head.shape[0] + 2 * n + dense_layers * n * n)
-    _kernel_build_arcs(middle, start, head, bucket_end, residual, dense_layers, self_arcs)
-    return _Arcs(start, head, counts, bucket_end, self_base), residual
+    _kernel_build_arcs(middle, start, head, bucket_end, residual, dense_layers, self_arcs, capacity)
+    return _Arcs(start, head, counts, bucket_end, self_base, capacity), residual
 
 
 def _last_heads(arcs: _Arcs, layers: int) -> np.ndarray:
@@ -600,7 +609,7 @@ def _solve_with_kernel(
             mixed, graph.sink_columns, rows.astype(np.int64), sinks[chunk].astype(np.int64),
             np.ascontiguousarray(upper[:, chunk]), *forward, *backward, arcs.bucket_end, graph.sorted_heads,
             graph.dense_top, from_source, source_count, *reach, direct, TARGET_TOLERANCE, residual, part_values, part_status,
-            arcs.self_base,
+            arcs.self_base, arcs.capacity,
         )  # fmt: skip
         values[:, chunk] = part_values
         status[:, chunk] = part_status
@@ -615,6 +624,7 @@ def _solve_with_kernel(
             np.ascontiguousarray(upper[i : i + 1, columns]), *forward, *graph.backward(sinks[columns]),
             arcs.bucket_end, graph.sorted_heads, graph.dense_top, from_source[i : i + 1], source_count[i : i + 1], *reach, True,
             TARGET_TOLERANCE, graph.complete(buffer), part_values, part_status, arcs.self_base,
+            arcs.capacity,
         )  # fmt: skip
         values[i, columns] = part_values[0]
         status[i, columns] = part_status[0]

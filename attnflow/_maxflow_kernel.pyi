@@ -13,6 +13,7 @@ def build_arcs(
     residual: np.ndarray | None = None,
     dense_layers: int = 0,
     self_arcs: bool = False,
+    capacity: np.ndarray | None = None,
 ) -> None: ...
 def fill_residuals(
     matrices: np.ndarray,
@@ -56,4 +57,5 @@ def solve(
     values: np.ndarray,
     status: np.ndarray,
     self_base: int = -1,
+    arc_cap: np.ndarray | None = None,
 ) -> None: ...

@@ -127,6 +127,7 @@ cdef struct Work:
     int sink
     # the residual graph: edge e has forward residual res[e]; a middle edge's backward
     # residual is its capacity (in `cap`, by its tail and head) less res[e]
+    const double* arc_cap   # (arcs,) or NULL: the capacities again, by arc (small graphs)
     double* res
     int* level
     int* cur
@@ -166,6 +167,15 @@ cdef inline double _capacity(Work* w, int a, int tail, int head) noexcept nogil:
     ``Ã_{a+1}[tail, head]``, read from the matrices themselves: the arcs keep no copy.
     """
     return w.cap[<long long>a * w.n * w.n + <long long>tail * w.n + head]
+
+
+cdef inline double _arc_capacity(
+    Work* w, long long q, int a, int tail, int head
+) noexcept nogil:
+    """`_capacity` of arc `q`, from the arcs' own copy where there is one."""
+    if w.arc_cap != NULL:
+        return w.arc_cap[q]
+    return _capacity(w, a, tail, head)
 
 
 cdef inline bint _dead(Work* w, int v) noexcept nogil:
@@ -278,7 +288,7 @@ cdef inline int _admissible_arc(
         while i < degree:
             v = a * n + w.bwd_tail[p + i - nf]
             q = _arc_id(w, a - 1, w.bwd_tail[p + i - nf], w.bwd_arc[p + i - nf])
-            if w.level[v] == want and _capacity(w, a, v - a * n, j) - w.res[q] > 0.0:
+            if w.level[v] == want and _arc_capacity(w, q, a, v - a * n, j) - w.res[q] > 0.0:
                 w.cur[u] = i
                 edge[0] = q
                 forward[0] = 0
@@ -570,7 +580,7 @@ cdef int _blocking_flow(
             w.path_value[depth] = w.res[edge]
             if not forward:  # an arc back up, from token v of the layer above u's
                 a = u // w.n + 1
-                w.path_cap[depth] = _capacity(w, a, v - a * w.n, u - (a - 1) * w.n)
+                w.path_cap[depth] = _arc_capacity(w, edge, a, v - a * w.n, u - (a - 1) * w.n)
             if not backward:
                 r = w.path_value[depth]
                 w.path_min[depth + 1] = r if r < w.path_min[depth] else w.path_min[depth]
@@ -674,7 +684,8 @@ cdef bint _layer_residual_graph(Work* w) noexcept nogil:
                 v = <int>(base + w.bwd_tail[p])
                 q = _arc_id(w, a - 1, w.bwd_tail[p], w.bwd_arc[p])
                 if (
-                    w.level[v] < 0 and _capacity(w, a, w.bwd_tail[p], j) - w.res[q] > 0.0
+                    w.level[v] < 0
+                    and _arc_capacity(w, q, a, w.bwd_tail[p], j) - w.res[q] > 0.0
                     and not _dead(w, v)
                 ):
                     w.level[v] = want
@@ -750,7 +761,9 @@ cdef void _bottom_up(Work* w, int m) noexcept nogil:
             ends = w.bucket_end + (<long long>(a - 2) * n + j) * N_BUCKETS
             s = 0.0
             if w.self_on:
-                c = _capacity(w, a - 1, j, j)
+                c = _arc_capacity(
+                    w, w.self_base + <long long>j * (w.n_layers - 2) + a - 2, a - 1, j, j
+                )
                 d = below[j]
                 s += c if c < d else d
             i = 0
@@ -763,7 +776,7 @@ cdef void _bottom_up(Work* w, int m) noexcept nogil:
                         b += 1
                     i = ends[b]
                     continue
-                c = _capacity(w, a - 1, j, k)
+                c = _arc_capacity(w, p + i, a - 1, j, k)
                 d = below[k]
                 s += c if c < d else d
                 i += 1
@@ -861,6 +874,7 @@ def build_arcs(
     double[::1] residual=None,
     Py_ssize_t dense_layers=0,
     bint self_arcs=False,
+    double[::1] capacity=None,
 ):
     """Each row's non-zero entries as arcs, strongest first by powers of two.
 
@@ -885,6 +899,9 @@ def build_arcs(
     the self arc of token ``j`` in matrix ``l`` is arc ``S + j L + l``, ``S`` the listed
     arcs (the start offsets then count the listed arcs alone); its starting residual is
     written whatever ``l``. The solver tries it first (`solve`'s `self_base`).
+
+    With `capacity` (one slot per arc), each arc's capacity is copied there too (`solve`'s
+    `arc_cap`: on small graphs a lookup by arc beats one in the matrices).
     """
     cdef Py_ssize_t n_mats = matrices.shape[0], n = matrices.shape[1], l, j, k
     cdef long long counts[N_BUCKETS]
@@ -894,7 +911,13 @@ def build_arcs(
     cdef double c
     cdef const double* row
     cdef double* res = NULL
+    cdef double* cap = NULL
     cdef unsigned long long bits
+    if capacity is not None:
+        if capacity.shape[0] != head.shape[0]:
+            raise ValueError("`capacity` must have one slot per arc, as `head`")
+        if capacity.shape[0] > 0:
+            cap = &capacity[0]
     if n > MAX_TOKENS:
         raise ValueError(f"the solver takes at most {MAX_TOKENS} tokens, not {n}")
     if residual is not None:
@@ -917,6 +940,8 @@ def build_arcs(
                 if self_base >= 0:
                     q = self_base + j * n_mats + l
                     head[q] = <unsigned short>j
+                    if cap != NULL:
+                        cap[q] = row[j]
                     if res != NULL:
                         res[q] = row[j]
                 memset(counts, 0, sizeof(counts))
@@ -947,6 +972,8 @@ def build_arcs(
                         elif b >= N_BUCKETS:
                             b = N_BUCKETS - 1
                         head[place[b]] = <unsigned short>k
+                        if cap != NULL:
+                            cap[place[b]] = c
                         if res != NULL and l >= dense_layers:
                             res[place[b]] = c
                         place[b] += 1
@@ -1071,6 +1098,7 @@ def solve(
     double[:, ::1] values,
     signed char[:, ::1] status,
     long long self_base=-1,
+    const double[::1] arc_cap=None,
 ):
     """Max-flows from each of `rows` (layer ``T``) to each of `sinks`; see the module doc.
 
@@ -1125,6 +1153,12 @@ def solve(
         raise ValueError("`dense_top` must have at most T - 2 rows")
     w.reach_hi = &reach_hi[0, 0]
     w.middle = middle
+    w.arc_cap = NULL
+    if arc_cap is not None:
+        if arc_cap.shape[0] != middle:
+            raise ValueError("`arc_cap` must have one capacity per arc")
+        if middle > 0:
+            w.arc_cap = &arc_cap[0]
     w.self_on = self_base >= 0
     w.self_base = self_base
     if w.self_on and self_base + <long long>n * (n_layers - 2) != middle:

@@ -140,21 +140,29 @@ def test_self_arcs_apart_hold_every_entry_once() -> None:
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("dense_layers", [1, 12])
 @pytest.mark.parametrize("complete", [False, True])
+@pytest.mark.parametrize("copied", [True, False])
 def test_self_arcs_apart_equal_igraph(
     residual: float,
     causal: bool,
     dense_layers: int,
     complete: bool,
+    copied: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Every path of the solver on the layout: certified first blocking flows (dense and
     # listed layers), and with a negative tolerance every pair run to completion (later
-    # layerings, backward arcs, the bottom-up bound, resets between pairs).
+    # layerings, backward arcs, the bottom-up bound, resets between pairs), with the arcs'
+    # copy of their capacities (small graphs) and without it (read from the matrices).
     monkeypatch.setattr(engine, "DENSE_LAYERS", dense_layers)
+    monkeypatch.setattr(engine, "ARC_CAPACITIES_BYTES", 2**30 if copied else 0)
     if complete:
         monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)
     mixed = _mixed(_attention(np.random.default_rng(2), 7, 24, causal), residual)
-    assert engine._prepared(mixed).arcs.self_base >= 0
+    arcs = engine._prepared(mixed).arcs
+    assert arcs.self_base >= 0
+    assert (arcs.capacity is not None) is copied
+    if arcs.capacity is not None:
+        np.testing.assert_array_equal(arcs.capacity, arcs.capacities(mixed[1:-1]))
     rows = np.array([23, 17, 9, 0])
     values, status, reference = _values(mixed, rows, monkeypatch)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
@@ -163,11 +171,14 @@ def test_self_arcs_apart_equal_igraph(
 
 
 @pytest.mark.parametrize("residual", [0.0, 0.3])
+@pytest.mark.parametrize("copied", [True, False])
 def test_graphs_whose_self_arcs_are_not_strongest_keep_the_lists(
-    residual: float, monkeypatch: pytest.MonkeyPatch
+    residual: float, copied: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Where one token's self arc is weaker than another of its arcs, every arc stays in
     # the lists (the layout of before), and the max-flows equal igraph's.
+    monkeypatch.setattr(engine, "ARC_CAPACITIES_BYTES", 2**30 if copied else 0)
+    monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)  # backward arcs too
     mixed = _mixed(_attention(np.random.default_rng(3), 6, 20, causal=True), residual)
     weaker = _mixed(_attention(np.random.default_rng(4), 6, 20, causal=True), 0.5)
     weaker[2, 11, 4] = 0.9  # one stronger arc than token 11's own
@@ -214,6 +225,7 @@ def test_public_flow_on_causal_attention_equals_the_paper_oracle(dtype: type) ->
     causal=st.booleans(),
     zero_row=st.booleans(),
     complete=st.booleans(),
+    copied=st.booleans(),
 )
 def test_any_small_graph_equals_igraph(
     seed: int,
@@ -223,13 +235,16 @@ def test_any_small_graph_equals_igraph(
     causal: bool,
     zero_row: bool,
     complete: bool,
+    copied: bool,
 ) -> None:
     # Any small graph, with the layout or without (taken exactly when every middle token's
-    # self arc is its strongest), certified or run to completion: igraph's max-flows.
+    # self arc is its strongest), certified or run to completion, with the arcs' copy of
+    # their capacities or without: igraph's max-flows.
     mixed = _mixed(_attention(np.random.default_rng(seed), layers, n, causal), residual)
     if zero_row:
         mixed[1:, n // 2] = 0.0  # a token with no arc down from layer 2 on
     with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine, "ARC_CAPACITIES_BYTES", 2**30 if copied else 0)
         if complete:
             patch.setattr(engine, "TARGET_TOLERANCE", -1.0)
         apart = engine._prepared(mixed).arcs.self_base >= 0
