@@ -265,3 +265,28 @@ def test_too_many_tokens_for_the_solver_fail_before_any_work(
     with pytest.raises(ValueError, match=r"at most 11 tokens a sequence, got 12"):
         engine._Prepared(mixed)
     assert not scans
+
+
+@pytest.mark.parametrize("copied", [True, False])
+def test_a_second_residual_buffer_is_written_from_the_matrices(
+    copied: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # While one buffer is out (another thread's), a solve takes a new one, written from the
+    # matrices (`fill_residuals`): its arcs at their capacities (the dense layers' when
+    # backward arcs need them), and its max-flows igraph's, certified or run to completion.
+    monkeypatch.setattr(engine, "ARC_CAPACITIES_BYTES", 2**30 if copied else 0)
+    mixed = _mixed(_attention(np.random.default_rng(8), 7, 30, causal=True), 0.5)
+    graph = engine._prepared(mixed)
+    held = graph.take_buffer(mixed)
+    second = graph.take_buffer(mixed)
+    arcs = graph.arcs.head.shape[0]
+    capacity = graph.arcs.capacities(mixed[1:-1])
+    listed = slice(graph.lower_end, graph.arcs.self_base)
+    np.testing.assert_array_equal(second.array[listed], capacity[listed])
+    np.testing.assert_array_equal(graph.complete(second)[:arcs], capacity)
+    graph.give_back(second)
+    for tolerance in (engine.TARGET_TOLERANCE, -1.0):
+        monkeypatch.setattr(engine, "TARGET_TOLERANCE", tolerance)
+        values, _, reference = _values(mixed, np.array([29, 20]), monkeypatch)
+        np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+    graph.give_back(held)
