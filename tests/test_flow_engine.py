@@ -216,6 +216,43 @@ def test_tightened_bound_is_reported_exactly(monkeypatch: pytest.MonkeyPatch) ->
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
 
 
+def _band(rng: np.random.Generator, layers: int, n: int) -> np.ndarray:
+    """Banded attention with exact zeros outside a window of 2 tokens each side."""
+    distance = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :])
+    logits = rng.normal(size=(layers, 4, n, n))
+    return _softmax(np.where(distance > 2, -np.inf, logits))
+
+
+def _bottom_up_bound(mixed: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The bottom-up tree bound of every pair, summed over every arc: ``(rows, n)``."""
+    deliverable = mixed[0]  # column m: what each token of layer 1 delivers to sink m
+    for layer in range(1, mixed.shape[0] - 1):
+        deliverable = np.minimum(mixed[layer][:, :, None], deliverable[None]).sum(axis=1)
+    return np.minimum(mixed[-1][rows][:, :, None], deliverable[None]).sum(axis=1)
+
+
+@pytest.mark.parametrize("pattern", ["causal", "sparse-causal", "band"])
+def test_bottom_up_bound_reads_only_what_reaches_the_sink(
+    pattern: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Top-down bounds made useless (too high): every pair is bounded by the bottom-up tree
+    # bound of its sink, which the solver sums over the rows that can reach the sink only,
+    # ending a strength class of arcs at its first head that cannot (causal and banded
+    # attention; what it leaves out is exactly 0). A pair certified at that bound reports
+    # it: the bound summed over every arc; and every value is igraph's max-flow.
+    make = {"causal": _causal, "sparse-causal": _sparse_causal, "band": _band}[pattern]
+    mixed = _mixed(make(np.random.default_rng(11), 6, 24), 0.5)
+    rows = np.array([0, 7, 12, 23])
+    upper = engine._upper_bounds
+    monkeypatch.setattr(engine, "_upper_bounds", lambda *a: upper(*a) + 0.5)
+    values, status, reference = _both_engines(mixed, rows, monkeypatch)
+    np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+    certified = status == CERTIFIED
+    assert np.count_nonzero(certified & (reference > 0)) > 10
+    bound = _bottom_up_bound(mixed, rows)
+    np.testing.assert_allclose(values[certified], bound[certified], atol=1e-15, rtol=0)
+
+
 def test_shipped_minilm_sample_every_row_every_layer() -> None:
     # Real pretrained MiniLM attention on three padded sentences: all rows, all layers,
     # against the independent networkx oracle and the igraph engine.
