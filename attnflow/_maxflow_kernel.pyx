@@ -609,9 +609,11 @@ cdef bint _layer_residual_graph(Work* w) noexcept nogil:
     a search reads only the arcs into layers that keep unreached tokens.
     """
     cdef int n = w.n, n_layers = w.n_layers, n_nodes = w.sink + 1
-    cdef int head = 0, tail = 0, u, v, i, a, j, want
+    cdef int head = 0, tail = 0, u, v, i, a, j, want, b = 0
     cdef int sink_level = -1
-    cdef long long p, p_end, q, base
+    cdef long long p, p_end, q, base, first = 0
+    cdef const int* ends = NULL
+    cdef bint skip
     cdef int* left = w.left
     for a in range(n_layers + 1):
         left[a] = 0
@@ -665,6 +667,13 @@ cdef bint _layer_residual_graph(Work* w) noexcept nogil:
                     left[a - 1] -= 1
                     if left[a - 1] == 0:
                         p = p_end
+            # Heads sorted by reach, and the first token of layer a - 1 short of the sink:
+            # a head that cannot reach it ends its strength class (as in the search).
+            skip = w.sorted_heads[a - 2] and w.reach_hi[base] < w.m
+            if skip:
+                first = w.fwd_start[<long long>(a - 2) * (n + 1) + j]
+                ends = w.bucket_end + (<long long>(a - 2) * n + j) * N_BUCKETS
+                b = 0
             while p < p_end:
                 v = <int>(base + w.arc_head[p])
                 if w.level[v] < 0 and w.res[p] > 0.0 and not _dead(w, v):
@@ -674,6 +683,11 @@ cdef bint _layer_residual_graph(Work* w) noexcept nogil:
                     left[a - 1] -= 1
                     if left[a - 1] == 0:
                         break
+                elif skip and w.reach_hi[v] < w.m:
+                    while ends[b] <= p - first:
+                        b += 1
+                    p = first + ends[b]
+                    continue
                 p += 1
         if a <= n_layers - 2 and left[a + 1] > 0:
             # Backward arcs: the edges from tokens of layer a + 1 into token j.

@@ -253,6 +253,23 @@ def test_bottom_up_bound_reads_only_what_reaches_the_sink(
     np.testing.assert_allclose(values[certified], bound[certified], atol=1e-15, rtol=0)
 
 
+@pytest.mark.parametrize("pattern", ["causal", "band"])
+def test_layerings_skip_heads_that_cannot_reach_the_sink(
+    pattern: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every pair solved to completion: each phase's breadth-first search ends a strength
+    # class of a token's arcs at the first head that cannot reach the sink (causal and
+    # banded attention, heads descending within a class). The levels, and so the flows,
+    # are those of a search that reads every arc: igraph's max-flow on the whole graph.
+    make = {"causal": _causal, "band": _band}[pattern]
+    mixed = _mixed(make(np.random.default_rng(12), 6, 24), 0.3)
+    assert engine._sorted_heads(engine._reach(mixed)[1]).all()
+    monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)
+    values, status, reference = _both_engines(mixed, np.array([23, 16, 9]), monkeypatch)
+    assert np.all(status[reference > 0] == SOLVED)
+    np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
+
+
 def test_shipped_minilm_sample_every_row_every_layer() -> None:
     # Real pretrained MiniLM attention on three padded sentences: all rows, all layers,
     # against the independent networkx oracle and the igraph engine.
