@@ -8,7 +8,7 @@ Where the time of :func:`attnflow.flow` goes, on the compiled engine (``attnflow
 - per (source, sink) pair whose first blocking flow reaches its upper bound (certified):
   a search that touches part of the arcs that can carry the pair's flow, about
   ``A^0.8`` for ``A`` such arcs (real attention; the head mean of synthetic random
-  heads certifies 3 to 4 times faster);
+  heads certifies 3 to 4 times faster; causal attention, half that: `CAUSAL_SHARE`);
 - per pair whose bound is loose (solved to completion): a few Dinic phases, each a search
   over most of those arcs, about ``A T``.
 
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
+    "CAUSAL_SHARE",
     "CERTIFIED_EXPONENT",
     "DRIFT_MASS",
     "PROFILE_ROWS",
@@ -69,6 +70,11 @@ and falls to 0.5x at 2,048, where the graph no longer fits in cache)."""
 SECONDS_PER_LIVE_ARC = 1.24e-8
 """Seconds per ``A^CERTIFIED_EXPONENT`` of a certified pair (calibration set of
 ``benchmarks/bench_flow_cost.py``)."""
+
+CAUSAL_SHARE = 0.5
+"""A causal pair's share of that figure: the solver's breadth-first layerings and bottom-up
+bounds skip the tokens before the sink (measured against `flow`, same run: GPT-2 size,
+n = 1,024, and SmolLM2 at 2,048, last rows)."""
 
 SECONDS_PER_LOOSE_ARC = 3.0e-9
 """Seconds per live arc and layer of a pair solved to completion (same calibration)."""
@@ -206,6 +212,8 @@ def kernel_task_seconds(
         weights = (below + above).astype(np.float64)
     loose = distance > profile.reach(n_layers)
     certified = np.sum(weights * np.where(loose, 0.0, live**CERTIFIED_EXPONENT))
+    if profile.causal:
+        certified *= CAUSAL_SHARE
     solved = np.sum(weights * np.where(loose, live * n_layers, 0.0))
     graph = n_layers * n * n * SECONDS_PER_GRAPH_ENTRY
     bounds = (n_layers * len(rows) * n * n + len(rows) * n * n) * SECONDS_PER_BOUND_TERM
