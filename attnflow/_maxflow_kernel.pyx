@@ -37,7 +37,8 @@ backward lists hold 32-bit arc ids relative to their matrix (at most 65,535 toke
 Zero capacities take no memory, and a node's arcs are read in sequence. Tokens that cannot reach the current sink (outside the
 interval of input tokens they reach; in causal attention every token before the sink)
 are never entered; within a power of two heads descend, so where the tokens of a layer
-reach no further as they descend (causal, banded) such arcs end the run and are skipped.
+reach no further as they descend (causal, banded) such arcs end the run and are skipped,
+by the search, the breadth-first layerings and the bottom-up bound alike.
 
 First blocking flows read the arcs of the lowest layers (``2 .. D + 1``) from dense
 residual matrices, through bit sets of the tokens below that can still carry flow (64
