@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 from backends import selected_variants
+from flow_engines import kernel_and_igraph
 from oracle import oracle_flow
 
 import attnflow
@@ -62,18 +63,6 @@ def _mixed(weights: np.ndarray, residual: float = 0.5) -> np.ndarray:
     return np.ascontiguousarray((1 - residual) * fused + residual * np.eye(n))
 
 
-def _both_engines(
-    mixed: np.ndarray, rows: np.ndarray, monkeypatch: pytest.MonkeyPatch
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Kernel values, kernel statuses and igraph's whole-graph values of all sinks."""
-    task = FlowTask((), mixed, rows, np.arange(rows.shape[0]), np.arange(mixed.shape[-1]))
-    values, status = solve_flow_task_with_status(task)
-    with monkeypatch.context() as patch:
-        patch.setattr(engine, "ENGINE", "igraph")
-        reference, _ = solve_flow_task_with_status(task)
-    return values, status, reference
-
-
 def _sinks(rng: np.random.Generator, layers: int, n: int) -> np.ndarray:
     logits = rng.normal(size=(layers, 4, n, n))
     logits[..., 0] += 5.0  # most mass on token 0, as [CLS]/[SEP]/BOS sinks take it
@@ -115,7 +104,7 @@ def test_synthetic_patterns_equal_the_whole_graph_max_flow(
     pattern: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     weights = PATTERNS[pattern](np.random.default_rng(7), 6, 40)
-    values, status, reference = _both_engines(_mixed(weights), np.arange(40), monkeypatch)
+    values, status, reference = kernel_and_igraph(_mixed(weights), np.arange(40), monkeypatch)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
     assert np.all(status[reference > 0] > 0)  # nothing carried (causal future): no solve
 
@@ -124,7 +113,7 @@ def test_local_windows_take_the_solver_to_completion(monkeypatch: pytest.MonkeyP
     # Strongly local attention has bottlenecks the tree bounds miss: the solver's flow
     # falls short of the bound and it runs to completion (backward arcs, later phases).
     weights = _local(np.random.default_rng(3), 8, 48)
-    values, status, reference = _both_engines(_mixed(weights), np.array([0, 20]), monkeypatch)
+    values, status, reference = kernel_and_igraph(_mixed(weights), np.array([0, 20]), monkeypatch)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
     assert np.count_nonzero(status == SOLVED) > 0
     assert np.count_nonzero(status == CERTIFIED) > 0
@@ -150,7 +139,7 @@ def test_layerings_around_dead_tokens_equal_igraph(
     mixed = _mixed(weights)
     mixed[:, ~keep, :] = 0.0
     mixed[:, :, ~keep] = 0.0
-    values, status, reference = _both_engines(mixed, np.array([0, 20, n - 1]), monkeypatch)
+    values, status, reference = kernel_and_igraph(mixed, np.array([0, 20, n - 1]), monkeypatch)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
     assert np.count_nonzero(status == SOLVED) > 5
     assert np.all(values[:, ~keep] == 0.0)
@@ -163,7 +152,7 @@ def test_strongly_local_sinks_go_straight_to_backward_arcs(
     # with them from the start (not first without them, then again): the same max-flows.
     mixed = _mixed(_local(np.random.default_rng(5), 8, 48))
     rows = np.array([0, 20])
-    values, status, reference = _both_engines(mixed, rows, monkeypatch)
+    values, status, reference = kernel_and_igraph(mixed, rows, monkeypatch)
     passes: list[bool] = []
     solve = engine._kernel_solve
 
@@ -190,7 +179,7 @@ def test_capacities_above_one_equal_igraph(monkeypatch: pytest.MonkeyPatch) -> N
     rng = np.random.default_rng(5)
     for pattern in ("causal", "sinks"):
         mixed = _mixed(PATTERNS[pattern](rng, 4, 12)) * 1.7
-        values, _, reference = _both_engines(mixed, np.array([0, 11]), monkeypatch)
+        values, _, reference = kernel_and_igraph(mixed, np.array([0, 11]), monkeypatch)
         np.testing.assert_allclose(values, reference, rtol=0, atol=EXACT)
         assert reference.max() > 1.0  # the case the clamp at 1 got wrong
 
@@ -200,7 +189,7 @@ def test_solver_run_to_completion_is_the_max_flow(monkeypatch: pytest.MonkeyPatc
     # bound tightened, then blocking flows on backward arcs until no path is left).
     weights = _sinks(np.random.default_rng(5), 5, 30)
     monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)
-    values, status, reference = _both_engines(_mixed(weights), np.arange(30), monkeypatch)
+    values, status, reference = kernel_and_igraph(_mixed(weights), np.arange(30), monkeypatch)
     assert np.all(status == SOLVED)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
 
@@ -211,7 +200,7 @@ def test_tightened_bound_is_reported_exactly(monkeypatch: pytest.MonkeyPatch) ->
     weights = _low_rank(np.random.default_rng(5), 5, 30)
     upper = engine._upper_bounds
     monkeypatch.setattr(engine, "_upper_bounds", lambda *a: upper(*a) + 0.5)
-    values, status, reference = _both_engines(_mixed(weights), np.arange(30), monkeypatch)
+    values, status, reference = kernel_and_igraph(_mixed(weights), np.arange(30), monkeypatch)
     assert np.count_nonzero(status == CERTIFIED) > 0
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
 
@@ -245,7 +234,7 @@ def test_bottom_up_bound_reads_only_what_reaches_the_sink(
     rows = np.array([0, 7, 12, 23])
     upper = engine._upper_bounds
     monkeypatch.setattr(engine, "_upper_bounds", lambda *a: upper(*a) + 0.5)
-    values, status, reference = _both_engines(mixed, rows, monkeypatch)
+    values, status, reference = kernel_and_igraph(mixed, rows, monkeypatch)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
     certified = status == CERTIFIED
     assert np.count_nonzero(certified & (reference > 0)) > 10
@@ -265,7 +254,7 @@ def test_layerings_skip_heads_that_cannot_reach_the_sink(
     mixed = _mixed(make(np.random.default_rng(12), 6, 24), 0.3)
     assert engine._sorted_heads(engine._reach(mixed)[1]).all()
     monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)
-    values, status, reference = _both_engines(mixed, np.array([23, 16, 9]), monkeypatch)
+    values, status, reference = kernel_and_igraph(mixed, np.array([23, 16, 9]), monkeypatch)
     assert np.all(status[reference > 0] == SOLVED)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
 
@@ -293,7 +282,7 @@ def test_shipped_vit_sample_cls_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     sample = load_image_sample()
     for recorded in np.asarray(sample.attentions, dtype=np.float64)[:3]:
         image = recorded / recorded.sum(axis=-1, keepdims=True)
-        values, _, reference = _both_engines(_mixed(image), np.array([0]), monkeypatch)
+        values, _, reference = kernel_and_igraph(_mixed(image), np.array([0]), monkeypatch)
         np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
 
 
@@ -364,7 +353,7 @@ def test_causal_last_row_equals_networkx(pattern: str, residual: float) -> None:
 def test_causal_every_row_equals_igraph(pattern: str, monkeypatch: pytest.MonkeyPatch) -> None:
     make = _causal if pattern == "causal" else _sparse_causal
     mixed = _mixed(make(np.random.default_rng(4), 7, 24), 0.3)
-    values, _, reference = _both_engines(mixed, np.arange(24), monkeypatch)
+    values, _, reference = kernel_and_igraph(mixed, np.arange(24), monkeypatch)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
 
 
@@ -373,7 +362,7 @@ def test_causal_solved_to_completion_with_backward_arcs(monkeypatch: pytest.Monk
     # with the backward arc lists (only non-zero arcs, sparse causal), to completion.
     mixed = _mixed(_sparse_causal(np.random.default_rng(8), 6, 20), 0.2)
     monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)
-    values, status, reference = _both_engines(mixed, np.array([19, 12, 5]), monkeypatch)
+    values, status, reference = kernel_and_igraph(mixed, np.array([19, 12, 5]), monkeypatch)
     assert np.all(status[reference > 0] == SOLVED)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
 
@@ -440,7 +429,7 @@ def test_source_cut_is_an_upper_bound_and_tight_on_causal_rows(
     # sink, out of the source) are the max-flow for most pairs.
     mixed = _mixed(_causal(np.random.default_rng(6), 6, 30), 0.5)
     rows = np.arange(30)
-    _, _, reference = _both_engines(mixed, rows, monkeypatch)
+    _, _, reference = kernel_and_igraph(mixed, rows, monkeypatch)
     upper = engine._upper_bounds(mixed, rows, np.arange(30), engine._reach(mixed))
     assert np.all(upper >= reference - 1e-15)
     assert np.mean(np.abs(upper - reference) < 1e-13) > 0.5
@@ -489,7 +478,7 @@ def test_first_pass_never_reads_the_dense_layers_arc_residuals(
     np.testing.assert_array_equal(dense, mixed[1 : graph.dense_layers + 1])
     buffer.array[: graph.lower_end] = np.nan
     graph.give_back(buffer)
-    values, status, reference = _both_engines(mixed, np.array([39]), monkeypatch)
+    values, status, reference = kernel_and_igraph(mixed, np.array([39]), monkeypatch)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
     if pattern == "sinks":
         assert np.all(status == CERTIFIED)
@@ -595,7 +584,7 @@ def test_dense_layers_and_fan_out_equal_igraph(
     monkeypatch.setattr(engine, "DENSE_LAYERS", dense_layers)
     for layers, n in [(3, 70), (5, 66)]:  # more than 64 tokens: two words of bits
         mixed = _mixed(make(np.random.default_rng(layers + n), layers, n), 0.4)
-        values, status, reference = _both_engines(mixed, np.array([n - 1, 40]), monkeypatch)
+        values, status, reference = kernel_and_igraph(mixed, np.array([n - 1, 40]), monkeypatch)
         np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
         assert np.all(status[reference > 0] > 0)
 
@@ -618,7 +607,7 @@ def test_padded_causal_rows_equal_igraph(padding: str, monkeypatch: pytest.Monke
     sorted_heads = engine._sorted_heads(engine._reach(mixed)[1])
     assert bool(sorted_heads.all()) is (padding == "left")
     rows = real[[-1, 3, 10]]
-    values, _, reference = _both_engines(mixed, rows, monkeypatch)
+    values, _, reference = kernel_and_igraph(mixed, rows, monkeypatch)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
     assert np.all(values[:, pad] == 0.0)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from flow_engines import kernel_and_igraph
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import PROFILE
@@ -43,18 +44,6 @@ def _attention(rng: np.random.Generator, layers: int, n: int, causal: bool) -> n
 def _mixed(attention: np.ndarray, residual: float) -> np.ndarray:
     n = attention.shape[-1]
     return np.ascontiguousarray((1 - residual) * attention + residual * np.eye(n))
-
-
-def _values(
-    mixed: np.ndarray, rows: np.ndarray, monkeypatch: pytest.MonkeyPatch
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Kernel values and statuses of every sink, and igraph's on the whole graph."""
-    task = FlowTask((), mixed, rows, np.arange(rows.shape[0]), np.arange(mixed.shape[-1]))
-    values, status = solve_flow_task_with_status(task)
-    with monkeypatch.context() as patch:
-        patch.setattr(engine, "ENGINE", "igraph")
-        reference, _ = solve_flow_task_with_status(task)
-    return values, status, reference
 
 
 def test_scan_says_whether_every_self_arc_is_the_strongest() -> None:
@@ -164,7 +153,7 @@ def test_self_arcs_apart_equal_igraph(
     if arcs.capacity is not None:
         np.testing.assert_array_equal(arcs.capacity, arcs.capacities(mixed[1:-1]))
     rows = np.array([23, 17, 9, 0])
-    values, status, reference = _values(mixed, rows, monkeypatch)
+    values, status, reference = kernel_and_igraph(mixed, rows, monkeypatch)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
     if complete:
         assert np.all(status[reference > 0] == SOLVED)
@@ -186,7 +175,7 @@ def test_graphs_whose_self_arcs_are_not_strongest_keep_the_lists(
         arcs = engine._prepared(graph).arcs
         assert arcs.self_base == -1
         assert arcs.head.shape[0] == np.count_nonzero(graph[1:-1] > 0)
-        values, _, reference = _values(graph, np.array([19, 11]), monkeypatch)
+        values, _, reference = kernel_and_igraph(graph, np.array([19, 11]), monkeypatch)
         np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
 
 
@@ -249,7 +238,7 @@ def test_any_small_graph_equals_igraph(
             patch.setattr(engine, "TARGET_TOLERANCE", -1.0)
         apart = engine._prepared(mixed).arcs.self_base >= 0
         assert apart is engine._self_strongest(mixed[1:-1])
-        values, _, reference = _values(mixed, np.arange(n), patch)
+        values, _, reference = kernel_and_igraph(mixed, np.arange(n), patch)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
 
 
@@ -287,6 +276,6 @@ def test_a_second_residual_buffer_is_written_from_the_matrices(
     graph.give_back(second)
     for tolerance in (engine.TARGET_TOLERANCE, -1.0):
         monkeypatch.setattr(engine, "TARGET_TOLERANCE", tolerance)
-        values, _, reference = _values(mixed, np.array([29, 20]), monkeypatch)
+        values, _, reference = kernel_and_igraph(mixed, np.array([29, 20]), monkeypatch)
         np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
     graph.give_back(held)
