@@ -121,6 +121,10 @@ def masked_head_mean(
         else weights
     )
     scale = share / xp.where(sums > 0, sums, xp.ones_like(sums))  # (..., H, r, 1)
+    if not exact_sums:
+        # A NaN or infinite weight on a padded key entered the product: that row is NaN,
+        # never silently left unnormalised (NaN) or zeroed (infinite).
+        scale = xp.where(xp.isfinite(sums), scale, xp.full_like(scale, xp.nan))
     empty = (sums == 0) & real_rows  # a NaN sum is not empty
     fused = _weighted_head_sum(heads, scale, xp)
     units = _head_sum(xp.where(empty, share, xp.zeros_like(scale)), xp)  # (..., r, 1)

@@ -488,6 +488,18 @@ def check_arguments(
     )
 
 
+def _sums_by_product(heads: Any, *, checked: bool) -> bool:
+    """Whether :func:`masked_head_mean` may sum over the real keys by a matrix product.
+
+    Where the rows are checked: NaN on a padded key of a real row would enter such a sum,
+    but that row fails the checks (its full row sum is not finite). And inside
+    ``jax.jit``, which cannot check, where a `where` over every weight costs five head
+    means on the CPU. Elsewhere (unchecked host or eager arrays) the sums are exact.
+    """
+    traced = is_jax_array(heads) and not values_are_inspectable(heads)
+    return (checked and values_are_inspectable(heads)) or traced
+
+
 def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> PreparedAttention:
     """Mask, normalise and fuse the used layers of a call whose arguments are checked.
 
@@ -599,11 +611,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
                 real_keys=valid_keys,
                 positions=namespace.arange(layout.n_tokens, device=device)[:, None],
                 weights=weights,
-                # Checked rows hold no NaN on padded keys: matrix-product sums are exact.
-                # A jit trace cannot be checked, and takes them too (masked_head_mean).
-                exact_sums=not (
-                    (do_validate and values_are_inspectable(stacked)) or is_jax_array(stacked)
-                ),
+                exact_sums=not _sums_by_product(stacked, checked=bool(do_validate)),
             )
         if do_validate and normalise_field:
             check_causal(fused, namespace)
@@ -716,9 +724,7 @@ def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
     read_rows: dict[int, tuple[int, ...] | None] = {}
     tolerance = row_sum_tolerance(xp, dtype, n)
     real_keys = None if mask is None else xp.reshape(mask, (*batch, 1, 1, n))
-    # Matrix-product sums over the real keys: NaN on a padded key of a real row would
-    # enter them, but such a row fails the checks (its full row sum is not finite).
-    exact_sums = not (check and values_are_inspectable(checked.first))
+    exact_sums = not _sums_by_product(checked.first, checked=check)
 
     def layer_spec(i: int) -> HeadFusionSpec:
         if spec.kind == "weights" and spec.weights is not None and spec.weights.ndim == 2:

@@ -401,6 +401,33 @@ def _leaky_padded(weights: np.ndarray, dtype_name: str) -> tuple[np.ndarray, np.
     return data.astype(dtype_name), mask
 
 
+def test_unchecked_padded_keys_stay_out_of_the_sums(
+    backend: Variant, dtype_name: str, weights: np.ndarray
+) -> None:
+    """With ``validate=False``, NaN on a padded key of a real row is left out of that row.
+
+    On every backend, eager JAX included; inside ``jax.jit`` the sums are matrix products
+    (:func:`attnflow._heads.masked_head_mean`) and that one row is NaN, the others exact.
+    """
+    data, mask = _leaky_padded(weights, dtype_name)
+    nan_key = data.copy()
+    nan_key[2, 1, 3, 1, 7] = np.nan  # a padded key of a real row (item 2 has 3 tokens)
+    result = backend.run(
+        attnflow.rollout,
+        backend.asarray(nan_key),
+        mask=backend.asarray(mask),
+        rows=0,
+        validate=False,
+    )
+    values = backend.check(result, dtype_name=dtype_name, shape=(SHAPE[0], SHAPE[-1]))
+    expected = oracle_rollout(data.astype(np.float64), mask=mask, rows=0)
+    tol = tolerance(dtype_name)
+    if backend.jit:
+        assert np.isnan(values[2]).all()
+        values, expected = values[:2], expected[:2]
+    np.testing.assert_allclose(values, expected, rtol=tol, atol=tol)
+
+
 PADDED_OPTIONS = pytest.mark.parametrize(
     "options",
     [
