@@ -277,7 +277,7 @@ TORCH_TESTS = [
     "tests/adapters/test_torch.py",
     "tests/adapters/test_torch_contributions.py",
     "tests/adapters/test_torch_encoder_decoder.py",
-    "tests/adapters/test_readme.py",
+    "tests/adapters/test_doc_examples.py",
     "tests/adapters/test_flow_minilm.py",
     "tests/adapters/test_explain_text.py",
     "tests/adapters/test_explain_image.py",
@@ -291,7 +291,7 @@ TORCH_TESTS = [
 TORCH_NO_SKIPS = [
     "tests/experiments",
     "tests/adapters/test_torch_encoder_decoder.py",
-    "tests/adapters/test_readme.py",
+    "tests/adapters/test_doc_examples.py",
     "tests/adapters/test_flow_minilm.py",
     "tests/adapters/test_explain_text.py",
     "tests/adapters/test_torch_contributions.py",
