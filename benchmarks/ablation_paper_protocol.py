@@ -120,7 +120,29 @@ LINZEN_STUDY: dict[str, int] = {"linzen_long": 0, "linzen_long_seed1": 1, "linze
 # epochs (3,125 steps of about 1.7 s) would not have ended before the session's
 # deadline. The second student's validation accuracy was 0.972 after its third epoch.
 LINZEN_EPOCHS = 3
-MODELS = ("today", "eos", "distilled", "distilled_long", *SEED_STUDY, *LINZEN_STUDY)
+# The fifth run (issue 23): training length. The second student's recipe (its 40,000
+# sentences, PyTorch seed 0, the same distillation, dropout, optimiser, batch size and
+# learning rate) trained for TRAINLEN_EPOCHS epochs, the warm-up and cosine schedule
+# spread over all of them, the student saved at the epochs of TRAINLEN_CHECKPOINTS
+# (models "distilled_longer_e5" etc.) and the whole training state after every epoch
+# (a rerun of `train distilled_longer` continues from it). Fixed before the run, from a
+# timing of the recipe at 09:34 (one epoch of 2,000 sentences: 5.6 s CPU, 7.3 s wall,
+# load average 5.2, one thread under nice 19; 2.8 s CPU per 1,000 sentence-epochs, so
+# 15 x 40,000 is about 28 CPU-minutes, ending near 10:15 at that wall/CPU ratio of 1.3
+# and by 11:00 up to a ratio of 3).
+TRAINLEN_EPOCHS = 15
+TRAINLEN_CHECKPOINTS = (5, 10, 15)
+TRAINLEN_MODEL = "distilled_longer"
+TRAINLEN_STUDY = tuple(f"{TRAINLEN_MODEL}_e{e}" for e in TRAINLEN_CHECKPOINTS)
+MODELS = (
+    "today",
+    "eos",
+    "distilled",
+    "distilled_long",
+    *SEED_STUDY,
+    *LINZEN_STUDY,
+    TRAINLEN_MODEL,
+)
 # The second distilled student's size, fixed before its run from a timing of the recipe
 # on 2,000 sentences (3.2 s CPU per 1,000 sentence-epochs, 1 thread) and the time left
 # on a shared machine: 200,000 sentence-epochs, 3.3 times the first run's 60,000.
@@ -140,6 +162,9 @@ RECIPES: dict[str, tuple[int, int]] = {
     "distilled_long": (DISTILLED_LONG_SENTENCES, DISTILLED_LONG_EPOCHS),
     **dict.fromkeys(SEED_STUDY, (DISTILLED_LONG_SENTENCES, DISTILLED_LONG_EPOCHS)),
     **dict.fromkeys(LINZEN_STUDY, (DISTILLED_LONG_SENTENCES, LINZEN_EPOCHS)),
+    **dict.fromkeys(
+        (TRAINLEN_MODEL, *TRAINLEN_STUDY), (DISTILLED_LONG_SENTENCES, TRAINLEN_EPOCHS)
+    ),
 }
 TEST_SPLIT_TRAIN_SENTENCES = 20_000  # the first run's split, which fixes the test set
 METHODS = ("raw", "rollout", "flow")
@@ -221,6 +246,9 @@ def _usage() -> dict[str, float]:
 
 def train(args: argparse.Namespace) -> None:
     """Train one model and save it with its record, atomically; skip it if saved."""
+    if args.model == TRAINLEN_MODEL:
+        train_longer(args)
+        return
     folder = args.output / "models" / args.model
     if (folder / "training.json").exists():
         print(f"{folder} exists: {(folder / 'training.json').read_text()}")
@@ -269,6 +297,76 @@ def train(args: argparse.Namespace) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     write_folder_atomically(folder, write, replace=False, exists=FileExistsError)
     print(text)
+
+
+def train_longer(args: argparse.Namespace) -> None:
+    """The fifth run's student: the second student's recipe trained for
+    ``TRAINLEN_EPOCHS`` epochs, the student saved (with its record, atomically) at each
+    epoch of ``TRAINLEN_CHECKPOINTS``; resumable from ``OUTPUT/train-state``."""
+    sentences, epochs = _recipe(args, TRAINLEN_MODEL)
+    names = {e: f"{TRAINLEN_MODEL}_e{e}" for e in TRAINLEN_CHECKPOINTS if e <= epochs}
+    if all((args.output / "models" / n / "training.json").exists() for n in names.values()):
+        print(f"{TRAINLEN_MODEL}: every checkpoint saved ({', '.join(names.values())})")
+        return
+    train_set, test = _data(args, TRAINLEN_MODEL)
+    validation = test.take(np.arange(min(500, len(test))))
+    state = args.output / "train-state" / f"{TRAINLEN_MODEL}.pt"
+    wall, cpu, load = time.perf_counter(), time.process_time(), os.getloadavg()[0]
+    resumed = None
+    if state.exists():
+        resumed = int(torch.load(state, map_location="cpu", weights_only=True)["epoch"])
+
+    def save(epoch: int, student: torch.nn.Module, teacher: torch.nn.Module) -> None:
+        name = names.get(epoch)
+        folder = args.output / "models" / str(name)
+        if name is None or (folder / "training.json").exists():
+            return
+        with torch.no_grad():
+            ids, mask = torch.tensor(test.ids), torch.tensor(test.mask)
+            teacher_accuracy = float(
+                (teacher(ids, mask).argmax(-1).numpy() == test.labels).mean()
+            )
+        record = {
+            "model": name,
+            "seed": args.seed,
+            "torch_seed": _torch_seed(args, TRAINLEN_MODEL),
+            "train_sentences": len(train_set),
+            "epochs": epochs,
+            "checkpoint_epoch": epoch,
+            "resumed_after_epoch": resumed,
+            "this_process_wall_s": round(time.perf_counter() - wall, 1),
+            "this_process_cpu_s": round(time.process_time() - cpu, 1),
+            "load_at_start": load,
+            "load_now": os.getloadavg()[0],
+            "threads": torch.get_num_threads(),
+            "test_sentences": len(test),
+            "test_accuracy": accuracy(student, test),  # type: ignore[arg-type]
+            "teacher_test_accuracy": teacher_accuracy,
+        }
+        text = json.dumps(record, indent=2) + "\n"
+
+        def write(staged: Path) -> None:
+            save_agreement_model(
+                student,  # type: ignore[arg-type]
+                staged,
+                vocabulary=train_set.vocabulary,
+                metadata=record,
+            )
+            (staged / "training.json").write_text(text)
+
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        write_folder_atomically(folder, write, replace=False, exists=FileExistsError)
+        print(text, flush=True)
+
+    train_distilled_agreement_model(
+        train_set,
+        seed=_torch_seed(args, TRAINLEN_MODEL),
+        epochs=epochs,
+        validation=validation,
+        progress=True,
+        checkpoint=state,
+        on_epoch=save,
+    )
 
 
 def _evaluate_model(args: argparse.Namespace, name: str, *, whole: bool = False) -> dict[str, Any]:
@@ -524,7 +622,7 @@ def _table_lines(table: dict[str, dict[str, list[list[float]]]]) -> list[str]:
 
 def evaluate(args: argparse.Namespace) -> None:
     """Evaluate every model and print every step's table."""
-    missing = [*SEED_STUDY, *LINZEN_STUDY]  # evaluated by `study` and `linzen`
+    missing = [*SEED_STUDY, *LINZEN_STUDY, TRAINLEN_MODEL]  # evaluated by their own studies
     evaluated = {name: _evaluate_model(args, name) for name in MODELS if name not in missing}
     results: dict[str, Any] = {"models": {}, "steps": {}, "cumulative": {}}
     for name, ev in evaluated.items():

@@ -27,12 +27,17 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._atomic import write_atomically
 from .agreement import AgreementData
 from .agreement_torch import (
     AgreementConfig,
@@ -194,6 +199,8 @@ def train_distilled_agreement_model(
     validation: AgreementData | None = None,
     device: str | torch.device = "cpu",
     progress: bool = True,
+    checkpoint: str | os.PathLike[str] | None = None,
+    on_epoch: Callable[[int, AgreementTransformer, LSTMTeacher], object] | None = None,
 ) -> tuple[AgreementTransformer, LSTMTeacher]:
     r"""Train an LSTM teacher and distil it online into an :class:`AgreementTransformer`.
 
@@ -236,6 +243,18 @@ def train_distilled_agreement_model(
     progress : bool, default True
         Show a tqdm bar if tqdm is installed; one line per epoch is always logged at
         level INFO.
+    checkpoint : str or path-like, optional
+        A file holding the whole training state (both models, both optimisers and
+        schedulers, PyTorch's generator and the batch shuffler), written atomically at
+        the end of every epoch. If it exists when training starts, training continues
+        after its last epoch, so a killed run resumed from it ends with the very
+        weights of an uninterrupted one. The file records the settings that fix the
+        run (seed, sizes, epochs, schedule); resuming under other settings is refused.
+    on_epoch : callable, optional
+        Called as ``on_epoch(epoch, student, teacher)`` after every epoch (1-based) and
+        after its checkpoint is written, with both models in evaluation mode (training
+        puts them back in training mode); epochs done before a resume are not called
+        again.
 
     Returns
     -------
@@ -247,7 +266,8 @@ def train_distilled_agreement_model(
     Raises
     ------
     ValueError
-        If `train` is empty or a setting is out of range.
+        If `train` is empty, a setting is out of range, or `checkpoint` holds another
+        run's state.
 
     References
     ----------
@@ -300,10 +320,30 @@ def train_distilled_agreement_model(
     ]
     schedulers = [torch.optim.lr_scheduler.LambdaLR(o, schedule) for o in optimisers]
     shuffler = torch.Generator().manual_seed(seed)
+    run = {
+        "seed": seed,
+        "sentences": len(train),
+        "vocab_size": config.vocab_size,
+        "config": repr(config),
+        "teacher": [teacher_hidden, teacher_layers],
+        "distill_rate": distill_rate,
+        "temperature": temperature,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "lr": lr,
+        "warmup": warmup,
+        "clip": clip,
+    }
+    done = 0
+    if checkpoint is not None and Path(checkpoint).exists():
+        done = _resume(Path(checkpoint), run, student, teacher, optimisers, schedulers, shuffler)
+        logger.info("resumed from %s after epoch %d of %d", checkpoint, done, epochs)
     bar = _progress(total, progress)
+    if bar is not None and done:
+        bar.update(done * math.ceil(len(train) / batch_size))
     started = time.perf_counter()
     try:
-        for epoch in range(1, epochs + 1):
+        for epoch in range(done + 1, epochs + 1):
             student.train()
             teacher.train()
             batches = _bucketed_batches(train, batch_size, shuffler)
@@ -351,10 +391,82 @@ def train_distilled_agreement_model(
                 )
             message += f" ({time.perf_counter() - started:.0f} s)"
             logger.info(message)
+            if checkpoint is not None:
+                _save_state(
+                    Path(checkpoint), run, epoch, student, teacher, optimisers, schedulers, shuffler
+                )
+            if on_epoch is not None:
+                student.eval()
+                teacher.eval()
+                on_epoch(epoch, student, teacher)
     finally:
         if bar is not None:
             bar.close()
     return student.eval(), teacher.eval()
+
+
+def _save_state(
+    path: Path,
+    run: dict[str, Any],
+    epoch: int,
+    student: nn.Module,
+    teacher: nn.Module,
+    optimisers: list[torch.optim.Optimizer],
+    schedulers: list[torch.optim.lr_scheduler.LambdaLR],
+    shuffler: torch.Generator,
+) -> None:
+    """Write the training state after `epoch` to `path` atomically (replacing the last)."""
+    state = {
+        "run": run,
+        "epoch": epoch,
+        "student": student.state_dict(),
+        "teacher": teacher.state_dict(),
+        "optimisers": [o.state_dict() for o in optimisers],
+        "schedulers": [s.state_dict() for s in schedulers],
+        "torch_rng": torch.get_rng_state(),
+        "shuffler": shuffler.get_state(),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(
+        path,
+        lambda file: torch.save(state, file),
+        replace=True,
+        exists=FileExistsError,
+        mode=None,
+    )
+
+
+def _resume(
+    path: Path,
+    run: dict[str, Any],
+    student: nn.Module,
+    teacher: nn.Module,
+    optimisers: list[torch.optim.Optimizer],
+    schedulers: list[torch.optim.lr_scheduler.LambdaLR],
+    shuffler: torch.Generator,
+) -> int:
+    """Load the training state of `path` into the run; return the epochs it had done."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state.get("run") != run:
+        diff = {
+            k: (state.get("run", {}).get(k), v)
+            for k, v in run.items()
+            if state.get("run", {}).get(k) != v
+        }
+        msg = (
+            f"`checkpoint` {str(path)!r} holds another run's state (saved vs asked: {diff}); "
+            "pass the settings it was saved with, or another file to start afresh."
+        )
+        raise ValueError(msg)
+    student.load_state_dict(state["student"])
+    teacher.load_state_dict(state["teacher"])
+    for optimiser, saved in zip(optimisers, state["optimisers"], strict=True):
+        optimiser.load_state_dict(saved)
+    for scheduler, saved in zip(schedulers, state["schedulers"], strict=True):
+        scheduler.load_state_dict(saved)
+    torch.set_rng_state(state["torch_rng"])
+    shuffler.set_state(state["shuffler"])
+    return int(state["epoch"])
 
 
 @torch.no_grad()
