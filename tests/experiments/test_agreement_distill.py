@@ -133,3 +133,42 @@ def test_training_is_reproducible(split) -> None:
 def test_bad_settings(split, kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         train_distilled_agreement_model(split[0], seed=0, progress=False, **kwargs)  # type: ignore[arg-type]
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_killed_and_resumed_run_equals_an_uninterrupted_one(split, tmp_path) -> None:
+    # Two epochs straight through, against one epoch, a "kill" (an exception raised
+    # after the first epoch's checkpoint is written) and a second call that resumes
+    # from the checkpoint: the same weights, bit for bit (the optimisers, schedules,
+    # dropout generator and batch order all continue where they stopped).
+    train, _ = split
+    train = train.take(np.arange(256))
+    tiny = AgreementConfig(len(train.vocabulary), n_layers=1, n_heads=2, hidden=16)
+    settings = {"seed": 0, "config": tiny, "teacher_hidden": 16, "epochs": 2, "progress": False}
+    straight, straight_teacher = train_distilled_agreement_model(train, **settings)
+
+    def kill(epoch: int, student: object, teacher: object) -> None:
+        raise _Killed
+
+    state = tmp_path / "state.pt"
+    with pytest.raises(_Killed):
+        train_distilled_agreement_model(train, checkpoint=state, on_epoch=kill, **settings)
+    assert torch.load(state, weights_only=True)["epoch"] == 1
+    seen: list[int] = []
+    resumed, resumed_teacher = train_distilled_agreement_model(
+        train, checkpoint=state, on_epoch=lambda e, s, t: seen.append(e), **settings
+    )
+    assert seen == [2]  # the epoch done before the kill is not called again
+    for a, b in ((straight, resumed), (straight_teacher, resumed_teacher)):
+        one, two = a.state_dict(), b.state_dict()
+        assert one.keys() == two.keys()
+        assert all(torch.equal(one[k], two[k]) for k in one)
+    # A finished run's checkpoint trains nothing more and returns its models.
+    again, _ = train_distilled_agreement_model(train, checkpoint=state, **settings)
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in straight.state_dict().items())
+    # Another run's settings are refused before any training.
+    with pytest.raises(ValueError, match="holds another run's state.*'epochs': \\(2, 3\\)"):
+        train_distilled_agreement_model(train, checkpoint=state, **{**settings, "epochs": 3})
