@@ -162,9 +162,7 @@ RECIPES: dict[str, tuple[int, int]] = {
     "distilled_long": (DISTILLED_LONG_SENTENCES, DISTILLED_LONG_EPOCHS),
     **dict.fromkeys(SEED_STUDY, (DISTILLED_LONG_SENTENCES, DISTILLED_LONG_EPOCHS)),
     **dict.fromkeys(LINZEN_STUDY, (DISTILLED_LONG_SENTENCES, LINZEN_EPOCHS)),
-    **dict.fromkeys(
-        (TRAINLEN_MODEL, *TRAINLEN_STUDY), (DISTILLED_LONG_SENTENCES, TRAINLEN_EPOCHS)
-    ),
+    **dict.fromkeys((TRAINLEN_MODEL, *TRAINLEN_STUDY), (DISTILLED_LONG_SENTENCES, TRAINLEN_EPOCHS)),
 }
 TEST_SPLIT_TRAIN_SENTENCES = 20_000  # the first run's split, which fixes the test set
 METHODS = ("raw", "rollout", "flow")
@@ -303,7 +301,7 @@ def train_longer(args: argparse.Namespace) -> None:
     """The fifth run's student: the second student's recipe trained for
     ``TRAINLEN_EPOCHS`` epochs, the student saved (with its record, atomically) at each
     epoch of ``TRAINLEN_CHECKPOINTS``; resumable from ``OUTPUT/train-state``."""
-    sentences, epochs = _recipe(args, TRAINLEN_MODEL)
+    _, epochs = _recipe(args, TRAINLEN_MODEL)
     names = {e: f"{TRAINLEN_MODEL}_e{e}" for e in TRAINLEN_CHECKPOINTS if e <= epochs}
     if all((args.output / "models" / n / "training.json").exists() for n in names.values()):
         print(f"{TRAINLEN_MODEL}: every checkpoint saved ({', '.join(names.values())})")
@@ -323,9 +321,7 @@ def train_longer(args: argparse.Namespace) -> None:
             return
         with torch.no_grad():
             ids, mask = torch.tensor(test.ids), torch.tensor(test.mask)
-            teacher_accuracy = float(
-                (teacher(ids, mask).argmax(-1).numpy() == test.labels).mean()
-            )
+            teacher_accuracy = float((teacher(ids, mask).argmax(-1).numpy() == test.labels).mean())
         record = {
             "model": name,
             "seed": args.seed,
@@ -494,9 +490,13 @@ def _raw_candidates(weights: np.ndarray) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, dtype=float) for k, v in out.items()}
 
 
-def _gradient_study(args: argparse.Namespace, name: str, ev: dict[str, Any]) -> dict[str, Any]:
+def _gradient_study(
+    args: argparse.Namespace, name: str, ev: dict[str, Any], *, per_sentence: bool = False
+) -> dict[str, Any]:
     """The gradient references of the whole protocol's sentences, and the hand oracle of
-    the paper code's raw attention and rollout, for model `name`."""
+    the paper code's raw attention and rollout, for model `name` (with `per_sentence`,
+    also each sentence's correlations ``(sentences, layers)`` of every method against
+    every variant, under the key ``"per_sentence"``, not JSON)."""
     import copy
 
     from attnflow.adapters.torch import (  # type: ignore[import-not-found,unused-ignore]
@@ -538,8 +538,10 @@ def _gradient_study(args: argparse.Namespace, name: str, ev: dict[str, Any]) -> 
             oracle[method] = max(oracle[method], float(np.max(np.abs(theirs - mine))))
     where = test.mask[:count]
     table: dict[str, dict[str, list[list[float]]]] = {}
+    rhos: dict[str, dict[str, np.ndarray]] = {}
     for variant, ref in refs.items():
         table[variant] = {}
+        rhos[variant] = {}
         for m in METHODS:
             rho = attnflow.evaluate.rank_correlation(
                 samples[f"scores.{m}"][:count],
@@ -547,6 +549,7 @@ def _gradient_study(args: argparse.Namespace, name: str, ev: dict[str, Any]) -> 
                 where=where[:, None, :],
                 method="spearman_dense",
             )
+            rhos[variant][m] = np.asarray(rho, dtype=float)
             table[variant][m] = [
                 [float(mu), float(sd)]
                 for mu, sd in zip(rho.mean(axis=0), rho.std(axis=0), strict=True)
@@ -577,6 +580,7 @@ def _gradient_study(args: argparse.Namespace, name: str, ev: dict[str, Any]) -> 
         return float(np.mean(rho))
 
     return {
+        **({"per_sentence": rhos} if per_sentence else {}),
         "table": table,
         "raw_candidates": raw_table,
         "median_sum_over_l2": {k: float(np.median(v)) for k, v in ratio.items()},
@@ -946,10 +950,161 @@ def linzen(args: argparse.Namespace) -> None:
     print(json.dumps(results["usage"]))
 
 
+# The fifth run's yardstick of the sample: every cell's mean over the 100 sentences
+# resampled with replacement BOOTSTRAP_DRAWS times (the same draws for every cell of a
+# model), its 2.5 and 97.5 percentiles the 95 % interval.
+BOOTSTRAP_DRAWS = 2000
+FIVE_EPOCH_STUDENTS = ("distilled_long", *SEED_STUDY)
+
+
+def _bootstrap(rho: np.ndarray, draws: np.ndarray) -> list[float]:
+    """95 % percentile interval of the mean of `rho` ``(sentences,)`` over `draws`."""
+    means = rho[draws].mean(axis=1)
+    return [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]
+
+
+def trainlen(args: argparse.Namespace) -> None:
+    """The fifth run (issue 23): training length. The whole protocol with the paper
+    code's gradient expression (step 7) of each checkpoint of the 15-epoch student and
+    of the three 5-epoch students of the seed study, every cell with its bootstrap 95 %
+    interval over the 100 sentences, against the paper."""
+    names = [
+        n
+        for n in (*FIVE_EPOCH_STUDENTS, *TRAINLEN_STUDY)
+        if (args.output / "models" / n / "training.json").exists()
+    ]
+    results: dict[str, Any] = {"models": {}, "steps": {}, "bootstrap": {}}
+    lines: list[str] = []
+    rng = np.random.default_rng(args.seed)
+    draws = rng.integers(0, WHOLE_PROTOCOL_SENTENCES, (BOOTSTRAP_DRAWS, WHOLE_PROTOCOL_SENTENCES))
+    for name in names:
+        ev = _evaluate_model(args, name, whole=True)
+        gradients = _gradient_study(args, name, ev, per_sentence=True)
+        rhos = gradients.pop("per_sentence")["single_f32_p0_minus_p1"]
+        record = json.loads((args.output / "models" / name / "training.json").read_text())
+        samples = ev["reports"]["paper"].samples
+        per_sentence = {
+            "blank_out": {m: np.asarray(samples[f"correlation.{m}.blank_out"]) for m in METHODS},
+            "input_gradients": rhos,
+        }
+        table = {
+            reference: {
+                m: [
+                    [float(mu), float(sd)]
+                    for mu, sd in zip(rho.mean(axis=0), rho.std(axis=0), strict=True)
+                ]
+                for m, rho in by_method.items()
+            }
+            for reference, by_method in per_sentence.items()
+        }
+        if table["input_gradients"] != gradients["table"]["single_f32_p0_minus_p1"]:
+            msg = "the per-sentence correlations do not give the study's table"
+            raise RuntimeError(msg)
+        results["bootstrap"][name] = {
+            reference: {
+                m: [_bootstrap(rho[:, layer], draws) for layer in range(rho.shape[1])]
+                for m, rho in by_method.items()
+            }
+            for reference, by_method in per_sentence.items()
+        }
+        results["models"][name] = {
+            **{k: v for k, v in ev.items() if k not in ("reports", "test")},
+            "training": record,
+            "gradient_oracle_max_abs_diff": gradients["oracle_max_abs_diff"],
+        }
+        print(f"model {name}: {json.dumps(results['models'][name])}", flush=True)
+        step = f"7T {name}: the whole protocol, the paper code's gradient expression"
+        STEPS[step] = (name, "paper", "spearman_dense", WHOLE_PROTOCOL_SENTENCES, True)
+        results["steps"][step] = {"sentences": WHOLE_PROTOCOL_SENTENCES, "table": table}
+        lines.extend(_against_paper(step, name, table))
+    lines.extend(_trainlen_tables(results, names))
+    text = "\n".join(lines)
+    print(text)
+    results["usage"] = _usage()
+    (args.output / "trainlen.md").write_text(text + "\n")
+    (args.output / "trainlen.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results["usage"]))
+
+
+def _trainlen_tables(results: dict[str, Any], names: list[str]) -> list[str]:
+    """The models' accuracy and saturation, and every cell by training length."""
+    lines = [
+        "\n### The students (whole protocol: the first 100 test sentences)\n",
+        (
+            "| model | schedule epochs | saved after epoch | test accuracy (2,000) | teacher "
+            "| accuracy (100) | median p_gold (100) | share p_gold > 0.99 (100) |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        model = results["models"][name]
+        record = model["training"]
+        lines.append(
+            f"| {name} | {record['epochs']} | {record.get('checkpoint_epoch', record['epochs'])} "
+            f"| {record['test_accuracy']:.3f} | {record['teacher_test_accuracy']:.3f} "
+            f"| {model['accuracy']:.2f} | {model['median_p_gold']:.4f} "
+            f"| {model['share_p_gold_above_0.99']:.2f} |"
+        )
+    table = {n: results["steps"][s]["table"] for s in results["steps"] for n in [STEPS[s][0]]}
+    five = [n for n in FIVE_EPOCH_STUDENTS if n in table]
+    longer = [n for n in TRAINLEN_STUDY if n in table]
+    banded = [n for n in (FIVE_EPOCH_STUDENTS[0], *longer) if n in table]
+    heads = [
+        "5-epoch seeds: mean (min to max)",
+        *(f"{n} [95 % interval]" for n in banded),
+    ]
+    if len(longer) > 1:
+        first, last = (n[len(TRAINLEN_MODEL) + 1 :] for n in (longer[0], longer[-1]))
+        heads.append(f"{last} - {first}")
+    lines += [
+        (
+            "\n### Every cell by training length: mean over the 100 sentences [bootstrap 95 % "
+            "interval]; ** more than 0.1 from the paper\n"
+        ),
+        f"| reference | method | layer | paper | {' | '.join(heads)} |",
+        "|---|---|---|---|" + "---|" * len(heads),
+    ]
+    within = dict.fromkeys(["5-epoch seeds' mean", *banded], 0)
+    covered = dict.fromkeys(banded, 0)
+    for reference in REFERENCES:
+        for m in METHODS:
+            for layer, (p, _) in enumerate(PAPER_TABLES[reference][m]):
+                cells = []
+                if five:
+                    values = [table[n][reference][m][layer][0] for n in five]
+                    mean = float(np.mean(values))
+                    flag = "" if abs(mean - p) <= 0.1 else " **"
+                    within["5-epoch seeds' mean"] += not flag
+                    cells.append(f"{mean:.2f} ({min(values):.2f} to {max(values):.2f}){flag}")
+                for n in banded:
+                    mu = table[n][reference][m][layer][0]
+                    low, high = results["bootstrap"][n][reference][m][layer]
+                    flag = "" if abs(mu - p) <= 0.1 else " **"
+                    within[n] += not flag
+                    covered[n] += low <= p <= high
+                    cells.append(f"{mu:.2f} [{low:.2f}, {high:.2f}]{flag}")
+                if len(longer) > 1:
+                    move = table[longer[-1]][reference][m][layer][0]
+                    cells.append(f"{move - table[longer[0]][reference][m][layer][0]:+.2f}")
+                row = f"| {reference} | {m} | L{layer + 1} | {p:.2f} | {' | '.join(cells)} |"
+                lines.append(row)
+    results["within_0.1"] = within
+    results["paper_inside_interval"] = covered
+    lines.append(
+        "\nCells within ±0.1 of the paper: "
+        + ", ".join(f"{k} {v} of 36" for k, v in within.items())
+        + "; the paper's value inside the bootstrap interval: "
+        + ", ".join(f"{k} {v} of 36" for k, v in covered.items())
+        + "."
+    )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "command", choices=("train", "evaluate", "evaluate-model", "study", "linzen")
+        "command",
+        choices=("train", "evaluate", "evaluate-model", "study", "linzen", "trainlen"),
     )
     parser.add_argument("model", nargs="?", choices=MODELS)
     parser.add_argument("-o", "--output", type=Path, default=Path("runs/paper-ablation"))
@@ -974,6 +1129,8 @@ def main() -> None:
         study(args)
     elif args.command == "linzen":
         linzen(args)
+    elif args.command == "trainlen":
+        trainlen(args)
     else:
         evaluate(args)
 

@@ -29,7 +29,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._atomic import write_atomically
+from attnflow._atomic import write_atomically
+
 from .agreement import AgreementData
 from .agreement_torch import (
     AgreementConfig,
@@ -411,8 +412,8 @@ def _save_state(
     epoch: int,
     student: nn.Module,
     teacher: nn.Module,
-    optimisers: list[torch.optim.Optimizer],
-    schedulers: list[torch.optim.lr_scheduler.LambdaLR],
+    optimisers: Sequence[torch.optim.Optimizer],
+    schedulers: Sequence[torch.optim.lr_scheduler.LambdaLR],
     shuffler: torch.Generator,
 ) -> None:
     """Write the training state after `epoch` to `path` atomically (replacing the last)."""
@@ -441,8 +442,8 @@ def _resume(
     run: dict[str, Any],
     student: nn.Module,
     teacher: nn.Module,
-    optimisers: list[torch.optim.Optimizer],
-    schedulers: list[torch.optim.lr_scheduler.LambdaLR],
+    optimisers: Sequence[torch.optim.Optimizer],
+    schedulers: Sequence[torch.optim.lr_scheduler.LambdaLR],
     shuffler: torch.Generator,
 ) -> int:
     """Load the training state of `path` into the run; return the epochs it had done."""

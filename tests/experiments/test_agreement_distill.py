@@ -170,5 +170,5 @@ def test_a_killed_and_resumed_run_equals_an_uninterrupted_one(split, tmp_path) -
     again, _ = train_distilled_agreement_model(train, checkpoint=state, **settings)
     assert all(torch.equal(v, again.state_dict()[k]) for k, v in straight.state_dict().items())
     # Another run's settings are refused before any training.
-    with pytest.raises(ValueError, match="holds another run's state.*'epochs': \\(2, 3\\)"):
+    with pytest.raises(ValueError, match=r"holds another run's state.*'epochs': \(2, 3\)"):
         train_distilled_agreement_model(train, checkpoint=state, **{**settings, "epochs": 3})
