@@ -46,6 +46,17 @@ and a hand oracle of the paper code's raw attention and rollout formulas against
 evaluation's, with raw attention under candidate conventions (the ``<eos>`` row, heads
 max, the residual added, ``<eos>`` left out of the ranking).
 
+``linzen`` is the fourth run (students trained on ``linzen_matched_data``).
+
+``trainlen`` is the fifth run, training length: ``train distilled_longer`` trains the
+second student's recipe (its sentences, PyTorch seed 0, the same hyper-parameters) for
+``TRAINLEN_EPOCHS`` epochs under one warm-up and cosine schedule, saving the student
+after each epoch of ``TRAINLEN_CHECKPOINTS`` (``distilled_longer_e5`` ...) and the
+whole training state after every epoch (``OUTPUT/train-state``: a rerun continues from
+it); ``trainlen`` evaluates each checkpoint and the three 5-epoch students of the seed
+study under step 7 (the whole protocol with the paper code's gradient expression), and
+gives every cell with its bootstrap 95 % interval over the 100 sentences.
+
 Usage (2 threads of a shared machine; see ``docs/reproduction.md`` for the runs)::
 
     python benchmarks/ablation_paper_protocol.py train today   -o runs/paper-ablation &
@@ -56,6 +67,8 @@ Usage (2 threads of a shared machine; see ``docs/reproduction.md`` for the runs)
     python benchmarks/ablation_paper_protocol.py train distilled_long_seed1 -o runs/paper-ablation &
     python benchmarks/ablation_paper_protocol.py train distilled_long_seed2 -o runs/paper-ablation
     python benchmarks/ablation_paper_protocol.py study -o runs/paper-ablation
+    python benchmarks/ablation_paper_protocol.py train distilled_longer -o runs/paper-ablation
+    python benchmarks/ablation_paper_protocol.py trainlen -o runs/paper-ablation
 
 (``evaluate-model NAME`` evaluates one model as soon as it is trained; ``evaluate`` then
 reads its saved chunks.)
