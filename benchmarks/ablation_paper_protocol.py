@@ -1069,6 +1069,8 @@ def _trainlen_tables(results: dict[str, Any], names: list[str]) -> list[str]:
     if len(longer) > 1:
         first, last = (n[len(TRAINLEN_MODEL) + 1 :] for n in (longer[0], longer[-1]))
         heads.append(f"{last} - {first}")
+    if longer and banded[0] != longer[0]:
+        heads.append(f"{longer[-1][len(TRAINLEN_MODEL) + 1 :]} - {banded[0]}")
     lines += [
         (
             "\n### Every cell by training length: mean over the 100 sentences [bootstrap 95 % "
@@ -1096,9 +1098,11 @@ def _trainlen_tables(results: dict[str, Any], names: list[str]) -> list[str]:
                     within[n] += not flag
                     covered[n] += low <= p <= high
                     cells.append(f"{mu:.2f} [{low:.2f}, {high:.2f}]{flag}")
+                final = table[longer[-1]][reference][m][layer][0] if longer else 0.0
                 if len(longer) > 1:
-                    move = table[longer[-1]][reference][m][layer][0]
-                    cells.append(f"{move - table[longer[0]][reference][m][layer][0]:+.2f}")
+                    cells.append(f"{final - table[longer[0]][reference][m][layer][0]:+.2f}")
+                if longer and banded[0] != longer[0]:
+                    cells.append(f"{final - table[banded[0]][reference][m][layer][0]:+.2f}")
                 row = f"| {reference} | {m} | L{layer + 1} | {p:.2f} | {' | '.join(cells)} |"
                 lines.append(row)
     results["within_0.1"] = within
