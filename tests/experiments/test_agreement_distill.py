@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -147,7 +149,13 @@ def test_a_killed_and_resumed_run_equals_an_uninterrupted_one(split, tmp_path) -
     train, _ = split
     train = train.take(np.arange(256))
     tiny = AgreementConfig(len(train.vocabulary), n_layers=1, n_heads=2, hidden=16)
-    settings = {"seed": 0, "config": tiny, "teacher_hidden": 16, "epochs": 2, "progress": False}
+    settings: dict[str, Any] = {
+        "seed": 0,
+        "config": tiny,
+        "teacher_hidden": 16,
+        "epochs": 2,
+        "progress": False,
+    }
     straight, straight_teacher = train_distilled_agreement_model(train, **settings)
 
     def kill(epoch: int, student: object, teacher: object) -> None:
