@@ -731,8 +731,33 @@ def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
             return HeadFusionSpec("weights", weights=spec.weights[i, ...])
         return spec
 
-    def fuse(i: int, heads: Any) -> Any:
-        return apply_head_fusion(heads, layer_spec(i), xp, check=check)
+    stacked = checked.stacked
+
+    def fuse(i: int, rows: tuple[int, ...] | None, block: slice | None = None) -> Any:
+        """Fuse rows of layer `i` (`rows`, or the rows of `block`; all for neither).
+
+        A stacked input's heads are read in one slice that keeps the layer axis,
+        ``(*batch, 1, H, r, n)``, and the axis is dropped from the fused rows, 1/H of the
+        data. Eager JAX has no views: there ``stacked[..., i, :, :, :]`` is a slice and a
+        squeeze, two copies of the layer, and rows or blocks taken from it a third. The
+        fused values are those of the heads without the axis, to the bit. A sequence
+        input's layers are arrays of their own.
+        """
+        if stacked is None:
+            heads = checked.layer(i)
+            heads = heads[..., block, :] if block is not None else take_rows(heads, rows, xp)
+        else:
+            layer = slice(i, i + 1)
+            if block is not None:
+                heads = stacked[..., layer, :, block, :]
+            elif rows is None:
+                heads = stacked[..., layer, :, :, :]
+            elif len(rows) == 1:
+                heads = stacked[..., layer, :, rows[0] : rows[0] + 1, :]
+            else:  # basic indexing and a stack, as `take_rows`
+                heads = xp.stack([stacked[..., layer, :, row, :] for row in rows], axis=-2)
+        fused = apply_head_fusion(heads, layer_spec(i), xp, check=check)
+        return fused if stacked is None else fused[..., 0, :, :]
 
     def real_rows_of(start: int | None, rows: tuple[int, ...] | None, count: int) -> Any:
         """Return the mask of the queries read, ``(*batch, 1, r, 1)``."""
@@ -817,10 +842,8 @@ def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
             update(xp.max(xp.abs(kernel.sums - 1)), xp.min(kernel.low))  # padded rows: 1
         return kernel.fused
 
-    def fuse_rows(i: int, heads: Any, start: int | None, rows: tuple[int, ...] | None) -> Any:
-        if mask is not None:
-            return fuse_masked(i, heads, start, rows)
-        fused = fuse(i, heads)
+    def fuse_unmasked(i: int, rows: tuple[int, ...] | None, block: slice | None = None) -> Any:
+        fused = fuse(i, rows, block)
         reduce(fused)
         return fused
 
@@ -829,19 +852,24 @@ def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
         fused = fuse_compiled(i, rows)
         if fused is not None:
             return fused
-        return fuse_rows(i, take_rows(heads_of(i), rows, xp), None, rows)
+        if mask is None:
+            return fuse_unmasked(i, rows)
+        return fuse_masked(i, take_rows(heads_of(i), rows, xp), None, rows)
 
     row_bytes = math.prod(batch) * n * (xp.finfo(dtype).bits // 8)
     step = max(1, STREAM_BLOCK_BYTES // max(1, row_bytes))
 
     def blocks(i: int) -> Iterator[tuple[int, int, Any]]:
         read_rows[i] = None
-        heads = heads_of(i)
+        heads = None
         for start in range(0, n, step):
             stop = min(n, start + step)
             fused = fuse_compiled(i, tuple(range(start, stop)))
-            if fused is None:
-                fused = fuse_rows(i, heads[..., start:stop, :], start, None)
+            if fused is None and mask is None:
+                fused = fuse_unmasked(i, None, slice(start, stop))
+            elif fused is None:
+                heads = heads_of(i) if heads is None else heads
+                fused = fuse_masked(i, heads[..., start:stop, :], start, None)
             yield start, stop, fused
             del fused  # the consumer's drop of a block frees it
 
@@ -861,7 +889,7 @@ def _stream_fused(checked: CheckedArguments, *, check: bool) -> FusedLayers:
             return
         sums, minima = [], []
         for i, rows in sorted(read_rows.items()):
-            fused = fuse(i, take_rows(heads_of(i), rows, xp))
+            fused = fuse(i, rows)
             sums.append(xp.reshape(sum_rows(fused, xp), (-1,)))
             minima.append(xp.reshape(xp.min(fused), (-1,)))
         check_row_statistics(
