@@ -526,6 +526,23 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
     boundary, alpha, selected_rows = checked.boundary, checked.residual, checked.rows
     pruning, excluded = checked.pruning, checked.exclude
 
+    def prepared(fused: Any, per_head: Any | None = None) -> PreparedAttention:
+        """Return the call's prepared attention: `fused` layers (and the heads of ``"each"``)."""
+        return PreparedAttention(
+            xp=namespace,
+            boundary=boundary,
+            layout=layout,
+            fused=fused,
+            residual=alpha,
+            rows=selected_rows,
+            all_layers=all_layers,
+            mask=mask,
+            per_head=per_head,
+            pruning=pruning,
+            receptive_field=normalise_field,
+            exclude=excluded,
+        )
+
     # Unmasked (weighted) means are checked on the fused layers; with a stream, each
     # layer is fused (and reduced for the checks) only when the method reads it. Masked
     # ones check every head, in the same pass that fuses it (:func:`masked_head_mean`).
@@ -547,19 +564,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
         and streamable
     ):
         fused_layers = _stream_fused(checked, check=bool(do_validate))
-        return PreparedAttention(
-            xp=namespace,
-            boundary=boundary,
-            layout=layout,
-            fused=fused_layers,
-            residual=alpha,
-            rows=selected_rows,
-            all_layers=all_layers,
-            mask=mask,
-            pruning=pruning,
-            receptive_field=normalise_field,
-            exclude=excluded,
-        )
+        return prepared(fused_layers)
 
     # Layers above the requested one never influence it: they are neither stacked nor read.
     if arrays is not None:
@@ -615,19 +620,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
             )
         if do_validate and normalise_field:
             check_causal(fused, namespace)
-        return PreparedAttention(
-            xp=namespace,
-            boundary=boundary,
-            layout=layout,
-            fused=fused,
-            residual=alpha,
-            rows=selected_rows,
-            all_layers=all_layers,
-            mask=mask,
-            pruning=pruning,
-            receptive_field=normalise_field,
-            exclude=excluded,
-        )
+        return prepared(fused)
 
     if mask is not None:
         # Drop padded queries and keys (whatever the framework left there, NaN included)
@@ -652,20 +645,7 @@ def prepare_attention(checked: CheckedArguments, *, stream: bool = False) -> Pre
         check_attention_values(fused, namespace, valid_rows=None, heads_fused=not fused_input)
     if do_validate and normalise_field:
         check_causal(fused, namespace)
-    return PreparedAttention(
-        xp=namespace,
-        boundary=boundary,
-        layout=layout,
-        fused=fused,
-        residual=alpha,
-        rows=selected_rows,
-        all_layers=all_layers,
-        mask=mask,
-        per_head=per_head,
-        pruning=pruning,
-        receptive_field=normalise_field,
-        exclude=excluded,
-    )
+    return prepared(fused, per_head=per_head)
 
 
 def _compiled_masked_layers(
