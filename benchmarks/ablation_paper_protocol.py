@@ -87,6 +87,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -625,6 +626,26 @@ def _floor(lengths: np.ndarray, *, cls: bool, eos: bool, method: str, seed: int)
     return float(np.mean(values))
 
 
+def _correlation_table(
+    samples: Mapping[str, np.ndarray],
+) -> dict[str, dict[str, list[list[float]]]]:
+    """Per reference and method, the [mean, std] over sentences of each layer's correlation."""
+    return {
+        reference: {
+            m: [
+                [float(mu), float(sd)]
+                for mu, sd in zip(
+                    samples[f"correlation.{m}.{reference}"].mean(axis=0),
+                    samples[f"correlation.{m}.{reference}"].std(axis=0),
+                    strict=True,
+                )
+            ]
+            for m in METHODS
+        }
+        for reference in REFERENCES
+    }
+
+
 def _table_lines(table: dict[str, dict[str, list[list[float]]]]) -> list[str]:
     lines = [
         "| reference | method | L1 | L2 | L3 | L4 | L5 | L6 |",
@@ -758,21 +779,7 @@ def study(args: argparse.Namespace) -> None:
     for step, (name, protocol, _method, first, cls) in STEPS.items():
         if name not in evaluated or protocol != "paper" or first is None or not cls:
             continue
-        samples = evaluated[name]["reports"]["paper"].samples
-        table = {
-            reference: {
-                m: [
-                    [float(mu), float(sd)]
-                    for mu, sd in zip(
-                        samples[f"correlation.{m}.{reference}"].mean(axis=0),
-                        samples[f"correlation.{m}.{reference}"].std(axis=0),
-                        strict=True,
-                    )
-                ]
-                for m in METHODS
-            }
-            for reference in REFERENCES
-        }
+        table = _correlation_table(evaluated[name]["reports"]["paper"].samples)
         results["steps"][step] = {"sentences": first, "table": table}
         lines.extend(_against_paper(step, name, table))
     results["gradients"] = {}
@@ -921,21 +928,7 @@ def linzen(args: argparse.Namespace) -> None:
             "training": record,
         }
         print(f"model {name}: {json.dumps(results['models'][name])}")
-        samples = ev["reports"]["paper"].samples
-        table = {
-            reference: {
-                m: [
-                    [float(mu), float(sd)]
-                    for mu, sd in zip(
-                        samples[f"correlation.{m}.{reference}"].mean(axis=0),
-                        samples[f"correlation.{m}.{reference}"].std(axis=0),
-                        strict=True,
-                    )
-                ]
-                for m in METHODS
-            }
-            for reference in REFERENCES
-        }
+        table = _correlation_table(ev["reports"]["paper"].samples)
         seed = LINZEN_STUDY[name]
         fifth = f"5L{seed} {name}: the whole protocol on Linzen-matched data"
         STEPS[fifth] = (name, "paper", "spearman_dense", WHOLE_PROTOCOL_SENTENCES, True)
