@@ -142,27 +142,58 @@ def fuse_layer(
         m = _host_view(mask)
         if m is None or m.dtype != np.bool_:
             return None
-        keys = np.broadcast_to(m, (*batch, n)).reshape(-1, n).astype(a.dtype)
-    picked = np.arange(n, dtype=np.intp) if rows is None else np.asarray(rows, dtype=np.intp)
-    count = a.shape[0]
-    out = np.empty((count, picked.size, n), dtype=a.dtype)
-    sums = np.empty((count, heads, picked.size) if check else (1, 1, 1), dtype=a.dtype)
+        keys = _key_weights(m, batch, n, a.dtype)
+    picked, out, sums = _outputs(a, rows, check=check)
     stats = np.empty(2, dtype=a.dtype)
     _fuse(a, g, picked, keys, out, sums, stats, check)
     device = array_device(attention) if device is None else device
+    return _fused_rows(out, sums, stats, batch, xp, device, check=check)
+
+
+def _key_weights(mask: np.ndarray, batch: list[int], n: int, dtype: np.dtype[Any]) -> np.ndarray:
+    """Return the padding mask ``(*batch, n)`` as the kernels read it, ``(count, n)``."""
+    return np.broadcast_to(mask, (*batch, n)).reshape(-1, n).astype(dtype)
+
+
+def _outputs(
+    a: np.ndarray, rows: tuple[int, ...] | None, *, check: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return the rows to fuse of heads `a` ``(count, H, n, n)`` and the kernel's outputs.
+
+    Returns the row positions, the fused rows ``(count, r, n)`` and every head's row sums
+    ``(count, H, r)`` (a placeholder without checks).
+    """
+    count, heads, n = a.shape[0], a.shape[1], a.shape[-1]
+    picked = np.arange(n, dtype=np.intp) if rows is None else np.asarray(rows, dtype=np.intp)
+    out = np.empty((count, picked.size, n), dtype=a.dtype)
+    sums = np.empty((count, heads, picked.size) if check else (1, 1, 1), dtype=a.dtype)
+    return picked, out, sums
+
+
+def _fused_rows(
+    out: np.ndarray,
+    sums: np.ndarray,
+    stats: np.ndarray,
+    batch: list[int],
+    xp: Namespace,
+    device: Any,
+    *,
+    check: bool,
+) -> FusedRows:
+    """Return a kernel's outputs in the caller's namespace and device, batch axes back.
+
+    `stats` holds the smallest weight, then (the gradient pass) the sum of the products.
+    """
 
     def back(values: np.ndarray) -> Any:
         return xp.asarray(values, device=device)
 
-    fused = back(out.reshape(*batch, picked.size, n))
+    _, r, n = out.shape
+    fused = back(out.reshape(*batch, r, n))
     if not check:
         return FusedRows(fused, None, None, None)
-    return FusedRows(
-        fused,
-        back(sums.reshape(*batch, heads, picked.size)),
-        back(stats[:1]),
-        back(stats[1]),
-    )
+    total = back(stats[1]) if stats.size > 1 else None
+    return FusedRows(fused, back(sums.reshape(*batch, sums.shape[1], r)), back(stats[:1]), total)
 
 
 def fuse_masked_mean(
@@ -205,22 +236,12 @@ def fuse_masked_mean(
         if host is None:
             return None
         w = np.ascontiguousarray(np.asarray(host, dtype=a.dtype).reshape(heads))
-    keys = np.broadcast_to(m, (*batch, n)).reshape(-1, n).astype(a.dtype)
-    picked = np.arange(n, dtype=np.intp) if rows is None else np.asarray(rows, dtype=np.intp)
-    count = a.shape[0]
-    out = np.empty((count, picked.size, n), dtype=a.dtype)
-    sums = np.empty((count, heads, picked.size) if check else (1, 1, 1), dtype=a.dtype)
+    keys = _key_weights(m, batch, n, a.dtype)
+    picked, out, sums = _outputs(a, rows, check=check)
     stats = np.empty(1, dtype=a.dtype)
     _masked_mean(a, picked, keys, w, out, sums, stats, check)
     device = array_device(attention) if device is None else device
-
-    def back(values: np.ndarray) -> Any:
-        return xp.asarray(values, device=device)
-
-    fused = back(out.reshape(*batch, picked.size, n))
-    if not check:
-        return FusedRows(fused, None, None, None)
-    return FusedRows(fused, back(sums.reshape(*batch, heads, picked.size)), back(stats), None)
+    return _fused_rows(out, sums, stats, batch, xp, device, check=check)
 
 
 def fuse_dask_layer(
