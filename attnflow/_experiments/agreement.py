@@ -613,10 +613,41 @@ def _sentence(draws: _Draws, label: int) -> _Sentence:
         msg = "internal error: the postmodifier has the wrong number of nouns"
         raise AssertionError(msg)
     pieces: list[_Piece] = [*opening, subject, *post, *builder.adverb()]
+    return _render_sentence(
+        draws,
+        label,
+        pieces,
+        slots=builder.slots,
+        subject=subject.slot,
+        first=first,
+        attractors=attractors,
+        same=same,
+        structure=structure,
+        opening=opening_tag,
+    )
 
-    # Numbers: free before the subject, `attractors` opposite ones after it.
-    numbers = [int(draws.chance(0.5)) for _ in range(builder.slots)]
-    numbers[subject.slot] = label
+
+def _render_sentence(
+    draws: _Draws,
+    label: int,
+    pieces: list[_Piece],
+    *,
+    slots: int,
+    subject: int,
+    first: int,
+    attractors: int,
+    same: int,
+    structure: str,
+    opening: str,
+) -> _Sentence:
+    """Draw the nouns' numbers, then the words of `pieces`, and some words replaced by UNK.
+
+    Numbers are free before the subject (slot `subject`, number `label`); of the
+    ``attractors + same`` nouns after it, from slot `first` on, `attractors` drawn ones
+    are of the opposite number.
+    """
+    numbers = [int(draws.chance(0.5)) for _ in range(slots)]
+    numbers[subject] = label
     opposite = set(draws.sample(attractors + same, attractors))
     for offset in range(attractors + same):
         numbers[first + offset] = 1 - label if offset in opposite else label
@@ -642,7 +673,7 @@ def _sentence(draws: _Draws, label: int) -> _Sentence:
         attractors=attractors,
         intervening=attractors + same,
         structure=structure,
-        opening=opening_tag,
+        opening=opening,
     )
 
 

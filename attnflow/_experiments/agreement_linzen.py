@@ -119,33 +119,15 @@ def _long_sentence(draws: _agreement._Draws, label: int) -> _agreement._Sentence
     first = builder.slots
     post, structure = builder.postmodifier(subject.slot, attractors + same)
     pieces_all = [*opening, subject, *post, *builder.adverb()]
-    numbers = [int(draws.chance(0.5)) for _ in range(builder.slots)]
-    numbers[subject.slot] = label
-    opposite = set(draws.sample(attractors + same, attractors))
-    for offset in range(attractors + same):
-        numbers[first + offset] = 1 - label if offset in opposite else label
-    tokens = ["[CLS]"]
-    position = -1
-    for piece in pieces_all:
-        if isinstance(piece, _agreement._Word):
-            tokens.append(piece.text)
-        elif isinstance(piece, _agreement._Verb):
-            tokens.append(piece.forms[numbers[piece.slot]] if piece.present else piece.forms[2])
-        else:
-            _agreement._render_noun_phrase(draws, piece, numbers, tokens)
-            if piece.subject:
-                position = len(tokens) - 1
-    lexicon = _agreement._LEXICON
-    for index in range(1, len(tokens)):
-        if lexicon[tokens[index]] not in ("noun", "punctuation") and draws.chance(
-            _agreement.P_UNKNOWN
-        ):
-            tokens[index] = "[UNK]"
-    return _agreement._Sentence(
-        tokens=tokens,
-        subject=position,
+    return _agreement._render_sentence(
+        draws,
+        label,
+        pieces_all,
+        slots=builder.slots,
+        subject=subject.slot,
+        first=first,
         attractors=attractors,
-        intervening=attractors + same,
+        same=same,
         structure=structure,
         opening=tags[0] if tags else "none",
     )
