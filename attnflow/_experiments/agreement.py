@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -606,48 +606,38 @@ def _sentence(draws: _Draws, label: int) -> _Sentence:
     same = draws.index(_SAME_NUMBER_WEIGHTS)
     builder = _Builder(draws)
     opening, opening_tag = builder.opening()
+    return _finish_sentence(
+        draws, label, builder, opening, attractors=attractors, same=same, opening=opening_tag
+    )
+
+
+def _finish_sentence(
+    draws: _Draws,
+    label: int,
+    builder: _Builder,
+    before: list[_Piece],
+    *,
+    attractors: int,
+    same: int,
+    opening: str,
+) -> _Sentence:
+    """Draw the rest of a sentence after the material `before` the subject, and its words.
+
+    The subject (number `label`), its postmodifier with ``attractors + same`` nouns and
+    an adverb; the nouns' numbers, free before the subject and, after it, `attractors`
+    drawn ones of the opposite number; then the words, some replaced by UNK. `opening`
+    names the material before the subject.
+    """
     subject = builder.noun_phrase(modifier=draws.chance(P_MODIFIER), subject=True)
     first = builder.slots  # the intervening nouns' slots start here
     post, structure = builder.postmodifier(subject.slot, attractors + same)
     if builder.slots - first != attractors + same:
         msg = "internal error: the postmodifier has the wrong number of nouns"
         raise AssertionError(msg)
-    pieces: list[_Piece] = [*opening, subject, *post, *builder.adverb()]
-    return _render_sentence(
-        draws,
-        label,
-        pieces,
-        slots=builder.slots,
-        subject=subject.slot,
-        first=first,
-        attractors=attractors,
-        same=same,
-        structure=structure,
-        opening=opening_tag,
-    )
+    pieces: list[_Piece] = [*before, subject, *post, *builder.adverb()]
 
-
-def _render_sentence(
-    draws: _Draws,
-    label: int,
-    pieces: list[_Piece],
-    *,
-    slots: int,
-    subject: int,
-    first: int,
-    attractors: int,
-    same: int,
-    structure: str,
-    opening: str,
-) -> _Sentence:
-    """Draw the nouns' numbers, then the words of `pieces`, and some words replaced by UNK.
-
-    Numbers are free before the subject (slot `subject`, number `label`); of the
-    ``attractors + same`` nouns after it, from slot `first` on, `attractors` drawn ones
-    are of the opposite number.
-    """
-    numbers = [int(draws.chance(0.5)) for _ in range(slots)]
-    numbers[subject] = label
+    numbers = [int(draws.chance(0.5)) for _ in range(builder.slots)]
+    numbers[subject.slot] = label
     opposite = set(draws.sample(attractors + same, attractors))
     for offset in range(attractors + same):
         numbers[first + offset] = 1 - label if offset in opposite else label
@@ -910,14 +900,25 @@ def with_end_token(data: AgreementData, /) -> AgreementData:
 
 
 def _generate(
-    count: int, rng: np.random.Generator, *, max_length: int, exclude: frozenset[bytes]
+    count: int,
+    rng: np.random.Generator,
+    *,
+    max_length: int,
+    exclude: frozenset[bytes],
+    draws: _Draws | None = None,
+    sentence_of: Callable[[_Draws, int], _Sentence] = _sentence,
 ) -> AgreementData:
-    draws = _Draws(rng)
+    """Draw `count` distinct sentences of at most `max_length` tokens, none in `exclude`.
+
+    `draws` (default: uniform word choices from `rng`) and `sentence_of` (default: this
+    module's grammar) are the sentence generator's; `rng` also shuffles the classes.
+    """
+    draws = _Draws(rng) if draws is None else draws
     sentences: list[_Sentence] = []
     rows: list[NDArray[np.int64]] = []
     while len(sentences) < count:
         label = len(sentences) % 2  # balanced classes; the order is shuffled below
-        sentence = _sentence(draws, label)
+        sentence = sentence_of(draws, label)
         if len(sentence.tokens) > max_length:
             continue
         row = np.array([_ID[word] for word in sentence.tokens], dtype=np.int64)

@@ -115,20 +115,13 @@ def _long_sentence(draws: _agreement._Draws, label: int) -> _agreement._Sentence
         if tag != "none":
             opening += pieces
             tags.append(tag)
-    subject = builder.noun_phrase(modifier=draws.chance(_agreement.P_MODIFIER), subject=True)
-    first = builder.slots
-    post, structure = builder.postmodifier(subject.slot, attractors + same)
-    pieces_all = [*opening, subject, *post, *builder.adverb()]
-    return _agreement._render_sentence(
+    return _agreement._finish_sentence(
         draws,
         label,
-        pieces_all,
-        slots=builder.slots,
-        subject=subject.slot,
-        first=first,
+        builder,
+        opening,
         attractors=attractors,
         same=same,
-        structure=structure,
         opening=tags[0] if tags else "none",
     )
 
@@ -188,35 +181,11 @@ def linzen_matched_data(
     count = _agreement._check_int("n_sentences", n_sentences, 0)
     keys = frozenset() if exclude is None else _agreement._sentence_keys(exclude)
     rng = np.random.default_rng(seed)
-    draws = _ZipfDraws(rng)
-    sentences: list[_agreement._Sentence] = []
-    rows: list[np.ndarray] = []
-    ids = _agreement._ID
-    while len(sentences) < count:
-        label = len(sentences) % 2
-        sentence = _long_sentence(draws, label)
-        if len(sentence.tokens) > LINZEN_MAX_LENGTH:
-            continue
-        row = np.array([ids[word] for word in sentence.tokens], dtype=np.int64)
-        if row.tobytes() in keys:
-            continue
-        sentences.append(sentence)
-        rows.append(row)
-    order = rng.permutation(count).tolist()
-    width = max((len(row) for row in rows), default=1)
-    out_ids = np.zeros((count, width), dtype=np.int64)
-    mask = np.zeros((count, width), dtype=np.bool_)
-    for target, source in enumerate(order):
-        out_ids[target, : len(rows[source])] = rows[source]
-        mask[target, : len(rows[source])] = True
-    chosen = [sentences[i] for i in order]
-    return _agreement._frozen(
-        ids=out_ids,
-        mask=mask,
-        labels=np.array([i % 2 for i in order], dtype=np.int64),
-        subject=np.array([s.subject for s in chosen], dtype=np.int64),
-        attractors=np.array([s.attractors for s in chosen], dtype=np.int64),
-        intervening=np.array([s.intervening for s in chosen], dtype=np.int64),
-        structure=np.array([s.structure for s in chosen], dtype=np.str_),
-        opening=np.array([s.opening for s in chosen], dtype=np.str_),
+    return _agreement._generate(
+        count,
+        rng,
+        max_length=LINZEN_MAX_LENGTH,
+        exclude=keys,
+        draws=_ZipfDraws(rng),
+        sentence_of=_long_sentence,
     )
