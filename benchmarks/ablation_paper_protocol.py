@@ -626,6 +626,16 @@ def _floor(lengths: np.ndarray, *, cls: bool, eos: bool, method: str, seed: int)
     return float(np.mean(values))
 
 
+def _write_report(stem: Path, lines: list[str], results: dict[str, Any]) -> None:
+    """Print the report and write it (`stem`.md) and the results (`stem`.json), with usage."""
+    text = "\n".join(lines)
+    print(text)
+    results["usage"] = _usage()
+    stem.with_suffix(".md").write_text(text + "\n")
+    stem.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results["usage"]))
+
+
 def _correlation_table(
     samples: Mapping[str, np.ndarray],
 ) -> dict[str, dict[str, list[list[float]]]]:
@@ -731,12 +741,7 @@ def evaluate(args: argparse.Namespace) -> None:
                 {r: {m: [[v, 0.0] for v in cumulative[r][m]] for m in METHODS} for r in REFERENCES}
             )
         )
-    text = "\n".join(lines)
-    print(text)
-    results["usage"] = _usage()
-    (args.output / "ablation.md").write_text(text + "\n")
-    (args.output / "ablation.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results["usage"]))
+    _write_report(args.output / "ablation", lines, results)
 
 
 def _against_paper(step: str, name: str, table: dict[str, Any]) -> list[str]:
@@ -831,12 +836,7 @@ def study(args: argparse.Namespace) -> None:
         lines.extend(_against_paper(seventh, name, table))
     lines.extend(_seed_summary(results, "5"))
     lines.extend(_seed_summary(results, "7"))
-    text = "\n".join(lines)
-    print(text)
-    results["usage"] = _usage()
-    (args.output / "study.md").write_text(text + "\n")
-    (args.output / "study.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results["usage"]))
+    _write_report(args.output / "study", lines, results)
 
 
 def _seed_summary(
@@ -948,12 +948,7 @@ def linzen(args: argparse.Namespace) -> None:
         lines.extend(_against_paper(seventh, name, results["steps"][seventh]["table"]))
     lines.extend(_seed_summary(results, "5L", "linzen_long"))
     lines.extend(_seed_summary(results, "7L", "linzen_long"))
-    text = "\n".join(lines)
-    print(text)
-    results["usage"] = _usage()
-    (args.output / "linzen.md").write_text(text + "\n")
-    (args.output / "linzen.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results["usage"]))
+    _write_report(args.output / "linzen", lines, results)
 
 
 # The fifth run's yardstick of the sample: every cell's mean over the 100 sentences
