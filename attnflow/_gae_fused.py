@@ -29,26 +29,18 @@ from ._namespace import (
 from ._typing import Namespace
 
 
-def _load_kernel() -> Callable[..., None] | None:
+def _load_kernel(name: str) -> Callable[..., None] | None:
+    """Return the compiled pass `name` of ``_gae_kernel``, or None where it is not built."""
     try:
-        from ._gae_kernel import fuse
+        from . import _gae_kernel
     except ImportError:  # pragma: no cover - a source checkout without the compiled kernel
         return None
-    return fuse
+    function: Callable[..., None] = getattr(_gae_kernel, name)
+    return function
 
 
-_fuse = _load_kernel()
-
-
-def _load_masked_mean() -> Callable[..., None] | None:
-    try:
-        from ._gae_kernel import masked_mean
-    except ImportError:  # pragma: no cover - a source checkout without the compiled kernel
-        return None
-    return masked_mean
-
-
-_masked_mean = _load_masked_mean()
+_fuse = _load_kernel("fuse")
+_masked_mean = _load_kernel("masked_mean")
 
 __all__ = [
     "KERNEL_AVAILABLE",
