@@ -117,6 +117,33 @@ ATTNFLOW_GAE_SPAN(attnflow_gae_span_f64, double)
 ATTNFLOW_GAE_FUSE(attnflow_gae_fuse_f32, attnflow_gae_span_f32, float)
 ATTNFLOW_GAE_FUSE(attnflow_gae_fuse_f64, attnflow_gae_span_f64, double)
 
+/* A real query's row `ar` of a padded layer (`kb`: `keys` below): its sum over the real
+ * keys, returned; with `check`, in the same pass, its sum over every key in *full and
+ * its smallest weight folded into *m. */
+#define ATTNFLOW_GAE_REAL_SUM(NAME, T)                                                      \
+ATTNFLOW_GAE_INLINE T NAME(const T *restrict ar, const T *restrict kb, ptrdiff_t n, int check, \
+                           T *full, T *m)                                                   \
+{                                                                                           \
+    T s = 0;                                                                                \
+    if (check) {                                                                            \
+        T ss = 0, mm = INFINITY;                                                            \
+        ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:s,ss) reduction(min:mm)")            \
+        for (ptrdiff_t j = 0; j < n; ++j) {                                                 \
+            T x = ar[j];                                                                    \
+            s += kb[j] != 0 ? x : 0; ss += x; mm = x < mm ? x : mm;                         \
+        }                                                                                   \
+        *full = ss;                                                                         \
+        *m = mm < *m ? mm : *m;                                                             \
+    } else {                                                                                \
+        ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:s)")                                 \
+        for (ptrdiff_t j = 0; j < n; ++j) { T x = ar[j]; s += kb[j] != 0 ? x : 0; }         \
+    }                                                                                       \
+    return s;                                                                               \
+}
+
+ATTNFLOW_GAE_REAL_SUM(attnflow_gae_real_sum_f32, float)
+ATTNFLOW_GAE_REAL_SUM(attnflow_gae_real_sum_f64, double)
+
 /* The same layer with padding (`keys`, (nb, n), 1 for a real token and 0 for padding,
  * in the dtype of the weights so that the selections vectorise), as the array-API pass
  * forms it: padded queries give zero rows and are not read; a real query's weights on
@@ -126,7 +153,7 @@ ATTNFLOW_GAE_FUSE(attnflow_gae_fuse_f64, attnflow_gae_span_f64, double)
  * and a row with none becomes the query's own identity row. The checks see every key of
  * each real row, raw (sums[b, h, r] is 1 for a padded query); the sum of products is
  * that of the masked, renormalised ones. */
-#define ATTNFLOW_GAE_MASKED(NAME, T)                                                        \
+#define ATTNFLOW_GAE_MASKED(NAME, REAL_SUM, T)                                              \
 ATTNFLOW_GAE_CLONES static void NAME(                                                       \
     const T *a, const T *g, ptrdiff_t nb, ptrdiff_t nh, ptrdiff_t nr, ptrdiff_t n,          \
     ptrdiff_t a_sb, ptrdiff_t a_sh, ptrdiff_t a_sr, ptrdiff_t g_sb, ptrdiff_t g_sh,         \
@@ -151,19 +178,8 @@ ATTNFLOW_GAE_CLONES static void NAME(                                           
                         continue;                                                           \
                     }                                                                       \
                     const T *restrict ar = ab + row * a_sr, *restrict gr = gb + row * g_sr; \
-                    T s = 0, tt = 0, ss = 0, mm = INFINITY;                                 \
-                    if (check) {                                                            \
-                        ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:s,ss) reduction(min:mm)") \
-                        for (ptrdiff_t j = 0; j < n; ++j) {                                 \
-                            T x = ar[j];                                                    \
-                            s += kb[j] != 0 ? x : 0; ss += x; mm = x < mm ? x : mm;         \
-                        }                                                                   \
-                        sums[(b * nh + h) * nr + r] = ss;                                   \
-                        lowest = mm < lowest ? mm : lowest;                                 \
-                    } else {                                                                \
-                        ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:s)")                 \
-                        for (ptrdiff_t j = 0; j < n; ++j) { T x = ar[j]; s += kb[j] != 0 ? x : 0; } \
-                    }                                                                       \
+                    T tt = 0, full = 0, s = REAL_SUM(ar, kb, n, check, &full, &lowest);     \
+                    if (check) sums[(b * nh + h) * nr + r] = full;                          \
                     if (s == 0) { /* no weight on a real key: the identity row */           \
                         for (ptrdiff_t j = 0; j < n; ++j) {                                 \
                             T p = kb[j] != 0 ? gr[j] * (T)(j == row) : 0, c = p < 0 ? 0 : p; \
@@ -209,8 +225,8 @@ ATTNFLOW_GAE_CLONES static void NAME(                                           
     if (check) { *low = lowest; *total = all; }                                             \
 }
 
-ATTNFLOW_GAE_MASKED(attnflow_gae_fuse_masked_f32, float)
-ATTNFLOW_GAE_MASKED(attnflow_gae_fuse_masked_f64, double)
+ATTNFLOW_GAE_MASKED(attnflow_gae_fuse_masked_f32, attnflow_gae_real_sum_f32, float)
+ATTNFLOW_GAE_MASKED(attnflow_gae_fuse_masked_f64, attnflow_gae_real_sum_f64, double)
 
 /* The padded head mean of rollout (attnflow._prepare, through _gae_fused.fuse_masked_mean):
  * out[b, r, :] = sum_h w[h] * a[b, h, row_r, :] / s, with s the row's sum over the real
@@ -221,7 +237,7 @@ ATTNFLOW_GAE_MASKED(attnflow_gae_fuse_masked_f64, double)
  * is clipped. With `sums` (not NULL) the same pass reduces the checks: every head's full
  * row sum, sums[b, h, r] (1 for a padded query), and the smallest weight of the real
  * rows, *low. */
-#define ATTNFLOW_MASKED_MEAN(NAME, T)                                                       \
+#define ATTNFLOW_MASKED_MEAN(NAME, REAL_SUM, T)                                             \
 ATTNFLOW_GAE_CLONES static void NAME(                                                       \
     const T *a, ptrdiff_t nb, ptrdiff_t nh, ptrdiff_t nr, ptrdiff_t n, ptrdiff_t a_sb,      \
     ptrdiff_t a_sh, ptrdiff_t a_sr, const ptrdiff_t *rows, const T *keys, const T *w,       \
@@ -247,19 +263,8 @@ ATTNFLOW_GAE_CLONES static void NAME(                                           
                         continue;                                                           \
                     }                                                                       \
                     const T *restrict ar = ab + row * a_sr;                                 \
-                    T s = 0, ss = 0, mm = INFINITY;                                         \
-                    if (check) {                                                            \
-                        ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:s,ss) reduction(min:mm)") \
-                        for (ptrdiff_t j = 0; j < n; ++j) {                                 \
-                            T x = ar[j];                                                    \
-                            s += kb[j] != 0 ? x : 0; ss += x; mm = x < mm ? x : mm;         \
-                        }                                                                   \
-                        sums[(b * nh + h) * nr + r] = ss;                                   \
-                        lowest = mm < lowest ? mm : lowest;                                 \
-                    } else {                                                                \
-                        ATTNFLOW_GAE_SIMD_REDUCE("omp simd reduction(+:s)")                 \
-                        for (ptrdiff_t j = 0; j < n; ++j) { T x = ar[j]; s += kb[j] != 0 ? x : 0; } \
-                    }                                                                       \
+                    T full = 0, s = REAL_SUM(ar, kb, n, check, &full, &lowest);             \
+                    if (check) sums[(b * nh + h) * nr + r] = full;                          \
                     if (s == 0) { o[row] += wh; continue; } /* the unit row */              \
                     T scale = wh / (s > 0 ? s : 1);                                         \
                     ATTNFLOW_GAE_SIMD_REDUCE("omp simd")                                    \
@@ -280,5 +285,5 @@ ATTNFLOW_GAE_CLONES static void NAME(                                           
     if (check) *low = lowest;                                                               \
 }
 
-ATTNFLOW_MASKED_MEAN(attnflow_masked_mean_f32, float)
-ATTNFLOW_MASKED_MEAN(attnflow_masked_mean_f64, double)
+ATTNFLOW_MASKED_MEAN(attnflow_masked_mean_f32, attnflow_gae_real_sum_f32, float)
+ATTNFLOW_MASKED_MEAN(attnflow_masked_mean_f64, attnflow_gae_real_sum_f64, double)
