@@ -1019,12 +1019,7 @@ def trainlen(args: argparse.Namespace) -> None:
         results["steps"][step] = {"sentences": WHOLE_PROTOCOL_SENTENCES, "table": table}
         lines.extend(_against_paper(step, name, table))
     lines.extend(_trainlen_tables(results, names))
-    text = "\n".join(lines)
-    print(text)
-    results["usage"] = _usage()
-    (args.output / "trainlen.md").write_text(text + "\n")
-    (args.output / "trainlen.json").write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results["usage"]))
+    _write_report(args.output / "trainlen", lines, results)
 
 
 def _trainlen_tables(results: dict[str, Any], names: list[str]) -> list[str]:
