@@ -6,6 +6,7 @@ def fuse(
     a: np.ndarray,
     g: np.ndarray,
     rows: np.ndarray,
+    keys: np.ndarray,
     out: np.ndarray,
     sums: np.ndarray,
     stats: np.ndarray,
