@@ -65,6 +65,7 @@ from attnflow._contributions import (
     contributions_and_outputs,
     head_values_and_attention_output,
 )
+from attnflow._contributions_fused import OpenMPTeam, openmp_team
 
 __all__ = ["SUPPORTED_BLOCKS", "BlockRecorder", "find_blocks"]
 
@@ -627,6 +628,7 @@ class BlockRecorder:
                 attended=attended,
                 normalised_values=folded,
                 threads=torch.get_num_threads(),  # the kernel's share of the cores: torch's
+                team=_intra_op_team(),  # and torch's own threads, where they are OpenMP's
             )
         checked = spec.checked is not None or spec.stream is not None
         if checked and not self._matches(running, output):
@@ -660,6 +662,29 @@ class BlockRecorder:
             )
             return False
         return True
+
+
+def _intra_op_team() -> OpenMPTeam | None:
+    """PyTorch's intra-op threads as an OpenMP team, or None where torch does not use OpenMP.
+
+    Between two parallel operations, the threads of libgomp's team spin for a while
+    before they sleep; the value-aware kernel run on attnflow's own threads between two
+    layers would share the cores with them. Run on the team itself, the kernel's ranges
+    go to threads that are already waiting.
+    """
+    if torch.get_num_threads() < 2 or "parallel backend: OpenMP" not in _parallel_info():
+        return None
+    return openmp_team()
+
+
+_PARALLEL_INFO: list[str] = []
+
+
+def _parallel_info() -> str:
+    """``torch.__config__.parallel_info()``, read once (it does not change in a process)."""
+    if not _PARALLEL_INFO:
+        _PARALLEL_INFO.append(torch.__config__.parallel_info())
+    return _PARALLEL_INFO[0]
 
 
 def _reference(spec: BlockSpec) -> str:

@@ -866,6 +866,7 @@ def contributions_and_outputs(
     attended: Any | None = None,
     normalised_values: bool = False,
     threads: int | None = None,
+    team: _contributions_fused.OpenMPTeam | None = None,
     xp: Namespace | None = None,
 ) -> tuple[Any, Any]:
     r""":func:`contributions` and the block output rebuilt as ``Σ_j T_i(x_j) + b_i``.
@@ -890,7 +891,11 @@ def contributions_and_outputs(
 
     `threads` is the number of threads the compiled kernel splits the receiving rows
     between on host memory (None: the CPUs this process may use); the matrices do not
-    depend on it. The torch adapter passes ``torch.get_num_threads()``.
+    depend on it. The torch adapter passes ``torch.get_num_threads()``. With `team`
+    (:func:`attnflow._contributions_fused.openmp_team`) those threads are the calling
+    thread's OpenMP team rather than attnflow's own pool: the torch adapter passes it
+    where PyTorch's intra-op threads are that runtime's, so the kernel runs on the threads
+    that wait between PyTorch's operations (the same bits).
     """
     if normalised_values and (method not in ("globenc", "alti") or norm is None):
         _fail(
@@ -973,7 +978,9 @@ def contributions_and_outputs(
         residual = None if method == "norm" else linear.residual
         # On host memory the compiled kernel (GlobEnc's diagonal with the residual
         # included); elsewhere the array-API blocks below.
-        norms = _contributions_fused.gram_norms(alpha, values, scale, namespace, threads, residual)
+        norms = _contributions_fused.gram_norms(
+            alpha, values, scale, namespace, threads, residual, team
+        )
         if norms is not None:
             rows.append(norms)
         else:
@@ -992,7 +999,7 @@ def contributions_and_outputs(
         # at once (no (n, n, d) block is stored), the diagonal with the residual; elsewhere,
         # the array-API blocks below.
         fused = _contributions_fused.distances(
-            alpha, linear.values, linear.scale, outputs, namespace, threads, linear.residual
+            alpha, linear.values, linear.scale, outputs, namespace, threads, linear.residual, team
         )
         if fused is not None:
             rest, own_total = fused  # ‖y_i‖₁ (*batch, n, 1) summed as the distances

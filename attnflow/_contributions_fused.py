@@ -25,11 +25,15 @@ split, so any number of threads gives the same bits as one. Small layers (fewer 
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +42,14 @@ from ._gae_fused import _host_view
 from ._namespace import array_device
 from ._typing import Namespace
 
-__all__ = ["KERNEL_AVAILABLE", "default_threads", "distances", "gram_norms"]
+__all__ = [
+    "KERNEL_AVAILABLE",
+    "OpenMPTeam",
+    "default_threads",
+    "distances",
+    "gram_norms",
+    "openmp_team",
+]
 
 
 def _load_kernels() -> tuple[Callable[..., None], Callable[..., None]] | None:
@@ -88,6 +99,67 @@ def _executor(workers: int) -> ThreadPoolExecutor:
         return _pool
 
 
+@dataclass(frozen=True)
+class OpenMPTeam:
+    """The OpenMP runtime this process has loaded, to run the kernel on the caller's team.
+
+    `parallel` is the address of the runtime's ``GOMP_parallel`` (GNU libgomp; LLVM's
+    and Intel's runtimes export it too). The kernel's ranges of rows then run on the
+    threads of the calling thread's team, those its framework's parallel operations use
+    (PyTorch's intra-op threads), rather than on attnflow's own pool: between two
+    operations those threads wait for the next one, spinning for a while (libgomp's
+    default), so a pool of other threads would share the cores with them.
+    """
+
+    parallel: int
+
+
+#: File names of OpenMP runtimes (GNU's, LLVM's, Intel's; ``libgomp-<hash>.so.1`` in wheels).
+_OPENMP_RUNTIME = re.compile(r"lib(gomp|omp|iomp5)[-.]")
+
+_teams: dict[int, OpenMPTeam | None] = {}  # by process id: a forked child looks again
+
+
+def _mapped_libraries() -> set[str]:
+    """List the shared libraries mapped into this process (``/proc/self/maps``, or none)."""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return set()
+    paths = set()
+    for line in maps:
+        fields = line.split(maxsplit=5)  # address, perms, offset, dev, inode, path
+        if len(fields) == 6 and ".so" in Path(fields[5]).name:
+            paths.add(os.path.realpath(fields[5]))
+    return paths
+
+
+def openmp_team() -> OpenMPTeam | None:
+    """Find the one OpenMP runtime mapped into this process (Linux), or None.
+
+    None where no runtime or several are mapped (which one a framework uses is then
+    unknown), where ``/proc/self/maps`` does not exist (not Linux), or where the runtime
+    has no ``GOMP_parallel``. Looked up once per process (a forked child looks again).
+    """
+    pid = os.getpid()
+    if pid in _teams:
+        return _teams[pid]
+    found: OpenMPTeam | None = None
+    runtimes = {path for path in _mapped_libraries() if _OPENMP_RUNTIME.match(Path(path).name)}
+    if len(runtimes) == 1:
+        try:
+            # Already loaded: RTLD_NOLOAD opens the process's copy, never a second one.
+            flags = getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 0)
+            library = ctypes.CDLL(runtimes.pop(), mode=flags)
+            address = ctypes.cast(library.GOMP_parallel, ctypes.c_void_p).value
+        except (OSError, AttributeError):
+            address = None
+        if address:
+            found = OpenMPTeam(address)
+    _teams[pid] = found
+    return found
+
+
 def _row_ranges(rows: int, parts: int) -> list[tuple[int, int]]:
     """`rows` split into at most `parts` contiguous ranges of near-equal size."""
     parts = max(1, min(parts, rows))
@@ -95,17 +167,31 @@ def _row_ranges(rows: int, parts: int) -> list[tuple[int, int]]:
     return [(bounds[k], bounds[k + 1]) for k in range(parts) if bounds[k] < bounds[k + 1]]
 
 
-def _in_threads(kernel: Callable[[int, int], None], rows: int, work: int, threads: int) -> None:
-    """Run ``kernel(first, last)`` over the rows, split between `threads` threads."""
+def _in_threads(
+    kernel: Callable[[np.ndarray, int, int], None],
+    rows: int,
+    work: int,
+    threads: int,
+    team: OpenMPTeam | None,
+) -> None:
+    """Run ``kernel(bounds, parallel, threads)`` over the rows, split between `threads`.
+
+    On `team` (its ``GOMP_parallel``) when one is given, else on the calling thread and
+    attnflow's own pool. The ranges are the same either way.
+    """
     ranges = _row_ranges(rows, threads if work >= _THREADED_WORK else 1)
+    if len(ranges) > 1 and team is not None:
+        bounds = np.array([first for first, _ in ranges] + [ranges[-1][1]], dtype=np.intp)
+        kernel(bounds, team.parallel, len(ranges))
+        return
     if len(ranges) == 1:
-        kernel(*ranges[0])
+        kernel(np.array(ranges[0], dtype=np.intp), 0, 1)
         return
     pool = _executor(len(ranges) - 1)
     # The calling thread takes the first range itself; the pool the others.
-    futures = [pool.submit(kernel, first, last) for first, last in ranges[1:]]
+    futures = [pool.submit(kernel, np.array(r, dtype=np.intp), 0, 1) for r in ranges[1:]]
     try:
-        kernel(*ranges[0])
+        kernel(np.array(ranges[0], dtype=np.intp), 0, 1)
     finally:
         for future in futures:
             future.result()
@@ -124,6 +210,7 @@ def _run(
     residual: Any | None,
     xp: Namespace,
     threads: int | None,
+    team: OpenMPTeam | None = None,
 ) -> tuple[Any, Any | None] | None:
     """Run ALTI's kernel (with `y`) or the Gram norms' (without) on host views, or None.
 
@@ -165,21 +252,25 @@ def _run(
     rows = count * n
     if y is None:
         _in_threads(
-            lambda first, last: euclidean(a, c, v, r, out, scaled, with_residual, first, last),
+            lambda bounds, parallel, parts: euclidean(
+                a, c, v, r, out, scaled, with_residual, bounds, parallel, parts
+            ),
             rows,
             rows * n * heads * (heads + 1) // 2,
             workers,
+            team,
         )
         return xp.asarray(matrix, device=device), None
     totals = np.empty((count, n), dtype=a.dtype)
     target = np.ascontiguousarray(views[2].reshape(count, n, d))
     _in_threads(
-        lambda first, last: alti(
-            a, c, v, target, r, out, totals, scaled, with_residual, first, last
+        lambda bounds, parallel, parts: alti(
+            a, c, v, target, r, out, totals, scaled, with_residual, bounds, parallel, parts
         ),
         rows,
         rows * n * heads * d,
         workers,
+        team,
     )
     return xp.asarray(matrix, device=device), xp.asarray(
         totals.reshape(*batch, n, 1), device=device
@@ -194,6 +285,7 @@ def distances(
     xp: Namespace,
     threads: int | None = None,
     residual: Any | None = None,
+    team: OpenMPTeam | None = None,
 ) -> tuple[Any, Any] | None:
     r""":math:`D_{ij}` ``(*batch, n, n)`` and :math:`\lVert y_i \rVert_1` ``(*batch, n, 1)``, or None.
 
@@ -206,7 +298,7 @@ def distances(
     on how many. With `residual` :math:`r` ``(*batch, n, d)`` the diagonal is the own
     distance :math:`\lVert y_i - c_i (\sum_h \alpha^h_{ii} v^h_i + r_i) \rVert_1`.
     """
-    return _run(alpha, values, scale, y, residual, xp, threads)
+    return _run(alpha, values, scale, y, residual, xp, threads, team)
 
 
 def gram_norms(
@@ -216,6 +308,7 @@ def gram_norms(
     xp: Namespace,
     threads: int | None = None,
     residual: Any | None = None,
+    team: OpenMPTeam | None = None,
 ) -> Any | None:
     r""":math:`\lVert c_i \sum_h \alpha^h_{ij} v^h_j \rVert_2`, ``(*batch, n, n)``, or None.
 
@@ -224,5 +317,5 @@ def gram_norms(
     the diagonal is :math:`\lVert c_i (\sum_h \alpha^h_{ii} v^h_i + r_i) \rVert_2`
     (GlobEnc's own term).
     """
-    result = _run(alpha, values, scale, None, residual, xp, threads)
+    result = _run(alpha, values, scale, None, residual, xp, threads, team)
     return None if result is None else result[0]

@@ -399,3 +399,88 @@ ATTNFLOW_GRAM_NORMS(attnflow_gram_norms_f32, attnflow_gram_row_f32, attnflow_own
                     float, sqrtf)
 ATTNFLOW_GRAM_NORMS(attnflow_gram_norms_f64, attnflow_gram_row_f64, attnflow_own_term_f64,
                     double, sqrt)
+
+/* A layer's ranges of receiving rows run by an OpenMP team: the one the calling thread
+ * already has in the process's OpenMP runtime (PyTorch's intra-op threads), through that
+ * runtime's GOMP_parallel entry point (GNU libgomp; LLVM's and Intel's runtimes export it
+ * too), found by the caller at run time; this module links no OpenMP runtime itself.
+ * The team's threads take the ranges in turn (an atomic counter), each range written by
+ * the thread that took it: the same ranges as on the caller's own threads, the same bits.
+ * Where the team's workers are waiting for the next parallel region (libgomp's spin
+ * after each one), they take ranges at once instead of spinning beside the kernel. */
+typedef void (*attnflow_team_body)(void *);
+typedef void (*attnflow_gomp_parallel)(attnflow_team_body, void *, unsigned, unsigned);
+
+typedef struct {
+    int kind; /* 0: Gram norms, float; 1: Gram norms, double; 2: ALTI, float; 3: ALTI, double */
+    const void *alpha, *scale, *v, *y, *res;
+    ptrdiff_t nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj;
+    void *out, *totals;
+    const ptrdiff_t *bounds; /* parts + 1 increasing row bounds */
+    ptrdiff_t parts, next;
+    int failed;
+} attnflow_team_task;
+
+#if defined(__GNUC__) || defined(__clang__)
+#define ATTNFLOW_TEAM_TAKE(t) __atomic_fetch_add(&(t)->next, 1, __ATOMIC_RELAXED)
+#define ATTNFLOW_TEAM_FAIL(t) __atomic_store_n(&(t)->failed, 1, __ATOMIC_RELAXED)
+#define ATTNFLOW_TEAM 1
+#else /* no atomics known here: the ranges run on the calling thread, in turn */
+#define ATTNFLOW_TEAM_TAKE(t) ((t)->next++)
+#define ATTNFLOW_TEAM_FAIL(t) ((t)->failed = 1)
+#define ATTNFLOW_TEAM 0
+#endif
+
+static void attnflow_team_run(void *data)
+{
+    attnflow_team_task *t = (attnflow_team_task *)data;
+    for (;;) {
+        ptrdiff_t k = ATTNFLOW_TEAM_TAKE(t), lo, hi;
+        int failed = 0;
+        if (k >= t->parts) break;
+        lo = t->bounds[k];
+        hi = t->bounds[k + 1];
+        switch (t->kind) {
+        case 0:
+            failed = attnflow_gram_norms_f32(
+                (const float *)t->alpha, (const float *)t->scale, (const float *)t->v,
+                (const float *)t->res, t->nb, t->nh, t->n, t->d, t->a_sb, t->a_sh, t->a_si,
+                t->v_sb, t->v_sh, t->v_sj, (float *)t->out, lo, hi);
+            break;
+        case 1:
+            failed = attnflow_gram_norms_f64(
+                (const double *)t->alpha, (const double *)t->scale, (const double *)t->v,
+                (const double *)t->res, t->nb, t->nh, t->n, t->d, t->a_sb, t->a_sh, t->a_si,
+                t->v_sb, t->v_sh, t->v_sj, (double *)t->out, lo, hi);
+            break;
+        case 2:
+            failed = attnflow_alti_distances_f32(
+                (const float *)t->alpha, (const float *)t->scale, (const float *)t->v,
+                (const float *)t->y, (const float *)t->res, t->nb, t->nh, t->n, t->d, t->a_sb,
+                t->a_sh, t->a_si, t->v_sb, t->v_sh, t->v_sj, (float *)t->out,
+                (float *)t->totals, lo, hi);
+            break;
+        default:
+            failed = attnflow_alti_distances_f64(
+                (const double *)t->alpha, (const double *)t->scale, (const double *)t->v,
+                (const double *)t->y, (const double *)t->res, t->nb, t->nh, t->n, t->d,
+                t->a_sb, t->a_sh, t->a_si, t->v_sb, t->v_sh, t->v_sj, (double *)t->out,
+                (double *)t->totals, lo, hi);
+        }
+        if (failed) ATTNFLOW_TEAM_FAIL(t);
+    }
+}
+
+/* Runs every range of `task` on `threads` threads of the calling thread's team through
+ * `parallel` (a GOMP_parallel; NULL, or a compiler without atomics: on the calling thread);
+ * returns 0, or -1 if a range's scratch buffer could not be allocated. */
+static int attnflow_team(void *parallel, attnflow_team_task *task, unsigned threads)
+{
+    task->next = 0;
+    task->failed = 0;
+    if (parallel != NULL && ATTNFLOW_TEAM)
+        ((attnflow_gomp_parallel)parallel)(attnflow_team_run, task, threads, 0);
+    else
+        attnflow_team_run(task);
+    return task->failed ? -1 : 0;
+}

@@ -12,8 +12,9 @@ def distances(
     totals: np.ndarray,
     scaled: bool,
     with_residual: bool,
-    first: int,
-    last: int,
+    bounds: np.ndarray,
+    parallel: int = 0,
+    threads: int = 1,
 ) -> None: ...
 def gram_norms(
     alpha: np.ndarray,
@@ -23,7 +24,8 @@ def gram_norms(
     out: np.ndarray,
     scaled: bool,
     with_residual: bool,
-    first: int,
-    last: int,
+    bounds: np.ndarray,
+    parallel: int = 0,
+    threads: int = 1,
 ) -> None: ...
 def _allow_avx512(allowed: bool) -> bool: ...

@@ -3,7 +3,11 @@
 
 :func:`distances` fills ALTI's ``out[b, i, j] = ||y_i - c_i sum_h alpha^h_ij v^h_j||_1``
 and :func:`gram_norms` the norm-based and GlobEnc ``||c_i sum_h alpha^h_ij v^h_j||_2``
-from NumPy views of host memory, without forming the ``(n, n, d)`` terms. Used by
+from NumPy views of host memory, without forming the ``(n, n, d)`` terms. Each call fills
+the receiving rows of the ranges ``bounds[k] <= b * n + i < bounds[k + 1]``, in turn on
+the calling thread, or on `threads` threads of its OpenMP team when `parallel` is the
+address of the process's OpenMP runtime's ``GOMP_parallel`` (each range written by one
+thread; a row's values do not depend on the ranges nor on the thread). Used by
 :mod:`attnflow._contributions_fused`.
 """
 
@@ -11,27 +15,62 @@ from cython cimport floating
 
 cdef extern from "_contributions_kernel.h" nogil:
     int attnflow_alti_avx512(int allowed)
-    int attnflow_alti_distances_f32(
-        const float *alpha, const float *scale, const float *v, const float *y,
-        const float *res, Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb,
-        Py_ssize_t a_sh, Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj,
-        float *out, float *totals, Py_ssize_t first, Py_ssize_t last)
-    int attnflow_alti_distances_f64(
-        const double *alpha, const double *scale, const double *v, const double *y,
-        const double *res, Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb,
-        Py_ssize_t a_sh, Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj,
-        double *out, double *totals, Py_ssize_t first, Py_ssize_t last)
-    int attnflow_gram_norms_f32(
-        const float *alpha, const float *scale, const float *v, const float *res, Py_ssize_t nb,
-        Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb, Py_ssize_t a_sh,
-        Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj, float *out,
-        Py_ssize_t first, Py_ssize_t last)
-    int attnflow_gram_norms_f64(
-        const double *alpha, const double *scale, const double *v, const double *res,
-        Py_ssize_t nb,
-        Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d, Py_ssize_t a_sb, Py_ssize_t a_sh,
-        Py_ssize_t a_si, Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj, double *out,
-        Py_ssize_t first, Py_ssize_t last)
+    ctypedef struct attnflow_team_task:
+        int kind
+        const void *alpha
+        const void *scale
+        const void *v
+        const void *y
+        const void *res
+        Py_ssize_t nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj
+        void *out
+        void *totals
+        const Py_ssize_t *bounds
+        Py_ssize_t parts
+    int attnflow_team(void *parallel, attnflow_team_task *task, unsigned threads)
+
+
+cdef Py_ssize_t[::1] _checked_bounds(Py_ssize_t[::1] bounds, Py_ssize_t rows) except *:
+    cdef Py_ssize_t k
+    if bounds.shape[0] < 2:
+        raise ValueError("bounds must hold at least two row bounds")
+    for k in range(bounds.shape[0]):
+        if bounds[k] < 0 or bounds[k] > rows or (k and bounds[k] < bounds[k - 1]):
+            raise ValueError("bounds must increase within [0, B * n]")
+    return bounds
+
+
+cdef int _run(
+    int kind,
+    const void *alpha,
+    const void *scale,
+    const void *values,
+    const void *y,
+    const void *residual,
+    Py_ssize_t nb, Py_ssize_t nh, Py_ssize_t n, Py_ssize_t d,
+    Py_ssize_t a_sb, Py_ssize_t a_sh, Py_ssize_t a_si,
+    Py_ssize_t v_sb, Py_ssize_t v_sh, Py_ssize_t v_sj,
+    void *out,
+    void *totals,
+    Py_ssize_t[::1] bounds,
+    size_t parallel,
+    unsigned threads,
+) except -1:
+    cdef attnflow_team_task task
+    cdef int failed
+    bounds = _checked_bounds(bounds, nb * n)
+    task.kind = kind
+    task.alpha, task.scale, task.v, task.y, task.res = alpha, scale, values, y, residual
+    task.nb, task.nh, task.n, task.d = nb, nh, n, d
+    task.a_sb, task.a_sh, task.a_si = a_sb, a_sh, a_si
+    task.v_sb, task.v_sh, task.v_sj = v_sb, v_sh, v_sj
+    task.out, task.totals = out, totals
+    task.bounds, task.parts = &bounds[0], bounds.shape[0] - 1
+    with nogil:
+        failed = attnflow_team(<void *>parallel, &task, threads if threads > 0 else 1)
+    if failed:
+        raise MemoryError("no memory for the kernel's scratch buffer")
+    return 0
 
 
 def gram_norms(
@@ -42,8 +81,9 @@ def gram_norms(
     floating[:, :, ::1] out,
     bint scaled,
     bint with_residual,
-    Py_ssize_t first,
-    Py_ssize_t last,
+    Py_ssize_t[::1] bounds,
+    size_t parallel=0,
+    unsigned threads=1,
 ):
     """Fill rows of `out` ``(B, n, n)`` with ``||c_i sum_h alpha^h_ij v^h_j||_2``.
 
@@ -58,28 +98,22 @@ def gram_norms(
     if with_residual and (residual.shape[0] != nb or residual.shape[1] != n
                           or residual.shape[2] != d):
         raise ValueError("the residual must have shape (B, n, d)")
-    cdef Py_ssize_t a_sb = alpha.strides[0] // item, a_sh = alpha.strides[1] // item
-    cdef Py_ssize_t a_si = alpha.strides[2] // item
-    cdef Py_ssize_t v_sb = values.strides[0] // item, v_sh = values.strides[1] // item
-    cdef Py_ssize_t v_sj = values.strides[2] // item
-    cdef const floating *scale_ptr = &scale[0, 0] if scaled else NULL
-    cdef const floating *res_ptr = &residual[0, 0, 0] if with_residual else NULL
-    cdef int failed
-    with nogil:
-        if floating is float:
-            failed = attnflow_gram_norms_f32(
-                &alpha[0, 0, 0, 0], scale_ptr, &values[0, 0, 0, 0], res_ptr,
-                nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, &out[0, 0, 0],
-                first, last,
-            )
-        else:
-            failed = attnflow_gram_norms_f64(
-                &alpha[0, 0, 0, 0], scale_ptr, &values[0, 0, 0, 0], res_ptr,
-                nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, &out[0, 0, 0],
-                first, last,
-            )
-    if failed:
-        raise MemoryError("no memory for the Gram matrices")
+    _run(
+        0 if floating is float else 1,
+        &alpha[0, 0, 0, 0],
+        &scale[0, 0] if scaled else NULL,
+        &values[0, 0, 0, 0],
+        NULL,
+        &residual[0, 0, 0] if with_residual else NULL,
+        nb, nh, n, d,
+        alpha.strides[0] // item, alpha.strides[1] // item, alpha.strides[2] // item,
+        values.strides[0] // item, values.strides[1] // item, values.strides[2] // item,
+        &out[0, 0, 0],
+        NULL,
+        bounds,
+        parallel,
+        threads,
+    )
 
 
 def distances(
@@ -92,14 +126,17 @@ def distances(
     floating[:, ::1] totals,
     bint scaled,
     bint with_residual,
-    Py_ssize_t first,
-    Py_ssize_t last,
+    Py_ssize_t[::1] bounds,
+    size_t parallel=0,
+    unsigned threads=1,
 ):
     """Fill rows of `out` ``(B, n, n)`` with ALTI's distances ``||y_i - T_i(x_j)||_1``.
 
-    Only the receiving rows ``first <= b * n + i < last`` are written (of `out` and
-    `totals`), without the GIL: threads given disjoint ranges fill one array, and each
-    row's values do not depend on the ranges.
+    Only the receiving rows of the ranges ``bounds[k] <= b * n + i < bounds[k + 1]`` are
+    written (of `out` and `totals`), without the GIL: threads given disjoint ranges fill
+    one array, and each row's values do not depend on the ranges. With `parallel` (the
+    address of ``GOMP_parallel``), `threads` threads of the calling thread's OpenMP team
+    take the ranges; with 0 the calling thread runs them in turn.
 
     `totals` ``(B, n)`` receives ``||y_i||_1``, summed in the order of the distances.
     `alpha` ``(B, H, n, n)`` and `values` ``(B, H, n, d)`` have a unit stride on their
@@ -117,28 +154,22 @@ def distances(
     if with_residual and (residual.shape[0] != nb or residual.shape[1] != n
                           or residual.shape[2] != d):
         raise ValueError("the residual must have shape (B, n, d)")
-    cdef Py_ssize_t a_sb = alpha.strides[0] // item, a_sh = alpha.strides[1] // item
-    cdef Py_ssize_t a_si = alpha.strides[2] // item
-    cdef Py_ssize_t v_sb = values.strides[0] // item, v_sh = values.strides[1] // item
-    cdef Py_ssize_t v_sj = values.strides[2] // item
-    cdef const floating *scale_ptr = &scale[0, 0] if scaled else NULL
-    cdef const floating *res_ptr = &residual[0, 0, 0] if with_residual else NULL
-    cdef int failed
-    with nogil:
-        if floating is float:
-            failed = attnflow_alti_distances_f32(
-                &alpha[0, 0, 0, 0], scale_ptr, &values[0, 0, 0, 0], &y[0, 0, 0], res_ptr,
-                nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, &out[0, 0, 0],
-                &totals[0, 0], first, last,
-            )
-        else:
-            failed = attnflow_alti_distances_f64(
-                &alpha[0, 0, 0, 0], scale_ptr, &values[0, 0, 0, 0], &y[0, 0, 0], res_ptr,
-                nb, nh, n, d, a_sb, a_sh, a_si, v_sb, v_sh, v_sj, &out[0, 0, 0],
-                &totals[0, 0], first, last,
-            )
-    if failed:
-        raise MemoryError("no memory for ALTI's block of weights")
+    _run(
+        2 if floating is float else 3,
+        &alpha[0, 0, 0, 0],
+        &scale[0, 0] if scaled else NULL,
+        &values[0, 0, 0, 0],
+        &y[0, 0, 0],
+        &residual[0, 0, 0] if with_residual else NULL,
+        nb, nh, n, d,
+        alpha.strides[0] // item, alpha.strides[1] // item, alpha.strides[2] // item,
+        values.strides[0] // item, values.strides[1] // item, values.strides[2] // item,
+        &out[0, 0, 0],
+        &totals[0, 0],
+        bounds,
+        parallel,
+        threads,
+    )
 
 
 def _allow_avx512(bint allowed):

@@ -444,6 +444,107 @@ def test_minilm_capture_equals_the_previous_formulation(
         model.to(torch.float32)
 
 
+def _openmp_expected() -> bool:
+    """Whether this process should find torch's intra-op threads as an OpenMP team."""
+    parallel = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+    return parallel and Path("/proc/self/maps").exists()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_the_kernel_on_torch_s_threads_gives_the_same_bits(
+    minilm: dict[str, Any],
+    implementation: str,
+    dtype: torch.dtype,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel's ranges on torch's OpenMP threads: the bits of attnflow's pool and of one.
+
+    With torch's 3 threads and the kernel's rows split even for this small batch, the
+    capture runs the kernel on torch's team (where torch's intra-op threads are OpenMP's
+    and the runtime can be found, as on Linux), on attnflow's own pool, and on the
+    calling thread alone: the matrices and rebuilt outputs are equal bit for bit.
+    """
+    from attnflow import _contributions_fused
+    from attnflow.adapters import _torch_contributions
+
+    monkeypatch.setattr(_contributions_fused, "_THREADED_WORK", 0)  # split even tiny layers
+    runs: list[tuple[int, bool]] = []
+    split = _contributions_fused._in_threads
+
+    def spy(kernel: Any, rows: int, work: int, threads: int, team: Any) -> None:
+        runs.append((threads, team is not None))
+        split(kernel, rows, work, threads, team)
+
+    monkeypatch.setattr(_contributions_fused, "_in_threads", spy)
+    model, batch = minilm[implementation].to(dtype), minilm["batch"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        team = _torch_contributions._intra_op_team()
+        assert (team is not None) == _openmp_expected()
+        for method in METHODS:
+            results = []
+            for how in ("team", "pool", "one"):
+                runs.clear()
+                with monkeypatch.context() as patch:
+                    if how != "team":
+                        patch.setattr(_torch_contributions, "_intra_op_team", lambda: None)
+                    if how == "one":
+                        patch.setattr(
+                            _contributions_fused,
+                            "_in_threads",
+                            lambda kernel, rows, work, _, team: split(kernel, rows, work, 1, team),
+                        )
+                    with torch.no_grad(), adapter.capture(model, contributions=method) as cap:
+                        model(**batch)
+                if how != "one":  # six layers, split in three, on the team where one exists
+                    assert runs == [(3, how == "team" and team is not None)] * 6
+                results.append((cap.contributions, cap.outputs))
+            for contributions, outputs in results[1:]:
+                assert torch.equal(contributions, results[0][0]), method
+                assert torch.equal(outputs, results[0][1]), method
+    finally:
+        torch.set_num_threads(threads)
+        model.to(torch.float32)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+def test_openmp_team_ranges_give_the_same_bits_as_one(
+    dtype_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the OpenMP runtime torch loaded, 2, 3 or 7 threads: bit for bit the one-thread result.
+
+    Ranges that cut a sequence in the middle and at odd rows (n = 19), on teams of
+    several sizes (libgomp grows the calling thread's team past torch's threads): each
+    range is taken once, whichever thread takes it.
+    """
+    from attnflow import _contributions, _contributions_fused
+
+    team = _contributions_fused.openmp_team()
+    assert (team is not None) == _openmp_expected()
+    if team is None:  # pragma: no cover - not Linux, or torch built without OpenMP
+        return
+    monkeypatch.setattr(_contributions_fused, "_THREADED_WORK", 0)
+    rng = np.random.default_rng(20261130)
+    heads, n, d = 5, 19, 21
+    logits = rng.normal(scale=2.0, size=(3, heads, n, n))
+    alpha = (np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)).astype(dtype_name)
+    f = rng.normal(size=(3, heads, n, d)).astype(dtype_name)
+    x = rng.normal(size=(3, n, d)).astype(dtype_name)
+    norm = ((1.0 + rng.normal(scale=0.3, size=d)).astype(dtype_name), None, 1e-5)
+    for method in METHODS:
+        one, one_out = _contributions.contributions_and_outputs(
+            alpha, f, x, method=method, norm=norm, threads=1
+        )
+        for threads in (2, 3, 7):
+            many, many_out = _contributions.contributions_and_outputs(
+                alpha, f, x, method=method, norm=norm, threads=threads, team=team
+            )
+            np.testing.assert_array_equal(many, one)
+            np.testing.assert_array_equal(many_out, one_out)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_terms_are_never_formed_whole(
     minilm: dict[str, Any], method: str, monkeypatch: pytest.MonkeyPatch
