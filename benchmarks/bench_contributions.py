@@ -37,7 +37,9 @@ is built in place (``python setup.py build_ext --inplace``), its compiled
 ``attnflow/_contributions_kernel`` loaded in place of this one's, in the same run, and
 the table gives both (and the CPU time over ``forward``, the figure to read on a shared
 machine). ``--threads N`` sets ``torch.set_num_threads(N)`` in every mode (default:
-torch's own choice); the table gives the threads used.
+torch's own choice); the table gives the threads used. ``--rounds R`` runs the whole
+sequence of modes R times in turn and gives each figure's median over the rounds: on a
+shared machine the load then drifts less between the modes being compared.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -190,6 +193,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also run the value-aware modes with this checkout's contribution modules "
         "(e.g. a worktree of main), in the same run",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every mode this many times, in turn, each in a fresh process; the table "
+        "gives the median of the rounds (the load drifts less between the modes)",
+    )
     parser.add_argument("--mode", help=argparse.SUPPRESS)  # one child's job
     arguments, _ = parser.parse_known_args(argv)
     sizes = {
@@ -204,21 +214,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(
         f"MiniLM (6 layers, 12 heads, d=384, SDPA), {arguments.batch} x {arguments.tokens} "
-        f"tokens, torch.no_grad(), mean of {arguments.repeats} calls; "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores\n"
+        f"tokens, torch.no_grad(), mean of {arguments.repeats} calls, median of "
+        f"{arguments.rounds} rounds; {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the start\n"
     )
     runs = [(mode, mode) for mode in MODES]
     if arguments.baseline:
         runs[2:2] = [(f"{m}, baseline", f"{m}@{arguments.baseline}") for m in MODES[2:]]
-    results = {}
-    for label, mode in runs:
-        child = subprocess.run(
-            [sys.executable, __file__, f"--mode={mode}", *(f"--{k}={v}" for k, v in sizes.items())],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        results[label] = json.loads(child.stdout.strip().splitlines()[-1])
+    rounds: dict[str, list[dict[str, float]]] = {label: [] for label, _ in runs}
+    for _ in range(max(1, arguments.rounds)):
+        for label, mode in runs:
+            child = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    f"--mode={mode}",
+                    *(f"--{k}={v}" for k, v in sizes.items()),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            rounds[label].append(json.loads(child.stdout.strip().splitlines()[-1]))
+    results = {
+        label: {key: statistics.median(r[key] for r in measured) for key in measured[0]}
+        for label, measured in rounds.items()
+    }
     base = results["forward"]
     print(
         "| mode | peak memory growth | kept | wall per call | CPU per call | wall / forward "
