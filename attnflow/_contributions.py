@@ -998,12 +998,20 @@ def contributions_and_outputs(
         # On host memory the compiled kernel forms each term in registers and reduces it
         # at once (no (n, n, d) block is stored), the diagonal with the residual; elsewhere,
         # the array-API blocks below.
+        # The shares max(‖y_i‖₁ − D_ij, 0) too, ‖y_i‖₁ summed in the distances' order.
         fused = _contributions_fused.distances(
-            alpha, linear.values, linear.scale, outputs, namespace, threads, linear.residual, team
+            alpha,
+            linear.values,
+            linear.scale,
+            outputs,
+            namespace,
+            threads,
+            linear.residual,
+            team,
+            shares=True,
         )
         if fused is not None:
-            rest, own_total = fused  # ‖y_i‖₁ (*batch, n, 1) summed as the distances
-            rows = [namespace.maximum(own_total - rest, namespace.zeros_like(rest))]
+            rows = [fused[0]]
     if method == "alti" and not rows:
         own_rest = _manhattan(outputs - _diagonal(linear, alpha, namespace), namespace)
         total = _manhattan(outputs, namespace)[..., None, :]  # ‖y_i‖₁, (*batch, 1, n)

@@ -211,6 +211,7 @@ def _run(
     xp: Namespace,
     threads: int | None,
     team: OpenMPTeam | None = None,
+    shares: bool = False,
 ) -> tuple[Any, Any | None] | None:
     """Run ALTI's kernel (with `y`) or the Gram norms' (without) on host views, or None.
 
@@ -265,7 +266,7 @@ def _run(
     target = np.ascontiguousarray(views[2].reshape(count, n, d))
     _in_threads(
         lambda bounds, parallel, parts: alti(
-            a, c, v, target, r, out, totals, scaled, with_residual, bounds, parallel, parts
+            a, c, v, target, r, out, totals, scaled, with_residual, bounds, parallel, parts, shares
         ),
         rows,
         rows * n * heads * d,
@@ -286,6 +287,7 @@ def distances(
     threads: int | None = None,
     residual: Any | None = None,
     team: OpenMPTeam | None = None,
+    shares: bool = False,
 ) -> tuple[Any, Any] | None:
     r""":math:`D_{ij}` ``(*batch, n, n)`` and :math:`\lVert y_i \rVert_1` ``(*batch, n, 1)``, or None.
 
@@ -297,8 +299,11 @@ def distances(
     (None: :func:`default_threads`) share the receiving rows; the result does not depend
     on how many. With `residual` :math:`r` ``(*batch, n, d)`` the diagonal is the own
     distance :math:`\lVert y_i - c_i (\sum_h \alpha^h_{ii} v^h_i + r_i) \rVert_1`.
+    With `shares` the matrix holds ALTI's unnormalised shares
+    :math:`\max(\lVert y_i \rVert_1 - D_{ij}, 0)` instead (computed by the kernel as
+    ``maximum(totals - D, 0)`` would: the same bits, and no further passes).
     """
-    return _run(alpha, values, scale, y, residual, xp, threads, team)
+    return _run(alpha, values, scale, y, residual, xp, threads, team, shares)
 
 
 def gram_norms(

@@ -419,7 +419,12 @@ typedef struct {
     const ptrdiff_t *bounds; /* parts + 1 increasing row bounds */
     ptrdiff_t parts, next;
     int failed;
+    int shares; /* ALTI: write max(||y_i||_1 - D_ij, 0) in place of D_ij */
 } attnflow_team_task;
+
+/* ALTI's shares of rows [lo, hi): max(||y_i||_1 - D_ij, 0) in place of D_ij, as
+ * maximum(totals - out, 0) would compute them (no -0: ||y_i||_1 and D_ij are >= +0). */
+#define ATTNFLOW_ALTI_SHARES(T)                                                                 {                                                                                               T *o = (T *)t->out;                                                                         const T *s = (const T *)t->totals;                                                          for (ptrdiff_t row = lo; row < hi; ++row)                                                       for (ptrdiff_t j = 0; j < t->n; ++j) {                                                          T x = s[row] - o[row * t->n + j];                                                           o[row * t->n + j] = x < 0 ? (T)0 : x;                                                   }                                                                                   }
 
 #if defined(__GNUC__) || defined(__clang__)
 #define ATTNFLOW_TEAM_TAKE(t) __atomic_fetch_add(&(t)->next, 1, __ATOMIC_RELAXED)
@@ -459,6 +464,7 @@ static void attnflow_team_run(void *data)
                 (const float *)t->y, (const float *)t->res, t->nb, t->nh, t->n, t->d, t->a_sb,
                 t->a_sh, t->a_si, t->v_sb, t->v_sh, t->v_sj, (float *)t->out,
                 (float *)t->totals, lo, hi);
+            if (!failed && t->shares) ATTNFLOW_ALTI_SHARES(float)
             break;
         default:
             failed = attnflow_alti_distances_f64(
@@ -466,6 +472,7 @@ static void attnflow_team_run(void *data)
                 (const double *)t->y, (const double *)t->res, t->nb, t->nh, t->n, t->d,
                 t->a_sb, t->a_sh, t->a_si, t->v_sb, t->v_sh, t->v_sj, (double *)t->out,
                 (double *)t->totals, lo, hi);
+            if (!failed && t->shares) ATTNFLOW_ALTI_SHARES(double)
         }
         if (failed) ATTNFLOW_TEAM_FAIL(t);
     }

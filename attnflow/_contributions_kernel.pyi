@@ -15,6 +15,7 @@ def distances(
     bounds: np.ndarray,
     parallel: int = 0,
     threads: int = 1,
+    shares: bool = False,
 ) -> None: ...
 def gram_norms(
     alpha: np.ndarray,

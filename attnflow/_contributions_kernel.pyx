@@ -27,6 +27,7 @@ cdef extern from "_contributions_kernel.h" nogil:
         void *totals
         const Py_ssize_t *bounds
         Py_ssize_t parts
+        int shares
     int attnflow_team(void *parallel, attnflow_team_task *task, unsigned threads)
 
 
@@ -55,6 +56,7 @@ cdef int _run(
     Py_ssize_t[::1] bounds,
     size_t parallel,
     unsigned threads,
+    bint shares,
 ) except -1:
     cdef attnflow_team_task task
     cdef int failed
@@ -66,6 +68,7 @@ cdef int _run(
     task.v_sb, task.v_sh, task.v_sj = v_sb, v_sh, v_sj
     task.out, task.totals = out, totals
     task.bounds, task.parts = &bounds[0], bounds.shape[0] - 1
+    task.shares = shares
     with nogil:
         failed = attnflow_team(<void *>parallel, &task, threads if threads > 0 else 1)
     if failed:
@@ -113,6 +116,7 @@ def gram_norms(
         bounds,
         parallel,
         threads,
+        False,
     )
 
 
@@ -129,6 +133,7 @@ def distances(
     Py_ssize_t[::1] bounds,
     size_t parallel=0,
     unsigned threads=1,
+    bint shares=False,
 ):
     """Fill rows of `out` ``(B, n, n)`` with ALTI's distances ``||y_i - T_i(x_j)||_1``.
 
@@ -136,7 +141,9 @@ def distances(
     written (of `out` and `totals`), without the GIL: threads given disjoint ranges fill
     one array, and each row's values do not depend on the ranges. With `parallel` (the
     address of ``GOMP_parallel``), `threads` threads of the calling thread's OpenMP team
-    take the ranges; with 0 the calling thread runs them in turn.
+    take the ranges; with 0 the calling thread runs them in turn. With `shares`, each
+    row is then turned into ALTI's unnormalised shares ``max(||y_i||_1 - D_ij, 0)`` (as
+    ``maximum(totals - out, 0)`` computes them).
 
     `totals` ``(B, n)`` receives ``||y_i||_1``, summed in the order of the distances.
     `alpha` ``(B, H, n, n)`` and `values` ``(B, H, n, d)`` have a unit stride on their
@@ -169,6 +176,7 @@ def distances(
         bounds,
         parallel,
         threads,
+        shares,
     )
 
 

@@ -358,6 +358,37 @@ def test_threads_give_the_same_bits_as_one(
         _contributions.contributions_and_outputs(alpha, f, x, method="alti", threads=0)
 
 
+@pytest.mark.parametrize("dtype_name", ["float32", "float64"])
+def test_alti_shares_in_the_kernel_are_maximum_of_totals_minus_distances(
+    dtype_name: str, monkeypatch: pytest.MonkeyPatch, vector_width: str
+) -> None:
+    """The kernel's ``max(‖y_i‖₁ − D_ij, 0)``: bit for bit what the array operations give.
+
+    Split between 3 threads at odd rows; the last keys are padding (shares exactly 0).
+    """
+    if not _contributions_fused.KERNEL_AVAILABLE:  # pragma: no cover - a source checkout
+        pytest.fail("the compiled kernel is not built: pip install -e . builds it")
+    monkeypatch.setattr(_contributions_fused, "_THREADED_WORK", 0)
+    rng = np.random.default_rng(20261131)
+    heads, n, d = 5, 19, 21
+    alpha = np.zeros((2, heads, n, n), dtype=dtype_name)
+    alpha[..., : n - 2] = softmax_attention(rng, (2, heads, n, n - 2), scale=2.0)
+    f = rng.normal(size=(2, heads, n, d)).astype(dtype_name)
+    y = rng.normal(size=(2, n, d)).astype(dtype_name)
+    r = rng.normal(size=(2, n, d)).astype(dtype_name)
+    scale = rng.uniform(0.5, 2.0, size=(2, n, 1)).astype(dtype_name)
+    distances = _contributions_fused.distances(alpha, f, scale, y, np, 3, r)
+    shares = _contributions_fused.distances(alpha, f, scale, y, np, 3, r, shares=True)
+    assert distances is not None
+    assert shares is not None
+    expected = np.maximum(distances[1] - distances[0], np.zeros_like(distances[0]))
+    assert (expected > 0).any()  # both sides of the clip
+    assert (expected == 0).any()
+    np.testing.assert_array_equal(shares[0], expected)
+    np.testing.assert_array_equal(shares[1], distances[1])
+    assert (shares[0][..., n - 2 :] == 0).all()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
 def test_threads_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
     """A child forked after the pool was made gets a pool of its own (not a hang)."""
