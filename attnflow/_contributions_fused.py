@@ -20,7 +20,12 @@ The kernel releases the GIL and fills a given range of receiving rows, so a laye
 are split between `threads` threads (contiguous ranges of the flattened ``(batch, n)``
 rows, one per thread, each written by one thread only): the values do not depend on the
 split, so any number of threads gives the same bits as one. Small layers (fewer than
-:data:`_THREADED_WORK` multiply-adds) run on the calling thread.
+:data:`_THREADED_WORK` multiply-adds) run on the calling thread. Given an
+:class:`OpenMPTeam` (:func:`openmp_team`; the torch adapter passes it where PyTorch's
+intra-op threads are OpenMP's), the same ranges run as one parallel region of the calling
+thread's OpenMP team instead of attnflow's pool: the threads that wait, spinning, between
+the framework's own parallel operations take them, rather than sharing the cores with
+them.
 """
 
 from __future__ import annotations
