@@ -55,6 +55,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeAlias
 
 import torch
@@ -674,7 +675,7 @@ def _intra_op_team() -> OpenMPTeam | None:
     """
     if torch.get_num_threads() < 2 or "parallel backend: OpenMP" not in _parallel_info():
         return None
-    return openmp_team()
+    return openmp_team(within=Path(torch.__file__).parent)  # torch/lib/libgomp.so.1 (wheels)
 
 
 _PARALLEL_INFO: list[str] = []

@@ -122,7 +122,8 @@ class OpenMPTeam:
 #: File names of OpenMP runtimes (GNU's, LLVM's, Intel's; ``libgomp-<hash>.so.1`` in wheels).
 _OPENMP_RUNTIME = re.compile(r"lib(gomp|omp|iomp5)[-.]")
 
-_teams: dict[int, OpenMPTeam | None] = {}  # by process id: a forked child looks again
+# By process id (a forked child looks again) and directory.
+_teams: dict[tuple[int, str | None], OpenMPTeam | None] = {}
 
 
 def _mapped_libraries() -> set[str]:
@@ -139,18 +140,24 @@ def _mapped_libraries() -> set[str]:
     return paths
 
 
-def openmp_team() -> OpenMPTeam | None:
-    """Find the one OpenMP runtime mapped into this process (Linux), or None.
+def openmp_team(within: str | os.PathLike[str] | None = None) -> OpenMPTeam | None:
+    """Find the OpenMP runtime mapped into this process (Linux), or None.
 
-    None where no runtime or several are mapped (which one a framework uses is then
-    unknown), where ``/proc/self/maps`` does not exist (not Linux), or where the runtime
-    has no ``GOMP_parallel``. Looked up once per process (a forked child looks again).
+    The one runtime mapped, or where several are (a wheel's own ``libgomp-<hash>.so.1``
+    beside the framework's), the one under the directory `within` (the framework's
+    package, whose libraries load their runtime from there). None where that leaves no
+    runtime or several (which one the framework uses is then unknown), where
+    ``/proc/self/maps`` does not exist (not Linux), or where the runtime has no
+    ``GOMP_parallel``. Looked up once per process and `within` (a forked child looks
+    again).
     """
-    pid = os.getpid()
-    if pid in _teams:
-        return _teams[pid]
+    key = (os.getpid(), None if within is None else os.path.realpath(within))
+    if key in _teams:
+        return _teams[key]
     found: OpenMPTeam | None = None
     runtimes = {path for path in _mapped_libraries() if _OPENMP_RUNTIME.match(Path(path).name)}
+    if len(runtimes) > 1 and key[1] is not None:
+        runtimes = {path for path in runtimes if Path(path).is_relative_to(key[1])}
     if len(runtimes) == 1:
         try:
             # Already loaded: RTLD_NOLOAD opens the process's copy, never a second one.
@@ -161,7 +168,7 @@ def openmp_team() -> OpenMPTeam | None:
             address = None
         if address:
             found = OpenMPTeam(address)
-    _teams[pid] = found
+    _teams[key] = found
     return found
 
 

@@ -8,6 +8,7 @@ parameters), and rollout / flow over them against the rollout and flow oracles.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from pathlib import Path
@@ -445,9 +446,23 @@ def test_minilm_capture_equals_the_previous_formulation(
 
 
 def _openmp_expected() -> bool:
-    """Whether this process should find torch's intra-op threads as an OpenMP team."""
-    parallel = "parallel backend: OpenMP" in torch.__config__.parallel_info()
-    return parallel and Path("/proc/self/maps").exists()
+    """Whether this process should find torch's intra-op threads as an OpenMP team.
+
+    Where torch's backend is OpenMP and one OpenMP runtime is mapped into the process,
+    or one under torch's package among several (e.g. scikit-learn's wheel brings its own
+    ``libgomp-<hash>.so.1``).
+    """
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return False
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        return False
+    names = ("libgomp.", "libgomp-", "libomp.", "libiomp5.")
+    lines = maps.read_text().splitlines()
+    paths = [fields[5] for line in lines if len(fields := line.split(maxsplit=5)) == 6]
+    mapped = {Path(path).resolve() for path in paths if Path(path).name.startswith(names)}
+    package = Path(torch.__file__).parent.resolve()
+    return len(mapped) == 1 or sum(package in path.parents for path in mapped) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -521,7 +536,7 @@ def test_openmp_team_ranges_give_the_same_bits_as_one(
     """
     from attnflow import _contributions, _contributions_fused
 
-    team = _contributions_fused.openmp_team()
+    team = _contributions_fused.openmp_team(within=Path(torch.__file__).parent)
     assert (team is not None) == _openmp_expected()
     if team is None:  # pragma: no cover - not Linux, or torch built without OpenMP
         return
@@ -543,6 +558,30 @@ def test_openmp_team_ranges_give_the_same_bits_as_one(
             )
             np.testing.assert_array_equal(many, one)
             np.testing.assert_array_equal(many_out, one_out)
+
+
+def test_openmp_team_is_torch_s_runtime_among_several(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second OpenMP runtime mapped (another wheel's libgomp): torch's, or none if unsure."""
+    from attnflow import _contributions_fused
+
+    if not _openmp_expected():  # pragma: no cover - not Linux, or torch without OpenMP
+        assert _contributions_fused.openmp_team(within=Path(torch.__file__).parent) is None
+        return
+    package = Path(torch.__file__).parent
+    mapped = _contributions_fused._mapped_libraries()
+    runtimes = [p for p in mapped if _contributions_fused._OPENMP_RUNTIME.match(Path(p).name)]
+    ours = [p for p in runtimes if Path(p).is_relative_to(package.resolve())]
+    other = "/elsewhere/scikit_learn.libs/libgomp-e985bcbb.so.1.0.0"
+    monkeypatch.setattr(_contributions_fused, "_teams", {})
+    monkeypatch.setattr(_contributions_fused, "_mapped_libraries", lambda: {*mapped, other})
+    assert _contributions_fused.openmp_team() is None  # which one torch uses is unknown
+    team = _contributions_fused.openmp_team(within=package)
+    if len(ours) != 1:  # pragma: no cover - a runtime outside torch's package (conda)
+        assert team is None
+        return
+    assert team is not None  # the PyPI wheel's torch/lib/libgomp.so.1
+    library = ctypes.CDLL(ours[0], mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    assert team.parallel == ctypes.cast(library.GOMP_parallel, ctypes.c_void_p).value
 
 
 @pytest.mark.parametrize("method", METHODS)
