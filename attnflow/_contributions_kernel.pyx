@@ -41,6 +41,22 @@ cdef Py_ssize_t[::1] _checked_bounds(Py_ssize_t[::1] bounds, Py_ssize_t rows) ex
     return bounds
 
 
+cdef int _check_layout(
+    Py_ssize_t item,
+    Py_ssize_t alpha_stride,
+    Py_ssize_t values_stride,
+    bint with_residual,
+    Py_ssize_t rb, Py_ssize_t rn, Py_ssize_t rd,
+    Py_ssize_t nb, Py_ssize_t n, Py_ssize_t d,
+) except -1:
+    """Refuse a last axis without a unit stride, or a residual that is not ``(B, n, d)``."""
+    if alpha_stride != item or values_stride != item:
+        raise ValueError("the last axis must have a unit stride")
+    if with_residual and (rb != nb or rn != n or rd != d):
+        raise ValueError("the residual must have shape (B, n, d)")
+    return 0
+
+
 cdef int _run(
     int kind,
     const void *alpha,
@@ -96,11 +112,8 @@ def gram_norms(
     cdef Py_ssize_t item = sizeof(floating)
     cdef Py_ssize_t nb = alpha.shape[0], nh = alpha.shape[1], n = alpha.shape[2]
     cdef Py_ssize_t d = values.shape[3]
-    if alpha.strides[3] != item or values.strides[3] != item:
-        raise ValueError("the last axis must have a unit stride")
-    if with_residual and (residual.shape[0] != nb or residual.shape[1] != n
-                          or residual.shape[2] != d):
-        raise ValueError("the residual must have shape (B, n, d)")
+    _check_layout(item, alpha.strides[3], values.strides[3], with_residual,
+                  residual.shape[0], residual.shape[1], residual.shape[2], nb, n, d)
     _run(
         0 if floating is float else 1,
         &alpha[0, 0, 0, 0],
@@ -156,11 +169,8 @@ def distances(
     cdef Py_ssize_t item = sizeof(floating)
     cdef Py_ssize_t nb = alpha.shape[0], nh = alpha.shape[1], n = alpha.shape[2]
     cdef Py_ssize_t d = values.shape[3]
-    if alpha.strides[3] != item or values.strides[3] != item:
-        raise ValueError("the last axis must have a unit stride")
-    if with_residual and (residual.shape[0] != nb or residual.shape[1] != n
-                          or residual.shape[2] != d):
-        raise ValueError("the residual must have shape (B, n, d)")
+    _check_layout(item, alpha.strides[3], values.strides[3], with_residual,
+                  residual.shape[0], residual.shape[1], residual.shape[2], nb, n, d)
     _run(
         2 if floating is float else 3,
         &alpha[0, 0, 0, 0],
