@@ -584,6 +584,26 @@ def test_openmp_team_is_torch_s_runtime_among_several(monkeypatch: pytest.Monkey
     assert team.parallel == ctypes.cast(library.GOMP_parallel, ctypes.c_void_p).value
 
 
+def test_the_projects_torch_on_linux_takes_the_team_path() -> None:
+    """The pinned torch (the CPU wheel the sessions install) on Linux finds its OpenMP team.
+
+    The tests above compare torch's team with attnflow's pool only where a team is found;
+    here one must be, so a detection that silently found none fails instead of leaving the
+    team path untested.
+    """
+    if sys.platform != "linux" or not torch.__version__.startswith("2.13.0"):
+        return  # elsewhere either path is the documented behaviour, compared above
+    from attnflow.adapters import _torch_contributions
+
+    assert _openmp_expected()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert _torch_contributions._intra_op_team() is not None
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_terms_are_never_formed_whole(
     minilm: dict[str, Any], method: str, monkeypatch: pytest.MonkeyPatch
