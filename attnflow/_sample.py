@@ -1,4 +1,4 @@
-"""The attention sample that ships with attnflow (private; used by ``attnflow demo``).
+"""The samples that ship with attnflow (public as :mod:`attnflow.data`).
 
 ``attnflow/data/minilm_sample.npz`` holds the attention of the real pretrained
 sentence-transformers all-MiniLM-L6-v2 (6 layers, 12 heads) on three short sentences from
@@ -71,7 +71,7 @@ def load_sample() -> Sample:
 
     Examples
     --------
-    >>> from attnflow._sample import load_sample
+    >>> from attnflow.data import load_sample
     >>> sample = load_sample()
     >>> sample.attentions.shape[1:3]  # layers, heads
     (6, 12)
@@ -160,6 +160,17 @@ def load_image_sample() -> ImageSample:
         If the file is not installed with attnflow.
     ValueError
         If it lacks an array or its shapes disagree.
+
+    Examples
+    --------
+    >>> import attnflow
+    >>> from attnflow.data import load_image_sample
+    >>> digits = load_image_sample()
+    >>> digits.attentions.shape[1:]  # layers, heads, 1 + 4 x 4 tokens
+    (4, 4, 17, 17)
+    >>> patches = attnflow.rollout(digits.attentions[0], rows=0)[1:]  # CLS row, patches only
+    >>> patches.reshape(4, 4).shape
+    (4, 4)
     """
     resource = resources.files("attnflow.data").joinpath(VIT_SAMPLE_FILE)
     if not resource.is_file():

@@ -195,12 +195,14 @@ def test_every_module_has_a_sorted_all_of_names_it_defines() -> None:
 
 
 def test_the_public_all_of_each_public_module_exists_at_run_time() -> None:
+    import attnflow.data
     import attnflow.evaluate
     import attnflow.explanation
     import attnflow.html
     import attnflow.plot
 
-    for module in (attnflow, attnflow.evaluate, attnflow.explanation, attnflow.html, attnflow.plot):
+    public = (attnflow.data, attnflow.evaluate, attnflow.explanation, attnflow.html, attnflow.plot)
+    for module in (attnflow, *public):
         assert list(module.__all__) == sorted(module.__all__, key=_isort_key), module
         missing = [name for name in module.__all__ if not hasattr(module, name)]
         assert not missing, (module.__name__, missing)

@@ -1,11 +1,11 @@
-"""The shipped samples: the text attention sample and the digits ViT (attnflow._sample)."""
+"""The shipped samples: the text attention sample and the digits ViT (attnflow.data)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from attnflow._sample import Sample, load_image_sample, load_sample
+from attnflow.data import Sample, load_image_sample, load_sample
 
 
 @pytest.fixture(scope="module")
