@@ -33,6 +33,7 @@ from ._common import (
     fuses_while_capturing,
     reject_heads,
 )
+from ._token_text import token_labels
 from ._torch_capture import capture
 from ._torch_gradients import _call, _weights_and_gradients
 
@@ -380,7 +381,7 @@ def explain_text(
         labels = {i: tokenizer.decode([i]) for i in sorted(named)}
     special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
     return attnflow.explanation.Explanation(
-        tokenizer.convert_ids_to_tokens(ids),
+        token_labels(tokenizer, ids),
         {name: value.detach().cpu().double().numpy() for name, value in scores.items()},
         rows=row % n,
         special=[bool(s) for s in special],

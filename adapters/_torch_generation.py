@@ -46,6 +46,7 @@ from attnflow._validation import (
 from attnflow.generation import GenerationExplanation
 
 from ._common import HEAD_REDUCTIONS, check_target_score
+from ._token_text import token_labels
 
 __all__ = ["GENERATION_METHODS", "explain_generation"]
 
@@ -324,7 +325,7 @@ def explain_generation(
             )
     special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
     return GenerationExplanation(
-        [str(t) for t in tokenizer.convert_ids_to_tokens(ids)],
+        token_labels(tokenizer, ids),
         generated,
         scores,
         prompt_length=n_prompt,

@@ -46,7 +46,10 @@ class Explanation:
     Parameters
     ----------
     tokens : sequence of str
-        The ``n`` tokens of the input, special tokens included.
+        The ``n`` token labels of the input, special tokens included. The adapters give
+        the tokenizer's pieces (``[CLS]``, ``walk``, ``##ing``), or for a byte-level BPE
+        tokenizer (GPT-2, Llama 3, SmolLM2) the text each piece stands for (``" is"``
+        for ``Ġis``; controls such as a newline, ``Ċ``, written as escapes).
     scores : mapping of str to array
         Per method (``"raw"``, ``"rollout"``, ``"flow"``...), the scores of the explained
         row at every layer, ``(layers, n)`` (first layer first), or at one layer, ``(n,)``.
@@ -249,7 +252,9 @@ class Explanation:
 
     def _heading(self, layer: int | None) -> str:
         token = self.tokens[self.rows] if 0 <= self.rows < len(self.tokens) else "?"
-        parts = [f"row {self.rows} ({token})"]
+        # A label with a space at either end (a byte-level BPE token's text) is quoted.
+        shown = repr(token) if token != token.strip() else token
+        parts = [f"row {self.rows} ({shown})"]
         if layer is not None:
             parts[0] += f", layer {layer % self.n_layers + 1} of {self.n_layers}"
         if self.predicted is not None:

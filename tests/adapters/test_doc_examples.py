@@ -37,7 +37,7 @@ FENCE = re.compile(
 # What each page prints that its comments promise.
 PRINTED = {
     "getting-started.md": ["18 max-flows on graphs of up to"],
-    "llms.md": ["row 4 (Ġis), layer 30 of 30; predicted 7042 (' Paris'), p = 0.773"],
+    "llms.md": ["row 4 (' is'), layer 30 of 30; predicted 7042 (' Paris'), p = 0.773"],
 }
 
 

@@ -125,6 +125,30 @@ def test_explain_text_passes_the_decoder_options(smollm2):
         assert (e.scores[name][:, 0] == 0).all()
 
 
+def test_a_byte_level_tokens_label_is_its_text(smollm2):
+    """Labels are what each token stands for (`Ġis` -> ' is'), not byte-level stand-ins."""
+    from attnflow.adapters._token_text import token_labels
+
+    models, tokenizer = smollm2
+    text = "The café's menu:\nsoup,\tnaïve 🙂"
+    ids = tokenizer(text)["input_ids"]
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    assert any(p.startswith("Ġ") for p in pieces)  # byte-level pieces
+    assert "Ċ" in pieces
+    e = adapter.explain_text(models["sdpa"], tokenizer, text, methods=["raw"])
+    # Put together, the labels are the text, with its controls written as escapes.
+    assert "".join(e.tokens) == text.replace("\n", "\\n").replace("\t", "\\t")
+    assert e.tokens == tuple(token_labels(tokenizer, ids))
+    assert "\\n" in e.tokens
+    assert " menu" in e.tokens
+    # A character split over tokens: its pieces decode to U+FFFD alone, so they stay pieces
+    # (two different byte pieces never get the same label).
+    split = tokenizer("\U0001d518 \u9f98")["input_ids"]  # Fraktur U, a rare CJK character
+    labels = token_labels(tokenizer, split)
+    assert labels[:2] == tokenizer.convert_ids_to_tokens(split)[:2]
+    assert "\ufffd" not in "".join(labels)
+
+
 def test_the_command_explains_a_causal_lm_at_its_last_position(
     smollm2, capsys: pytest.CaptureFixture[str]
 ):
@@ -136,7 +160,7 @@ def test_the_command_explains_a_causal_lm_at_its_last_position(
     code = main(["explain", "--model", folder, "The capital of France is", "--method", "raw"])
     assert code == 0, capsys.readouterr().err
     heading = capsys.readouterr().out.splitlines()[0]
-    assert heading.startswith("row 4 (Ġis), layer 30 of 30; predicted 7042 (' Paris')")
+    assert heading.startswith("row 4 (' is'), layer 30 of 30; predicted 7042 (' Paris')")
 
 
 def test_the_command_explains_the_log_probability(smollm2, tmp_path, capsys):
