@@ -148,6 +148,33 @@ TRAINLEN_EPOCHS = 15
 TRAINLEN_CHECKPOINTS = (5, 10, 15)
 TRAINLEN_MODEL = "distilled_longer"
 TRAINLEN_STUDY = tuple(f"{TRAINLEN_MODEL}_e{e}" for e in TRAINLEN_CHECKPOINTS)
+# The sixth run (issue 23): the authors' optimiser and schedule. The second student's
+# recipe (its 40,000 sentences, PyTorch seed 0, batch 64, the same student, teacher,
+# distillation and dropout) with the authors' optimisation instead of ours
+# (`train_distilled_agreement_model(optimiser="authors")`: Adam at 1e-4 under
+# TensorFlow's cosine decay with restarts, first period 10,000 steps, for the student;
+# RAdam at 1e-4 under a 0.96-per-10,000-steps exponential decay for the teacher; their
+# L2 penalties; no warm-up, no clipping; Reflect@d28ddd5, `dstl_6_crs_slw`), trained
+# for SCHEDULE_EPOCHS epochs = 10,000 steps of 64 sentences (625 per epoch): exactly the
+# schedule's first whole period, from 1e-4 down to 1e-7. The student is saved after
+# the epochs of SCHEDULE_CHECKPOINTS (5 and 10 as in the fifth run, 16 the end of the
+# period) and the whole training state after every epoch (resumable). Fixed before the
+# run, at 12:18, from a timing of the recipe (one epoch of 2,000 sentences: 5.7 s CPU,
+# 5.9 s wall at a load average of 1.1-1.3, one thread, nice 19; 2.85 s CPU per 1,000
+# sentence-epochs, so 16 x 40,000 is at most about 30 CPU-minutes; the fifth run's
+# 2.4 s per 1,000 over a whole run gives 26), so that it ends by 13:45 even at the
+# fifth run's wall/CPU ratio of 1.8 if started by 12:45. The authors' run was far
+# longer (`ckpt-60`: 60 epochs of about 2,100 steps on Linzen's data, about 126,000
+# steps), which this machine cannot give.
+SCHEDULE_EPOCHS = 16
+SCHEDULE_CHECKPOINTS = (5, 10, 16)
+SCHEDULE_MODEL = "distilled_authors_schedule"
+SCHEDULE_STUDY = tuple(f"{SCHEDULE_MODEL}_e{e}" for e in SCHEDULE_CHECKPOINTS)
+# model trained with checkpoints: (its checkpoint epochs, the optimiser)
+CHECKPOINTED: dict[str, tuple[tuple[int, ...], str]] = {
+    TRAINLEN_MODEL: (TRAINLEN_CHECKPOINTS, "adamw"),
+    SCHEDULE_MODEL: (SCHEDULE_CHECKPOINTS, "authors"),
+}
 MODELS = (
     "today",
     "eos",
@@ -156,6 +183,7 @@ MODELS = (
     *SEED_STUDY,
     *LINZEN_STUDY,
     TRAINLEN_MODEL,
+    SCHEDULE_MODEL,
 )
 # The second distilled student's size, fixed before its run from a timing of the recipe
 # on 2,000 sentences (3.2 s CPU per 1,000 sentence-epochs, 1 thread) and the time left
@@ -177,6 +205,7 @@ RECIPES: dict[str, tuple[int, int]] = {
     **dict.fromkeys(SEED_STUDY, (DISTILLED_LONG_SENTENCES, DISTILLED_LONG_EPOCHS)),
     **dict.fromkeys(LINZEN_STUDY, (DISTILLED_LONG_SENTENCES, LINZEN_EPOCHS)),
     **dict.fromkeys((TRAINLEN_MODEL, *TRAINLEN_STUDY), (DISTILLED_LONG_SENTENCES, TRAINLEN_EPOCHS)),
+    **dict.fromkeys((SCHEDULE_MODEL, *SCHEDULE_STUDY), (DISTILLED_LONG_SENTENCES, SCHEDULE_EPOCHS)),
 }
 TEST_SPLIT_TRAIN_SENTENCES = 20_000  # the first run's split, which fixes the test set
 METHODS = ("raw", "rollout", "flow")
@@ -258,8 +287,8 @@ def _usage() -> dict[str, float]:
 
 def train(args: argparse.Namespace) -> None:
     """Train one model and save it with its record, atomically; skip it if saved."""
-    if args.model == TRAINLEN_MODEL:
-        train_longer(args)
+    if args.model in CHECKPOINTED:
+        train_longer(args, args.model)
         return
     folder = args.output / "models" / args.model
     if (folder / "training.json").exists():
@@ -311,18 +340,20 @@ def train(args: argparse.Namespace) -> None:
     print(text)
 
 
-def train_longer(args: argparse.Namespace) -> None:
-    """The fifth run's student: the second student's recipe trained for
-    ``TRAINLEN_EPOCHS`` epochs, the student saved (with its record, atomically) at each
-    epoch of ``TRAINLEN_CHECKPOINTS``; resumable from ``OUTPUT/train-state``."""
-    _, epochs = _recipe(args, TRAINLEN_MODEL)
-    names = {e: f"{TRAINLEN_MODEL}_e{e}" for e in TRAINLEN_CHECKPOINTS if e <= epochs}
+def train_longer(args: argparse.Namespace, model: str = TRAINLEN_MODEL) -> None:
+    """A student of ``CHECKPOINTED`` (the fifth run's, the sixth run's): the second
+    student's recipe trained for its recipe's epochs with its optimiser, the student
+    saved (with its record, atomically) at each of its checkpoint epochs; resumable from
+    ``OUTPUT/train-state``."""
+    checkpoints, optimiser = CHECKPOINTED[model]
+    _, epochs = _recipe(args, model)
+    names = {e: f"{model}_e{e}" for e in checkpoints if e <= epochs}
     if all((args.output / "models" / n / "training.json").exists() for n in names.values()):
-        print(f"{TRAINLEN_MODEL}: every checkpoint saved ({', '.join(names.values())})")
+        print(f"{model}: every checkpoint saved ({', '.join(names.values())})")
         return
-    train_set, test = _data(args, TRAINLEN_MODEL)
+    train_set, test = _data(args, model)
     validation = test.take(np.arange(min(500, len(test))))
-    state = args.output / "train-state" / f"{TRAINLEN_MODEL}.pt"
+    state = args.output / "train-state" / f"{model}.pt"
     wall, cpu, load = time.perf_counter(), time.process_time(), os.getloadavg()[0]
     resumed = None
     if state.exists():
@@ -339,9 +370,10 @@ def train_longer(args: argparse.Namespace) -> None:
         record = {
             "model": name,
             "seed": args.seed,
-            "torch_seed": _torch_seed(args, TRAINLEN_MODEL),
+            "torch_seed": _torch_seed(args, model),
             "train_sentences": len(train_set),
             "epochs": epochs,
+            "optimiser": optimiser,
             "checkpoint_epoch": epoch,
             "resumed_after_epoch": resumed,
             "this_process_wall_s": round(time.perf_counter() - wall, 1),
@@ -370,8 +402,9 @@ def train_longer(args: argparse.Namespace) -> None:
 
     train_distilled_agreement_model(
         train_set,
-        seed=_torch_seed(args, TRAINLEN_MODEL),
+        seed=_torch_seed(args, model),
         epochs=epochs,
+        optimiser=optimiser,  # type: ignore[arg-type]
         validation=validation,
         progress=True,
         checkpoint=state,
@@ -670,7 +703,7 @@ def _table_lines(table: dict[str, dict[str, list[list[float]]]]) -> list[str]:
 
 def evaluate(args: argparse.Namespace) -> None:
     """Evaluate every model and print every step's table."""
-    missing = [*SEED_STUDY, *LINZEN_STUDY, TRAINLEN_MODEL]  # evaluated by their own studies
+    missing = [*SEED_STUDY, *LINZEN_STUDY, *CHECKPOINTED]  # evaluated by their own studies
     evaluated = {name: _evaluate_model(args, name) for name in MODELS if name not in missing}
     results: dict[str, Any] = {"models": {}, "steps": {}, "cumulative": {}}
     for name, ev in evaluated.items():

@@ -10,7 +10,11 @@ temperature 1) and from the gold labels (weight 0.1), with heavy dropout on the
 student (0.4 on the residual branches, 0.6 on the attention weights, 0.2 on the
 embeddings). Such a student is less saturated than a model trained on the labels
 alone. :func:`train_distilled_agreement_model` trains that pair on
-:mod:`attnflow._experiments.agreement`'s data.
+:mod:`attnflow._experiments.agreement`'s data, with attnflow's optimiser (AdamW,
+warm-up and cosine decay) or, with ``optimiser="authors"``, the authors' own
+(``Reflect`` at ``d28ddd5``, distillation config ``dstl_6_crs_slw``): Adam for the
+student under TensorFlow's cosine decay with restarts (:func:`cosine_decay_restarts`),
+RAdam for the teacher under an exponential decay, and their L2 penalties.
 
 This module imports PyTorch.
 
@@ -25,13 +29,14 @@ network. https://arxiv.org/abs/1503.02531.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -51,9 +56,11 @@ from .agreement_torch import (
 )
 
 __all__ = [
+    "AUTHORS_RECIPE",
     "DISTILL_RATE",
     "TEMPERATURE",
     "LSTMTeacher",
+    "cosine_decay_restarts",
     "student_config",
     "train_distilled_agreement_model",
 ]
@@ -63,7 +70,137 @@ DISTILL_RATE = 0.9
 TEMPERATURE = 1.0
 """Softmax temperature of the distillation."""
 
+AUTHORS_RECIPE: dict[str, float] = {
+    "lr": 1e-4,
+    "first_decay_steps": 10_000,
+    "t_mul": 5.0,
+    "m_mul": 0.96,
+    "alpha": 0.001,
+    "teacher_decay_steps": 10_000,
+    "teacher_decay_rate": 0.96,
+    "student_l2": 1e-4,
+    "teacher_l2": 1e-5,
+    "eps": 1e-8,
+}
+"""The authors' optimisation of the distillation (``samiraabnar/Reflect`` at ``d28ddd5``).
+
+``util/distill_params.py`` (``dstl_6_crs_slw``: learning rates 1e-4, student decay
+steps 10,000, ``schedule: 'crs'``, student ``adam``, teacher ``radam``) with the
+defaults of ``util/config_util.py`` (``DistillParams``: decay rates 0.96);
+``distill/distiller.py`` (the student: ``tf.keras.experimental.CosineDecayRestarts``
+with ``t_mul=5.0``, ``m_mul=student_decay_rate``, ``alpha=0.001``, no warm-up; Adam
+with ``epsilon=1e-08``); ``distill/online_distiller.py`` (the teacher: RAdam with
+``epsilon=1e-08`` under ``ExponentialDecayWithWarmpUp`` of ``tf2_models/train_utils.py``,
+no warm-up, not staircase); the L2 penalties of ``tf2_models/transformers.py``
+(``Bert``: 1e-4 times the sum of squares of the embeddings and of the blocks' dense
+kernels and biases, not the LayerNorms nor the classifier) and
+``tf2_models/lm_lstm.py`` (``ClassifierLSTM``: 1e-5 on every weight).
+"""
+
 logger = logging.getLogger(__name__)
+
+
+def cosine_decay_restarts(
+    step: int,
+    /,
+    *,
+    first_decay_steps: int,
+    t_mul: float = 2.0,
+    m_mul: float = 1.0,
+    alpha: float = 0.0,
+) -> float:
+    r"""Return the factor of the initial learning rate at `step`: cosine decay with restarts.
+
+    The schedule of ``tf.keras.experimental.CosineDecayRestarts`` (SGDR), computed as
+    TensorFlow computes it. With :math:`f = s / T_0` the steps done in units of the
+    first period :math:`T_0`, the period :math:`i` (from 0) lasts :math:`T_0 t^i`, so
+
+    .. math::
+
+        i = \left\lfloor rac{\log(1 - f (1 - t))}{\log t} 
+ight
+floor, \quad
+        c = rac{f - (1 - t^i) / (1 - t)}{t^i}
+
+    (:math:`i = \lfloor f 
+floor`, :math:`c = f - i` when :math:`t = 1`), and the
+    factor is :math:`(1 - lpha) \, 	frac12 m^i (1 + \cos \pi c) + lpha`, with
+    :math:`t` = `t_mul` and :math:`m` = `m_mul`. It falls from 1 to :math:`lpha` over
+    the first :math:`T_0` steps, restarts at :math:`m (1 - lpha) + lpha`, and so on.
+
+    Parameters
+    ----------
+    step : int
+        The optimiser's step, from 0 (TensorFlow evaluates the schedule at the
+        optimiser's ``iterations`` before the update, as ``LambdaLR`` does).
+    first_decay_steps : int
+        :math:`T_0`, positive.
+    t_mul : float, default 2.0
+        :math:`t`, the growth of each period; positive.
+    m_mul : float, default 1.0
+        :math:`m`, the factor of each restart's peak; non-negative.
+    alpha : float, default 0.0
+        :math:`lpha`, the floor of the factor, in [0, 1].
+
+    Returns
+    -------
+    float
+        The factor; the learning rate is the initial one times it.
+
+    Raises
+    ------
+    ValueError
+        If a setting is out of range.
+
+    References
+    ----------
+    Loshchilov, I. & Hutter, F. (2017). SGDR: stochastic gradient descent with warm
+    restarts. ICLR 2017, https://arxiv.org/abs/1608.03983.
+
+    Examples
+    --------
+    >>> from attnflow._experiments.agreement_distill import cosine_decay_restarts
+    >>> [round(cosine_decay_restarts(s, first_decay_steps=10, t_mul=5.0, m_mul=0.5), 3)
+    ...  for s in (0, 5, 10, 35)]
+    [1.0, 0.5, 0.5, 0.25]
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        msg = f"`step` must be a non-negative int; got {step!r}."
+        raise ValueError(msg)
+    if first_decay_steps < 1 or not t_mul > 0 or not m_mul >= 0 or not 0 <= alpha <= 1:
+        msg = (
+            "need first_decay_steps >= 1, t_mul > 0, m_mul >= 0 and 0 <= alpha <= 1; got "
+            f"{first_decay_steps=}, {t_mul=}, {m_mul=}, {alpha=}."
+        )
+        raise ValueError(msg)
+    done = step / first_decay_steps
+    if t_mul == 1.0:
+        restart = math.floor(done)
+        done -= restart
+    else:
+        restart = math.floor(math.log(1.0 - done * (1.0 - t_mul)) / math.log(t_mul))
+        before = (1.0 - t_mul**restart) / (1.0 - t_mul)
+        done = (done - before) / t_mul**restart
+    cosine = 0.5 * m_mul**restart * (1.0 + math.cos(math.pi * done))
+    return (1.0 - alpha) * cosine + alpha
+
+
+def _exponential_decay(step: int, /, *, decay_steps: int, rate: float) -> float:
+    """The teacher's factor: ``rate ** (step / decay_steps)`` (the authors' schedule with
+    no warm-up or hold, not staircase)."""
+    return float(rate ** (step / decay_steps))
+
+
+def _authors_l2_parameters(student: nn.Module) -> list[nn.Parameter]:
+    """The student's weights under the authors' L2: embeddings and dense layers, not the
+    LayerNorms nor the classifier (``Bert`` in ``tf2_models/transformers.py``)."""
+    classifier = getattr(student, "classifier", None)
+    return [
+        p
+        for module in student.modules()
+        if isinstance(module, nn.Linear | nn.Embedding) and module is not classifier
+        for p in module.parameters(recurse=False)
+    ]
 
 
 def student_config(vocab_size: int, /) -> AgreementConfig:
@@ -194,9 +331,10 @@ def train_distilled_agreement_model(
     temperature: float = TEMPERATURE,
     epochs: int = 5,
     batch_size: int = 64,
-    lr: float = 1e-3,
-    warmup: float = 0.05,
-    clip: float = 1.0,
+    optimiser: Literal["adamw", "authors"] = "adamw",
+    lr: float | None = None,
+    warmup: float | None = None,
+    clip: float | None = None,
     validation: AgreementData | None = None,
     device: str | torch.device = "cpu",
     progress: bool = True,
@@ -215,10 +353,18 @@ def train_distilled_agreement_model(
 
     with :math:`t, s` the teacher's (detached) and the student's logits, :math:`r` the
     distillation rate and :math:`T` the temperature (online distillation as in the
-    paper's code, ``Reflect/distill``). Both use AdamW with the schedule of
-    :func:`~attnflow._experiments.agreement_torch.train_agreement_model` (linear warmup,
-    cosine decay) and gradient clipping; ``torch.manual_seed(seed)`` seeds the weights,
-    the dropout and the batch order.
+    paper's code, ``Reflect/distill``). With ``optimiser="adamw"`` both use AdamW with
+    the schedule of :func:`~attnflow._experiments.agreement_torch.train_agreement_model`
+    (linear warmup, cosine decay) and gradient clipping. With ``optimiser="authors"``
+    they use the authors' optimisation (:data:`AUTHORS_RECIPE`): the student Adam at
+    :math:`\eta = 10^{-4}` times :func:`cosine_decay_restarts` (first period 10,000
+    steps, ``t_mul`` 5, ``m_mul`` 0.96, ``alpha`` 0.001), the teacher RAdam at
+    :math:`10^{-4} \cdot 0.96^{s / 10000}` at step :math:`s`, both with
+    :math:`\epsilon = 10^{-8}`, no warm-up and no clipping, and the authors' L2
+    penalties added to the losses (:math:`10^{-4} \sum w^2` over the student's
+    embeddings and dense layers, :math:`10^{-5} \sum w^2` over all the teacher's
+    weights). ``torch.manual_seed(seed)`` seeds the weights, the dropout and the batch
+    order.
 
     Parameters
     ----------
@@ -234,8 +380,20 @@ def train_distilled_agreement_model(
         :math:`r`, in [0, 1].
     temperature : float, default 1.0
         :math:`T`, positive.
-    epochs, batch_size, lr, warmup, clip
+    epochs, batch_size
         As for :func:`~attnflow._experiments.agreement_torch.train_agreement_model`.
+    optimiser : {"adamw", "authors"}, default "adamw"
+        attnflow's optimisation, or the authors' (above).
+    lr : float, optional
+        The peak learning rate: 1e-3 for ``"adamw"``, 1e-4 for ``"authors"`` by default.
+    warmup : float, optional
+        The warm-up's share of the steps under ``"adamw"`` (0.05 by default); the
+        authors' schedules have none, so ``"authors"`` takes no `warmup`.
+    clip : float, optional
+        The largest norm of all the gradients of a model together (rescaled above it):
+        1.0 under ``"adamw"`` by default, none under ``"authors"`` by default (their
+        ``clipnorm=1.0`` is inert where their loop applies the gradients: see
+        ``docs/reproduction.md``, the sixth run).
     validation : AgreementData, optional
         Sentences whose accuracy (student and teacher) is logged after every epoch; it
         never steers training.
@@ -295,7 +453,29 @@ def train_distilled_agreement_model(
             f"{distill_rate=}, {temperature=}."
         )
         raise ValueError(msg)
-    if epochs < 1 or batch_size < 1 or lr <= 0 or not 0 <= warmup < 1 or clip <= 0:
+    if optimiser not in ("adamw", "authors"):
+        msg = f"`optimiser` must be 'adamw' or 'authors'; got {optimiser!r}."
+        raise ValueError(msg)
+    if optimiser == "authors" and warmup is not None:
+        msg = (
+            f"`warmup` does not apply to optimiser='authors' (their schedules have no "
+            f"warm-up); got {warmup=}. Leave it out, or use optimiser='adamw'."
+        )
+        raise ValueError(msg)
+    authors = optimiser == "authors"
+    if lr is None:
+        lr = AUTHORS_RECIPE["lr"] if authors else 1e-3
+    if warmup is None:
+        warmup = 0.0 if authors else 0.05
+    if clip is None and not authors:
+        clip = 1.0
+    if (
+        epochs < 1
+        or batch_size < 1
+        or not lr > 0
+        or not 0 <= warmup < 1
+        or (clip is not None and not clip > 0)
+    ):
         msg = (
             "need epochs >= 1, batch_size >= 1, lr > 0, 0 <= warmup < 1 and clip > 0; got "
             f"{epochs=}, {batch_size=}, {lr=}, {warmup=}, {clip=}."
@@ -313,13 +493,42 @@ def train_distilled_agreement_model(
         target
     )
     total = epochs * math.ceil(len(train) / batch_size)
-    schedule = _warmup_cosine(total, warmup)
-
-    optimisers = [
-        torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-        for model in (student, teacher)
+    penalties: list[tuple[float, list[nn.Parameter]]] = [(0.0, []), (0.0, [])]
+    if authors:
+        recipe = AUTHORS_RECIPE
+        betas = (0.9, 0.999)  # the Keras Adam's and TF-Addons RAdam's defaults
+        optimisers: list[torch.optim.Optimizer] = [
+            torch.optim.Adam(student.parameters(), lr=lr, betas=betas, eps=recipe["eps"]),
+            torch.optim.RAdam(teacher.parameters(), lr=lr, betas=betas, eps=recipe["eps"]),
+        ]
+        schedules: list[Callable[[int], float]] = [
+            functools.partial(
+                cosine_decay_restarts,
+                first_decay_steps=int(recipe["first_decay_steps"]),
+                t_mul=recipe["t_mul"],
+                m_mul=recipe["m_mul"],
+                alpha=recipe["alpha"],
+            ),
+            functools.partial(
+                _exponential_decay,
+                decay_steps=int(recipe["teacher_decay_steps"]),
+                rate=recipe["teacher_decay_rate"],
+            ),
+        ]
+        penalties = [
+            (recipe["student_l2"], _authors_l2_parameters(student)),
+            (recipe["teacher_l2"], list(teacher.parameters())),
+        ]
+    else:
+        optimisers = [
+            torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+            for model in (student, teacher)
+        ]
+        schedules = [_warmup_cosine(total, warmup)] * 2
+    schedulers = [
+        torch.optim.lr_scheduler.LambdaLR(o, schedule)
+        for o, schedule in zip(optimisers, schedules, strict=True)
     ]
-    schedulers = [torch.optim.lr_scheduler.LambdaLR(o, schedule) for o in optimisers]
     shuffler = torch.Generator().manual_seed(seed)
     run = {
         "seed": seed,
@@ -335,6 +544,8 @@ def train_distilled_agreement_model(
         "warmup": warmup,
         "clip": clip,
     }
+    if authors:  # recorded only here, so that the earlier runs' states still resume
+        run["optimiser"] = {"name": optimiser, **AUTHORS_RECIPE}
     done = 0
     if checkpoint is not None and Path(checkpoint).exists():
         done = _resume(Path(checkpoint), run, student, teacher, optimisers, schedulers, shuffler)
@@ -358,17 +569,22 @@ def train_distilled_agreement_model(
                 student_loss = distill_rate * temperature**2 * distilled.sum(-1).mean() + (
                     1 - distill_rate
                 ) * F.cross_entropy(student_logits, labels)
-                for model, optimiser, scheduler, loss in zip(
+                for model, step_optimiser, scheduler, loss, (l2, weights) in zip(
                     (student, teacher),
                     optimisers,
                     schedulers,
                     (student_loss, teacher_loss),
+                    penalties,
                     strict=True,
                 ):
-                    optimiser.zero_grad(set_to_none=True)
-                    loss.backward()  # type: ignore[no-untyped-call]
-                    nn.utils.clip_grad_norm_(model.parameters(), clip)
-                    optimiser.step()
+                    objective = loss
+                    if l2:
+                        objective = loss + l2 * sum(w.square().sum() for w in weights)
+                    step_optimiser.zero_grad(set_to_none=True)
+                    objective.backward()  # type: ignore[no-untyped-call]
+                    if clip is not None:
+                        nn.utils.clip_grad_norm_(model.parameters(), clip)
+                    step_optimiser.step()
                     scheduler.step()
                 sums[0] += float(student_loss.detach()) * len(labels)
                 sums[1] += float(teacher_loss.detach()) * len(labels)
