@@ -117,16 +117,13 @@ def cosine_decay_restarts(
 
     .. math::
 
-        i = \left\lfloor rac{\log(1 - f (1 - t))}{\log t} 
-ight
-floor, \quad
-        c = rac{f - (1 - t^i) / (1 - t)}{t^i}
+        i = \left\lfloor \frac{\log(1 - f (1 - t))}{\log t} \right\rfloor, \quad
+        c = \frac{f - (1 - t^i) / (1 - t)}{t^i}
 
-    (:math:`i = \lfloor f 
-floor`, :math:`c = f - i` when :math:`t = 1`), and the
-    factor is :math:`(1 - lpha) \, 	frac12 m^i (1 + \cos \pi c) + lpha`, with
-    :math:`t` = `t_mul` and :math:`m` = `m_mul`. It falls from 1 to :math:`lpha` over
-    the first :math:`T_0` steps, restarts at :math:`m (1 - lpha) + lpha`, and so on.
+    (:math:`i = \lfloor f \rfloor`, :math:`c = f - i` when :math:`t = 1`), and the
+    factor is :math:`(1 - \alpha) \, \tfrac12 m^i (1 + \cos \pi c) + \alpha`, with
+    :math:`t` = `t_mul` and :math:`m` = `m_mul`. It falls from 1 to :math:`\alpha` over
+    the first :math:`T_0` steps, restarts at :math:`m (1 - \alpha) + \alpha`, and so on.
 
     Parameters
     ----------
@@ -186,14 +183,19 @@ floor`, :math:`c = f - i` when :math:`t = 1`), and the
 
 
 def _exponential_decay(step: int, /, *, decay_steps: int, rate: float) -> float:
-    """The teacher's factor: ``rate ** (step / decay_steps)`` (the authors' schedule with
-    no warm-up or hold, not staircase)."""
+    """Return the teacher's factor, ``rate ** (step / decay_steps)``.
+
+    The authors' ``ExponentialDecayWithWarmpUp`` with no warm-up or hold, not staircase.
+    """
     return float(rate ** (step / decay_steps))
 
 
 def _authors_l2_parameters(student: nn.Module) -> list[nn.Parameter]:
-    """The student's weights under the authors' L2: embeddings and dense layers, not the
-    LayerNorms nor the classifier (``Bert`` in ``tf2_models/transformers.py``)."""
+    """Return the student's weights under the authors' L2.
+
+    The embeddings and dense layers, not the LayerNorms nor the classifier (``Bert`` in
+    ``tf2_models/transformers.py``).
+    """
     classifier = getattr(student, "classifier", None)
     return [
         p
