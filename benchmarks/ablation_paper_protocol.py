@@ -57,6 +57,13 @@ it); ``trainlen`` evaluates each checkpoint and the three 5-epoch students of th
 study under step 7 (the whole protocol with the paper code's gradient expression), and
 gives every cell with its bootstrap 95 % interval over the 100 sentences.
 
+``schedule`` is the sixth run, the authors' optimiser and schedule: ``train
+distilled_authors_schedule`` trains the second student's recipe with
+``optimiser="authors"`` (Adam / RAdam at 1e-4, TensorFlow's cosine decay with restarts,
+the authors' L2; ``SCHEDULE_EPOCHS`` epochs, one whole 10,000-step period), saving the
+student after each epoch of ``SCHEDULE_CHECKPOINTS``; ``schedule`` evaluates its
+checkpoints as ``trainlen`` does, beside the 5-epoch students and the fifth run's.
+
 Usage (2 threads of a shared machine; see ``docs/reproduction.md`` for the runs)::
 
     python benchmarks/ablation_paper_protocol.py train today   -o runs/paper-ablation &
@@ -69,6 +76,8 @@ Usage (2 threads of a shared machine; see ``docs/reproduction.md`` for the runs)
     python benchmarks/ablation_paper_protocol.py study -o runs/paper-ablation
     python benchmarks/ablation_paper_protocol.py train distilled_longer -o runs/paper-ablation
     python benchmarks/ablation_paper_protocol.py trainlen -o runs/paper-ablation
+    python benchmarks/ablation_paper_protocol.py train distilled_authors_schedule -o runs/paper-ablation
+    python benchmarks/ablation_paper_protocol.py schedule -o runs/paper-ablation
 
 (``evaluate-model NAME`` evaluates one model as soon as it is trained; ``evaluate`` then
 reads its saved chunks.)
@@ -1002,9 +1011,22 @@ def trainlen(args: argparse.Namespace) -> None:
     code's gradient expression (step 7) of each checkpoint of the 15-epoch student and
     of the three 5-epoch students of the seed study, every cell with its bootstrap 95 %
     interval over the 100 sentences, against the paper."""
+    _checkpoint_study(args, "trainlen", (TRAINLEN_MODEL,))
+
+
+def schedule(args: argparse.Namespace) -> None:
+    """The sixth run (issue 23): the authors' optimiser and schedule. As ``trainlen``,
+    with the sixth run's checkpoints beside the 5-epoch students and the fifth run's."""
+    _checkpoint_study(args, "schedule", (TRAINLEN_MODEL, SCHEDULE_MODEL))
+
+
+def _checkpoint_study(args: argparse.Namespace, stem: str, runs: tuple[str, ...]) -> None:
+    """Step 7 of the 5-epoch students and of the checkpoints of `runs` (models of
+    ``CHECKPOINTED``), with bootstrap intervals; the report in ``OUTPUT/<stem>``."""
+    studies = {run: tuple(f"{run}_e{e}" for e in CHECKPOINTED[run][0]) for run in runs}
     names = [
         n
-        for n in (*FIVE_EPOCH_STUDENTS, *TRAINLEN_STUDY)
+        for n in (*FIVE_EPOCH_STUDENTS, *(n for study in studies.values() for n in study))
         if (args.output / "models" / n / "training.json").exists()
     ]
     results: dict[str, Any] = {"models": {}, "steps": {}, "bootstrap": {}}
@@ -1051,45 +1073,61 @@ def trainlen(args: argparse.Namespace) -> None:
         STEPS[step] = (name, "paper", "spearman_dense", WHOLE_PROTOCOL_SENTENCES, True)
         results["steps"][step] = {"sentences": WHOLE_PROTOCOL_SENTENCES, "table": table}
         lines.extend(_against_paper(step, name, table))
-    lines.extend(_trainlen_tables(results, names))
-    _write_report(args.output / "trainlen", lines, results)
+    lines.extend(_checkpoint_tables(results, names, studies))
+    _write_report(args.output / stem, lines, results)
 
 
-def _trainlen_tables(results: dict[str, Any], names: list[str]) -> list[str]:
-    """The models' accuracy and saturation, and every cell by training length."""
+def _checkpoint_tables(
+    results: dict[str, Any], names: list[str], studies: Mapping[str, tuple[str, ...]]
+) -> list[str]:
+    """The models' accuracy and saturation, and every cell by checkpoint of each run
+    of `studies` (run: its checkpoints), beside the 5-epoch students."""
     lines = [
         "\n### The students (whole protocol: the first 100 test sentences)\n",
         (
-            "| model | schedule epochs | saved after epoch | test accuracy (2,000) | teacher "
-            "| accuracy (100) | median p_gold (100) | share p_gold > 0.99 (100) |"
+            "| model | optimiser | schedule epochs | saved after epoch | test accuracy (2,000) "
+            "| teacher | accuracy (100) | median p_gold (100) | share p_gold > 0.99 (100) |"
         ),
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in names:
         model = results["models"][name]
         record = model["training"]
         lines.append(
-            f"| {name} | {record['epochs']} | {record.get('checkpoint_epoch', record['epochs'])} "
+            f"| {name} | {record.get('optimiser', 'adamw')} | {record['epochs']} "
+            f"| {record.get('checkpoint_epoch', record['epochs'])} "
             f"| {record['test_accuracy']:.3f} | {record['teacher_test_accuracy']:.3f} "
             f"| {model['accuracy']:.2f} | {model['median_p_gold']:.4f} "
             f"| {model['share_p_gold_above_0.99']:.2f} |"
         )
     table = {n: results["steps"][s]["table"] for s in results["steps"] for n in [STEPS[s][0]]}
     five = [n for n in FIVE_EPOCH_STUDENTS if n in table]
-    longer = [n for n in TRAINLEN_STUDY if n in table]
+    present = {run: [n for n in study if n in table] for run, study in studies.items()}
+    longer = [n for study in present.values() for n in study]
     banded = [n for n in (FIVE_EPOCH_STUDENTS[0], *longer) if n in table]
+
+    def short(name: str) -> str:  # a checkpoint's epoch where one run is shown
+        return name[len(next(iter(studies))) + 1 :] if len(studies) == 1 else name
+
+    # (label, later model, earlier model) of every move shown
+    moves: list[tuple[str, str, str]] = []
+    for study in present.values():
+        if len(study) > 1:
+            moves.append((f"{short(study[-1])} - {short(study[0])}", study[-1], study[0]))
+    for study in present.values():
+        if study and banded[0] != study[0]:
+            moves.append((f"{short(study[-1])} - {banded[0]}", study[-1], banded[0]))
+    finals = [study[-1] for study in present.values() if study]
+    if len(finals) > 1:
+        moves.append((f"{finals[-1]} - {finals[-2]}", finals[-1], finals[-2]))
     heads = [
         "5-epoch seeds: mean (min to max)",
         *(f"{n} [95 % interval]" for n in banded),
+        *(label for label, _, _ in moves),
     ]
-    if len(longer) > 1:
-        first, last = (n[len(TRAINLEN_MODEL) + 1 :] for n in (longer[0], longer[-1]))
-        heads.append(f"{last} - {first}")
-    if longer and banded[0] != longer[0]:
-        heads.append(f"{longer[-1][len(TRAINLEN_MODEL) + 1 :]} - {banded[0]}")
     lines += [
         (
-            "\n### Every cell by training length: mean over the 100 sentences [bootstrap 95 % "
+            "\n### Every cell by checkpoint: mean over the 100 sentences [bootstrap 95 % "
             "interval]; ** more than 0.1 from the paper\n"
         ),
         f"| reference | method | layer | paper | {' | '.join(heads)} |",
@@ -1114,11 +1152,12 @@ def _trainlen_tables(results: dict[str, Any], names: list[str]) -> list[str]:
                     within[n] += not flag
                     covered[n] += low <= p <= high
                     cells.append(f"{mu:.2f} [{low:.2f}, {high:.2f}]{flag}")
-                final = table[longer[-1]][reference][m][layer][0] if longer else 0.0
-                if len(longer) > 1:
-                    cells.append(f"{final - table[longer[0]][reference][m][layer][0]:+.2f}")
-                if longer and banded[0] != longer[0]:
-                    cells.append(f"{final - table[banded[0]][reference][m][layer][0]:+.2f}")
+                for _, later, earlier in moves:
+                    move = (
+                        table[later][reference][m][layer][0]
+                        - table[earlier][reference][m][layer][0]
+                    )
+                    cells.append(f"{move:+.2f}")
                 row = f"| {reference} | {m} | L{layer + 1} | {p:.2f} | {' | '.join(cells)} |"
                 lines.append(row)
     results["within_0.1"] = within
@@ -1137,7 +1176,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "command",
-        choices=("train", "evaluate", "evaluate-model", "study", "linzen", "trainlen"),
+        choices=(
+            "train",
+            "evaluate",
+            "evaluate-model",
+            "study",
+            "linzen",
+            "trainlen",
+            "schedule",
+        ),
     )
     parser.add_argument("model", nargs="?", choices=MODELS)
     parser.add_argument("-o", "--output", type=Path, default=Path("runs/paper-ablation"))
@@ -1164,6 +1211,8 @@ def main() -> None:
         linzen(args)
     elif args.command == "trainlen":
         trainlen(args)
+    elif args.command == "schedule":
+        schedule(args)
     else:
         evaluate(args)
 
