@@ -124,6 +124,9 @@ def cosine_decay_restarts(
     factor is :math:`(1 - \alpha) \, \tfrac12 m^i (1 + \cos \pi c) + \alpha`, with
     :math:`t` = `t_mul` and :math:`m` = `m_mul`. It falls from 1 to :math:`\alpha` over
     the first :math:`T_0` steps, restarts at :math:`m (1 - \alpha) + \alpha`, and so on.
+    Computed in float64; where the logarithm rounds across a restart at its very step
+    (TensorFlow's float32 can land on either side), :math:`i` is corrected so that
+    :math:`0 \le c < 1`.
 
     Parameters
     ----------
@@ -161,7 +164,8 @@ def cosine_decay_restarts(
     ...  for s in (0, 5, 10, 35)]
     [1.0, 0.5, 0.5, 0.25]
     """
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+    given: object = step  # checked as given: a bool or float is refused
+    if isinstance(given, bool) or not isinstance(given, int) or given < 0:
         msg = f"`step` must be a non-negative int; got {step!r}."
         raise ValueError(msg)
     if first_decay_steps < 1 or not t_mul > 0 or not m_mul >= 0 or not 0 <= alpha <= 1:
@@ -175,9 +179,14 @@ def cosine_decay_restarts(
         restart = math.floor(done)
         done -= restart
     else:
-        restart = math.floor(math.log(1.0 - done * (1.0 - t_mul)) / math.log(t_mul))
-        before = (1.0 - t_mul**restart) / (1.0 - t_mul)
-        done = (done - before) / t_mul**restart
+        fraction = done
+        restart = math.floor(math.log(1.0 - fraction * (1.0 - t_mul)) / math.log(t_mul))
+        done = (fraction - (1.0 - t_mul**restart) / (1.0 - t_mul)) / t_mul**restart
+        # At a restart's very step the logarithm can round to either side (TensorFlow's
+        # float32 too); keep the position inside its period, in [0, 1).
+        while done >= 1.0 or done < 0.0:
+            restart += 1 if done >= 1.0 else -1
+            done = (fraction - (1.0 - t_mul**restart) / (1.0 - t_mul)) / t_mul**restart
     cosine = 0.5 * m_mul**restart * (1.0 + math.cos(math.pi * done))
     return (1.0 - alpha) * cosine + alpha
 
@@ -667,10 +676,11 @@ def _resume(
     """Load the training state of `path` into the run; return the epochs it had done."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     if state.get("run") != run:
+        saved = state.get("run", {})
         diff = {
-            k: (state.get("run", {}).get(k), v)
-            for k, v in run.items()
-            if state.get("run", {}).get(k) != v
+            k: (saved.get(k), run.get(k))
+            for k in (*run, *(k for k in saved if k not in run))
+            if saved.get(k) != run.get(k)
         }
         msg = (
             f"`checkpoint` {str(path)!r} holds another run's state (saved vs asked: {diff}); "

@@ -11,7 +11,10 @@ torch = pytest.importorskip("torch", reason="the distillation needs PyTorch")
 
 from attnflow._experiments.agreement import agreement_split, with_end_token
 from attnflow._experiments.agreement_distill import (
+    AUTHORS_RECIPE,
     LSTMTeacher,
+    _authors_l2_parameters,
+    cosine_decay_restarts,
     student_config,
     train_distilled_agreement_model,
 )
@@ -130,6 +133,9 @@ def test_training_is_reproducible(split) -> None:
         ({"distill_rate": 1.5}, "`distill_rate` must lie in"),
         ({"temperature": 0.0}, "`temperature` be positive"),
         ({"epochs": 0}, "need epochs >= 1"),
+        ({"optimiser": "sgd"}, "`optimiser` must be 'adamw' or 'authors'"),
+        ({"optimiser": "authors", "warmup": 0.05}, "`warmup` does not apply"),
+        ({"optimiser": "authors", "clip": 0.0}, "clip > 0"),
     ],
 )
 def test_bad_settings(split, kwargs: dict[str, object], match: str) -> None:
@@ -141,7 +147,10 @@ class _Killed(Exception):
     pass
 
 
-def test_a_killed_and_resumed_run_equals_an_uninterrupted_one(split, tmp_path) -> None:
+@pytest.mark.parametrize("optimiser", ["adamw", "authors"])
+def test_a_killed_and_resumed_run_equals_an_uninterrupted_one(
+    split, tmp_path, optimiser: str
+) -> None:
     # Two epochs straight through, against one epoch, a "kill" (an exception raised
     # after the first epoch's checkpoint is written) and a second call that resumes
     # from the checkpoint: the same weights, bit for bit (the optimisers, schedules,
@@ -154,6 +163,7 @@ def test_a_killed_and_resumed_run_equals_an_uninterrupted_one(split, tmp_path) -
         "config": tiny,
         "teacher_hidden": 16,
         "epochs": 2,
+        "optimiser": optimiser,
         "progress": False,
     }
     straight, straight_teacher = train_distilled_agreement_model(train, **settings)
@@ -180,3 +190,106 @@ def test_a_killed_and_resumed_run_equals_an_uninterrupted_one(split, tmp_path) -
     # Another run's settings are refused before any training.
     with pytest.raises(ValueError, match=r"holds another run's state.*'epochs': \(2, 3\)"):
         train_distilled_agreement_model(train, checkpoint=state, **{**settings, "epochs": 3})
+    # ... and so is the other optimiser's (the authors' run records its recipe).
+    other = "adamw" if optimiser == "authors" else "authors"
+    with pytest.raises(ValueError, match=r"holds another run's state.*'optimiser'"):
+        train_distilled_agreement_model(train, checkpoint=state, **{**settings, "optimiser": other})
+
+
+def _periods_oracle(step: int, t0: int, t_mul: float, m_mul: float, alpha: float) -> float:
+    """SGDR by walking the periods one by one (Loshchilov & Hutter 2017, eq. 5 with
+    restarts growing by t_mul and peaks shrinking by m_mul)."""
+    start, length, peak = 0.0, float(t0), 1.0
+    while step >= start + length:
+        start, length, peak = start + length, length * t_mul, peak * m_mul
+    return float((1 - alpha) * peak * 0.5 * (1 + np.cos(np.pi * (step - start) / length)) + alpha)
+
+
+def test_cosine_decay_restarts_closed_form() -> None:
+    # The authors' student schedule at steps whose value is known in closed form:
+    # the start, a quarter, half and the end of the first period (10,000 steps), the
+    # restart (m), the middle of the second period (50,000 steps long: t_mul = 5), and
+    # the second restart (m^2, at 10,000 + 50,000).
+    kw: dict[str, Any] = {"first_decay_steps": 10_000, "t_mul": 5.0, "m_mul": 0.96, "alpha": 0.001}
+    a, m = 0.001, 0.96
+    expected = {
+        0: 1.0,
+        2_500: (1 - a) * 0.5 * (1 + np.sqrt(0.5)) + a,
+        5_000: (1 - a) * 0.5 + a,
+        10_000: (1 - a) * m + a,
+        35_000: (1 - a) * m * 0.5 + a,
+        60_000: (1 - a) * m**2 + a,
+    }
+    for step, value in expected.items():
+        assert cosine_decay_restarts(step, **kw) == pytest.approx(value, rel=1e-12, abs=1e-15)
+    assert 0 < cosine_decay_restarts(9_999, **kw) - a < 1e-7  # the period's floor, alpha
+
+
+@pytest.mark.parametrize("t_mul", [1.0, 2.0, 3.0, 5.0])
+def test_cosine_decay_restarts_walks_the_periods(t_mul: float) -> None:
+    # Against the period-by-period oracle, at every step of a small schedule, the
+    # restarts' very steps included (where the closed form's logarithm rounds).
+    for step in range(2_000):
+        got = cosine_decay_restarts(step, first_decay_steps=7, t_mul=t_mul, m_mul=0.8, alpha=0.01)
+        assert got == pytest.approx(_periods_oracle(step, 7, t_mul, 0.8, 0.01), abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"step": -1}, "`step` must be a non-negative int"),
+        ({"step": 1.5}, "`step` must be a non-negative int"),
+        ({"first_decay_steps": 0}, "need first_decay_steps >= 1"),
+        ({"t_mul": 0.0}, "t_mul > 0"),
+        ({"alpha": 1.5}, "0 <= alpha <= 1"),
+    ],
+)
+def test_cosine_decay_restarts_bad_settings(kwargs: dict[str, Any], match: str) -> None:
+    settings: dict[str, Any] = {"step": 3, "first_decay_steps": 10, **kwargs}
+    step = settings.pop("step")
+    with pytest.raises(ValueError, match=match):
+        cosine_decay_restarts(step, **settings)
+
+
+def test_the_authors_optimisation(split: Any, tmp_path: Any) -> None:
+    # A tiny run under optimiser="authors": Adam for the student and RAdam for the
+    # teacher, at 1e-4 times their schedules after the run's steps; the L2 covers the
+    # student's embeddings and dense layers, not its LayerNorms nor its classifier.
+    train, _ = split
+    train = train.take(np.arange(128))
+    tiny = AgreementConfig(len(train.vocabulary), n_layers=1, n_heads=2, hidden=16)
+    state = tmp_path / "state.pt"
+    student, _ = train_distilled_agreement_model(
+        train,
+        seed=0,
+        config=tiny,
+        teacher_hidden=16,
+        epochs=2,
+        batch_size=32,
+        optimiser="authors",
+        checkpoint=state,
+        progress=False,
+    )
+    saved = torch.load(state, weights_only=True)
+    steps = 2 * 4
+    student_group = saved["optimisers"][0]["param_groups"][0]
+    teacher_group = saved["optimisers"][1]["param_groups"][0]
+    assert "amsgrad" in student_group  # torch.optim.Adam's own setting
+    assert "decoupled_weight_decay" in teacher_group  # torch.optim.RAdam's
+    assert student_group["weight_decay"] == teacher_group["weight_decay"] == 0
+    assert student_group["eps"] == teacher_group["eps"] == 1e-8
+    lr = AUTHORS_RECIPE["lr"]
+    expected = lr * cosine_decay_restarts(
+        steps, first_decay_steps=10_000, t_mul=5.0, m_mul=0.96, alpha=0.001
+    )
+    assert student_group["lr"] == pytest.approx(expected, rel=1e-12)
+    assert teacher_group["lr"] == pytest.approx(lr * 0.96 ** (steps / 10_000), rel=1e-12)
+    assert saved["run"]["clip"] is None
+    names = {id(p): n for n, p in student.named_parameters()}
+    penalised = {names[id(p)] for p in _authors_l2_parameters(student)}
+    expected_names = {
+        n for n in names.values() if not n.startswith(("classifier.", "ln_f.")) and ".ln_" not in n
+    }
+    assert penalised == expected_names
+    assert "token_embedding.weight" in penalised
+    assert "blocks.0.attn.qkv.bias" in penalised
