@@ -194,6 +194,20 @@ def test_every_module_has_a_sorted_all_of_names_it_defines() -> None:
         assert not missing, f"{path}: __all__ names {sorted(missing)}, which it does not define"
 
 
+def test_no_docstring_holds_a_control_character() -> None:
+    # A backslash in a docstring that is not raw is an escape: `\alpha` becomes a bell and
+    # `lpha`, `\f` a form feed, and Sphinx shows neither.
+    control = {chr(c) for c in range(32)} - {"\n"}
+    for path in _source_modules():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                text = ast.get_docstring(node, clean=False) or ""
+                found = sorted(control & set(text))
+                name = getattr(node, "name", "the module")
+                assert not found, f'{path}: the docstring of {name} holds {found} (use r""")'
+
+
 def test_the_public_all_of_each_public_module_exists_at_run_time() -> None:
     import attnflow.data
     import attnflow.evaluate

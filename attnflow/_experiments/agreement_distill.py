@@ -140,7 +140,7 @@ def cosine_decay_restarts(
     m_mul : float, default 1.0
         :math:`m`, the factor of each restart's peak; non-negative.
     alpha : float, default 0.0
-        :math:`lpha`, the floor of the factor, in [0, 1].
+        :math:`\alpha`, the floor of the factor, in [0, 1].
 
     Returns
     -------
