@@ -59,3 +59,14 @@ def solve(
     self_base: int = -1,
     arc_cap: np.ndarray | None = None,
 ) -> None: ...
+def solve_push_relabel(
+    mixed: np.ndarray,
+    middle_t: np.ndarray,
+    rows: np.ndarray,
+    sinks: np.ndarray,
+    upper: np.ndarray,
+    tolerance: float,
+    values: np.ndarray,
+    status: np.ndarray,
+    counters: np.ndarray | None = None,
+) -> None: ...

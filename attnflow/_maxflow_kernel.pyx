@@ -1289,3 +1289,448 @@ def solve(
         free(w.deliverable)
         free(w.log)
         free(w.log_old)
+
+
+# --------------------------------------------------------------------------- push-relabel
+#
+# Pairs that no first blocking flow certifies (strongly local attention: the tree bounds are
+# loose, and Dinic needs about 7 phases, each a breadth-first search over most of the graph)
+# are solved by push-relabel on small graphs: the residuals dense, each middle matrix twice
+# (row-major, and transposed for the arcs back up), highest label first, with the gap
+# heuristic and a global relabelling (a breadth-first search back from the sink) at the start
+# and after every `GLOBAL_EVERY` node count of relabels. Only the first phase is run: the flow
+# into the sink when no node that can still reach it holds excess is the max-flow (the excess
+# left on the source's side of the minimum cut is never sent back).
+
+
+cdef enum:
+    GLOBAL_EVERY = 6  # relabels between global relabellings, in node counts
+
+
+cdef struct Preflow:
+    int n_layers            # T
+    int n
+    int source              # node ids as in `Work`: token j of layer a is (a-1) n + j
+    int sink
+    int cut_off             # the label of a node that cannot reach the sink: the node count
+    const double* cap       # Ã_2 .. Ã_{T-1}, (T-2, n, n): matrix a - 2 holds Ã_a
+    const double* cap_t     # the same, each matrix transposed
+    double* res             # the forward residuals of their arcs, (T-2, n, n)
+    double* res_t           # the same residuals, each matrix transposed
+    double* into_sink       # (n,): residual of token j of layer 1 into the sink
+    double* excess          # (nodes,)
+    int* label
+    int* cur                # current arc: 0 .. n-1 forward (0 alone at layer 1), n .. 2n-1 back
+    int* next_active        # active nodes, a stack per label
+    int* first_active       # (cut_off + 1,)
+    int* count              # (cut_off + 1,): nodes with each label below cut_off
+    int* queue
+    int* left               # (T + 1,): tokens of each layer without a distance yet
+    int highest             # the highest label that may have an active node
+    long long pushes
+    long long relabels
+    long long global_relabels
+    long long arc_reads
+
+
+cdef inline void _pr_activate(Preflow* p, int v) noexcept nogil:
+    """Put token node `v`, which now holds excess, on the stack of its label."""
+    cdef int d = p.label[v]
+    if d >= p.cut_off:
+        return
+    p.next_active[v] = p.first_active[d]
+    p.first_active[d] = v
+    if d > p.highest:
+        p.highest = d
+
+
+cdef void _pr_global_relabel(Preflow* p) noexcept nogil:
+    """Exact distances to the sink in the residual graph (a breadth-first search back).
+
+    Nodes that cannot reach the sink get `cut_off`. As in `_layer_residual_graph`, the arcs
+    into a layer are no longer read once every token of that layer has its distance.
+    """
+    cdef int n = p.n, n_layers = p.n_layers, cut = p.cut_off
+    cdef int head = 0, tail = 0, v, u, a, k, i, d
+    cdef long long nn = <long long>n * n
+    cdef int* left = p.left
+    cdef const double* row
+    cdef const double* cap
+    p.global_relabels += 1
+    for v in range(cut):
+        p.label[v] = cut
+    for d in range(cut + 1):
+        p.first_active[d] = -1
+        p.count[d] = 0
+    for a in range(n_layers + 1):
+        left[a] = n
+    p.highest = -1
+    p.label[p.sink] = 0
+    for k in range(n):
+        if p.into_sink[k] > 0.0:
+            p.label[k] = 1
+            p.queue[tail] = k
+            tail += 1
+            left[1] -= 1
+    while head < tail:
+        v = p.queue[head]
+        head += 1
+        d = p.label[v] + 1
+        a = v // n + 1
+        k = v - (a - 1) * n
+        if a <= n_layers - 2 and left[a + 1] > 0:
+            # Token i of layer a + 1 has a residual arc into k: Ã_{a+1}[i, k] not full.
+            row = p.res_t + (a - 1) * nn + <long long>k * n
+            for i in range(n):
+                u = a * n + i
+                if p.label[u] == cut and row[i] > 0.0:
+                    p.label[u] = d
+                    p.queue[tail] = u
+                    tail += 1
+                    left[a + 1] -= 1
+                    if left[a + 1] == 0:
+                        break
+            p.arc_reads += i + 1
+        if a >= 2 and left[a - 1] > 0:
+            # Token i of layer a - 1 has a residual arc back up into k: Ã_a[k, i] carries flow.
+            row = p.res + (a - 2) * nn + <long long>k * n
+            cap = p.cap + (a - 2) * nn + <long long>k * n
+            for i in range(n):
+                u = (a - 2) * n + i
+                if p.label[u] == cut and cap[i] - row[i] > 0.0:
+                    p.label[u] = d
+                    p.queue[tail] = u
+                    tail += 1
+                    left[a - 1] -= 1
+                    if left[a - 1] == 0:
+                        break
+            p.arc_reads += i + 1
+    for v in range(p.source):
+        p.cur[v] = 0
+        d = p.label[v]
+        if d < cut:
+            p.count[d] += 1
+            if p.excess[v] > 0.0:
+                _pr_activate(p, v)
+
+
+cdef void _pr_relabel(Preflow* p, int u, int a, int j) noexcept nogil:
+    """Lift token node `u` (token `j` of layer `a`) above its lowest residual neighbour.
+
+    Where `u` was the last node of its label, every node above that label (below
+    `cut_off`) can no longer reach the sink: all go to `cut_off` (the gap heuristic).
+    """
+    cdef int n = p.n, cut = p.cut_off, best = cut, old = p.label[u], i, v
+    cdef long long nn = <long long>n * n
+    cdef const double* row
+    cdef const double* cap
+    p.relabels += 1
+    if a == 1:
+        if p.into_sink[j] > 0.0:
+            best = 0
+    else:
+        row = p.res + (a - 2) * nn + <long long>j * n
+        for i in range(n):
+            if row[i] > 0.0 and p.label[(a - 2) * n + i] < best:
+                best = p.label[(a - 2) * n + i]
+        p.arc_reads += n
+    if a <= p.n_layers - 2:
+        row = p.res_t + (a - 1) * nn + <long long>j * n
+        cap = p.cap_t + (a - 1) * nn + <long long>j * n
+        for i in range(n):
+            if cap[i] - row[i] > 0.0 and p.label[a * n + i] < best:
+                best = p.label[a * n + i]
+        p.arc_reads += n
+    p.count[old] -= 1
+    if p.count[old] == 0:
+        for v in range(p.source):
+            if old < p.label[v] < cut:
+                p.count[p.label[v]] -= 1
+                p.label[v] = cut
+        p.label[u] = cut
+        return
+    if best + 1 >= cut:
+        p.label[u] = cut
+        return
+    p.label[u] = best + 1
+    p.count[best + 1] += 1
+    p.cur[u] = 0
+
+
+cdef bint _pr_discharge(Preflow* p, int u, double stop) noexcept nogil:
+    """Push the excess of token node `u` along admissible arcs, or relabel it once.
+
+    Returns True once the flow into the sink reaches `stop`. A push fills its arc (its
+    residual set to exactly 0, or back to the capacity for an arc back up) or empties the
+    excess of `u` (set to exactly 0).
+    """
+    cdef int n = p.n, a = u // n + 1, j = u - (a - 1) * n, i, v, want
+    cdef long long nn = <long long>n * n, q
+    cdef double e = p.excess[u], r
+    cdef double* row
+    cdef double* row_t
+    cdef const double* cap
+    want = p.label[u] - 1
+    i = p.cur[u]
+    if a == 1:
+        if i == 0:
+            p.arc_reads += 1
+            r = p.into_sink[j]
+            if want == 0 and r > 0.0:
+                p.pushes += 1
+                if e >= r:
+                    p.into_sink[j] = 0.0
+                    p.excess[p.sink] += r
+                    e -= r
+                else:
+                    p.into_sink[j] = r - e
+                    p.excess[p.sink] += e
+                    e = 0.0
+                p.excess[u] = e
+                if p.excess[p.sink] >= stop:
+                    return True
+                if e <= 0.0:
+                    p.excess[u] = 0.0
+                    return False
+            i = n
+    else:
+        # Arcs down, Ã_a[j, k] for every k: a row of each residual copy.
+        row = p.res + (a - 2) * nn + <long long>j * n
+        row_t = p.res_t + (a - 2) * nn + j
+        while i < n:
+            p.arc_reads += 1
+            r = row[i]
+            if r > 0.0 and p.label[(a - 2) * n + i] == want:
+                v = (a - 2) * n + i
+                p.pushes += 1
+                if p.excess[v] == 0.0:
+                    _pr_activate(p, v)
+                q = <long long>i * n
+                if e >= r:
+                    row[i] = 0.0
+                    row_t[q] = 0.0
+                    p.excess[v] += r
+                    e -= r
+                    if e <= 0.0:
+                        p.excess[u] = 0.0
+                        p.cur[u] = i + 1
+                        return False
+                else:
+                    row[i] = r - e
+                    row_t[q] = r - e
+                    p.excess[v] += e
+                    p.excess[u] = 0.0
+                    p.cur[u] = i
+                    return False
+            i += 1
+    if a <= p.n_layers - 2:
+        # Arcs back up, against the flow of Ã_{a+1}[k, j]: a row of the transposed copies.
+        row_t = p.res_t + (a - 1) * nn + <long long>j * n
+        cap = p.cap_t + (a - 1) * nn + <long long>j * n
+        row = p.res + (a - 1) * nn + j
+        while i < 2 * n:
+            p.arc_reads += 1
+            v = a * n + i - n
+            if p.label[v] == want:
+                r = cap[i - n] - row_t[i - n]
+                if r > 0.0:
+                    p.pushes += 1
+                    if p.excess[v] == 0.0:
+                        _pr_activate(p, v)
+                    q = <long long>(i - n) * n
+                    if e >= r:
+                        row_t[i - n] = cap[i - n]
+                        row[q] = cap[i - n]
+                        p.excess[v] += r
+                        e -= r
+                        if e <= 0.0:
+                            p.excess[u] = 0.0
+                            p.cur[u] = i + 1
+                            return False
+                    else:
+                        row_t[i - n] = row_t[i - n] + e
+                        row[q] = row_t[i - n]
+                        p.excess[v] += e
+                        p.excess[u] = 0.0
+                        p.cur[u] = i
+                        return False
+            i += 1
+    p.excess[u] = e
+    _pr_relabel(p, u, a, j)
+    return False
+
+
+cdef double _pr_max_flow(Preflow* p, const double* source_row, const double* sink_column,
+                         double stop) noexcept nogil:
+    """The max-flow from the source (arcs `source_row`) to the sink (arcs `sink_column`).
+
+    Or, once the flow into the sink reaches `stop`, that flow. Expects every residual at
+    its capacity; leaves them as the solve left them.
+    """
+    cdef int n = p.n, u, d, cut = p.cut_off
+    cdef long long since = 0
+    for u in range(cut):
+        p.excess[u] = 0.0
+    for u in range(n):
+        p.into_sink[u] = sink_column[u]
+        p.excess[(p.n_layers - 2) * n + u] = source_row[u]  # the source's arcs, filled
+    _pr_global_relabel(p)
+    while p.highest >= 0:
+        d = p.highest
+        u = p.first_active[d]
+        if u < 0:
+            p.highest -= 1
+            continue
+        p.first_active[d] = p.next_active[u]
+        if p.label[u] != d or p.excess[u] <= 0.0:
+            continue  # lifted by the gap heuristic since, or emptied
+        if _pr_discharge(p, u, stop):
+            break
+        if p.excess[u] > 0.0:
+            _pr_activate(p, u)
+        if p.relabels - since >= <long long>GLOBAL_EVERY * cut:
+            since = p.relabels
+            _pr_global_relabel(p)
+    return p.excess[p.sink]
+
+
+cdef double _pr_bottom_up(
+    const double* mixed, int n_layers, int n, int s, int m, double* below, double* above
+) noexcept nogil:
+    """The bottom-up tree bound of (`s`, `m`) on dense matrices (see `_bottom_up`)."""
+    cdef int a, j, k
+    cdef long long nn = <long long>n * n
+    cdef const double* row
+    cdef double total, c
+    cdef double* swap
+    for j in range(n):
+        below[j] = mixed[<long long>j * n + m]
+    for a in range(2, n_layers):
+        for j in range(n):
+            row = mixed + (a - 1) * nn + <long long>j * n
+            total = 0.0
+            for k in range(n):
+                c = row[k]
+                total += c if c < below[k] else below[k]
+            above[j] = total
+        swap = below
+        below = above
+        above = swap
+    row = mixed + (n_layers - 1) * nn + <long long>s * n
+    total = 0.0
+    for k in range(n):
+        c = row[k]
+        total += c if c < below[k] else below[k]
+    return total
+
+
+def solve_push_relabel(
+    const double[:, :, ::1] mixed,
+    const double[:, :, ::1] middle_t,
+    const long long[::1] rows,
+    const long long[::1] sinks,
+    const double[:, ::1] upper,
+    double tolerance,
+    double[:, ::1] values,
+    signed char[:, ::1] status,
+    long long[::1] counters=None,
+):
+    """Max-flows from each of `rows` to each of `sinks` by push-relabel (dense residuals).
+
+    `middle_t` holds ``Ã_2 .. Ã_{T-1}`` each transposed (C-contiguous). The values and
+    statuses follow `solve` with backward arcs: a pair whose max-flow comes within
+    `tolerance` of its bound `upper` reports the bound (status 1), tightened first, where
+    the max-flow misses it, by the sink's bottom-up tree bound; otherwise its max-flow
+    (status 2). Pairs with a zero bound are left alone. `counters` (4,), if given, receives
+    the pushes, relabels, global relabellings and arc reads, added.
+    """
+    cdef int n_layers = mixed.shape[0], n = mixed.shape[2]
+    cdef Py_ssize_t n_rows = rows.shape[0], n_sinks = sinks.shape[0], ri, si
+    cdef long long nn = <long long>n * n, middle = (n_layers - 2) * nn
+    cdef int s, m, cut, k
+    cdef double target, flow, bound
+    cdef Preflow p
+    cdef double* column = NULL
+    cdef double* spare = NULL
+    if n_layers < 3:
+        raise ValueError("the kernel solves graphs of three or more layers")
+    if (
+        middle_t.shape[0] != n_layers - 2 or middle_t.shape[1] != n or middle_t.shape[2] != n
+        or upper.shape[0] != n_rows or upper.shape[1] != n_sinks
+        or values.shape[0] != n_rows or values.shape[1] != n_sinks
+        or status.shape[0] != n_rows or status.shape[1] != n_sinks
+    ):
+        raise ValueError("`middle_t` must be (T-2, n, n), `upper`, `values`, `status` (rows, sinks)")
+    if counters is not None and counters.shape[0] != 4:
+        raise ValueError("`counters` must have 4 entries")
+    cut = (n_layers - 1) * n + 2
+    p.n_layers = n_layers
+    p.n = n
+    p.source = (n_layers - 1) * n
+    p.sink = p.source + 1
+    p.cut_off = cut
+    p.cap = &mixed[1, 0, 0]
+    p.cap_t = &middle_t[0, 0, 0]
+    p.pushes = p.relabels = p.global_relabels = p.arc_reads = 0
+    p.res = <double*>malloc(middle * sizeof(double))
+    p.res_t = <double*>malloc(middle * sizeof(double))
+    p.into_sink = <double*>malloc(n * sizeof(double))
+    p.excess = <double*>malloc(cut * sizeof(double))
+    p.label = <int*>malloc(cut * sizeof(int))
+    p.cur = <int*>malloc(cut * sizeof(int))
+    p.left = <int*>malloc((n_layers + 1) * sizeof(int))
+    p.next_active = <int*>malloc(cut * sizeof(int))
+    p.first_active = <int*>malloc((cut + 1) * sizeof(int))
+    p.count = <int*>malloc((cut + 1) * sizeof(int))
+    p.queue = <int*>malloc(cut * sizeof(int))
+    column = <double*>malloc(3 * n * sizeof(double))
+    try:
+        if (
+            p.res == NULL or p.res_t == NULL or p.into_sink == NULL or p.excess == NULL
+            or p.label == NULL or p.cur == NULL or p.next_active == NULL
+            or p.first_active == NULL or p.count == NULL or p.queue == NULL or column == NULL
+            or p.left == NULL
+        ):
+            raise MemoryError()
+        spare = column + n
+        with nogil:
+            for si in range(n_sinks):
+                m = <int>sinks[si]
+                for k in range(n):
+                    column[k] = mixed[0, k, m]
+                for ri in range(n_rows):
+                    target = upper[ri, si]
+                    if target <= 0.0:
+                        continue
+                    s = <int>rows[ri]
+                    memcpy(p.res, p.cap, middle * sizeof(double))
+                    memcpy(p.res_t, p.cap_t, middle * sizeof(double))
+                    flow = _pr_max_flow(&p, &mixed[n_layers - 1, s, 0], column, target - tolerance)
+                    if flow < target - tolerance:
+                        bound = _pr_bottom_up(&mixed[0, 0, 0], n_layers, n, s, m, spare, spare + n)
+                        if bound < target:
+                            target = bound
+                    if flow >= target - tolerance:
+                        values[ri, si] = target
+                        status[ri, si] = 1
+                    else:
+                        values[ri, si] = flow
+                        status[ri, si] = 2
+    finally:
+        free(p.res)
+        free(p.res_t)
+        free(p.into_sink)
+        free(p.excess)
+        free(p.label)
+        free(p.cur)
+        free(p.next_active)
+        free(p.first_active)
+        free(p.count)
+        free(p.queue)
+        free(p.left)
+        free(column)
+    if counters is not None:
+        counters[0] += p.pushes
+        counters[1] += p.relabels
+        counters[2] += p.global_relabels
+        counters[3] += p.arc_reads
