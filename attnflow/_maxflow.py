@@ -741,9 +741,12 @@ def _push_relabel(
     assert _kernel is not None  # the caller checked
     values = np.zeros((rows.shape[0], sinks.shape[0]))
     status = np.zeros(values.shape, dtype=np.int8)
+    arcs = graph.arcs
     _kernel[5](
-        mixed, graph.middle_t(mixed), rows.astype(np.int64), sinks.astype(np.int64),
-        np.ascontiguousarray(upper), TARGET_TOLERANCE, values, status,
+        mixed, graph.middle_t(mixed), graph.sink_columns, rows.astype(np.int64),
+        sinks.astype(np.int64), np.ascontiguousarray(upper), arcs.start, arcs.head,
+        arcs.bucket_end, graph.sorted_heads, *graph.reach, TARGET_TOLERANCE, values, status,
+        arcs.self_base, arcs.capacity,
     )  # fmt: skip
     return values, status
 

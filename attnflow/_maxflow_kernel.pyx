@@ -1599,7 +1599,7 @@ cdef double _pr_max_flow(
     0.78 CPU s for the whole row (relabels 0.90 against 1.04 million).
     """
     cdef int n = p.n, u, d, cut = p.cut_off, k, top = (p.n_layers - 2) * p.n, rounds
-    cdef long long since = 0
+    cdef long long since = p.relabels  # the pair's own count: its way is its own
     cdef double more
     for u in range(cut):
         p.excess[u] = 0.0
@@ -1636,75 +1636,78 @@ cdef double _pr_max_flow(
     return p.excess[p.sink]
 
 
-cdef double _pr_bottom_up(
-    const double* mixed, int n_layers, int n, int s, int m, double* below, double* above
-) noexcept nogil:
-    """The bottom-up tree bound of (`s`, `m`) on dense matrices (see `_bottom_up`)."""
-    cdef int a, j, k
-    cdef long long nn = <long long>n * n
-    cdef const double* row
-    cdef double total, c
-    cdef double* swap
-    for j in range(n):
-        below[j] = mixed[<long long>j * n + m]
-    for a in range(2, n_layers):
-        for j in range(n):
-            row = mixed + (a - 1) * nn + <long long>j * n
-            total = 0.0
-            for k in range(n):
-                c = row[k]
-                total += c if c < below[k] else below[k]
-            above[j] = total
-        swap = below
-        below = above
-        above = swap
-    row = mixed + (n_layers - 1) * nn + <long long>s * n
-    total = 0.0
-    for k in range(n):
-        c = row[k]
-        total += c if c < below[k] else below[k]
-    return total
-
-
 def solve_push_relabel(
     const double[:, :, ::1] mixed,
     const double[:, :, ::1] middle_t,
+    const double[:, ::1] sink_columns,
     const long long[::1] rows,
     const long long[::1] sinks,
     const double[:, ::1] upper,
+    const long long[:, ::1] fwd_start,
+    const unsigned short[::1] arc_head,
+    const int[:, :, ::1] bucket_end,
+    const unsigned char[::1] sorted_heads,
+    const int[:, ::1] reach_lo,
+    const int[:, ::1] reach_hi,
     double tolerance,
     double[:, ::1] values,
     signed char[:, ::1] status,
+    long long self_base=-1,
+    const double[::1] arc_cap=None,
     long long[::1] counters=None,
 ):
     """Max-flows from each of `rows` to each of `sinks` by push-relabel (dense residuals).
 
     `middle_t` holds ``Ã_2 .. Ã_{T-1}`` each transposed (C-contiguous). The values and
-    statuses follow `solve` with backward arcs: a pair whose max-flow comes within
-    `tolerance` of its bound `upper` reports the bound (status 1), tightened first, where
-    the max-flow misses it, by the sink's bottom-up tree bound; otherwise its max-flow
-    (status 2). Pairs with a zero bound are left alone. `counters` (4,), if given, receives
-    the pushes, relabels, global relabellings and arc reads, added.
+    statuses are those of `solve` with backward arcs, to rounding: a pair whose max-flow
+    comes within `tolerance` of its bound `upper` reports the bound (status 1), tightened
+    first, where the max-flow misses it, by the sink's bottom-up tree bound (`_bottom_up`
+    on the arcs as `solve` takes them, so the same bound to the bit); otherwise its
+    max-flow (status 2). Pairs with a zero bound are left alone. `counters` (4,), if given,
+    receives the pushes, relabels, global relabellings and arc reads, added.
     """
     cdef int n_layers = mixed.shape[0], n = mixed.shape[2]
     cdef Py_ssize_t n_rows = rows.shape[0], n_sinks = sinks.shape[0], ri, si
     cdef long long nn = <long long>n * n, middle = (n_layers - 2) * nn
+    cdef long long n_arcs = arc_head.shape[0]
     cdef int s, m, cut, k
-    cdef double target, flow, bound
+    cdef double target, flow, bound, c
+    cdef bint refined
     cdef Preflow p
+    cdef Work w  # what `_bottom_up` reads
     cdef double* column = NULL
-    cdef double* spare = NULL
+    cdef double* given = NULL
     if n_layers < 3:
         raise ValueError("the kernel solves graphs of three or more layers")
     if (
         middle_t.shape[0] != n_layers - 2 or middle_t.shape[1] != n or middle_t.shape[2] != n
+        or sink_columns.shape[0] != n or sink_columns.shape[1] != n
         or upper.shape[0] != n_rows or upper.shape[1] != n_sinks
         or values.shape[0] != n_rows or values.shape[1] != n_sinks
         or status.shape[0] != n_rows or status.shape[1] != n_sinks
     ):
-        raise ValueError("`middle_t` must be (T-2, n, n), `upper`, `values`, `status` (rows, sinks)")
+        raise ValueError(
+            "`middle_t` must be (T-2, n, n), `sink_columns` (n, n), and `upper`, `values`, "
+            "`status` (rows, sinks)"
+        )
+    if arc_cap is not None and arc_cap.shape[0] != n_arcs:
+        raise ValueError("`arc_cap` must have one capacity per arc")
     if counters is not None and counters.shape[0] != 4:
         raise ValueError("`counters` must have 4 entries")
+    w.n_layers = n_layers
+    w.n = n
+    w.cap = &mixed[0, 0, 0]
+    w.sink_cols = &sink_columns[0, 0]
+    w.fwd_start = &fwd_start[0, 0]
+    w.arc_head = &arc_head[0] if n_arcs > 0 else NULL
+    w.bucket_end = &bucket_end[0, 0, 0]
+    w.sorted_heads = &sorted_heads[0]
+    w.reach_lo = &reach_lo[0, 0]
+    w.reach_hi = &reach_hi[0, 0]
+    w.self_on = self_base >= 0
+    w.self_base = self_base
+    w.arc_cap = &arc_cap[0] if arc_cap is not None and n_arcs > 0 else NULL
+    w.deliverable = NULL
     cut = (n_layers - 1) * n + 2
     p.n_layers = n_layers
     p.n = n
@@ -1725,21 +1728,22 @@ def solve_push_relabel(
     p.first_active = <int*>malloc((cut + 1) * sizeof(int))
     p.count = <int*>malloc((cut + 1) * sizeof(int))
     p.queue = <int*>malloc(cut * sizeof(int))
-    column = <double*>malloc(4 * n * sizeof(double))
+    w.deliverable = <double*>malloc(2 * n * sizeof(double))
+    given = <double*>malloc(n * sizeof(double))
     try:
         if (
             p.res == NULL or p.res_t == NULL or p.into_sink == NULL or p.excess == NULL
-            or p.label == NULL or p.cur == NULL or p.next_active == NULL
-            or p.first_active == NULL or p.count == NULL or p.queue == NULL or column == NULL
-            or p.left == NULL
+            or p.label == NULL or p.cur == NULL or p.left == NULL or p.next_active == NULL
+            or p.first_active == NULL or p.count == NULL or p.queue == NULL
+            or w.deliverable == NULL or given == NULL
         ):
             raise MemoryError()
-        spare = column + n
         with nogil:
             for si in range(n_sinks):
                 m = <int>sinks[si]
-                for k in range(n):
-                    column[k] = mixed[0, k, m]
+                w.m = m
+                column = w.sink_cols + <long long>m * n
+                refined = False
                 for ri in range(n_rows):
                     target = upper[ri, si]
                     if target <= 0.0:
@@ -1748,10 +1752,17 @@ def solve_push_relabel(
                     memcpy(p.res, p.cap, middle * sizeof(double))
                     memcpy(p.res_t, p.cap_t, middle * sizeof(double))
                     flow = _pr_max_flow(
-                        &p, &mixed[n_layers - 1, s, 0], column, target - tolerance, spare + 2 * n
+                        &p, &mixed[n_layers - 1, s, 0], column, target - tolerance, given
                     )
                     if flow < target - tolerance:
-                        bound = _pr_bottom_up(&mixed[0, 0, 0], n_layers, n, s, m, spare, spare + n)
+                        # As `solve`: the bottom-up bound of the sink, summed the same way.
+                        if not refined:
+                            _bottom_up(&w, m)
+                            refined = True
+                        bound = 0.0
+                        for k in range(n):
+                            c = mixed[n_layers - 1, s, k]
+                            bound += w.deliverable[k] if w.deliverable[k] < c else c
                         if bound < target:
                             target = bound
                     if flow >= target - tolerance:
@@ -1767,12 +1778,13 @@ def solve_push_relabel(
         free(p.excess)
         free(p.label)
         free(p.cur)
+        free(p.left)
         free(p.next_active)
         free(p.first_active)
         free(p.count)
         free(p.queue)
-        free(p.left)
-        free(column)
+        free(w.deliverable)
+        free(given)
     if counters is not None:
         counters[0] += p.pushes
         counters[1] += p.relabels

@@ -150,6 +150,8 @@ def test_strongly_local_sinks_go_straight_to_backward_arcs(
 ) -> None:
     # Once most pairs of a chunk of sinks needed backward arcs, the later chunks are solved
     # with them from the start (not first without them, then again): the same max-flows.
+    # Dinic's path (graphs above PUSH_RELABEL_ENTRIES; push-relabel: test_flow_push_relabel).
+    monkeypatch.setattr(engine, "PUSH_RELABEL_ENTRIES", 0)
     mixed = _mixed(_local(np.random.default_rng(5), 8, 48))
     rows = np.array([0, 20])
     values, status, reference = kernel_and_igraph(mixed, rows, monkeypatch)
@@ -184,10 +186,15 @@ def test_capacities_above_one_equal_igraph(monkeypatch: pytest.MonkeyPatch) -> N
         assert reference.max() > 1.0  # the case the clamp at 1 got wrong
 
 
-def test_solver_run_to_completion_is_the_max_flow(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("push_relabel", [True, False])
+def test_solver_run_to_completion_is_the_max_flow(
+    push_relabel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A target out of reach forces every pair through every phase of the solver (the
-    # bound tightened, then blocking flows on backward arcs until no path is left).
+    # bound tightened, then blocking flows on backward arcs until no path is left, or
+    # push-relabel on graphs up to PUSH_RELABEL_ENTRIES).
     weights = _sinks(np.random.default_rng(5), 5, 30)
+    monkeypatch.setattr(engine, "PUSH_RELABEL_ENTRIES", 2**19 if push_relabel else 0)
     monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)
     values, status, reference = kernel_and_igraph(_mixed(weights), np.arange(30), monkeypatch)
     assert np.all(status == SOLVED)
@@ -357,9 +364,14 @@ def test_causal_every_row_equals_igraph(pattern: str, monkeypatch: pytest.Monkey
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
 
 
-def test_causal_solved_to_completion_with_backward_arcs(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("push_relabel", [True, False])
+def test_causal_solved_to_completion_with_backward_arcs(
+    push_relabel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # An unreachable target: every pair is deferred by the first pass and solved again
-    # with the backward arc lists (only non-zero arcs, sparse causal), to completion.
+    # with the backward arc lists (only non-zero arcs, sparse causal), to completion; or
+    # by push-relabel (dense residuals, the zero arcs never carry flow).
+    monkeypatch.setattr(engine, "PUSH_RELABEL_ENTRIES", 2**19 if push_relabel else 0)
     mixed = _mixed(_sparse_causal(np.random.default_rng(8), 6, 20), 0.2)
     monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)
     values, status, reference = kernel_and_igraph(mixed, np.array([19, 12, 5]), monkeypatch)
@@ -372,7 +384,9 @@ def test_backward_arcs_serve_later_sinks_outside_their_range(
 ) -> None:
     # Backward arcs are listed only into tokens that may reach the deferred sinks: tasks on
     # the same graph, the late sinks first, then earlier ones (the lists widen), all solved
-    # to completion and equal to igraph; the lists hold exactly the arcs into those tokens.
+    # to completion and equal to igraph; the lists hold exactly the arcs into those tokens
+    # (Dinic's path: graphs above PUSH_RELABEL_ENTRIES).
+    monkeypatch.setattr(engine, "PUSH_RELABEL_ENTRIES", 0)
     mixed = _mixed(_sparse_causal(np.random.default_rng(8), 6, 20), 0.2)
     monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)
     rows = np.array([19, 12])
@@ -462,7 +476,9 @@ def test_first_pass_never_reads_the_dense_layers_arc_residuals(
     # read so would look saturated, and the pair would go on to backward arcs), they change
     # nothing where every pair is certified by a first blocking flow (attention sinks) and
     # stay untouched; where pairs need backward arcs (causal), every arc is written at its
-    # capacity first, and the max-flows stay exact.
+    # capacity first, and the max-flows stay exact (Dinic's path: graphs above
+    # PUSH_RELABEL_ENTRIES; push-relabel reads the matrices, not this buffer).
+    monkeypatch.setattr(engine, "PUSH_RELABEL_ENTRIES", 0)
     rng = np.random.default_rng(6)
     weights = _sinks(rng, 6, 40) if pattern == "sinks" else _causal(rng, 6, 40)
     mixed = _mixed(weights)
