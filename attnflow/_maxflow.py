@@ -116,11 +116,16 @@ REVERSE_BELOW = 0.95
 solved on the reversed graph (on graphs that qualify, see `_Prepared.reverse_sinks`)."""
 
 PUSH_RELABEL_ENTRIES = 2**19
-"""Graphs whose middle matrices hold up to this many capacities (``(T-2) n²``, 4 MB) solve
-the pairs that first blocking flows leave (strongly local attention) by push-relabel on
-dense residuals (``solve_push_relabel``) instead of Dinic's phases with backward arcs: on
-the banded ViT-B/16-size row, 154 such pairs in 0.84 instead of 1.75 CPU s. It copies the
-middle matrices, transposed, once per graph, and both residual copies once per pair."""
+"""Graphs whose middle matrices hold up to this many capacities (``(T-2) n²``, 4 MB) and
+whose flow does not cross the sequence (`PUSH_RELABEL_REACH`) solve the pairs that first
+blocking flows leave by push-relabel on dense residuals (``solve_push_relabel``) instead of
+Dinic's phases with backward arcs: on the banded ViT-B/16-size row, its 154 loose pairs in
+about 0.6 instead of 1.75 CPU s. It copies the middle matrices, transposed, once per graph,
+and both residual copies once per pair."""
+
+PUSH_RELABEL_REACH = 1.0
+"""Push-relabel only on graphs whose flow moves less than this share of the sequence (the
+cost model's reach, `flow_cost`, below ``n - 1``: local attention)."""
 
 BOUND_BLOCK_ELEMENTS = 4_000_000
 """Elements of the ``rows x n x sinks`` temporary of one vectorised upper-bound step."""
@@ -480,16 +485,22 @@ class _Prepared:
         # does, first blocking flows certify): their pairs are solved on the reversed
         # graph (see `_solve_with_kernel`). Not where attention is local (banded).
         self.reverse_sinks: np.ndarray | None = None
-        if not ordered and mixed.size <= REVERSED_ENTRIES:
+        # The pairs that first blocking flows leave go to push-relabel on small graphs
+        # whose flow does not cross the sequence (local attention: there most pairs are
+        # left, and Dinic needs many phases); elsewhere the few pairs left take a phase or
+        # two of Dinic's, cheaper (MiniLM n = 128 every row: 267 pairs, 0.18 CPU s by
+        # push-relabel).
+        small = (mixed.shape[0] - 2) * self.n * self.n <= PUSH_RELABEL_ENTRIES
+        self.push_relabel = False
+        if (small or not ordered) and mixed.size <= REVERSED_ENTRIES:
             sampled = profile_rows(self.n)
             reach = graph_profile(mixed[:, sampled], sampled).reach(mixed.shape[0])
-            if reach >= self.n - 1:
+            self.push_relabel = small and reach < PUSH_RELABEL_REACH * (self.n - 1)
+            if not ordered and reach >= self.n - 1:
                 top = REVERSE_BELOW * mixed[-1].sum(axis=1).max()
                 self.reverse_sinks = mixed[0].sum(axis=0) < top
         self._reversed: np.ndarray | None = None
         self._middle_t: np.ndarray | None = None
-        # Push-relabel for the pairs first blocking flows leave, on small graphs.
-        self.push_relabel = (mixed.shape[0] - 2) * self.n * self.n <= PUSH_RELABEL_ENTRIES
         dense = DENSE_LAYERS if ordered else min(DENSE_LAYERS, 1)
         affordable = max(1, DENSE_BYTES // (8 * self.n * self.n))
         self.dense_layers = min(dense, affordable, mixed.shape[0] - 2)

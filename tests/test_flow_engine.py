@@ -195,6 +195,7 @@ def test_solver_run_to_completion_is_the_max_flow(
     # push-relabel on graphs up to PUSH_RELABEL_ENTRIES).
     weights = _sinks(np.random.default_rng(5), 5, 30)
     monkeypatch.setattr(engine, "PUSH_RELABEL_ENTRIES", 2**19 if push_relabel else 0)
+    monkeypatch.setattr(engine, "PUSH_RELABEL_REACH", np.inf)  # whatever the attention
     monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)
     values, status, reference = kernel_and_igraph(_mixed(weights), np.arange(30), monkeypatch)
     assert np.all(status == SOLVED)
@@ -372,6 +373,7 @@ def test_causal_solved_to_completion_with_backward_arcs(
     # with the backward arc lists (only non-zero arcs, sparse causal), to completion; or
     # by push-relabel (dense residuals, the zero arcs never carry flow).
     monkeypatch.setattr(engine, "PUSH_RELABEL_ENTRIES", 2**19 if push_relabel else 0)
+    monkeypatch.setattr(engine, "PUSH_RELABEL_REACH", np.inf)  # whatever the attention
     mixed = _mixed(_sparse_causal(np.random.default_rng(8), 6, 20), 0.2)
     monkeypatch.setattr(engine, "TARGET_TOLERANCE", -1.0)
     values, status, reference = kernel_and_igraph(mixed, np.array([19, 12, 5]), monkeypatch)

@@ -100,10 +100,14 @@ def test_strongly_local_pairs_go_to_push_relabel_and_equal_igraph_and_dinic(
     np.testing.assert_array_equal(status, dinic_status)
 
 
-def test_push_relabel_only_on_small_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The dense residuals cost (T-2) n² per pair: larger graphs keep Dinic's phases.
+def test_push_relabel_only_on_small_local_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The dense residuals cost (T-2) n² per pair: larger graphs keep Dinic's phases, and
+    # so do graphs whose flow crosses the sequence (the few pairs left there take a phase
+    # or two of Dinic's, cheaper than a push-relabel solve).
     mixed = _mixed(_banded(np.random.default_rng(4), 6, 20))
     assert engine._prepared(mixed).push_relabel
+    crossing = _mixed(_banded(np.random.default_rng(4), 6, 20, slope=0.0))
+    assert not engine._prepared(crossing).push_relabel
     monkeypatch.setattr(engine, "PUSH_RELABEL_ENTRIES", 4 * 20 * 20 - 1)
     other = mixed.copy()
     assert not engine._prepared(other).push_relabel
