@@ -28,7 +28,7 @@ from ._graph import layered_graph_edges
 from ._heads import apply_head_fusion
 from ._host import from_host, to_host
 from ._lost_workers import WorkersLostError, lost_workers_message
-from ._maxflow import FlowTask, flow_path, solve_flow_task
+from ._maxflow import FlowTask, flow_path, push_relabel_fits, solve_flow_task
 from ._nonfinite import clear_non_finite
 from ._prepare import CheckedArguments, PreparedAttention, check_arguments, prepare_attention
 from ._pruning import prune
@@ -275,7 +275,11 @@ def _cost(
                 [
                     SECONDS_PER_TASK
                     + kernel_task_seconds(
-                        profile, top, np.minimum(row_list[:r], max(v - 1, 0)), int(v)
+                        profile,
+                        top,
+                        np.minimum(row_list[:r], max(v - 1, 0)),
+                        int(v),
+                        push_relabel=push_relabel_fits(top, int(v)),
                     )
                     for r, v in zip(n_rows.tolist(), n_valid.tolist(), strict=True)
                 ]

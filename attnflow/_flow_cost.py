@@ -10,7 +10,8 @@ Where the time of :func:`attnflow.flow` goes, on the compiled engine (``attnflow
   ``A^0.8`` for ``A`` such arcs (real attention; the head mean of synthetic random
   heads certifies 3 to 4 times faster; causal attention, half that: `CAUSAL_SHARE`);
 - per pair whose bound is loose (solved to completion): a few Dinic phases, each a search
-  over most of those arcs, about ``A T``.
+  over most of those arcs, about ``A T``; on small graphs push-relabel, about a third of
+  that.
 
 Which pairs are loose is the one thing a shape cannot say. On strongly local attention
 (each token attending to a narrow window), the flow from an output position reaches a
@@ -39,6 +40,7 @@ __all__ = [
     "DRIFT_MASS",
     "PROFILE_ROWS",
     "PROFILE_SEQUENCES",
+    "SECONDS_PER_PUSH_RELABEL_ARC",
     "GraphProfile",
     "dearest_profile",
     "graph_profile",
@@ -78,6 +80,11 @@ n = 1,024, and SmolLM2 at 2,048, last rows)."""
 
 SECONDS_PER_LOOSE_ARC = 3.0e-9
 """Seconds per live arc and layer of a pair solved to completion (same calibration)."""
+
+SECONDS_PER_PUSH_RELABEL_ARC = 1.0e-9
+"""The same where push-relabel solves such pairs (small graphs, see
+``attnflow._maxflow.PUSH_RELABEL_ENTRIES``): banded ViT-B/16-size attention, CLS row, 154
+loose pairs in about 0.6 CPU s (0.84e-9), the whole call 0.8 s."""
 
 SECONDS_PER_GRAPH_ENTRY = 1.0e-8
 """Arc lists, reachability and residual buffers: per capacity ``T n²`` of one graph."""
@@ -191,12 +198,20 @@ def _distance_counts(rows: np.ndarray, n: int, n_sinks: int) -> tuple[np.ndarray
 
 
 def kernel_task_seconds(
-    profile: GraphProfile, n_layers: int, rows: np.ndarray, n: int, *, n_sinks: int | None = None
+    profile: GraphProfile,
+    n_layers: int,
+    rows: np.ndarray,
+    n: int,
+    *,
+    n_sinks: int | None = None,
+    push_relabel: bool = False,
 ) -> float:
     """Single-core seconds of one sequence-layer problem on the compiled solver (T >= 3).
 
     `rows` are the output positions (sources) at layer `n_layers` and the sinks are the
-    first `n_sinks` of the `n` tokens (None: every token).
+    first `n_sinks` of the `n` tokens (None: every token). With `push_relabel` (the graph
+    is small enough for it, ``attnflow._maxflow.push_relabel_fits``), loose pairs are
+    priced at `SECONDS_PER_PUSH_RELABEL_ARC`.
     """
     middle = profile.density[1 : n_layers - 1]
     below, above = _distance_counts(
@@ -217,4 +232,5 @@ def kernel_task_seconds(
     solved = np.sum(weights * np.where(loose, live * n_layers, 0.0))
     graph = n_layers * n * n * SECONDS_PER_GRAPH_ENTRY
     bounds = (n_layers * len(rows) * n * n + len(rows) * n * n) * SECONDS_PER_BOUND_TERM
-    return float(graph + bounds + certified * SECONDS_PER_LIVE_ARC + solved * SECONDS_PER_LOOSE_ARC)
+    loose_arc = SECONDS_PER_PUSH_RELABEL_ARC if push_relabel else SECONDS_PER_LOOSE_ARC
+    return float(graph + bounds + certified * SECONDS_PER_LIVE_ARC + solved * loose_arc)

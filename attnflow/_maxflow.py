@@ -66,6 +66,7 @@ __all__ = [
     "FlowPath",
     "FlowTask",
     "flow_path",
+    "push_relabel_fits",
     "solve_flow_task",
     "solve_flow_task_with_status",
 ]
@@ -138,6 +139,15 @@ pair the first blocking flow left, solved again with backward arcs) and never re
 
 FlowPath = Literal["one_layer", "two_layers", "kernel", "igraph"]
 """How a task is solved: a closed form (one or two layers) or a max-flow solver."""
+
+
+def push_relabel_fits(n_layers: int, n: int) -> bool:
+    """Whether a graph of `n_layers` layers on `n` tokens is small enough for push-relabel.
+
+    Its loose pairs then go to push-relabel where its flow does not cross the sequence
+    (`_Prepared.push_relabel`; the cost model prices them so).
+    """
+    return (n_layers - 2) * n * n <= PUSH_RELABEL_ENTRIES
 
 
 def flow_path(n_layers: int) -> FlowPath:
@@ -490,7 +500,7 @@ class _Prepared:
         # left, and Dinic needs many phases); elsewhere the few pairs left take a phase or
         # two of Dinic's, cheaper (MiniLM n = 128 every row: 267 pairs, 0.18 CPU s by
         # push-relabel).
-        small = (mixed.shape[0] - 2) * self.n * self.n <= PUSH_RELABEL_ENTRIES
+        small = push_relabel_fits(mixed.shape[0], self.n)
         self.push_relabel = False
         if (small or not ordered) and mixed.size <= REVERSED_ENTRIES:
             sampled = profile_rows(self.n)

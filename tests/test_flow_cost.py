@@ -54,11 +54,13 @@ def test_the_reach_predicts_the_pairs_the_engine_solves_to_completion() -> None:
 
 
 def test_local_attention_costs_more_than_global_attention_of_its_shape() -> None:
+    # Pairs beyond the reach are solved to completion (here by push-relabel, priced at a
+    # third of Dinic's phases: measured 0.044 against 0.003 CPU s).
     local = _local(96, 8, 0.5)
     spread = _local(96, 8, 0.0)
     assert (
         attnflow.flow_cost(local, rows=0).estimated_seconds
-        > 5 * attnflow.flow_cost(spread, rows=0).estimated_seconds
+        > 3 * attnflow.flow_cost(spread, rows=0).estimated_seconds
     )
 
 
@@ -169,3 +171,23 @@ def test_a_small_call_is_decided_without_a_profile(monkeypatch: pytest.MonkeyPat
     np.testing.assert_array_equal(attnflow.flow(weights, rows=0), expected)
     with pytest.raises(AssertionError, match="profiled"):  # a limit it could cross: profiled
         attnflow.flow(weights, rows=0, max_seconds=1e-9)
+
+
+def test_loose_pairs_priced_by_push_relabel_on_small_graphs() -> None:
+    # Where push-relabel solves the loose pairs (small graphs), they cost about a third of
+    # Dinic's phases; certified pairs and graphs without loose pairs cost the same.
+    from attnflow._flow_cost import kernel_task_seconds
+    from attnflow._maxflow import push_relabel_fits
+
+    n = 48
+    sample = profile_rows(n)
+    local = graph_profile(_local(n, 6, 0.5).mean(axis=1)[:, sample], sample)
+    spread = graph_profile(_local(n, 6, 0.0).mean(axis=1)[:, sample], sample)
+    rows = np.array([0])
+    assert push_relabel_fits(6, n)
+    assert not push_relabel_fits(12, 1024)
+    cheaper = kernel_task_seconds(local, 6, rows, n, push_relabel=True)
+    assert cheaper < 0.5 * kernel_task_seconds(local, 6, rows, n)
+    assert kernel_task_seconds(spread, 6, rows, n, push_relabel=True) == kernel_task_seconds(
+        spread, 6, rows, n
+    )
