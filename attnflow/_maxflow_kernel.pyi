@@ -78,4 +78,5 @@ def solve_push_relabel(
     self_base: int = -1,
     arc_cap: np.ndarray | None = None,
     counters: np.ndarray | None = None,
+    global_every: int = 6,
 ) -> None: ...

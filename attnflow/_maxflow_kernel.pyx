@@ -1306,7 +1306,7 @@ def solve(
 
 
 cdef enum:
-    GLOBAL_EVERY = 6  # relabels between global relabellings, in node counts
+    GLOBAL_EVERY = 6  # relabels between global relabellings, in node counts (the default)
 
 cdef double FIRST_SHARE = 0.5  # of each arc out of the source, filled first (`_pr_max_flow`)
 
@@ -1317,6 +1317,7 @@ cdef struct Preflow:
     int source              # node ids as in `Work`: token j of layer a is (a-1) n + j
     int sink
     int cut_off             # the label of a node that cannot reach the sink: the node count
+    long long global_every  # relabels between global relabellings
     const double* cap       # Ã_2 .. Ã_{T-1}, (T-2, n, n): matrix a - 2 holds Ã_a
     const double* cap_t     # the same, each matrix transposed
     double* res             # the forward residuals of their arcs, (T-2, n, n)
@@ -1636,7 +1637,7 @@ cdef double _pr_max_flow(
                 return p.excess[p.sink]
             if p.excess[u] > 0.0:
                 _pr_activate(p, u)
-            if p.relabels - since >= <long long>GLOBAL_EVERY * cut:
+            if p.relabels - since >= p.global_every:
                 since = p.relabels
                 _pr_global_relabel(p)
     return p.excess[p.sink]
@@ -1661,6 +1662,7 @@ def solve_push_relabel(
     long long self_base=-1,
     const double[::1] arc_cap=None,
     long long[::1] counters=None,
+    int global_every=GLOBAL_EVERY,
 ):
     """Max-flows from each of `rows` to each of `sinks` by push-relabel (dense residuals).
 
@@ -1670,7 +1672,8 @@ def solve_push_relabel(
     first, where the max-flow misses it, by the sink's bottom-up tree bound (`_bottom_up`
     on the arcs as `solve` takes them, so the same bound to the bit); otherwise its
     max-flow (status 2). Pairs with a zero bound are left alone. `counters` (4,), if given,
-    receives the pushes, relabels, global relabellings and arc reads, added.
+    receives the pushes, relabels, global relabellings and arc reads, added. A global
+    relabelling follows every `global_every` node counts of relabels (0: every step).
     """
     cdef int n_layers = mixed.shape[0], n = mixed.shape[2]
     cdef Py_ssize_t n_rows = rows.shape[0], n_sinks = sinks.shape[0], ri, si
@@ -1700,6 +1703,8 @@ def solve_push_relabel(
         raise ValueError("`arc_cap` must have one capacity per arc")
     if counters is not None and counters.shape[0] != 4:
         raise ValueError("`counters` must have 4 entries")
+    if global_every < 0:
+        raise ValueError(f"`global_every` must be 0 or more, not {global_every}")
     w.n_layers = n_layers
     w.n = n
     w.cap = &mixed[0, 0, 0]
@@ -1720,6 +1725,7 @@ def solve_push_relabel(
     p.source = (n_layers - 1) * n
     p.sink = p.source + 1
     p.cut_off = cut
+    p.global_every = <long long>global_every * cut
     p.cap = &mixed[1, 0, 0]
     p.cap_t = &middle_t[0, 0, 0]
     p.pushes = p.relabels = p.global_relabels = p.arc_reads = 0

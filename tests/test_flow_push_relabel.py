@@ -54,6 +54,7 @@ def _kernel(
     sinks: np.ndarray,
     upper: np.ndarray,
     tolerance: float = engine.TARGET_TOLERANCE,
+    global_every: int = 6,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Values, statuses and counters of ``solve_push_relabel`` called directly."""
     assert engine._kernel is not None
@@ -66,7 +67,7 @@ def _kernel(
         mixed, graph.middle_t(mixed), graph.sink_columns, rows.astype(np.int64),
         sinks.astype(np.int64), np.ascontiguousarray(upper), arcs.start, arcs.head,
         arcs.bucket_end, graph.sorted_heads, *graph.reach, tolerance, values,
-        status, arcs.self_base, arcs.capacity, counters,
+        status, arcs.self_base, arcs.capacity, counters, global_every,
     )  # fmt: skip
     return values, status, counters
 
@@ -122,13 +123,15 @@ def test_push_relabel_only_on_small_local_graphs(monkeypatch: pytest.MonkeyPatch
     layers=st.integers(3, 6),
     n=st.integers(1, 12),
     kind=st.sampled_from(["banded", "causal", "sparse", "dense", "above one"]),
+    global_every=st.sampled_from([0, 1, 6]),
 )
 def test_push_relabel_to_completion_equals_igraph(
-    seed: int, layers: int, n: int, kind: str
+    seed: int, layers: int, n: int, kind: str, global_every: int
 ) -> None:
     # Unreachable targets (a negative tolerance): every pair is solved to completion,
     # on local, causal (zero arcs), sparse (zero rows: tokens that reach nothing) and
-    # dense graphs, and capacities whose rows sum above one.
+    # dense graphs, and capacities whose rows sum above one; with global relabellings
+    # after every step, every node count of relabels, or the default.
     rng = np.random.default_rng(seed)
     mixed = _mixed(_banded(rng, layers, n, 0.0 if kind == "dense" else 0.7))
     if kind == "causal":
@@ -139,11 +142,26 @@ def test_push_relabel_to_completion_equals_igraph(
         mixed = np.ascontiguousarray(mixed * 1.7)
     rows, sinks = np.arange(n), np.arange(n)
     upper = engine._upper_bounds(mixed, rows, sinks) + 1.0
-    values, status, counters = _kernel(mixed, rows, sinks, upper, -1.0)
+    values, status, counters = _kernel(mixed, rows, sinks, upper, -1.0, global_every)
     reference = _igraph(mixed, rows, sinks)
     np.testing.assert_allclose(values, reference, atol=EXACT, rtol=0)
     assert np.all(status == SOLVED)
     assert counters[0] >= np.count_nonzero(reference > 0)  # a push at least per pair with flow
+    if global_every == 0 and counters[1] > 0:
+        assert counters[2] > 0  # a global relabelling after each step that relabelled
+
+
+def test_global_relabellings_leave_the_max_flows() -> None:
+    # On a graph where the default count of relabels is reached, and with a global
+    # relabelling after every step: the same max-flows as igraph's.
+    mixed = _mixed(_banded(np.random.default_rng(3), 10, 30, 1.0))
+    rows, sinks = np.array([11, 20]), np.arange(30)  # rows whose solves reach the default
+    upper = engine._upper_bounds(mixed, rows, sinks) + 1.0
+    reference = _igraph(mixed, rows, sinks)
+    for every, some in ((6, sinks), (0, sinks[::7])):
+        values, _, counters = _kernel(mixed, rows, some, upper[:, some], -1.0, every)
+        np.testing.assert_allclose(values, reference[:, some], atol=EXACT, rtol=0)
+        assert counters[2] > 0
 
 
 def test_bound_reported_where_the_max_flow_reaches_it() -> None:
