@@ -20,7 +20,9 @@ The solver (Dinic's blocking flows) stops as soon as its flow reaches ``U`` with
 bottom-up tree bound of the sink and, failing that, runs to completion, when its flow is the
 max-flow. On attention from real models (MiniLM, attention sinks, low-rank patterns) and on
 random softmax attention we measured the bound to be reached for nearly every pair, by the
-first blocking flow, which touches a small part of the graph.
+first blocking flow, which touches a small part of the graph. On small graphs of local
+attention, where most pairs miss it, those pairs go to push-relabel instead of Dinic's
+later phases (`PUSH_RELABEL_ENTRIES`, ``solve_push_relabel``).
 
 Without the compiled solver (a source checkout that was not built) every pair is solved
 with igraph on the whole reduced graph: the reference, slower by one to two orders of

@@ -63,6 +63,9 @@ layer (where most tokens' strongest arc is their own, as in causal attention wit
 residual, first blocking flows run down it layer after layer); the dense row of a token a
 path enters; the arcs a reset restores, a few ahead. Prefetches change no value.
 
+On small graphs of local attention the pairs that first blocking flows leave are solved by
+push-relabel on dense residuals instead (`solve_push_relabel`, at the end of this module).
+
 Everything runs without the GIL: threads can solve tasks side by side.
 """
 
