@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import PROFILE
 
+import attnflow
 import attnflow._maxflow as engine
 from attnflow._maxflow import CERTIFIED, SOLVED, FlowTask, solve_flow_task_with_status
 
@@ -212,3 +213,18 @@ def test_bad_shapes_are_refused_before_any_work() -> None:
             np.arange(6, dtype=np.int64), np.ones((1, 6)), arcs.start, arcs.head,
             arcs.bucket_end, graph.sorted_heads, *graph.reach, 1e-13, values, status,
         )  # fmt: skip
+
+
+def test_threads_equal_serial_where_push_relabel_solves() -> None:
+    # Tasks split over threads (sinks split: chunks, deferrals and the switch to solving
+    # later sinks directly fall differently) give the values of one worker to the bit.
+    rng = np.random.default_rng(8)
+    distance = np.abs(np.arange(40)[:, None] - np.arange(40)[None, :])
+    weights = _softmax(rng.normal(scale=2.0, size=(6, 2, 40, 40)) - 0.7 * distance)
+    serial = attnflow.flow(weights, rows=[0, 17], normalize_result=False, n_jobs=1)
+    threaded = attnflow.flow(weights, rows=[0, 17], normalize_result=False, n_jobs=2)
+    np.testing.assert_array_equal(threaded, serial)
+    mixed = _mixed(weights.mean(axis=1))
+    assert engine._prepared(mixed).push_relabel
+    rows, sinks = np.array([0, 17]), np.arange(40)
+    np.testing.assert_allclose(serial, _igraph(mixed, rows, sinks), atol=EXACT, rtol=0)
