@@ -1451,30 +1451,44 @@ cdef void _pr_layer_labels(Preflow* p) noexcept nogil:
 cdef void _pr_relabel(Preflow* p, int u, int a, int j) noexcept nogil:
     """Lift token node `u` (token `j` of layer `a`) above its lowest residual neighbour.
 
-    Where `u` was the last node of its label, every node above that label (below
-    `cut_off`) can no longer reach the sink: all go to `cut_off` (the gap heuristic).
+    Labels below `cut_off` keep the parity of their layer (every arc joins neighbouring
+    layers, the sink counting as layer 0, and the first labels are the layers), and no
+    residual neighbour lies below the label of `u` (none is admissible): a neighbour at
+    ``label + 1`` is the lowest there can be, and the scan stops at the first one. Where
+    `u` was the last node of its label, every node above that label (below `cut_off`) can
+    no longer reach the sink: all go to `cut_off` (the gap heuristic).
     """
-    cdef int n = p.n, cut = p.cut_off, best = cut, old = p.label[u], i, v
+    cdef int n = p.n, cut = p.cut_off, best = cut, old = p.label[u], i, v, d
+    cdef int lowest = old + 1
     cdef long long nn = <long long>n * n
     cdef const double* row
     cdef const double* cap
+    cdef const int* label
     p.relabels += 1
     if a == 1:
         if p.into_sink[j] > 0.0:
             best = 0
     else:
         row = p.res + (a - 2) * nn + <long long>j * n
+        label = p.label + (a - 2) * n
         for i in range(n):
-            if row[i] > 0.0 and p.label[(a - 2) * n + i] < best:
-                best = p.label[(a - 2) * n + i]
-        p.arc_reads += n
-    if a <= p.n_layers - 2:
+            d = label[i]
+            if d < best and row[i] > 0.0:
+                best = d
+                if d <= lowest:
+                    break
+        p.arc_reads += i + 1
+    if a <= p.n_layers - 2 and best > lowest:
         row = p.res_t + (a - 1) * nn + <long long>j * n
         cap = p.cap_t + (a - 1) * nn + <long long>j * n
+        label = p.label + a * n
         for i in range(n):
-            if cap[i] - row[i] > 0.0 and p.label[a * n + i] < best:
-                best = p.label[a * n + i]
-        p.arc_reads += n
+            d = label[i]
+            if d < best and cap[i] - row[i] > 0.0:
+                best = d
+                if d <= lowest:
+                    break
+        p.arc_reads += i + 1
     p.count[old] -= 1
     if p.count[old] == 0:
         for v in range(p.source):
