@@ -84,7 +84,9 @@ SECONDS_PER_LOOSE_ARC = 3.0e-9
 SECONDS_PER_PUSH_RELABEL_ARC = 1.0e-9
 """The same where push-relabel solves such pairs (small graphs, see
 ``attnflow._maxflow.PUSH_RELABEL_ENTRIES``): banded ViT-B/16-size attention, CLS row, 154
-loose pairs in about 0.6 CPU s (0.84e-9), the whole call 0.8 s."""
+loose pairs in about 0.4 CPU s (0.56e-9), the whole call 0.5 s (estimated 0.73 s); on
+smaller graphs each pair's fixed costs weigh more (8 layers, n = 96, CLS row: 0.033 s
+estimated for 0.032 s measured)."""
 
 SECONDS_PER_GRAPH_ENTRY = 1.0e-8
 """Arc lists, reachability and residual buffers: per capacity ``T n²`` of one graph."""
