@@ -1303,9 +1303,10 @@ def solve(
 # discharge step each: its pushes until its excess is gone, or one relabel; on the banded
 # ViT-size row 1.16x faster than highest label first), with the gap heuristic and a global
 # relabelling (a breadth-first search back from the sink) after every `GLOBAL_EVERY` node
-# count of relabels. Only the first phase is run: the flow
-# into the sink when no node that can still reach it holds excess is the max-flow (the excess
-# left on the source's side of the minimum cut is never sent back).
+# count of relabels; a relabel stops at the first residual neighbour one label up (labels
+# keep their layer's parity). Only the first phase is run: the flow into the sink when no
+# node that can still reach it holds excess is the max-flow (the excess left on the
+# source's side of the minimum cut is never sent back).
 
 
 cdef enum:
