@@ -58,11 +58,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
 
+import numpy as np
 import torch
 from torch import nn
 
 from attnflow._contributions import (
     Method,
+    _fold_centring,
     contributions_and_outputs,
     head_values_and_attention_output,
 )
@@ -111,6 +113,12 @@ class BlockSpec:
     stream: nn.Module | None = None
     """Pre-norm blocks recognised by convention: the module whose input is the stream
     after the attention's residual sum, which the rebuilt output must equal."""
+    value_module: nn.Module | None = None
+    """The ``nn.Linear`` whose whole output is ``z W_V + b_V``, where the block calls it as
+    a module: its forward hook hands the projected values over (not computed again)."""
+    output_module: nn.Module | None = None
+    """The ``nn.Linear`` whose output is the attention's output plus ``b_O``, handed over
+    from its forward hook in blocks whose structure is known (no `checked` or `stream`)."""
 
 
 def _tensor(module: object, name: str) -> torch.Tensor | None:
@@ -186,6 +194,8 @@ def _bert(name: str, block: nn.Module) -> BlockSpec | None:
         pre_norm=None,
         post_norm=norm1,
         second_norm=norm2,
+        value_module=parts[2],
+        output_module=dense,
     )
 
 
@@ -205,6 +215,8 @@ def _distilbert(name: str, block: nn.Module) -> BlockSpec | None:
         pre_norm=None,
         post_norm=norm1,
         second_norm=norm2,
+        value_module=parts[2],
+        output_module=parts[3],
     )
 
 
@@ -264,6 +276,8 @@ def _vit(name: str, block: nn.Module) -> BlockSpec | None:
         pre_norm=before,
         post_norm=None,
         second_norm=None,
+        value_module=value,
+        output_module=dense,
     )
 
 
@@ -375,6 +389,7 @@ def _llama(name: str, block: nn.Module) -> BlockSpec | None:
         post_norm=None,
         second_norm=None,
         stream=after,
+        value_module=value,
     )
 
 
@@ -470,6 +485,10 @@ class _Running:
     second_input: torch.Tensor | None = None
     expected: torch.Tensor | None = None
     """What the rebuilt output must equal (blocks recognised by convention)."""
+    projected: list[torch.Tensor] = field(default_factory=list)
+    """The value projection's outputs (`BlockSpec.value_module`)."""
+    projections: list[torch.Tensor] = field(default_factory=list)
+    """The output projection's outputs (`BlockSpec.output_module`)."""
 
 
 class BlockRecorder:
@@ -498,6 +517,10 @@ class BlockRecorder:
                 handles.append(spec.checked.register_forward_hook(self._attended))
             if spec.stream is not None:
                 handles.append(spec.stream.register_forward_pre_hook(self._summed))
+            if spec.value_module is not None:
+                handles.append(spec.value_module.register_forward_hook(self._projected))
+            if spec.output_module is not None and spec.checked is None and spec.stream is None:
+                handles.append(spec.output_module.register_forward_hook(self._projection))
             undo.extend(handle.remove for handle in handles)
 
     def clear(self) -> None:
@@ -543,6 +566,14 @@ class BlockRecorder:
         if self._running is not None and args and isinstance(args[0], torch.Tensor):
             self._running.expected = self._batch_first(self._running.spec, args[0].detach())
 
+    def _projected(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:  # noqa: ARG002
+        if self._running is not None and isinstance(output, torch.Tensor):
+            self._running.projected.append(output.detach())
+
+    def _projection(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:  # noqa: ARG002
+        if self._running is not None and isinstance(output, torch.Tensor):
+            self._running.projections.append(output.detach())
+
     def record(self, weights: torch.Tensor) -> bool:
         """Take the attention weights of the running block; False if no block runs."""
         if self._running is None:
@@ -558,6 +589,8 @@ class BlockRecorder:
             self._finish(running)
         finally:
             running.weights.clear()  # the per-head tensors go with their layer
+            running.projected.clear()
+            running.projections.clear()
 
     # -- the matrix of one block ------------------------------------------------------------
     @staticmethod
@@ -604,33 +637,65 @@ class BlockRecorder:
         folded = self.method != "norm" and spec.post_norm is not None
         norms = (spec.post_norm, second) if folded else ()
         centred_by = [_tensor(norm, "weight") for norm in norms if norm is not None]
+        # What the model's own projections computed, handed over by their hooks where they
+        # ran once in this block: the values z W_V + b_V, and (blocks of known structure)
+        # the attention's output plus b_O.
+        projected = _only(running.projected, (*attention_input.shape[:-1], value_width))
+        handed = _only(running.projections, tuple(residual.shape))
+        inputs = attention_input if projected is None else projected
+        pathway: dict[str, Any] = {
+            "heads": heads,
+            "value_heads": value_heads,
+            "value_bias": value_bias if projected is None else None,
+            "projected": projected is not None,
+        }
         with torch.no_grad():
-            # The heads' contexts projected once, not the sum over the values in d
-            # dimensions; the values projected once for both.
-            values, attended = head_values_and_attention_output(
-                weights,
-                attention_input,
-                value_weight,
-                output_weight,
-                heads=heads,
-                value_heads=value_heads,
-                value_bias=value_bias,
-                centred_by=centred_by,
-            )
+            if handed is None:
+                # The heads' contexts projected once, not the sum over the values in d
+                # dimensions; the values projected once for both.
+                values, attended = head_values_and_attention_output(
+                    weights, inputs, value_weight, output_weight, centred_by=centred_by, **pathway
+                )
+                bias = output_bias
+            else:
+                # The model's attention output, its bias included: the bias enters only the
+                # rebuilt output, summed with the attention's, so the core takes none.
+                host = _host_fold(output_weight, centred_by)
+                values, _ = head_values_and_attention_output(
+                    None,
+                    inputs,
+                    value_weight,
+                    output_weight if host is None else host,
+                    centred_by=centred_by if host is None else (),
+                    **pathway,
+                )
+                attended, bias = handed, None
+            pieces = [weights, values, residual, bias, attended, running.second_input]
+            norm_pieces = [_parameters(spec.post_norm), _parameters(second)]
+            # On host memory the core's per-token work runs in NumPy (one thread, no
+            # parallel operation waiting for torch's second thread to be scheduled); its
+            # kernel still runs on torch's threads.
+            on_host = _on_host(pieces, norm_pieces)
+            if on_host:
+                pieces = [None if t is None else t.numpy() for t in pieces]
+                norm_pieces = [_host_norm(p) for p in norm_pieces]
+            alpha, values, residual, bias, attended, second_input = pieces
             matrix, output = contributions_and_outputs(
-                weights,
+                alpha,
                 values,
                 residual,
                 method=self.method,
-                bias=output_bias,
-                norm=_parameters(spec.post_norm),
-                second_norm=_parameters(second),
-                second_norm_input=None if second is None else running.second_input,
+                bias=bias,
+                norm=norm_pieces[0],
+                second_norm=norm_pieces[1],
+                second_norm_input=None if second is None else second_input,
                 attended=attended,
                 normalised_values=folded,
                 threads=torch.get_num_threads(),  # the kernel's share of the cores: torch's
                 team=_intra_op_team(),  # and torch's own threads, where they are OpenMP's
             )
+            if on_host:
+                matrix, output = torch.from_numpy(matrix), torch.from_numpy(output)
         checked = spec.checked is not None or spec.stream is not None
         if checked and not self._matches(running, output):
             return
@@ -696,6 +761,57 @@ def _reference(spec: BlockSpec) -> str:
     if spec.stream is not None:
         return f"the input of {where}"
     return f"the block input plus {where}'s output"
+
+
+def _only(tensors: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor | None:
+    """The one tensor a hook saw in this block, of the given shape, or None."""
+    if len(tensors) != 1 or tuple(tensors[0].shape) != shape:
+        return None
+    return tensors[0]
+
+
+_HOST_DTYPES = (torch.float32, torch.float64)
+
+
+def _on_host(tensors: list[torch.Tensor | None], norms: list[Any]) -> bool:
+    """Whether every piece is a CPU tensor of one float32 or float64 dtype (NumPy views)."""
+    every = [t for t in tensors if t is not None]
+    every += [t for norm in norms if norm is not None for t in norm[:2] if t is not None]
+    return all(
+        t.device.type == "cpu"
+        and t.dtype == every[0].dtype
+        and t.dtype in _HOST_DTYPES
+        and not t.requires_grad
+        and not t.is_conj()
+        and not t.is_neg()
+        and t.layout == torch.strided
+        for t in every
+    )
+
+
+def _host_norm(norm: Any) -> Any:
+    if norm is None:
+        return None
+    weight, bias, eps = norm
+    return (
+        None if weight is None else weight.numpy(),
+        None if bias is None else bias.numpy(),
+        eps,
+    )
+
+
+def _host_fold(weight: torch.Tensor, gains: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """``W_O C Γ_1 ⋯`` folded in NumPy on host memory (no parallel operations), or None.
+
+    The LayerNorms' centring and gains folded into the output projection
+    (:func:`attnflow._contributions.head_values_and_attention_output`, `centred_by`),
+    a ``(H d_head, d)`` matrix: a few microseconds of work that would be three parallel
+    operations per LayerNorm in torch. None off the CPU (the core folds it there).
+    """
+    if not gains or not _on_host([weight, *gains], []):
+        return None
+    arrays = [None if g is None else g.numpy() for g in gains]
+    return torch.from_numpy(_fold_centring(weight.numpy(), arrays, np))
 
 
 def _parameters(norm: nn.LayerNorm | None) -> LayerNormTuple | None:

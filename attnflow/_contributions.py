@@ -195,8 +195,9 @@ def head_values_and_attention_output(
     value_heads: int | None = None,
     value_bias: Any | None = None,
     centred_by: Sequence[Any | None] = (),
+    projected: bool = False,
     xp: Namespace | None = None,
-) -> tuple[Any, Any]:
+) -> tuple[Any, Any | None]:
     r"""Return :func:`head_values` and the attention's output before its bias, one projection.
 
     The output is
@@ -230,6 +231,13 @@ def head_values_and_attention_output(
     returned are then these :math:`v^h_j` (what a post-LN block's terms are made of: pass
     them to :func:`contributions_and_outputs` with ``normalised_values=True``); the
     attention's output stays :math:`\sum_h \alpha^h f^h`, from :math:`W_O` itself.
+
+    `projected` True says that `inputs` are the values already projected,
+    :math:`z_j W_V + b_V` ``(*batch, n, value_heads * d_head)``, as the model's own value
+    projection computed them (the torch adapter reads them from its forward hook): they
+    are not projected again, `value_weight` only gives their width and `value_bias` must
+    be None. `weights` None skips the attention's output (returned as None): an adapter
+    that reads it from the model's output projection needs only the values.
     """
     values, attended = _value_pathway(
         weights,
@@ -241,6 +249,7 @@ def head_values_and_attention_output(
         value_bias=value_bias,
         xp=xp,
         centred_by=centred_by,
+        projected=projected,
     )
     return values, attended
 
@@ -257,6 +266,7 @@ def _value_pathway(
     value_bias: Any | None,
     xp: Namespace | None,
     centred_by: Sequence[Any | None] = (),
+    projected: bool = False,
 ) -> tuple[Any, Any | None]:
     """:func:`head_values`, and with `weights` the attention's output, the values projected once.
 
@@ -298,7 +308,8 @@ def _value_pathway(
         )
     width = w_o.shape[0]
     d_head = width // n_heads
-    if w_v.shape[0] != z.shape[-1] or width % n_heads != 0 or w_v.shape[1] != n_value * d_head:
+    read = w_v.shape[1] if projected else w_v.shape[0]  # the width `inputs` must have
+    if read != z.shape[-1] or width % n_heads != 0 or w_v.shape[1] != n_value * d_head:
         _fail(
             "value_weight",
             f"have shape (d_in, value_heads * d_head) = ({z.shape[-1]}, {n_value} * k) with "
@@ -306,6 +317,14 @@ def _value_pathway(
             f"value_weight {tuple(w_v.shape)} and output_weight {tuple(w_o.shape)} for inputs "
             f"{tuple(z.shape)}",
             "Transpose torch.nn.Linear weights (they are stored as (out, in)).",
+            ValueError,
+        )
+    if b_v is not None and projected:
+        _fail(
+            "value_bias",
+            "be None with projected=True (the projected values include it)",
+            describe(b_v),
+            "Pass value_bias=None, or the attention's input with projected=False.",
             ValueError,
         )
     if b_v is not None and tuple(b_v.shape) != (w_v.shape[1],):
@@ -320,7 +339,7 @@ def _value_pathway(
                 ValueError,
             )
     group = n_heads // n_value
-    values = namespace.matmul(z, w_v)
+    values = z if projected else namespace.matmul(z, w_v)
     if b_v is not None:
         values = values + b_v
     batch = tuple(values.shape[:-2])

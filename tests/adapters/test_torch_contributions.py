@@ -9,6 +9,7 @@ parameters), and rollout / flow over them against the rollout and flow oracles.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import sys
 from pathlib import Path
@@ -424,10 +425,13 @@ def test_minilm_capture_equals_the_previous_formulation(
                 model(**batch)
             with monkeypatch.context() as patch:
                 patch.setattr(_contributions_fused, "_kernels", None)
+                # Nothing handed over by the model's projections, every piece in torch.
+                patch.setattr(_torch_contributions, "_only", lambda *_: None)
+                patch.setattr(_torch_contributions, "_on_host", lambda *_: False)
                 patch.setattr(
                     _torch_contributions,
                     "head_values_and_attention_output",
-                    lambda _, *arguments, centred_by, **options: (
+                    lambda _, *arguments, centred_by, projected, **options: (
                         attnflow.head_values(*arguments, **options),
                         None,
                     ),
@@ -627,11 +631,12 @@ def test_terms_are_never_formed_whole(
 
     def spy(by_key: Any, values: Any, start: int, stop: int, xp: Any) -> Any:
         block = key_terms(by_key, values, start, stop, xp)
-        terms.append(block.numel())
+        terms.append(math.prod(block.shape))
         return block
 
     def gram_spy(alpha: Any, gram: Any, xp: Any) -> Any:
-        grams.append(alpha.numel())  # (*batch, H, r, n): the (*batch, n, r, H) products
+        # (*batch, H, r, n): the (*batch, n, r, H) products
+        grams.append(math.prod(alpha.shape))
         return gram_norms(alpha, gram, xp)
 
     monkeypatch.setattr(_contributions_fused, "_kernels", None)
