@@ -764,7 +764,7 @@ def _reference(spec: BlockSpec) -> str:
 
 
 def _only(tensors: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor | None:
-    """The one tensor a hook saw in this block, of the given shape, or None."""
+    """Return the one tensor a hook saw in this block, if of the given shape, else None."""
     if len(tensors) != 1 or tuple(tensors[0].shape) != shape:
         return None
     return tensors[0]

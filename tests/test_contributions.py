@@ -457,6 +457,47 @@ def test_attention_output_is_the_sum_over_the_head_values(value_heads: int | Non
         np.testing.assert_allclose(out_with, out_without, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("value_heads", [None, 2])
+def test_values_projected_by_the_model_are_not_projected_again(value_heads: int | None) -> None:
+    """``projected=True``: `inputs` are ``z W_V + b_V``, as a model's value projection gave.
+
+    The values (and the attention's output) equal those projected from `z`; without
+    weights the attention's output is skipped. A bias or a width that does not fit is
+    refused before any work.
+    """
+    heads, d_head = 6, 2
+    kv = heads if value_heads is None else value_heads
+    rng = np.random.default_rng(20261126)
+    alpha = softmax_attention(rng, (BATCH, heads, N, N), scale=1.5)
+    z = rng.normal(size=(BATCH, N, D))
+    w_v, w_o = rng.normal(size=(D, kv * d_head)), rng.normal(size=(heads * d_head, D))
+    b_v = rng.normal(size=kv * d_head)
+    gammas = [rng.normal(size=D)]
+    options: dict[str, Any] = {"heads": heads, "value_heads": value_heads}
+    f, attended = _contributions.head_values_and_attention_output(
+        alpha, z, w_v, w_o, value_bias=b_v, centred_by=gammas, **options
+    )
+    projected = z @ w_v + b_v
+    got, got_attended = _contributions.head_values_and_attention_output(
+        alpha, projected, w_v, w_o, projected=True, centred_by=gammas, **options
+    )
+    np.testing.assert_allclose(got, f, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got_attended, attended, rtol=1e-12, atol=1e-12)
+    values, none = _contributions.head_values_and_attention_output(
+        None, projected, w_v, w_o, projected=True, centred_by=gammas, **options
+    )
+    assert none is None
+    np.testing.assert_array_equal(values, got)
+    with pytest.raises(ValueError, match=r"`value_bias` must be None with projected=True"):
+        _contributions.head_values_and_attention_output(
+            None, projected, w_v, w_o, projected=True, value_bias=b_v, **options
+        )
+    with pytest.raises(ValueError, match=r"`value_weight` must have shape"):
+        _contributions.head_values_and_attention_output(
+            None, projected[..., :-1], w_v, w_o, projected=True, **options
+        )
+
+
 @pytest.mark.parametrize("dtype_name", ["float32", "float64"])
 @pytest.mark.parametrize(
     ("method", "second"), [("alti", False), ("globenc", False), ("globenc", True)]

@@ -449,6 +449,53 @@ def test_minilm_capture_equals_the_previous_formulation(
         model.to(torch.float32)
 
 
+def _spied_capture(
+    model: Any, batch: dict[str, Any], method: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, list[tuple[Any, ...]]]:
+    """capture(contributions=method) with the recorder's calls of the core listed."""
+    from attnflow.adapters import _torch_contributions
+
+    calls: list[tuple[Any, ...]] = []
+    pathway = _torch_contributions.head_values_and_attention_output
+    core = _torch_contributions.contributions_and_outputs
+
+    def spy_pathway(weights: Any, *arguments: Any, **options: Any) -> Any:
+        calls.append(("values", weights is not None, options["projected"]))
+        return pathway(weights, *arguments, **options)
+
+    def spy_core(alpha: Any, *arguments: Any, **options: Any) -> Any:
+        calls.append(("matrix", type(alpha)))
+        return core(alpha, *arguments, **options)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(_torch_contributions, "head_values_and_attention_output", spy_pathway)
+        patch.setattr(_torch_contributions, "contributions_and_outputs", spy_core)
+        with torch.no_grad(), adapter.capture(model, contributions=method) as cap:
+            model(**batch)
+    return cap, calls
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_minilm_capture_takes_what_the_model_computed(
+    minilm: dict[str, Any], implementation: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The values and the attention's output come from the model's own projections.
+
+    BERT-like blocks: the value projection's output is not projected again and the
+    output projection's is not recomputed from the weights (no weights passed); the
+    core's per-token work runs on NumPy views of the CPU tensors, and the matrices come
+    back as torch tensors. (That they equal the recomputed pieces is
+    `test_minilm_capture_equals_the_previous_formulation`.)
+    """
+    model, batch = minilm[implementation], minilm["batch"]
+    for method in METHODS:
+        cap, calls = _spied_capture(model, batch, method, monkeypatch)
+        layers = model.config.num_hidden_layers
+        assert calls == [("values", False, True), ("matrix", np.ndarray)] * layers, method
+        assert isinstance(cap.contributions, torch.Tensor)
+        assert cap.contributions.dtype == torch.float32
+
+
 def _openmp_expected() -> bool:
     """Whether this process should find torch's intra-op threads as an OpenMP team.
 
@@ -967,6 +1014,21 @@ def test_llama_family_decomposition_is_complete(
         assert torch.equal(during, plain)
     else:
         torch.testing.assert_close(during, plain, rtol=tol, atol=tol)
+
+
+def test_llama_family_output_is_rebuilt_not_handed_over(
+    transformers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks checked against the stream rebuild the attention's output from the weights.
+
+    The value projection's output is taken from the model (projected once), but o_proj's
+    is not: the check of the rebuilt output against the input of post_attention_layernorm
+    would otherwise compare the model's output with itself.
+    """
+    model = _llama_family(transformers, "llama", "sdpa")
+    cap, calls = _spied_capture(model, _llama_batch(left_padding=True), "alti", monkeypatch)
+    assert calls == [("values", True, True), ("matrix", np.ndarray)] * 2
+    assert cap.contributions.dtype == torch.float64
 
 
 @pytest.mark.parametrize("kind", LLAMA_FAMILY)
