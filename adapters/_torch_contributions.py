@@ -9,6 +9,19 @@ LayerNorm. When the block returns, its matrix is computed by the core and the pi
 dropped, so per-head tensors never outlive their layer. Only forward hooks that return
 nothing are used: the model computes exactly what it computes without them.
 
+What the model has computed is not computed again: where the value projection is an
+``nn.Linear`` called once in the block, its hook hands over the values
+:math:`z W_V + b_V`; in blocks recognised by their class (BERT-like, DistilBERT, ViT), the
+output projection's hook hands over the attention's output (plus :math:`b_O`), so the
+heads' contexts are not recomputed from the weights. Blocks recognised by convention
+(fused query-key-value, Llama-family) still rebuild the attention's output from the
+weights and values, since their check compares it with what the model summed. On CPU
+tensors of float32 or float64, the core's per-token work (LayerNorm statistics, the
+rebuilt output, ALTI's row sums) runs on NumPy views: single-threaded operations of a
+few hundred microseconds each, none of them a parallel region that waits for torch's
+other intra-op threads to be scheduled on a loaded machine (the compiled kernel still
+runs on those threads).
+
 Supported blocks:
 
 * Hugging Face BERT-like encoder layers (``BertLayer``, ``RobertaLayer``, MiniLM...):
