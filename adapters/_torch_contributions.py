@@ -818,8 +818,8 @@ def _host_fold(weight: torch.Tensor, gains: list[torch.Tensor | None]) -> torch.
 
     The LayerNorms' centring and gains folded into the output projection
     (:func:`attnflow._contributions.head_values_and_attention_output`, `centred_by`),
-    a ``(H d_head, d)`` matrix: a few microseconds of work that would be three parallel
-    operations per LayerNorm in torch. None off the CPU (the core folds it there).
+    a ``(H d_head, d)`` matrix: a fraction of a millisecond of work that would be three
+    parallel operations per LayerNorm in torch. None off the CPU (the core folds it there).
     """
     if not gains or not _on_host([weight, *gains], []):
         return None
