@@ -1,8 +1,8 @@
-"""Push-relabel for the pairs first blocking flows leave (issue 24), against igraph and Dinic.
+"""Push-relabel for strongly local attention (issue 24), against igraph and Dinic.
 
-On graphs up to ``PUSH_RELABEL_ENTRIES`` middle capacities, the pairs whose first blocking
-flow misses its bound (strongly local attention) are solved by push-relabel on dense
-residuals (``solve_push_relabel``): its max-flows must equal igraph's on the whole graph
+On graphs up to ``PUSH_RELABEL_ENTRIES`` middle capacities whose flow does not cross the
+sequence (strongly local attention, where most first blocking flows miss their bound), the
+pairs are solved by push-relabel on dense residuals (``solve_push_relabel``): its max-flows must equal igraph's on the whole graph
 and Dinic's with backward arcs (the path of larger graphs) to 1e-12, with the same
 statuses, and each pair's value must not depend on the other pairs of its call.
 """
@@ -76,9 +76,9 @@ def _kernel(
 def test_strongly_local_pairs_go_to_push_relabel_and_equal_igraph_and_dinic(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Local windows: most pairs miss their bound; the deferred ones and, once most of a
-    # chunk was deferred, the later sinks go to push-relabel. Values equal igraph's on the
-    # whole graph, and Dinic's with backward arcs, with the same statuses.
+    # Local windows: most pairs miss their bound, and every pair goes to push-relabel,
+    # without first blocking flows. Values equal igraph's on the whole graph, and Dinic's
+    # with backward arcs, with the same statuses.
     mixed = _mixed(_banded(np.random.default_rng(3), 8, 48))
     rows, sinks = np.array([0, 20]), np.arange(48)
     called: list[int] = []
@@ -100,6 +100,12 @@ def test_strongly_local_pairs_go_to_push_relabel_and_equal_igraph_and_dinic(
         dinic, dinic_status = _solve(mixed.copy(), rows, sinks)
     np.testing.assert_allclose(values, dinic, atol=1e-14, rtol=0)
     np.testing.assert_array_equal(status, dinic_status)
+    # Every pair goes to push-relabel, those first blocking flows settle too: they report
+    # Dinic's bound to the bit.
+    assert sum(called) == sinks.size
+    certified = status == CERTIFIED
+    assert certified.any()
+    np.testing.assert_array_equal(values[certified], dinic[certified])
 
 
 def test_push_relabel_only_on_small_local_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
