@@ -179,10 +179,32 @@ SCHEDULE_EPOCHS = 16
 SCHEDULE_CHECKPOINTS = (5, 10, 16)
 SCHEDULE_MODEL = "distilled_authors_schedule"
 SCHEDULE_STUDY = tuple(f"{SCHEDULE_MODEL}_e{e}" for e in SCHEDULE_CHECKPOINTS)
+# The seventh run (issue 23): the sixth run's recipe plus the authors' teacher dropout
+# (0.2 on the embeddings, 0.8 variational on each LSTM layer's inputs and recurrent
+# state and on its final state: `small_lstm_v4`, `ClassifierLSTM`) and the authors'
+# initialisers (the student truncated-normal 0.05, `small_gpt_v9`; the teacher Keras's
+# defaults, as `ClassifierLSTM` passes none): `train_distilled_agreement_model(
+# optimiser="authors", initialisation="authors", teacher_dropout="authors")`, PyTorch
+# seed 0, the same 40,000 sentences, 16 epochs = the schedule's first 10,000-step period
+# as in the sixth run. Fixed at 13:04, before the run, from a timing of the recipe (one
+# epoch of 2,000 sentences: 6.03 s CPU, 6.04 s wall at a load average of 1.8, one thread,
+# nice 19; the sixth run's recipe in the same process 5.56 s): 3.0 s CPU per 1,000
+# sentence-epochs, about 1,930 CPU-s for 16 x 40,000, so that it ends by 13:58 up to a
+# wall/CPU ratio of 1.6 (the sixth run's: 1.3). The schedules depend on the step only, so
+# a run stopped after epoch 10 has the very checkpoints 5 and 10 of a 10-epoch run.
+RECIPE_EPOCHS = 16
+RECIPE_CHECKPOINTS = (5, 10, 16)
+RECIPE_MODEL = "distilled_authors_recipe"
+RECIPE_STUDY = tuple(f"{RECIPE_MODEL}_e{e}" for e in RECIPE_CHECKPOINTS)
 # model trained with checkpoints: (its checkpoint epochs, the optimiser)
 CHECKPOINTED: dict[str, tuple[tuple[int, ...], str]] = {
     TRAINLEN_MODEL: (TRAINLEN_CHECKPOINTS, "adamw"),
     SCHEDULE_MODEL: (SCHEDULE_CHECKPOINTS, "authors"),
+    RECIPE_MODEL: (RECIPE_CHECKPOINTS, "authors"),
+}
+# further options of train_distilled_agreement_model for a model of CHECKPOINTED
+CHECKPOINTED_OPTIONS: dict[str, dict[str, str]] = {
+    RECIPE_MODEL: {"initialisation": "authors", "teacher_dropout": "authors"},
 }
 MODELS = (
     "today",
@@ -193,6 +215,7 @@ MODELS = (
     *LINZEN_STUDY,
     TRAINLEN_MODEL,
     SCHEDULE_MODEL,
+    RECIPE_MODEL,
 )
 # The second distilled student's size, fixed before its run from a timing of the recipe
 # on 2,000 sentences (3.2 s CPU per 1,000 sentence-epochs, 1 thread) and the time left
@@ -215,6 +238,7 @@ RECIPES: dict[str, tuple[int, int]] = {
     **dict.fromkeys(LINZEN_STUDY, (DISTILLED_LONG_SENTENCES, LINZEN_EPOCHS)),
     **dict.fromkeys((TRAINLEN_MODEL, *TRAINLEN_STUDY), (DISTILLED_LONG_SENTENCES, TRAINLEN_EPOCHS)),
     **dict.fromkeys((SCHEDULE_MODEL, *SCHEDULE_STUDY), (DISTILLED_LONG_SENTENCES, SCHEDULE_EPOCHS)),
+    **dict.fromkeys((RECIPE_MODEL, *RECIPE_STUDY), (DISTILLED_LONG_SENTENCES, RECIPE_EPOCHS)),
 }
 TEST_SPLIT_TRAIN_SENTENCES = 20_000  # the first run's split, which fixes the test set
 METHODS = ("raw", "rollout", "flow")
@@ -355,6 +379,7 @@ def train_longer(args: argparse.Namespace, model: str = TRAINLEN_MODEL) -> None:
     saved (with its record, atomically) at each of its checkpoint epochs; resumable from
     ``OUTPUT/train-state``."""
     checkpoints, optimiser = CHECKPOINTED[model]
+    options = CHECKPOINTED_OPTIONS.get(model, {})
     _, epochs = _recipe(args, model)
     names = {e: f"{model}_e{e}" for e in checkpoints if e <= epochs}
     if all((args.output / "models" / n / "training.json").exists() for n in names.values()):
@@ -383,6 +408,7 @@ def train_longer(args: argparse.Namespace, model: str = TRAINLEN_MODEL) -> None:
             "train_sentences": len(train_set),
             "epochs": epochs,
             "optimiser": optimiser,
+            **options,
             "checkpoint_epoch": epoch,
             "resumed_after_epoch": resumed,
             "this_process_wall_s": round(time.perf_counter() - wall, 1),
@@ -414,6 +440,7 @@ def train_longer(args: argparse.Namespace, model: str = TRAINLEN_MODEL) -> None:
         seed=_torch_seed(args, model),
         epochs=epochs,
         optimiser=optimiser,  # type: ignore[arg-type]
+        **options,  # type: ignore[arg-type]
         validation=validation,
         progress=True,
         checkpoint=state,
@@ -1020,6 +1047,12 @@ def schedule(args: argparse.Namespace) -> None:
     _checkpoint_study(args, "schedule", (TRAINLEN_MODEL, SCHEDULE_MODEL))
 
 
+def recipe(args: argparse.Namespace) -> None:
+    """The seventh run (issue 23): the authors' teacher dropout and initialisers. As
+    ``schedule``, with the seventh run's checkpoints beside the sixth run's."""
+    _checkpoint_study(args, "recipe", (TRAINLEN_MODEL, SCHEDULE_MODEL, RECIPE_MODEL))
+
+
 def _checkpoint_study(args: argparse.Namespace, stem: str, runs: tuple[str, ...]) -> None:
     """Step 7 of the 5-epoch students and of the checkpoints of `runs` (models of
     ``CHECKPOINTED``), with bootstrap intervals; the report in ``OUTPUT/<stem>``."""
@@ -1184,6 +1217,7 @@ def main() -> None:
             "linzen",
             "trainlen",
             "schedule",
+            "recipe",
         ),
     )
     parser.add_argument("model", nargs="?", choices=MODELS)
@@ -1213,6 +1247,8 @@ def main() -> None:
         trainlen(args)
     elif args.command == "schedule":
         schedule(args)
+    elif args.command == "recipe":
+        recipe(args)
     else:
         evaluate(args)
 

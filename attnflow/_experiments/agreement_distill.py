@@ -56,7 +56,9 @@ from .agreement_torch import (
 )
 
 __all__ = [
+    "AUTHORS_INITIALISER_RANGE",
     "AUTHORS_RECIPE",
+    "AUTHORS_TEACHER_DROPOUT",
     "DISTILL_RATE",
     "TEMPERATURE",
     "LSTMTeacher",
@@ -95,6 +97,21 @@ no warm-up, not staircase); the L2 penalties of ``tf2_models/transformers.py``
 (``Bert``: 1e-4 times the sum of squares of the embeddings and of the blocks' dense
 kernels and biases, not the LayerNorms nor the classifier) and
 ``tf2_models/lm_lstm.py`` (``ClassifierLSTM``: 1e-5 on every weight).
+"""
+
+AUTHORS_TEACHER_DROPOUT: dict[str, float] = {"input": 0.2, "hidden": 0.8}
+"""The authors' teacher dropout (``small_lstm_v4`` in ``util/model_configs.py`` at ``d28ddd5``).
+
+``ClassifierLSTM`` (``tf2_models/lm_lstm.py``) drops ``input_dropout_rate`` (0.2) of the
+embeddings, and ``hidden_dropout_rate`` (0.8) three times: each Keras LSTM layer's
+``dropout`` (its inputs) and ``recurrent_dropout`` (its previous state), one mask per
+sentence shared by every time step, and the last layer's outputs before the classifier.
+"""
+AUTHORS_INITIALISER_RANGE = 0.05
+"""The student's ``initializer_range`` (``small_gpt_v9``, ``util/model_configs.py``).
+
+``get_initializer`` (``tf2_models/common_layers.py``) is Keras's ``TruncatedNormal``
+with that standard deviation: a normal cut at two deviations, not rescaled.
 """
 
 logger = logging.getLogger(__name__)
@@ -214,6 +231,45 @@ def _authors_l2_parameters(student: nn.Module) -> list[nn.Parameter]:
     ]
 
 
+def _authors_initialisation(student: nn.Module, teacher: LSTMTeacher) -> None:
+    """Re-initialise both models as the authors' code does (``Reflect`` at ``d28ddd5``).
+
+    The student (``Bert``, ``tf2_models/transformers.py``; ``Conv1D``,
+    ``tf2_models/transformer_layers.py``; the classifier ``e2c`` of ``ClassifierBERT``,
+    ``tf2_models/lm_transformer.py``): every embedding and dense
+    kernel (the classifier's included) from a normal of deviation
+    :data:`AUTHORS_INITIALISER_RANGE` cut at two deviations (Keras's
+    ``TruncatedNormal``), biases 0, LayerNorms 1 and 0, no residual scaling. The teacher
+    (``ClassifierLSTM``, ``tf2_models/lm_lstm.py``) passes no initialiser, so Keras's
+    defaults: embeddings uniform on [-0.05, 0.05]; LSTM kernels Glorot-uniform,
+    recurrent kernels orthogonal, bias 0 but 1 on the forget gate
+    (``unit_forget_bias``; PyTorch's second bias 0); classifier Glorot-uniform, bias 0.
+    """
+    std = AUTHORS_INITIALISER_RANGE
+    with torch.no_grad():
+        for module in student.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        nn.init.uniform_(teacher.embedding.weight, -0.05, 0.05)
+        for name, weight in teacher.lstm.named_parameters():
+            if name.startswith("weight_ih"):
+                nn.init.xavier_uniform_(weight)
+            elif name.startswith("weight_hh"):
+                nn.init.orthogonal_(weight)
+            else:
+                nn.init.zeros_(weight)
+                if name.startswith("bias_ih"):
+                    width = weight.shape[0] // 4
+                    weight[width : 2 * width] = 1.0
+        nn.init.xavier_uniform_(teacher.classifier.weight)
+        nn.init.zeros_(teacher.classifier.bias)
+
+
 def student_config(vocab_size: int, /) -> AgreementConfig:
     """Return the paper code's student: 6 x 8 x 128, dropout 0.4 / 0.6 / 0.2.
 
@@ -255,10 +311,20 @@ class LSTMTeacher(nn.Module):
     n_layers : int, default 2
         LSTM layers (``d-2``).
     dropout : float, default 0.1
-        Dropout on the embeddings and between the layers (the authors' value is not
-        recorded in the checkpoint name; this one is ours).
+        Dropout on the embeddings (unless `input_dropout` is given), between the layers
+        and on the final state (ours); with `variational`, the LSTM's and the final
+        state's rate (the authors' ``hidden_dropout_rate``, 0.8).
     n_classes : int, default 2
         Output classes.
+    input_dropout : float, optional
+        Dropout on the embeddings; None uses `dropout` (the authors': 0.2).
+    variational : bool, default False
+        Drop as Keras's LSTM layers do with ``dropout`` and ``recurrent_dropout`` both
+        `dropout` (the authors' ``ClassifierLSTM``, :data:`AUTHORS_TEACHER_DROPOUT`):
+        in each layer, one mask per sentence on its inputs and one on its previous
+        hidden state, shared by all time steps (Gal & Ghahramani 2016), then `dropout`
+        on the last layer's outputs. Training then runs the recurrence step by step;
+        evaluation (no dropout) uses the same weights through ``torch.nn.LSTM``.
 
     Examples
     --------
@@ -283,6 +349,8 @@ class LSTMTeacher(nn.Module):
         n_layers: int = 2,
         dropout: float = 0.1,
         n_classes: int = 2,
+        input_dropout: float | None = None,
+        variational: bool = False,
     ) -> None:
         super().__init__()
         sizes: tuple[tuple[str, object], ...] = (
@@ -294,13 +362,29 @@ class LSTMTeacher(nn.Module):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 msg = f"`{name}` must be a positive int; got {value!r}."
                 raise ValueError(msg)
-        rate: object = dropout
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < 1:
-            msg = f"`dropout` must be a number in [0, 1); got {dropout!r}."
+        rates: tuple[tuple[str, object], ...] = (
+            ("dropout", dropout),
+            ("input_dropout", 0.0 if input_dropout is None else input_dropout),
+        )
+        for name, rate in rates:
+            if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < 1:
+                msg = f"`{name}` must be a number in [0, 1); got {rate!r}."
+                raise ValueError(msg)
+        if not isinstance(variational, bool):
+            msg = f"`variational` must be a bool; got {variational!r}."
             raise ValueError(msg)
+        self.variational = variational
+        self.hidden_dropout = float(dropout)
         self.embedding = nn.Embedding(vocab_size, hidden)
+        self.input_drop = nn.Dropout(dropout if input_dropout is None else input_dropout)
         self.drop = nn.Dropout(dropout)
-        self.lstm = nn.LSTM(hidden, hidden, num_layers=n_layers, batch_first=True, dropout=dropout)
+        self.lstm = nn.LSTM(
+            hidden,
+            hidden,
+            num_layers=n_layers,
+            batch_first=True,
+            dropout=0.0 if variational else dropout,
+        )
         self.classifier = nn.Linear(hidden, n_classes)
 
     def forward(
@@ -320,7 +404,11 @@ class LSTMTeacher(nn.Module):
         Tensor of float, shape (batch, n_classes)
             The logits.
         """
-        states, _ = self.lstm(self.drop(self.embedding(input_ids)))
+        embedded = self.input_drop(self.embedding(input_ids))
+        if self.variational and self.training and self.hidden_dropout > 0:
+            states = self._variational_states(embedded)
+        else:
+            states, _ = self.lstm(embedded)
         batch, n = input_ids.shape
         if attention_mask is None:
             last = torch.full((batch,), n - 1, dtype=torch.long, device=input_ids.device)
@@ -328,6 +416,35 @@ class LSTMTeacher(nn.Module):
             last = attention_mask.to(torch.long).sum(dim=1).clamp(min=1) - 1
         final = states[torch.arange(batch, device=input_ids.device), last]
         return self.classifier(self.drop(final))  # type: ignore[no-any-return]
+
+    def _variational_states(self, x: torch.Tensor) -> torch.Tensor:
+        """The LSTM's outputs under Keras's ``dropout`` = ``recurrent_dropout`` = p.
+
+        For each layer, one Bernoulli mask per sentence on the layer's inputs and one on
+        its previous hidden state (scaled by ``1 / (1 - p)``), the same at every time
+        step; gates i, f, g, o as ``torch.nn.LSTM`` (and Keras) order them.
+        """
+        keep = 1.0 - self.hidden_dropout
+        batch, n, _ = x.shape
+        for layer in range(self.lstm.num_layers):
+            w_ih = getattr(self.lstm, f"weight_ih_l{layer}")
+            w_hh = getattr(self.lstm, f"weight_hh_l{layer}")
+            bias = getattr(self.lstm, f"bias_ih_l{layer}") + getattr(self.lstm, f"bias_hh_l{layer}")
+            width = w_hh.shape[1]
+            inputs_mask = x.new_empty(batch, 1, x.shape[-1]).bernoulli_(keep) / keep
+            state_mask = x.new_empty(batch, width).bernoulli_(keep) / keep
+            projected = F.linear(x * inputs_mask, w_ih, bias)
+            h = x.new_zeros(batch, width)
+            c = x.new_zeros(batch, width)
+            outputs = []
+            for t in range(n):
+                gates = projected[:, t] + F.linear(h * state_mask, w_hh)
+                i, f, g, o = gates.chunk(4, dim=-1)
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+                h = torch.sigmoid(o) * torch.tanh(c)
+                outputs.append(h)
+            x = torch.stack(outputs, dim=1)
+        return x
 
 
 def train_distilled_agreement_model(
@@ -343,6 +460,8 @@ def train_distilled_agreement_model(
     epochs: int = 5,
     batch_size: int = 64,
     optimiser: Literal["adamw", "authors"] = "adamw",
+    initialisation: Literal["ours", "authors"] = "ours",
+    teacher_dropout: Literal["ours", "authors"] = "ours",
     lr: float | None = None,
     warmup: float | None = None,
     clip: float | None = None,
@@ -395,6 +514,14 @@ def train_distilled_agreement_model(
         As for :func:`~attnflow._experiments.agreement_torch.train_agreement_model`.
     optimiser : {"adamw", "authors"}, default "adamw"
         attnflow's optimisation, or the authors' (above).
+    initialisation : {"ours", "authors"}, default "ours"
+        GPT-2's initialisation of the student (deviation 0.02) and PyTorch's of the
+        teacher, or the authors' (:func:`_authors_initialisation`: a normal of deviation
+        0.05 cut at two deviations for the student, Keras's defaults for the teacher).
+    teacher_dropout : {"ours", "authors"}, default "ours"
+        The teacher's dropout: 0.1 (ours), or the authors'
+        (:data:`AUTHORS_TEACHER_DROPOUT`: 0.2 on the embeddings, 0.8 variational on
+        each LSTM layer's inputs and recurrent state and on its final state).
     lr : float, optional
         The peak learning rate: 1e-3 for ``"adamw"``, 1e-4 for ``"authors"`` by default.
     warmup : float, optional
@@ -473,6 +600,10 @@ def train_distilled_agreement_model(
             f"warm-up); got {warmup=}. Leave it out, or use optimiser='adamw'."
         )
         raise ValueError(msg)
+    for name, value in (("initialisation", initialisation), ("teacher_dropout", teacher_dropout)):
+        if value not in ("ours", "authors"):
+            msg = f"`{name}` must be 'ours' or 'authors'; got {value!r}."
+            raise ValueError(msg)
     authors = optimiser == "authors"
     if lr is None:
         lr = AUTHORS_RECIPE["lr"] if authors else 1e-3
@@ -500,9 +631,18 @@ def train_distilled_agreement_model(
     target = torch.device(device)
     torch.manual_seed(seed)
     student = AgreementTransformer(config).to(target)
-    teacher = LSTMTeacher(config.vocab_size, hidden=teacher_hidden, n_layers=teacher_layers).to(
-        target
-    )
+    dropouts: dict[str, Any] = {}
+    if teacher_dropout == "authors":
+        dropouts = {
+            "dropout": AUTHORS_TEACHER_DROPOUT["hidden"],
+            "input_dropout": AUTHORS_TEACHER_DROPOUT["input"],
+            "variational": True,
+        }
+    teacher = LSTMTeacher(
+        config.vocab_size, hidden=teacher_hidden, n_layers=teacher_layers, **dropouts
+    ).to(target)
+    if initialisation == "authors":
+        _authors_initialisation(student, teacher)
     total = epochs * math.ceil(len(train) / batch_size)
     penalties: list[tuple[float, list[nn.Parameter]]] = [(0.0, []), (0.0, [])]
     if authors:
@@ -557,6 +697,10 @@ def train_distilled_agreement_model(
     }
     if authors:  # recorded only here, so that the earlier runs' states still resume
         run["optimiser"] = {"name": optimiser, **AUTHORS_RECIPE}
+    if initialisation != "ours":  # likewise
+        run["initialisation"] = {"name": initialisation, "student": AUTHORS_INITIALISER_RANGE}
+    if teacher_dropout != "ours":
+        run["teacher_dropout"] = {"name": teacher_dropout, **AUTHORS_TEACHER_DROPOUT}
     done = 0
     if checkpoint is not None and Path(checkpoint).exists():
         done = _resume(Path(checkpoint), run, student, teacher, optimisers, schedulers, shuffler)
