@@ -370,9 +370,10 @@ class LSTMTeacher(nn.Module):
             if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < 1:
                 msg = f"`{name}` must be a number in [0, 1); got {rate!r}."
                 raise ValueError(msg)
-        if not isinstance(variational, bool):
+        flag: object = variational
+        if not isinstance(flag, bool):
             msg = f"`variational` must be a bool; got {variational!r}."
-            raise ValueError(msg)
+            raise TypeError(msg)
         self.variational = variational
         self.hidden_dropout = float(dropout)
         self.embedding = nn.Embedding(vocab_size, hidden)
@@ -418,7 +419,7 @@ class LSTMTeacher(nn.Module):
         return self.classifier(self.drop(final))  # type: ignore[no-any-return]
 
     def _variational_states(self, x: torch.Tensor) -> torch.Tensor:
-        """The LSTM's outputs under Keras's ``dropout`` = ``recurrent_dropout`` = p.
+        """Return the LSTM's outputs under Keras's ``dropout`` = ``recurrent_dropout`` = p.
 
         For each layer, one Bernoulli mask per sentence on the layer's inputs and one on
         its previous hidden state (scaled by ``1 / (1 - p)``), the same at every time

@@ -12,7 +12,9 @@ torch = pytest.importorskip("torch", reason="the distillation needs PyTorch")
 from attnflow._experiments.agreement import agreement_split, with_end_token
 from attnflow._experiments.agreement_distill import (
     AUTHORS_RECIPE,
+    AUTHORS_TEACHER_DROPOUT,
     LSTMTeacher,
+    _authors_initialisation,
     _authors_l2_parameters,
     cosine_decay_restarts,
     student_config,
@@ -136,6 +138,8 @@ def test_training_is_reproducible(split) -> None:
         ({"optimiser": "sgd"}, "`optimiser` must be 'adamw' or 'authors'"),
         ({"optimiser": "authors", "warmup": 0.05}, "`warmup` does not apply"),
         ({"optimiser": "authors", "clip": 0.0}, "clip > 0"),
+        ({"initialisation": "keras"}, "`initialisation` must be 'ours' or 'authors'"),
+        ({"teacher_dropout": 0.8}, "`teacher_dropout` must be 'ours' or 'authors'"),
     ],
 )
 def test_bad_settings(split, kwargs: dict[str, object], match: str) -> None:
@@ -293,3 +297,127 @@ def test_the_authors_optimisation(split: Any, tmp_path: Any) -> None:
     assert penalised == expected_names
     assert "token_embedding.weight" in penalised
     assert "blocks.0.attn.qkv.bias" in penalised
+
+
+def test_the_authors_initialisers() -> None:
+    # Reflect@d28ddd5: the student truncated-normal 0.05 (cut at 2 deviations, not
+    # rescaled) on every embedding and dense kernel, zero biases, LayerNorms 1 / 0; the
+    # teacher Keras's defaults (uniform 0.05 embeddings, Glorot kernels, orthogonal
+    # recurrent kernels, forget-gate bias 1).
+    scipy_stats = pytest.importorskip("scipy.stats")
+    torch.manual_seed(0)
+    student = AgreementTransformer(student_config(300))
+    teacher = LSTMTeacher(300)
+    _authors_initialisation(student, teacher)
+    kernels = []
+    for name, p in student.named_parameters():
+        if "ln_" in name:
+            assert torch.equal(p, torch.ones_like(p) if name.endswith("weight") else 0 * p)
+        elif name.endswith("bias"):
+            assert torch.equal(p, torch.zeros_like(p)), name
+        else:
+            assert p.abs().max() <= 0.1, name
+            kernels.append(p.detach().flatten())
+    pooled = torch.cat(kernels).double()
+    std = 0.05 * scipy_stats.truncnorm(-2, 2).std()  # 0.0440, not 0.05
+    assert float(pooled.std()) == pytest.approx(std, rel=0.01)
+    assert abs(float(pooled.mean())) < 1e-3
+    embedding = teacher.embedding.weight.detach().double()
+    assert embedding.abs().max() <= 0.05
+    assert float(embedding.std()) == pytest.approx(0.05 / 3**0.5, rel=0.01)
+    hidden = teacher.lstm.hidden_size
+    for layer in range(teacher.lstm.num_layers):
+        w_ih = getattr(teacher.lstm, f"weight_ih_l{layer}").detach().double()
+        w_hh = getattr(teacher.lstm, f"weight_hh_l{layer}").detach().double()
+        bound = (6 / (w_ih.shape[1] + 4 * hidden)) ** 0.5
+        assert w_ih.abs().max() <= bound
+        assert float(w_ih.std()) == pytest.approx(bound / 3**0.5, rel=0.02)
+        assert torch.allclose(w_hh.T @ w_hh, torch.eye(hidden, dtype=torch.float64), atol=1e-5)
+        bias = getattr(teacher.lstm, f"bias_ih_l{layer}").detach()
+        gates = torch.zeros(4, hidden)
+        gates[1] = 1.0  # i, f, g, o: the forget gate's bias 1
+        assert torch.equal(bias, gates.flatten())
+        assert not getattr(teacher.lstm, f"bias_hh_l{layer}").any()
+    classifier = teacher.classifier.weight.detach()
+    assert classifier.abs().max() <= (6 / (hidden + 2)) ** 0.5
+    assert not teacher.classifier.bias.any()
+
+
+def test_the_variational_recurrence_is_torchs_lstm() -> None:
+    torch.manual_seed(0)
+    teacher = LSTMTeacher(10, hidden=8, n_layers=2, dropout=0.8, variational=True)
+    x = torch.randn(3, 5, 8)
+    teacher.hidden_dropout = 0.0  # every mask keeps everything
+    with torch.no_grad():
+        assert torch.allclose(teacher._variational_states(x), teacher.lstm(x)[0], atol=1e-6)
+
+
+def test_the_authors_teacher_dropout_is_where_keras_puts_it() -> None:
+    # An oracle of Keras's ClassifierLSTM in training: dropout 0.2 on the embeddings;
+    # in each LSTM layer one mask per sentence on the inputs and one on the previous
+    # state, the same at every step; dropout 0.8 on the last layer's output.
+    teacher = LSTMTeacher(
+        12,
+        hidden=6,
+        dropout=AUTHORS_TEACHER_DROPOUT["hidden"],
+        input_dropout=AUTHORS_TEACHER_DROPOUT["input"],
+        variational=True,
+    )
+    assert (teacher.input_drop.p, teacher.drop.p, teacher.lstm.dropout) == (0.2, 0.8, 0.0)
+    ids = torch.tensor([[1, 4, 5, 7], [1, 3, 6, 0], [2, 2, 2, 2]])
+    mask = ids != 0
+    torch.manual_seed(5)
+    got = teacher.train()(ids, mask)
+    torch.manual_seed(5)
+    x = torch.nn.functional.dropout(teacher.embedding(ids), 0.2)
+    lstm, keep = teacher.lstm, 0.2
+    for layer in range(2):
+        w_ih, w_hh, b_ih, b_hh = (
+            getattr(lstm, f"{k}_l{layer}") for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        )
+        x_mask = torch.empty(3, 6).bernoulli_(keep) / keep
+        h_mask = torch.empty(3, 6).bernoulli_(keep) / keep
+        h = c = torch.zeros(3, 6)
+        outs = []
+        for t in range(ids.shape[1]):
+            z = (x[:, t] * x_mask) @ w_ih.T + b_ih + (h * h_mask) @ w_hh.T + b_hh
+            i, f, g, o = z.split(6, dim=1)
+            c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+            h = o.sigmoid() * c.tanh()
+            outs.append(h)
+        x = torch.stack(outs, dim=1)
+    last = x[torch.arange(3), mask.sum(1) - 1]
+    expected = teacher.classifier(torch.nn.functional.dropout(last, 0.8))
+    assert torch.allclose(got, expected, atol=1e-5)
+    with torch.no_grad():  # evaluation: no dropout, torch.nn.LSTM
+        assert torch.allclose(teacher.eval()(ids[:1]), teacher(ids, mask)[:1], atol=1e-6)
+
+
+def test_bad_teacher_settings() -> None:
+    with pytest.raises(ValueError, match="`input_dropout` must be a number in"):
+        LSTMTeacher(10, input_dropout=1.0)
+    with pytest.raises(TypeError, match="`variational` must be a bool"):
+        LSTMTeacher(10, variational=1)  # type: ignore[arg-type]
+
+
+def test_the_authors_recipe_is_recorded(split: Any, tmp_path: Any) -> None:
+    train = split[0].take(np.arange(64))
+    tiny = AgreementConfig(len(train.vocabulary), n_layers=1, n_heads=2, hidden=16)
+    state = tmp_path / "state.pt"
+    options: dict[str, Any] = {
+        "seed": 0,
+        "config": tiny,
+        "teacher_hidden": 8,
+        "epochs": 1,
+        "optimiser": "authors",
+        "checkpoint": state,
+        "progress": False,
+    }
+    train_distilled_agreement_model(
+        train, initialisation="authors", teacher_dropout="authors", **options
+    )
+    run = torch.load(state, weights_only=True)["run"]
+    assert run["initialisation"] == {"name": "authors", "student": 0.05}
+    assert run["teacher_dropout"] == {"name": "authors", "input": 0.2, "hidden": 0.8}
+    with pytest.raises(ValueError, match="holds another run's state"):
+        train_distilled_agreement_model(train, **options)
