@@ -64,6 +64,11 @@ the authors' L2; ``SCHEDULE_EPOCHS`` epochs, one whole 10,000-step period), savi
 student after each epoch of ``SCHEDULE_CHECKPOINTS``; ``schedule`` evaluates its
 checkpoints as ``trainlen`` does, beside the 5-epoch students and the fifth run's.
 
+``recipe`` is the seventh run, the sixth run's recipe with the authors' teacher dropout
+and initialisers: ``train distilled_authors_recipe`` trains it (``RECIPE_EPOCHS``,
+checkpoints ``RECIPE_CHECKPOINTS``); ``recipe`` evaluates its checkpoints as
+``schedule`` does, beside the sixth run's.
+
 Usage (2 threads of a shared machine; see ``docs/reproduction.md`` for the runs)::
 
     python benchmarks/ablation_paper_protocol.py train today   -o runs/paper-ablation &
@@ -78,6 +83,8 @@ Usage (2 threads of a shared machine; see ``docs/reproduction.md`` for the runs)
     python benchmarks/ablation_paper_protocol.py trainlen -o runs/paper-ablation
     python benchmarks/ablation_paper_protocol.py train distilled_authors_schedule -o runs/paper-ablation
     python benchmarks/ablation_paper_protocol.py schedule -o runs/paper-ablation
+    python benchmarks/ablation_paper_protocol.py train distilled_authors_recipe -o runs/paper-ablation
+    python benchmarks/ablation_paper_protocol.py recipe -o runs/paper-ablation
 
 (``evaluate-model NAME`` evaluates one model as soon as it is trained; ``evaluate`` then
 reads its saved chunks.)
