@@ -105,7 +105,7 @@ class GenerationExplanation:
     [3] '!' (id 9), predicted at position 2
         rollout  [2] ' there' 0.5000  [1] 'Hi' 0.3000  [0] '<s>' 0.2000
     >>> g.show(step=1)
-    row 2 ( there), layer 1 of 1; target 9
+    row 2 (' there'), layer 1 of 1; target 9
     token        rollout
     <s>           0.2000
     Hi            0.3000

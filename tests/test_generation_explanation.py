@@ -66,7 +66,7 @@ def test_show_lists_the_strongest_sources_of_each_generated_token() -> None:
     full = io.StringIO()
     g.show(step=-1, file=full)  # the last token: every token before it, both methods
     table = full.getvalue().splitlines()
-    assert table[0] == "row 4 ( on), layer 1 of 1; target 43"
+    assert table[0] == "row 4 (' on'), layer 1 of 1; target 43"
     assert len(table) == 2 + 5
 
 
