@@ -7,17 +7,12 @@ from typing import Any
 import numpy as np
 import pytest
 from backends import Variant
+from flow_engines import softmax as _softmax
 
 import attnflow
 import attnflow._flow as flow_module
 from attnflow import _maxflow as engine
 from attnflow._flow_cost import PROFILE_ROWS, graph_profile, profile_rows
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    out: np.ndarray = weights / weights.sum(axis=-1, keepdims=True)
-    return out
 
 
 def _local(n: int, layers: int, decay: float, seed: int = 0) -> np.ndarray:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from backends import selected_variants
 from flow_engines import kernel_and_igraph
+from flow_engines import softmax as _softmax
 from oracle import oracle_flow
 
 import attnflow
@@ -84,11 +85,6 @@ def _causal(rng: np.random.Generator, layers: int, n: int) -> np.ndarray:
     logits[..., 0] += 3.0  # BOS sink
     future = np.triu(np.ones((n, n), dtype=bool), k=1)
     return _softmax(np.where(future, -np.inf, logits))
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return weights / weights.sum(axis=-1, keepdims=True)
 
 
 PATTERNS: dict[str, Callable[[np.random.Generator, int, int], np.ndarray]] = {

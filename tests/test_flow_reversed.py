@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flow_engines import kernel_and_igraph
+from flow_engines import residual_mix as _mixed
+from flow_engines import softmax as _softmax
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import PROFILE
@@ -21,17 +23,6 @@ import attnflow._maxflow as engine
 from attnflow._maxflow import FlowTask, solve_flow_task_with_status
 
 EXACT = 1e-12
-
-
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return np.asarray(weights / weights.sum(axis=-1, keepdims=True))
-
-
-def _mixed(attention: np.ndarray, residual: float = 0.5) -> np.ndarray:
-    """``(1 - α) A + α I`` of fused attention ``(L, n, n)``."""
-    n = attention.shape[-1]
-    return np.ascontiguousarray((1 - residual) * attention + residual * np.eye(n))
 
 
 def _attention(rng: np.random.Generator, layers: int, n: int, kind: str) -> np.ndarray:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flow_engines import kernel_and_igraph
+from flow_engines import residual_mix as _mixed
+from flow_engines import softmax as _softmax
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import PROFILE
@@ -27,11 +29,6 @@ from attnflow._maxflow import SOLVED, FlowTask, solve_flow_task_with_status
 EXACT = 1e-12
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return weights / weights.sum(axis=-1, keepdims=True)
-
-
 def _attention(rng: np.random.Generator, layers: int, n: int, causal: bool) -> np.ndarray:
     """Fused attention ``(L, n, n)`` with a BOS sink, causal or not."""
     logits = rng.normal(scale=2.0, size=(layers, n, n))
@@ -39,11 +36,6 @@ def _attention(rng: np.random.Generator, layers: int, n: int, causal: bool) -> n
     if causal:
         logits = np.where(np.triu(np.ones((n, n), dtype=bool), k=1), -np.inf, logits)
     return _softmax(logits)
-
-
-def _mixed(attention: np.ndarray, residual: float) -> np.ndarray:
-    n = attention.shape[-1]
-    return np.ascontiguousarray((1 - residual) * attention + residual * np.eye(n))
 
 
 def test_scan_says_whether_every_self_arc_is_the_strongest() -> None:
