@@ -32,7 +32,10 @@ _KEYS = ("attentions", "mask", "tokens", "sentences", "source")
 class Sample:
     """Attention weights of a real model on a padded batch of sentences.
 
-    Attributes
+    Made by :func:`load_sample`, which checks the file's shapes; the fields are its
+    attributes.
+
+    Parameters
     ----------
     attentions : ndarray of float32, shape (batch, layers, heads, n, n)
         Attention probabilities as the model returned them (rows = queries, columns =
@@ -45,6 +48,15 @@ class Sample:
         The input sentences.
     source : str
         Model, library versions and recording date.
+
+    Examples
+    --------
+    >>> from attnflow.data import load_sample
+    >>> sample = load_sample()
+    >>> sample.mask.shape == (len(sample.sentences), sample.attentions.shape[-1])
+    True
+    >>> sample.tokens[0][0]
+    '[CLS]'
     """
 
     attentions: NDArray[np.float32]
@@ -127,7 +139,10 @@ VIT_SAMPLE_FILE = "vit_digits_sample.npz"
 class ImageSample:
     """Attention weights of a small trained vision transformer on six digits.
 
-    Attributes
+    Made by :func:`load_image_sample`, which checks the file's shapes; the fields are its
+    attributes.
+
+    Parameters
     ----------
     attentions : ndarray of float32, shape (images, layers, heads, 17, 17)
         Token 0 is [CLS], then the 4 x 4 patches (2 x 2 pixels each) row by row.
@@ -137,6 +152,15 @@ class ImageSample:
         True and predicted classes.
     source : str
         Model, training, library versions and recording date.
+
+    Examples
+    --------
+    >>> from attnflow.data import load_image_sample
+    >>> digits = load_image_sample()
+    >>> digits.images.shape[1:]  # 8 x 8 pixels
+    (8, 8)
+    >>> bool((digits.labels == digits.predictions).mean() > 0.5)
+    True
     """
 
     attentions: NDArray[np.float32]
