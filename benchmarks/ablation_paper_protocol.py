@@ -69,6 +69,12 @@ and initialisers: ``train distilled_authors_recipe`` trains it (``RECIPE_EPOCHS`
 checkpoints ``RECIPE_CHECKPOINTS``); ``recipe`` evaluates its checkpoints as
 ``schedule`` does, beside the sixth run's.
 
+``length`` is the eighth run, the seventh run's recipe for the authors' run length:
+``train distilled_authors_length`` continues the seventh run's training state to
+``LENGTH_EPOCHS`` epochs (126,250 steps), saving the student after each epoch of
+``LENGTH_CHECKPOINTS``; ``length`` evaluates the checkpoints saved so far beside the
+seventh run's.
+
 Usage (2 threads of a shared machine; see ``docs/reproduction.md`` for the runs)::
 
     python benchmarks/ablation_paper_protocol.py train today   -o runs/paper-ablation &
@@ -85,6 +91,8 @@ Usage (2 threads of a shared machine; see ``docs/reproduction.md`` for the runs)
     python benchmarks/ablation_paper_protocol.py schedule -o runs/paper-ablation
     python benchmarks/ablation_paper_protocol.py train distilled_authors_recipe -o runs/paper-ablation
     python benchmarks/ablation_paper_protocol.py recipe -o runs/paper-ablation
+    python benchmarks/ablation_paper_protocol.py train distilled_authors_length -o runs/paper-ablation
+    python benchmarks/ablation_paper_protocol.py length -o runs/paper-ablation
 
 (``evaluate-model NAME`` evaluates one model as soon as it is trained; ``evaluate`` then
 reads its saved chunks.)
@@ -101,6 +109,7 @@ import json
 import logging
 import os
 import resource
+import shutil
 import sys
 import time
 from collections.abc import Mapping
@@ -203,16 +212,40 @@ RECIPE_EPOCHS = 16
 RECIPE_CHECKPOINTS = (5, 10, 16)
 RECIPE_MODEL = "distilled_authors_recipe"
 RECIPE_STUDY = tuple(f"{RECIPE_MODEL}_e{e}" for e in RECIPE_CHECKPOINTS)
+# The eighth run (issue 23): the authors' run length. The seventh run's recipe (the
+# same data, seed and settings) trained for LENGTH_EPOCHS epochs of 625 steps =
+# 126,250 steps, the length of the authors' `ckpt-60` (60 epochs of about 2,100 steps
+# on Linzen's data: about 126,000 steps): through the schedule's second period (steps
+# 10,000-60,000, epochs 17-96) into its third (60,000-310,000). The authors' schedules
+# depend on the step alone, so the seventh run's state after its epoch 16 is this run's
+# after its epoch 16 (`train_distilled_agreement_model` extends it; EXTENDS), and the
+# run continues from there. The student is saved after the epochs of LENGTH_CHECKPOINTS
+# (96: the second period's end, where the rate is at its floor; 202: the authors'
+# length). Fixed at 15:12 on 2026-11-26, before the run, from a timing of the recipe
+# (one epoch of 2,000 sentences at a load average of 0.7: 6.8 s CPU and wall at one
+# thread, 4.6-5.1 s wall and 8.4-9.2 s CPU at two): about 186 x 20 x 5 = 18,600 s wall
+# at two threads on a quiet machine, so the run spans sessions (the training state is
+# written after every epoch; a rerun of `train distilled_authors_length` continues from
+# it), and each checkpoint is evaluated by `length` as soon as it exists.
+LENGTH_EPOCHS = 202
+LENGTH_CHECKPOINTS = (32, 64, 96, 128, 160, 202)
+LENGTH_MODEL = "distilled_authors_length"
+LENGTH_STUDY = tuple(f"{LENGTH_MODEL}_e{e}" for e in LENGTH_CHECKPOINTS)
 # model trained with checkpoints: (its checkpoint epochs, the optimiser)
 CHECKPOINTED: dict[str, tuple[tuple[int, ...], str]] = {
     TRAINLEN_MODEL: (TRAINLEN_CHECKPOINTS, "adamw"),
     SCHEDULE_MODEL: (SCHEDULE_CHECKPOINTS, "authors"),
     RECIPE_MODEL: (RECIPE_CHECKPOINTS, "authors"),
+    LENGTH_MODEL: (LENGTH_CHECKPOINTS, "authors"),
 }
 # further options of train_distilled_agreement_model for a model of CHECKPOINTED
 CHECKPOINTED_OPTIONS: dict[str, dict[str, str]] = {
     RECIPE_MODEL: {"initialisation": "authors", "teacher_dropout": "authors"},
+    LENGTH_MODEL: {"initialisation": "authors", "teacher_dropout": "authors"},
 }
+# a model of CHECKPOINTED that continues another's run: its training starts from that
+# run's saved state (when its own does not exist yet)
+EXTENDS: dict[str, str] = {LENGTH_MODEL: RECIPE_MODEL}
 MODELS = (
     "today",
     "eos",
@@ -223,6 +256,7 @@ MODELS = (
     TRAINLEN_MODEL,
     SCHEDULE_MODEL,
     RECIPE_MODEL,
+    LENGTH_MODEL,
 )
 # The second distilled student's size, fixed before its run from a timing of the recipe
 # on 2,000 sentences (3.2 s CPU per 1,000 sentence-epochs, 1 thread) and the time left
@@ -246,6 +280,7 @@ RECIPES: dict[str, tuple[int, int]] = {
     **dict.fromkeys((TRAINLEN_MODEL, *TRAINLEN_STUDY), (DISTILLED_LONG_SENTENCES, TRAINLEN_EPOCHS)),
     **dict.fromkeys((SCHEDULE_MODEL, *SCHEDULE_STUDY), (DISTILLED_LONG_SENTENCES, SCHEDULE_EPOCHS)),
     **dict.fromkeys((RECIPE_MODEL, *RECIPE_STUDY), (DISTILLED_LONG_SENTENCES, RECIPE_EPOCHS)),
+    **dict.fromkeys((LENGTH_MODEL, *LENGTH_STUDY), (DISTILLED_LONG_SENTENCES, LENGTH_EPOCHS)),
 }
 TEST_SPLIT_TRAIN_SENTENCES = 20_000  # the first run's split, which fixes the test set
 METHODS = ("raw", "rollout", "flow")
@@ -395,6 +430,14 @@ def train_longer(args: argparse.Namespace, model: str = TRAINLEN_MODEL) -> None:
     train_set, test = _data(args, model)
     validation = test.take(np.arange(min(500, len(test))))
     state = args.output / "train-state" / f"{model}.pt"
+    earlier = args.output / "train-state" / f"{EXTENDS.get(model)}.pt"
+    if model in EXTENDS and not state.exists() and earlier.exists():
+        # the earlier run's last state, copied whole before it is used (the copy, not
+        # the earlier run's file, is then written after every epoch)
+        staged = state.with_name(f".{state.name}.{os.getpid()}")
+        shutil.copyfile(earlier, staged)
+        staged.replace(state)
+        print(f"{model}: continues {EXTENDS[model]}'s run from {earlier}", flush=True)
     wall, cpu, load = time.perf_counter(), time.process_time(), os.getloadavg()[0]
     resumed = None
     if state.exists():
@@ -418,6 +461,7 @@ def train_longer(args: argparse.Namespace, model: str = TRAINLEN_MODEL) -> None:
             **options,
             "checkpoint_epoch": epoch,
             "resumed_after_epoch": resumed,
+            "extends": EXTENDS.get(model),
             "this_process_wall_s": round(time.perf_counter() - wall, 1),
             "this_process_cpu_s": round(time.process_time() - cpu, 1),
             "load_at_start": load,
@@ -1060,6 +1104,12 @@ def recipe(args: argparse.Namespace) -> None:
     _checkpoint_study(args, "recipe", (TRAINLEN_MODEL, SCHEDULE_MODEL, RECIPE_MODEL))
 
 
+def length(args: argparse.Namespace) -> None:
+    """The eighth run (issue 23): the authors' run length. As ``recipe``, with the
+    eighth run's checkpoints (those saved so far) after the seventh run's."""
+    _checkpoint_study(args, "length", (RECIPE_MODEL, LENGTH_MODEL))
+
+
 def _checkpoint_study(args: argparse.Namespace, stem: str, runs: tuple[str, ...]) -> None:
     """Step 7 of the 5-epoch students and of the checkpoints of `runs` (models of
     ``CHECKPOINTED``), with bootstrap intervals; the report in ``OUTPUT/<stem>``."""
@@ -1225,6 +1275,7 @@ def main() -> None:
             "trainlen",
             "schedule",
             "recipe",
+            "length",
         ),
     )
     parser.add_argument("model", nargs="?", choices=MODELS)
@@ -1256,6 +1307,8 @@ def main() -> None:
         schedule(args)
     elif args.command == "recipe":
         recipe(args)
+    elif args.command == "length":
+        length(args)
     else:
         evaluate(args)
 

@@ -547,7 +547,10 @@ def train_distilled_agreement_model(
         the end of every epoch. If it exists when training starts, training continues
         after its last epoch, so a killed run resumed from it ends with the very
         weights of an uninterrupted one. The file records the settings that fix the
-        run (seed, sizes, epochs, schedule); resuming under other settings is refused.
+        run (seed, sizes, epochs, schedule); resuming under other settings is refused,
+        but for the number of epochs under ``optimiser="authors"``: its schedules depend
+        on the step alone, so a finished run's file extends it to more `epochs`, with
+        the very weights of a run that long from the start.
     on_epoch : callable, optional
         Called as ``on_epoch(epoch, student, teacher)`` after every epoch (1-based) and
         after its checkpoint is written, with both models in evaluation mode (training
@@ -565,7 +568,7 @@ def train_distilled_agreement_model(
     ------
     ValueError
         If `train` is empty, a setting is out of range, or `checkpoint` holds another
-        run's state.
+        run's state or more epochs than `epochs`.
 
     References
     ----------
@@ -820,16 +823,29 @@ def _resume(
 ) -> int:
     """Load the training state of `path` into the run; return the epochs it had done."""
     state = torch.load(path, map_location="cpu", weights_only=True)
-    if state.get("run") != run:
-        saved = state.get("run", {})
+    saved = dict(state.get("run", {}))
+    asked = dict(run)
+    if asked.get("optimiser", {}).get("name") == "authors":
+        # The authors' schedules depend on the step alone, so a run may be extended:
+        # its first epochs are those of a longer run with the same settings.
+        saved.pop("epochs", None)
+        asked.pop("epochs")
+    if saved != asked:
         diff = {
-            k: (saved.get(k), run.get(k))
-            for k in (*run, *(k for k in saved if k not in run))
-            if saved.get(k) != run.get(k)
+            k: (saved.get(k), asked.get(k))
+            for k in (*asked, *(k for k in saved if k not in asked))
+            if saved.get(k) != asked.get(k)
         }
         msg = (
             f"`checkpoint` {str(path)!r} holds another run's state (saved vs asked: {diff}); "
             "pass the settings it was saved with, or another file to start afresh."
+        )
+        raise ValueError(msg)
+    if int(state["epoch"]) > run["epochs"]:
+        msg = (
+            f"`checkpoint` {str(path)!r} holds {int(state['epoch'])} epochs, more than the "
+            f"epochs={run['epochs']} asked; ask for at least {int(state['epoch'])} epochs, "
+            "or pass another file to start afresh."
         )
         raise ValueError(msg)
     student.load_state_dict(state["student"])

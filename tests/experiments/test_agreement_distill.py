@@ -191,9 +191,33 @@ def test_a_killed_and_resumed_run_equals_an_uninterrupted_one(
     # A finished run's checkpoint trains nothing more and returns its models.
     again, _ = train_distilled_agreement_model(train, checkpoint=state, **settings)
     assert all(torch.equal(v, again.state_dict()[k]) for k, v in straight.state_dict().items())
-    # Another run's settings are refused before any training.
-    with pytest.raises(ValueError, match=r"holds another run's state.*'epochs': \(2, 3\)"):
-        train_distilled_agreement_model(train, checkpoint=state, **{**settings, "epochs": 3})
+    if optimiser == "adamw":
+        # Other epochs are refused: attnflow's schedule decays over the whole run.
+        for epochs in (1, 3):
+            with pytest.raises(
+                ValueError, match=rf"another run's state.*'epochs': \(2, {epochs}\)"
+            ):
+                train_distilled_agreement_model(
+                    train, checkpoint=state, **{**settings, "epochs": epochs}
+                )
+    else:
+        # Fewer epochs than the file holds are refused before any training.
+        with pytest.raises(ValueError, match=r"holds 2 epochs, more than the epochs=1 asked"):
+            train_distilled_agreement_model(train, checkpoint=state, **{**settings, "epochs": 1})
+        # The authors' schedules depend on the step alone: the finished 2-epoch run's
+        # file extends it to 3 epochs, with the weights of a 3-epoch run from the start.
+        three = {**settings, "epochs": 3}
+        longer, longer_teacher = train_distilled_agreement_model(train, **three)
+        assert not torch.equal(longer.classifier.weight, straight.classifier.weight)
+        seen.clear()
+        extended, extended_teacher = train_distilled_agreement_model(
+            train, checkpoint=state, on_epoch=lambda e, s, t: seen.append(e), **three
+        )
+        assert seen == [3]
+        assert torch.load(state, weights_only=True)["epoch"] == 3
+        for a, b in ((longer, extended), (longer_teacher, extended_teacher)):
+            one, two = a.state_dict(), b.state_dict()
+            assert all(torch.equal(one[k], two[k]) for k in one)
     # ... and so is the other optimiser's (the authors' run records its recipe).
     other = "adamw" if optimiser == "authors" else "authors"
     with pytest.raises(ValueError, match=r"holds another run's state.*'optimiser'"):
