@@ -379,9 +379,12 @@ def adapters_llm(session: nox.Session) -> None:
 def integrations(session: nox.Session) -> None:
     """attnflow.integrations against the real inseq, captum and Quantus (offline models)."""
     # transformers and the shipped MiniLM (adapters-torch); scikit-learn: the digits data
-    # set on which the Quantus test trains its ViT.
+    # set on which the Quantus test trains its ViT; SmolLM2: the pretrained decoder of
+    # docs/integrations.md's inseq examples (tests/integrations/test_page_examples.py).
     package = _package(session, "inseq", "captum", "quantus")
-    _install(session, TORCH, *_group("test", "adapters-torch"), package, "scikit-learn")
+    groups = _group("test", "adapters-torch")
+    _install(session, TORCH, *groups, *LLM_PACKAGES, package, "scikit-learn")
+    _install(session, "--no-deps", SMOLLM2)
     env = {
         **ENV,
         "HF_HUB_OFFLINE": "1",
