@@ -46,6 +46,7 @@ __all__ = [
     "is_numpy_array",
     "is_tensorflow_tensor",
     "is_torch_array",
+    "lives_in_host_memory",
     "numpy_namespace",
     "resolve_namespace",
     "to_device",
@@ -189,3 +190,17 @@ def values_are_inspectable(x: Array) -> bool:
         jax = sys.modules["jax"]
         return not isinstance(x, jax.core.Tracer)
     return not array_api_compat.is_lazy_array(x)
+
+
+def lives_in_host_memory(x: Array) -> bool:
+    """Return whether `x` is held in the host's memory (a CPU array), not an accelerator's.
+
+    Torch and JAX name a device's kind (``device.type``, ``device.platform``); CuPy arrays
+    are always on a GPU; every other library here (NumPy, array-api-strict, Dask) holds
+    host memory.
+    """
+    if array_api_compat.is_cupy_array(x):
+        return False
+    device = array_device(x)
+    kind = getattr(device, "type", None) or getattr(device, "platform", None)
+    return kind is None or kind == "cpu"

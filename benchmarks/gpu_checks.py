@@ -19,10 +19,16 @@ What is checked and measured
    The materialised path (capture, heads="mean") is timed beside it where it fits.
 3. **Rollout's bandwidth on CUDA** (issue 24 item 6): ``attnflow.rollout`` of a float32
    ``(B, L, H, n, n)`` stack (the default row 0), in GB/s of the input read, against a
-   pure read of the same tensor (``x.sum()``) and a device copy in the same run.
+   pure read of the same tensor (``x.sum()``) and a device copy in the same run, and
+   two hand-written chains (every layer's head mean at once, then one product per layer)
+   as the floor of a chain of whole-tensor calls.
 4. **Flow on CUDA inputs** (issue 24 item 6): where the time of ``flow`` goes when the
    attention lives on the GPU: the head fusion and residual on the device, the one host copy,
    and the solve.
+5. Part 2 with a bfloat16 model.
+6. **What one array call costs** on the device (a tiny elementwise call, a vector-matrix
+   product, a residual mix, the row chain of a 12-layer stack), issued back to back:
+   the bound on short inputs.
 
 Nothing is asserted; every figure is printed and written as JSON to ``--out``.
 
@@ -296,6 +302,30 @@ def bench_long_context(
 # ----------------------------------------------------------------- 3. rollout bandwidth
 
 
+def hand_chain(x: torch.Tensor, residual: float = 0.5, premixed: bool = False) -> torch.Tensor:
+    """Row 0 of rollout by hand, no checks: every layer's head mean at once, then the chain.
+
+    The floor of a chain written with whole-tensor operations: one reduction over the
+    input, then one vector-matrix product per layer (and, unless `premixed`, the residual
+    mixed into each product, three more kernels per layer).
+    """
+    fused = x.mean(dim=2)
+    n = x.shape[-1]
+    unit = torch.zeros(n, dtype=x.dtype, device=x.device)
+    unit[0] = 1.0
+    if premixed:
+        eye = torch.eye(n, dtype=x.dtype, device=x.device)
+        fused = (1.0 - residual) * fused + residual * eye
+        vectors = fused[:, -1, 0:1, :]
+        for i in range(x.shape[1] - 2, -1, -1):
+            vectors = vectors @ fused[:, i]
+        return vectors[:, 0]
+    vectors = (1.0 - residual) * fused[:, -1, 0:1, :] + residual * unit
+    for i in range(x.shape[1] - 2, -1, -1):
+        vectors = (1.0 - residual) * (vectors @ fused[:, i]) + residual * vectors
+    return vectors[:, 0]
+
+
 def bench_rollout_bandwidth(device: torch.device, quick: bool) -> None:
     shapes = (
         [(4, 4, 4, 64, 64)]
@@ -331,6 +361,8 @@ def bench_rollout_bandwidth(device: torch.device, quick: bool) -> None:
                 lambda x=x: attnflow.rollout(x, rows=0, validate=False),
             ),
             ("head mean only (x.mean(2))", lambda x=x: x.mean(dim=2)),
+            ("hand chain (one head mean, row chain)", lambda x=x: hand_chain(x)),
+            ("hand chain, residual mixed in once", lambda x=x: hand_chain(x, premixed=True)),
         ):
             seconds, peak, _ = timed(call, device, repeats=5)
             record[name] = {
@@ -346,6 +378,8 @@ def bench_rollout_bandwidth(device: torch.device, quick: bool) -> None:
             "rollout row 0",
             "rollout row 0, validate=False",
             "head mean only (x.mean(2))",
+            "hand chain (one head mean, row chain)",
+            "hand chain, residual mixed in once",
         ):
             r = record[name]
             log(
@@ -418,12 +452,63 @@ def bench_flow_on_device(device: torch.device, quick: bool) -> None:
     RESULTS["flow_on_device"] = out
 
 
+# ----------------------------------------------------------- 6. what one array call costs
+
+
+def bench_call_costs(device: torch.device, quick: bool) -> None:
+    """Microseconds per call, issued back to back and waited for once (the issue rate).
+
+    Why a short input cannot reach the bandwidth goal with one vector-matrix product per
+    layer: the chain of 11 layers below the top one costs more than reading the input.
+    """
+    import array_api_compat
+
+    xp = array_api_compat.array_namespace(torch.zeros(1))
+
+    def per_call(call: Callable[[], Any], repeats: int = 200) -> float:
+        for _ in range(5):
+            call()
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        synchronize(device)
+        return (time.perf_counter() - start) / repeats * 1e6
+
+    batch, n, layers, heads = (4, 32, 4, 4) if quick else (32, 197, 12, 12)
+    fused = torch.rand(batch, n, n, device=device)
+    vector = torch.rand(batch, 1, n, device=device)
+    stack = torch.rand(batch, layers, heads, n, n, device=device)
+    layer_means = stack.mean(2)
+
+    def chain() -> torch.Tensor:
+        rows = layer_means[:, -1, 0:1, :]
+        for i in range(layers - 2, -1, -1):
+            rows = 0.5 * (rows @ layer_means[:, i]) + 0.5 * rows
+        return rows
+
+    record = {
+        "shape": [batch, layers, heads, n, n],
+        "tiny elementwise call (v + 1), us": per_call(lambda: vector + 1),
+        "vector-matrix product (v @ A), us": per_call(lambda: vector @ fused),
+        "the same through array-api-compat (xp.matmul), us": per_call(
+            lambda: xp.matmul(vector, fused)
+        ),
+        "residual mix (3 elementwise calls), us": per_call(lambda: 0.5 * vector + 0.5 * vector),
+        f"row chain of {layers - 1} layers, us": per_call(chain, 50),
+        "head mean of the stack (reads it once), us": per_call(lambda: stack.mean(2), 50),
+    }
+    RESULTS["call_costs"] = record
+    for name, value in record.items():
+        log(f"  {name}: {value if name == 'shape' else round(value, 1)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument(
-        "--only", default="1,2,3,4,5", help="comma-separated parts to run (default all)"
+        "--only", default="1,2,3,4,5,6", help="comma-separated parts to run (default all)"
     )
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -436,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "attnflow": getattr(attnflow, "__version__", "?"),
+        "attnflow from": str(Path(attnflow.__file__).parent),
     }
     log(f"environment: {RESULTS['environment']}")
     parts = {
@@ -447,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
             "blockwise rows at long context, bfloat16 model",
             lambda device, quick: bench_long_context(device, quick, torch.bfloat16),
         ),
+        "6": ("what one array call costs", bench_call_costs),
     }
     failed = False
     for key in args.only.split(","):

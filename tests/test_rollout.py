@@ -275,8 +275,26 @@ def test_fuse_heads_of_cross_attention() -> None:
 
 
 STREAM_BLOCKS = pytest.mark.parametrize(
-    "block_bytes", [1 << 40, 1], ids=["whole-layers", "row-blocks"]
+    "block_bytes", [1 << 40, 1, 0], ids=["whole-layers", "row-blocks", "layer-groups"]
 )
+GROUP_BYTES = 2 * SHAPE[0] * SHAPE[-1] ** 2 * 8
+"""Two fused float64 layers (four float32): groups of the test stack end below the top."""
+
+
+def _stream(monkeypatch: pytest.MonkeyPatch, block_bytes: int) -> None:
+    """Stream whole layers one at a time, rows `block_bytes` at a time, or (0) layer groups.
+
+    Layer groups are an accelerator's: the arrays are taken for a GPU's there, which also
+    keeps the checks' numbers per piece instead of running.
+    """
+    from attnflow import _prepare
+
+    if block_bytes == 0:
+        monkeypatch.setattr(_prepare, "lives_in_host_memory", lambda x: False)
+        monkeypatch.setattr(_prepare, "STREAM_GROUP_BYTES", GROUP_BYTES)
+        return
+    monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
 
 
 @STREAM_BLOCKS
@@ -298,8 +316,7 @@ def test_streamed_rows_equal_the_full_maps_rows(
     """
     from attnflow import _prepare
 
-    monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
-    monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
+    _stream(monkeypatch, block_bytes)
     data = weights.astype(dtype_name)
     fusion: Any = heads
     oracle_heads: Any = heads
@@ -324,8 +341,9 @@ def test_streamed_rows_equal_the_full_maps_rows(
         )
         index = rows if isinstance(rows, int) else np.asarray(rows)
         np.testing.assert_allclose(part, full[..., index, :], rtol=tol, atol=tol)
-    if block_bytes == 1 and layers == "last" and not backend.jit and backend.library != "dask":
-        # The layers below the top one were fused a row at a time.
+    if block_bytes in {0, 1} and layers == "last" and not backend.jit and backend.library != "dask":
+        # The layers below the top one were fused a row at a time, or a group at a time:
+        # [2, 4) then [0, 2) in float64, [0, 4) in float32 (the top layer only in its row).
         calls = [0]
         fusion = _prepare.apply_head_fusion
 
@@ -335,7 +353,9 @@ def test_streamed_rows_equal_the_full_maps_rows(
 
         monkeypatch.setattr(_prepare, "apply_head_fusion", counted)
         backend.run(attnflow.rollout, backend.asarray(data), rows=0, **options)
-        assert calls[0] == 1 + (SHAPE[1] - 1) * SHAPE[-1]
+        below = SHAPE[1] - 1
+        group = GROUP_BYTES // (SHAPE[0] * SHAPE[-1] ** 2 * data.itemsize)
+        assert calls[0] == 1 + (below * SHAPE[-1] if block_bytes else -(-below // group))
 
 
 @STREAM_BLOCKS
@@ -343,10 +363,8 @@ def test_streamed_checks_read_every_layer_the_chain_reads(
     weights: np.ndarray, block_bytes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Values are judged after the chain, with the eager checks' messages, in every layer."""
-    from attnflow import _prepare
 
-    monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
-    monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
+    _stream(monkeypatch, block_bytes)
     nan = weights.copy()
     nan[1, 0, 2, 6, 3] = np.nan  # the first layer, a row the chain multiplies through
     with pytest.raises(
@@ -367,15 +385,59 @@ def test_streamed_checks_read_every_layer_the_chain_reads(
     attnflow.rollout(scaled, rows=0, validate=False)
 
 
+def test_accelerator_blocks_are_a_share_of_the_input_in_equal_parts(
+    weights: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an accelerator a long layer streams in blocks of at least a share of the input.
+
+    A share of 4 rows' bytes gives 3 blocks of 3 rows for 9 rows (not 4, 4 and 1); in
+    host memory the same settings stream a row at a time. The rows equal the oracle's.
+    """
+    from attnflow import _prepare
+
+    monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", 1)
+    monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
+    row_bytes = SHAPE[0] * SHAPE[-1] * weights.itemsize
+    monkeypatch.setattr(_prepare, "STREAM_BLOCK_SHARE", 4 * row_bytes / weights.nbytes)
+    calls = [0]
+    fusion = _prepare.apply_head_fusion
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return fusion(*args, **kwargs)
+
+    monkeypatch.setattr(_prepare, "apply_head_fusion", counted)
+    expected = oracle_rollout(weights, rows=0)
+    below = SHAPE[1] - 1
+    for accelerator, blocks in ((False, SHAPE[-1]), (True, 3)):
+        monkeypatch.setattr(_prepare, "lives_in_host_memory", lambda x, a=accelerator: not a)
+        calls[0] = 0
+        result = attnflow.rollout(weights, rows=0)
+        assert calls[0] == 1 + below * blocks
+        np.testing.assert_allclose(result, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_host_memory_is_told_from_an_accelerator(backend: Variant) -> None:
+    """Arrays of every CPU cell live in host memory; CUDA ones and torch's meta do not."""
+    from attnflow._namespace import lives_in_host_memory
+
+    x = backend.asarray(np.zeros(2))
+    if backend.library == "tensorflow":
+        x = np.asarray(x)  # the core sees TensorFlow tensors as NumPy arrays (the boundary)
+    kind = getattr(backend.device, "platform", None) or str(backend.device)
+    on_gpu = kind.startswith(("cuda", "gpu"))
+    assert lives_in_host_memory(x) is not on_gpu
+    if backend.library == "torch":
+        assert not lives_in_host_memory(backend.modules["torch"].zeros(2, device="meta"))
+
+
 @STREAM_BLOCKS
 def test_rows_of_the_top_layer_that_no_chain_reads_are_not_checked(
     weights: np.ndarray, block_bytes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`validate` checks what the method consumes: the top layer only in the rows asked."""
-    from attnflow import _prepare
 
-    monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
-    monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
+    _stream(monkeypatch, block_bytes)
     bad = weights.copy()
     bad[0, -1, 1, 5, :] = np.nan
     result = attnflow.rollout(bad, rows=[0, 1])
@@ -453,10 +515,8 @@ def test_padded_heads_are_renormalised_before_they_are_fused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Each head's rows over the real keys, then the (weighted) mean: the unfused oracle."""
-    from attnflow import _prepare
 
-    monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
-    monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
+    _stream(monkeypatch, block_bytes)
     data, mask = _leaky_padded(weights, dtype_name)
     result = backend.run(
         attnflow.rollout, backend.asarray(data), mask=backend.asarray(mask), **options
@@ -475,7 +535,7 @@ def test_padded_heads_are_renormalised_before_they_are_fused(
 
 @pytest.mark.parametrize("dtype_name", ["float32", "float64"])
 @pytest.mark.parametrize("path", ["compiled", "array-api", "eager", "eager-array-api"])
-@pytest.mark.parametrize("block_bytes", [1 << 40, 1], ids=["whole-layers", "row-blocks"])
+@STREAM_BLOCKS
 def test_padded_paths_agree_on_rows_without_real_weight(
     weights: np.ndarray,
     dtype_name: str,
@@ -490,8 +550,7 @@ def test_padded_paths_agree_on_rows_without_real_weight(
     """
     from attnflow import _prepare
 
-    monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
-    monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
+    _stream(monkeypatch, block_bytes)
     if path.endswith("array-api"):
         monkeypatch.setattr(_prepare, "fuse_masked_mean", lambda *a, **k: None)
     data, mask = _leaky_padded(weights, dtype_name)
@@ -517,8 +576,7 @@ def test_padded_checks_keep_their_verdicts(
     """Every head of the rows read is checked, padded queries left out, as before."""
     from attnflow import _prepare
 
-    monkeypatch.setattr(_prepare, "STREAM_BLOCK_BYTES", block_bytes)
-    monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
+    _stream(monkeypatch, block_bytes)
     if path == "array-api":
         monkeypatch.setattr(_prepare, "fuse_masked_mean", lambda *a, **k: None)
     data, mask = _leaky_padded(weights, "float64")
