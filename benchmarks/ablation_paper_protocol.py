@@ -239,9 +239,11 @@ CHECKPOINTED: dict[str, tuple[tuple[int, ...], str]] = {
     LENGTH_MODEL: (LENGTH_CHECKPOINTS, "authors"),
 }
 # further options of train_distilled_agreement_model for a model of CHECKPOINTED
+AUTHORS_RECIPE_OPTIONS = {"initialisation": "authors", "teacher_dropout": "authors"}
+# the eighth run is the seventh's recipe, trained longer
 CHECKPOINTED_OPTIONS: dict[str, dict[str, str]] = {
-    RECIPE_MODEL: {"initialisation": "authors", "teacher_dropout": "authors"},
-    LENGTH_MODEL: {"initialisation": "authors", "teacher_dropout": "authors"},
+    RECIPE_MODEL: AUTHORS_RECIPE_OPTIONS,
+    LENGTH_MODEL: AUTHORS_RECIPE_OPTIONS,
 }
 # a model of CHECKPOINTED that continues another's run: its training starts from that
 # run's saved state (when its own does not exist yet)
