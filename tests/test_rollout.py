@@ -297,6 +297,21 @@ def _stream(monkeypatch: pytest.MonkeyPatch, block_bytes: int) -> None:
     monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
 
 
+def _count_head_fusions(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the streamed head fusions (one per group, layer or block) in ``calls[0]``."""
+    from attnflow import _prepare
+
+    calls = [0]
+    fusion = _prepare.apply_head_fusion
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return fusion(*args, **kwargs)
+
+    monkeypatch.setattr(_prepare, "apply_head_fusion", counted)
+    return calls
+
+
 @STREAM_BLOCKS
 @pytest.mark.parametrize("layers", ["last", "all", 2])
 @pytest.mark.parametrize("heads", ["mean", "layer-weights"])
@@ -314,7 +329,6 @@ def test_streamed_rows_equal_the_full_maps_rows(
     With row blocks, each layer below the top one is fused and multiplied into the row
     chain one row at a time, as a long input is.
     """
-    from attnflow import _prepare
 
     _stream(monkeypatch, block_bytes)
     data = weights.astype(dtype_name)
@@ -344,14 +358,7 @@ def test_streamed_rows_equal_the_full_maps_rows(
     if block_bytes in {0, 1} and layers == "last" and not backend.jit and backend.library != "dask":
         # The layers below the top one were fused a row at a time, or a group at a time:
         # [2, 4) then [0, 2) in float64, [0, 4) in float32 (the top layer only in its row).
-        calls = [0]
-        fusion = _prepare.apply_head_fusion
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            calls[0] += 1
-            return fusion(*args, **kwargs)
-
-        monkeypatch.setattr(_prepare, "apply_head_fusion", counted)
+        calls = _count_head_fusions(monkeypatch)
         backend.run(attnflow.rollout, backend.asarray(data), rows=0, **options)
         below = SHAPE[1] - 1
         group = GROUP_BYTES // (SHAPE[0] * SHAPE[-1] ** 2 * data.itemsize)
@@ -399,14 +406,7 @@ def test_accelerator_blocks_are_a_share_of_the_input_in_equal_parts(
     monkeypatch.setattr(_prepare, "STREAM_LAYER_BYTES", 0)
     row_bytes = SHAPE[0] * SHAPE[-1] * weights.itemsize
     monkeypatch.setattr(_prepare, "STREAM_BLOCK_SHARE", 4 * row_bytes / weights.nbytes)
-    calls = [0]
-    fusion = _prepare.apply_head_fusion
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        return fusion(*args, **kwargs)
-
-    monkeypatch.setattr(_prepare, "apply_head_fusion", counted)
+    calls = _count_head_fusions(monkeypatch)
     expected = oracle_rollout(weights, rows=0)
     below = SHAPE[1] - 1
     for accelerator, blocks in ((False, SHAPE[-1]), (True, 3)):
