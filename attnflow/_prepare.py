@@ -71,12 +71,13 @@ STREAM_LAYER_BYTES = 8 << 20
 """Fused layers up to this size are fused whole: each block costs a few small array
 calls, which shorter inputs would feel."""
 
-STREAM_BLOCK_SHARE = 0.0025
-"""On an accelerator, blocks of rows are also at least this share of the input: a quarter
-of the 1 % of the input that a selected row may cost beyond it. There every array call is
-a kernel launch, and 1 MiB blocks of a 26 GB input were 1,536 blocks a call (4 % of the
-GPU's bandwidth, against 66 % with this share). In host memory blocks stay at 1 MiB:
-larger ones grew PyTorch's CPU heap to up to 2.5 % of the input."""
+STREAM_BLOCK_SHARE = 0.005
+"""On an accelerator, blocks of rows are also at least this share of the input: half of
+the 1 % of the input that a selected row may cost beyond it. There every array call is a
+kernel launch: 1 MiB blocks of a 26 GB input were 1,536 blocks a call, 4 % of an H100's
+bandwidth; blocks of 0.25 % of it, 60-67 %, and of 0.5 % (a whole layer there), 71 %.
+In host memory blocks stay at 1 MiB: larger ones grew PyTorch's CPU heap to up to 2.5 %
+of the input."""
 
 STREAM_GROUP_BYTES = 64 << 20
 """On an accelerator, short fused layers are fused this many bytes at a time: one head
