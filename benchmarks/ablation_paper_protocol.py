@@ -354,11 +354,17 @@ FLOOR_DRAWS = 50
 
 
 def _data(args: argparse.Namespace, model: str) -> tuple[AgreementData, AgreementData]:
+    """(training, test) sentences of `model`; with ``args.test_data == "grammar"``, the
+    test sentences are the grammar's whatever the model was trained on (the ninth run's
+    cross-evaluation: both data use one vocabulary)."""
+    grammar_test = getattr(args, "test_data", "own") == "grammar"
     if model in LINZEN_DATA_MODELS:
         stream = np.random.SeedSequence(args.seed).spawn(1)[0]
         test = linzen_matched_data(args.sentences, seed=stream)
         sentences, _ = _recipe(args, model)
         train = linzen_matched_data(sentences, seed=args.seed, exclude=test)
+        if grammar_test:
+            test = agreement_split(TEST_SPLIT_TRAIN_SENTENCES, args.sentences, seed=args.seed)[1]
         return with_end_token(train), with_end_token(test)
     train, test = agreement_split(TEST_SPLIT_TRAIN_SENTENCES, args.sentences, seed=args.seed)
     sentences, _ = _recipe(args, model)
@@ -535,6 +541,8 @@ def _evaluate_model(args: argparse.Namespace, name: str, *, whole: bool = False)
     _, test = _data(args, name)
     if whole:  # the whole protocol only: its 100 sentences, the paper code's blank-out
         test = test.take(np.arange(WHOLE_PROTOCOL_SENTENCES))
+    # the resumable chunks of an evaluation on other sentences go to a folder of their own
+    tag = "-grammar" if getattr(args, "test_data", "own") == "grammar" else ""
     model = load_agreement_model(args.output / "models" / name)
     functions = model_functions(model, heads="mean", reduce="sum_abs", output="probability")
     common: dict[str, Any] = {
@@ -564,7 +572,7 @@ def _evaluate_model(args: argparse.Namespace, name: str, *, whole: bool = False)
             blank_out_score="abs",
             blank_out_last_token="zero",
             correlation="spearman_dense",
-            output=args.output / (f"eval-{name}-whole" if whole else f"eval-{name}-paper"),
+            output=args.output / (f"eval-{name}{tag}-whole" if whole else f"eval-{name}-paper"),
             **common,
         )
     probability = reports.get("signed", reports["paper"]).samples["probability"]
@@ -1138,6 +1146,16 @@ def length(args: argparse.Namespace) -> None:
     _checkpoint_study(args, "length", (RECIPE_MODEL, LENGTH_MODEL))
 
 
+def data(args: argparse.Namespace) -> None:
+    """The ninth run (issue 23): the authors' recipe on Linzen-matched data. As
+    ``length``, for the ninth run's checkpoints, on their own test sentences (report
+    ``data``) and on the grammar's (report ``data-grammar``), where the eighth run was
+    measured."""
+    _checkpoint_study(args, "data", (DATA_MODEL,))
+    args.test_data = "grammar"
+    _checkpoint_study(args, "data-grammar", (DATA_MODEL,))
+
+
 def _checkpoint_study(args: argparse.Namespace, stem: str, runs: tuple[str, ...]) -> None:
     """Step 7 of the 5-epoch students and of the checkpoints of `runs` (models of
     ``CHECKPOINTED``), with bootstrap intervals; the report in ``OUTPUT/<stem>``."""
@@ -1251,7 +1269,7 @@ def _checkpoint_tables(
         f"| reference | method | layer | paper | {' | '.join(heads)} |",
         "|---|---|---|---|" + "---|" * len(heads),
     ]
-    within = dict.fromkeys(["5-epoch seeds' mean", *banded], 0)
+    within = dict.fromkeys([*(["5-epoch seeds' mean"] if five else []), *banded], 0)
     covered = dict.fromkeys(banded, 0)
     for reference in REFERENCES:
         for m in METHODS:
@@ -1304,6 +1322,7 @@ def main() -> None:
             "schedule",
             "recipe",
             "length",
+            "data",
         ),
     )
     parser.add_argument("model", nargs="?", choices=MODELS)
@@ -1337,6 +1356,8 @@ def main() -> None:
         recipe(args)
     elif args.command == "length":
         length(args)
+    elif args.command == "data":
+        data(args)
     else:
         evaluate(args)
 
