@@ -240,7 +240,7 @@ LENGTH_STUDY = tuple(f"{LENGTH_MODEL}_e{e}" for e in LENGTH_CHECKPOINTS)
 # after the epochs of DATA_CHECKPOINTS (16: the first period's end). It asks whether the
 # data's shape (Linzen's attractor profile, longer prefixes: a random-score floor of
 # 0.38 against the grammar's 0.46) lowers the early layers' cells, the gap that the
-# authors' run length left. Fixed at 22:36 on 2026-11-26, before the run, from a timing
+# authors' run length left. Fixed at 22:15 on 2026-11-26, before the run, from a timing
 # of the recipe (one epoch of 2,000 sentences at two threads, load average 0.8: 8.5 s
 # wall and 15.7 s CPU on Linzen-matched sentences, 4.95 s and 9.7 s on the grammar's),
 # about 32 x 20 x 7.5 = 4,800 s wall, so that it ends within this session (the eighth
