@@ -1257,7 +1257,7 @@ def _checkpoint_tables(
     if len(finals) > 1:
         moves.append((f"{finals[-1]} - {finals[-2]}", finals[-1], finals[-2]))
     heads = [
-        "5-epoch seeds: mean (min to max)",
+        *(["5-epoch seeds: mean (min to max)"] if five else []),
         *(f"{n} [95 % interval]" for n in banded),
         *(label for label, _, _ in moves),
     ]
