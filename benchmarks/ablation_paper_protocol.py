@@ -354,10 +354,10 @@ FLOOR_DRAWS = 50
 
 
 def _data(args: argparse.Namespace, model: str) -> tuple[AgreementData, AgreementData]:
-    """(training, test) sentences of `model`; with ``args.test_data == "grammar"``, the
-    test sentences are the grammar's whatever the model was trained on (the ninth run's
+    """(training, test) sentences of `model`; with ``--test-data grammar``, the test
+    sentences are the grammar's whatever the model was trained on (the ninth run's
     cross-evaluation: both data use one vocabulary)."""
-    grammar_test = getattr(args, "test_data", "own") == "grammar"
+    grammar_test = args.test_data == "grammar"
     if model in LINZEN_DATA_MODELS:
         stream = np.random.SeedSequence(args.seed).spawn(1)[0]
         test = linzen_matched_data(args.sentences, seed=stream)
@@ -542,7 +542,7 @@ def _evaluate_model(args: argparse.Namespace, name: str, *, whole: bool = False)
     if whole:  # the whole protocol only: its 100 sentences, the paper code's blank-out
         test = test.take(np.arange(WHOLE_PROTOCOL_SENTENCES))
     # the resumable chunks of an evaluation on other sentences go to a folder of their own
-    tag = "-grammar" if getattr(args, "test_data", "own") == "grammar" else ""
+    tag = "-grammar" if args.test_data == "grammar" else ""
     model = load_agreement_model(args.output / "models" / name)
     functions = model_functions(model, heads="mean", reduce="sum_abs", output="probability")
     common: dict[str, Any] = {
@@ -1151,9 +1151,10 @@ def data(args: argparse.Namespace) -> None:
     ``length``, for the ninth run's checkpoints, on their own test sentences (report
     ``data``) and on the grammar's (report ``data-grammar``), where the eighth run was
     measured."""
-    _checkpoint_study(args, "data", (DATA_MODEL,))
-    args.test_data = "grammar"
-    _checkpoint_study(args, "data-grammar", (DATA_MODEL,))
+    for test_data, stem in (("own", "data"), ("grammar", "data-grammar")):
+        _checkpoint_study(
+            argparse.Namespace(**{**vars(args), "test_data": test_data}), stem, (DATA_MODEL,)
+        )
 
 
 def _checkpoint_study(args: argparse.Namespace, stem: str, runs: tuple[str, ...]) -> None:
@@ -1334,6 +1335,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="override the model's recipe")
     parser.add_argument("--sentences", type=int, default=2000)
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument(
+        "--test-data",
+        choices=("own", "grammar"),
+        default="own",
+        help="the test sentences: the model's own data's, or the grammar's (`data` runs both)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     args.output.mkdir(parents=True, exist_ok=True)
