@@ -67,7 +67,18 @@ Contributions = Literal["norm", "globenc", "alti"]
 CONTRIBUTIONS: tuple[Contributions, ...] = ("norm", "globenc", "alti")
 #: The methods of the adapters' ``explain`` functions: every method of the registry
 #: (:data:`attnflow._methods.METHODS`).
-Method = Literal["raw", "rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"]
+Method = Literal[
+    "raw",
+    "rollout",
+    "flow",
+    "gradient_rollout",
+    "norm",
+    "globenc",
+    "alti",
+    "direct_logit",
+    "alti_logit",
+    "ifr",
+]
 METHODS: tuple[Method, ...] = typing.get_args(Method)
 #: How input gradients are reduced over the hidden axis.
 Reduction = Literal["l2", "sum_abs", "x_input"]
@@ -216,9 +227,20 @@ class CaptureBlock:
 
 
 # -- explain ----------------------------------------------------------------------------------
-def check_method(method: object) -> None:
-    """Check `explain`'s `method`: a name of the method registry."""
-    method_spec(method)
+def check_method(method: object, *, target_conditioned: bool = True) -> None:
+    """Check `explain`'s `method`: a name of the method registry.
+
+    An adapter that cannot gather a causal LM's rows, values and readout passes
+    ``target_conditioned=False``: those methods are then refused with the adapter to use.
+    """
+    spec = method_spec(method)
+    if spec.target_conditioned and not target_conditioned:
+        msg = (
+            f'method="{spec.name}" is computed by the PyTorch adapter (Hugging Face causal '
+            "LMs of Llama, Mistral, Qwen2 and GPT-2 style): call "
+            f'attnflow.adapters.torch.explain(model, inputs, method="{spec.name}").'
+        )
+        raise ValueError(msg)
 
 
 def check_no_target(method: object, target: object) -> None:

@@ -15,10 +15,10 @@ from torch import nn
 import attnflow
 import attnflow.explanation
 from attnflow._deprecation import MISSING, Missing, renamed_keyword
-from attnflow._methods import check_methods
+from attnflow._methods import check_methods, method_spec
 
+from . import _torch_logit
 from ._common import (
-    CONTRIBUTIONS,
     Contributions,
     HeadReduction,
     Method,
@@ -171,6 +171,17 @@ def explain(
     """
     check_method(method)
     check_target_score(target_score, method)
+    if method_spec(method).target_conditioned:
+        if blockwise is False:
+            msg = (
+                f'method="{method}" reads only the explained rows of each layer, recomputed '
+                "from its queries and keys: it never materialises attention (drop "
+                "`blockwise`)."
+            )
+            raise ValueError(msg)
+        return _torch_logit.explain_target_conditioned(
+            model, inputs, method=method, rows=rows, target=target, **options
+        )
     from . import _torch_blockwise
 
     if _torch_blockwise.use_blockwise(model, inputs, method, blockwise, options):
@@ -385,13 +396,19 @@ def explain_text(
         {name: value.detach().cpu().double().numpy() for name, value in scores.items()},
         rows=row % n,
         special=[bool(s) for s in special],
-        target=target if "gradient_rollout" in chosen else None,
+        target=target if any(_uses_target(name) for name in chosen) else None,
         notes=_method_notes(chosen, target_score),
         predicted=predicted,
         probabilities=probabilities,
         labels=labels,
         text=text,
     )
+
+
+def _uses_target(method: str) -> bool:
+    """Whether `method` explains a target (a class or a vocabulary id)."""
+    spec = method_spec(method)
+    return spec.gradients or spec.target_conditioned
 
 
 def _check_text_methods(methods: object) -> list[str]:
@@ -563,7 +580,7 @@ def explain_image(
         {name: value.detach().cpu().double().numpy() for name, value in scores.items()},
         rows=row % n,
         special=[True] * extra + [False] * (rows * cols),
-        target=target if "gradient_rollout" in chosen else None,
+        target=target if any(_uses_target(name) for name in chosen) else None,
         notes=_method_notes(chosen, target_score),
         predicted=predicted,
         probabilities=probabilities,
@@ -731,19 +748,16 @@ def _scores_by_method(
     common: dict[str, Any] = {"rows": row, "layers": "all", "mask": mask}
     variants: dict[str, Any] = {"exclude": exclude, "receptive_field": receptive_field}
     scores: dict[str, torch.Tensor] = {}
-    for method in methods:
-        if method == "raw":
-            scores[method] = attnflow.raw(weights, heads=heads, **common)[0]
-        elif method in ("rollout", "flow"):
-            function = attnflow.rollout if method == "rollout" else attnflow.flow
-            scores[method] = function(
-                weights, heads=heads, residual=residual, **common, **variants
+    for spec in check_methods(methods):
+        if spec.target_conditioned:  # one more forward, reading only the explained row
+            scores[spec.name] = explain(
+                model, inputs, method=spec.name, rows=row, target=target, layers="all"
             )[0]
-        elif method == "gradient_rollout":  # a second call, with autograd, for a class
-            scores[method] = explain(
+        elif spec.gradients:  # a second call, with autograd, for a class
+            scores[spec.name] = explain(
                 model,
                 inputs,
-                method="gradient_rollout",
+                method=spec.name,
                 rows=row,
                 target=target,
                 target_score=target_score,
@@ -751,10 +765,15 @@ def _scores_by_method(
                 exclude_self=True,
                 **variants,
             )[0]
-        else:  # value-aware: a second call, capturing the blocks' token-mixing matrices
-            rule = CONTRIBUTIONS[CONTRIBUTIONS.index(method)]  # as the Literal type
-            scores[method] = explain(
-                model, inputs, method=rule, rows=row, layers="all", **variants
+        elif spec.value_aware:  # a second call, capturing the blocks' token-mixing matrices
+            scores[spec.name] = explain(
+                model, inputs, method=spec.name, rows=row, layers="all", **variants
+            )[0]
+        elif spec.composes == "raw":
+            scores[spec.name] = attnflow.raw(weights, heads=heads, **common)[0]
+        else:
+            scores[spec.name] = spec.function()(
+                weights, heads=heads, residual=residual, **common, **variants
             )[0]
     return scores
 

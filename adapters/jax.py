@@ -1122,7 +1122,7 @@ def gradients_nnx(
 def _check_method(
     method: object, target: object, heads: object = "mean", target_score: object = "logit"
 ) -> None:
-    check_method(method)
+    check_method(method, target_conditioned=False)
     check_target_score(target_score, method)
     if method in ("norm", "globenc", "alti") and heads != "mean":
         reject_heads(method, heads)

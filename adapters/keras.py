@@ -617,7 +617,7 @@ def explain(
     >>> tuple(scores.shape)
     (2, 6)
     """
-    check_method(method)
+    check_method(method, target_conditioned=False)
     check_target_score(target_score, method)
     if method in ("norm", "globenc", "alti") and target is None:
         return _explain_contributions(model, inputs, method=method, rows=rows, **options)

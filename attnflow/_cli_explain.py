@@ -46,9 +46,9 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--method",
         default=None,
-        help="comma-separated methods among raw, rollout, flow, gradient_rollout, norm, "
-        "globenc, alti (default raw,rollout,flow, and gradient_rollout for a causal LM; "
-        "gradient_rollout needs a classifier or a causal LM)",
+        help="comma-separated methods among " + ", ".join(METHODS) + " (default "
+        "raw,rollout,flow, and gradient_rollout for a causal LM; gradient_rollout needs a "
+        "classifier or a causal LM; direct_logit, alti_logit and ifr a causal LM)",
     )
     parser.add_argument(
         "--heads",

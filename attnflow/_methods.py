@@ -22,6 +22,7 @@ from ._rollout import raw, rollout
 __all__ = [
     "ATTENTION_METHODS",
     "METHODS",
+    "TARGET_CONDITIONED_METHODS",
     "VALUE_AWARE_METHODS",
     "MethodSpec",
     "check_methods",
@@ -30,7 +31,9 @@ __all__ = [
 ]
 
 Matrix = Literal["attention", "norm", "globenc", "alti"]
-Composition = Literal["raw", "rollout", "flow", "gradient_rollout"]
+Composition = Literal[
+    "raw", "rollout", "flow", "gradient_rollout", "direct_logit", "alti_logit", "ifr"
+]
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,9 @@ class MethodSpec:
         The name users pass (``method="rollout"``, ``--method rollout``).
     summary : str
         One line for help texts and pages.
-    composes : {"raw", "rollout", "flow", "gradient_rollout"}
-        The core function that turns the per-layer matrices into scores.
+    composes : {"raw", "rollout", "flow", "gradient_rollout", "direct_logit", "alti_logit", "ifr"}
+        The core function that turns the per-layer matrices into scores; for the
+        target-conditioned methods, the rule of :mod:`attnflow._logit_attribution`.
     matrix : {"attention", "norm", "globenc", "alti"}
         The per-layer matrices it reads: the attention weights, or a value-aware
         token-mixing matrix captured with ``capture(model, contributions=matrix)``.
@@ -59,6 +63,13 @@ class MethodSpec:
         ALTI carry theirs); None for attention, where the function's own default holds.
     normalize_layers : bool
         Whether each layer's rows are renormalised to sum to one before composing.
+    target_conditioned : bool
+        Whether it reads a causal LM's explained rows, per head and value-aware, and sums
+        the layers (direct logit, ALTI-Logit, IFR): the adapter gathers the attention rows
+        at the target, the values, the projections and (for the logit methods) the
+        target's readout, in one forward pass, instead of capturing whole matrices.
+    signed : bool
+        Whether its scores can be negative (a token pushing the target's logit down).
     """
 
     name: str
@@ -69,6 +80,8 @@ class MethodSpec:
     host_only: bool = False
     residual: float | None = None
     normalize_layers: bool = False
+    target_conditioned: bool = False
+    signed: bool = False
 
     @property
     def value_aware(self) -> bool:
@@ -76,7 +89,21 @@ class MethodSpec:
         return self.matrix != "attention"
 
     def function(self) -> Callable[..., Any]:
-        """Return the core function it composes with."""
+        """Return the core function it composes with (not for target-conditioned methods).
+
+        Raises
+        ------
+        ValueError
+            For a target-conditioned method, which no single function over attention
+            weights computes: the adapters' ``explain`` runs it.
+        """
+        if self.target_conditioned:
+            msg = (
+                f'method="{self.name}" reads a causal LM\'s values, projections and target '
+                "readout, not attention weights alone: run it with the PyTorch adapter's "
+                f'explain(model, inputs, method="{self.name}").'
+            )
+            raise ValueError(msg)
         return _FUNCTIONS[self.composes]
 
 
@@ -131,15 +158,47 @@ METHODS: Mapping[str, MethodSpec] = MappingProxyType(
                 residual=0.0,
                 normalize_layers=True,
             ),
+            MethodSpec(
+                "direct_logit",
+                "each head's direct contribution of each token to the target's logit, summed "
+                "over heads and layers (ALTI-Logit's Logit variant)",
+                composes="direct_logit",
+                target_conditioned=True,
+                signed=True,
+            ),
+            MethodSpec(
+                "alti_logit",
+                "ALTI-Logit: each layer's direct logit terms carried to the input tokens by "
+                "the ALTI rollout below (Ferrando et al. 2023)",
+                composes="alti_logit",
+                matrix="alti",
+                target_conditioned=True,
+                signed=True,
+            ),
+            MethodSpec(
+                "ifr",
+                "information flow routes at the explained row, summed over layers "
+                "(Ferrando & Voita 2024, as FlashTrace aggregates them)",
+                composes="ifr",
+                target_conditioned=True,
+            ),
         )
     }
 )
 """Every method by name, in the order help texts list them."""
 
-ATTENTION_METHODS = tuple(name for name, spec in METHODS.items() if not spec.value_aware)
+ATTENTION_METHODS = tuple(
+    name for name, spec in METHODS.items() if not spec.value_aware and not spec.target_conditioned
+)
 """The methods over attention weights: raw, rollout, flow, gradient_rollout."""
-VALUE_AWARE_METHODS = tuple(name for name, spec in METHODS.items() if spec.value_aware)
+VALUE_AWARE_METHODS = tuple(
+    name for name, spec in METHODS.items() if spec.value_aware and not spec.target_conditioned
+)
 """The methods over value-aware matrices: norm, globenc, alti."""
+TARGET_CONDITIONED_METHODS = tuple(
+    name for name, spec in METHODS.items() if spec.target_conditioned
+)
+"""The target-conditioned methods of causal LMs: direct_logit, alti_logit, ifr."""
 
 
 _FUNCTIONS: Mapping[Composition, Callable[..., Any]] = MappingProxyType(
@@ -166,7 +225,7 @@ def method_spec(
     Traceback (most recent call last):
     ...
     ValueError: `method` must be "raw", "rollout", "flow", "gradient_rollout", "norm", \
-"globenc" or "alti"; got 'rolout'.
+"globenc", "alti", "direct_logit", "alti_logit" or "ifr"; got 'rolout'.
     """
     allowed = tuple(METHODS) if among is None else tuple(among)
     if not isinstance(name, str) or name not in allowed:
@@ -209,7 +268,8 @@ def method_of_function(function: object) -> MethodSpec | None:
     True
     """
     target = getattr(function, "func", function)
-    for spec in METHODS.values():
-        if not spec.value_aware and spec.function() is target:
+    for name in ATTENTION_METHODS:
+        spec = METHODS[name]
+        if spec.function() is target:
             return spec
     return None

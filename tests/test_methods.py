@@ -12,6 +12,7 @@ import attnflow
 from attnflow._methods import (
     ATTENTION_METHODS,
     METHODS,
+    TARGET_CONDITIONED_METHODS,
     VALUE_AWARE_METHODS,
     check_methods,
     method_of_function,
@@ -28,11 +29,21 @@ def test_the_table_names_each_method_once_with_its_function() -> None:
         "norm",
         "globenc",
         "alti",
+        "direct_logit",
+        "alti_logit",
+        "ifr",
     ]
-    assert tuple(METHODS) == ATTENTION_METHODS + VALUE_AWARE_METHODS
-    for name, spec in METHODS.items():
+    assert tuple(METHODS) == ATTENTION_METHODS + VALUE_AWARE_METHODS + TARGET_CONDITIONED_METHODS
+    for name in ATTENTION_METHODS + VALUE_AWARE_METHODS:
+        spec = METHODS[name]
         assert spec.name == name
         assert spec.function() is getattr(attnflow, spec.composes)
+    # The target-conditioned methods read a causal LM's values and readout: no function of
+    # attention weights alone computes them, and asking for one says where they run.
+    for name in TARGET_CONDITIONED_METHODS:
+        with pytest.raises(ValueError, match=r"PyTorch adapter's explain"):
+            METHODS[name].function()
+    assert [n for n, s in METHODS.items() if s.signed] == ["direct_logit", "alti_logit"]
     assert [n for n, s in METHODS.items() if s.gradients] == ["gradient_rollout"]
     assert [n for n, s in METHODS.items() if s.host_only] == ["flow"]
     # The value-aware rule: the norm-based matrix has no residual path (the paper's 0.5);
@@ -55,7 +66,7 @@ def test_a_method_is_told_from_its_function_through_partials() -> None:
 
 
 def test_unknown_names_are_refused_with_the_choices() -> None:
-    with pytest.raises(ValueError, match=r'`method` must be "raw", .* or "alti"; got \'rolout\''):
+    with pytest.raises(ValueError, match=r'`method` must be "raw", .* or "ifr"; got \'rolout\''):
         method_spec("rolout")
     with pytest.raises(ValueError, match=r'--method must be "rollout" or "flow"; got \'raw\''):
         method_spec("raw", parameter="--method", among=("rollout", "flow"))

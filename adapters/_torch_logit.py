@@ -1,0 +1,548 @@
+r"""Target-conditioned attributions of PyTorch causal LMs in one forward pass.
+
+``explain(model, inputs, method="direct_logit" | "alti_logit" | "ifr", rows=-1)``
+(:func:`attnflow.adapters.torch.explain`) lands here. One ordinary forward of the model
+runs with its own attention kernel; forward pre-hooks keep, for every layer, only what
+the explained rows need:
+
+* the block's input (the residual stream) at the explained rows, ``(batch, r, d)``;
+* the attention rows of the explained positions, ``(batch, heads, r, n)``, recomputed
+  from the layer's queries at those rows and its keys (RoPE applied as the model applies
+  it, causal, padding and sliding-window masks): never an ``(n, n)`` array;
+* the value vectors of every token, ``(batch, kv_heads, n, head_dim)`` (for the direct
+  logit and ALTI-Logit, whose readout is known only once the last layer has run).
+
+The last hidden state at the explained rows and the final norm give the readout of the
+target's logit. The maths (readout, direct logit terms, IFR proximities, ALTI-Logit's
+propagation, the sums over heads and layers) is the core's,
+:mod:`attnflow._logit_attribution`; this module gathers the pieces. Every call checks
+that the readout reproduces the model's own logit of the target at each explained row,
+so a model whose head does more than a norm and a linear map is refused, not explained.
+
+Supported: the attention classes of :data:`SUPPORTED_ATTENTION` inside decoder layers
+with ``input_layernorm`` (Llama, Mistral, Qwen2, SmolLM2: separate ``q/k/v/o_proj``,
+grouped-query attention, RoPE, causal or sliding-window masks), with a final RMSNorm or
+LayerNorm before the output embeddings.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+import attnflow
+from attnflow._logit_attribution import (
+    FinalNorm,
+    alti_logit_terms,
+    direct_logit_terms,
+    ifr_terms,
+    readout,
+    sum_terms,
+)
+from attnflow._methods import method_spec
+
+from ._torch_blockwise import SUPPORTED_ATTENTION, _window
+from ._torch_capture import _padding_mask, capture
+from ._torch_gradients import _call
+
+__all__ = ["explain_target_conditioned", "unsupported_reason"]
+
+_OPTIONS = frozenset({"heads", "layers", "mask"})
+
+
+@dataclass(frozen=True)
+class _Family:
+    """How one kind of decoder layer keeps its attention's pieces."""
+
+    attention: str
+    """The attribute of the decoder layer holding its attention module."""
+    classes: frozenset[str]
+    """The attention modules' class names."""
+    norm: str
+    """The decoder layer's norm before its attention."""
+    output: str
+    """The attention's output projection, an ``nn.Linear`` (or GPT-2's ``Conv1D``)."""
+    rotary: bool
+    """Whether queries and keys are rotated by ``position_embeddings`` (RoPE)."""
+
+
+_FAMILIES = (
+    _Family("self_attn", SUPPORTED_ATTENTION, "input_layernorm", "o_proj", rotary=True),
+    _Family("attn", frozenset({"GPT2Attention"}), "ln_1", "c_proj", rotary=False),
+)
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's modules and what its hooks kept."""
+
+    block: nn.Module
+    attention: Any
+    family: _Family
+    index: int
+    window: int | None
+    residual: torch.Tensor | None = None
+    """``(batch, r, d)``: the block's input at the explained rows."""
+    weights: torch.Tensor | None = None
+    """``(batch, heads, r, n)``: the attention rows of the explained positions."""
+    values: torch.Tensor | None = None
+    """``(batch, kv_heads, n, head_dim)``, the value bias included."""
+    ifr: torch.Tensor | None = None
+    """``(batch, heads, r, n)``: IFR's shares, computed as soon as the layer has run."""
+
+
+@dataclass
+class _Run:
+    """The state of one explained forward."""
+
+    layers: list[_Layer]
+    rows: Sequence[int]
+    keep_values: bool
+    compute_ifr: bool
+    span: bool = False
+    mask: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    """``(batch, r)``: the explained positions of each sample."""
+    final_hidden: torch.Tensor | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+SUPPORTED_MODELS = (
+    "decoder layers of Llama, Mistral and Qwen2 style (input_layernorm, self_attn.{q,k,v,o}_proj, "
+    "grouped-query attention, RoPE, causal or sliding-window masks) and GPT-2 blocks (ln_1, "
+    "attn.c_attn, attn.c_proj), with a final RMSNorm or LayerNorm and a linear lm_head"
+)
+
+
+def _decoder_layers(model: nn.Module) -> list[tuple[nn.Module, Any, _Family]]:
+    """Return ``(decoder layer, its attention, its family)`` of every layer, in order."""
+    found = []
+    for module in model.modules():
+        for family in _FAMILIES:
+            attention = getattr(module, family.attention, None)
+            if (
+                attention is not None
+                and type(attention).__name__ in family.classes
+                and isinstance(getattr(module, family.norm, None), nn.Module)
+                and not getattr(attention, "is_cross_attention", False)
+            ):
+                found.append((module, attention, family))
+    return found
+
+
+def _final_norm(model: nn.Module) -> nn.Module | None:
+    get_decoder: Any = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    for name in ("norm", "ln_f"):
+        norm = getattr(decoder, name, None)
+        if isinstance(norm, nn.Module):
+            return norm
+    return None
+
+
+def _output_projection(layer: _Layer) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(W_O, b_O)`` with ``W_O`` of shape ``(H * dh, d)``, applied as ``context @ W_O``."""
+    module = getattr(layer.attention, layer.family.output)
+    weight = module.weight.detach()
+    bias = None if module.bias is None else module.bias.detach()
+    return (weight.T if isinstance(module, nn.Linear) else weight), bias
+
+
+def _output_embedding(model: nn.Module) -> Any:
+    get: Any = getattr(model, "get_output_embeddings", None)
+    return get() if callable(get) else None
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why the target-conditioned methods cannot explain `model`, or None if they can."""
+    layers = _decoder_layers(model)
+    if not layers:
+        return f"{type(model).__name__} has none of the supported blocks ({SUPPORTED_MODELS})"
+    for _, attention, family in layers:
+        names = ("q_proj", "k_proj", "v_proj", family.output) if family.rotary else ("c_attn",)
+        for name in names:
+            if not hasattr(getattr(attention, name, None), "weight"):
+                return f"{type(attention).__name__} has no linear `{name}`"
+        if getattr(attention, "reorder_and_upcast_attn", False):
+            return f"{type(attention).__name__} reorders and upcasts its attention"
+    if _final_norm(model) is None:
+        return f"{type(model).__name__} has no final norm (`get_decoder().norm` or `.ln_f`)"
+    if not isinstance(_output_embedding(model), nn.Linear):
+        return f"{type(model).__name__} has no linear output embedding (lm_head)"
+    return None
+
+
+def _check_rows(rows: object) -> list[int]:
+    if isinstance(rows, bool) or not isinstance(rows, int | Sequence) or isinstance(rows, str):
+        msg = (
+            "`rows` of a target-conditioned method must be an int or a sequence of ints (the "
+            f"explained positions; -1 is the last real token); got {rows!r}."
+        )
+        raise TypeError(msg)
+    chosen = [rows] if isinstance(rows, int) else list(rows)
+    if not chosen or not all(isinstance(r, int) and not isinstance(r, bool) for r in chosen):
+        msg = f"`rows` must name at least one position, as ints; got {rows!r}."
+        raise ValueError(msg)
+    return chosen
+
+
+def _positions(rows: Sequence[int], mask: torch.Tensor) -> torch.Tensor:
+    """``(batch, r)`` positions: negative rows count from the end of each sample's real tokens."""
+    lengths = mask.sum(dim=-1)  # (batch,)
+    n = mask.shape[-1]
+    # The position after each sample's last real token (right or left padding alike).
+    ends = n - torch.argmax(mask.flip(-1).to(torch.int8), dim=-1)
+    out = [ends + row if row < 0 else torch.full_like(ends, row) for row in rows]
+    positions = torch.stack(out, dim=-1)
+    bad = (positions < 0) | (positions >= n)
+    if not bad.any():
+        real = torch.gather(mask, 1, positions.clamp(0, n - 1))
+        bad = ~real
+    if bool(bad.any()):
+        sample, which = (int(i) for i in bad.nonzero()[0])
+        msg = (
+            f"`rows` asks for position {rows[which]} of sample {sample}, which is not one of "
+            f"its {int(lengths[sample])} real tokens (of {n} positions, padding excluded): "
+            "pass a row inside the text (-1 is the last real token)."
+        )
+        raise ValueError(msg)
+    return positions
+
+
+def _rotary(attention: Any) -> Any:
+    return sys.modules[type(attention).__module__].apply_rotary_pos_emb
+
+
+def _queries_keys_values(
+    layer: _Layer, hidden: torch.Tensor, embeddings: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``q (B, H, n, hd)``, ``k`` and ``v (B, KV, n, hd)`` as the layer computes them."""
+    attention = layer.attention
+    head_dim = int(attention.head_dim)
+    batch, n, _ = hidden.shape
+    if layer.family.rotary:
+        q, k, v = (
+            getattr(attention, f"{p}_proj")(hidden).view(batch, n, -1, head_dim).transpose(1, 2)
+            for p in "qkv"
+        )
+        cos, sin = (e.detach() for e in embeddings)
+        rotary = sys.modules[type(attention).__module__].apply_rotary_pos_emb
+        q, k = rotary(q, k, cos, sin)
+        return q, k, v
+    q, k, v = attention.c_attn(hidden).split(attention.split_size, dim=2)
+    q, k, v = (t.view(batch, n, -1, head_dim).transpose(1, 2) for t in (q, k, v))
+    return q, k, v
+
+
+def _attention_rows(
+    layer: _Layer, hidden: torch.Tensor, embeddings: Any, run: _Run
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return the explained rows' attention ``(B, H, r, n)`` and the values ``(B, KV, n, hd)``."""
+    q, k, v = _queries_keys_values(layer, hidden, embeddings)
+    positions = run.positions
+    assert positions is not None
+    batch, heads, n, head_dim = q.shape
+    kv_heads = k.shape[1]
+    index = positions[:, None, :, None].expand(batch, heads, positions.shape[1], head_dim)
+    q_rows = torch.gather(q, 2, index)  # (B, H, r, hd)
+    grouped = q_rows.reshape(batch, kv_heads, -1, head_dim)  # a key head's group of query heads
+    scores = torch.matmul(grouped, k.transpose(-1, -2)) * float(layer.attention.scaling)
+    scores = scores.view(batch, heads, -1, n)
+    keys = torch.arange(n, device=hidden.device)
+    allowed = keys[None, None, :] <= positions[:, :, None]  # (B, r, n): causal
+    if layer.window is not None:
+        allowed = allowed & (keys[None, None, :] > positions[:, :, None] - layer.window)
+    if run.mask is not None:
+        allowed = allowed & run.mask[:, None, :]
+    scores = scores.masked_fill(~allowed[:, None], -math.inf)
+    return torch.softmax(scores, dim=-1), v
+
+
+def _install(model: nn.Module, run: _Run, final: nn.Module) -> list[Any]:
+    handles = [model.register_forward_pre_hook(_on_model_call(run), with_kwargs=True)]
+    for layer in run.layers:
+        handles.append(
+            layer.block.register_forward_pre_hook(_entering_block(layer, run), with_kwargs=True)
+        )
+        handles.append(
+            layer.attention.register_forward_pre_hook(
+                _entering_attention(layer, run), with_kwargs=True
+            )
+        )
+
+    def last_hidden(module: nn.Module, args: tuple[Any, ...]) -> None:  # noqa: ARG001
+        if args and isinstance(args[0], torch.Tensor) and run.positions is not None:
+            run.final_hidden = _at_rows(args[0].detach(), run.positions)
+
+    handles.append(final.register_forward_pre_hook(last_hidden))
+    return handles
+
+
+def _at_rows(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    index = positions[..., None].expand(*positions.shape, hidden.shape[-1])
+    return torch.gather(hidden, 1, index)
+
+
+def _on_model_call(run: _Run) -> Any:
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None:
+            ids = kwargs.get("inputs_embeds")
+        if not isinstance(ids, torch.Tensor) or ids.ndim < 2:
+            msg = "the model was called without input_ids (or inputs_embeds) of shape (batch, n)."
+            raise ValueError(msg)
+        padding = _padding_mask(module, args, kwargs)
+        shape = tuple(ids.shape[:2])
+        mask = (
+            torch.ones(shape, dtype=torch.bool, device=ids.device) if padding is None else padding
+        )
+        if mask.ndim != 2 or tuple(mask.shape) != shape:
+            msg = f"the padding mask has shape {tuple(mask.shape)}; expected {shape} (batch, n)."
+            raise ValueError(msg)
+        run.mask = mask.to(torch.bool)
+        run.positions = _positions(run.rows, run.mask)
+
+    return hook
+
+
+def _entering_block(layer: _Layer, run: _Run) -> Any:
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # noqa: ARG001
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        if isinstance(hidden, torch.Tensor) and run.positions is not None:
+            layer.residual = _at_rows(hidden.detach(), run.positions)
+
+    return hook
+
+
+def _entering_attention(layer: _Layer, run: _Run) -> Any:
+    def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # noqa: ARG001
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        embeddings = kwargs.get("position_embeddings", args[1] if len(args) > 1 else None)
+        if not isinstance(hidden, torch.Tensor) or (layer.family.rotary and embeddings is None):
+            msg = (
+                f"{type(layer.attention).__name__} (layer {layer.index}) was called without "
+                "hidden_states (and position_embeddings, for RoPE), which the "
+                "target-conditioned methods read."
+            )
+            raise ValueError(msg)
+        if kwargs.get("encoder_hidden_states") is not None:
+            return
+        with torch.no_grad():
+            weights, values = _attention_rows(layer, hidden.detach(), embeddings, run)
+            layer.weights = weights
+            if run.keep_values:
+                layer.values = values
+            if run.compute_ifr:
+                assert layer.residual is not None
+                output_weight, output_bias = _output_projection(layer)
+                layer.ifr, _ = ifr_terms(
+                    weights,
+                    values,
+                    output_weight,
+                    layer.residual,
+                    output_bias=output_bias,
+                    span=run.span,
+                )
+
+    return hook
+
+
+def _norm_kind(
+    norm: nn.Module,
+) -> tuple[FinalNorm, torch.Tensor | None, torch.Tensor | None, float]:
+    if isinstance(norm, nn.LayerNorm):
+        return "layer", norm.weight, norm.bias, float(norm.eps)
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if "RMSNorm" not in type(norm).__name__ or eps is None:
+        msg = (
+            f"the final norm {type(norm).__name__} is neither an nn.LayerNorm nor an RMSNorm "
+            "with `variance_epsilon` (or `eps`): its readout is not known."
+        )
+        raise ValueError(msg)
+    weight = getattr(norm, "weight", None)
+    return "rms", weight, None, float(eps)
+
+
+def _logits(output: Any) -> torch.Tensor:
+    logits = getattr(output, "logits", output[0] if isinstance(output, tuple) else output)
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 3:
+        msg = "the model must return logits of shape (batch, n, vocabulary) (or `.logits`)."
+        raise TypeError(msg)
+    return logits
+
+
+def _targets(target: object, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``(batch, r)`` vocabulary ids: the argmax at each explained row by default."""
+    batch, rows = positions.shape
+    vocabulary = logits.shape[-1]
+    at_rows = torch.gather(logits, 1, positions[..., None].expand(batch, rows, vocabulary))
+    if target is None:
+        return at_rows.argmax(dim=-1)
+    chosen = torch.as_tensor(target, device=logits.device)
+    if chosen.is_floating_point() or chosen.dtype == torch.bool or chosen.ndim > 2:
+        msg = (
+            "`target` must be a vocabulary id (int), one per sample, or one per sample and "
+            f"row; got {target!r}."
+        )
+        raise TypeError(msg)
+    chosen = chosen.reshape(-1, 1) if chosen.ndim == 1 else chosen
+    chosen = torch.broadcast_to(chosen.to(torch.long), (batch, rows))
+    if bool(((chosen < 0) | (chosen >= vocabulary)).any()):
+        msg = f"`target` must be vocabulary ids in [0, {vocabulary}); got {target!r}."
+        raise ValueError(msg)
+    return chosen
+
+
+def explain_target_conditioned(
+    model: nn.Module,
+    inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+    *,
+    method: str,
+    rows: int | Sequence[int] | None,
+    target: object = None,
+    foil: object = None,
+    span: object = False,
+    heads: Literal["sum", "each"] = "sum",
+    layers: Literal["sum", "all"] = "sum",
+    mask: object = None,
+) -> torch.Tensor:
+    """Direct logit, ALTI-Logit or IFR scores of `rows` (see the module docstring)."""
+    spec = method_spec(method)
+    if heads not in ("sum", "each"):
+        msg = f'`heads` of method="{method}" must be "sum" or "each" (one map per head); got {heads!r}.'
+        raise ValueError(msg)
+    if layers not in ("sum", "all"):
+        msg = f'`layers` of method="{method}" must be "sum" or "all" (one map per layer); got {layers!r}.'
+        raise ValueError(msg)
+    if mask is not None:
+        msg = (
+            f'method="{method}" reads the padding mask from the model call (attention_mask); '
+            "pass it in `inputs`, not as `mask`."
+        )
+        raise ValueError(msg)
+    if not isinstance(span, bool):
+        msg = f"`span` must be True or False; got {span!r}."
+        raise TypeError(msg)
+    if span and spec.composes != "ifr":
+        msg = (
+            f'`span` aggregates IFR over a target span (method="ifr"); method="{method}" '
+            "explains each row: sum its rows instead."
+        )
+        raise ValueError(msg)
+    if spec.composes == "ifr" and (target is not None or foil is not None):
+        msg = (
+            'method="ifr" is conditioned on the explained rows, not on a vocabulary id: drop '
+            '`target`/`foil` (or use method="direct_logit" or "alti_logit").'
+        )
+        raise ValueError(msg)
+    reason = unsupported_reason(model)
+    if reason is not None:
+        msg = f'method="{method}" cannot explain this model: {reason}.'
+        raise ValueError(msg)
+    chosen = _check_rows(-1 if rows is None else rows)
+    single = isinstance(rows, int) or rows is None
+    final = _final_norm(model)
+    assert final is not None
+    kind, norm_weight, norm_bias, eps = _norm_kind(final)
+    run = _Run(
+        layers=[
+            _Layer(block, attention, family, index, _window(attention))
+            for index, (block, attention, family) in enumerate(_decoder_layers(model))
+        ],
+        rows=chosen,
+        keep_values=spec.composes != "ifr",
+        compute_ifr=spec.composes == "ifr",
+        span=bool(span),
+    )
+    handles = _install(model, run, final)
+    try:
+        with torch.no_grad():
+            if spec.composes == "alti_logit":
+                with capture(model, contributions="alti") as cap:
+                    output = _call(model, inputs)
+                matrices = cap.contributions
+            else:
+                output = _call(model, inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    logits = _logits(output)
+    positions, hidden = run.positions, run.final_hidden
+    if positions is None or hidden is None or any(layer.weights is None for layer in run.layers):
+        msg = "the model's forward did not run through its decoder layers and final norm."
+        raise RuntimeError(msg)
+    if spec.composes == "ifr":
+        stacked = torch.stack([layer.ifr for layer in run.layers if layer.ifr is not None], dim=1)
+    else:
+        targets = _targets(target, logits, positions)
+        head = _output_embedding(model)
+        gain = None if norm_weight is None else norm_weight.detach()
+        shift = None if norm_bias is None else norm_bias.detach()
+
+        def read(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            rows = head.weight.detach()[ids]
+            return readout(hidden, rows, norm=kind, weight=gain, bias=shift, eps=eps)
+
+        with torch.no_grad():
+            direction, constant = read(targets)
+            _check_readout(logits, positions, targets, hidden, direction, constant, head)
+            if foil is not None:
+                # A contrast is linear in the readout: u_target - u_foil.
+                direction = direction - read(_targets(foil, logits, positions))[0]
+            terms = [
+                direct_logit_terms(
+                    layer.weights, layer.values, _output_projection(layer)[0], direction
+                )
+                for layer in run.layers
+            ]
+            stacked = torch.stack(terms, dim=1)  # (B, L, H, r, n)
+            if spec.composes == "alti_logit":
+                stacked = alti_logit_terms(stacked, _rollouts_below(matrices))
+    result: torch.Tensor = sum_terms(stacked, heads=heads, layers=layers)
+    return result[..., 0, :] if single or span else result
+
+
+def _rollouts_below(matrices: torch.Tensor) -> torch.Tensor:
+    """``(B, L, n, n)``: the ALTI rollout of the layers below each layer (identity first)."""
+    rolled = attnflow.rollout(
+        matrices, heads=None, residual=0.0, normalize_layers=True, layers="all"
+    )
+    n = matrices.shape[-1]
+    eye = torch.eye(n, dtype=rolled.dtype, device=rolled.device).expand(rolled.shape[0], 1, n, n)
+    return torch.cat([eye, rolled[:, :-1]], dim=1)
+
+
+def _check_readout(
+    logits: torch.Tensor,
+    positions: torch.Tensor,
+    targets: torch.Tensor,
+    hidden: torch.Tensor,
+    direction: torch.Tensor,
+    constant: torch.Tensor,
+    head: Any,
+) -> None:
+    """Refuse a model whose logit is not the linearised readout of its last hidden state."""
+    batch, rows = positions.shape
+    vocabulary = logits.shape[-1]
+    at_rows = torch.gather(logits, 1, positions[..., None].expand(batch, rows, vocabulary))
+    model_logit = torch.gather(at_rows, 2, targets[..., None])[..., 0]
+    bias = 0.0 if head.bias is None else head.bias.detach()[targets]
+    read = (hidden * direction).sum(dim=-1) + constant + bias
+    scale = float(at_rows.abs().amax()) if at_rows.numel() else 1.0
+    # RMSNorms of Llama-family models compute in float32 whatever the model's dtype.
+    eps = max(float(torch.finfo(logits.dtype).eps), float(torch.finfo(torch.float32).eps))
+    error = float((read - model_logit).abs().max())
+    if error > 4096 * eps * max(scale, 1.0):
+        msg = (
+            f"the readout of the last hidden state through the final norm and the output "
+            f"embedding gives the target's logit within {error:.3g} only (largest logit "
+            f"{scale:.3g}): the model's head does more than a norm and a linear map (logit "
+            "scaling or soft-capping), which the target-conditioned methods do not decompose."
+        )
+        raise ValueError(msg)
