@@ -293,3 +293,18 @@ def test_a_model_without_supported_blocks_is_refused() -> None:
     model = transformers.BertForMaskedLM(config).eval()
     with pytest.raises(ValueError, match=r"cannot explain this model.*GPT-2 blocks"):
         explain(model, {"input_ids": torch.tensor([[1, 2, 3]])}, method="direct_logit", rows=-1)
+
+
+def test_a_head_that_scales_its_logits_is_refused(run: dict[str, Any]) -> None:
+    """Soft-capping or logit scaling after lm_head: the readout would be wrong, so no scores."""
+
+    def scaled(module: Any, args: Any, output: Any) -> Any:
+        output.logits = output.logits * 2.0
+        return output
+
+    handle = run["model"].register_forward_hook(scaled)
+    try:
+        with pytest.raises(ValueError, match="does more than a norm and a linear map"):
+            explain(run["model"], run["inputs"], method="direct_logit", rows=-1)
+    finally:
+        handle.remove()
