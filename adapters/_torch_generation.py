@@ -51,7 +51,9 @@ from ._token_text import token_labels
 __all__ = ["GENERATION_METHODS", "explain_generation"]
 
 #: The methods of :func:`explain_generation`.
-GENERATION_METHODS = ("rollout", "gradient_rollout", "raw")
+GENERATION_METHODS = ("rollout", "gradient_rollout", "raw", "direct_logit", "alti_logit", "ifr")
+#: The target-conditioned methods: every generated token's row from one more forward.
+_TARGET_CONDITIONED = ("direct_logit", "alti_logit", "ifr")
 
 #: The options each method takes.
 _OPTIONS: dict[str, frozenset[str]] = {
@@ -71,6 +73,7 @@ _OPTIONS: dict[str, frozenset[str]] = {
             "validate",
         }
     ),
+    **{method: frozenset() for method in _TARGET_CONDITIONED},
 }
 #: Options of the core methods that cannot apply to generation, and why.
 _REFUSED = {
@@ -165,7 +168,10 @@ def explain_generation(
     max_new_tokens : int
         The most tokens to generate (``T``; fewer if the model ends the text).
     methods : str or sequence of str, default ("rollout", "gradient_rollout")
-        Any of ``"rollout"``, ``"gradient_rollout"`` and ``"raw"``.
+        Any of ``"rollout"``, ``"gradient_rollout"``, ``"raw"`` and the target-conditioned
+        ``"direct_logit"``, ``"alti_logit"`` and ``"ifr"`` (each generated token's id its
+        target; all rows from one more forward over the generated sequence, see
+        :func:`explain`).
     generate_kwargs : mapping, optional
         The caller's generation arguments, passed to ``model.generate`` as they are (over
         the model's ``generation_config``): e.g. ``{"do_sample": True, "temperature":
@@ -319,6 +325,8 @@ def explain_generation(
             scores[method] = follower.rollout_rows(n_prompt, width)
         elif method == "raw":
             scores[method] = follower.raw_rows(n_prompt, width)
+        elif method in _TARGET_CONDITIONED:
+            scores[method] = _target_conditioned_rows(model, sequences, n_prompt, method, device)
         else:
             scores[method] = _gradient_rows(
                 model, sequences, n_prompt, settings["gradient_rollout"], device
@@ -712,3 +720,31 @@ def _gradient_rows(
         )
         rows[index, :end] = row[0].double().cpu().numpy()
     return rows
+
+
+def _target_conditioned_rows(
+    model: nn.Module, sequence: torch.Tensor, n_prompt: int, method: str, device: torch.device
+) -> np.ndarray:
+    """Direct logit, ALTI-Logit or IFR rows of every generated token, from one forward.
+
+    Row ``t`` explains generated token ``t`` (its id the target) at the position that
+    predicted it, ``P + t - 1``. In a causal model that row reads only its prefix, so all
+    ``T`` rows come from one forward over the sequence without its last token, each equal
+    to :func:`explain` on its own prefix.
+    """
+    from ._torch_explain import explain
+
+    n_generated = int(sequence.shape[0]) - n_prompt
+    width = n_prompt + n_generated - 1
+    tokens = sequence[:width][None].to(device)
+    rows = list(range(n_prompt - 1, width))
+    targets = sequence[n_prompt:][None].to(device)
+    options = {} if method == "ifr" else {"target": targets}
+    result = explain(
+        model,
+        {"input_ids": tokens, "attention_mask": torch.ones_like(tokens)},
+        method=method,
+        rows=rows,
+        **options,
+    )
+    return result[0].double().cpu().numpy()  # type: ignore[no-any-return]

@@ -308,3 +308,42 @@ def test_a_head_that_scales_its_logits_is_refused(run: dict[str, Any]) -> None:
             explain(run["model"], run["inputs"], method="direct_logit", rows=-1)
     finally:
         handle.remove()
+
+
+class _Tokenizer:
+    """A stand-in for a Hugging Face tokenizer over the random models' small vocabulary."""
+
+    def __call__(self, text: str, return_tensors: str = "pt") -> dict[str, Any]:
+        ids = torch.tensor([[1] + [2 + ord(c) % (VOCAB - 2) for c in text]])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    def convert_ids_to_tokens(self, ids: Any) -> list[str]:
+        return [f"t{i}" for i in ids]
+
+    def get_special_tokens_mask(
+        self, ids: Any, already_has_special_tokens: bool = True
+    ) -> list[int]:
+        return [int(i == 1) for i in ids]
+
+    def decode(self, ids: Any, **kwargs: Any) -> str:
+        return " ".join(f"t{i}" for i in ids)
+
+
+@pytest.mark.parametrize("method", ["direct_logit", "alti_logit", "ifr"])
+def test_generation_rows_equal_each_prefix(run: dict[str, Any], method: str) -> None:
+    """Every generated token's row, from one forward, equals explain() on its prefix."""
+    from attnflow.adapters.torch import explain_generation
+
+    model = run["model"]
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = None
+    g = explain_generation(model, _Tokenizer(), "abcde", max_new_tokens=4, methods=[method])
+    ids = [int(i) for i in g.prompt_ids] + [int(i) for i in g.generated_ids]
+    prompt = len(g.prompt_ids)
+    assert g.scores[method].shape == (4, prompt + 3)
+    for t in range(4):
+        prefix = torch.tensor([ids[: prompt + t]])
+        options = {} if method == "ifr" else {"target": ids[prompt + t]}
+        expected = explain(model, {"input_ids": prefix}, method=method, rows=-1, **options)[0]
+        np.testing.assert_allclose(g.scores[method][t, : prompt + t], expected.numpy(), atol=1e-12)
+        assert not g.scores[method][t, prompt + t :].any()
