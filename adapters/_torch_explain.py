@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -749,15 +750,16 @@ def _scores_by_method(
     variants: dict[str, Any] = {"exclude": exclude, "receptive_field": receptive_field}
     scores: dict[str, torch.Tensor] = {}
     for spec in check_methods(methods):
+        name = typing.cast("Method", spec.name)
         if spec.target_conditioned:  # one more forward, reading only the explained row
             scores[spec.name] = explain(
-                model, inputs, method=spec.name, rows=row, target=target, layers="all"
+                model, inputs, method=name, rows=row, target=target, layers="all"
             )[0]
         elif spec.gradients:  # a second call, with autograd, for a class
             scores[spec.name] = explain(
                 model,
                 inputs,
-                method=spec.name,
+                method=name,
                 rows=row,
                 target=target,
                 target_score=target_score,
@@ -767,7 +769,7 @@ def _scores_by_method(
             )[0]
         elif spec.value_aware:  # a second call, capturing the blocks' token-mixing matrices
             scores[spec.name] = explain(
-                model, inputs, method=spec.name, rows=row, layers="all", **variants
+                model, inputs, method=name, rows=row, layers="all", **variants
             )[0]
         elif spec.composes == "raw":
             scores[spec.name] = attnflow.raw(weights, heads=heads, **common)[0]

@@ -68,6 +68,7 @@ the output of its embedding module, through a forward hook removed after the cal
 from __future__ import annotations
 
 from ._torch_capture import Capture, capture, sdpa_with_weights
+from ._torch_diagnose import diagnose
 from ._torch_explain import explain, explain_image, explain_text
 from ._torch_generation import explain_generation
 from ._torch_gradients import attention_gradients, input_gradients
@@ -77,6 +78,7 @@ __all__ = [
     "Capture",
     "attention_gradients",
     "capture",
+    "diagnose",
     "explain",
     "explain_generation",
     "explain_image",

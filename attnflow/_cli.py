@@ -139,6 +139,12 @@ def _explain() -> Any:
     return _cli_explain
 
 
+def _diagnose() -> Any:
+    from . import _cli_diagnose
+
+    return _cli_diagnose
+
+
 def _methods() -> Any:
     from . import _cli_methods
 
@@ -160,6 +166,20 @@ def _method_command(method: str, help_line: str, description: str) -> Command:
         run=lambda args: _methods().run_method(args, method=method),
     )
 
+
+_DIAGNOSE = Command(
+    name="diagnose",
+    help="a model report of a causal LM: sinks, inactive and copying heads, which methods localise",
+    description=(
+        "Run a local Hugging Face causal LM on a built-in in-context copying probe and report, "
+        "per layer and head, the attention sink mass, each head's output share (inactive "
+        "heads), the heads that carry the copied word (direct logit terms at its source), "
+        "rollout's bias toward the first token by depth, and the hit@1 of rollout, flow, "
+        "direct_logit, alti_logit and ifr; -o writes an HTML page with the figures."
+    ),
+    configure=lambda parser: _diagnose().configure_diagnose(parser),
+    run=lambda args: _diagnose().run_diagnose(args),
+)
 
 COMMANDS: tuple[Command, ...] = (
     Command(
@@ -257,6 +277,7 @@ COMMANDS: tuple[Command, ...] = (
         configure=lambda parser: _plots().configure_plot(parser),
         run=lambda args: _plots().run_plot(args),
     ),
+    _DIAGNOSE,
 )
 """The subcommands, in the order ``attnflow --help`` lists them."""
 

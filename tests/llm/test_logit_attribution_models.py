@@ -27,9 +27,9 @@ from attnflow.adapters.torch import explain
 VOCAB, N = 40, 9
 
 
-def _llama() -> Any:
+def _llama(vocabulary: int = VOCAB) -> Any:
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocabulary,
         hidden_size=24,
         intermediate_size=48,
         num_hidden_layers=3,
@@ -347,3 +347,42 @@ def test_generation_rows_equal_each_prefix(run: dict[str, Any], method: str) -> 
         expected = explain(model, {"input_ids": prefix}, method=method, rows=-1, **options)[0]
         np.testing.assert_allclose(g.scores[method][t, : prompt + t], expected.numpy(), atol=1e-12)
         assert not g.scores[method][t, prompt + t :].any()
+
+
+def test_diagnose_reports_sinks_heads_and_methods(tmp_path: Any) -> None:
+    """The report's reductions against the model's own attention and the explain() terms."""
+    import attnflow
+    from attnflow.adapters.torch import diagnose
+
+    model = _llama(vocabulary=200)
+    words: dict[str, int] = {}
+
+    class WordTokenizer:
+        """Words and punctuation, one id per distinct piece, with character offsets."""
+
+        def __call__(self, text: str, return_offsets_mapping: bool = False) -> dict[str, Any]:
+            import re
+
+            spans = [m.span() for m in re.finditer(r"\w+|[^\w\s]", text)]
+            ids = [words.setdefault(text[a:b], 2 + len(words)) for a, b in spans]
+            return {"input_ids": ids, "offset_mapping": spans}
+
+    report = diagnose(model, WordTokenizer(), items=2, methods=["rollout", "direct_logit"])
+    layers, heads = 3, 4
+    assert report.sink_mass.shape == report.output_share.shape == (layers, heads)
+    assert report.rollout_first.shape == (layers,)
+    np.testing.assert_allclose(report.output_share.sum(-1), 1.0)
+    assert set(report.hit_rate) == {"rollout", "direct_logit"}
+    assert 0 <= report.accuracy <= 1
+    # The sink mass is the attention of the rows after the first to the first token.
+    attentions = torch.softmax(torch.randn(layers, heads, 5, 5, dtype=torch.float64), -1)
+    expected = attentions[..., 1:, 0].mean(-1)
+    from attnflow._model_report import sink_mass
+
+    torch.testing.assert_close(sink_mass(attentions), expected)
+    assert "hit@1" in report.summary()
+    page = report.to_html(tmp_path / "report.html")
+    assert page.read_text().count("data:image/png;base64,") == 4
+    with pytest.raises(FileExistsError):
+        report.to_html(tmp_path / "report.html")
+    assert attnflow  # the package stays importable next to the report
