@@ -285,24 +285,31 @@ def _at_rows(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return torch.gather(hidden, 1, index)
 
 
+def _read_call(run: _Run, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Read the call's mask and place the explained rows (raises on rows outside the text)."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if ids is None:
+        ids = kwargs.get("inputs_embeds")
+    if not isinstance(ids, torch.Tensor) or ids.ndim < 2 or ids.shape[1] < 1:
+        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        msg = (
+            "the model must be called with input_ids (or inputs_embeds) of shape (batch, n), "
+            f"n >= 1; got {shape}."
+        )
+        raise ValueError(msg)
+    padding = _padding_mask(module, args, kwargs)
+    shape = tuple(ids.shape[:2])
+    mask = torch.ones(shape, dtype=torch.bool, device=ids.device) if padding is None else padding
+    if mask.ndim != 2 or tuple(mask.shape) != shape:
+        msg = f"the padding mask has shape {tuple(mask.shape)}; expected {shape} (batch, n)."
+        raise ValueError(msg)
+    run.mask = mask.to(torch.bool)
+    run.positions = _positions(run.rows, run.mask)
+
+
 def _on_model_call(run: _Run) -> Any:
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is None:
-            ids = kwargs.get("inputs_embeds")
-        if not isinstance(ids, torch.Tensor) or ids.ndim < 2:
-            msg = "the model was called without input_ids (or inputs_embeds) of shape (batch, n)."
-            raise ValueError(msg)
-        padding = _padding_mask(module, args, kwargs)
-        shape = tuple(ids.shape[:2])
-        mask = (
-            torch.ones(shape, dtype=torch.bool, device=ids.device) if padding is None else padding
-        )
-        if mask.ndim != 2 or tuple(mask.shape) != shape:
-            msg = f"the padding mask has shape {tuple(mask.shape)}; expected {shape} (batch, n)."
-            raise ValueError(msg)
-        run.mask = mask.to(torch.bool)
-        run.positions = _positions(run.rows, run.mask)
+        _read_call(run, module, args, kwargs)
 
     return hook
 
@@ -373,24 +380,47 @@ def _logits(output: Any) -> torch.Tensor:
     return logits
 
 
-def _targets(target: object, logits: torch.Tensor) -> torch.Tensor:
-    """``(batch, r)`` vocabulary ids: the argmax at each explained row by default."""
-    batch, rows, vocabulary = logits.shape
+def _check_target_ids(target: object, vocabulary: int, name: str = "target") -> torch.Tensor | None:
+    """Check `target` (or `foil`) before any work: vocabulary ids, at most ``(batch, r)``."""
     if target is None:
-        return logits.argmax(dim=-1)
-    chosen = torch.as_tensor(target, device=logits.device)
-    if chosen.is_floating_point() or chosen.dtype == torch.bool or chosen.ndim > 2:
+        return None
+    given = target.detach().cpu() if isinstance(target, torch.Tensor) else target
+    try:
+        chosen = torch.as_tensor(given)
+    except (TypeError, ValueError, RuntimeError):
+        chosen = torch.tensor(0.5)  # not numbers: refused below
+    if (
+        chosen.is_floating_point()
+        or chosen.is_complex()
+        or chosen.dtype == torch.bool
+        or chosen.ndim > 2
+    ):
         msg = (
-            "`target` must be a vocabulary id (int), one per sample, or one per sample and "
+            f"`{name}` must be a vocabulary id (int), one per sample, or one per sample and "
             f"row; got {target!r}."
         )
         raise TypeError(msg)
-    chosen = chosen.reshape(-1, 1) if chosen.ndim == 1 else chosen
-    chosen = torch.broadcast_to(chosen.to(torch.long), (batch, rows))
     if bool(((chosen < 0) | (chosen >= vocabulary)).any()):
-        msg = f"`target` must be vocabulary ids in [0, {vocabulary}); got {target!r}."
+        msg = f"`{name}` must be vocabulary ids in [0, {vocabulary}); got {target!r}."
         raise ValueError(msg)
-    return chosen
+    return chosen.to(torch.long)
+
+
+def _targets(chosen: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor:
+    """``(batch, r)`` vocabulary ids: the argmax at each explained row by default."""
+    batch, rows, _ = logits.shape
+    if chosen is None:
+        return logits.argmax(dim=-1)
+    chosen = chosen.to(logits.device)
+    chosen = chosen.reshape(-1, 1) if chosen.ndim == 1 else chosen
+    try:
+        return torch.broadcast_to(chosen, (batch, rows))
+    except RuntimeError:
+        msg = (
+            f"`target` must hold one id, one per sample ({batch}) or one per sample and row "
+            f"({batch}, {rows}); got shape {tuple(chosen.shape)}."
+        )
+        raise ValueError(msg) from None
 
 
 def explain_target_conditioned(
@@ -439,6 +469,9 @@ def explain_target_conditioned(
     if reason is not None:
         msg = f'method="{method}" cannot explain this model: {reason}.'
         raise ValueError(msg)
+    vocabulary = int(_output_embedding(model).weight.shape[0])
+    target_ids = _check_target_ids(target, vocabulary)
+    foil_ids = _check_target_ids(foil, vocabulary, "foil")
     chosen = _check_rows(-1 if rows is None else rows)
     single = isinstance(rows, int) or rows is None
     final = _final_norm(model)
@@ -457,6 +490,8 @@ def explain_target_conditioned(
     # The logits of the last position only, no KV cache: the explained rows' logits are
     # read from the final norm's input below (at 8,192 tokens all logits are 1.6 GB).
     lean = _call_kwargs(model, inputs, {"logits_to_keep": 1, "use_cache": False})
+    if isinstance(inputs, Mapping):
+        _read_call(run, model, (), dict(inputs))  # bad rows refused before the model runs
     handles = _install(model, run, final)
     try:
         with torch.no_grad():
@@ -485,7 +520,7 @@ def explain_target_conditioned(
     if spec.composes == "ifr":
         stacked = torch.stack([layer.ifr for layer in run.layers if layer.ifr is not None], dim=1)
     else:
-        targets = _targets(target, logits)
+        targets = _targets(target_ids, logits)
         gain = None if norm_weight is None else norm_weight.detach()
         shift = None if norm_bias is None else norm_bias.detach()
 
@@ -496,9 +531,9 @@ def explain_target_conditioned(
         with torch.no_grad():
             direction, constant = read(targets)
             _check_readout(logits, targets, hidden, direction, constant, head)
-            if foil is not None:
+            if foil_ids is not None:
                 # A contrast is linear in the readout: u_target - u_foil.
-                direction = direction - read(_targets(foil, logits))[0]
+                direction = direction - read(_targets(foil_ids, logits))[0]
             terms = [
                 direct_logit_terms(
                     layer.weights, layer.values, _output_projection(layer)[0], direction

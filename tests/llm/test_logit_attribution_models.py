@@ -273,6 +273,8 @@ def test_ifr_span_is_one_aggregated_target(run: dict[str, Any]) -> None:
         ({"method": "ifr", "rows": -1, "heads": "mean"}, ValueError, '"sum" or "each"'),
         ({"method": "ifr", "rows": -1, "blockwise": False}, ValueError, "never materialises"),
         ({"method": "ifr", "rows": "last"}, TypeError, "int or a sequence"),
+        ({"method": "ifr", "rows": [3, 20], "span": True}, ValueError, "not one of its"),
+        ({"method": "direct_logit", "rows": -1, "foil": -2}, ValueError, "`foil` must be"),
     ],
 )
 def test_bad_input_is_refused_before_work(
