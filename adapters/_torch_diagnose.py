@@ -2,7 +2,7 @@
 
 Runs the model on in-context copying items (``attnflow.evaluate``'s copying task: a list
 of words, then the list again; the next word's source is its earlier occurrence) and
-gathers, per item, what :class:`attnflow._model_report.ModelReport` reduces: the attention
+gathers, per item, what :class:`attnflow.diagnosis.ModelReport` reduces: the attention
 weights of every head (:func:`capture`), each head's output at the explained row (the
 input of the output projection, read by a hook, times the head's slice of it), the direct
 logit terms of every head (:func:`explain`, ``method="direct_logit"``), and the scores
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import attnflow
-from attnflow._model_report import ModelReport, copying_scores, output_shares, sink_mass
+from attnflow.diagnosis import ModelReport, copying_scores, output_shares, sink_mass
 from attnflow.evaluate import copying_task, locate_source, source_ranks
 
 from ._common import Method
@@ -72,7 +72,7 @@ def diagnose(
 
     Returns
     -------
-    attnflow._model_report.ModelReport
+    attnflow.diagnosis.ModelReport
         ``.show()``, ``.summary()``, ``.to_html(path)``.
 
     Raises

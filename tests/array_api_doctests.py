@@ -31,6 +31,7 @@ from _pytest.doctest import DoctestItem
 # ``from attnflow.evaluate import blank_out``, ``from attnflow.plot import ...``.
 PUBLIC_MODULES = [
     "attnflow",
+    "attnflow.diagnosis",
     "attnflow.evaluate",
     "attnflow.explanation",
     "attnflow.html",

@@ -210,12 +210,20 @@ def test_no_docstring_holds_a_control_character() -> None:
 
 def test_the_public_all_of_each_public_module_exists_at_run_time() -> None:
     import attnflow.data
+    import attnflow.diagnosis
     import attnflow.evaluate
     import attnflow.explanation
     import attnflow.html
     import attnflow.plot
 
-    public = (attnflow.data, attnflow.evaluate, attnflow.explanation, attnflow.html, attnflow.plot)
+    public = (
+        attnflow.data,
+        attnflow.diagnosis,
+        attnflow.evaluate,
+        attnflow.explanation,
+        attnflow.html,
+        attnflow.plot,
+    )
     for module in (attnflow, *public):
         assert list(module.__all__) == sorted(module.__all__, key=_isort_key), module
         missing = [name for name in module.__all__ if not hasattr(module, name)]

@@ -379,7 +379,7 @@ def test_diagnose_reports_sinks_heads_and_methods(tmp_path: Any) -> None:
     # The sink mass is the attention of the rows after the first to the first token.
     attentions = torch.softmax(torch.randn(layers, heads, 5, 5, dtype=torch.float64), -1)
     expected = attentions[..., 1:, 0].mean(-1)
-    from attnflow._model_report import sink_mass
+    from attnflow.diagnosis import sink_mass
 
     torch.testing.assert_close(sink_mass(attentions), expected)
     assert "hit@1" in report.summary()

@@ -51,7 +51,7 @@ def sink_mass(attentions: Any, /, *, xp: Namespace | None = None) -> Any:
     Examples
     --------
     >>> import numpy as np
-    >>> from attnflow._model_report import sink_mass
+    >>> from attnflow.diagnosis import sink_mass
     >>> A = np.array([[1.0, 0.0, 0.0], [0.9, 0.1, 0.0], [0.5, 0.25, 0.25]])
     >>> float(sink_mass(A))
     0.7
@@ -66,6 +66,14 @@ def output_shares(norms: Any, /, *, xp: Namespace | None = None) -> Any:
     `norms` ``(..., heads, rows)`` holds :math:`\lVert o^{h}_t\rVert`; the result
     ``(..., heads)`` is :math:`\operatorname{mean}_t \lVert o^h_t\rVert / \sum_{h'}
     \lVert o^{h'}_t\rVert` (a row whose heads all write nothing counts as equal shares).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnflow.diagnosis import output_shares
+    >>> norms = np.array([[3.0, 1.0], [1.0, 1.0]])  # 2 heads, 2 rows
+    >>> output_shares(norms).tolist()
+    [0.625, 0.375]
     """
     xp = resolve_namespace(norms, xp=xp, names=("norms",))
     total = xp.sum(norms, axis=-2, keepdims=True)
@@ -80,6 +88,14 @@ def copying_scores(terms: Any, source: int, /, *, xp: Namespace | None = None) -
     `terms` ``(layers, heads, n)`` (direct logit terms of one explained row); the result
     ``(layers, heads)`` is :math:`D^{l,h}_s / \sum_{l,h,j} |D^{l,h}_j|`: signed, and the
     heads that carry the answer from the source get the largest values.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnflow.diagnosis import copying_scores
+    >>> terms = np.array([[[0.1, 0.6, -0.3]]])  # 1 layer, 1 head, 3 tokens
+    >>> copying_scores(terms, 1).tolist()
+    [[0.6]]
     """
     xp = resolve_namespace(terms, xp=xp, names=("terms",))
     total = xp.sum(xp.abs(terms))
