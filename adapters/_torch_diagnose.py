@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import attnflow
+from attnflow._methods import method_spec
 from attnflow.diagnosis import ModelReport, copying_scores, output_shares, sink_mass
 from attnflow.evaluate import copying_task, locate_source, source_ranks
 
@@ -204,7 +205,7 @@ def _scores(
         inputs,
         method=typing.cast("Method", method),
         rows=-1,
-        target=None if method == "ifr" else target,
+        target=target if method_spec(method).uses_target else None,
     )
     values: np.ndarray = scores[0].double().cpu().numpy()
     return values

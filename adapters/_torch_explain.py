@@ -397,19 +397,13 @@ def explain_text(
         {name: value.detach().cpu().double().numpy() for name, value in scores.items()},
         rows=row % n,
         special=[bool(s) for s in special],
-        target=target if any(_uses_target(name) for name in chosen) else None,
+        target=target if any(method_spec(name).uses_target for name in chosen) else None,
         notes=_method_notes(chosen, target_score),
         predicted=predicted,
         probabilities=probabilities,
         labels=labels,
         text=text,
     )
-
-
-def _uses_target(method: str) -> bool:
-    """Whether `method` explains a target (a class or a vocabulary id)."""
-    spec = method_spec(method)
-    return spec.gradients or spec.target_conditioned
 
 
 def _check_text_methods(methods: object) -> list[str]:
@@ -581,7 +575,7 @@ def explain_image(
         {name: value.detach().cpu().double().numpy() for name, value in scores.items()},
         rows=row % n,
         special=[True] * extra + [False] * (rows * cols),
-        target=target if any(_uses_target(name) for name in chosen) else None,
+        target=target if any(method_spec(name).uses_target for name in chosen) else None,
         notes=_method_notes(chosen, target_score),
         predicted=predicted,
         probabilities=probabilities,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ from torch import nn
 
 import attnflow
 from attnflow._causal_cache import CausalRolloutCache
+from attnflow._methods import method_spec
 from attnflow._validation import (
     check_receptive_field,
     check_residual,
@@ -45,7 +47,7 @@ from attnflow._validation import (
 )
 from attnflow.generation import GenerationExplanation
 
-from ._common import HEAD_REDUCTIONS, check_target_score
+from ._common import HEAD_REDUCTIONS, Method, check_target_score
 from ._token_text import token_labels
 
 __all__ = ["GENERATION_METHODS", "explain_generation"]
@@ -739,12 +741,12 @@ def _target_conditioned_rows(
     tokens = sequence[:width][None].to(device)
     rows = list(range(n_prompt - 1, width))
     targets = sequence[n_prompt:][None].to(device)
-    options = {} if method == "ifr" else {"target": targets}
     result = explain(
         model,
         {"input_ids": tokens, "attention_mask": torch.ones_like(tokens)},
-        method=method,
+        method=typing.cast("Method", method),
         rows=rows,
-        **options,
+        target=targets if method_spec(method).uses_target else None,
     )
-    return result[0].double().cpu().numpy()  # type: ignore[no-any-return]
+    rows_out: np.ndarray = result[0].double().cpu().numpy()
+    return rows_out

@@ -70,6 +70,9 @@ class MethodSpec:
         target's readout, in one forward pass, instead of capturing whole matrices.
     signed : bool
         Whether its scores can be negative (a token pushing the target's logit down).
+    uses_target : bool
+        Whether it explains a `target` (a class, or a causal LM's vocabulary id): the
+        gradient methods and the logit-conditioned ones.
     """
 
     name: str
@@ -82,6 +85,7 @@ class MethodSpec:
     normalize_layers: bool = False
     target_conditioned: bool = False
     signed: bool = False
+    uses_target: bool = False
 
     @property
     def value_aware(self) -> bool:
@@ -132,6 +136,7 @@ METHODS: Mapping[str, MethodSpec] = MappingProxyType(
                 "gradient-weighted rollout (Chefer et al. 2021, GAE)",
                 composes="gradient_rollout",
                 gradients=True,
+                uses_target=True,
             ),
             MethodSpec(
                 "norm",
@@ -165,6 +170,7 @@ METHODS: Mapping[str, MethodSpec] = MappingProxyType(
                 composes="direct_logit",
                 target_conditioned=True,
                 signed=True,
+                uses_target=True,
             ),
             MethodSpec(
                 "alti_logit",
@@ -174,6 +180,7 @@ METHODS: Mapping[str, MethodSpec] = MappingProxyType(
                 matrix="alti",
                 target_conditioned=True,
                 signed=True,
+                uses_target=True,
             ),
             MethodSpec(
                 "ifr",

@@ -44,6 +44,8 @@ def test_the_table_names_each_method_once_with_its_function() -> None:
         with pytest.raises(ValueError, match=r"PyTorch adapter's explain"):
             METHODS[name].function()
     assert [n for n, s in METHODS.items() if s.signed] == ["direct_logit", "alti_logit"]
+    targets = ["gradient_rollout", "direct_logit", "alti_logit"]
+    assert [n for n, s in METHODS.items() if s.uses_target] == targets
     assert [n for n, s in METHODS.items() if s.gradients] == ["gradient_rollout"]
     assert [n for n, s in METHODS.items() if s.host_only] == ["flow"]
     # The value-aware rule: the norm-based matrix has no residual path (the paper's 0.5);
