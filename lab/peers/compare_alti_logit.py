@@ -96,13 +96,13 @@ def load_authors(repo: Path) -> tuple[Any, Any, Any]:
     return contributions.ModelWrapper, utils, extract
 
 
-def random_gpt2(seed: int, layers: int) -> Any:
+def random_gpt2(seed: int, layers: int, d: int = 64) -> Any:
     """Build a small random GPT-2 in float64, eager attention, with spread norms and biases."""
     torch.manual_seed(seed)
     config = transformers.GPT2Config(  # type: ignore[call-arg]
         vocab_size=96,
         n_positions=64,
-        n_embd=64,
+        n_embd=d,
         n_layer=layers,
         n_head=4,
         attn_implementation="eager",
@@ -273,24 +273,28 @@ def oracle(
 def attnflow_scores(
     model: Any, ids: torch.Tensor, target: int, foil: int
 ) -> dict[str, np.ndarray] | str:
-    """Return attnflow's direct_logit / alti_logit contrasts at the last row, or why not."""
+    """Return attnflow's direct_logit / alti_logit contrasts ``(L, n)`` at the last row, or why not.
+
+    The lead's API (branch ``logit``): ``explain(model, inputs, method=..., rows=n - 1,
+    target=w, foil=f, layers="all")``.
+    """
     try:
         from attnflow.adapters.torch import explain  # type: ignore[import-not-found]
     except ImportError as err:  # pragma: no cover
         return f"attnflow not importable: {err}"
     out = {}
     row = int(ids.shape[1]) - 1
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     for ours, theirs in (("direct_logit", "logit_aff_x_j"), ("alti_logit", "logit_aff_x_j_alti")):
         try:
-            a = explain(model, {"input_ids": ids}, method=ours, rows=row, target=target)
-            b = explain(model, {"input_ids": ids}, method=ours, rows=row, target=foil)
+            got = explain(
+                model, inputs, method=ours, rows=row, target=target, foil=foil, layers="all"
+            )
         except (ValueError, TypeError, NotImplementedError) as err:
-            return f"attnflow's explain(method={ours!r}) not available: {str(err).splitlines()[0][:160]}"
-        a = getattr(a, "scores", a)
-        b = getattr(b, "scores", b)
-        out[theirs] = (
-            (torch.as_tensor(a) - torch.as_tensor(b)).detach().double().cpu().numpy().reshape(-1)
-        )
+            first = str(err).splitlines()[0][:200]
+            return f"attnflow's explain(method={ours!r}) not available: {first}"
+        got = getattr(got, "scores", got)
+        out[theirs] = torch.as_tensor(got).detach().double().cpu().numpy().reshape(-1, row + 1)
     return out
 
 
@@ -313,15 +317,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--n", type=int, default=12)
+    ap.add_argument("--d", type=int, default=64, help="hidden size (4 heads)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)
     wrapper_cls, utils, extract = load_authors(args.repo.resolve())
-    model = random_gpt2(args.seed, args.layers)
+    model = random_gpt2(args.seed, args.layers, args.d)
     g = torch.Generator().manual_seed(args.seed + 1)
     ids = torch.randint(0, model.config.vocab_size, (1, args.n), generator=g)
     target, foil = 5, 17
-    print(f"random GPT-2, float64, {args.layers} layers, n={args.n}, target={target}, foil={foil}")
+    print(
+        f"random GPT-2, float64, {args.layers} layers, d={args.d}, n={args.n}, w={target}, foil={foil}"
+    )
     theirs = authors_scores(wrapper_cls, utils, extract, model, ids, target, foil)
     pieces = capture(model, ids)
     mine = oracle(model, pieces, target, foil)
@@ -352,9 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(got, str):
         print("attnflow:", got)
     else:
+        print("attnflow (explain(..., target, foil, layers='all')):")
         for k, v in got.items():
-            report(f"attnflow vs authors: {k} (layer sum)", v, theirs[k].sum(0))
-            report(f"attnflow vs oracle without the pairwise eps: {k}", v, exact[k].sum(0))
+            report(f"vs authors: {k} per layer", v, theirs[k])
+            report(f"vs authors: {k} layer sum", v.sum(0), theirs[k].sum(0))
+            report(f"vs oracle without the pairwise eps: {k} layer sum", v.sum(0), exact[k].sum(0))
     return 0 if worst < 1e-9 else 1
 
 

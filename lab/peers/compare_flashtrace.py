@@ -203,18 +203,25 @@ def flashtrace_public(
 
 
 def attnflow_ifr(model: Any, ids: torch.Tensor, span: tuple[int, int]) -> np.ndarray | str:
-    """Return attnflow's ``ifr`` at the span rows, or why it could not run."""
+    """Return attnflow's span ``ifr`` per layer ``(L, n)``, or why it could not run.
+
+    The lead's API (branch ``logit``): ``explain(model, inputs, method="ifr", rows=[...],
+    span=True, layers="all")``; a single-row span is the same as ``rows=t``.
+    """
     try:
         from attnflow.adapters.torch import explain  # type: ignore[import-not-found]
     except ImportError as err:  # pragma: no cover - environment
         return f"attnflow not importable: {err}"
     rows = list(range(span[0], span[1] + 1))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     try:
-        scores = explain(model, {"input_ids": ids}, method="ifr", rows=rows)
+        scores = explain(model, inputs, method="ifr", rows=rows, span=True, layers="all")
     except (ValueError, TypeError, NotImplementedError) as err:
-        return f"attnflow's explain(method='ifr') not available: {str(err).splitlines()[0][:160]}"
+        first = str(err).splitlines()[0][:200]
+        return f"attnflow's explain(method='ifr', span=True) not available: {first}"
     s = getattr(scores, "scores", scores)
-    return np.asarray(torch.as_tensor(s).detach().double().cpu()).reshape(-1)[: ids.shape[1]]
+    out: np.ndarray = torch.as_tensor(s).detach().double().cpu().numpy()
+    return out.reshape(-1, int(ids.shape[1]))
 
 
 def report(name: str, a: np.ndarray, b: np.ndarray) -> float:
@@ -283,9 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(got, str):
         print("attnflow:", got)
     else:
-        report("attnflow ifr vs FlashTrace", got, total)
-        report("attnflow ifr vs oracle (exact)", got, exact.sum((0, 1)))
-        report("attnflow ifr vs oracle (FT conventions)", got, ft_style.sum((0, 1)))
+        print("attnflow's ifr (span=True):")
+        report("layer sum vs FlashTrace", got.sum(0), total)
+        report("per layer vs FlashTrace", got, per_layer)
+        report("layer sum vs oracle (exact: model's eps, b_V)", got.sum(0), exact.sum((0, 1)))
+        report("per layer vs oracle (exact)", got, exact.sum(1))
+        report("layer sum vs oracle (FT conventions)", got.sum(0), ft_style.sum((0, 1)))
     top = np.argsort(-ft_style.sum((0, 1)))[:5]
     print("top tokens (oracle, FT conventions):", top.tolist())
     return 0 if worst < 1e-5 else 1
