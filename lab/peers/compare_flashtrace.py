@@ -190,7 +190,7 @@ def flashtrace_span(
 def flashtrace_rows(model: Any, ids: torch.Tensor, span: tuple[int, int]) -> np.ndarray:
     """Run FlashTrace's per-row IFR (``ifr-matrix``, ``compute_ifr_for_all_positions``): ``(r, n)``."""
     from flashtrace.attribution import LLMIFRAttribution
-    from flashtrace.core import (  # type: ignore[import-not-found]
+    from flashtrace.core import (
         compute_ifr_for_all_positions,
     )
 
@@ -249,7 +249,7 @@ def attnflow_ifr(model: Any, ids: torch.Tensor, span: tuple[int, int]) -> np.nda
     span=True, layers="all")``; a single-row span is the same as ``rows=t``.
     """
     try:
-        from attnflow.adapters.torch import explain  # type: ignore[import-not-found]
+        from attnflow.adapters.torch import explain
     except ImportError as err:  # pragma: no cover - environment
         return f"attnflow not importable: {err}"
     rows = list(range(span[0], span[1] + 1))
