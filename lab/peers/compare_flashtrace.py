@@ -242,7 +242,9 @@ def flashtrace_public(
     return np.asarray(res.scores, dtype=float), torch.cat([p, g], dim=1), int(p.shape[1])
 
 
-def attnflow_ifr(model: Any, ids: torch.Tensor, span: tuple[int, int]) -> np.ndarray | str:
+def attnflow_ifr(
+    model: Any, ids: torch.Tensor, span: tuple[int, int], heads: str = "sum"
+) -> np.ndarray | str:
     """Return attnflow's span ``ifr`` per layer ``(L, n)``, or why it could not run.
 
     The lead's API (branch ``logit``): ``explain(model, inputs, method="ifr", rows=[...],
@@ -255,13 +257,15 @@ def attnflow_ifr(model: Any, ids: torch.Tensor, span: tuple[int, int]) -> np.nda
     rows = list(range(span[0], span[1] + 1))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     try:
-        scores = explain(model, inputs, method="ifr", rows=rows, span=True, layers="all")
+        scores = explain(
+            model, inputs, method="ifr", rows=rows, span=True, layers="all", heads=heads
+        )
     except (ValueError, TypeError, NotImplementedError) as err:
         first = str(err).splitlines()[0][:200]
         return f"attnflow's explain(method='ifr', span=True) not available: {first}"
     s = getattr(scores, "scores", scores)
     out: np.ndarray = torch.as_tensor(s).detach().double().cpu().numpy()
-    return out.reshape(-1, int(ids.shape[1]))
+    return out.reshape(-1, int(ids.shape[1])) if heads == "sum" else out
 
 
 def report(name: str, a: np.ndarray, b: np.ndarray) -> float:
@@ -336,6 +340,14 @@ def main(argv: list[str] | None = None) -> int:
         report("layer sum vs oracle (exact: model's eps, b_V)", got.sum(0), exact.sum((0, 1)))
         report("per layer vs oracle (exact)", got, exact.sum(1))
         report("layer sum vs oracle (FT conventions)", got.sum(0), ft_style.sum((0, 1)))
+        each = attnflow_ifr(model, ids, span, heads="each")
+        if not isinstance(each, str):
+            h = int(model.config.num_attention_heads)
+            each = each.reshape(-1, h, n)
+            report("heads='each' (L, H, n) vs oracle (exact)", each, exact)
+            report(
+                "heads='each' summed over tokens vs FlashTrace's head totals", each.sum(-1), heads
+            )
     # Per row (|S| = 1 each): FlashTrace's ifr-matrix against the oracle row by row and attnflow.
     by_row = flashtrace_rows(model, ids, span)
     rows_oracle = np.stack(
