@@ -520,6 +520,9 @@ def docs(session: nox.Session) -> None:
     session.run("python", "scripts/check_docs_offline.py", "docs/_build/html", env=ENV)
 
 
+WHEEL_LIMIT = 3_500_000  # bytes, uncompressed: the library, its stripped kernels, its samples
+
+
 @nox.session
 def build(session: nox.Session) -> None:
     """Build sdist and wheel from a clean tree; check both and the editable install."""
@@ -556,6 +559,10 @@ def build(session: nox.Session) -> None:
                 session.error(f"sdist {sdist.name} lacks {source}")
         if any(name.startswith(("adapters/", "tests/")) for name in names):
             session.error(f"wheel {wheel.name} ships top-level adapters/ or tests/")
+        # The kernels are stripped (setup.py): debug sections once made the wheel 7.0 MB.
+        size = sum(info.file_size for info in zipfile.ZipFile(wheel).infolist())
+        if size > WHEEL_LIMIT:
+            session.error(f"wheel {wheel.name}: {size / 1e6:.2f} MB uncompressed, over 3.5 MB")
         session.log(f"wheel {wheel.name}: {len(names)} files, includes {sorted(required)}")
         _install(session, str(wheel))
         session.run("python", "-c", "import attnflow.adapters as a; print(a.__file__)", env=ENV)
