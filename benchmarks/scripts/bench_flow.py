@@ -51,10 +51,10 @@ How to run
 ----------
 From the repository root, with attnflow, networkx and igraph installed::
 
-    python benchmarks/bench_flow.py                  # about 2 minutes on 2 cores
-    python benchmarks/bench_flow.py --quick          # small sizes, a smoke test for CI
-    python benchmarks/bench_flow.py --paper-pairs 4  # time 4 networkx pairs, extrapolate
-    python benchmarks/bench_flow.py --repeats 5 --budget 300
+    python benchmarks/scripts/bench_flow.py                  # about 2 minutes on 2 cores
+    python benchmarks/scripts/bench_flow.py --quick          # small sizes, a smoke test for CI
+    python benchmarks/scripts/bench_flow.py --paper-pairs 4  # time 4 networkx pairs, extrapolate
+    python benchmarks/scripts/bench_flow.py --repeats 5 --budget 300
 
 Options that only ``bench_rollout.py`` knows (``nox -s benchmark -- ...`` passes the same
 ones to both scripts) are ignored with a note.

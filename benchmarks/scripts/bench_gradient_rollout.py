@@ -1,6 +1,6 @@
 """Gradient-weighted rollout (GAE) against plain rollout and hand-written GAE, in one run.
 
-    python benchmarks/bench_gradient_rollout.py
+    python benchmarks/scripts/bench_gradient_rollout.py
         [--backend numpy,torch,jax,jax-jit,dask,strict,tensorflow]
         [--shape B L H n] [--repeats R] [--quick] [--no-mask]
 

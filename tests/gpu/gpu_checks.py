@@ -37,8 +37,8 @@ How to run
 On a machine with a CUDA GPU, torch and transformers (the repository's ``gpu`` nox session
 installs them)::
 
-    python benchmarks/gpu_checks.py --out gpu.json
-    python benchmarks/gpu_checks.py --quick     # small sizes, a smoke run (also on a CPU)
+    python tests/gpu/gpu_checks.py --out gpu.json
+    python tests/gpu/gpu_checks.py --quick     # small sizes, a smoke run (also on a CPU)
 """
 
 from __future__ import annotations

