@@ -541,6 +541,10 @@ def build(session: nox.Session) -> None:
                 session.error(f"sdist {sdist.name} lacks {source}")
         if any(name.startswith(("adapters/", "tests/")) for name in names):
             session.error(f"wheel {wheel.name} ships top-level adapters/ or tests/")
+        # The studies are the lab's own distribution (lab/), never the package's.
+        lab = ("attnflow/_experiments/", "attnflow/experiments/", "attnflow_lab/")
+        if any(name.startswith(lab) for name in names):
+            session.error(f"wheel {wheel.name} ships the lab's studies")
         # The kernels are stripped (setup.py): debug sections once made the wheel 7.0 MB.
         size = sum(info.file_size for info in zipfile.ZipFile(wheel).infolist())
         if size > WHEEL_LIMIT:
