@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 import subprocess
@@ -161,6 +162,12 @@ def _source_modules() -> list[Path]:
     return sorted(path for root in roots for path in root.rglob("*.py"))
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """The parsed source of `path`, parsed once for every test here (they only read it)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def test_every_module_has_a_sorted_all_of_names_it_defines() -> None:
     # Read from the source, not imported: the framework adapters and integrations are
     # checked in every session, whichever frameworks it has installed.
@@ -168,7 +175,7 @@ def test_every_module_has_a_sorted_all_of_names_it_defines() -> None:
     folders = {path.parent.name for path in modules}
     assert {"attnflow", "adapters", "evaluate", "integrations"} <= folders, folders
     for path in modules:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = _tree(path)
         declared = [
             node
             for node in tree.body
@@ -190,7 +197,7 @@ def test_no_docstring_holds_a_control_character() -> None:
     # `lpha`, `\f` a form feed, and Sphinx shows neither.
     control = {chr(c) for c in range(32)} - {"\n"}
     for path in _source_modules():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = _tree(path)
         for node in ast.walk(tree):
             if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
                 text = ast.get_docstring(node, clean=False) or ""
@@ -240,7 +247,7 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
     """
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             node.body = []  # ast.walk reads the children after this visit
         elif isinstance(node, ast.Import):
