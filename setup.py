@@ -4,6 +4,10 @@ The max-flow solver, the fused pass of gradient-weighted rollout (whose value-ch
 reductions are vectorised by ``omp simd``: -fopenmp-simd, no OpenMP runtime), and the
 value-aware token-mixing rules (ALTI's Manhattan distances, the Gram-matrix norms).
 
+The kernels are built without debug information (``-g0``, and the linker strips what
+the interpreter's own flags add: ``-s``): debug sections made up 4.9 MB of a 7.0 MB wheel,
+and a user's traceback never reaches into them.
+
 Everything else (metadata, packages, data) lives in pyproject.toml.
 """
 
@@ -12,18 +16,26 @@ import sys
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
+WINDOWS = sys.platform == "win32"
+# Optimised, no debug sections: -g0 after the interpreter's own -g (the last one wins),
+# and -s at link time strips the symbol tables too.
+OPTIMISE = ["/O2"] if WINDOWS else ["-O3", "-g0"]
+STRIP = [] if WINDOWS or sys.platform == "darwin" else ["-s"]
+
 KERNEL = Extension(
     "attnflow._maxflow_kernel",
     sources=["attnflow/_maxflow_kernel.pyx"],
     # Plain arithmetic on doubles: never -ffast-math, which would break the exact residuals.
-    extra_compile_args=["/O2"] if sys.platform == "win32" else ["-O3"],
+    extra_compile_args=OPTIMISE,
+    extra_link_args=STRIP,
 )
 
 GAE_KERNEL = Extension(
     "attnflow._gae_kernel",
     sources=["attnflow/_gae_kernel.pyx"],
     depends=["attnflow/_gae_kernel.h"],
-    extra_compile_args=["/O2"] if sys.platform == "win32" else ["-O3", "-fopenmp-simd"],
+    extra_compile_args=OPTIMISE if WINDOWS else [*OPTIMISE, "-fopenmp-simd"],
+    extra_link_args=STRIP,
 )
 
 CONTRIBUTIONS_KERNEL = Extension(
@@ -32,7 +44,8 @@ CONTRIBUTIONS_KERNEL = Extension(
     depends=["attnflow/_contributions_kernel.h"],
     # Never -ffast-math (ALTI subtracts two large norms); the Gram matrices' dot products
     # are vectorised by ``omp simd`` (-fopenmp-simd, no OpenMP runtime).
-    extra_compile_args=["/O2"] if sys.platform == "win32" else ["-O3", "-fopenmp-simd"],
+    extra_compile_args=OPTIMISE if WINDOWS else [*OPTIMISE, "-fopenmp-simd"],
+    extra_link_args=STRIP,
 )
 
 setup(ext_modules=cythonize([KERNEL, GAE_KERNEL, CONTRIBUTIONS_KERNEL], language_level=3))

@@ -39,8 +39,8 @@ Supported blocks:
   ``norm1``, ``norm2``), ``norm_first`` True (pre-LN) or False (post-LN).
 * Pre-LN blocks with a fused query-key-value ``nn.Linear`` (nanoGPT's ``ln_1``,
   ``attn.c_attn``, ``attn.c_proj``, ``ln_2``; also ``norm1``/``norm2`` and
-  ``attn.qkv``/``attn.proj``, as in timm's ViT without LayerScale and in
-  :mod:`attnflow._experiments.agreement_torch`). Their structure is a convention, not a
+  ``attn.qkv``/``attn.proj``, as in timm's ViT without LayerScale and in the paper's
+  agreement model). Their structure is a convention, not a
   class, so every call is checked: the rebuilt output must equal the block input plus
   what ``attn`` returned, or the capture fails.
 * Llama-family decoder layers (Llama, Mistral, Qwen2 and others built the same way):

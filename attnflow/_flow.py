@@ -113,7 +113,7 @@ class FlowCost:
         of the measured CPU time on real encoders and decoders (MiniLM, SmolLM2 up to
         n = 2,048, a GPT-2-size decoder) and on strongly local attention, 2 to 4x above it
         on the head mean of synthetic random heads, which certifies faster
-        (``benchmarks/bench_flow_cost.py``). Divide by the number of workers.
+        (``benchmarks/scripts/bench_flow_cost.py``). Divide by the number of workers.
 
     See Also
     --------

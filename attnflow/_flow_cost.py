@@ -71,7 +71,7 @@ and falls to 0.5x at 2,048, where the graph no longer fits in cache)."""
 
 SECONDS_PER_LIVE_ARC = 1.24e-8
 """Seconds per ``A^CERTIFIED_EXPONENT`` of a certified pair (calibration set of
-``benchmarks/bench_flow_cost.py``)."""
+``benchmarks/scripts/bench_flow_cost.py``)."""
 
 CAUSAL_SHARE = 0.5
 """A causal pair's share of that figure: the solver's breadth-first layerings and bottom-up

@@ -1,4 +1,4 @@
-r"""Decoders: receptive-field normalisation and attention sinks (issue 9, item 5).
+r"""Decoders: receptive-field normalisation and attention sinks.
 
 Causal attention lets query ``i`` see keys ``0..i`` only, so every method that composes
 attention over layers piles mass onto early tokens even when nothing is learnt: rollout of

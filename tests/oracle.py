@@ -513,7 +513,7 @@ def oracle_decoder(
 
 # -- Encoder-decoder composition (issue 9, item 4) -----------------------------------------
 # Self-contained: plain float64 loops over batch items, layers, rows and columns, written
-# from the formulas in docs/maths.md ("Encoder-decoder models"), sharing nothing above.
+# from the formulas in docs/maths-decoders.md ("Encoder-decoder models"), sharing nothing above.
 
 
 def _ed_rows_renormalised(
@@ -736,7 +736,7 @@ def oracle_encoder_decoder_flow(
     """Encoder-decoder flow the paper's way: networkx Edmonds-Karp per pair.
 
     Heads fused by the mean over real keys; one networkx graph per sequence with a node
-    per (family, layer, token) and the edges of docs/maths.md ("Encoder-decoder flow"),
+    per (family, layer, token) and the edges of docs/maths-decoders.md ("Encoder-decoder flow"),
     written from the formulas with plain loops.
     """
     import networkx as nx

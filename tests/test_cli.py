@@ -197,8 +197,10 @@ def test_console_script_runs_the_demo(sample: Sample) -> None:
     script = console_script()
     if script is None:
         pytest.skip("the attnflow console script is not installed")
+    # The entry point is under test, not the figures (test_demo_writes_its_page_... draws
+    # them): --no-files spares a second drawing of all seven.
     done = subprocess.run(
-        [script, "demo"], capture_output=True, text=True, encoding="utf-8",
+        [script, "demo", "--no-files"], capture_output=True, text=True, encoding="utf-8",
         env=environment(), check=False, timeout=120, cwd=Path.cwd(),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -91,7 +91,7 @@ def test_errors_are_one_line(
     assert len(error.strip().splitlines()) == 1
 
     assert main(["evaluate", str(tmp_path / "missing.npz"), "-o", str(tmp_path / "b")]) == 2
-    assert "neither" in capsys.readouterr().err
+    assert "is not a file of saved model outputs" in capsys.readouterr().err
     assert main(["evaluate", str(path), "-o", str(tmp_path / "c"), "--rows", "first"]) == 2
     assert "--rows takes" in capsys.readouterr().err
 
@@ -140,10 +140,10 @@ def test_the_authors_correlation_equals_the_api_and_last_token_needs_blank_out(
     printed = capsys.readouterr().out
     assert expected.to_markdown() in printed
     assert "dense ranks" in printed
-    # A saved file's blank-out scores are computed already: the option is refused first.
-    refused = tmp_path / "zero"
-    assert main([*arguments[:3], str(refused), "--blank-out-last-token", "zero"]) == 2
+    # The paper's reproductions are the lab's command: said in one line, nothing written.
+    refused = tmp_path / "agreement"
+    assert main(["evaluate", "agreement", "-o", str(refused)]) == 2
     error = capsys.readouterr().err
-    assert "--blank-out-last-token applies to agreement and sentiment" in error
+    assert "attnflow-lab evaluate agreement" in error
     assert len(error.strip().splitlines()) == 1
     assert not refused.exists()

@@ -1,8 +1,8 @@
 """The code users run (benchmarks, scripts, the docs' data scripts) uses no deprecated name.
 
-``max_work`` (edge visits of the old flow engine) is replaced by ``max_seconds``, and
-``attnflow.experiments`` by the private ``attnflow._experiments``; both old spellings warn
-for one release. A benchmark's baseline may run a revision older than ``max_seconds``: it
+``max_work`` (edge visits of the old flow engine) is replaced by ``max_seconds``, and warns
+for one release; ``attnflow.experiments`` and ``attnflow._experiments`` are gone (the lab,
+``lab/``, is a distribution of its own). A benchmark's baseline may run a revision older than ``max_seconds``: it
 then picks the keyword the revision has, without passing ``max_work=`` literally.
 """
 
@@ -14,12 +14,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_BY_USERS = ("benchmarks", "scripts", "docs/_data")
+RUN_BY_USERS = (
+    "benchmarks",
+    "scripts",
+    "docs/_data",
+    "lab/attnflow_lab",
+    "lab/protocols",
+    "lab/scripts",
+)
 FILES = sorted(path for folder in RUN_BY_USERS for path in (ROOT / folder).rglob("*.py"))
 DEPRECATED = {
     "max_work=": re.compile(r"\bmax_work\s*="),
     "attnflow.experiments": re.compile(
-        r"\battnflow\.experiments\b|from attnflow import experiments"
+        r"\battnflow\.(_?)experiments\b|from attnflow import (_?)experiments"
     ),
 }
 
@@ -41,4 +48,5 @@ def test_the_check_finds_what_it_looks_for() -> None:
     assert DEPRECATED["max_work="].search("attnflow.flow(a, n_jobs=1, max_work=None)")
     assert not DEPRECATED["max_work="].search('limit = {"max_work": None}')
     assert DEPRECATED["attnflow.experiments"].search("from attnflow.experiments import x")
-    assert not DEPRECATED["attnflow.experiments"].search("from attnflow._experiments import x")
+    assert DEPRECATED["attnflow.experiments"].search("from attnflow._experiments import x")
+    assert not DEPRECATED["attnflow.experiments"].search("from attnflow_lab import x")

@@ -88,3 +88,35 @@ def test_every_included_file_and_figure_exists(page: Path) -> None:
         if "://" in target:
             continue
         assert (page.parent / target).is_file(), f"{page.name}: {target} does not exist"
+
+
+# Pages are for users: one concise page per subject (dated logs live in lab/reports), and no
+# reference a reader cannot open (the project's issue numbers). Included files (_data/) are
+# read as part of their page.
+OWN_PAGES = [p for p in PAGES if "_data" not in p.parts]
+PAGE_LIMIT = 40_000  # bytes
+
+
+@pytest.mark.parametrize("page", OWN_PAGES, ids=lambda p: p.relative_to(DOCS).as_posix())
+def test_every_page_is_at_most_40_kb(page: Path) -> None:
+    size = len(page.read_bytes())
+    assert size <= PAGE_LIMIT, f"{page.name}: {size:,} bytes; split it or move history to lab/"
+
+
+ISSUE = re.compile(r"\b[Ii]ssues? \d|\([Ii]ssue \d")
+
+
+def test_the_issue_check_finds_issue_numbers() -> None:
+    assert ISSUE.search("as measured for issue 23.")
+    assert ISSUE.search("(issue 24, third round)")
+    assert not ISSUE.search("vit-explain issue #6, an issue of another project")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(DOCS).as_posix())
+def test_no_page_cites_an_issue_number(page: Path) -> None:
+    found = [
+        f"{page.name}:{number}"
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if ISSUE.search(line)
+    ]
+    assert found == [], f"issue numbers in {found}"

@@ -55,8 +55,10 @@ class ToyModel:
         states = self.classifier.embeddings[np.asarray(ids)]
         return np.abs(states @ self.classifier.output[:, 0]) + np.asarray(targets)[:, None]
 
-    def functions(self) -> attnflow.evaluate.ModelFunctions:
-        return attnflow.evaluate.ModelFunctions(self.predict, self.attentions, self.input_gradients)
+    def functions(self, identity: str | None = None) -> attnflow.evaluate.ModelFunctions:
+        return attnflow.evaluate.ModelFunctions(
+            self.predict, self.attentions, self.input_gradients, identity=identity
+        )
 
 
 @pytest.fixture(scope="module")
@@ -348,7 +350,7 @@ def test_resumed_run_gives_the_identical_report(
 
     failing.attentions = attentions  # type: ignore[method-assign]
     with pytest.raises(Interrupted):
-        attnflow.evaluate.faithfulness(failing.functions(), ids, output=tmp_path, **options)
+        attnflow.evaluate.faithfulness(failing.functions("toy"), ids, output=tmp_path, **options)
     assert sorted(p.name for p in tmp_path.glob("chunk-*.npz")) == [
         "chunk-000000.npz",
         "chunk-000001.npz",
@@ -356,7 +358,7 @@ def test_resumed_run_gives_the_identical_report(
 
     resumed_model = ToyModel()
     resumed = attnflow.evaluate.faithfulness(
-        resumed_model.functions(), ids, output=tmp_path, **options
+        resumed_model.functions("toy"), ids, output=tmp_path, **options
     )
     assert resumed_model.calls == 2  # chunks 2 and 3 of 4 only
     assert resumed.to_markdown() == fresh.to_markdown()
@@ -364,7 +366,7 @@ def test_resumed_run_gives_the_identical_report(
         np.testing.assert_array_equal(resumed.samples[key], fresh.samples[key], err_msg=key)
     # A third run computes nothing and gives the same report again.
     idle = ToyModel()
-    again = attnflow.evaluate.faithfulness(idle.functions(), ids, output=tmp_path, **options)
+    again = attnflow.evaluate.faithfulness(idle.functions("toy"), ids, output=tmp_path, **options)
     assert idle.calls == 0
     assert again.to_markdown() == fresh.to_markdown()
     manifest = json.loads((tmp_path / "evaluation.json").read_text())
@@ -594,6 +596,84 @@ def test_a_rerun_with_another_model_is_refused_naming_it(
     for key in fresh.samples:
         np.testing.assert_array_equal(forced.samples[key], fresh.samples[key], err_msg=key)
     assert json.loads((tmp_path / "evaluation.json").read_text())["model"] == "toy seed 5"
+
+
+def _closures(weights: np.ndarray) -> attnflow.evaluate.ModelFunctions:
+    """A model as a new user writes it: a factory of closures over its weights, no identity."""
+
+    def predict(ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        logits = weights[ids].sum(axis=1)[:, :2]
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def attentions(ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        states = weights[ids]
+        w = np.exp(np.einsum("bid,bjd->bij", states, states))[:, None, None]
+        w = np.repeat(np.repeat(w, HEADS, axis=2), LAYERS, axis=1)
+        return w / w.sum(axis=-1, keepdims=True)
+
+    return attnflow.evaluate.ModelFunctions(predict, attentions)
+
+
+def test_closures_over_other_weights_never_get_the_first_models_table(
+    tmp_path: Path, dataset: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> None:
+    # Without an identity, the folder records a digest of the functions: their code and
+    # the weights they captured. A factory's second model is refused, not served the
+    # first one's results; the first model's rerun resumes.
+    ids, mask, _ = dataset
+    options: dict[str, Any] = {
+        "replacement": UNK,
+        "mask": mask,
+        "references": ["blank_out"],
+        "fractions": None,
+        "chunk_size": 4,
+    }
+    rng = np.random.default_rng(3)
+    first, second = (rng.normal(size=(VOCABULARY, 4)) for _ in range(2))
+    attnflow.evaluate.faithfulness(_closures(first), ids, output=tmp_path, **options)
+    recorded = json.loads((tmp_path / "evaluation.json").read_text())["model"]
+    assert recorded.startswith("functions sha256:")
+    again = attnflow.evaluate.faithfulness(_closures(first.copy()), ids, output=tmp_path, **options)
+    fresh_first = attnflow.evaluate.faithfulness(_closures(first), ids, **options)
+    assert again.to_markdown() == fresh_first.to_markdown()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(EvaluationFolderError, match=r"differs in model \(the folder's: functions"):
+        attnflow.evaluate.faithfulness(_closures(second), ids, output=tmp_path, **options)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    forced = attnflow.evaluate.faithfulness(
+        _closures(second), ids, output=tmp_path, force=True, **options
+    )
+    fresh = attnflow.evaluate.faithfulness(_closures(second), ids, **options)
+    assert forced.to_markdown() == fresh.to_markdown() != fresh_first.to_markdown()
+
+
+def test_functions_whose_state_cannot_be_read_are_never_resumed(
+    tmp_path: Path,
+    dataset: tuple[np.ndarray, np.ndarray, np.ndarray],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Bound methods of an object (its state is its own): no digest can tell two such
+    # models apart, so their folder is written once and refused afterwards.
+    ids, mask, _ = dataset
+    options: dict[str, Any] = {
+        "replacement": UNK,
+        "mask": mask,
+        "references": ["blank_out"],
+        "fractions": None,
+    }
+    attnflow.evaluate.faithfulness(ToyModel(2).functions(), ids, output=tmp_path, **options)
+    assert "cannot be resumed" in caplog.text
+    assert json.loads((tmp_path / "evaluation.json").read_text())["model"] is None
+    other = ToyModel(5)
+    with pytest.raises(EvaluationFolderError, match="cannot be resumed: its model functions"):
+        attnflow.evaluate.faithfulness(other.functions(), ids, output=tmp_path, **options)
+    assert other.calls == 0  # refused before any work
+    forced = attnflow.evaluate.faithfulness(
+        other.functions(), ids, output=tmp_path, force=True, **options
+    )
+    fresh = attnflow.evaluate.faithfulness(ToyModel(5).functions(), ids, **options)
+    assert forced.to_markdown() == fresh.to_markdown()
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 import subprocess
@@ -113,22 +114,13 @@ def test_the_readme_table_names_every_public_name() -> None:
     assert not missing, f"README's table does not name {missing}"
 
 
-def test_the_experiments_are_private_and_the_old_path_warns() -> None:
-    # The reproduction experiments are the command line's (issue 25.5): attnflow._experiments.
-    # attnflow.experiments.X keeps working until 0.2, warning, as the very same module.
-    import importlib
+def test_the_lab_is_not_in_the_package() -> None:
+    # The paper's reproduction and the studies are the lab's own distribution
+    # (lab/, attnflow_lab): neither attnflow._experiments nor attnflow.experiments exists.
+    import importlib.util
 
-    import attnflow._experiments.sentiment as private
-
-    assert not hasattr(attnflow, "experiments") or "experiments" not in attnflow.__all__
-    for name in [n for n in sys.modules if n.startswith("attnflow.experiments")]:
-        del sys.modules[name]
-    with pytest.warns(DeprecationWarning, match=r"`attnflow.experiments` is deprecated"):
-        old = importlib.import_module("attnflow.experiments.sentiment")
-    assert old is private
-    from attnflow.experiments import sentiment  # the package is imported: no second warning
-
-    assert sentiment is private
+    assert importlib.util.find_spec("attnflow._experiments") is None
+    assert importlib.util.find_spec("attnflow.experiments") is None
 
 
 def test_adapters_are_installed_as_a_subpackage() -> None:
@@ -170,6 +162,12 @@ def _source_modules() -> list[Path]:
     return sorted(path for root in roots for path in root.rglob("*.py"))
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """The parsed source of `path`, parsed once for every test here (they only read it)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def test_every_module_has_a_sorted_all_of_names_it_defines() -> None:
     # Read from the source, not imported: the framework adapters and integrations are
     # checked in every session, whichever frameworks it has installed.
@@ -177,7 +175,7 @@ def test_every_module_has_a_sorted_all_of_names_it_defines() -> None:
     folders = {path.parent.name for path in modules}
     assert {"attnflow", "adapters", "evaluate", "integrations"} <= folders, folders
     for path in modules:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = _tree(path)
         declared = [
             node
             for node in tree.body
@@ -199,7 +197,7 @@ def test_no_docstring_holds_a_control_character() -> None:
     # `lpha`, `\f` a form feed, and Sphinx shows neither.
     control = {chr(c) for c in range(32)} - {"\n"}
     for path in _source_modules():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = _tree(path)
         for node in ast.walk(tree):
             if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
                 text = ast.get_docstring(node, clean=False) or ""
@@ -257,7 +255,7 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
     """
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             node.body = []  # ast.walk reads the children after this visit
         elif isinstance(node, ast.Import):
@@ -283,15 +281,14 @@ def test_module_imports_are_acyclic_and_the_core_never_imports_upwards() -> None
     assert graph["attnflow._flow"] >= {"attnflow._prepare"}  # the reader sees imports
     order = list(graphlib.TopologicalSorter(graph).static_order())  # CycleError on a cycle
     assert set(order) == known
-    # The core (private modules of attnflow other than the command line and its
-    # experiments) imports only the core: never the evaluation, display, experiments,
-    # integrations, adapters or CLI.
+    # The core (private modules of attnflow other than the command line) imports only
+    # the core: never the evaluation, display, integrations, adapters or CLI.
     command_line = {"attnflow._demo", "attnflow.__main__"}
     core = {
         name
         for name in known
         if name.startswith("attnflow._")
-        and not name.startswith(("attnflow._cli", "attnflow._experiments"))
+        and not name.startswith("attnflow._cli")
         and name not in command_line
     }
     upward = {name: sorted(graph[name] - core) for name in core if graph[name] - core}

@@ -20,12 +20,28 @@ _GUARDS = "from session_checks import pytest_configure, pytest_sessionfinish  # 
 def _run_pytest(
     folder: Path, *args: str, conftest: str = _GUARDS, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """Run pytest on `folder` (a conftest using tests/session_checks.py) with `env` set."""
+    """Run pytest on `folder` (a conftest using tests/session_checks.py) with `env` set.
+
+    Without the installed plugins (hypothesis, pytest-benchmark, ...): the guards need
+    none of them, and loading them was three quarters of each run's start-up. xdist is
+    loaded where a run asks for workers.
+    """
     (folder / "conftest.py").write_text(conftest)
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ATTNFLOW_")}
+    plugins = ["-p", "xdist.plugin"] if "-n" in args else []
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, str(folder)],
-        env={**clean, "PYTHONPATH": str(_TESTS), **env},
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *plugins,
+            *args,
+            str(folder),
+        ],
+        env={**clean, "PYTHONPATH": str(_TESTS), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", **env},
         cwd=folder,
         capture_output=True,
         text=True,

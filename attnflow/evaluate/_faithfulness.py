@@ -38,7 +38,7 @@ from ._correlation import (
     rank_correlation,
 )
 from ._erasure import ERASER_FRACTIONS, comprehensiveness, sufficiency
-from ._identity import describe_function
+from ._identity import describe_function, identify_functions
 from ._predict import (
     ModelInputs,
     call_model,
@@ -96,7 +96,10 @@ class ModelFunctions:
         `output` folder. The folder records it and refuses a rerun or a resumed run
         whose model has another identity, so results of two models are never mixed.
         The adapters set it to a SHA-256 of the model's weights and their own options.
-        None: the folder cannot tell models apart (a warning is logged).
+        None: the functions' own digest (their code, defaults, captured values and the
+        module-level values they read; closures over other weights differ), where every
+        such value can be read; where one cannot (a framework's module, a bound method),
+        a folder is written but never resumed or reused: pass an identity to resume.
 
     See Also
     --------
@@ -426,15 +429,22 @@ def faithfulness(
 
 
 def _model_identity(model: ModelFunctions) -> str | None:
-    """Return the model's identity as the output folder records it (None: not given)."""
+    """Return the model's identity as the output folder records it (None: none known).
+
+    Without a given identity, the functions' own digest (:func:`identify_functions`: their
+    code and every value they read), or None where they hold an object whose state
+    cannot be read; a folder recorded without one is never resumed (`_run_chunks`).
+    """
     identity: object = model.identity() if callable(model.identity) else model.identity
     if identity is None:
-        logger.warning(
-            "the model functions carry no identity, so the output folder cannot tell this "
-            "model from another one; pass ModelFunctions(..., identity=...) (e.g. a hash of "
-            "the checkpoint), as the adapters' model_functions() do"
+        functions = (
+            model.predict,
+            model.attentions,
+            model.input_gradients,
+            model.attention_gradients,
         )
-        return None
+        derived = identify_functions(*functions)
+        return None if derived is None else f"functions {derived}"
     if not isinstance(identity, str):
         msg = f"`model.identity` must be a str or a function returning one; got {identity!r}."
         raise TypeError(msg)
@@ -476,7 +486,25 @@ def _run_chunks(
                 if bar is not None:
                     bar.update(stop - start)
         else:
-            with ChunkStore(output, recorded(), chunks, force=force).open() as store:
+            settings = recorded()
+            unknown = (
+                None
+                if "model" not in settings or settings["model"] is not None
+                else (
+                    "its model functions carry no identity and hold objects whose state "
+                    "cannot be read (a framework's module, a bound method), so the folder "
+                    "cannot tell whether its results are this model's"
+                )
+            )
+            if unknown is not None:
+                logger.warning(
+                    "%s; these results are written but cannot be resumed or reused: pass "
+                    "ModelFunctions(..., identity=...) (e.g. a hash of the checkpoint), as the "
+                    "adapters' model_functions() do",
+                    unknown,
+                )
+            store = ChunkStore(output, settings, chunks, force=force, not_resumable=unknown)
+            with store.open():
                 done = store.done()
                 if bar is not None:
                     bar.update(sum(b - a for i, (a, b) in enumerate(chunks) if i in done))

@@ -103,6 +103,10 @@ class ChunkStore:
         Discard the folder's results instead of refusing them when its manifest differs,
         and discard damaged chunks (they are computed again). Files that are not the
         store's own are never removed.
+    not_resumable : str, optional
+        Why the folder's results cannot be trusted even where its manifest equals
+        `settings` (e.g. a model without an identity): an existing evaluation is then
+        refused, naming this reason, or discarded with `force`.
     """
 
     def __init__(
@@ -112,8 +116,10 @@ class ChunkStore:
         chunks: Sequence[tuple[int, int]],
         *,
         force: bool = False,
+        not_resumable: str | None = None,
     ) -> None:
         self.folder = Path(folder)
+        self.not_resumable = not_resumable
         self.settings = json.loads(json.dumps({"store": STORE_VERSION, **settings}))
         self.chunks = [(int(start), int(stop)) for start, stop in chunks]
         self.force = force
@@ -280,16 +286,24 @@ class ChunkStore:
         manifest = self.folder / MANIFEST
         if manifest.exists():
             problem: str | None
+            same = False
             try:
                 recorded = json.loads(manifest.read_text())
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
                 problem = f"{manifest} is not an attnflow evaluation manifest ({error})"
             else:
-                problem = (
-                    None if recorded == self.settings else _difference(recorded, self.settings)
-                )
+                same = recorded == self.settings
+                problem = self.not_resumable if same else _difference(recorded, self.settings)
             if problem is None:
                 return
+            if same and not self.force:
+                msg = (
+                    f"{self.folder} holds results that cannot be resumed: {problem}. Pass "
+                    "an identity (ModelFunctions(..., identity=...), e.g. a hash of the "
+                    "checkpoint) to both runs, use a new folder, or pass `force=True` to "
+                    "discard its results."
+                )
+                raise EvaluationFolderError(msg)
             if not self.force:
                 msg = (
                     f"{self.folder} holds the results of another evaluation: {problem}; "

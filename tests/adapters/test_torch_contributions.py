@@ -829,13 +829,13 @@ def test_attentions_are_not_recorded_with_contributions() -> None:
         _ = plain.contributions
 
 
-# -- pre-LN blocks with a fused query-key-value layer (nanoGPT, timm, the agreement model) ----
-def _agreement_model(layer_scale: float | None = None) -> Any:
-    from attnflow._experiments.agreement_torch import AgreementConfig, AgreementTransformer
+# -- pre-LN blocks with a fused query-key-value layer (nanoGPT, timm, the lab's agreement model)
+def _fused_qkv_model(layer_scale: float | None = None) -> Any:
+    from fused_qkv_model import FusedQKVEncoder
 
     torch.manual_seed(0)
-    config = AgreementConfig(vocab_size=30, n_positions=12, n_layers=2, n_heads=2, hidden=16)
-    model = AgreementTransformer(config).eval()
+    model = FusedQKVEncoder(vocab_size=30, n_positions=12, n_layers=2, n_heads=2, hidden=16)
+    model = model.eval()
     with torch.no_grad():  # move the stream: the default init is small
         for block in model.blocks:
             block.attn.qkv.weight.mul_(8.0)
@@ -849,7 +849,7 @@ def _agreement_model(layer_scale: float | None = None) -> Any:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_fused_pre_ln_blocks_are_complete_and_equal_the_oracle(method: str) -> None:
-    model = _agreement_model()
+    model = _fused_qkv_model()
     ids = torch.tensor([[1, 5, 7, 9, 2, 0], [1, 4, 4, 8, 3, 6]])
     keep = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
     seen: list[Any] = []  # the test's own hooks: block input and attention output
@@ -890,7 +890,7 @@ def test_fused_pre_ln_blocks_are_complete_and_equal_the_oracle(method: str) -> N
 
 
 def test_fused_pre_ln_blocks_that_do_more_are_refused() -> None:
-    model = _agreement_model(layer_scale=0.5)  # a LayerScale-like factor on attention
+    model = _fused_qkv_model(layer_scale=0.5)  # a LayerScale-like factor on attention
     ids = torch.tensor([[1, 5, 7, 9]])
     message = r"does more than attention and a residual"
 
