@@ -605,10 +605,15 @@ class Explanation:
 
         file = Path(path)
         meta_array = read_selected(file, required=("meta",), check=check_explanation)["meta"]
+        from ._json_limits import JSONLimitError, load_json
+
         try:
-            meta = json.loads(str(meta_array))
+            meta = load_json(str(meta_array), file)
+        except JSONLimitError as error:
+            raise ArrayFileError(str(error)) from None
+        try:
             n = len(meta["tokens"])
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
+        except (KeyError, TypeError) as error:
             msg = f"{file}: its metadata is not an attnflow explanation's ({error!r})"
             raise ArrayFileError(msg) from None
         names = [name for name in open_entries(file) if name.startswith("scores/")]
