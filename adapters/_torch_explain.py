@@ -172,6 +172,9 @@ def explain(
     check_method(method)
     check_target_score(target_score, method)
     from . import _torch_blockwise
+    from ._torch_inputs import check_model_inputs
+
+    check_model_inputs(model, inputs)
 
     if _torch_blockwise.use_blockwise(model, inputs, method, blockwise, options):
         return _torch_blockwise.explain_rows(
@@ -337,6 +340,9 @@ def explain_text(
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
     inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in encoded.items()}
+    from ._torch_inputs import check_model_inputs
+
+    check_model_inputs(model, inputs, where="explain_text")
     ids = [int(i) for i in encoded["input_ids"][0]]
     n = len(ids)
     if row is not None and not -n <= row < n:

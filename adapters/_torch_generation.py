@@ -306,6 +306,9 @@ def explain_generation(
     inputs, prompt_text = _encode(tokenizer, prompt, device)
     n_prompt = int(inputs["input_ids"].shape[1])
     _check_fits(model, n_prompt, steps, rollout="rollout" in chosen)
+    from ._torch_inputs import check_model_inputs
+
+    check_model_inputs(model, inputs, where="explain_generation")
     _stop_strings(generation, tokenizer, n_prompt)
     exclude = settings["rollout"].get("exclude", settings["gradient_rollout"].get("exclude"))
     _check_exclude_range(exclude, n_prompt + steps - 1)
