@@ -175,6 +175,19 @@ def explain(
     from ._torch_inputs import check_model_inputs
 
     check_model_inputs(model, inputs)
+    from ._torch_real_rows import explain_by_real_end
+
+    split = explain_by_real_end(
+        lambda sub, **given: explain(
+            model, sub, method=method, target_score=target_score, blockwise=blockwise, **given
+        ),
+        inputs,
+        rows,
+        target,
+        options,
+    )
+    if split is not None:  # a right-padded batch: negative rows from each one's real end
+        return split
 
     if _torch_blockwise.use_blockwise(model, inputs, method, blockwise, options):
         return _torch_blockwise.explain_rows(
