@@ -19,6 +19,7 @@ from typing import Any, Literal, Self
 import attnflow
 from attnflow._deprecation import MISSING, renamed_keyword, warn_deprecated
 from attnflow._methods import method_spec
+from attnflow._real_rows import by_real_end
 
 __all__ = [
     "CONTRIBUTIONS",
@@ -368,50 +369,6 @@ def explain_contributions(
         given_mask,
         rows,
     )
-
-
-def by_real_end(compute: Callable[[Any], Any], mask: Any, rows: Any) -> Any:
-    """``compute(rows)``, negative `rows` counted from each sequence's last real token.
-
-    With a ``(batch, n)`` padding `mask` whose sequences end in padding (right padding),
-    ``rows=-1`` would name the padding position ``n - 1`` of the shorter sequences. The
-    rows each sequence means are resolved (:func:`attnflow._real_rows.group_by_real_end`),
-    the batch computed once for all of them, and each sequence's own rows taken from the
-    result. Without a mask, negative rows, or padding after the last real token,
-    ``compute(rows)`` as it is.
-    """
-    if mask is None or rows is None:
-        return compute(rows)
-    import numpy as np
-
-    from attnflow._host import to_host
-    from attnflow._real_rows import group_by_real_end, trailing_padding
-
-    host = np.asarray(to_host(mask, name="mask", keep_dtype=True)).astype(bool)
-    if host.ndim != 2:
-        return compute(rows)
-    listed = host.tolist()
-    groups = group_by_real_end(
-        rows, trailing_padding(listed), host.shape[1], real=[sum(r) for r in listed]
-    )
-    if groups is None:
-        return compute(rows)
-    single = isinstance(groups[0].rows, int)
-    wanted: dict[int, tuple[int, ...]] = {}
-    for group in groups:
-        positions = (group.rows,) if isinstance(group.rows, int) else group.rows
-        wanted.update(dict.fromkeys(group.indices, positions))
-    union = sorted({r for positions in wanted.values() for r in positions})
-    from attnflow._namespace import array_namespace, enter_boundary
-
-    # A TensorFlow result is taken apart on the host and handed back as TensorFlow.
-    (full,), boundary = enter_boundary([compute(union)], ["result"])
-    join = array_namespace(full).stack
-    per_sequence = []
-    for index in range(host.shape[0]):
-        picked = [full[index][..., union.index(r), :] for r in wanted[index]]
-        per_sequence.append(picked[0] if single else join(picked, axis=-2))
-    return boundary.restore(join(per_sequence, axis=0))
 
 
 # -- input gradients --------------------------------------------------------------------------

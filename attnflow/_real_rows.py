@@ -9,17 +9,19 @@ grouped by how many padding tokens follow their last real token, and each group 
 explained with its negative rows shifted by that many, so ``-1`` names its last real token.
 Non-negative rows are positions, as before.
 
-Only Python integers are handled here (the trailing padding counts the caller read from its
-mask); the caller splits and reassembles its arrays.
+:func:`group_by_real_end` works on Python integers (the trailing padding counts read from
+the mask); :func:`by_real_end` runs a method once for the rows of every group and takes
+each sequence's own rows from the result, on any array library.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["RowGroup", "group_by_real_end", "trailing_padding"]
+__all__ = ["RowGroup", "by_real_end", "group_by_real_end", "trailing_padding"]
 
 
 @dataclass(frozen=True)
@@ -120,3 +122,46 @@ def group_by_real_end(
         shifted = tuple(n_tokens + r - count if r < 0 else r for r in listed)
         result.append(RowGroup(tuple(indices), shifted[0] if single else shifted))
     return result
+
+
+def by_real_end(compute: Callable[[Any], Any], mask: Any, rows: Any) -> Any:
+    """``compute(rows)``, negative `rows` counted from each sequence's last real token.
+
+    With a ``(batch, n)`` padding `mask` whose sequences end in padding (right padding),
+    ``rows=-1`` would name the padding position ``n - 1`` of the shorter sequences. The
+    rows each sequence means are resolved (:func:`group_by_real_end`),
+    the batch computed once for all of them, and each sequence's own rows taken from the
+    result. Without a mask, negative rows, or padding after the last real token,
+    ``compute(rows)`` as it is.
+    """
+    if mask is None or rows is None:
+        return compute(rows)
+    import numpy as np
+
+    from ._host import to_host
+
+    host = np.asarray(to_host(mask, name="mask", keep_dtype=True)).astype(bool)
+    if host.ndim != 2:
+        return compute(rows)
+    listed = host.tolist()
+    groups = group_by_real_end(
+        rows, trailing_padding(listed), host.shape[1], real=[sum(r) for r in listed]
+    )
+    if groups is None:
+        return compute(rows)
+    single = isinstance(groups[0].rows, int)
+    wanted: dict[int, tuple[int, ...]] = {}
+    for group in groups:
+        positions = (group.rows,) if isinstance(group.rows, int) else group.rows
+        wanted.update(dict.fromkeys(group.indices, positions))
+    union = sorted({r for positions in wanted.values() for r in positions})
+    from ._namespace import array_namespace, enter_boundary
+
+    # A TensorFlow result is taken apart on the host and handed back as TensorFlow.
+    (full,), boundary = enter_boundary([compute(union)], ["result"])
+    join = array_namespace(full).stack
+    per_sequence = []
+    for index in range(host.shape[0]):
+        picked = [full[index][..., union.index(r), :] for r in wanted[index]]
+        per_sequence.append(picked[0] if single else join(picked, axis=-2))
+    return boundary.restore(join(per_sequence, axis=0))

@@ -80,3 +80,22 @@ def test_left_padding_and_non_negative_rows_are_unchanged(right_padded):
 def test_a_row_before_the_first_real_token_is_refused():
     with pytest.raises(IndexError, match=r"sequence 1 of the batch has 4"):
         group_by_real_end(-5, [0, 2], 6, real=[6, 4])
+
+
+@pytest.mark.parametrize("method", ["rollout", "raw", "flow"])
+def test_the_cli_takes_each_sequences_last_real_token_with_a_mask(
+    right_padded, method, tmp_path, monkeypatch
+):
+    from attnflow._cli import main
+
+    batch, mask, long, short = right_padded
+    monkeypatch.chdir(tmp_path)
+    np.save("attn.npy", batch)
+    np.save("mask.npy", mask)
+    argv = [method, "attn.npy", "--mask", "mask.npy", "--rows", "-1", "-o", "r.npz"]
+    assert main([*argv, *(["--no-progress"] if method == "flow" else [])]) == 0
+    with np.load("r.npz") as saved:
+        got = saved[method]
+    function = getattr(attnflow, method)
+    np.testing.assert_allclose(got[0], function(long, rows=-1), atol=1e-12)
+    np.testing.assert_allclose(got[1][:SHORT], function(short, rows=-1), atol=1e-12)
