@@ -242,18 +242,25 @@ class Explanation:
         return picked
 
     def _class(self, index: int | None) -> str:
+        from ._model_text import is_plain, model_text
+
         if index is None:
             return "None"
         if isinstance(self.labels, dict) and index in self.labels:
-            return f"{index} ({self.labels[index]!r})"
+            label = self.labels[index]
+            return f"{index} ({label!r})" if is_plain(label) else f"{index} ({model_text(label)})"
         if isinstance(self.labels, tuple) and 0 <= index < len(self.labels):
-            return f"{index} ({self.labels[index]})"
+            return f"{index} ({model_text(self.labels[index])})"
         return str(index)
 
     def _heading(self, layer: int | None) -> str:
+        from ._model_text import is_plain, model_text
+
         token = self.tokens[self.rows] if 0 <= self.rows < len(self.tokens) else "?"
-        # A label with a space at either end (a byte-level BPE token's text) is quoted.
-        shown = repr(token) if token != token.strip() else token
+        # A label with a space at either end (a byte-level BPE token's text) is quoted;
+        # one with markup, control characters or of more than 32 characters is shortened
+        # and marked as the model's text.
+        shown = repr(token) if token != token.strip() and is_plain(token) else model_text(token)
         parts = [f"row {self.rows} ({shown})"]
         if layer is not None:
             parts[0] += f", layer {layer % self.n_layers + 1} of {self.n_layers}"
