@@ -65,17 +65,21 @@ def _missing_kernel(model: nn.Module) -> str | None:
     }
     implementations.add(getattr(getattr(model, "config", None), "_attn_implementation", None))
     for name, probe in _FLASH.items():
-        if name not in implementations:
-            continue
-        try:
-            import transformers.utils as hf_utils
-
-            available = bool(getattr(hf_utils, probe, lambda: False)())
-        except ImportError:
-            available = False
-        if not available and importlib.util.find_spec("kernels") is None:
+        if name in implementations and not _kernels_installed(probe):
             return name
     return None
+
+
+def _kernels_installed(probe: str) -> bool:
+    """Whether flash-attn (transformers' `probe`) or the `kernels` package is installed."""
+    try:
+        import transformers.utils as hf_utils
+
+        if bool(getattr(hf_utils, probe, lambda: False)()):
+            return True
+    except ImportError:
+        pass
+    return importlib.util.find_spec("kernels") is not None
 
 
 def check_model_inputs(model: nn.Module, inputs: object, *, where: str = "explain") -> None:

@@ -98,9 +98,12 @@ def _fail(*args: Any, **kwargs: Any) -> None:
 
 
 @pytest.mark.parametrize("blockwise", [None, False])
-def test_flash_attention_without_its_kernels_is_named(blockwise):
-    if transformers.utils.is_flash_attn_2_available():
-        pytest.skip("flash-attn is installed here: the model can run")  # never on CPU CI
+def test_flash_attention_without_its_kernels_is_named(blockwise, monkeypatch):
+    from attnflow.adapters import _torch_inputs
+
+    # As on a machine without flash-attn and `kernels` (every CPU CI machine), also where
+    # they are installed.
+    monkeypatch.setattr(_torch_inputs, "_kernels_installed", lambda probe: False)
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=32,
@@ -138,3 +141,14 @@ def test_good_inputs_still_run(llama):
     rows = adapter.explain(llama, {"input_ids": torch.tensor([[1, 2, 31]])}, rows=-1)
     assert rows.shape == (1, 3)
     assert torch.isclose(rows.sum(), torch.tensor(1.0, dtype=rows.dtype))
+
+
+def test_the_kernel_probe_reads_what_is_installed():
+    import importlib.util
+
+    from attnflow.adapters import _torch_inputs
+
+    expected = transformers.utils.is_flash_attn_2_available() or (
+        importlib.util.find_spec("kernels") is not None
+    )
+    assert _torch_inputs._kernels_installed("is_flash_attn_2_available") is expected
