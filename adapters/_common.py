@@ -19,6 +19,7 @@ from typing import Any, Literal, Self
 import attnflow
 from attnflow._deprecation import MISSING, renamed_keyword, warn_deprecated
 from attnflow._methods import method_spec
+from attnflow._real_rows import by_real_end
 
 __all__ = [
     "CONTRIBUTIONS",
@@ -33,6 +34,7 @@ __all__ = [
     "Reduction",
     "Score",
     "TargetScore",
+    "by_real_end",
     "capture_heads",
     "check_class_values",
     "check_contribution_method",
@@ -310,9 +312,17 @@ def explain_weights(
     heads: Any,
     options: Mapping[str, Any] | None,
 ) -> Any:
-    """Raw attention, rollout or flow over captured weights, the mask by default."""
+    """Raw attention, rollout or flow over captured weights, the mask by default.
+
+    Negative `rows` count from each sequence's last real token (:func:`by_real_end`).
+    """
     settings = {"mask": mask, **(options or {})}
-    return method_spec(method).function()(attentions, rows=rows, heads=heads, **settings)
+    function = method_spec(method).function()
+    return by_real_end(
+        lambda given: function(attentions, rows=given, heads=heads, **settings),
+        settings["mask"],
+        rows,
+    )
 
 
 def explain_gradients(
@@ -324,7 +334,11 @@ def explain_gradients(
 ) -> Any:
     """Gradient-weighted rollout over per-head weights and their gradients."""
     settings = {"mask": mask, **(options or {})}
-    return attnflow.gradient_rollout(attentions, gradients, rows=rows, **settings)
+    return by_real_end(
+        lambda given: attnflow.gradient_rollout(attentions, gradients, rows=given, **settings),
+        settings["mask"],
+        rows,
+    )
 
 
 def explain_contributions(
@@ -358,16 +372,24 @@ def explain_contributions(
     if normalize_layers is False:
         from attnflow._contributions import compose_unnormalized
 
-        return compose_unnormalized(
-            attnflow.rollout, contributions, heads=None, rows=rows, mask=given_mask, **settings
+        return by_real_end(
+            lambda given: compose_unnormalized(
+                attnflow.rollout, contributions, heads=None, rows=given, mask=given_mask, **settings
+            ),
+            given_mask,
+            rows,
         )
-    return attnflow.rollout(
-        contributions,
-        heads=None,
-        rows=rows,
-        mask=given_mask,
-        normalize_layers=normalize_layers,
-        **settings,
+    return by_real_end(
+        lambda given: attnflow.rollout(
+            contributions,
+            heads=None,
+            rows=given,
+            mask=given_mask,
+            normalize_layers=normalize_layers,
+            **settings,
+        ),
+        given_mask,
+        rows,
     )
 
 

@@ -184,6 +184,22 @@ def explain(
             model, inputs, method=method, rows=rows, target=target, **options
         )
     from . import _torch_blockwise
+    from ._torch_inputs import check_model_inputs
+
+    check_model_inputs(model, inputs)
+    from ._torch_real_rows import explain_by_real_end
+
+    split = explain_by_real_end(
+        lambda sub, **given: explain(
+            model, sub, method=method, target_score=target_score, blockwise=blockwise, **given
+        ),
+        inputs,
+        rows,
+        target,
+        options,
+    )
+    if split is not None:  # a right-padded batch: negative rows from each one's real end
+        return split
 
     if _torch_blockwise.use_blockwise(model, inputs, method, blockwise, options):
         return _torch_blockwise.explain_rows(
@@ -349,6 +365,9 @@ def explain_text(
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
     inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in encoded.items()}
+    from ._torch_inputs import check_model_inputs
+
+    check_model_inputs(model, inputs, where="explain_text")
     ids = [int(i) for i in encoded["input_ids"][0]]
     n = len(ids)
     if row is not None and not -n <= row < n:

@@ -182,6 +182,9 @@ def explain_generation(
         num_beams=1``) whatever the model's generation config says. Beam search, several
         sequences and assisted (draft-model) decoding are refused: they follow several
         sequences at once. The input, its mask and the length are set by this function.
+        ``stop_strings`` work with any tokenizer: transformers' ``StopStringCriteria`` is
+        built with the `tokenizer` where it can read its vocabulary, else generation stops
+        once a stop string appears in the decoded generated text.
     **options
         Passed to the methods that take them:
 
@@ -221,7 +224,9 @@ def explain_generation(
         unknown option.
     ValueError
         On a bad value (before anything runs): an unknown method, ``max_new_tokens < 1``,
-        an option no chosen method takes, a refused option or generation argument, a
+        a prompt and ``max_new_tokens`` beyond the model's ``max_position_embeddings`` or
+        a rollout cache of that length beyond the memory available, malformed
+        ``stop_strings``, an option no chosen method takes, a refused option or generation argument, a
         prompt of several sequences or with padding, an attention implementation whose
         weights cannot be read.
     RuntimeError
@@ -308,6 +313,11 @@ def explain_generation(
     device = _device(model)
     inputs, prompt_text = _encode(tokenizer, prompt, device)
     n_prompt = int(inputs["input_ids"].shape[1])
+    _check_fits(model, n_prompt, steps, rollout="rollout" in chosen)
+    from ._torch_inputs import check_model_inputs
+
+    check_model_inputs(model, inputs, where="explain_generation")
+    _stop_strings(generation, tokenizer, n_prompt)
     exclude = settings["rollout"].get("exclude", settings["gradient_rollout"].get("exclude"))
     _check_exclude_range(exclude, n_prompt + steps - 1)
 
@@ -374,6 +384,115 @@ def _check_max_new_tokens(max_new_tokens: object) -> int:
         msg = f"`max_new_tokens` must be >= 1 (the most tokens to generate); got {max_new_tokens}."
         raise ValueError(msg)
     return int(max_new_tokens)
+
+
+def _check_fits(model: nn.Module, n_prompt: int, steps: int, *, rollout: bool) -> None:
+    """Refuse, before generating, a length the model cannot take or the cache cannot hold.
+
+    The prompt and `steps` new tokens must fit the model's positions
+    (``max_position_embeddings``, GPT-2's ``n_positions``), and the rollout cache of the
+    longest sequence (layers x n x n numbers, at least float32) the memory available: a
+    model that never stops would otherwise run until killed.
+    """
+    from attnflow._arrayio import _available_memory
+
+    config = getattr(model, "config", None)
+    limit = next(
+        (
+            value
+            for name in ("max_position_embeddings", "n_positions")
+            if isinstance(value := getattr(config, name, None), int) and value > 0
+        ),
+        None,
+    )
+    if limit is not None and n_prompt + steps > limit:
+        if n_prompt >= limit:
+            msg = (
+                f"`prompt` has {n_prompt} tokens, as many as the model's {limit} positions "
+                "(max_position_embeddings) or more: no token can be generated after it. "
+                "Shorten the prompt."
+            )
+        else:
+            msg = (
+                f"`max_new_tokens` must be at most {limit - n_prompt} for this model and "
+                f"prompt: {n_prompt} prompt tokens and {steps} new ones exceed its {limit} "
+                "positions (max_position_embeddings); got "
+                f"{steps}."
+            )
+        raise ValueError(msg)
+    n_layers = getattr(config, "num_hidden_layers", None)
+    available = _available_memory()
+    if rollout and isinstance(n_layers, int) and available is not None:
+        length = n_prompt + steps
+        itemsize = max(4, torch.finfo(_dtype(model)).bits // 8)
+        needed = n_layers * length * length * itemsize
+        if needed > available:
+            msg = (
+                f"`max_new_tokens` of {steps} after {n_prompt} prompt tokens could need a "
+                f"rollout cache of {needed / 2**30:.3g} GiB ({n_layers} layers x {length} x "
+                f"{length} numbers), more than the {available / 2**30:.3g} GiB of memory "
+                "available; lower `max_new_tokens`."
+            )
+            raise ValueError(msg)
+
+
+def _dtype(model: nn.Module) -> torch.dtype:
+    parameter = next(model.parameters(), None)
+    return (
+        parameter.dtype
+        if parameter is not None and parameter.is_floating_point()
+        else torch.float32
+    )
+
+
+def _stop_strings(generation: dict[str, Any], tokenizer: Any, n_prompt: int) -> None:
+    """Turn ``stop_strings`` into a stopping criterion that `generate` can use.
+
+    transformers needs the tokenizer for them (``generate(tokenizer=...)``) and reads the
+    tokenizer's whole vocabulary, which fails on some tokenizers ("substring not found").
+    The criterion is built here, before any work: transformers' own
+    (``StopStringCriteria``) where the tokenizer allows it, else one that decodes the
+    generated tokens after each step and stops once a stop string appears in them.
+    """
+    stop = generation.pop("stop_strings", None)
+    if stop is None:
+        return
+    strings = [stop] if isinstance(stop, str) else stop
+    if (
+        not isinstance(strings, Sequence)
+        or not strings
+        or not all(isinstance(s, str) and s for s in strings)
+    ):
+        msg = (
+            "`generate_kwargs['stop_strings']` must be a non-empty str or a sequence of "
+            f"them; got {stop!r}."
+        )
+        raise TypeError(msg)
+    import transformers
+
+    criterion: Any
+    try:
+        criterion = transformers.StopStringCriteria(tokenizer, list(strings))
+    except (ValueError, AttributeError, TypeError, KeyError, IndexError, NotImplementedError):
+        criterion = _DecodedStopStrings(tokenizer, tuple(strings), n_prompt)
+    given = generation.get("stopping_criteria")
+    criteria = transformers.StoppingCriteriaList(list(given) if given is not None else [])
+    criteria.append(criterion)
+    generation["stopping_criteria"] = criteria
+
+
+class _DecodedStopStrings:
+    """Stop once a stop string appears in the decoded generated tokens (one sequence)."""
+
+    def __init__(self, tokenizer: Any, strings: tuple[str, ...], n_prompt: int) -> None:
+        self.tokenizer = tokenizer
+        self.strings = strings
+        self.n_prompt = n_prompt
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:  # noqa: ARG002
+        text = str(self.tokenizer.decode([int(i) for i in input_ids[0, self.n_prompt :]]))
+        done = any(s in text for s in self.strings)
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
 
 
 def _check_options(

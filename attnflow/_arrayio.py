@@ -17,12 +17,13 @@ from typing import BinaryIO
 
 import numpy as np
 
-from . import _atomic
+from . import _array_headers, _atomic
 from ._array_headers import ArrayEntry, ArrayFileError, ArrayHeader, open_entries
 
 __all__ = [
     "ArrayFileError",
     "ArrayHeader",
+    "check_budget",
     "read_array",
     "read_arrays",
     "read_header",
@@ -51,7 +52,7 @@ def _available_memory() -> int | None:
 
 
 def _check_header(path: Path, header: ArrayHeader, accept: Accept | None) -> None:
-    """Check a header before its data is read: what the caller accepts, then the memory."""
+    """Check a header before its data is read: what the caller accepts."""
     if accept is not None:
         try:
             accept(header)
@@ -60,16 +61,82 @@ def _check_header(path: Path, header: ArrayHeader, accept: Accept | None) -> Non
         except (ValueError, TypeError, IndexError) as error:
             msg = f"{path}: array {header.name!r} of shape {header.shape}: {error}"
             raise ArrayFileError(msg) from None
+
+
+def check_budget(path: str | os.PathLike[str], headers: Collection[ArrayHeader]) -> None:
+    """Refuse, from their headers alone, arrays that would not fit once inflated.
+
+    The one budget every ``.npy``/``.npz``/``.safetensors`` reader of attnflow applies to
+    the arrays it is about to read, after reading all their headers and before inflating
+    any of them:
+
+    * each array, and all of them together, must fit in the memory available now
+      (``MemAvailable``);
+    * no compressed ``.npz`` member may inflate to more than
+      :data:`~attnflow._array_headers.BOMB_SIZE` bytes at more than
+      :data:`~attnflow._array_headers.BOMB_RATIO` times its compressed size, and neither
+      may the compressed members together: a bomb split into many members each under the
+      limit (8 members of 250 MiB of zeros, 2 MB on disk) is refused as one.
+
+    Parameters
+    ----------
+    path : path
+        The file, named in the error.
+    headers : collection of ArrayHeader
+        The arrays to be read.
+
+    Raises
+    ------
+    ArrayFileError
+        One line naming the file, the array (or "all arrays together"), its size and the
+        budget it exceeds.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnflow._arrayio import ArrayHeader, check_budget
+    >>> small = ArrayHeader("a", (2, 3), np.dtype("f4"), "float32")
+    >>> check_budget("a.npz", [small])
+    >>> bomb = ArrayHeader("b", (2**28,), np.dtype("f8"), "float64", compressed=2**20)
+    >>> check_budget("b.npz", [bomb])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    attnflow._array_headers.ArrayFileError: b.npz: array 'b' declares ...
+    """
+    file = Path(path)
     available = _available_memory()
-    if available is not None and header.nbytes > available:
+    total = sum(header.nbytes for header in headers)
+    for header in headers:
+        if available is not None and header.nbytes > available:
+            msg = (
+                f"{file}: array {header.name!r} declares shape {header.shape} and dtype "
+                f"{header.dtype}, {header.nbytes / 2**30:.3g} GiB once loaded, more than the "
+                f"{available / 2**30:.3g} GiB of memory available; split the input into "
+                "smaller files"
+            )
+            raise ArrayFileError(msg)
+        header.check_inflation(file)
+    if len(headers) < 2:
+        return
+    if available is not None and total > available:
         msg = (
-            f"{path}: array {header.name!r} declares shape {header.shape} and dtype "
-            f"{header.dtype}, {header.nbytes / 2**30:.3g} GiB once loaded, more than the "
-            f"{available / 2**30:.3g} GiB of memory available; split the input into "
-            "smaller files"
+            f"{file}: its {len(headers)} arrays together declare {total / 2**30:.3g} GiB once "
+            f"loaded, more than the {available / 2**30:.3g} GiB of memory available; split the "
+            "input into smaller files"
         )
         raise ArrayFileError(msg)
-    header.check_inflation(path)
+    packed = [header for header in headers if header.compressed is not None]
+    inflated = sum(header.nbytes for header in packed)
+    compressed = sum(header.compressed or 0 for header in packed)
+    if inflated > _array_headers.BOMB_SIZE and inflated > _array_headers.BOMB_RATIO * compressed:
+        msg = (
+            f"{file}: its {len(packed)} compressed arrays together inflate to "
+            f"{inflated / 2**20:,.0f} MiB from {compressed / 2**20:,.2g} MiB "
+            f"({inflated // max(compressed, 1):,} times): refused as a likely decompression "
+            "bomb split into members. If the arrays are genuine, save them uncompressed "
+            "(numpy.savez, not savez_compressed)"
+        )
+        raise ArrayFileError(msg)
 
 
 def _pick(entries: Mapping[str, ArrayEntry], key: str | None, path: Path, default: str) -> str:
@@ -145,8 +212,7 @@ def read_arrays(
     entries = open_entries(file)
     for entry in entries.values():
         _check_header(file, entry.header, accept)
-    total = sum(entry.header.nbytes for entry in entries.values())
-    _check_header(file, ArrayHeader("(all arrays)", (total,), np.dtype("u1"), "uint8"), None)
+    check_budget(file, [entry.header for entry in entries.values()])
     return {name: entry.load() for name, entry in entries.items()}
 
 
@@ -188,6 +254,7 @@ def read_array(
     entries = open_entries(file)
     entry = entries[_pick(entries, key, file, default)]
     _check_header(file, entry.header, accept)
+    check_budget(file, [entry.header])
     return entry.load()
 
 
@@ -246,10 +313,7 @@ def read_selected(
         except (ValueError, TypeError, IndexError) as error:
             msg = f"{file}: {error}"
             raise ArrayFileError(msg) from None
-    for header in headers.values():
-        _check_header(file, header, None)
-    total = sum(header.nbytes for header in headers.values())
-    _check_header(file, ArrayHeader("(all arrays)", (total,), np.dtype("u1"), "uint8"), None)
+    check_budget(file, list(headers.values()))
     return {name: entries[name].load() for name in wanted}
 
 

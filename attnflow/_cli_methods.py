@@ -308,6 +308,7 @@ def run_method(args: argparse.Namespace, *, method: str) -> int:
     import attnflow
 
     from ._arrayio import ArrayFileError, read_array, read_header
+    from ._real_rows import by_real_end
     from ._validation import stored_precision
 
     options = _method_options(args, method=method)
@@ -361,7 +362,14 @@ def run_method(args: argparse.Namespace, *, method: str) -> int:
     ):
         # --max-work's note is printed above; the library's warning would repeat it.
         warnings.filterwarnings("ignore", r"`max_work`", DeprecationWarning)
-        values = np.asarray(function(attentions, **options))
+        # Negative --rows count from each sequence's last real token (--mask, right padding).
+        values = np.asarray(
+            by_real_end(
+                lambda rows: function(attentions, **{**options, "rows": rows}),
+                mask,
+                options["rows"],
+            )
+        )
     # Lay out the report before writing, so that nothing is written if it fails.
     axis = _layer_axis(
         values, rows=options["rows"], layers=options["layers"], each=options["heads"] == "each"

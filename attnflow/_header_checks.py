@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ._array_headers import ArrayHeader
+from ._json_limits import MAX_JSON_CHARS
 
 __all__ = [
     "check_encoder_decoder",
@@ -23,8 +24,9 @@ __all__ = [
     "require_shape",
 ]
 
-MAX_TEXT_BYTES = 64 * 2**20
-"""The largest JSON text (an explanation's metadata) read from an array file."""
+MAX_TEXT_BYTES = 4 * MAX_JSON_CHARS
+"""The largest JSON text (an explanation's metadata) read from an array file: 64 MiB, four
+bytes a character in NumPy's unicode strings."""
 MAX_IMAGE_BYTES = 2**30
 """The largest image an explanation may hold once loaded."""
 MAX_VOCABULARY = 2**24

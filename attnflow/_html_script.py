@@ -128,7 +128,7 @@ INTERACTIVE_JS = """\
     output("bar").style.background =
       "linear-gradient(to right, rgb(255, 255, 255), " + colour(top, top)[0] + ")";
     var parts = [m.name, "layer " + layerText];
-    if (position >= 0) { parts.push("row " + position + " (" + data.tokens[position] + ")"); }
+    if (position >= 0) { parts.push("row " + position + " (" + data.headings[position] + ")"); }
     if (m.heads) { parts.push("head " + (h + 1) + " of " + m.heads); }
     output("status").textContent = parts.join(", ");
   }

@@ -242,18 +242,25 @@ class Explanation:
         return picked
 
     def _class(self, index: int | None) -> str:
+        from ._model_text import is_plain, model_text
+
         if index is None:
             return "None"
         if isinstance(self.labels, dict) and index in self.labels:
-            return f"{index} ({self.labels[index]!r})"
+            label = self.labels[index]
+            return f"{index} ({label!r})" if is_plain(label) else f"{index} ({model_text(label)})"
         if isinstance(self.labels, tuple) and 0 <= index < len(self.labels):
-            return f"{index} ({self.labels[index]})"
+            return f"{index} ({model_text(self.labels[index])})"
         return str(index)
 
     def _heading(self, layer: int | None) -> str:
+        from ._model_text import is_plain, model_text
+
         token = self.tokens[self.rows] if 0 <= self.rows < len(self.tokens) else "?"
-        # A label with a space at either end (a byte-level BPE token's text) is quoted.
-        shown = repr(token) if token != token.strip() else token
+        # A label with a space at either end (a byte-level BPE token's text) is quoted;
+        # one with markup, control characters or of more than 32 characters is shortened
+        # and marked as the model's text.
+        shown = repr(token) if token != token.strip() and is_plain(token) else model_text(token)
         parts = [f"row {self.rows} ({shown})"]
         if layer is not None:
             parts[0] += f", layer {layer % self.n_layers + 1} of {self.n_layers}"
@@ -605,10 +612,15 @@ class Explanation:
 
         file = Path(path)
         meta_array = read_selected(file, required=("meta",), check=check_explanation)["meta"]
+        from ._json_limits import JSONLimitError, load_json
+
         try:
-            meta = json.loads(str(meta_array))
+            meta = load_json(str(meta_array), file)
+        except JSONLimitError as error:
+            raise ArrayFileError(str(error)) from None
+        try:
             n = len(meta["tokens"])
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
+        except (KeyError, TypeError) as error:
             msg = f"{file}: its metadata is not an attnflow explanation's ({error!r})"
             raise ArrayFileError(msg) from None
         names = [name for name in open_entries(file) if name.startswith("scores/")]

@@ -451,11 +451,9 @@ class GenerationExplanation:
         if "meta" not in arrays:
             msg = f"{file}: not an attnflow generation explanation (no 'meta' array)"
             raise ValueError(msg)
-        try:
-            meta = json.loads(str(arrays["meta"]))
-        except json.JSONDecodeError as error:
-            msg = f"{file}: its 'meta' array is not JSON ({error})"
-            raise ValueError(msg) from None
+        from ._json_limits import load_json
+
+        meta = load_json(str(arrays["meta"]), file, "'meta' array")
         if not isinstance(meta, dict):
             msg = f"{file}: its 'meta' array is not a JSON object"
             raise ValueError(msg)  # noqa: TRY004 - a damaged file, as every load error
@@ -490,6 +488,14 @@ def _accept(header: Any) -> None:
     elif name == "meta":
         if kind != "U" or shape != ():
             msg = "meta must be one JSON string"
+            raise ValueError(msg)
+        from ._json_limits import MAX_JSON_CHARS
+
+        if header.nbytes > 4 * MAX_JSON_CHARS:  # 4 bytes a character
+            msg = (
+                f"meta declares {header.nbytes // 4:,} characters of JSON, more than the "
+                f"{MAX_JSON_CHARS:,} attnflow reads"
+            )
             raise ValueError(msg)
     elif name in ("generated_ids", "prompt_ids"):
         if kind not in "iu" or len(shape) != 1:

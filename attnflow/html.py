@@ -33,6 +33,7 @@ import numpy as np
 from ._atomic import write_atomically
 from ._display import FloatArray, as_numpy, check_finite, check_patch_grid, check_tokens
 from ._html_script import INTERACTIVE_CSS, INTERACTIVE_JS
+from ._model_text import model_text
 
 __all__ = ["InteractiveView", "TokenView"]
 
@@ -623,6 +624,8 @@ class InteractiveView:
         """Everything the script needs, as JSON-serialisable values."""
         return {
             "tokens": list(self.tokens),
+            # The status line's token: shortened and marked where it is not plain text.
+            "headings": [model_text(token) for token in self.tokens],
             "rows": None if self.rows is None else list(self.rows),
             "inScale": self._in_scale.tolist(),
             "rgb": list(self._rgb),
@@ -662,7 +665,7 @@ class InteractiveView:
             option(i, key, i == choice["method"]) for i, key in enumerate(self.scores)
         )
         row_options = "".join(
-            option(i, f"{p}: {self.tokens[p]}", i == choice["row"])
+            option(i, f"{p}: {model_text(self.tokens[p])}", i == choice["row"])
             for i, p in enumerate(self.rows or ())
         )
         hide_method = " hidden" if len(self.scores) == 1 else ""
@@ -729,7 +732,7 @@ class InteractiveView:
         full, _ = _token_style(top, top, self._rgb)
         status = [name, f"layer {layer_text}"]
         if position >= 0:
-            status.append(f"row {position} ({self.tokens[position]})")
+            status.append(f"row {position} ({model_text(self.tokens[position])})")
         if heads:
             status.append(f"head {head_text}")
         lines += [

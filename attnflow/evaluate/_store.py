@@ -204,15 +204,18 @@ class ChunkStore:
         path = self._path(number)
         if not 0 <= number < len(self.chunks):
             return {}, f"is not one of this evaluation's {len(self.chunks)} chunks"
+        from attnflow._arrayio import ArrayFileError, read_arrays
+        from attnflow._json_limits import JSONLimitError, load_json
+
         try:
-            with np.load(path, allow_pickle=False) as loaded:
-                arrays = {name: np.asarray(loaded[name]) for name in loaded.files}
-        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as error:
+            # Every header first, then the budget (memory, split bombs), then the data.
+            arrays = read_arrays(path)
+        except (ArrayFileError, OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
             return {}, f"cannot be read ({error}): it was not written by attnflow or was damaged"
         recorded = arrays.pop(_IDENTITY, None)
         try:
-            identity = json.loads(str(recorded)) if recorded is not None else None
-        except json.JSONDecodeError:
+            identity = load_json(str(recorded), path, "identity") if recorded is not None else None
+        except JSONLimitError:
             identity = None
         if not isinstance(identity, dict):
             return {}, "carries no identity or checksum: it was not written by this store"
@@ -288,8 +291,8 @@ class ChunkStore:
             problem: str | None
             same = False
             try:
-                recorded = json.loads(manifest.read_text())
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+                recorded = _read_manifest(manifest)
+            except (OSError, UnicodeDecodeError, ValueError) as error:
                 problem = f"{manifest} is not an attnflow evaluation manifest ({error})"
             else:
                 same = recorded == self.settings
@@ -384,3 +387,12 @@ def _cut(text: str, start: int, limit: int) -> str:
     head = "..." if start else ""
     tail = "..." if len(text) > start + limit else ""
     return f"{head}{text[start : start + limit]}{tail}"
+
+
+def _read_manifest(manifest: Path) -> Any:
+    """Return the manifest's JSON, read bounded in size and depth (a hostile folder's is not)."""
+    from attnflow._json_limits import MAX_JSON_CHARS, load_json
+
+    with manifest.open("rb") as file:
+        raw = file.read(4 * MAX_JSON_CHARS + 1)
+    return load_json(raw.decode("utf-8"), manifest, "manifest")

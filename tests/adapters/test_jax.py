@@ -96,6 +96,19 @@ def test_linen_jit_and_heads(linen_setup):
     )
 
 
+@pytest.mark.parametrize("method", ["rollout", "raw", "flow"])
+def test_explain_linen_negative_rows_count_from_the_real_tokens(linen_setup, method):
+    # Issue 40: VALID is right-padded; rows=-1 is each sequence's last real token
+    # (4 and 2), never the padding position 4 of the shorter one.
+    model, variables, x, mask = linen_setup
+    got = adapter.explain_linen(model, variables, x, mask, method=method, rows=-1)
+    _, cap = adapter.capture_linen(model, variables, x, mask)
+    function = getattr(attnflow, method)
+    expected = [function(cap.attentions, rows=row, mask=cap.mask)[b] for b, row in ((0, 4), (1, 2))]
+    np.testing.assert_allclose(got, jnp.stack(expected), atol=1e-6)
+    assert float(jnp.abs(got[1]).sum()) > 0.5  # the padding row would be all zeros
+
+
 def test_linen_rollout_end_to_end(linen_setup):
     model, variables, x, mask = linen_setup
     _, cap = adapter.capture_linen(model, variables, x, mask)

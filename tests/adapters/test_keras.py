@@ -132,6 +132,21 @@ def test_functional_padding(functional, batch):
     assert np.all(weights[1, :, :, 4:, :] == 0)  # Keras: fully masked rows are all zero
 
 
+@pytest.mark.parametrize("method", ["rollout", "raw"])
+def test_explain_negative_rows_count_from_the_real_tokens(functional, batch, method):
+    # Issue 40: the second sequence is right-padded after 4 tokens; rows=-1 is its last
+    # real token (3), never the padding position 5.
+    model, _ = functional
+    got = to_numpy(adapter.explain(model, batch, method=method, rows=-1))
+    with adapter.capture(model) as cap:
+        model(batch)
+    weights, mask = to_numpy(cap.attentions), to_numpy(cap.mask)
+    function = getattr(attnflow, method)
+    expected = [function(weights, rows=row, mask=mask)[b] for b, row in ((0, N - 1), (1, 3))]
+    np.testing.assert_allclose(got, np.stack(expected), atol=1e-6)
+    assert np.abs(got[1]).sum() > 0.5  # the padding row would be all zeros
+
+
 def test_caller_still_gets_its_scores(sequential, batch):
     block = sequential.layers[0]
     expected = [to_numpy(t) for t in block(batch[0], return_scores=True)]

@@ -321,6 +321,15 @@ ERRORS: list[tuple[dict[str, Any], type[Exception], str]] = [
         ValueError,
         r"assisted decoding",
     ),
+    # Issue 40: what cannot fit is refused before any work ("abcd" is 5 tokens of 64).
+    ({"max_new_tokens": 10**18}, ValueError, r"`max_new_tokens` must be at most 59 .* got 10+\."),
+    ({"max_new_tokens": 60}, ValueError, r"`max_new_tokens` must be at most 59"),
+    (
+        {"generate_kwargs": {"stop_strings": [3]}},
+        TypeError,
+        r"stop_strings'\]` must be a non-empty",
+    ),
+    ({"generate_kwargs": {"stop_strings": ""}}, TypeError, r"stop_strings'\]` must be a non-empty"),
 ]
 
 
@@ -377,3 +386,62 @@ def test_encoded_prompt_equals_text_prompt(llama):
     )
     np.testing.assert_array_equal(by_ids.scores["rollout"], by_text.scores["rollout"])
     assert by_ids.prompt == "<1><9><10><11><12>"  # decoded from the ids
+
+
+# -- issue 40: generation options a careless user gives ---------------------------------------
+def test_a_prompt_longer_than_the_models_positions_is_refused_before_work(untouched):
+    with pytest.raises(ValueError, match=r"`prompt` has 71 tokens, as many as the model's 64"):
+        adapter.explain_generation(untouched, _Tokenizer(), "a" * 70, max_new_tokens=1)
+
+
+def test_a_huge_max_new_tokens_is_refused_from_memory_without_a_position_limit(
+    untouched, monkeypatch
+):
+    # A model whose positions are (nearly) unbounded: the rollout cache's size decides.
+    monkeypatch.setattr(untouched.config, "max_position_embeddings", 2**62)
+    with pytest.raises(ValueError, match=r"could need a rollout cache of .* GiB"):
+        adapter.explain_generation(
+            untouched, _Tokenizer(), "abcd", max_new_tokens=10**18, methods="rollout"
+        )
+
+
+def test_stop_strings_stop_where_the_text_first_holds_one(llama):
+    # The stand-in tokenizer has no vocabulary for transformers' StopStringCriteria: the
+    # generated text is decoded after each step instead.
+    model, tokenizer = llama["sdpa"], _Tokenizer()
+    full = adapter.explain_generation(model, tokenizer, "abcd", max_new_tokens=8, methods="rollout")
+    generated = full.generated_ids.tolist()
+    stop = tokenizer.decode([generated[3]])
+    # The reference: the first prefix of the unstopped generation whose text holds it.
+    end = next(j for j in range(1, 9) if stop in tokenizer.decode(generated[:j]))
+    stopped = adapter.explain_generation(
+        model,
+        tokenizer,
+        "abcd",
+        max_new_tokens=8,
+        methods="rollout",
+        generate_kwargs={"stop_strings": [stop], "do_sample": False},
+    )
+    assert stopped.generated_ids.tolist() == generated[:end]
+    width = stopped.scores["rollout"].shape[1]
+    np.testing.assert_array_equal(stopped.scores["rollout"], full.scores["rollout"][:end, :width])
+
+
+def test_stop_strings_work_with_a_real_tokenizer(smollm2):
+    # transformers needs the tokenizer handed to generate for stop strings.
+    models, tokenizer = smollm2
+    kwargs = {"max_new_tokens": 12, "methods": "rollout"}
+    full = adapter.explain_generation(
+        models["sdpa"], tokenizer, "The capital of France is", **kwargs
+    )
+    assert "." in full.generated_text  # " Paris. ..." (greedy)
+    stopped = adapter.explain_generation(
+        models["sdpa"],
+        tokenizer,
+        "The capital of France is",
+        generate_kwargs={"stop_strings": ["."]},
+        **kwargs,
+    )
+    assert stopped.generated_text.endswith(".")
+    assert full.generated_text.startswith(stopped.generated_text)
+    assert stopped.generated_text.count(".") == 1
