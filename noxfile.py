@@ -303,6 +303,7 @@ TORCH_DOCTESTS = [
     "attnflow.adapters._torch_capture",
     "attnflow.adapters._torch_explain",
     "attnflow.adapters._torch_gradients",
+    "attnflow.adapters._torch_llm",
     "attnflow.adapters._torch_model_functions",
     "attnflow.adapters._token_text",
     "attnflow._experiments.agreement_torch",
