@@ -291,6 +291,7 @@ TORCH_DOCTESTS = [
     "attnflow.adapters._torch_explain",
     "attnflow.adapters._torch_gradients",
     "attnflow.adapters._torch_inputs",
+    "attnflow.adapters._torch_llm",
     "attnflow.adapters._torch_model_functions",
     "attnflow.adapters._token_text",
 ]

@@ -1,39 +1,39 @@
-"""The model-facing functions of :func:`attnflow.evaluate.ground_truth` for a PyTorch causal LM.
+"""The ground truth of LLM attributions on a PyTorch causal LM: :func:`ground_truth`.
 
-:func:`next_token_log_probabilities` and :func:`ground_truth_methods` turn a Hugging Face
-causal LM (any module whose output has ``.logits`` of shape ``(batch, n, vocab)``) into the
-plain callables that :func:`attnflow.evaluate.ground_truth` takes. Attention weights (and
-their gradients, for gradient rollout) are captured once per item and shared by every
-method.
+:func:`attnflow.evaluate.ground_truth` takes the model and the methods as plain callables;
+here :func:`next_token_log_probabilities` runs the model and :func:`registry_method` turns
+a name of attnflow's method registry into the callable ``(ids, target) -> scores`` that
+the evaluation takes, through :func:`attnflow.adapters.torch.explain`. Nothing is decided
+from a method's name: what a method needs (a target to explain) is read from its registry
+entry.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-import attnflow
-from attnflow.evaluate import TaskTokens, max_attention, max_contribution
+from attnflow._methods import MethodSpec, method_spec
 
-__all__ = ["METHODS", "ground_truth_methods", "next_token_log_probabilities"]
+if TYPE_CHECKING:
+    from attnflow.evaluate import GroundTruthReport
 
-METHODS = (
-    "raw",
-    "rollout",
-    "rollout (receptive_field, exclude=0)",
-    "flow (exclude=0)",
-    "gradient rollout",
-    "max attention",
-    "gradient rollout (log-probability)",
-    "max norm contribution",
-    "rollout of ALTI contributions",
-)
-"""The methods of :func:`ground_truth_methods`, in table order."""
+__all__ = [
+    "DEFAULT_METHODS",
+    "ground_truth",
+    "next_token_log_probabilities",
+    "registry_method",
+    "takes_target",
+]
+
+DEFAULT_METHODS = ("raw", "rollout", "flow", "gradient_rollout", "norm", "alti")
+"""The registry methods :func:`ground_truth` scores by default (GlobEnc's rollout gives NaN
+on the 30 layers of SmolLM2)."""
 
 
 def _check_model(model: object) -> nn.Module:
@@ -49,7 +49,23 @@ def next_token_log_probabilities(
     """``ids (B, n) -> (B, vocab)``: log-softmax of the logits at the last position.
 
     Runs `model` without gradients in batches of `batch_size` sequences, in float64 on
-    the host. For :func:`attnflow.evaluate.ground_truth`.
+    the host.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import torch
+    >>> from attnflow.adapters._torch_llm import next_token_log_probabilities
+    >>> class Bigram(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.table = torch.nn.Embedding(5, 5)
+    ...
+    ...     def forward(self, ids):
+    ...         return type("Output", (), {"logits": self.table(ids)})()
+    >>> log_p = next_token_log_probabilities(Bigram())(np.array([[1, 2], [3, 4]]))
+    >>> log_p.shape, bool(np.allclose(np.exp(log_p).sum(-1), 1.0))
+    ((2, 5), True)
     """
     model = _check_model(model)
     size: object = batch_size
@@ -76,177 +92,171 @@ def next_token_log_probabilities(
     return log_probabilities
 
 
-class _Captured:
-    """Attention weights and gradients of one item, computed at most once."""
+def takes_target(spec: MethodSpec) -> bool:
+    """Whether a method explains a target token (it differentiates or projects on its score).
 
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.key: tuple[bytes, int] | None = None
-        self.weights: torch.Tensor | None = None
-        self.gradients: torch.Tensor | None = None
-        self.log_gradients: tuple[np.ndarray, np.ndarray] | None = None
-        self.matrices: dict[str, np.ndarray] = {}
-
-    def _select(self, item: TaskTokens) -> torch.Tensor:
-        key = (item.ids.tobytes(), item.answer_id)
-        if key != self.key:
-            self.key, self.weights, self.gradients = key, None, None
-            self.log_gradients, self.matrices = None, {}
-        device = next(self.model.parameters()).device
-        return torch.as_tensor(item.ids[None], dtype=torch.long, device=device)
-
-    def attentions(self, item: TaskTokens) -> np.ndarray:
-        """``(layers, heads, n, n)`` float64."""
-        ids = self._select(item)
-        if self.weights is None:
-            from ._torch_capture import capture
-
-            with torch.no_grad(), capture(self.model) as recorded:
-                self.model(ids)
-            self.weights = recorded.attentions[0].double().cpu()
-        return self.weights.numpy()
-
-    def attention_gradients(self, item: TaskTokens) -> tuple[np.ndarray, np.ndarray]:
-        """Weights and ``d logit[answer] / d weights`` at the last position."""
-        ids = self._select(item)
-        if self.gradients is None:
-            from ._torch_gradients import attention_gradients
-
-            answer = item.answer_id
-            weights, gradients = attention_gradients(
-                self.model, ids, target=lambda out: out.logits[0, -1, answer]
-            )
-            self.weights = weights[0].double().cpu()
-            self.gradients = gradients[0].double().cpu()
-        assert self.weights is not None
-        return self.weights.numpy(), self.gradients.numpy()
-
-    def log_probability_gradients(self, item: TaskTokens) -> tuple[np.ndarray, np.ndarray]:
-        """Weights and ``d log p(answer) / d weights`` at the last position (log-softmax)."""
-        ids = self._select(item)
-        if self.log_gradients is None:
-            from ._torch_gradients import attention_gradients
-
-            answer = item.answer_id
-            weights, gradients = attention_gradients(
-                self.model,
-                ids,
-                target=lambda out: torch.log_softmax(out.logits[0, -1], dim=-1)[answer],
-            )
-            self.log_gradients = (
-                weights[0].double().cpu().numpy(),
-                gradients[0].double().cpu().numpy(),
-            )
-        return self.log_gradients
-
-    def contributions(self, item: TaskTokens, method: str) -> np.ndarray:
-        """``(layers, n, n)`` float64 value-aware matrices (``capture(contributions=...)``)."""
-        ids = self._select(item)
-        if method not in self.matrices:
-            from ._torch_capture import capture
-
-            with torch.no_grad(), capture(self.model, contributions=method) as recorded:  # type: ignore[arg-type]
-                self.model(ids)
-            self.matrices[method] = recorded.contributions[0].double().cpu().numpy()
-        return self.matrices[method]
+    Read from the registry entry: the methods with gradients, and those whose entry says
+    ``target_conditioned`` (a logit projection), take the answer as ``target``.
+    """
+    return spec.gradients or bool(getattr(spec, "target_conditioned", False))
 
 
-def ground_truth_methods(
-    model: nn.Module, /, *, methods: Sequence[str] = METHODS
-) -> dict[str, Callable[[TaskTokens], np.ndarray]]:
-    """Build the attribution methods of the ground-truth table: ``item -> scores (layers, n)``.
+def registry_method(
+    model: nn.Module, name: str, options: Mapping[str, Any] | None = None, /
+) -> Callable[[np.ndarray, int], np.ndarray]:
+    """``(ids, target) -> scores (layers, n)``: a registry method on one prompt's last row.
 
-    Each explains the last position of the prompt, on weights captured from `model`
-    (float64), with every layer reported (``layers="all"``):
+    Calls :func:`attnflow.adapters.torch.explain` on ``{"input_ids": ids[None]}`` with
+    ``method=name, rows=-1, layers="all"`` (`options` add to or override these keywords),
+    and ``target=target`` for the methods that explain a target (:func:`takes_target`).
+    Returns float64 NumPy scores, one row per layer.
 
-    - ``"raw"``: :func:`attnflow.raw`, head mean;
-    - ``"rollout"``: :func:`attnflow.rollout` (residual 0.5);
-    - ``"rollout (receptive_field, exclude=0)"``: the decoder normalisation;
-    - ``"flow (exclude=0)"``: :func:`attnflow.flow`;
-    - ``"gradient rollout"``: :func:`attnflow.gradient_rollout` (GAE) of the answer
-      token's logit at the last position;
-    - ``"max attention"``: :func:`attnflow.evaluate.max_attention` (one row, no layers);
-    - ``"gradient rollout (log-probability)"``: GAE of the answer's log-probability
-      ``log_softmax(logits)[answer]`` at the last position instead of its logit, i.e. of
-      ``∇ logit_a - Σ_v p_v ∇ logit_v``: the gradient of what makes the answer *more
-      likely than the other tokens*, not of what raises every logit;
-    - ``"max norm contribution"``: :func:`attnflow.evaluate.max_contribution` of the
-      norm-based contributions (``capture(model, contributions="norm")``, one row);
-    - ``"rollout of ALTI contributions"``: :func:`attnflow.rollout` of the ALTI matrices
-      (``capture(model, contributions="alti")``, ``heads=None, residual=0.0,
-      renormalize=True``: the matrices carry the residual).
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import torch
+    >>> from attnflow.adapters._torch_llm import registry_method
+    >>> layer = torch.nn.TransformerEncoderLayer(8, nhead=2, batch_first=True)
+    >>> encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    >>> class Tiny(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.embed, self.encoder = torch.nn.Embedding(10, 8), encoder
+    ...
+    ...     def forward(self, input_ids):
+    ...         return self.encoder(self.embed(input_ids))
+    >>> rollout = registry_method(Tiny(), "rollout")
+    >>> rollout(np.array([1, 2, 3, 4]), 5).shape  # (layers, n)
+    (2, 4)
+    """
+    model = _check_model(model)
+    spec = method_spec(name)
+    keywords: dict[str, Any] = {"rows": -1, "layers": "all", **dict(options or {})}
+    targeted = takes_target(spec)
+
+    def scores(ids: np.ndarray, target: int) -> np.ndarray:
+        from ._torch_explain import explain
+
+        device = next(model.parameters()).device
+        tokens = torch.as_tensor(np.asarray(ids)[None], dtype=torch.long, device=device)
+        chosen: dict[str, Any] = {"target": int(target)} if targeted else {}
+        method: Any = spec.name  # a registry name, checked above
+        result = explain(model, {"input_ids": tokens}, method=method, **chosen, **keywords)
+        return np.asarray(result[0].detach().double().cpu().numpy())
+
+    return scores
+
+
+def ground_truth(
+    model: nn.Module,
+    tokenizer: Any,
+    /,
+    *,
+    task: str = "copying",
+    methods: Sequence[str] | Mapping[str, Any] = DEFAULT_METHODS,
+    n_items: int = 40,
+    seed: int = 0,
+    size: int | None = None,
+    chat: bool | Callable[[str], str] | None = None,
+    replacement: int | None = None,
+) -> GroundTruthReport:
+    """Score attribution methods of a PyTorch causal LM on prompts with a known source token.
+
+    :func:`attnflow.evaluate.ground_truth` on `model`: the model's next-token
+    log-probabilities (:func:`next_token_log_probabilities`) and the methods, each
+    explaining the answer token at the last position (:func:`registry_method`). See
+    :func:`attnflow.evaluate.ground_truth` for the tasks, the measure and the report.
 
     Parameters
     ----------
     model : torch.nn.Module
-        A causal LM in eval mode whose output has ``.logits`` ``(batch, n, vocab)``.
-    methods : sequence of str, default METHODS
-        The methods to build, a subset of :data:`METHODS`.
+        A causal LM in eval mode whose output has ``.logits`` ``(batch, n, vocab)`` (a
+        Hugging Face ``...ForCausalLM``).
+    tokenizer : tokenizer or callable
+        Its Hugging Face fast tokenizer, or a callable ``text -> (ids, offsets)``.
+    task : str, default "copying"
+        One of :data:`attnflow.evaluate.GROUND_TRUTH_TASKS`.
+    methods : sequence of str or mapping, default DEFAULT_METHODS
+        Names of attnflow's method registry (``"rollout"``, ``"gradient_rollout"``,
+        ``"alti"``...), each run through :func:`attnflow.adapters.torch.explain` with
+        ``rows=-1, layers="all"`` and the answer as the target of the methods that
+        explain one; or a mapping of labels to such a name, to a mapping of ``explain``
+        keywords with its ``"method"`` (``{"method": "flow", "exclude": 0}``), or to a
+        callable ``(ids, target) -> scores`` (``(layers, n)`` or ``(n,)``).
+    n_items, seed, size, chat, replacement
+        As in :func:`attnflow.evaluate.ground_truth`.
 
     Returns
     -------
-    dict of str to callable
+    attnflow.evaluate.GroundTruthReport
+
+    Raises
+    ------
+    ValueError
+        Before any work: an unknown method name (the registry's are listed), or as
+        :func:`attnflow.evaluate.ground_truth` raises.
+
+    Examples
+    --------
+    A two-layer causal LM built from a config, and a tokenizer of one id per word:
+
+    >>> import re
+    >>> import torch
+    >>> import transformers
+    >>> from attnflow.adapters.torch import ground_truth
+    >>> config = transformers.LlamaConfig(
+    ...     vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+    ...     num_attention_heads=2, num_key_value_heads=1,
+    ... )
+    >>> model = transformers.LlamaForCausalLM(config).eval()
+    >>> vocabulary = {}
+    >>> def tokenize(text):
+    ...     spans = [m.span() for m in re.finditer(r" ?[^ ,.:]+|[,.:]", text)]
+    ...     return [vocabulary.setdefault(text[a:b], len(vocabulary)) for a, b in spans], spans
+    >>> report = ground_truth(
+    ...     model, tokenize, methods=["rollout", "gradient_rollout"], n_items=2, size=4
+    ... )
+    >>> report.ranks["gradient_rollout"].shape  # items, layers
+    (2, 2)
     """
     model = _check_model(model)
-    unknown = [m for m in methods if m not in METHODS]
-    if isinstance(methods, str) or unknown:
-        msg = f"`methods` must be a sequence of names from {METHODS}; unknown: {unknown or methods!r}."
-        raise ValueError(msg)
-    captured = _Captured(model)
+    from attnflow.evaluate import ground_truth as evaluate
 
-    def raw(item: TaskTokens) -> np.ndarray:
-        return np.asarray(attnflow.raw(captured.attentions(item), rows=-1, layers="all"))
+    callables = _method_callables(model, methods)
+    return evaluate(
+        next_token_log_probabilities(model),
+        tokenizer,
+        task=task,
+        methods=callables,
+        n_items=n_items,
+        seed=seed,
+        size=size,
+        chat=chat,
+        replacement=replacement,
+    )
 
-    def rollout(item: TaskTokens) -> np.ndarray:
-        return np.asarray(attnflow.rollout(captured.attentions(item), rows=-1, layers="all"))
 
-    def rollout_decoder(item: TaskTokens) -> np.ndarray:
-        return np.asarray(
-            attnflow.rollout(
-                captured.attentions(item),
-                rows=-1,
-                layers="all",
-                receptive_field=True,
-                exclude=0,
-            )
+def _method_callables(
+    model: nn.Module, methods: object
+) -> dict[str, Callable[[np.ndarray, int], Any]]:
+    """Labels to callables: registry names (with explain keywords) through :func:`registry_method`."""
+    if isinstance(methods, str) or not isinstance(methods, Sequence | Mapping) or not methods:
+        msg = (
+            "`methods` must be a non-empty sequence of method names or a mapping of labels "
+            f"to names, explain keywords or callables; got {methods!r}."
         )
-
-    def flow(item: TaskTokens) -> np.ndarray:
-        return np.asarray(
-            attnflow.flow(captured.attentions(item), rows=-1, layers="all", exclude=0)
-        )
-
-    def gradient_rollout(item: TaskTokens) -> np.ndarray:
-        weights, gradients = captured.attention_gradients(item)
-        return np.asarray(attnflow.gradient_rollout(weights, gradients, rows=-1, layers="all"))
-
-    def maximum(item: TaskTokens) -> np.ndarray:
-        return np.asarray(max_attention(captured.attentions(item), rows=-1))
-
-    def gradient_rollout_log(item: TaskTokens) -> np.ndarray:
-        weights, gradients = captured.log_probability_gradients(item)
-        return np.asarray(attnflow.gradient_rollout(weights, gradients, rows=-1, layers="all"))
-
-    def max_norm(item: TaskTokens) -> np.ndarray:
-        return np.asarray(max_contribution(captured.contributions(item, "norm"), rows=-1))
-
-    def alti_rollout(item: TaskTokens) -> np.ndarray:
-        matrices = captured.contributions(item, "alti")
-        return np.asarray(
-            attnflow.rollout(
-                matrices, heads=None, residual=0.0, renormalize=True, rows=-1, layers="all"
-            )
-        )
-
-    built = {
-        "raw": raw,
-        "rollout": rollout,
-        "rollout (receptive_field, exclude=0)": rollout_decoder,
-        "flow (exclude=0)": flow,
-        "gradient rollout": gradient_rollout,
-        "max attention": maximum,
-        "gradient rollout (log-probability)": gradient_rollout_log,
-        "max norm contribution": max_norm,
-        "rollout of ALTI contributions": alti_rollout,
-    }
-    return {name: built[name] for name in methods}
+        raise TypeError(msg)
+    entries = methods.items() if isinstance(methods, Mapping) else [(m, m) for m in methods]
+    callables: dict[str, Callable[[np.ndarray, int], Any]] = {}
+    for label, how in entries:
+        if not isinstance(label, str):
+            msg = f"`methods` labels must be strings; got {label!r}."
+            raise TypeError(msg)
+        if callable(how):
+            callables[label] = how
+            continue
+        keywords = dict(how) if isinstance(how, Mapping) else {"method": how}
+        name = keywords.pop("method", None)
+        method_spec(name, parameter=f"`methods[{label!r}]`")
+        callables[label] = registry_method(model, str(name), keywords)
+    return callables

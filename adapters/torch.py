@@ -63,6 +63,11 @@ and the core turns them into the block's ``n x n`` matrix when it returns; see
 :func:`input_gradients` gives the token importances that attention rollout and flow are
 compared with in the paper: the gradient of a classifier's target score with respect to
 the output of its embedding module, through a forward hook removed after the call.
+
+:func:`ground_truth` checks which methods localise on a causal LM: on generated prompts
+whose answer has a known source token (copying, retrieval, stated facts, subject-verb
+agreement, indirect-object identification), how often each method of the registry, named,
+ranks the source first (:func:`attnflow.evaluate.ground_truth` on the model's functions).
 """
 
 from __future__ import annotations
@@ -72,6 +77,7 @@ from ._torch_diagnose import diagnose
 from ._torch_explain import explain, explain_image, explain_text
 from ._torch_generation import explain_generation
 from ._torch_gradients import attention_gradients, input_gradients
+from ._torch_llm import ground_truth
 from ._torch_model_functions import model_functions
 
 __all__ = [
@@ -83,6 +89,7 @@ __all__ = [
     "explain_generation",
     "explain_image",
     "explain_text",
+    "ground_truth",
     "input_gradients",
     "model_functions",
     "sdpa_with_weights",

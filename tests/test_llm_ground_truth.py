@@ -1,4 +1,4 @@
-"""Ground truth for causal LMs: task generators, source location, ranks (NumPy, no model)."""
+"""Ground truth for causal LMs: task generators, source location, ranks, the API (no model)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,22 @@ import re
 import numpy as np
 import pytest
 
-from attnflow.evaluate import (
+from attnflow.evaluate import GROUND_TRUTH_TASKS, GroundTruthReport, ground_truth
+from attnflow.evaluate._llm_ground_truth import _score
+from attnflow.evaluate._llm_ranks import competing_positions, source_ranks
+from attnflow.evaluate._llm_tasks import (
     TaskItem,
     TaskTokens,
-    competing_positions,
+    agreement_task,
     copying_task,
-    ground_truth,
+    ioi_task,
     locate_source,
-    max_attention,
-    max_contribution,
     retrieval_task,
-    source_ranks,
     stated_facts_task,
 )
 
 GENERATORS = [copying_task, retrieval_task, stated_facts_task]
+"""The tasks whose answer is copied from the context (a query follows the context)."""
 
 
 def word_tokenizer(space_in_token: bool = True):
@@ -248,111 +249,6 @@ def test_source_ranks_within_a_context_match_an_oracle():
         source_ranks(np.ones((2, 6)), [1, 2], contexts=[(0, 3)])
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_max_attention_is_the_max_over_layers_and_heads(dtype):
-    rng = np.random.default_rng(1)
-    weights = rng.random((2, 3, 4, 6, 6)).astype(dtype)
-    got = max_attention(weights, rows=-2)
-    expected = np.zeros((2, 6), dtype=dtype)
-    for b in range(2):
-        for j in range(6):
-            expected[b, j] = max(weights[b, l, h, 4, j] for l in range(3) for h in range(4))
-    assert got.dtype == dtype
-    np.testing.assert_array_equal(got, expected)
-    with pytest.raises(IndexError):
-        max_attention(weights, rows=6)
-    with pytest.raises(ValueError, match="layers, heads, n, n"):
-        max_attention(weights[0, 0])
-
-
-def test_max_attention_array_api_strict():
-    xp = pytest.importorskip("array_api_strict")
-    weights = np.random.default_rng(2).random((2, 2, 4, 4))
-    got = max_attention(xp.asarray(weights))
-    np.testing.assert_allclose(np.asarray(got), weights[:, :, -1].max(axis=(0, 1)))
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_max_contribution_is_the_max_over_layers_of_norm_contributions(dtype):
-    """Oracle: Kobayashi's norm ||sum_h a^h_ij f^h(z_j)|| by loops, then the max over layers."""
-    import attnflow
-
-    rng = np.random.default_rng(3)
-    layers, heads, n, d = 3, 2, 5, 4
-    weights = rng.random((layers, heads, n, n))
-    weights /= weights.sum(-1, keepdims=True)
-    values = rng.normal(size=(layers, heads, n, d))
-    norms = np.zeros((layers, n, n))
-    for layer in range(layers):
-        for i in range(n):
-            for j in range(n):
-                vector = sum(weights[layer, h, i, j] * values[layer, h, j] for h in range(heads))
-                norms[layer, i, j] = np.sqrt(np.sum(np.asarray(vector) ** 2))
-    expected = np.array([max(norms[layer, 1, j] for layer in range(layers)) for j in range(n)])
-    # The library's own norm contributions (zero residual) give the same maximum.
-    matrices = np.stack(
-        [
-            np.asarray(
-                attnflow.contributions(
-                    weights[layer].astype(dtype),
-                    values[layer].astype(dtype),
-                    np.zeros((n, d), dtype=dtype),
-                    method="norm",
-                )
-            )
-            for layer in range(layers)
-        ]
-    )
-    got = max_contribution(matrices, rows=1)
-    assert got.dtype == dtype
-    np.testing.assert_allclose(got, expected, rtol=1e-5 if dtype == np.float32 else 1e-12)
-    np.testing.assert_allclose(max_contribution(norms, rows=1), expected, rtol=1e-12)
-    # A sink: most of the weight, small values, small contribution; max_attention ranks it first.
-    attention = np.full((1, 1, 3, 3), 0.1)
-    attention[0, 0, 2] = [0.8, 0.15, 0.05]
-    small = np.array([[[0.1, 0.0], [2.0, 0.0], [1.0, 0.0]]])
-    sink = np.asarray(attnflow.contributions(attention[0], small, np.zeros((3, 2)), method="norm"))
-    assert np.argmax(max_attention(attention)) == 0
-    assert np.argmax(max_contribution(sink[None])) == 1
-
-
-def test_max_contribution_refuses_bad_arguments():
-    with pytest.raises(ValueError, match="layers, n, n"):
-        max_contribution(np.ones((4, 4)))
-    with pytest.raises(IndexError, match="position"):
-        max_contribution(np.ones((2, 4, 4)), rows=4)
-    with pytest.raises(TypeError, match="one int"):
-        max_contribution(np.ones((2, 4, 4)), rows=1.0)
-
-
-@pytest.mark.parametrize(
-    ("rows", "error", "message"),
-    [
-        (4, IndexError, r"a position in \[-4, 4\); got 4"),
-        (-5, IndexError, r"a position in \[-4, 4\); got -5"),
-        (1.0, TypeError, "one int position; got 1.0"),
-        (True, TypeError, "one int position; got True"),
-        ([1], TypeError, r"one int position; got \[1\]"),
-    ],
-)
-def test_both_maxima_read_rows_alike(rows, error, message):
-    """max_attention and max_contribution check and read `rows` the same way."""
-    weights = np.random.default_rng(5).random((2, 3, 4, 4))
-    for function, values in ((max_attention, weights), (max_contribution, weights[:, 0])):
-        with pytest.raises(error, match=message):
-            function(values, rows=rows)
-        # Negative and NumPy integer positions name the same row.
-        np.testing.assert_array_equal(function(values, rows=-3), function(values, rows=1))
-        np.testing.assert_array_equal(function(values, rows=np.int64(1)), function(values, rows=1))
-
-
-def test_max_contribution_array_api_strict():
-    xp = pytest.importorskip("array_api_strict")
-    matrices = np.random.default_rng(4).random((3, 4, 4))
-    got = max_contribution(xp.asarray(matrices), rows=2)
-    np.testing.assert_allclose(np.asarray(got), matrices[:, 2].max(axis=0))
-
-
 def induction_log_probabilities(ids: np.ndarray) -> np.ndarray:
     """A toy LM: predicts the token after the last earlier occurrence of the last token."""
     out = np.full((len(ids), 12), np.log(0.01 / 11))
@@ -369,16 +265,15 @@ def test_ground_truth_end_to_end_on_a_toy_model():
         TaskTokens(np.array([11, 5, 6, 7, 5, 6]), 8, 3, item),  # wrong: predicts 7
     ]
 
-    def pointer(t: TaskTokens) -> np.ndarray:
-        ids = t.ids
+    def pointer(ids: np.ndarray, target: int) -> np.ndarray:
         scores = np.linspace(0.1, 0.2, len(ids))
         scores[np.flatnonzero(ids[:-1] == ids[-1])[-1] + 1] = 1.0
         return np.stack([np.linspace(0.2, 0.1, len(ids)), scores])  # two "layers"
 
-    def first(t: TaskTokens) -> np.ndarray:
-        return np.linspace(1.0, 0.0, len(t.ids))
+    def first(ids: np.ndarray, target: int) -> np.ndarray:
+        return np.linspace(1.0, 0.0, len(ids))
 
-    report = ground_truth(
+    report = _score(
         tokens, {"pointer": pointer, "first": first}, induction_log_probabilities, replacement=0
     )
     assert report.correct.tolist() == [True, False]
@@ -406,7 +301,9 @@ def test_ground_truth_end_to_end_on_a_toy_model():
     )
     assert drop > 1
     np.testing.assert_allclose(report.sufficiency["pointer"][0, -1], drop, rtol=1e-9)
-    assert "| pointer | 1.00 | 1.0 | 1: 1.00 (1.0) | 1.00 (1.0) |" in report.to_markdown()
+    assert report.mrr("pointer") == 1.0
+    assert report.mrr("first") == 1 / 3
+    assert "| pointer | 1.00 | 1.00 | 1.0 | 1: 1.00 (1.0) | 1.00 (1.0) |" in report.to_markdown()
 
 
 def test_ground_truth_ranks_within_the_context_and_over_the_whole_prompt():
@@ -414,10 +311,10 @@ def test_ground_truth_ranks_within_the_context_and_over_the_whole_prompt():
     # Context: positions 0-3; the query 4-5 holds the highest-scoring competitor, 4.
     tokens = [TaskTokens(np.array([11, 1, 2, 3, 1, 2]), 3, 3, item, context=(0, 4))]
 
-    def query_first(t: TaskTokens) -> np.ndarray:
+    def query_first(ids: np.ndarray, target: int) -> np.ndarray:
         return np.array([0.0, 0.1, 0.2, 0.5, 0.9, 0.0])
 
-    report = ground_truth(tokens, {"m": query_first}, induction_log_probabilities, replacement=0)
+    report = _score(tokens, {"m": query_first}, induction_log_probabilities, replacement=0)
     assert report.ranks["m"].tolist() == [[1]]
     assert report.prompt_ranks["m"].tolist() == [[2]]
     assert report.hit_rate("m") == 1.0
@@ -435,15 +332,177 @@ def test_ground_truth_ranks_within_the_context_and_over_the_whole_prompt():
     np.testing.assert_allclose(report.comprehensiveness["m"][0, 0], drop, rtol=1e-9)
 
 
-def test_ground_truth_refuses_bad_arguments():
-    item = TaskTokens(np.array([11, 1, 2, 1]), 2, 2, TaskItem("x", " y", (0, 1), "copying"))
-    with pytest.raises(TypeError, match="`items`"):
-        ground_truth([1], {"a": lambda t: t.ids}, induction_log_probabilities)
-    with pytest.raises(TypeError, match="`methods`"):
-        ground_truth([item], {}, induction_log_probabilities)
-    with pytest.raises(ValueError, match="shape"):
-        ground_truth([item], {"a": lambda t: np.ones(3)}, induction_log_probabilities)
-    with pytest.raises(TypeError, match="`replacement`"):
-        ground_truth(
-            [item], {"a": lambda t: np.ones(4)}, induction_log_probabilities, replacement=1.5
+def test_agreement_items_put_attractors_of_the_other_number_between_subject_and_verb():
+    from attnflow.evaluate._llm_tasks import NUMBERED_NOUNS
+
+    singular = {pair[0] for pair in NUMBERED_NOUNS}
+    plural = {pair[1] for pair in NUMBERED_NOUNS}
+    items = agreement_task(30, seed=4, attractors=2)
+    assert items == agreement_task(30, seed=4, attractors=2)
+    assert {item.answer for item in items} == {" is", " are"}  # both numbers drawn
+    for item in items:
+        words = item.prompt.split(" ")
+        subject = item.prompt[slice(*item.source)]
+        assert words[:2] == ["The", subject]
+        assert item.source == (4, 4 + len(subject))
+        attractors = [words[i + 1] for i, word in enumerate(words) if word == "the"]
+        assert len(attractors) == 2
+        if item.answer == " are":
+            assert subject in plural
+            assert set(attractors) <= singular
+            assert item.foil == " is"
+        else:
+            assert subject in singular
+            assert set(attractors) <= plural
+            assert item.foil == " are"
+        assert item.context is None
+        assert not item.copied
+        located = locate_source(item, word_tokenizer())
+        assert located.source == 1
+        assert located.foil_id not in (None, located.answer_id)
+        assert located.answer_id not in located.ids.tolist()  # the verb is not in the prompt
+    assert [len(i.prompt.split(" the ")) for i in agreement_task(5, attractors=3)] == [4] * 5
+
+
+def test_ioi_items_name_the_indirect_object_once_and_the_subject_twice():
+    items = ioi_task(40, seed=6)
+    assert items == ioi_task(40, seed=6)
+    firsts = set()
+    for item in items:
+        indirect, subject = item.answer.strip(), item.foil.strip()
+        names = re.findall(r"\b[A-Z][a-z]+\b", item.prompt)
+        assert names.count(indirect) == 1
+        assert names.count(subject) == 2
+        assert item.prompt[slice(*item.source)] == indirect
+        firsts.add(item.prompt.index(indirect) < item.prompt.index(subject))
+        located = locate_source(item, word_tokenizer())
+        assert located.ids[located.source] == located.answer_id
+        assert located.foil_id in located.ids.tolist()  # the subject is in the prompt
+    assert firsts == {True, False}  # the indirect object comes first or second
+
+
+def test_locate_source_refuses_an_answer_or_subject_of_several_tokens():
+    def splitting(word: str):  # splits `word` into two tokens
+        def tokenize(text: str):
+            return split(text, word)
+
+        return tokenize
+
+    base = word_tokenizer()  # one vocabulary for every call
+
+    def split(text: str, word: str):
+        ids, spans = base(text)
+        out_ids, out_spans = [], []
+        for token, (a, b) in zip(ids, spans, strict=True):
+            if text[a:b].strip() == word:
+                out_ids += [token, 1000]
+                out_spans += [(a, b - 1), (b - 1, b)]
+            else:
+                out_ids.append(token)
+                out_spans.append((a, b))
+        return out_ids, out_spans
+
+    plural = TaskItem("The keys to the door", " are", (4, 8), "agreement", None, " is", False)
+    with pytest.raises(ValueError, match=r"source word 'keys' .* must be one token"):
+        locate_source(plural, splitting("keys"))
+    singular = TaskItem("The key to the doors", " is", (4, 7), "agreement", None, " are", False)
+    with pytest.raises(ValueError, match="the answer ' is' must be one token"):
+        locate_source(singular, splitting("is"))
+    same = TaskItem("The key to the doors", " is", (4, 7), "agreement", None, " is", False)
+    with pytest.raises(ValueError, match="the same token"):
+        locate_source(same, word_tokenizer())
+
+
+def test_ground_truth_runs_plain_functions_on_every_task():
+    tokenize = word_tokenizer()
+
+    def log_probabilities(ids: np.ndarray) -> np.ndarray:
+        return np.zeros((len(ids), 10_000))  # the first token (id 0) always wins
+
+    def last_but_one(ids: np.ndarray, target: int) -> np.ndarray:
+        assert ids.ndim == 1
+        assert isinstance(target, int)
+        return np.arange(len(ids), dtype=float)
+
+    for task in GROUND_TRUTH_TASKS:
+        report = ground_truth(
+            log_probabilities, tokenize, task=task, methods={"m": last_but_one}, n_items=3
         )
+        assert isinstance(report, GroundTruthReport)
+        assert report.tasks.tolist() == [task] * 3
+        assert report.ranks["m"].shape == (3, 1)
+        assert set(report.seconds) == {"m"}
+        # Ties with a foil (all log-probabilities equal) are not correct answers.
+        assert not report.correct.any()
+
+
+def test_ground_truth_scores_a_foil_task_by_the_answer_against_the_foil():
+    tokenize = word_tokenizer()
+    items = [locate_source(i, tokenize) for i in agreement_task(6, seed=2)]
+
+    def log_probabilities(ids: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(ids), 1000))
+        for item in items:  # the right form above the wrong one, a third token on top
+            if np.array_equal(item.ids, ids[0]):
+                out[0, item.answer_id], out[0, 999] = 1.0, 5.0
+        return out
+
+    def subject(ids: np.ndarray, target: int) -> np.ndarray:
+        scores = np.zeros(len(ids))
+        scores[1] = 1.0
+        return scores
+
+    report = _score(items, {"subject": subject}, log_probabilities)
+    assert report.accuracy == 1.0
+    assert report.hit_rate("subject") == 1.0
+
+
+def test_ground_truth_refuses_bad_arguments_before_any_work():
+    tokenize = word_tokenizer()
+    methods = {"m": lambda ids, target: np.ones(len(ids))}
+
+    def model(ids):
+        msg = "no work before the checks"
+        raise AssertionError(msg)
+
+    with pytest.raises(ValueError, match=r"`task` must be one of 'copying', 'retrieval', "):
+        ground_truth(model, tokenize, task="copy", methods=methods)
+    with pytest.raises(ValueError, match="'agreement', 'ioi'; got 'copy'"):
+        ground_truth(model, tokenize, task="copy", methods=methods)
+    with pytest.raises(TypeError, match="`model` must be a callable"):
+        ground_truth("gpt2", tokenize, methods=methods)
+    with pytest.raises(TypeError, match="`tokenizer`"):
+        ground_truth(model, "gpt2", methods=methods)
+    with pytest.raises(TypeError, match=r"attnflow\.adapters\.torch\.ground_truth"):
+        ground_truth(model, tokenize, methods=["rollout"])  # registry names need torch
+    with pytest.raises(TypeError, match="`methods` must be a non-empty mapping"):
+        ground_truth(model, tokenize, methods={})
+    with pytest.raises(ValueError, match="`n_items`"):
+        ground_truth(model, tokenize, methods=methods, n_items=0)
+    with pytest.raises(ValueError, match="`size` does not apply to task 'ioi'"):
+        ground_truth(model, tokenize, task="ioi", methods=methods, size=3)
+    with pytest.raises(ValueError, match="`words`"):
+        ground_truth(model, tokenize, methods=methods, size=2)
+    with pytest.raises(ValueError, match="`chat=True` needs a tokenizer with a chat template"):
+        ground_truth(model, tokenize, task="retrieval", methods=methods, chat=True)
+    with pytest.raises(ValueError, match="`chat` applies to the tasks"):
+        ground_truth(model, tokenize, methods=methods, chat=chat_template)
+    with pytest.raises(TypeError, match="`replacement`"):
+        ground_truth(model, tokenize, methods=methods, replacement=1.5)
+
+
+def test_ground_truth_refuses_bad_method_outputs():
+    tokenize = word_tokenizer()
+
+    def model(ids):
+        return np.zeros((len(ids), 10_000))
+
+    def run(method):
+        return ground_truth(model, tokenize, methods={"m": method}, n_items=2)
+
+    with pytest.raises(ValueError, match=r"`methods\['m'\]` must return scores of shape"):
+        run(lambda ids, target: np.ones(3))
+    with pytest.raises(ValueError, match="NaN"):
+        run(lambda ids, target: np.full(len(ids), np.nan))
+    with pytest.raises(ValueError, match="`model\\(ids\\)` must return"):
+        ground_truth(lambda ids: np.zeros(5), tokenize, methods={"m": lambda i, t: i}, n_items=1)

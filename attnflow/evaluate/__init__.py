@@ -7,9 +7,10 @@ metrics (ERASER comprehensiveness and sufficiency with AOPC, deletion and insert
 for images), and runs all of it over whole datasets. Models are plain callables, so the
 package imports no deep-learning framework; for PyTorch models
 :func:`attnflow.adapters.torch.model_functions` builds the callables (for JAX and Keras,
-write the two or three small functions described in :func:`faithfulness`). For causal LMs, prompts with a known source token (copying,
-key-value retrieval, stated facts) give ground truth: :func:`ground_truth` reports how
-often each method ranks the source first.
+write the two or three small functions described in :func:`faithfulness`). For causal LMs,
+prompts with a known source token (copying, key-value retrieval, stated facts,
+subject-verb agreement, indirect-object identification) give ground truth:
+:func:`ground_truth` reports how often each method ranks the source first.
 """
 
 from __future__ import annotations
@@ -25,49 +26,26 @@ from ._erasure import (
     sufficiency,
 )
 from ._faithfulness import ModelFunctions, faithfulness, faithfulness_from_outputs
-from ._llm_ground_truth import (
-    GroundTruthReport,
-    competing_positions,
-    ground_truth,
-    max_attention,
-    max_contribution,
-    source_ranks,
-)
-from ._llm_tasks import (
-    TaskItem,
-    TaskTokens,
-    copying_task,
-    locate_source,
-    retrieval_task,
-    stated_facts_task,
-)
+from ._llm_ground_truth import GROUND_TRUTH_TASKS, ground_truth
+from ._llm_report import GroundTruthReport
 from ._report import FaithfulnessReport
 from ._store import EvaluationFolderError
 
 __all__ = [
     "ERASER_FRACTIONS",
+    "GROUND_TRUTH_TASKS",
     "EvaluationFolderError",
     "FaithfulnessReport",
     "GroundTruthReport",
     "ModelFunctions",
     "PerturbationCurve",
-    "TaskItem",
-    "TaskTokens",
     "blank_out",
-    "competing_positions",
     "comprehensiveness",
-    "copying_task",
     "deletion",
     "faithfulness",
     "faithfulness_from_outputs",
     "ground_truth",
     "insertion",
-    "locate_source",
-    "max_attention",
-    "max_contribution",
     "rank_correlation",
-    "retrieval_task",
-    "source_ranks",
-    "stated_facts_task",
     "sufficiency",
 ]

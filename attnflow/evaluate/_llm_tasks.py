@@ -1,7 +1,7 @@
 r"""Prompts whose answer has a known source token: ground truth for causal LMs.
 
-Three task families where the prompt token that determines the next word is known by
-construction (issue 21, item 7):
+Five task families where the prompt token that determines the next word is known by
+construction (:data:`TASKS`; reached through :func:`attnflow.evaluate.ground_truth`):
 
 - :func:`copying_task`: a list of distinct words, then the start of its repetition; the
   next word's source is its earlier occurrence ("List: apple, river, stone. Again: apple,"
@@ -11,11 +11,20 @@ construction (issue 21, item 7):
 - :func:`stated_facts_task`: facts about people, then a question about one of them; the
   source is that person's object ("Anna lives in Paris. Tom lives in Rome. Where does Anna
   live? Anna lives in" -> " Paris").
+- :func:`agreement_task`: subject-verb agreement across attractors; the source is the
+  subject noun, whose number decides the verb ("The keys to the cabinet near the door" ->
+  " are", not " is").
+- :func:`ioi_task`: indirect-object identification; the source is the indirect object's
+  only mention ("When Mary and John went to the store, John gave a drink to" -> " Mary",
+  not the subject " John").
 
-Every answer appears exactly once in its prompt, as a whole word preceded by a space.
-Items are plain strings with the character span of the source; :func:`locate_source`
-turns an item into token ids, the answer's first token id and the source's token position
-using any tokenizer's ids and character offsets. Everything here is pure Python and NumPy.
+In the first four families the answer appears exactly once in its prompt, as a whole word
+preceded by a space, at the source; in agreement the source is the subject noun, not the
+answer. Agreement and IOI items carry a foil, the wrong answer the model must rank below
+the right one. Items are plain strings with the character span of the source;
+:func:`locate_source` turns an item into token ids, the answer's token id and the source's
+token position using any tokenizer's ids and character offsets, checking that the answer
+(and the foil) is one token. Everything here is pure Python and NumPy.
 """
 
 from __future__ import annotations
@@ -27,9 +36,12 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "TASKS",
     "TaskItem",
     "TaskTokens",
+    "agreement_task",
     "copying_task",
+    "ioi_task",
     "locate_source",
     "retrieval_task",
     "stated_facts_task",
@@ -65,6 +77,28 @@ ANIMALS = (
     "dog", "cat", "horse", "rabbit", "snake", "parrot", "tiger", "mouse", "goat", "duck",
     "sheep", "fish", "turtle", "pig",
 )  # fmt: skip
+NUMBERED_NOUNS = (
+    ("key", "keys"), ("book", "books"), ("dog", "dogs"), ("car", "cars"), ("girl", "girls"),
+    ("boy", "boys"), ("student", "students"), ("teacher", "teachers"), ("friend", "friends"),
+    ("house", "houses"), ("door", "doors"), ("table", "tables"), ("window", "windows"),
+    ("bottle", "bottles"), ("flower", "flowers"), ("tree", "trees"), ("picture", "pictures"),
+    ("letter", "letters"), ("chair", "chairs"), ("bird", "birds"), ("road", "roads"),
+    ("farmer", "farmers"), ("doctor", "doctors"), ("song", "songs"), ("wall", "walls"),
+    ("bag", "bags"), ("room", "rooms"), ("ship", "ships"), ("lamp", "lamps"),
+    ("player", "players"), ("cabinet", "cabinets"), ("river", "rivers"),
+)  # fmt: skip
+"""Singular and plural nouns of the agreement task, each one token with a leading space."""
+PREPOSITIONS = ("to", "near", "behind", "beside", "under", "above", "by", "with", "of")
+IOI_TEMPLATES = (
+    "When {} and {} went to the {place}, {subject} gave a {object} to",
+    "After {} and {} went to the {place}, {subject} gave a {object} to",
+    "While {} and {} were working at the {place}, {subject} gave a {object} to",
+    "Then, {} and {} had a long day at the {place}. {subject} gave a {object} to",
+    "When {} and {} got a {object} at the {place}, {subject} decided to give it to",
+)
+"""The IOI sentences: the two names, then the place, the subject again and the object."""
+PLACES = ("store", "park", "school", "office", "station", "garden", "beach", "market")
+OBJECTS = ("drink", "ball", "book", "gift", "key", "letter", "bottle", "snack", "ring")
 RETRIEVAL_INSTRUCTION = "Complete the line of the key I ask for."
 """The request after the pairs in a chat prompt (:func:`retrieval_task` with `chat`)."""
 RELATIONS = (
@@ -85,18 +119,26 @@ class TaskItem:
     answer : str
         The correct continuation, with its leading space (e.g. ``" river"``).
     source : tuple of int
-        ``(start, stop)``: the characters of `prompt` that hold the earlier occurrence of
-        the answer word (without the space), ``prompt[start:stop] == answer.strip()``.
+        ``(start, stop)``: the characters of `prompt` that hold the source word (without
+        the space): the earlier occurrence of the answer word, ``prompt[start:stop] ==
+        answer.strip()``, or, where `copied` is False, the word that decides the answer
+        (the subject noun of an agreement item).
     task : str
-        The task family: ``"copying"``, ``"retrieval"`` or ``"stated_facts"``.
+        The task family, one of :data:`TASKS`.
     context : tuple of int, optional
         ``(start, stop)``: the characters of `prompt` that hold the context (the list, the
         pairs, the facts) as opposed to the query after it; the source competes with the
         context's tokens only (:func:`locate_source`). None: the whole prompt.
+    foil : str, optional
+        The wrong continuation the model must rank below `answer` (``" is"`` for ``" are"``,
+        the subject's name in IOI); None: the answer must be the top next token.
+    copied : bool, default True
+        Whether the source word is the answer itself (copying, retrieval, stated facts,
+        IOI) rather than a word that decides it (agreement).
 
     Examples
     --------
-    >>> from attnflow.evaluate import TaskItem
+    >>> from attnflow.evaluate._llm_tasks import TaskItem
     >>> item = TaskItem("a b c. a b", " c", (4, 5), "copying")
     >>> item.prompt[slice(*item.source)] == item.answer.strip()
     True
@@ -107,6 +149,8 @@ class TaskItem:
     source: tuple[int, int]
     task: str
     context: tuple[int, int] | None = None
+    foil: str | None = None
+    copied: bool = True
 
 
 @dataclass(frozen=True)
@@ -118,21 +162,23 @@ class TaskTokens:
     ids : ndarray of int64, shape (n,)
         The prompt's token ids, as the tokenizer returns them (special tokens included).
     answer_id : int
-        The first token of the answer, tokenized in context (``prompt + answer``).
+        The answer's token (one token), tokenized in context (``prompt + answer``).
     source : int
-        The position in `ids` of the answer's earlier occurrence: the token whose
-        character span holds the first character of the source word; its id is
-        `answer_id`, and no other prompt token has that id.
+        The position in `ids` of the source word: for a copied answer its earlier
+        occurrence, whose id is `answer_id` and no other prompt token's; otherwise the
+        one token that spells the source word.
     item : TaskItem
         The item it comes from.
     context : tuple of int, optional
         ``(start, stop)``: the positions of the context's tokens, ``start <= source <
         stop``; None: the whole prompt.
+    foil_id : int, optional
+        The foil's token (one token, tokenized in context), None without a foil.
 
     Examples
     --------
     >>> import numpy as np
-    >>> from attnflow.evaluate import TaskItem, TaskTokens
+    >>> from attnflow.evaluate._llm_tasks import TaskItem, TaskTokens
     >>> item = TaskItem("a b c. a b", " c", (4, 5), "copying")
     >>> tokens = TaskTokens(np.array([1, 2, 3, 4, 1, 2]), 3, 2, item)
     >>> int(tokens.ids[tokens.source]) == tokens.answer_id
@@ -144,6 +190,7 @@ class TaskTokens:
     source: int
     item: TaskItem
     context: tuple[int, int] | None = None
+    foil_id: int | None = None
 
 
 def _check_count(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
@@ -167,8 +214,8 @@ def _rng(seed: object) -> np.random.Generator:
 Piece = tuple[str, bool]
 """A piece of context text, and whether it is the source word."""
 
-Draft = tuple[list[Piece], str, str, str]
-"""``(context pieces, request, answer start, answer)`` of one item (see :func:`_generate`)."""
+Draft = tuple[list[Piece], str, str, str, str | None]
+"""``(context pieces, request, answer start, answer, foil)`` of one item (:func:`_generate`)."""
 
 Chat = Callable[[str], str]
 
@@ -190,11 +237,15 @@ def _generate(
     seed: object,
     compose: Callable[[np.random.Generator, bool], Draft],
     chat: Chat | None = None,
+    *,
+    copied: bool = True,
+    whole: bool = False,
 ) -> list[TaskItem]:
-    """Draw `count` items with ``compose(rng, chatting) -> (pieces, request, start, answer)``.
+    """Draw `count` items with ``compose(rng, chatting) -> (pieces, request, start, answer, foil)``.
 
     The context is the pieces joined (the one marked True is the source, equal to the
-    answer without its space). The prompt is ``context + request + start``, or with a chat
+    answer without its space where `copied`); with `whole`, the whole prompt competes (the
+    item's context is None). The prompt is ``context + request + start``, or with a chat
     template ``chat(context + request) + start.lstrip()``: the context and the request
     (an instruction or question) make the user's message, and the assistant's answer
     begins with `start` (e.g. the asked key ``"blue:"``), whose next word is the answer.
@@ -203,7 +254,7 @@ def _generate(
     rng = _rng(seed)
     items = []
     for _ in range(number):
-        pieces, request, start, answer = compose(rng, chat is not None)
+        pieces, request, start, answer, foil = compose(rng, chat is not None)
         context = "".join(text for text, _ in pieces)
         marked = [i for i, (_, is_source) in enumerate(pieces) if is_source]
         assert len(marked) == 1
@@ -222,8 +273,9 @@ def _generate(
             offset = wrapped.index(message)
             prompt = wrapped + start.lstrip()
         span = (offset + first, offset + first + len(pieces[marked[0]][0]))
-        assert prompt[slice(*span)] == answer.strip()
-        items.append(TaskItem(prompt, answer, span, task, context=(offset, offset + len(context))))
+        assert not copied or prompt[slice(*span)] == answer.strip()
+        bounds = None if whole else (offset, offset + len(context))
+        items.append(TaskItem(prompt, answer, span, task, bounds, foil=foil, copied=copied))
     return items
 
 
@@ -255,11 +307,11 @@ def copying_task(count: int, /, *, seed: int = 0, words: int = 12) -> list[TaskI
 
     See Also
     --------
-    retrieval_task, stated_facts_task, locate_source
+    retrieval_task, stated_facts_task, agreement_task, ioi_task, locate_source
 
     Examples
     --------
-    >>> from attnflow.evaluate import copying_task
+    >>> from attnflow.evaluate._llm_tasks import copying_task
     >>> item = copying_task(1, seed=0, words=4)[0]
     >>> item.prompt, item.answer
     ('List: money, heart, camera, letter. Again: money, heart,', ' camera')
@@ -275,7 +327,7 @@ def copying_task(count: int, /, *, seed: int = 0, words: int = 12) -> list[TaskI
         for i, word in enumerate(chosen):
             pieces += [(" ", False), (word, i == repeated), ("," if i < words - 1 else ".", False)]
         query = " Again:" + "".join(f" {word}," for word in chosen[:repeated])
-        return pieces, "", query, " " + chosen[repeated]
+        return pieces, "", query, " " + chosen[repeated], None
 
     return _generate("copying", count, seed, compose)
 
@@ -318,7 +370,7 @@ def retrieval_task(
 
     Examples
     --------
-    >>> from attnflow.evaluate import retrieval_task
+    >>> from attnflow.evaluate._llm_tasks import retrieval_task
     >>> item = retrieval_task(1, seed=0, pairs=3)[0]
     >>> item.prompt, item.answer
     ('south: apple\nnorth: cloud\nwest: river\nnorth:', ' cloud')
@@ -336,7 +388,7 @@ def retrieval_task(
         for i, (key, value) in enumerate(zip(keys, values, strict=True)):
             pieces += [(("" if i == 0 else "\n") + f"{key}: ", False), (value, i == asked)]
         request = "\n" + RETRIEVAL_INSTRUCTION if chatting else "\n"
-        return pieces, request, f"{keys[asked]}:", " " + values[asked]
+        return pieces, request, f"{keys[asked]}:", " " + values[asked], None
 
     return _generate("retrieval", count, seed, compose, chat)
 
@@ -373,7 +425,7 @@ def stated_facts_task(
 
     Examples
     --------
-    >>> from attnflow.evaluate import stated_facts_task
+    >>> from attnflow.evaluate._llm_tasks import stated_facts_task
     >>> item = stated_facts_task(1, seed=1, facts=2)[0]
     >>> item.prompt, item.answer
     ("James works as a doctor. Alice works as a lawyer. What is Alice's job? Alice works as a", ' lawyer')
@@ -390,28 +442,141 @@ def stated_facts_task(
             pieces += [(("" if i == 0 else " ") + f"{person} {relation} ", False)]
             pieces += [(thing, i == asked), (".", False)]
         request = " " + question.format(people[asked])
-        return pieces, request, f" {people[asked]} {relation}", " " + things[asked]
+        return pieces, request, f" {people[asked]} {relation}", " " + things[asked], None
 
     return _generate("stated_facts", count, seed, compose, chat)
+
+
+def agreement_task(count: int, /, *, seed: int = 0, attractors: int = 2) -> list[TaskItem]:
+    """Subject-verb agreement across attractors: the subject noun decides the verb's number.
+
+    ``"The keys to the cabinet near the door"`` with answer ``" are"`` and foil ``" is"``:
+    a subject noun, then `attractors` prepositional phrases whose nouns have the other
+    number (the attractors, Linzen et al. 2016), so that the nearest noun points to the
+    wrong verb. The source is the subject noun (it is not the answer: ``copied=False``);
+    the whole prompt competes. A model answers correctly when the right form's logit is
+    above the wrong one's (the contrastive setting of Ferrando et al. 2023, "Explaining
+    How Transformers Use Context to Build Predictions", ACL). The noun pairs, prepositions
+    and the subject's number are drawn uniformly; nouns are distinct within an item.
+
+    Parameters
+    ----------
+    count : int
+        Number of items (>= 0).
+    seed : int, default 0
+        Seed of the generator.
+    attractors : int, default 2
+        Number of attractor phrases, 1 to 4.
+
+    Returns
+    -------
+    list of TaskItem
+        `count` prompts, each with its answer (``" is"`` or ``" are"``), the other form as
+        the foil, and the character span of the subject noun.
+
+    Examples
+    --------
+    >>> from attnflow.evaluate._llm_tasks import agreement_task
+    >>> item = agreement_task(1, seed=0, attractors=1)[0]
+    >>> item.prompt, item.answer, item.foil
+    ('The room behind the roads', ' is', ' are')
+    >>> item.prompt[slice(*item.source)]
+    'room'
+    """
+    attractors = _check_count("attractors", attractors, 1, 4)
+
+    def compose(rng: np.random.Generator, _chatting: bool) -> Draft:
+        nouns = [NUMBERED_NOUNS[i] for i in rng.choice(len(NUMBERED_NOUNS), attractors + 1, False)]
+        plural = bool(rng.integers(0, 2))
+        subject = nouns[0][int(plural)]
+        pieces: list[Piece] = [("The ", False), (subject, True)]
+        for noun in nouns[1:]:
+            preposition = PREPOSITIONS[int(rng.integers(0, len(PREPOSITIONS)))]
+            pieces.append((f" {preposition} the {noun[int(not plural)]}", False))
+        answer, foil = (" are", " is") if plural else (" is", " are")
+        return pieces, "", "", answer, foil
+
+    return _generate("agreement", count, seed, compose, copied=False, whole=True)
+
+
+def ioi_task(count: int, /, *, seed: int = 0) -> list[TaskItem]:
+    """Indirect-object identification: the name that was not repeated receives the object.
+
+    ``"When Mary and John went to the store, John gave a drink to"`` with answer ``" Mary"``
+    and foil ``" John"`` (Wang et al. 2023, "Interpretability in the Wild", ICLR). Two
+    distinct names, one of the templates of :data:`IOI_TEMPLATES`, a place and an object
+    are drawn; the indirect object comes first or second with equal odds; the subject is
+    named again before the verb. The source is the indirect object's only mention; the
+    whole prompt competes, the subject's two mentions too. A model answers correctly when
+    the indirect object's logit is above the subject's.
+
+    Parameters
+    ----------
+    count : int
+        Number of items (>= 0).
+    seed : int, default 0
+        Seed of the generator.
+
+    Returns
+    -------
+    list of TaskItem
+        `count` prompts, each with its answer (the indirect object), the subject as the
+        foil, and the character span of the indirect object's mention.
+
+    Examples
+    --------
+    >>> from attnflow.evaluate._llm_tasks import ioi_task
+    >>> item = ioi_task(1, seed=0)[0]
+    >>> item.prompt, item.answer, item.foil
+    ('When Peter and Laura got a drink at the school, Peter decided to give it to', ' Laura', ' Peter')
+    >>> item.prompt[slice(*item.source)]
+    'Laura'
+    """
+
+    def compose(rng: np.random.Generator, _chatting: bool) -> Draft:
+        template = IOI_TEMPLATES[int(rng.integers(0, len(IOI_TEMPLATES)))]
+        indirect, subject = _draw(rng, NAMES, 2)
+        place = PLACES[int(rng.integers(0, len(PLACES)))]
+        thing = OBJECTS[int(rng.integers(0, len(OBJECTS)))]
+        first, second = (indirect, subject) if rng.integers(0, 2) else (subject, indirect)
+        before, middle, after = template.split("{}")
+        rest = after.format(place=place, subject=subject, object=thing)
+        pieces: list[Piece] = [(before, False), (first, first == indirect), (middle, False)]
+        pieces += [(second, second == indirect), (rest, False)]
+        return pieces, "", "", " " + indirect, " " + subject
+
+    return _generate("ioi", count, seed, compose, whole=True)
+
+
+TASKS: dict[str, Callable[..., list[TaskItem]]] = {
+    "copying": copying_task,
+    "retrieval": retrieval_task,
+    "stated_facts": stated_facts_task,
+    "agreement": agreement_task,
+    "ioi": ioi_task,
+}
+"""The task families by name, in table order."""
 
 
 Tokenize = Callable[[str], tuple[Sequence[int], Sequence[tuple[int, int]]]]
 
 
 def locate_source(item: TaskItem, tokenize: Tokenize, /) -> TaskTokens:
-    """Tokenize an item and find the answer's first token and its source position.
+    """Tokenize an item and find the answer's token and its source position.
 
     The answer token is read in context: ``prompt + answer`` is tokenized, its first
-    tokens must be the prompt's tokens, and the next one is the answer's first token. The
-    source position is the prompt token whose character span ``[start, stop)`` holds the
-    first character of the source word (a leading-space token such as ``" apple"``
-    spans the space too). Both are checked: the source token must have the answer's id,
-    and no other prompt token may have it, so that the source is unambiguous.
+    tokens must be the prompt's tokens, and exactly one token must follow them: the
+    answer is one token (so is the foil, read the same way). The source position is the
+    prompt token whose character span ``[start, stop)`` holds the first character of the
+    source word (a leading-space token such as ``" apple"`` spans the space too). Both are
+    checked: for a copied answer, the source token must have the answer's id and no other
+    prompt token may have it, so that the source is unambiguous; otherwise the source
+    token must end where the source word ends (the word is one token).
 
     Parameters
     ----------
     item : TaskItem
-        From :func:`copying_task`, :func:`retrieval_task` or :func:`stated_facts_task`.
+        From one of the generators of :data:`TASKS`.
     tokenize : callable
         ``tokenize(text) -> (ids, offsets)``: the token ids and each token's character
         span ``(start, stop)`` in `text`, as a Hugging Face tokenizer gives with
@@ -420,21 +585,21 @@ def locate_source(item: TaskItem, tokenize: Tokenize, /) -> TaskTokens:
     Returns
     -------
     TaskTokens
-        The prompt's ids, the answer's first token id and the source position.
+        The prompt's ids, the answer's (and foil's) token id and the source position.
 
     Raises
     ------
     ValueError
-        If the tokenization of ``prompt + answer`` does not start with the prompt's, or
-        the source token is not the answer's first token, or that token occurs more than
-        once in the prompt.
+        If the tokenization of ``prompt + answer`` (or ``prompt + foil``) does not start
+        with the prompt's or adds more than one token, or the source token is not as
+        described above.
 
     Examples
     --------
     A whitespace tokenizer whose tokens carry their leading space, as BPE vocabularies do:
 
     >>> import re
-    >>> from attnflow.evaluate import copying_task, locate_source
+    >>> from attnflow.evaluate._llm_tasks import copying_task, locate_source
     >>> vocabulary = {}
     >>> def tokenize(text):
     ...     spans = [m.span() for m in re.finditer(r" ?[^ ,.:]+|[,.:]", text)]
@@ -446,37 +611,42 @@ def locate_source(item: TaskItem, tokenize: Tokenize, /) -> TaskTokens:
     """
     given: object = item
     if not isinstance(given, TaskItem):
-        msg = f"`item` must be a TaskItem (from copying_task & co.); got {type(given).__name__}."
+        msg = f"`item` must be a TaskItem (from a task generator); got {type(given).__name__}."
         raise TypeError(msg)
     function: object = tokenize
     if not callable(function):
         msg = f"`tokenize` must be callable: text -> (ids, offsets); got {type(function).__name__}."
         raise TypeError(msg)
     ids, offsets = _tokenized(tokenize, item.prompt)
-    full_ids, _ = _tokenized(tokenize, item.prompt + item.answer)
-    n = len(ids)
-    if len(full_ids) <= n or list(full_ids[:n]) != list(ids):
+    answer_id = _next_token(tokenize, item, ids, item.answer, "answer")
+    foil_id = None if item.foil is None else _next_token(tokenize, item, ids, item.foil, "foil")
+    if foil_id == answer_id:
         msg = (
-            f"the tokens of prompt + answer must start with the prompt's tokens, so that the "
-            f"answer's first token is the next token; they do not for {item.prompt!r} + "
-            f"{item.answer!r}. Use a tokenizer that splits at the space before a word."
+            f"the answer {item.answer!r} and the foil {item.foil!r} are the same token {answer_id}."
         )
         raise ValueError(msg)
-    answer_id = int(full_ids[n])
-    start = item.source[0]
+    start, stop = item.source
     source = [i for i, (a, b) in enumerate(offsets) if a <= start < b]
-    if len(source) != 1 or int(ids[source[0]]) != answer_id:
+    word = item.prompt[start:stop]
+    if item.copied:
+        if len(source) != 1 or int(ids[source[0]]) != answer_id:
+            msg = (
+                f"the source word {word!r} of {item.prompt!r} must be one token equal to "
+                f"the answer's token (id {answer_id}); the tokens at character {start} are "
+                f"{[int(ids[i]) for i in source]}."
+            )
+            raise ValueError(msg)
+        occurrences = int(np.count_nonzero(np.asarray(ids) == answer_id))
+        if occurrences != 1:
+            msg = (
+                f"the answer's token (id {answer_id}) occurs {occurrences} times in "
+                f"{item.prompt!r}: the source is ambiguous."
+            )
+            raise ValueError(msg)
+    elif len(source) != 1 or offsets[source[0]][1] != stop:
         msg = (
-            f"the source word {item.prompt[slice(*item.source)]!r} of {item.prompt!r} must be "
-            f"one token equal to the answer's first token (id {answer_id}); the tokens at "
-            f"character {start} are {[int(ids[i]) for i in source]}."
-        )
-        raise ValueError(msg)
-    occurrences = int(np.count_nonzero(np.asarray(ids) == answer_id))
-    if occurrences != 1:
-        msg = (
-            f"the answer's first token (id {answer_id}) occurs {occurrences} times in "
-            f"{item.prompt!r}: the source is ambiguous."
+            f"the source word {word!r} of {item.prompt!r} must be one token; the tokens "
+            f"at character {start} span {[offsets[i] for i in source]}, the word ends at {stop}."
         )
         raise ValueError(msg)
     return TaskTokens(
@@ -485,7 +655,28 @@ def locate_source(item: TaskItem, tokenize: Tokenize, /) -> TaskTokens:
         source=source[0],
         item=item,
         context=_context_tokens(item, offsets, source[0]),
+        foil_id=foil_id,
     )
+
+
+def _next_token(tokenize: Tokenize, item: TaskItem, ids: list[int], text: str, name: str) -> int:
+    """Return the one token that `text` adds after the prompt's tokens, checked."""
+    full_ids, _ = _tokenized(tokenize, item.prompt + text)
+    n = len(ids)
+    if list(full_ids[:n]) != list(ids):
+        msg = (
+            f"the tokens of prompt + {name} must start with the prompt's tokens, so that the "
+            f"{name} is the next token; they do not for {item.prompt!r} + {text!r}. Use a "
+            "tokenizer that splits at the space before a word."
+        )
+        raise ValueError(msg)
+    if len(full_ids) != n + 1:
+        msg = (
+            f"the {name} {text!r} must be one token after {item.prompt!r}; the tokenizer "
+            f"gives {len(full_ids) - n}. Use words that are one token in this vocabulary."
+        )
+        raise ValueError(msg)
+    return int(full_ids[n])
 
 
 def _context_tokens(

@@ -1,4 +1,10 @@
-"""Analyse the development runs: hit@1 (top layer and best layer) per variant and task."""
+"""Analyse the development runs: hit@1 (top layer and best layer) per variant and task.
+
+A record, like ``_dev_gt2.py``: written against attnflow as of commit 34f2e4c, whose
+``attnflow.evaluate`` exported ``source_ranks`` (private since).
+"""
+
+# ruff: noqa: T201
 
 from __future__ import annotations
 

@@ -1,10 +1,17 @@
-"""Development run of the ground-truth variants (issue 21.7, round 2): dev seeds only.
+"""Development run of the ground-truth variants (round 2 of the study): dev seeds only.
 
-``python benchmarks/_dev_gt2.py SEED ITEMS TASKS FOLDER`` scores every candidate variant
+``python lab/protocols/_dev_gt2.py SEED ITEMS TASKS FOLDER`` scores every candidate variant
 on ``ITEMS`` items per task of ``SEED`` (100 and 101 were used; never a report seed) and
-writes ``FOLDER/dev-TASK-SEED.npz``; ``benchmarks/_dev_gt2_analyse.py FOLDER 100,101``
-prints the table of docs/_data/llm_ground_truth.md.
+writes ``FOLDER/dev-TASK-SEED.npz``; ``lab/protocols/_dev_gt2_analyse.py FOLDER 100,101``
+prints the table of the study's data file (docs/_data/llm_ground_truth.md).
+
+A record: it is written against attnflow as of commit 34f2e4c, whose ``attnflow.evaluate``
+exported the task generators (``copying_task`` & co., ``locate_source``) and
+``source_ranks``; they are private since, behind ``attnflow.evaluate.ground_truth``. Rerun
+it with that commit installed; ``eval_llm_ground_truth.py`` is the current protocol.
 """
+
+# ruff: noqa: T201
 
 from __future__ import annotations
 
