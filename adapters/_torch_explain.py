@@ -16,6 +16,7 @@ import attnflow
 import attnflow.explanation
 from attnflow._deprecation import MISSING, Missing, renamed_keyword
 from attnflow._methods import check_methods
+from attnflow._sinks import drop_self, find_sinks
 
 from ._common import (
     CONTRIBUTIONS,
@@ -114,7 +115,14 @@ def explain(
         cannot be captured); False always captures.
     **options
         Passed on to the method (``heads``, ``residual``, ``layers``, ``mask``,
-        ``normalize_result``, ``rule``, ``exclude_self``...). For rollout and flow a string
+        ``normalize_result``, ``rule``, ``exclude``...). ``exclude_self=True`` (every
+        method) sets each explained row's score at its own position to 0: gradient
+        rollout's own option; for the other methods, whose rows are shares, the rows are
+        then renormalised over the other positions, as ``exclude`` does. On a causal LM
+        the explained position otherwise ranks first for every method (its own
+        residual); ``exclude=0`` leaves out the first token, the usual attention sink.
+        The scores are raw unless asked: :func:`explain_text` and its page leave the
+        sinks and the explained position aside for you. For rollout and flow a string
         `heads` (``"mean"``, ``"max"``, ``"min"``) is applied while capturing, to save
         memory. ``mask`` overrides the captured mask (pass ``mask=None`` to ignore
         padding).
@@ -171,6 +179,23 @@ def explain(
     """
     check_method(method)
     check_target_score(target_score, method)
+    if method != "gradient_rollout" and "exclude_self" in options:
+        # Gradient rollout drops its own entry itself; the others' rows are shares.
+        exclude_self = options.pop("exclude_self")
+        if not isinstance(exclude_self, bool):
+            msg = f"`exclude_self` must be True or False; got {exclude_self!r}."
+            raise TypeError(msg)
+        scores = explain(
+            model,
+            inputs,
+            method=method,
+            rows=rows,
+            target=target,
+            target_score=target_score,
+            blockwise=blockwise,
+            **options,
+        )
+        return drop_self(scores, rows, renormalize=True) if exclude_self else scores
     from . import _torch_blockwise
 
     if _torch_blockwise.use_blockwise(model, inputs, method, blockwise, options):
@@ -221,6 +246,17 @@ def _explain_contributions(
 #: causal LM, gradient rollout too: rollout and flow do not localise on decoders).
 _DEFAULT_METHODS = ("raw", "rollout", "flow")
 
+#: The method a causal LM's pages open on (explain_text, explain_generation, ``attnflow
+#: explain``): the one that localises a decoder's sources best. Change it here, and only
+#: here, when a better one lands.
+DECODER_LEADING_METHOD = "gradient_rollout"
+
+
+def decoder_methods() -> tuple[str, ...]:
+    """Return a causal LM's default methods, :data:`DECODER_LEADING_METHOD` first."""
+    ordered = (DECODER_LEADING_METHOD, *_DEFAULT_METHODS, "gradient_rollout")
+    return tuple(dict.fromkeys(ordered))
+
 
 def explain_text(
     model: nn.Module,
@@ -252,8 +288,13 @@ def explain_text(
     Face ``...ForCausalLM``) is explained at its last position by default, the one that
     predicts the next token; its prediction is that next token (labelled with its text),
     the `target` of gradient rollout is a vocabulary id (the predicted token by default),
-    and gradient rollout is among the default methods, since on decoders it is the one
-    that localises the source of a copied word (see the LLMs page of the docs).
+    and the default methods open on gradient rollout, the one that localises the source
+    of a copied word on decoders (see the LLMs page of the docs), then raw, rollout and
+    flow. Its attention sinks are found in the captured weights (the first position, and
+    any position whose mean attention share from the queries after it, over layers and
+    heads, is at least 0.3) and kept in ``Explanation.sinks``: the scores keep them, but
+    the page's colour scale and the strongest sources (``show``, ``top``) leave them and
+    the explained position out, and the page says so.
 
     Parameters
     ----------
@@ -350,11 +391,7 @@ def explain_text(
     if row is None:
         row = n - 1 if causal_lm else 0
     chosen = _check_text_methods(
-        methods
-        if methods is not None
-        else (*_DEFAULT_METHODS, "gradient_rollout")
-        if causal_lm
-        else _DEFAULT_METHODS
+        methods if methods is not None else decoder_methods() if causal_lm else _DEFAULT_METHODS
     )
     _check_text_score(target_score, chosen)  # a classifier's defaults: no gradient rollout
     scores = _scores_by_method(
@@ -380,6 +417,8 @@ def explain_text(
         named = {predicted} if target is None else {predicted, int(target)}
         labels = {i: tokenizer.decode([i]) for i in sorted(named)}
     special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
+    # A decoder's attention sinks: found in its weights, left out of the page's scale.
+    sinks = find_sinks(weights[0].detach().double()) if causal_lm else ()
     return attnflow.explanation.Explanation(
         token_labels(tokenizer, ids),
         {name: value.detach().cpu().double().numpy() for name, value in scores.items()},
@@ -391,6 +430,7 @@ def explain_text(
         probabilities=probabilities,
         labels=labels,
         text=text,
+        sinks=sinks,
     )
 
 
