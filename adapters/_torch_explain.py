@@ -17,6 +17,7 @@ import attnflow.explanation
 from attnflow._deprecation import MISSING, Missing, renamed_keyword
 from attnflow._methods import check_methods
 from attnflow._sinks import drop_self, find_sinks
+from attnflow._spans import check_token_spans, sum_spans
 
 from ._common import (
     CONTRIBUTIONS,
@@ -50,6 +51,7 @@ def explain(
     target: int | Sequence[int] | torch.Tensor | None = None,
     target_score: TargetScore = "logit",
     blockwise: bool | None = None,
+    spans: Sequence[Sequence[int]] | None = None,
     **options: Any,
 ) -> torch.Tensor:
     r"""Capture a model's attention on `inputs` and return rollout, flow, GAE or value-aware maps.
@@ -113,6 +115,11 @@ def explain(
         ValueError where unsupported; None (the default) goes blockwise when the captured
         weights would take over a quarter of the free memory (or the attention kernel
         cannot be captured); False always captures.
+    spans : sequence of (int, int) or of lists of int, optional
+        Sum the scores over spans of the input tokens: token ranges ``(start, end)``
+        (a tuple, end excluded) or lists of token positions; the last axis of the result
+        then has one entry per span instead of one per token. Words, sentences and
+        character ranges need the text: ``explain_text(...).aggregate("words")``.
     **options
         Passed on to the method (``heads``, ``residual``, ``layers``, ``mask``,
         ``normalize_result``, ``rule``, ``exclude``...). ``exclude_self=True`` (every
@@ -179,12 +186,14 @@ def explain(
     """
     check_method(method)
     check_target_score(target_score, method)
-    if method != "gradient_rollout" and "exclude_self" in options:
+    if spans is not None or (method != "gradient_rollout" and "exclude_self" in options):
         # Gradient rollout drops its own entry itself; the others' rows are shares.
-        exclude_self = options.pop("exclude_self")
+        exclude_self = options.pop("exclude_self", False) if method != "gradient_rollout" else False
         if not isinstance(exclude_self, bool):
             msg = f"`exclude_self` must be True or False; got {exclude_self!r}."
             raise TypeError(msg)
+        n = _length(inputs)
+        resolved = None if spans is None else check_token_spans(spans, n if n else 2**62)
         scores = explain(
             model,
             inputs,
@@ -195,7 +204,11 @@ def explain(
             blockwise=blockwise,
             **options,
         )
-        return drop_self(scores, rows, renormalize=True) if exclude_self else scores
+        scores = drop_self(scores, rows, renormalize=True) if exclude_self else scores
+        if resolved is not None:
+            check_token_spans(spans, int(scores.shape[-1]))  # now that n is known
+            scores = sum_spans(scores, resolved)
+        return scores
     from . import _torch_blockwise
 
     if _torch_blockwise.use_blockwise(model, inputs, method, blockwise, options):
@@ -221,6 +234,17 @@ def explain(
         _call(model, inputs)
     result: torch.Tensor = explain_weights(cap.attentions, cap.mask, method, rows, heads, options)
     return result
+
+
+def _length(inputs: object) -> int | None:
+    """Return the inputs' sequence length where it can be read before the model runs."""
+    first = inputs
+    if isinstance(inputs, Mapping):
+        first = inputs.get("input_ids", next(iter(inputs.values()), None))
+    elif isinstance(inputs, Sequence) and inputs:
+        first = inputs[0]
+    shape = getattr(first, "shape", None)
+    return int(shape[1]) if shape is not None and len(shape) >= 2 else None
 
 
 def _explain_contributions(
@@ -340,7 +364,10 @@ def explain_text(
     -------
     attnflow.explanation.Explanation
         Tokens, ``(layers, n)`` scores per method, the special-token mask, the
-        prediction; ``.show()``, ``.to_html(path)``, ``.plot()``, ``.save(path)``.
+        prediction, the attention sinks of a causal LM, the tokens' character offsets (a
+        fast tokenizer's); ``.show()``, ``.to_html(path)``, ``.plot()``, ``.save(path)``,
+        ``.aggregate("words")`` (or ``"sentences"``, or character ranges) for the scores
+        summed over spans of the text.
 
     Raises
     ------
@@ -374,7 +401,13 @@ def explain_text(
         msg = f"`rows` must be an int (a token position) or None; got {row!r}."
         raise TypeError(msg)
     check_heads(heads, optional=False)
-    encoded = tokenizer(text, return_tensors="pt")
+    offsets = None
+    if getattr(tokenizer, "is_fast", False):  # character offsets: spans of the text
+        encoded = tokenizer(text, return_tensors="pt", return_offsets_mapping=True)
+        mapping = encoded.pop("offset_mapping")[0]
+        offsets = [(int(start), int(end)) for start, end in mapping.tolist()]
+    else:
+        encoded = tokenizer(text, return_tensors="pt")
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
     inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in encoded.items()}
@@ -431,6 +464,7 @@ def explain_text(
         labels=labels,
         text=text,
         sinks=sinks,
+        offsets=offsets,
     )
 
 

@@ -82,6 +82,10 @@ class Explanation:
     notes : sequence of str, optional
         Sentences a reader needs to read the scores (e.g. what a method left out), shown
         above the HTML views and under the terminal table's heading.
+    offsets : sequence of (int, int), optional
+        Each token's character range ``[start, end)`` in `text` (a fast tokenizer's
+        ``offset_mapping``; ``(0, 0)`` for special tokens): :meth:`aggregate` needs them
+        for words, sentences and character ranges.
     sinks : sequence of int, optional
         Attention sinks of a decoder (:func:`attnflow.adapters.torch.explain_text` finds
         them: the first position and any position whose mean attention share from later
@@ -104,6 +108,7 @@ class Explanation:
     image : ndarray or None
     notes : tuple of str
     sinks : tuple of int
+    offsets : tuple of (int, int) or None
     extra_tokens : int
         The leading tokens that are not patches (0 without `grid`).
 
@@ -160,6 +165,7 @@ class Explanation:
         image: Any = None,
         notes: Sequence[str] = (),
         sinks: Sequence[int] = (),
+        offsets: Sequence[tuple[int, int]] | None = None,
         row: int | Missing = MISSING,
     ) -> None:
         given: object = tokens  # checked at run time: callers may not be type-checked
@@ -209,6 +215,7 @@ class Explanation:
             raise TypeError(msg)
         self.notes = tuple(notes)
         self.sinks = _checked_sinks(sinks, n)
+        self.offsets = _checked_offsets(offsets, n, text)
 
     @property
     def row(self) -> int:
@@ -370,6 +377,85 @@ class Explanation:
         values = self.at_layer(layer)[name]
         leave_out = [*np.flatnonzero(self.special).tolist(), *self.sinks, self.rows]
         return top_sources(values, count=count, leave_out=leave_out)
+
+    def aggregate(self, spans: Any, *, count_all: bool = False) -> Explanation:
+        """Sum the scores over spans of the text: words, sentences or character ranges.
+
+        Each span's score is the sum of its tokens' scores, at every layer and for every
+        method (:func:`attnflow._spans.sum_spans`); a token belongs to every span its
+        characters overlap (:attr:`offsets`, from the tokenizer), and tokens with no
+        characters (special tokens) to none. The sinks and the explained token are not
+        counted unless `count_all` (a sentence holding the sink would otherwise rank first
+        for the sink's mass). The result is an explanation over the spans: ``show``,
+        ``to_html``, ``save`` work on it; its explained row is the span holding the
+        explained token (-1 if none), its sinks the spans made of sinks only.
+
+        Parameters
+        ----------
+        spans : "words", "sentences", or sequence of (int, int)
+            Words (letters and digits, each other visible character alone), sentences (up
+            to a final ``.``, ``!`` or ``?``), or character ranges ``[start, end)`` of
+            :attr:`text`.
+        count_all : bool, default False
+            Count the sinks' and the explained token's scores in their spans' sums too.
+
+        Returns
+        -------
+        Explanation
+            One "token" per span, labelled with its text.
+
+        Raises
+        ------
+        ValueError
+            On a span outside the text or covering no token, or words and sentences
+            without :attr:`text` and :attr:`offsets`.
+
+        Examples
+        --------
+        >>> from attnflow.explanation import Explanation
+        >>> e = Explanation(
+        ...     ["Hel", "lo", " world", "."], {"rollout": [0.5, 0.25, 0.125, 0.125]},
+        ...     rows=3, text="Hello world.", offsets=[(0, 3), (3, 5), (5, 11), (11, 12)],
+        ... )
+        >>> words = e.aggregate("words")  # the explained "." is not counted
+        >>> words.tokens, words.scores["rollout"].tolist(), words.rows
+        (('Hello', 'world', '.'), [[0.75, 0.125, 0.0]], 2)
+        """
+        from ._spans import sum_spans, token_spans
+
+        if self.text is None or self.offsets is None:
+            msg = (
+                f"`spans={spans!r}` needs the text and the tokens' character offsets; this "
+                "explanation has none (explain_text keeps them when the tokenizer is a fast "
+                "one). Sum token positions with explain(..., spans=[(start, end), ...])."
+            )
+            raise ValueError(msg)
+        resolved = token_spans(self.text, self.offsets, spans)
+        left_out = set() if count_all else {*self.sinks, self.rows}
+        counted = [
+            (label, tuple(i for i in tokens if i not in left_out)) for label, tokens in resolved
+        ]
+        scores = {name: sum_spans(values, counted) for name, values in self.scores.items()}
+        holding = [j for j, (_, tokens) in enumerate(resolved) if self.rows in tokens]
+        if left_out and not count_all:
+            named = ", ".join(
+                repr(self.tokens[i]) for i in sorted(left_out) if i < len(self.tokens)
+            )
+            summed = f"Scores summed over spans of the text, without {named} (sinks, explained)."
+        else:
+            summed = "Scores summed over spans of the text (each span's tokens)."
+        return Explanation(
+            [label for label, _ in resolved],
+            scores,
+            rows=holding[-1] if holding else -1,
+            target=self.target,
+            predicted=self.predicted,
+            probabilities=self.probabilities,
+            labels=self.labels,
+            text=self.text,
+            notes=[*self.notes, summed],
+            sinks=[j for j, (_, tokens) in enumerate(resolved) if set(tokens) <= set(self.sinks)],
+        )
 
     def _scale_note(self, scale_special: bool) -> str:
         """Say on the page what the colour scale leaves out, and any note of the scores."""
@@ -603,6 +689,7 @@ class Explanation:
             "image": None if self.image is None else self.image.tolist(),
             "notes": list(self.notes),
             "sinks": list(self.sinks),
+            "offsets": None if self.offsets is None else [list(o) for o in self.offsets],
         }
 
     @classmethod
@@ -625,6 +712,7 @@ class Explanation:
             image=data.get("image"),
             notes=data.get("notes", ()),
             sinks=data.get("sinks", ()),
+            offsets=None if data.get("offsets") is None else [tuple(o) for o in data["offsets"]],
         )
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
@@ -738,6 +826,26 @@ def _optional_int(value: object, name: str) -> Any:
         msg = f"`{name}` must be an int or None; got {value!r}."
         raise TypeError(msg)
     return int(value)
+
+
+def _checked_offsets(
+    offsets: object, n: int, text: str | None
+) -> tuple[tuple[int, int], ...] | None:
+    """Offsets: one (start, end) pair of ints per token, inside the text."""
+    if offsets is None:
+        return None
+    pairs = list(offsets) if isinstance(offsets, Sequence | np.ndarray) else None
+    if pairs is None or len(pairs) != n:
+        msg = f"`offsets` must hold one (start, end) pair per token ({n}); got {offsets!r}."
+        raise ValueError(msg)
+    out = []
+    for pair in pairs:
+        start, end = (int(v) for v in pair)
+        if not 0 <= start <= end or (text is not None and end > len(text)):
+            msg = f"`offsets` must be character ranges of the text; got {tuple(pair)!r}."
+            raise ValueError(msg)
+        out.append((start, end))
+    return tuple(out)
 
 
 def _checked_sinks(sinks: object, n: int) -> tuple[int, ...]:

@@ -150,3 +150,51 @@ def test_smollm2_page_and_table_show_the_source(smollm2, tmp_path):
     out = io.StringIO()
     e.show(file=out)
     assert "strongest sources (sinks 'The' and the explained token left out)" in out.getvalue()
+
+
+# -- spans (issue 39, item 2) ----------------------------------------------------------------
+def test_explain_sums_scores_over_token_spans(llama, monkeypatch):
+    ids = {"input_ids": torch.tensor([[3, 9, 4, 17, 8, 11]])}
+    full = adapter.explain(llama, ids, method="gradient_rollout", rows=-1)
+    summed = adapter.explain(
+        llama, ids, method="gradient_rollout", rows=-1, spans=[(0, 3), [3, 5], (5, 6)]
+    )
+    expected = torch.stack([full[0, :3].sum(), full[0, [3, 5]].sum(), full[0, 5]])
+    torch.testing.assert_close(summed[0], expected, rtol=1e-12, atol=0)
+
+    def ran(*args: Any, **kwargs: Any) -> None:
+        msg = "the model ran before the spans were checked"
+        raise AssertionError(msg)
+
+    monkeypatch.setattr(llama, "forward", ran)
+    with pytest.raises(ValueError, match=r"0 <= start < end <= 6; got \(4, 9\)"):
+        adapter.explain(llama, ids, spans=[(4, 9)])
+
+
+def test_smollm2_word_spans_come_from_the_tokenizers_offsets(smollm2):
+    models, tokenizer = smollm2
+    text = "The Eiffel Tower is in Paris. The tower is in the city of"
+    e = adapter.explain_text(models["sdpa"], tokenizer, text, methods=["gradient_rollout"])
+    assert e.offsets is not None
+    words = e.aggregate("words")
+    assert words.tokens == tuple(text.replace(".", " .").split())
+    assert words.rows == len(words.tokens) - 1  # "of", the explained word
+    # Each word's score: its tokens' scores summed, the sink and the explained token aside.
+    values = e.scores["gradient_rollout"][-1].copy()
+    values[[*e.sinks, e.rows]] = 0
+    spans = [
+        [i for i, (a, b) in enumerate(e.offsets) if a < end and b > start and b > a]
+        for start, end in _word_ranges(text)
+    ]
+    assert spans[1] == [1, 2]  # " E" "iffel": one word, two tokens
+    np.testing.assert_allclose(
+        words.scores["gradient_rollout"][-1], [values[t].sum() for t in spans]
+    )
+    sentences = e.aggregate("sentences")
+    assert sentences.tokens == ("The Eiffel Tower is in Paris.", "The tower is in the city of")
+
+
+def _word_ranges(text: str) -> list[tuple[int, int]]:
+    import re
+
+    return [m.span() for m in re.finditer(r"\w+|[^\w\s]", text)]
