@@ -190,6 +190,12 @@ def run_explain(args: argparse.Namespace) -> int:
         msg = f"--top must be >= 0; got {args.top}"
         raise UsageError(msg)
     folder = _model_folder(args.model)
+    if folder.suffix.lower() == ".gguf" and folder.is_file():
+        msg = (
+            f"--model {str(folder)!r} is a GGUF file; convert it to a model folder once: "
+            f"attnflow convert {str(folder)!r} FOLDER, then --model FOLDER"
+        )
+        raise UsageError(msg)
     if not (folder / "config.json").is_file():
         msg = (
             f"--model must be a local Hugging Face model folder holding config.json; got "
