@@ -17,6 +17,8 @@ import attnflow
 import attnflow.explanation
 from attnflow._deprecation import MISSING, Missing, renamed_keyword
 from attnflow._methods import check_methods, method_spec
+from attnflow._sinks import drop_self, find_sinks
+from attnflow._spans import check_token_spans, sum_spans
 
 from . import _torch_logit
 from ._common import (
@@ -37,6 +39,7 @@ from ._common import (
 from ._token_text import token_labels
 from ._torch_capture import capture
 from ._torch_gradients import _call, _weights_and_gradients
+from ._torch_real_rows import explain_by_real_end
 
 __all__ = ["explain", "explain_image", "explain_text"]
 
@@ -50,6 +53,7 @@ def explain(
     target: int | Sequence[int] | torch.Tensor | None = None,
     target_score: TargetScore = "logit",
     blockwise: bool | None = None,
+    spans: Sequence[Sequence[int]] | None = None,
     **options: Any,
 ) -> torch.Tensor:
     r"""Capture a model's attention on `inputs` and return rollout, flow, GAE or value-aware maps.
@@ -69,10 +73,11 @@ def explain(
     Parameters
     ----------
     model : torch.nn.Module
-        The model (see :func:`capture`). For ``"gradient_rollout"`` a classifier: it
-        returns logits ``(batch, classes)``, as a tensor or as ``.logits`` (a Hugging Face
-        ``ModelOutput``), and is in eval mode (dropout would make the gradients random;
-        its mode is not changed here).
+        The model (see :func:`capture`). For ``"gradient_rollout"`` a model that returns
+        logits, as a tensor or as ``.logits`` (a Hugging Face ``ModelOutput``): a
+        classifier's ``(batch, classes)``, or a causal LM's ``(batch, n, vocab)`` (each
+        explained row's own next-token logits), in eval mode (dropout would make the
+        gradients random; its mode is not changed here).
     inputs : mapping, sequence or Tensor
         The model's inputs.
     method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"}, default "rollout"
@@ -88,7 +93,8 @@ def explain(
         ``cap.contributions``.
     rows : int, sequence of int or None, default 0
         Output positions to explain; 0 is the first token (``[CLS]`` for BERT-like
-        models), None gives the full ``n x n`` map.
+        models), -1 the last (a causal LM's next-token position), None gives the full
+        ``n x n`` map.
     target : int, sequence of int, 1-d int Tensor or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained, None for each
         sample's predicted class (argmax of its logits), an int for the same class in
@@ -113,9 +119,21 @@ def explain(
         ValueError where unsupported; None (the default) goes blockwise when the captured
         weights would take over a quarter of the free memory (or the attention kernel
         cannot be captured); False always captures.
+    spans : sequence of (int, int) or of lists of int, optional
+        Sum the scores over spans of the input tokens: token ranges ``(start, end)``
+        (a tuple, end excluded) or lists of token positions; the last axis of the result
+        then has one entry per span instead of one per token. Words, sentences and
+        character ranges need the text: ``explain_text(...).aggregate("words")``.
     **options
         Passed on to the method (``heads``, ``residual``, ``layers``, ``mask``,
-        ``normalize_result``, ``rule``, ``exclude_self``...). For rollout and flow a string
+        ``normalize_result``, ``rule``, ``exclude``...). ``exclude_self=True`` (every
+        method) sets each explained row's score at its own position to 0: gradient
+        rollout's own option; for the other methods, whose rows are shares, the rows are
+        then renormalised over the other positions, as ``exclude`` does. On a causal LM
+        the explained position otherwise ranks first for every method (its own
+        residual); ``exclude=0`` leaves out the first token, the usual attention sink.
+        The scores are raw unless asked: :func:`explain_text` and its page leave the
+        sinks and the explained position aside for you. For rollout and flow a string
         `heads` (``"mean"``, ``"max"``, ``"min"``) is applied while capturing, to save
         memory. ``mask`` overrides the captured mask (pass ``mask=None`` to ignore
         padding).
@@ -172,6 +190,55 @@ def explain(
     """
     check_method(method)
     check_target_score(target_score, method)
+    if spans is not None or (method != "gradient_rollout" and "exclude_self" in options):
+        # Gradient rollout drops its own entry itself; the others' rows are shares.
+        exclude_self = options.pop("exclude_self", False) if method != "gradient_rollout" else False
+        if not isinstance(exclude_self, bool):
+            msg = f"`exclude_self` must be True or False; got {exclude_self!r}."
+            raise TypeError(msg)
+        # A right-padded batch's negative rows are each sequence's own positions: explain
+        # it group by group, with the rows as positions, so that each drops its own.
+        split = explain_by_real_end(
+            lambda sub, **given: explain(
+                model,
+                sub,
+                method=method,
+                target_score=target_score,
+                blockwise=blockwise,
+                spans=spans,
+                exclude_self=exclude_self,
+                **given,
+            ),
+            inputs,
+            rows,
+            target,
+            options,
+        )
+        if split is not None:
+            return split
+        n = _length(inputs)
+        resolved = None if spans is None else check_token_spans(spans, n if n else 2**62)
+        scores = explain(
+            model,
+            inputs,
+            method=method,
+            rows=rows,
+            target=target,
+            target_score=target_score,
+            blockwise=blockwise,
+            **options,
+        )
+        # Shares are renormalised over the other positions; signed terms are not shares.
+        renormalize = not method_spec(method).signed
+        scores = drop_self(scores, rows, renormalize=renormalize) if exclude_self else scores
+        if resolved is not None:
+            check_token_spans(spans, int(scores.shape[-1]))  # now that n is known
+            scores = sum_spans(scores, resolved)
+        return scores
+    from . import _torch_blockwise
+    from ._torch_inputs import check_model_inputs
+
+    check_model_inputs(model, inputs)
     if method_spec(method).target_conditioned:
         if blockwise is False:
             msg = (
@@ -183,12 +250,6 @@ def explain(
         return _torch_logit.explain_target_conditioned(
             model, inputs, method=method, rows=rows, target=target, **options
         )
-    from . import _torch_blockwise
-    from ._torch_inputs import check_model_inputs
-
-    check_model_inputs(model, inputs)
-    from ._torch_real_rows import explain_by_real_end
-
     split = explain_by_real_end(
         lambda sub, **given: explain(
             model, sub, method=method, target_score=target_score, blockwise=blockwise, **given
@@ -226,6 +287,17 @@ def explain(
     return result
 
 
+def _length(inputs: object) -> int | None:
+    """Return the inputs' sequence length where it can be read before the model runs."""
+    first = inputs
+    if isinstance(inputs, Mapping):
+        first = inputs.get("input_ids", next(iter(inputs.values()), None))
+    elif isinstance(inputs, Sequence) and inputs:
+        first = inputs[0]
+    shape = getattr(first, "shape", None)
+    return int(shape[1]) if shape is not None and len(shape) >= 2 else None
+
+
 def _explain_contributions(
     model: nn.Module,
     inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
@@ -248,6 +320,17 @@ def _explain_contributions(
 #: What explain_text and explain_image show unless `methods` says otherwise (and, for a
 #: causal LM, gradient rollout too: rollout and flow do not localise on decoders).
 _DEFAULT_METHODS = ("raw", "rollout", "flow")
+
+#: The method a causal LM's pages open on (explain_text, explain_generation, ``attnflow
+#: explain``): the one that localises a decoder's sources best. Change it here, and only
+#: here, when a better one lands.
+DECODER_LEADING_METHOD = "gradient_rollout"
+
+
+def decoder_methods() -> tuple[str, ...]:
+    """Return a causal LM's default methods, :data:`DECODER_LEADING_METHOD` first."""
+    ordered = (DECODER_LEADING_METHOD, *_DEFAULT_METHODS, "gradient_rollout")
+    return tuple(dict.fromkeys(ordered))
 
 
 def explain_text(
@@ -280,8 +363,13 @@ def explain_text(
     Face ``...ForCausalLM``) is explained at its last position by default, the one that
     predicts the next token; its prediction is that next token (labelled with its text),
     the `target` of gradient rollout is a vocabulary id (the predicted token by default),
-    and gradient rollout is among the default methods, since on decoders it is the one
-    that localises the source of a copied word (see the LLMs page of the docs).
+    and the default methods open on gradient rollout, the one that localises the source
+    of a copied word on decoders (see the LLMs page of the docs), then raw, rollout and
+    flow. Its attention sinks are found in the captured weights (the first position, and
+    any position whose mean attention share from the queries after it, over layers and
+    heads, is at least 0.3) and kept in ``Explanation.sinks``: the scores keep them, but
+    the page's colour scale and the strongest sources (``show``, ``top``) leave them and
+    the explained position out, and the page says so.
 
     Parameters
     ----------
@@ -327,7 +415,10 @@ def explain_text(
     -------
     attnflow.explanation.Explanation
         Tokens, ``(layers, n)`` scores per method, the special-token mask, the
-        prediction; ``.show()``, ``.to_html(path)``, ``.plot()``, ``.save(path)``.
+        prediction, the attention sinks of a causal LM, the tokens' character offsets (a
+        fast tokenizer's); ``.show()``, ``.to_html(path)``, ``.plot()``, ``.save(path)``,
+        ``.aggregate("words")`` (or ``"sentences"``, or character ranges) for the scores
+        summed over spans of the text.
 
     Raises
     ------
@@ -361,7 +452,13 @@ def explain_text(
         msg = f"`rows` must be an int (a token position) or None; got {row!r}."
         raise TypeError(msg)
     check_heads(heads, optional=False)
-    encoded = tokenizer(text, return_tensors="pt")
+    offsets = None
+    if getattr(tokenizer, "is_fast", False):  # character offsets: spans of the text
+        encoded = tokenizer(text, return_tensors="pt", return_offsets_mapping=True)
+        mapping = encoded.pop("offset_mapping")[0]
+        offsets = [(int(start), int(end)) for start, end in mapping.tolist()]
+    else:
+        encoded = tokenizer(text, return_tensors="pt")
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
     inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in encoded.items()}
@@ -381,11 +478,7 @@ def explain_text(
     if row is None:
         row = n - 1 if causal_lm else 0
     chosen = _check_text_methods(
-        methods
-        if methods is not None
-        else (*_DEFAULT_METHODS, "gradient_rollout")
-        if causal_lm
-        else _DEFAULT_METHODS
+        methods if methods is not None else decoder_methods() if causal_lm else _DEFAULT_METHODS
     )
     _check_text_score(target_score, chosen)  # a classifier's defaults: no gradient rollout
     scores = _scores_by_method(
@@ -411,6 +504,8 @@ def explain_text(
         named = {predicted} if target is None else {predicted, int(target)}
         labels = {i: tokenizer.decode([i]) for i in sorted(named)}
     special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
+    # A decoder's attention sinks: found in its weights, left out of the page's scale.
+    sinks = find_sinks(weights[0].detach().double()) if causal_lm else ()
     return attnflow.explanation.Explanation(
         token_labels(tokenizer, ids),
         {name: value.detach().cpu().double().numpy() for name, value in scores.items()},
@@ -422,6 +517,8 @@ def explain_text(
         probabilities=probabilities,
         labels=labels,
         text=text,
+        sinks=sinks,
+        offsets=offsets,
     )
 
 

@@ -39,6 +39,7 @@ from torch import nn
 import attnflow
 from attnflow._causal_cache import CausalRolloutCache
 from attnflow._methods import method_spec
+from attnflow._sinks import drop_self, find_sinks
 from attnflow._validation import (
     check_receptive_field,
     check_residual,
@@ -120,8 +121,9 @@ def explain_generation(
     prompt: str | Mapping[str, Any],
     *,
     max_new_tokens: int,
-    methods: str | Sequence[str] = ("rollout", "gradient_rollout"),
+    methods: str | Sequence[str] | None = None,
     generate_kwargs: Mapping[str, Any] | None = None,
+    exclude_self: bool = True,
     **options: Any,
 ) -> GenerationExplanation:
     r"""Generate text and attribute every generated token to the tokens before it.
@@ -151,7 +153,15 @@ def explain_generation(
       token's prefix (:func:`explain` with ``target`` the token), ``T`` in all.
 
     Each row equals what :func:`explain` gives on that token's prefix alone (rollout: the
-    same as :func:`attnflow.rollout` on the prefix's captured weights, ``rows=-1``).
+    same as :func:`attnflow.rollout` on the prefix's captured weights, ``rows=-1``), with
+    ``exclude_self=True`` by default: a generated token is attributed to the prompt and
+    the text generated before it, never to the position that predicted it.
+
+    The attention sinks of the text (the first position, and any position whose mean
+    attention share from the queries after it, over layers and heads, is at least 0.3;
+    one more forward pass over the whole text finds them) are kept in
+    ``GenerationExplanation.sinks``: the views leave them out of the colour scale and of
+    the strongest sources, and say so.
 
     Parameters
     ----------
@@ -169,11 +179,12 @@ def explain_generation(
         return_dict=True, return_tensors="pt")``.
     max_new_tokens : int
         The most tokens to generate (``T``; fewer if the model ends the text).
-    methods : str or sequence of str, default ("rollout", "gradient_rollout")
+    methods : str or sequence of str, optional
         Any of ``"rollout"``, ``"gradient_rollout"``, ``"raw"`` and the target-conditioned
         ``"direct_logit"``, ``"alti_logit"`` and ``"ifr"`` (each generated token's id its
         target; all rows from one more forward over the generated sequence, see
-        :func:`explain`).
+        :func:`explain`); by default ``("gradient_rollout", "rollout")``: the page opens
+        on the first.
     generate_kwargs : mapping, optional
         The caller's generation arguments, passed to ``model.generate`` as they are (over
         the model's ``generation_config``): e.g. ``{"do_sample": True, "temperature":
@@ -185,6 +196,11 @@ def explain_generation(
         ``stop_strings`` work with any tokenizer: transformers' ``StopStringCriteria`` is
         built with the `tokenizer` where it can read its vocabulary, else generation stops
         once a stop string appears in the decoded generated text.
+    exclude_self : bool, default True
+        Set each row's score at the predicting position ``P + t - 1`` to 0, for every
+        method: gradient rollout's own `exclude_self`; rollout and raw attention rows,
+        which are shares, are then renormalised over the tokens before it. False keeps
+        the rows exactly as :func:`explain` gives them on each prefix.
     **options
         Passed to the methods that take them:
 
@@ -304,9 +320,21 @@ def explain_generation(
             f"Face AutoModelForCausalLM); {type(model).__name__} has none."
         )
         raise TypeError(msg)
-    chosen = _check_methods(methods)
+    from ._torch_explain import DECODER_LEADING_METHOD
+
+    default = (DECODER_LEADING_METHOD, "gradient_rollout", "rollout")
+    chosen = _check_methods(
+        methods
+        if methods is not None
+        else [m for m in dict.fromkeys(default) if m in GENERATION_METHODS]
+    )
+    flag: object = exclude_self  # checked at run time: callers may not be type-checked
+    if not isinstance(flag, bool):
+        msg = f"`exclude_self` must be True or False; got {exclude_self!r}."
+        raise TypeError(msg)
     steps = _check_max_new_tokens(max_new_tokens)
     settings = _check_options(options, chosen, model)
+    settings["gradient_rollout"].setdefault("exclude_self", exclude_self)
     generation = _check_generate_kwargs(generate_kwargs, model)
     if "gradient_rollout" in chosen:
         _check_autograd(model)
@@ -343,6 +371,9 @@ def explain_generation(
             scores[method] = _gradient_rows(
                 model, sequences, n_prompt, settings["gradient_rollout"], device
             )
+        if exclude_self and method != "gradient_rollout":  # shares: renormalised
+            predicting = list(range(n_prompt - 1, width))
+            scores[method] = drop_self(scores[method], predicting, renormalize=True)
     special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
     return GenerationExplanation(
         token_labels(tokenizer, ids),
@@ -353,7 +384,19 @@ def explain_generation(
         special=[bool(s) for s in special],
         prompt=prompt_text,
         generated_text=str(tokenizer.decode(generated)),
+        sinks=_sinks(model, sequences[:-1], device),
+        self_excluded=exclude_self,
     )
+
+
+def _sinks(model: nn.Module, text: torch.Tensor, device: torch.device) -> tuple[int, ...]:
+    """Find the text's attention sinks in one forward pass over it (heads fused by the mean)."""
+    from ._torch_capture import capture
+
+    ids = text[None].to(device)
+    with torch.no_grad(), capture(model, heads="mean") as cap:
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    return find_sinks(cap.attentions[0].double())
 
 
 # -- checks, before any work --------------------------------------------------------------

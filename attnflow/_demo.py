@@ -313,7 +313,7 @@ def render_demo(
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Print raw attention, rollout and flow of ``[CLS]`` for the shipped sample."""
+    """Print raw attention, rollout and flow of each sample sentence's [MASK] (else [CLS]) row."""
     import attnflow
 
     from ._sample import load_sample

@@ -82,6 +82,15 @@ class Explanation:
     notes : sequence of str, optional
         Sentences a reader needs to read the scores (e.g. what a method left out), shown
         above the HTML views and under the terminal table's heading.
+    offsets : sequence of (int, int), optional
+        Each token's character range ``[start, end)`` in `text` (a fast tokenizer's
+        ``offset_mapping``; ``(0, 0)`` for special tokens): :meth:`aggregate` needs them
+        for words, sentences and character ranges.
+    sinks : sequence of int, optional
+        Attention sinks of a decoder (:func:`attnflow.adapters.torch.explain_text` finds
+        them: the first position and any position whose mean attention share from later
+        queries is at least 0.3). Their scores stay in the data; the views leave them out
+        of the colour scale and of the strongest sources (:meth:`top`), and say so.
     row : int, optional
         Deprecated spelling of `rows`, kept for one release (a DeprecationWarning).
 
@@ -98,6 +107,8 @@ class Explanation:
     grid : tuple of int or None
     image : ndarray or None
     notes : tuple of str
+    sinks : tuple of int
+    offsets : tuple of (int, int) or None
     extra_tokens : int
         The leading tokens that are not patches (0 without `grid`).
 
@@ -153,6 +164,8 @@ class Explanation:
         grid: tuple[int, int] | None = None,
         image: Any = None,
         notes: Sequence[str] = (),
+        sinks: Sequence[int] = (),
+        offsets: Sequence[tuple[int, int]] | None = None,
         row: int | Missing = MISSING,
     ) -> None:
         given: object = tokens  # checked at run time: callers may not be type-checked
@@ -201,6 +214,8 @@ class Explanation:
             msg = f"`notes` must be a sequence of str; got {notes!r}."
             raise TypeError(msg)
         self.notes = tuple(notes)
+        self.sinks = _checked_sinks(sinks, n)
+        self.offsets = _checked_offsets(offsets, n, text)
 
     @property
     def row(self) -> int:
@@ -301,20 +316,153 @@ class Explanation:
                 f"{float(v[i]):{size}.4f}" for v, size in zip(values.values(), columns, strict=True)
             )
             print(token.ljust(width) + cells, file=out)
+        if self.sinks:  # a decoder: name the sources, sinks and the explained token aside
+            sinks = ", ".join(repr(self.tokens[k]) for k in self.sinks)
+            print(f"strongest sources (sinks {sinks} and the explained token left out):", file=out)
+            for name in values:
+                shown = ", ".join(
+                    f"{self.tokens[i]!r} {float(values[name][i]):.4g}"
+                    for i in self.top(3, method=name, layer=layer)
+                )
+                print(f"  {name}: {shown}", file=out)
 
     def _excluded(self, scale_special: bool) -> list[int]:
-        """Positions left out of the colour scale: special tokens and the explained one.
+        """Positions left out of the colour scale: special tokens, sinks, the explained one.
 
         The explained position's own share (a token's share in itself) is large for every
-        method and says nothing about the others, so it never sets the scale either.
+        method and says nothing about the others, so it never sets the scale either; nor
+        does a decoder's attention sink (:attr:`sinks`), where heads park attention.
         """
         if scale_special:
             return []
         out = self.special.copy()
+        out[list(self.sinks)] = True
         if 0 <= self.rows < len(self.tokens):
             out[self.rows] = True
         exclude = [int(i) for i in np.flatnonzero(out)]
         return [] if len(exclude) == len(self.tokens) else exclude  # none left to scale by
+
+    def top(self, count: int = 5, *, method: str | None = None, layer: int = -1) -> list[int]:
+        """Return the `count` strongest sources of the explained position, by one method.
+
+        Special tokens, the :attr:`sinks` and the explained position itself are left out
+        (their scores stay in :attr:`scores`); ties keep the earlier position first.
+
+        Parameters
+        ----------
+        count : int, default 5
+            How many positions.
+        method : str, optional
+            The method ranked (default: the first of :attr:`scores`).
+        layer : int, default -1
+            The layer ranked.
+
+        Returns
+        -------
+        list of int
+            Token positions, strongest first.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.explanation import Explanation
+        >>> e = Explanation(["The", " cat", " sat", " on"], {"rollout": [0.7, 0.2, 0.04, 0.06]},
+        ...                 rows=3, sinks=[0])
+        >>> e.top(2)
+        [1, 2]
+        """
+        given: object = count
+        if isinstance(given, bool) or not isinstance(given, int) or count < 0:
+            msg = f"`count` must be an int >= 0 (positions listed); got {count!r}."
+            raise ValueError(msg)
+        name = next(iter(self.scores)) if method is None else method
+        if name not in self.scores:
+            msg = f"`method` must be one of {list(self.scores)}; got {method!r}."
+            raise ValueError(msg)
+        from ._sinks import top_sources
+
+        values = self.at_layer(layer)[name]
+        leave_out = [*np.flatnonzero(self.special).tolist(), *self.sinks, self.rows]
+        return top_sources(values, count=count, leave_out=leave_out)
+
+    def aggregate(self, spans: Any, *, count_all: bool = False) -> Explanation:
+        """Sum the scores over spans of the text: words, sentences or character ranges.
+
+        Each span's score is the sum of its tokens' scores, at every layer and for every
+        method (:func:`attnflow._spans.sum_spans`); a token belongs to every span its
+        characters overlap (:attr:`offsets`, from the tokenizer), and tokens with no
+        characters (special tokens) to none. The sinks and the explained token are not
+        counted unless `count_all` (a sentence holding the sink would otherwise rank first
+        for the sink's mass). The result is an explanation over the spans: ``show``,
+        ``to_html``, ``save`` work on it; its explained row is the span holding the
+        explained token (-1 if none), its sinks the spans made of sinks only.
+
+        Parameters
+        ----------
+        spans : "words", "sentences", or sequence of (int, int)
+            Words (letters and digits, each other visible character alone), sentences (up
+            to a final ``.``, ``!`` or ``?``), or character ranges ``[start, end)`` of
+            :attr:`text`.
+        count_all : bool, default False
+            Count the sinks' and the explained token's scores in their spans' sums too.
+
+        Returns
+        -------
+        Explanation
+            One "token" per span, labelled with its text.
+
+        Raises
+        ------
+        ValueError
+            On a span outside the text or covering no token, or words and sentences
+            without :attr:`text` and :attr:`offsets`.
+
+        Examples
+        --------
+        >>> from attnflow.explanation import Explanation
+        >>> e = Explanation(
+        ...     ["Hel", "lo", " world", "."], {"rollout": [0.5, 0.25, 0.125, 0.125]},
+        ...     rows=3, text="Hello world.", offsets=[(0, 3), (3, 5), (5, 11), (11, 12)],
+        ... )
+        >>> words = e.aggregate("words")  # the explained "." is not counted
+        >>> words.tokens, words.scores["rollout"].tolist(), words.rows
+        (('Hello', 'world', '.'), [[0.75, 0.125, 0.0]], 2)
+        """
+        from ._spans import sum_spans, token_spans
+
+        if self.text is None or self.offsets is None:
+            msg = (
+                f"`spans={spans!r}` needs the text and the tokens' character offsets; this "
+                "explanation has none (explain_text keeps them when the tokenizer is a fast "
+                "one). Sum token positions with explain(..., spans=[(start, end), ...])."
+            )
+            raise ValueError(msg)
+        resolved = token_spans(self.text, self.offsets, spans)
+        left_out = set() if count_all else {*self.sinks, self.rows}
+        counted = [
+            (label, tuple(i for i in tokens if i not in left_out)) for label, tokens in resolved
+        ]
+        scores = {name: sum_spans(values, counted) for name, values in self.scores.items()}
+        holding = [j for j, (_, tokens) in enumerate(resolved) if self.rows in tokens]
+        if left_out and not count_all:
+            named = ", ".join(
+                repr(self.tokens[i]) for i in sorted(left_out) if i < len(self.tokens)
+            )
+            summed = f"Scores summed over spans of the text, without {named} (sinks, explained)."
+        else:
+            summed = "Scores summed over spans of the text (each span's tokens)."
+        return Explanation(
+            [label for label, _ in resolved],
+            scores,
+            rows=holding[-1] if holding else -1,
+            target=self.target,
+            predicted=self.predicted,
+            probabilities=self.probabilities,
+            labels=self.labels,
+            text=self.text,
+            notes=[*self.notes, summed],
+            sinks=[j for j, (_, tokens) in enumerate(resolved) if set(tokens) <= set(self.sinks)],
+        )
 
     def _scale_note(self, scale_special: bool) -> str:
         """Say on the page what the colour scale leaves out, and any note of the scores."""
@@ -325,8 +473,12 @@ class Explanation:
             parts.insert(
                 0,
                 f"Left out of the colour scale, their values written beside them: the "
-                f"explained position and the special tokens ({names}).",
+                f"explained position, the special tokens and the attention sinks ({names}).",
             )
+        if self.sinks and not scale_special:
+            from ._sinks import sink_note
+
+            parts.insert(1 if excluded else 0, sink_note(self.tokens, self.sinks))
         return " ".join(parts)
 
     def _view(self, layer: int, *, scale_special: bool) -> Any:
@@ -543,6 +695,8 @@ class Explanation:
             "grid": None if self.grid is None else list(self.grid),
             "image": None if self.image is None else self.image.tolist(),
             "notes": list(self.notes),
+            "sinks": list(self.sinks),
+            "offsets": None if self.offsets is None else [list(o) for o in self.offsets],
         }
 
     @classmethod
@@ -564,6 +718,8 @@ class Explanation:
             grid=None if data.get("grid") is None else tuple(data["grid"]),
             image=data.get("image"),
             notes=data.get("notes", ()),
+            sinks=data.get("sinks", ()),
+            offsets=None if data.get("offsets") is None else [tuple(o) for o in data["offsets"]],
         )
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
@@ -682,6 +838,43 @@ def _optional_int(value: object, name: str) -> Any:
         msg = f"`{name}` must be an int or None; got {value!r}."
         raise TypeError(msg)
     return int(value)
+
+
+def _checked_offsets(
+    offsets: object, n: int, text: str | None
+) -> tuple[tuple[int, int], ...] | None:
+    """Offsets: one (start, end) pair of ints per token, inside the text."""
+    if offsets is None:
+        return None
+    pairs = list(offsets) if isinstance(offsets, Sequence | np.ndarray) else None
+    if pairs is None or len(pairs) != n:
+        msg = f"`offsets` must hold one (start, end) pair per token ({n}); got {offsets!r}."
+        raise ValueError(msg)
+    out = []
+    for pair in pairs:
+        start, end = (int(v) for v in pair)
+        if not 0 <= start <= end or (text is not None and end > len(text)):
+            msg = f"`offsets` must be character ranges of the text; got {tuple(pair)!r}."
+            raise ValueError(msg)
+        out.append((start, end))
+    return tuple(out)
+
+
+def _checked_sinks(sinks: object, n: int) -> tuple[int, ...]:
+    """Sinks: distinct token positions in [0, n), kept in ascending order."""
+    if isinstance(sinks, str) or not isinstance(sinks, Sequence | np.ndarray):
+        msg = f"`sinks` must be a sequence of token positions; got {sinks!r}."
+        raise TypeError(msg)
+    out: list[int] = []
+    for position in sinks:
+        if isinstance(position, bool) or not isinstance(position, int | np.integer):
+            msg = f"`sinks` must hold token positions (int); got {position!r}."
+            raise TypeError(msg)
+        if not 0 <= int(position) < n:
+            msg = f"`sinks` must hold positions of the {n} tokens (0 to {n - 1}); got {position}."
+            raise ValueError(msg)
+        out.append(int(position))
+    return tuple(sorted(set(out)))
 
 
 def _checked_grid(grid: object, image: object, n: int) -> tuple[tuple[int, int] | None, Any]:

@@ -29,7 +29,8 @@ from typing import Any, TextIO
 import numpy as np
 
 from ._display import check_finite
-from .explanation import Explanation
+from ._sinks import top_sources
+from .explanation import Explanation, _checked_sinks
 
 __all__ = ["GenerationExplanation"]
 
@@ -62,6 +63,15 @@ class GenerationExplanation:
         views leave them out of the colour scale unless asked not to.
     prompt, generated_text : str, optional
         The prompt and the generated text, decoded.
+    sinks : sequence of int, optional
+        The prompt's attention sinks (:func:`attnflow.adapters.torch.explain_generation`
+        finds them: the first position, and any position whose mean attention share from
+        the queries after it is at least 0.3). Their scores stay in the data; the views
+        leave them out of the colour scale and of the strongest sources, and say so.
+    self_excluded : bool, default False
+        True when each row's score at its own (predicting) position was set to 0
+        (``explain_generation``'s default); the page says so. Whatever it says, the
+        predicting position is never listed among the strongest sources.
 
     Attributes
     ----------
@@ -73,6 +83,8 @@ class GenerationExplanation:
     prompt_length : int
     special : ndarray of bool, shape (P + T,)
     prompt, generated_text : str or None
+    sinks : tuple of int
+    self_excluded : bool
 
     Raises
     ------
@@ -91,27 +103,29 @@ class GenerationExplanation:
     --------
     >>> import numpy as np
     >>> from attnflow.generation import GenerationExplanation
-    >>> rollout = np.array([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])  # T = 2, P = 2
+    >>> rollout = np.array([[0.3, 0.5, 0.2, 0.0], [0.2, 0.3, 0.1, 0.4]])  # T = 2, P = 3
     >>> g = GenerationExplanation(
-    ...     ["<s>", "Hi", " there", "!"], [7, 9], {"rollout": rollout}, prompt_length=2,
-    ...     special=[True, False, False, False],
+    ...     ["<s>", "Hi", " you", " there", "!"], [7, 9], {"rollout": rollout},
+    ...     prompt_length=3, special=[True, False, False, False, False],
     ... )
     >>> g
-    GenerationExplanation(prompt=2 tokens, generated=2 tokens, methods=[rollout])
-    >>> g.show()
-    2 tokens generated after a prompt of 2; the 3 strongest sources of each, by method
-    [2] ' there' (id 7), predicted at position 1
-        rollout  [0] '<s>' 0.5000  [1] 'Hi' 0.5000
-    [3] '!' (id 9), predicted at position 2
-        rollout  [2] ' there' 0.5000  [1] 'Hi' 0.3000  [0] '<s>' 0.2000
+    GenerationExplanation(prompt=3 tokens, generated=2 tokens, methods=[rollout])
+    >>> g.show()  # never the special token, nor the position that predicted the token
+    2 tokens generated after a prompt of 3; the 3 strongest sources of each, by method
+    Each generated token is attributed to the prompt and the text generated before it; the score of the position that predicted it is kept in the data but never listed among the sources.
+    [3] ' there' (id 7), predicted at position 2
+        rollout  [1] 'Hi' 0.5000
+    [4] '!' (id 9), predicted at position 3
+        rollout  [1] 'Hi' 0.3000  [2] ' you' 0.1000
     >>> g.show(step=1)
-    row 2 (' there'), layer 1 of 1; target 9
+    row 3 (' there'), layer 1 of 1; target 9
     token        rollout
     <s>           0.2000
     Hi            0.3000
-     there        0.5000
+     you          0.1000
+     there        0.4000
     >>> GenerationExplanation.from_dict(g.to_dict()).scores["rollout"].shape
-    (2, 3)
+    (2, 4)
     """
 
     def __init__(
@@ -125,6 +139,8 @@ class GenerationExplanation:
         special: Sequence[bool] | Any | None = None,
         prompt: str | None = None,
         generated_text: str | None = None,
+        sinks: Sequence[int] = (),
+        self_excluded: bool = False,
     ) -> None:
         given: object = tokens  # checked at run time: callers may not be type-checked
         if (
@@ -201,6 +217,12 @@ class GenerationExplanation:
                 raise TypeError(msg)
         self.prompt = prompt
         self.generated_text = generated_text
+        self.sinks = _checked_sinks(sinks, len(self.tokens))
+        flag: object = self_excluded  # checked at run time: callers may not be type-checked
+        if not isinstance(flag, bool):
+            msg = f"`self_excluded` must be a bool; got {self_excluded!r}."
+            raise TypeError(msg)
+        self.self_excluded = self_excluded
 
     # -- shape ---------------------------------------------------------------------------
     @property
@@ -245,6 +267,7 @@ class GenerationExplanation:
             {name: values[index, :end] for name, values in self.scores.items()},
             rows=end - 1,
             special=self.special[:end].tolist(),
+            sinks=[k for k in self.sinks if k < end],
             target=int(self.generated_ids[index]),
             text=self.prompt,
         )
@@ -269,6 +292,8 @@ class GenerationExplanation:
             f"the {top} strongest sources of each, by method",
             file=out,
         )
+        for note in self._notes():
+            print(note, file=out)
         width = max(len(name) for name in self.scores) + 2
         for index, token in enumerate(self.generated_tokens):
             position = self.prompt_length + index
@@ -277,10 +302,12 @@ class GenerationExplanation:
                 f"position {position - 1}",
                 file=out,
             )
+            # Never the predicting position itself, nor a sink or a special token.
+            leave_out = [*np.flatnonzero(self.special).tolist(), *self.sinks, position - 1]
             for name, values in self.scores.items():
                 row = values[index, :position]
-                order = np.argsort(-row, kind="stable")[:top]
-                cells = "  ".join(f"[{j}] {self.tokens[j]!r} {row[j]:.4f}" for j in order)
+                order = top_sources(row, count=top, leave_out=leave_out)
+                cells = "  ".join(f"[{j}] {self.tokens[j]!r} {row[j]:.4g}" for j in order)
                 print(f"    {name.ljust(width)}{cells}", file=out)
 
     def _title(self) -> str:
@@ -290,8 +317,26 @@ class GenerationExplanation:
             "the tokens before it"
         )
 
+    def _notes(self) -> list[str]:
+        """Return what a reader must know: the sinks left aside, the predicting position's score."""
+        from ._sinks import sink_note
+
+        notes = [sink_note(self.tokens, self.sinks)] if self.sinks else []
+        own = (
+            "set to 0 (exclude_self)"
+            if self.self_excluded
+            else "kept in the data but never listed among the sources"
+        )
+        notes.append(
+            "Each generated token is attributed to the prompt and the text generated before "
+            f"it; the score of the position that predicted it is {own}."
+        )
+        return notes
+
     def _render(self, *, scale_special: bool, page: bool) -> str:
         """Render the interactive view of every generated token, static rows as fallback."""
+        import html
+
         from .html import InteractiveView, TokenView, _with_fallback
 
         n = len(self.tokens)
@@ -299,7 +344,9 @@ class GenerationExplanation:
             name: np.concatenate([values, np.zeros((self.n_generated, 1))], axis=1)[None]
             for name, values in self.scores.items()
         }
-        excluded = [] if scale_special else [int(i) for i in np.flatnonzero(self.special)]
+        excluded = (
+            [] if scale_special else sorted({*np.flatnonzero(self.special).tolist(), *self.sinks})
+        )
         if len(excluded) == n:
             excluded = []
         positions = list(range(self.prompt_length, n))
@@ -314,14 +361,22 @@ class GenerationExplanation:
         first = next(iter(padded))
         static = TokenView(
             {
-                f"{p}: {self.tokens[p]} ({first})": padded[first][0, index]
+                f"{p}: {self.tokens[p]} ({first}; predicted at {p - 1})": padded[first][0, index]
                 for index, p in enumerate(positions)
             },
             self.tokens,
             title=self._title(),
             scale_exclude=excluded,
         )
-        return _with_fallback(view, static, page=page)
+        text = _with_fallback(view, static, page=page)
+        notes = self._notes() if not scale_special else self._notes()[-1:]
+        paragraph = (
+            '<p class="attnflow-note" style="font: 12px system-ui, -apple-system, sans-serif; '
+            'color: #555; margin: 0.3em 0;">'
+            f"{html.escape(' '.join(notes))}</p>\n"
+        )
+        at = text.find('<div class="attnflow-')
+        return text if at < 0 else text[:at] + paragraph + text[at:]
 
     def _repr_html_(self) -> str:
         """HTML for notebooks: every method and generated token, specials out of the scale."""
@@ -365,6 +420,8 @@ class GenerationExplanation:
             "special": self.special.tolist(),
             "prompt": self.prompt,
             "generated_text": self.generated_text,
+            "sinks": list(self.sinks),
+            "self_excluded": self.self_excluded,
         }
 
     @classmethod
@@ -392,6 +449,8 @@ class GenerationExplanation:
             special=data.get("special"),
             prompt=data.get("prompt"),
             generated_text=data.get("generated_text"),
+            sinks=data.get("sinks", ()),
+            self_excluded=data.get("self_excluded", False),
         )
 
     def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:

@@ -57,12 +57,16 @@ def test_show_lists_the_strongest_sources_of_each_generated_token() -> None:
         lines[0]
         == "3 tokens generated after a prompt of 3; the 2 strongest sources of each, by method"
     )
-    assert lines[1] == "[3] ' sat' (id 41), predicted at position 2"
-    assert len(lines) == 1 + 3 * 3
+    assert lines[1].startswith("Each generated token is attributed to the prompt")
+    assert lines[2] == "[3] ' sat' (id 41), predicted at position 2"
+    assert len(lines) == 2 + 3 * 3
     for step in range(3):
-        row = g.scores["rollout"][step]
+        row = g.scores["rollout"][step].copy()
+        # Never the special token nor the position that predicted the token.
+        row[np.asarray(SPECIAL[: row.size])] = -np.inf
+        row[2 + step] = -np.inf
         best = int(np.argmax(row))
-        assert lines[2 + 3 * step].split()[1] == f"[{best}]"
+        assert lines[3 + 3 * step].split()[1] == f"[{best}]"
     full = io.StringIO()
     g.show(step=-1, file=full)  # the last token: every token before it, both methods
     table = full.getvalue().splitlines()
@@ -113,7 +117,7 @@ def test_page_picks_a_generated_token_and_colours_the_tokens_before_it(tmp_path:
     # Readers without scripts: the first method's rows, one line per generated token.
     static = page.split("<noscript>", 1)[1]
     assert static.count('class="attnflow-label"') == 3
-    assert "3:  sat (rollout)" in static
+    assert "3:  sat (rollout; predicted at 2)" in static
     assert "http" not in page.replace("http-equiv", "")  # loads nothing
     fragment = g._repr_html_()
     assert "<html" not in fragment

@@ -36,8 +36,11 @@ together each column sums to one, as each row of ``[source | target]`` does.
 
 Gradient rollout depends on the token generated, so it runs once per generated token,
 as inseq's gradient methods do: the model on the prefix, inside ``capture`` with
-gradients, then the gradient of the logit of the next token (at the last position) with
-respect to every attention weight, and the GAE row of that position.
+gradients, then the gradient of the logit of the next token (at the last position), or of
+its log-probability with ``target_score="log_probability"`` (as
+:func:`attnflow.adapters.torch.explain`), with respect to every attention weight, and the
+GAE row of that position. ``exclude_self=True`` leaves each position's own score out, for
+every method (rollout's and flow's rows renormalised over the others, as ``explain``).
 
 Options go through ``attribute(...)`` keyword arguments (or its ``attribution_args``) and
 are passed to attnflow's function; :data:`OPTIONS` lists those each method takes, for
@@ -65,9 +68,21 @@ with warnings.catch_warnings():
     from inseq.utils.typing import InseqAttribution
 
 import attnflow
+from attnflow._sinks import drop_self
+from attnflow.adapters._common import (  # type: ignore[import-not-found,unused-ignore]
+    check_target_score,
+)
 from attnflow.adapters.torch import capture  # type: ignore[import-not-found,unused-ignore]
 
 from ._options import check_layer_choice
+
+
+def _flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        msg = f"`{name}` must be True or False; got {value!r}."
+        raise TypeError(msg)
+    return value
+
 
 __all__ = [
     "OPTIONS",
@@ -79,7 +94,7 @@ __all__ = [
 _PRUNING = ("threshold", "top_k", "discard", "receptive_field", "exclude", "normalize_layers")
 OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
     "attention_rollout": {
-        "decoder-only": ("heads", "residual", "layers", *_PRUNING),
+        "decoder-only": ("heads", "residual", "layers", *_PRUNING, "exclude_self", "validate"),
         "encoder-decoder": ("heads", "residual", "layers", "normalize_result"),
     },
     "attention_flow": {
@@ -92,6 +107,8 @@ OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
             "n_jobs",
             "max_seconds",
             "max_work",  # deprecated: max_seconds
+            "exclude_self",
+            "validate",
         ),
         "encoder-decoder": (
             "heads",
@@ -112,8 +129,10 @@ OPTIONS: dict[str, dict[str, tuple[str, ...]]] = {
             "exclude_self",
             "receptive_field",
             "exclude",
+            "target_score",
+            "validate",
         ),
-        "encoder-decoder": ("layers", "normalize_result"),
+        "encoder-decoder": ("layers", "normalize_result", "target_score"),
     },
 }
 #: The spellings of options before 0.1: passed on to attnflow, which warns.
@@ -253,9 +272,12 @@ def _attribute(
             source_attributions=source.transpose(-1, -2).cpu(),
             target_attributions=target.transpose(-1, -2).cpu() if len(inputs) > 1 else None,
         )
+    exclude_self = _flag(options.pop("exclude_self", False), "exclude_self")
     scores = getattr(attnflow, function)(
         cap.attentions, mask=arguments["attention_mask"].bool(), **options
     )
+    if exclude_self:  # as explain(..., exclude_self=True): own share 0, rows renormalised
+        scores = drop_self(scores, None, renormalize=True)
     return CoarseFeatureAttributionStepOutput(
         source_attributions=None, target_attributions=scores.transpose(-1, -2).cpu()
     )
@@ -269,6 +291,8 @@ def _attribute_gradient(
 ) -> Any:
     """GAE for the next token: capture with gradients, d logit / d A, one row per sequence."""
     check_layer_choice(options.get("layers", "last"))
+    target_score = options.pop("target_score", "logit")
+    check_target_score(target_score)
     encoder_decoder = bool(forward_func.is_encoder_decoder)
     arguments = _model_inputs(encoder_decoder, inputs, additional_forward_args)
     targets = arguments.pop("target_ids").reshape(-1, 1)
@@ -276,7 +300,10 @@ def _attribute_gradient(
     with torch.enable_grad():
         with capture(model, gradients=True) as cap:
             logits = model(**arguments).logits  # (batch, positions, vocabulary)
-        score = logits[:, -1].gather(-1, targets.to(logits.device)).sum()
+        last = logits[:, -1]
+        if target_score == "log_probability":  # what raises the token above the others
+            last = torch.log_softmax(last, dim=-1)
+        score = last.gather(-1, targets.to(logits.device)).sum()
         # Only the attention weights get gradients: the parameters' .grad stay untouched.
         torch.autograd.backward(score, inputs=cap.records)
     if encoder_decoder:

@@ -312,3 +312,47 @@ def test_decoder_only_options_are_refused_on_an_encoder_decoder(bart: Any, token
     for option in ("receptive_field", "exclude"):
         with pytest.raises(ValueError, match=rf"`{option}`.*encoder-decoder.*accepts"):
             model.attribute(SOURCE, TARGET, show_progress=False, **{option: 0})
+
+
+def test_gradient_rollout_takes_target_score_and_exclude_self(gpt2: Any, tokenizer: Any) -> None:
+    """Issue 39: the log-probability GAE that the LLM docs trust is reachable through inseq."""
+    model = inseq.load_model(gpt2, "gradient_rollout", tokenizer=tokenizer)
+    options = {"target_score": "log_probability", "exclude_self": True}
+    out = model.attribute(PROMPT, GENERATED, show_progress=False, **options)
+    scores = out.sequence_attributions[0].target_attributions
+    logit = model.attribute(PROMPT, GENERATED, show_progress=False)
+    ids = _ids(tokenizer, GENERATED)
+    position = len(PROMPT.split())  # the first generated token
+    with capture(gpt2, gradients=True) as cap:
+        logits = gpt2(input_ids=ids[:, :position]).logits
+    torch.log_softmax(logits[0, -1], dim=-1)[int(ids[0, position])].backward()
+    reference = attnflow.gradient_rollout(
+        cap.attentions.detach(), cap.gradients, rows=-1, exclude_self=True
+    )
+    gpt2.zero_grad(set_to_none=True)
+    assert scores[position - 1, 0] == 0  # the predicting position's own relevance
+    torch.testing.assert_close(scores[:position, 0], reference[0], atol=ATOL, rtol=0)
+    assert not torch.allclose(
+        scores.nan_to_num(), logit.sequence_attributions[0].target_attributions.nan_to_num()
+    )
+    with pytest.raises(ValueError, match=r'`target_score` must be "logit"'):
+        model.attribute(PROMPT, GENERATED, show_progress=False, target_score="probability")
+
+
+@pytest.mark.parametrize("method", ["rollout", "flow"])
+def test_exclude_self_reaches_rollout_and_flow(gpt2: Any, tokenizer: Any, method: str) -> None:
+    model = inseq.load_model(gpt2, f"attention_{method}", tokenizer=tokenizer)
+    out = model.attribute(PROMPT, GENERATED, show_progress=False, exclude_self=True)
+    scores = out.sequence_attributions[0].target_attributions
+    with torch.no_grad(), capture(gpt2) as cap:
+        gpt2(_ids(tokenizer, GENERATED))
+    reference = getattr(attnflow, method)(cap.attentions)[0]
+    start = len(PROMPT.split())
+    for step in range(3):
+        position = start + step - 1
+        expected = reference[position, : position + 1].clone()
+        expected[position] = 0
+        expected = expected / expected.sum()
+        torch.testing.assert_close(scores[: position + 1, step], expected, atol=ATOL, rtol=0)
+    with pytest.raises(TypeError, match=r"`exclude_self` must be True or False"):
+        model.attribute(PROMPT, GENERATED, show_progress=False, exclude_self="yes")

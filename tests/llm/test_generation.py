@@ -94,6 +94,7 @@ def explain_smol(model: Any, tokenizer: Any, **options: Any) -> GenerationExplan
         PROMPT,
         max_new_tokens=3,
         methods=options.pop("methods", ("rollout", "gradient_rollout", "raw")),
+        exclude_self=options.pop("exclude_self", False),  # explain's rows, as they are
         **options,
     )
 
@@ -221,6 +222,7 @@ def test_random_llama_rows_equal_each_prefix(llama, case):
         max_new_tokens=5,
         methods=methods,
         generate_kwargs=generate_kwargs,
+        exclude_self=False,  # explain's rows on each prefix, as they are
         **options,
     )
     n_prompt = 5
@@ -311,6 +313,7 @@ ERRORS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"residual": 1.5}, ValueError, r"`residual` must be in \[0, 1\]"),
     ({"heads": [1.0, 2.0]}, ValueError, r"weights must have shape \(4,\) or \(3, 4\)"),
     ({"validate": "yes"}, TypeError, r"`validate` must be True"),
+    ({"exclude_self": 1}, TypeError, r"`exclude_self` must be True or False"),
     ({"exclude": -1}, ValueError, r"non-negative positions .* a different token in each row"),
     ({"exclude": 9}, IndexError, r"0 to 8 for this prompt and max_new_tokens"),
     ({"generate_kwargs": {"num_beams": 2}}, ValueError, r"num_beams=2: .* follows one sequence"),

@@ -70,7 +70,7 @@ def test_explain_text_on_a_causal_lm(smollm2, tmp_path):
     e = adapter.explain_text(models["sdpa"], tokenizer, text)
     n = len(tokenizer(text)["input_ids"])
     assert e.rows == n - 1  # the position that predicts the next token
-    assert list(e.scores) == ["raw", "rollout", "flow", "gradient_rollout"]
+    assert list(e.scores) == ["gradient_rollout", "raw", "rollout", "flow"]  # the leading one first
     assert all(values.shape == (30, n) for values in e.scores.values())
     assert e.labels is not None
     assert e.labels[e.predicted] == " Paris"
