@@ -88,7 +88,7 @@ def _model() -> tuple[Any, Any, Any, Any]:
         weights = np.exp(logits)
         return weights / weights.sum(axis=-1, keepdims=True)
 
-    def input_gradients(batch: Any, batch_mask: Any, targets: Any) -> Any:  # noqa: ARG001
+    def input_gradients(batch: Any, batch_mask: Any, targets: Any) -> Any:
         states = embeddings[batch]
         return np.abs(states @ output[:, 0]) + np.asarray(targets)[:, None]
 

@@ -11,7 +11,6 @@ exported the task generators (``copying_task`` & co., ``locate_source``) and
 it with that commit installed; ``eval_llm_ground_truth.py`` is the current protocol.
 """
 
-# ruff: noqa: T201
 
 from __future__ import annotations
 

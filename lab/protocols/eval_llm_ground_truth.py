@@ -53,7 +53,6 @@ wheels, bitsandbytes, open_clip and torchvision, none of which they need here)::
 Wall time of each task and the whole run is printed. Nothing is asserted.
 """
 
-# ruff: noqa: T201, D103
 # (A study script: it prints its tables. lab/ gets these exemptions by path where the lab's
 # own configuration lands.)
 
