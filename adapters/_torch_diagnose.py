@@ -23,7 +23,8 @@ from torch import nn
 import attnflow
 from attnflow._methods import method_spec
 from attnflow.diagnosis import ModelReport, copying_scores, output_shares, sink_mass
-from attnflow.evaluate import copying_task, locate_source, source_ranks
+from attnflow.evaluate._llm_ranks import source_ranks
+from attnflow.evaluate._llm_tasks import copying_task, locate_source
 
 from ._common import Method
 from ._torch_capture import capture

@@ -95,10 +95,11 @@ def next_token_log_probabilities(
 def takes_target(spec: MethodSpec) -> bool:
     """Whether a method explains a target token (it differentiates or projects on its score).
 
-    Read from the registry entry: the methods with gradients, and those whose entry says
-    ``target_conditioned`` (a logit projection), take the answer as ``target``.
+    The registry's word (``MethodSpec.uses_target``): gradient rollout and the
+    logit-conditioned methods take the answer as ``target``; IFR, conditioned on the row
+    alone, does not.
     """
-    return spec.gradients or bool(getattr(spec, "target_conditioned", False))
+    return spec.uses_target
 
 
 def registry_method(
@@ -142,7 +143,12 @@ def registry_method(
         chosen: dict[str, Any] = {"target": int(target)} if targeted else {}
         method: Any = spec.name  # a registry name, checked above
         result = explain(model, {"input_ids": tokens}, method=method, **chosen, **keywords)
-        return np.asarray(result[0].detach().double().cpu().numpy())
+        values = np.asarray(result[0].detach().double().cpu().numpy())
+        if spec.target_conditioned and keywords["layers"] == "all" and values.ndim == 2:
+            # Their layers add up: row l is the sum up to layer l, so the top row (the one
+            # ranked) is the method itself, as rollout's top row is.
+            values = np.cumsum(values, axis=0)
+        return values
 
     return scores
 
