@@ -324,7 +324,7 @@ _DEFAULT_METHODS = ("raw", "rollout", "flow")
 #: The method a causal LM's pages open on (explain_text, explain_generation, ``attnflow
 #: explain``): the one that localises a decoder's sources best. Change it here, and only
 #: here, when a better one lands.
-DECODER_LEADING_METHOD = "gradient_rollout"
+DECODER_LEADING_METHOD = "direct_logit"
 
 
 def decoder_methods() -> tuple[str, ...]:
@@ -862,8 +862,9 @@ def _scores_by_method(
     for spec in check_methods(methods):
         name = typing.cast("Method", spec.name)
         if spec.target_conditioned:  # one more forward, reading only the explained row
+            # Layer l shows the layers up to it, as rollout's do: the last is the method.
             scores[spec.name] = explain(
-                model, inputs, method=name, rows=row, target=target, layers="all"
+                model, inputs, method=name, rows=row, target=target, layers="cumulative"
             )[0]
         elif spec.gradients:  # a second call, with autograd, for a class
             scores[spec.name] = explain(

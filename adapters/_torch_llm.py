@@ -132,7 +132,10 @@ def registry_method(
     """
     model = _check_model(model)
     spec = method_spec(name)
-    keywords: dict[str, Any] = {"rows": -1, "layers": "all", **dict(options or {})}
+    # The target-conditioned methods' layers add up: row l the sum up to layer l, so the
+    # top row (the one ranked) is the method itself, as rollout's top row is.
+    layers = "cumulative" if spec.target_conditioned else "all"
+    keywords: dict[str, Any] = {"rows": -1, "layers": layers, **dict(options or {})}
     targeted = takes_target(spec)
 
     def scores(ids: np.ndarray, target: int) -> np.ndarray:
@@ -143,12 +146,7 @@ def registry_method(
         chosen: dict[str, Any] = {"target": int(target)} if targeted else {}
         method: Any = spec.name  # a registry name, checked above
         result = explain(model, {"input_ids": tokens}, method=method, **chosen, **keywords)
-        values = np.asarray(result[0].detach().double().cpu().numpy())
-        if spec.target_conditioned and keywords["layers"] == "all" and values.ndim == 2:
-            # Their layers add up: row l is the sum up to layer l, so the top row (the one
-            # ranked) is the method itself, as rollout's top row is.
-            values = np.cumsum(values, axis=0)
-        return values
+        return np.asarray(result[0].detach().double().cpu().numpy())
 
     return scores
 

@@ -433,7 +433,7 @@ def explain_target_conditioned(
     foil: object = None,
     span: object = False,
     heads: Literal["sum", "each"] = "sum",
-    layers: Literal["sum", "all"] = "sum",
+    layers: Literal["sum", "all", "cumulative"] = "sum",
     mask: object = None,
 ) -> torch.Tensor:
     """Direct logit, ALTI-Logit or IFR scores of `rows` (see the module docstring)."""
@@ -441,8 +441,11 @@ def explain_target_conditioned(
     if heads not in ("sum", "each"):
         msg = f'`heads` of method="{method}" must be "sum" or "each" (one map per head); got {heads!r}.'
         raise ValueError(msg)
-    if layers not in ("sum", "all"):
-        msg = f'`layers` of method="{method}" must be "sum" or "all" (one map per layer); got {layers!r}.'
+    if layers not in ("sum", "all", "cumulative"):
+        msg = (
+            f'`layers` of method="{method}" must be "sum", "all" (one map per layer) or '
+            f'"cumulative" (layer l: the layers up to l); got {layers!r}.'
+        )
         raise ValueError(msg)
     if mask is not None:
         msg = (

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._cli_common import UsageError
+from ._methods import method_spec
 
 __all__ = [
     "add_decoder_cli_flags",
@@ -30,8 +31,15 @@ __all__ = [
 ]
 
 #: What --blockwise and --generate compute.
-BLOCKWISE_METHODS: tuple[str, ...] = ("gradient_rollout", "rollout")
-GENERATION_METHODS: tuple[str, ...] = ("gradient_rollout", "rollout", "raw")
+BLOCKWISE_METHODS: tuple[str, ...] = ("direct_logit", "ifr", "gradient_rollout", "rollout")
+GENERATION_METHODS: tuple[str, ...] = (
+    "direct_logit",
+    "alti_logit",
+    "ifr",
+    "gradient_rollout",
+    "rollout",
+    "raw",
+)
 
 
 def add_decoder_cli_flags(parser: argparse.ArgumentParser) -> None:
@@ -201,7 +209,7 @@ def explain_blockwise(
 
     chosen = methods or [
         m
-        for m in dict.fromkeys((DECODER_LEADING_METHOD, *BLOCKWISE_METHODS))
+        for m in dict.fromkeys((DECODER_LEADING_METHOD, "gradient_rollout", "rollout"))
         if m in BLOCKWISE_METHODS
     ]
     encoded = tokenizer(text, return_tensors="pt")
@@ -215,8 +223,16 @@ def explain_blockwise(
     decoder = {k: options[k] for k in ("exclude", "receptive_field") if k in options}
     scores = {}
     for method in chosen:
+        spec = method_spec(method)
+        if spec.target_conditioned:  # the explained row only, never a matrix: one forward
+            chosen_target = {"target": options.get("target")} if spec.uses_target else {}
+            result = capture_torch.explain(
+                model, inputs, method=method, rows=position, layers="cumulative", **chosen_target
+            )
+            scores[method] = result[0].detach().cpu().double().numpy()
+            continue
         extra: dict[str, Any] = {"residual": options.get("residual", 0.5)}
-        if method == "gradient_rollout":
+        if spec.gradients:
             extra |= {
                 "target": options.get("target"),
                 "target_score": options.get("target_score", "logit"),
@@ -253,7 +269,7 @@ def explain_blockwise(
         scores,
         rows=position,
         special=[bool(s) for s in special],
-        target=target if "gradient_rollout" in chosen else None,
+        target=target if any(method_spec(m).uses_target for m in chosen) else None,
         predicted=predicted,
         probabilities=probabilities,
         labels={i: tokenizer.decode([i]) for i in sorted(named)},

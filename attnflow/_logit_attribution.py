@@ -381,17 +381,22 @@ def sum_terms(
     /,
     *,
     heads: Literal["sum", "each"] = "sum",
-    layers: Literal["sum", "all"] = "sum",
+    layers: Literal["sum", "all", "cumulative"] = "sum",
     xp: Namespace | None = None,
 ) -> Any:
     """Sum ``(*batch, L, H, r, n)`` terms over heads and layers, or keep them.
 
-    ``heads="each"`` keeps the head axis, ``layers="all"`` the layer axis.
+    ``heads="each"`` keeps the head axis, ``layers="all"`` the layer axis;
+    ``layers="cumulative"`` keeps it as running sums, layer ``l`` holding the layers up to
+    it (the last is the whole method, as rollout's last layer is).
     """
     (terms,), boundary = enter_boundary([terms], ("terms",))
     xp = resolve_namespace(terms, xp=xp, names=("terms",))
     if heads == "sum":
         terms = xp.sum(terms, axis=-3)
+    axis = -4 if heads == "each" else -3
     if layers == "sum":
-        terms = xp.sum(terms, axis=-4 if heads == "each" else -3)
+        terms = xp.sum(terms, axis=axis)
+    elif layers == "cumulative":
+        terms = xp.cumulative_sum(terms, axis=axis)
     return boundary.restore(terms)

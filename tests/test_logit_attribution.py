@@ -197,7 +197,14 @@ def test_alti_logit_carries_terms_through_the_rollout_below(
 
 @pytest.mark.parametrize(
     ("heads", "layers", "axes"),
-    [("sum", "sum", (1, 2)), ("each", "sum", (1,)), ("sum", "all", (2,)), ("each", "all", ())],
+    [
+        ("sum", "sum", (1, 2)),
+        ("each", "sum", (1,)),
+        ("sum", "all", (2,)),
+        ("each", "all", ()),
+        ("sum", "cumulative", (2,)),
+        ("each", "cumulative", ()),
+    ],
 )
 def test_sum_terms_keeps_the_axes_asked_for(
     backend: Variant,
@@ -209,6 +216,8 @@ def test_sum_terms_keeps_the_axes_asked_for(
 ) -> None:
     terms = layer["terms"]
     expected = terms.sum(axis=axes) if axes else terms
+    if layers == "cumulative":
+        expected = np.cumsum(expected, axis=1)  # layer l: the layers up to it
     a = _native(backend, layer, dtype_name)
     result = _run(backend, lambda t: rules.sum_terms(t, heads=heads, layers=layers), a["terms"])
     got = backend.check(result, dtype_name=dtype_name, shape=expected.shape)

@@ -103,9 +103,12 @@ def test_blockwise_rows_equal_the_captured_ones(smollm2, tmp_path, capsys):
     assert code == 0, err
     blockwise = Explanation.load(saved)
     captured = adapter.explain_text(
-        smollm2[0]["sdpa"], smollm2[1], TEXT, methods=["gradient_rollout", "rollout"]
+        smollm2[0]["sdpa"],
+        smollm2[1],
+        TEXT,
+        methods=["direct_logit", "gradient_rollout", "rollout"],
     )
-    assert list(blockwise.scores) == ["gradient_rollout", "rollout"]
+    assert list(blockwise.scores) == ["direct_logit", "gradient_rollout", "rollout"]
     for method in blockwise.scores:
         reference = captured.scores[method]
         np.testing.assert_allclose(
@@ -126,8 +129,14 @@ def test_spans_show_words(smollm2, capsys):
     [
         (["--generate", "0"], "--generate must be >= 1"),
         (["--generate", "2", "--rows", "1"], "drop --rows"),
-        (["--generate", "2", "--method", "flow"], "--generate computes gradient_rollout"),
-        (["--blockwise", "--method", "raw"], "--blockwise computes gradient_rollout, rollout"),
+        (
+            ["--generate", "2", "--method", "flow"],
+            "--generate computes direct_logit, alti_logit, ifr, gradient_rollout",
+        ),
+        (
+            ["--blockwise", "--method", "raw"],
+            "--blockwise computes direct_logit, ifr, gradient_rollout, rollout",
+        ),
         (["--blockwise", "--heads", "max"], "drop --heads"),
     ],
 )

@@ -339,7 +339,10 @@ def test_generation_rows_equal_each_prefix(run: dict[str, Any], method: str) -> 
     model = run["model"]
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = None
-    g = explain_generation(model, _Tokenizer(), "abcde", max_new_tokens=4, methods=[method])
+    g = explain_generation(
+        model, _Tokenizer(), "abcde", max_new_tokens=4, methods=[method], exclude_self=False
+    )
+    default = explain_generation(model, _Tokenizer(), "abcde", max_new_tokens=4, methods=[method])
     ids = [int(i) for i in g.prompt_ids] + [int(i) for i in g.generated_ids]
     prompt = len(g.prompt_ids)
     assert g.scores[method].shape == (4, prompt + 3)
@@ -349,6 +352,8 @@ def test_generation_rows_equal_each_prefix(run: dict[str, Any], method: str) -> 
         expected = explain(model, {"input_ids": prefix}, method=method, rows=-1, **options)[0]
         np.testing.assert_allclose(g.scores[method][t, : prompt + t], expected.numpy(), atol=1e-12)
         assert not g.scores[method][t, prompt + t :].any()
+        # By default the predicting position itself is left out (its own residual).
+        assert default.scores[method][t, prompt + t - 1] == 0
 
 
 def test_diagnose_reports_sinks_heads_and_methods(tmp_path: Any) -> None:
