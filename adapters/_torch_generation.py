@@ -1,4 +1,4 @@
-r"""Attribution of generated text for PyTorch causal language models (issue 21, item 4).
+r"""Attribution of generated text for PyTorch causal language models.
 
 :func:`explain_generation` generates with the model's own ``generate`` (greedy by
 default) inside :func:`attnflow.adapters.torch.capture`, and explains every generated
