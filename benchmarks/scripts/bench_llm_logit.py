@@ -66,7 +66,7 @@ def _measure(task: str, n: int, queue: Any) -> None:
     """Child process: load SmolLM2, warm up, run `task` once at `n` tokens, report."""
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from llm_models import load_smollm2
 
     from attnflow.adapters import torch as adapter
