@@ -94,7 +94,9 @@ def explain(
     rows : int, sequence of int or None, default 0
         Output positions to explain; 0 is the first token (``[CLS]`` for BERT-like
         models), -1 the last (a causal LM's next-token position), None gives the full
-        ``n x n`` map.
+        ``n x n`` map. Negative rows count from the end of each sequence's real tokens
+        (its padding mask: ``attention_mask`` or `mask`), so ``rows=-1`` is every
+        sequence's last real token, right-padded or not.
     target : int, sequence of int, 1-d int Tensor or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained, None for each
         sample's predicted class (argmax of its logits), an int for the same class in

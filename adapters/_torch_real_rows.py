@@ -71,7 +71,8 @@ def explain_by_real_end(
             sub_target = _take(target, index, batch)
         elif isinstance(target, Sequence) and len(target) == batch:
             sub_target = [target[i] for i in group.indices]
-        sub_options = {k: _take(v, index, batch) for k, v in options.items()}
+        # Only the mask option is per sequence (head weights may have `batch` rows too).
+        sub_options = {k: _take(v, index, batch) if k == "mask" else v for k, v in options.items()}
         rows_given = group.rows if isinstance(group.rows, int) else list(group.rows)
         parts.append(explain(sub_inputs, rows=rows_given, target=sub_target, **sub_options))
         order.extend(group.indices)

@@ -1186,7 +1186,9 @@ def explain_linen(
         renormalising rows (``normalize_layers=True`` in `options` for the renormalised
         variant); `options` may override ``residual`` and ``mask``.
     rows : int, sequence of int or None, default 0
-        Output positions to explain.
+        Output positions to explain. Negative rows count from the end of each
+        sequence's real tokens (the captured padding mask; outside ``jax.jit``):
+        ``rows=-1`` is every sequence's last real token.
     heads : {"mean", "max", "min"}, default "mean"
         Head fusion, applied while capturing (rollout and flow; gradient rollout needs
         every head and ignores it; the value-aware methods sum the heads inside their
@@ -1274,7 +1276,9 @@ def explain_nnx(
         The attribution method; ``"gradient_rollout"`` and the value-aware methods as
         for :func:`explain_linen`, with :func:`attention_gradients_nnx` and :func:`capture_nnx`.
     rows : int, sequence of int or None, default 0
-        Output positions to explain.
+        Output positions to explain. Negative rows count from the end of each
+        sequence's real tokens (the captured padding mask; outside ``jax.jit``):
+        ``rows=-1`` is every sequence's last real token.
     heads : {"mean", "max", "min"}, default "mean"
         Head fusion, applied while capturing (rollout and flow only; the value-aware
         methods refuse any other value).

@@ -575,7 +575,8 @@ def explain(
         ``cap.contributions``.
     rows : int, sequence of int or None, default 0
         Output positions to explain; 0 is the first token, None gives the full ``n x n``
-        map.
+        map. Negative rows count from the end of each sequence's real tokens (the
+        captured padding mask): ``rows=-1`` is every sequence's last real token.
     target : int, sequence of int, 1-d int tensor or None, default None
         ``"gradient_rollout"`` only: the class whose logit is explained (the model returns
         ``(batch, classes)`` logits), None for each sample's predicted class.

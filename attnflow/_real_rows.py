@@ -131,15 +131,21 @@ def by_real_end(compute: Callable[[Any], Any], mask: Any, rows: Any) -> Any:
     ``rows=-1`` would name the padding position ``n - 1`` of the shorter sequences. The
     rows each sequence means are resolved (:func:`group_by_real_end`),
     the batch computed once for all of them, and each sequence's own rows taken from the
-    result. Without a mask, negative rows, or padding after the last real token,
-    ``compute(rows)`` as it is.
+    result. Without a mask, negative rows, or padding after the last real token, and with
+    a traced mask (inside ``jax.jit``, whose values are unknown), ``compute(rows)`` as it
+    is.
     """
     if mask is None or rows is None:
         return compute(rows)
     import numpy as np
 
     from ._host import to_host
+    from ._namespace import values_are_inspectable
 
+    if not values_are_inspectable(mask):
+        # Traced (inside jax.jit): where each sequence ends is not known until it runs, so
+        # negative rows stay positions of the padded length, as documented.
+        return compute(rows)
     host = np.asarray(to_host(mask, name="mask", keep_dtype=True)).astype(bool)
     if host.ndim != 2:
         return compute(rows)

@@ -96,3 +96,11 @@ def test_non_negative_rows_stay_positions(llama):
     got = adapter.explain(llama, batch, rows=[0, -1])
     whole = adapter.explain(llama, batch, rows=0)
     torch.testing.assert_close(got[:, 0], whole, atol=0, rtol=0)
+
+
+def test_head_weights_with_as_many_rows_as_sequences_are_not_split(llama):
+    # (layers=2, heads=4) weights in a batch of 2: one set for every sequence.
+    weights = torch.tensor([[1.0, 0.0, 2.0, 1.0], [0.5, 0.5, 1.0, 2.0]], dtype=torch.float64)
+    got = adapter.explain(llama, _batch("right"), rows=-1, heads=weights)
+    alone = adapter.explain(llama, {"input_ids": torch.tensor([SHORT])}, rows=-1, heads=weights)
+    torch.testing.assert_close(got[1, : len(SHORT)], alone[0], atol=1e-8, rtol=0)
