@@ -304,6 +304,7 @@ TORCH_DOCTESTS = [
     "attnflow.adapters._torch_explain",
     "attnflow.adapters._torch_gradients",
     "attnflow.adapters._torch_model_functions",
+    "attnflow.adapters._torch_path",
     "attnflow.adapters._token_text",
     "attnflow._experiments.agreement_torch",
     "attnflow._experiments.reproduction",
