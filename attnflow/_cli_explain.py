@@ -56,8 +56,9 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
         "--method",
         default=None,
         help="comma-separated methods among raw, rollout, flow, gradient_rollout, norm, "
-        "globenc, alti (default raw,rollout,flow, and gradient_rollout for a causal LM; "
-        "gradient_rollout needs a classifier or a causal LM)",
+        "globenc, alti (default raw,rollout,flow; for a causal LM gradient_rollout,raw,"
+        "rollout,flow, the page opening on the first; gradient_rollout needs a classifier "
+        "or a causal LM)",
     )
     parser.add_argument(
         "--heads",
