@@ -293,6 +293,7 @@ TORCH_DOCTESTS = [
     "attnflow.adapters._torch_inputs",
     "attnflow.adapters._torch_llm",
     "attnflow.adapters._torch_model_functions",
+    "attnflow.adapters._torch_path",
     "attnflow.adapters._token_text",
 ]
 # The pretrained decoder of the LLM tests: SmolLM2-135M-Instruct as GGUF in a PyPI package

@@ -173,9 +173,9 @@ def use_blockwise(
 ) -> bool:
     """Decide explain()'s path; raise if `blockwise=True` cannot be honoured.
 
-    ``blockwise=None`` goes blockwise for a supported model and method when the
-    materialised weights would take more than :data:`MEMORY_SHARE` of the available
-    memory, or when the model's attention implementation cannot be captured.
+    ``blockwise=None`` goes blockwise for a supported model and method when the model's
+    attention implementation cannot be captured, or as :mod:`._torch_path` estimates
+    (cost and memory of both paths; the choice is logged).
     """
     if blockwise is not None and not isinstance(blockwise, bool):
         msg = (
@@ -207,7 +207,9 @@ def use_blockwise(
     if shape is None:
         return False
     device = next(model.parameters()).device
-    return materialised_bytes(model, *shape) > MEMORY_SHARE * available_bytes(device)
+    from ._torch_path import choose_path  # the documented cost and memory estimate
+
+    return choose_path(model, str(method), *shape, available_bytes(device), device_type=device.type)
 
 
 # -- options ----------------------------------------------------------------------------------

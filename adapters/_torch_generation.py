@@ -159,7 +159,8 @@ def explain_generation(
 
     The attention sinks of the text (the first position, and any position whose mean
     attention share from the queries after it, over layers and heads, is at least 0.3;
-    one more forward pass over the whole text finds them) are kept in
+    one more forward pass over the text, its first 1,024 tokens at most, finds them) are
+    kept in
     ``GenerationExplanation.sinks``: the views leave them out of the colour scale and of
     the strongest sources, and say so.
 
@@ -389,11 +390,20 @@ def explain_generation(
     )
 
 
+#: The sinks of a generation are found on its first tokens at most (bounded memory: the
+#: fused weights of this many tokens; a sink is an early position).
+SINK_WINDOW = 1024
+
+
 def _sinks(model: nn.Module, text: torch.Tensor, device: torch.device) -> tuple[int, ...]:
-    """Find the text's attention sinks in one forward pass over it (heads fused by the mean)."""
+    """Find the text's attention sinks in one forward pass over it (heads fused by the mean).
+
+    Over the first :data:`SINK_WINDOW` tokens of a longer text, so that the fused weights
+    held stay bounded (``4 L w^2`` bytes).
+    """
     from ._torch_capture import capture
 
-    ids = text[None].to(device)
+    ids = text[None, :SINK_WINDOW].to(device)
     with torch.no_grad(), capture(model, heads="mean") as cap:
         model(input_ids=ids, attention_mask=torch.ones_like(ids))
     return find_sinks(cap.attentions[0].double())

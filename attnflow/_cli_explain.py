@@ -56,8 +56,9 @@ def configure_explain(parser: argparse.ArgumentParser) -> None:
         "--method",
         default=None,
         help="comma-separated methods among " + ", ".join(METHODS) + " (default "
-        "raw,rollout,flow, and gradient_rollout for a causal LM; gradient_rollout needs a "
-        "classifier or a causal LM; direct_logit, alti_logit and ifr a causal LM)",
+        "raw,rollout,flow; for a causal LM direct_logit,raw,rollout,flow,gradient_rollout, "
+        "the page opening on the first; gradient_rollout needs a classifier or a causal "
+        "LM; direct_logit, alti_logit and ifr a causal LM)",
     )
     parser.add_argument(
         "--heads",

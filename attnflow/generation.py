@@ -114,9 +114,9 @@ class GenerationExplanation:
     2 tokens generated after a prompt of 3; the 3 strongest sources of each, by method
     Each generated token is attributed to the prompt and the text generated before it; the score of the position that predicted it is kept in the data but never listed among the sources.
     [3] ' there' (id 7), predicted at position 2
-        rollout  [1] 'Hi' 0.5000
+        rollout  [1] 'Hi' 0.5
     [4] '!' (id 9), predicted at position 3
-        rollout  [1] 'Hi' 0.3000  [2] ' you' 0.1000
+        rollout  [1] 'Hi' 0.3  [2] ' you' 0.1
     >>> g.show(step=1)
     row 3 (' there'), layer 1 of 1; target 9
     token        rollout

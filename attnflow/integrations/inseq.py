@@ -89,6 +89,7 @@ __all__ = [
     "AttentionFlowAttribution",
     "AttentionRolloutAttribution",
     "GradientRolloutAttribution",
+    "generation_explanation",
 ]
 
 _PRUNING = ("threshold", "top_k", "discard", "receptive_field", "exclude", "normalize_layers")
@@ -530,3 +531,70 @@ class GradientRolloutAttribution(_Checked, InternalsAttributionRegistry):  # typ
         super().__init__(attribution_model)
         self.use_attention_weights = False  # captured by attnflow, with their gradients
         self.method = _GradientRollout(attribution_model)
+
+
+def generation_explanation(output: Any, tokenizer: Any, *, sequence: int = 0) -> Any:
+    r"""Render an inseq result with attnflow: one decoder-only sequence as a generation page.
+
+    inseq labels tokens with the tokenizer's pieces, byte-level ones included (``Ġkey``,
+    ``Ċ``); attnflow's views show the text each piece stands for (``" key"``, ``"\n"``;
+    :func:`attnflow.adapters._token_text.token_labels`). Column ``t`` of inseq's target
+    attributions (generated token ``P + t``, over the tokens before it; NaN beyond) becomes
+    row ``t`` of a :class:`attnflow.generation.GenerationExplanation` (zero beyond), whose
+    ``show()`` and ``to_html()`` never list the predicting position itself.
+
+    Parameters
+    ----------
+    output : inseq.FeatureAttributionOutput
+        What ``model.attribute(...)`` returned, for a decoder-only model.
+    tokenizer : Hugging Face tokenizer
+        The model's tokenizer (its byte-level decoder gives the texts).
+    sequence : int, default 0
+        Which of the output's sequences.
+
+    Returns
+    -------
+    attnflow.generation.GenerationExplanation
+        One method, named after inseq's method (``output.info["attribution_method"]``).
+
+    Raises
+    ------
+    ValueError
+        For an encoder-decoder result (source attributions) or a sequence out of range.
+    """
+    import numpy as np
+
+    from attnflow.adapters._token_text import (  # type: ignore[import-not-found,unused-ignore]
+        token_labels,
+    )
+    from attnflow.generation import GenerationExplanation
+
+    results = output.sequence_attributions
+    if not -len(results) <= sequence < len(results):
+        msg = f"`sequence` must index the {len(results)} sequences of the output; got {sequence}."
+        raise ValueError(msg)
+    result = results[sequence]
+    if result.source_attributions is not None or result.target_attributions is None:
+        msg = (
+            "generation_explanation renders a decoder-only model's attributions (target "
+            "attributions, no source); this output has source attributions."
+        )
+        raise ValueError(msg)
+    start, end = int(result.attr_pos_start), int(result.attr_pos_end)
+    ids = [int(token.id) for token in result.target][:end]
+    values = result.target_attributions.detach().cpu().double().numpy()
+    steps = end - start
+    scores = np.zeros((steps, end - 1))
+    for t in range(steps):
+        column = values[: start + t, t]
+        scores[t, : start + t] = np.nan_to_num(column, nan=0.0)
+    special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)
+    method = str(getattr(output, "info", {}).get("attribution_method", "inseq"))
+    return GenerationExplanation(
+        token_labels(tokenizer, ids),
+        ids[start:],
+        {method: scores},
+        prompt_length=start,
+        prompt_ids=ids[:start],
+        special=[bool(s) for s in special],
+    )

@@ -356,3 +356,37 @@ def test_exclude_self_reaches_rollout_and_flow(gpt2: Any, tokenizer: Any, method
         torch.testing.assert_close(scores[: position + 1, step], expected, atol=ATOL, rtol=0)
     with pytest.raises(TypeError, match=r"`exclude_self` must be True or False"):
         model.attribute(PROMPT, GENERATED, show_progress=False, exclude_self="yes")
+
+
+def test_generation_explanation_renders_with_token_texts(gpt2: Any, tokenizer: Any) -> None:
+    """Issue 39: attnflow renders inseq's result with token texts, not byte-level pieces."""
+    from attnflow.integrations.inseq import generation_explanation
+
+    model = inseq.load_model(gpt2, "gradient_rollout", tokenizer=tokenizer)
+    out = model.attribute(PROMPT, GENERATED, show_progress=False, exclude_self=True)
+    scores = out.sequence_attributions[0].target_attributions
+    g = generation_explanation(out, tokenizer)
+    start = len(PROMPT.split())
+    assert g.prompt_length == start
+    assert g.n_generated == 3
+    assert g.tokens == tuple(GENERATED.split())
+    for t in range(3):
+        torch.testing.assert_close(
+            torch.from_numpy(g.scores["gradient_rollout"][t, : start + t]),
+            scores[: start + t, t].double(),
+        )
+    assert "cabinets" in g.to_html()
+    # A byte-level BPE tokenizer's pieces become their texts.
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    words = {"the": 0, "Ġkey": 1, "Ġto": 2, "Ġthe": 3, "Ġcabinets": 4, "Ġis": 5, "Ġon": 6}
+    bpe = tokenizers.Tokenizer(tokenizers.models.BPE(words, merges=[]))
+    bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = tokenizers.decoders.ByteLevel()
+    byte_level = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe)
+    out.sequence_attributions[0].target = [
+        type(token)(token=("Ġ" if i else "") + token.token, id=i)
+        for i, token in enumerate(out.sequence_attributions[0].target)
+    ]
+    g = generation_explanation(out, byte_level)
+    assert g.tokens == ("the", " key", " to", " the", " cabinets", " is", " on")

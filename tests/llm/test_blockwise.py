@@ -291,7 +291,11 @@ def test_blockwise_none_follows_the_memory_estimate(monkeypatch):
     monkeypatch.setattr(blockwise, "explain_rows", spy)
     adapter.explain(model, inputs, rows=-1)
     assert calls == []  # a few kilobytes of weights: captured
-    # 3 layers x 4 heads x 11^2 x 4 bytes x 2 = 11,616 bytes; a quarter of 40 kB is less
+    # Heads fused while capturing: 3 layers x 11^2 x 4 bytes x 2 = 2,904 bytes, and one
+    # layer's scores, 4 heads' worth (3,872): 6,776 bytes; a tenth of 40 kB is less.
+    from attnflow.adapters import _torch_path
+
+    monkeypatch.setattr(_torch_path, "MEMORY_SHARE", 0.1)
     monkeypatch.setattr(blockwise, "available_bytes", lambda device: 40_000)
     adapter.explain(model, inputs, rows=-1)
     assert calls == ["rollout"]
@@ -359,3 +363,32 @@ def test_bad_input_is_refused_clearly():
             rows=-1,
             blockwise=True,
         )
+
+
+def test_blockwise_none_takes_the_cheaper_path_and_logs_it(monkeypatch, caplog):
+    """Issue 39: on a CPU, blockwise from 512 tokens (measured faster at 1,024); logged."""
+    from attnflow.adapters import _torch_path
+
+    model = _tiny("llama", dtype=torch.float32)
+    calls = []
+    original = blockwise.explain_rows
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["method"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(blockwise, "explain_rows", spy)
+    long = {"input_ids": torch.randint(0, 32, (1, _torch_path.CPU_BLOCKWISE_FROM))}
+    with caplog.at_level("INFO", logger="attnflow"):
+        adapter.explain(model, long, rows=-1, method="gradient_rollout")
+        adapter.explain(model, {"input_ids": long["input_ids"][:, :16]}, rows=-1)
+    assert calls == ["gradient_rollout"]
+    first, second = (r.getMessage() for r in caplog.records if r.name == "attnflow")
+    assert "on 1 x 512 tokens: the blockwise path, on a CPU from 512 tokens" in first
+    assert "estimated peaks: materialised" in first
+    assert "on 1 x 16 tokens: the materialised (captured weights) path" in second
+    # On a GPU, capturing is cheaper while it fits; never when it would not.
+    gpu = _torch_path.estimate(model, "rollout", 1, 4096, 2**40, device_type="cuda")
+    assert not gpu.blockwise_chosen
+    tight = _torch_path.estimate(model, "rollout", 1, 4096, gpu.materialised, device_type="cuda")
+    assert tight.blockwise_chosen

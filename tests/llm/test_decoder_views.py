@@ -204,3 +204,12 @@ def _word_ranges(text: str) -> list[tuple[int, int]]:
     import re
 
     return [m.span() for m in re.finditer(r"\w+|[^\w\s]", text)]
+
+
+def test_generation_sinks_are_found_on_a_bounded_window(llama, monkeypatch):
+    from attnflow.adapters import _torch_generation
+
+    monkeypatch.setattr(_torch_generation, "SINK_WINDOW", 4)
+    g = adapter.explain_generation(llama, _Tokenizer(), "abcdef", max_new_tokens=2)
+    ids = [*g.prompt_ids.tolist(), *g.generated_ids.tolist()]
+    assert g.sinks == find_sinks(_eager_weights(llama, ids[:4]))
