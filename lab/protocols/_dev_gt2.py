@@ -11,7 +11,6 @@ exported the task generators (``copying_task`` & co., ``locate_source``) and
 it with that commit installed; ``eval_llm_ground_truth.py`` is the current protocol.
 """
 
-
 from __future__ import annotations
 
 import os

@@ -4,7 +4,6 @@ A record, like ``_dev_gt2.py``: written against attnflow as of commit 34f2e4c, w
 ``attnflow.evaluate`` exported ``source_ranks`` (private since).
 """
 
-
 from __future__ import annotations
 
 import sys
