@@ -393,3 +393,22 @@ def test_diagnose_reports_sinks_heads_and_methods(tmp_path: Any) -> None:
     with pytest.raises(FileExistsError):
         report.to_html(tmp_path / "report.html")
     assert attnflow  # the package stays importable next to the report
+
+
+def test_the_diagnose_command_reports_smollm2(smollm2: Any, tmp_path: Any, capsys: Any) -> None:
+    """``attnflow diagnose --model FOLDER``: the report of SmolLM2, its page, and refusals."""
+    from llm_models import smollm2_folder
+
+    from attnflow._cli import main
+
+    page = tmp_path / "report.html"
+    folder = str(smollm2_folder())
+    assert main(["diagnose", "--model", folder, "--items", "2", "-o", str(page)]) == 0
+    out = capsys.readouterr().out
+    # Rollout never finds the copied word's source on SmolLM2; direct_logit does.
+    assert "rollout 0.00" in out
+    assert "direct_logit 1.00" in out
+    assert page.read_text().count("data:image/png;base64,") == 4
+    assert main(["diagnose", "--model", folder, "-o", str(page)]) == 2  # no --force
+    assert "exists; pass --force" in capsys.readouterr().err
+    assert main(["diagnose", "--model", folder, "--items", "0"]) == 2
