@@ -9,9 +9,11 @@ import the dispatcher that loads them (no import cycle).
 from __future__ import annotations
 
 import importlib.util
+import os
+from pathlib import Path
 from typing import TextIO
 
-__all__ = ["PAPER", "PROG", "UsageError", "bar", "can_encode", "has_module"]
+__all__ = ["PAPER", "PROG", "UsageError", "bar", "can_encode", "has_module", "output_path"]
 
 PROG = "attnflow"
 PAPER = (
@@ -25,6 +27,21 @@ _EIGHTH_BLOCKS = "\u258f\u258e\u258d\u258c\u258b\u258a\u2589"  # 1/8 ... 7/8
 
 class UsageError(Exception):
     """A bad command line; reported in one line with exit status 2."""
+
+
+def output_path(flag: str, value: str, suffix: str, *, force: bool) -> Path:
+    """Check an output file option before any work: its suffix, no overwrite, its folder."""
+    path = Path(value)
+    if path.suffix.lower() != suffix:
+        msg = f"{flag} must end in {suffix}; got {path.name!r}"
+        raise UsageError(msg)
+    if os.path.lexists(path) and not force:
+        msg = f"{path} exists; pass --force to replace it"
+        raise UsageError(msg)
+    if not path.parent.is_dir():
+        msg = f"{flag} {value}: folder {path.parent} does not exist; create it first"
+        raise UsageError(msg)
+    return path
 
 
 def has_module(name: str) -> bool:

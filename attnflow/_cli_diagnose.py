@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
-from ._cli_common import UsageError, has_module
+from ._cli_common import UsageError, has_module, output_path
 
 __all__ = ["configure_diagnose", "run_diagnose"]
 
@@ -39,17 +38,9 @@ def run_diagnose(args: argparse.Namespace) -> int:
     if not 1 <= args.items <= 200:
         msg = f"--items must be from 1 to 200; got {args.items}"
         raise UsageError(msg)
-    output = None if args.output is None else Path(args.output)
-    if output is not None:
-        if output.suffix.lower() != ".html":
-            msg = f"-o must end in .html; got {output.name!r}"
-            raise UsageError(msg)
-        if os.path.lexists(output) and not args.force:
-            msg = f"{output} exists; pass --force to replace it"
-            raise UsageError(msg)
-        if not output.parent.is_dir():
-            msg = f"-o {args.output}: folder {output.parent} does not exist; create it first"
-            raise UsageError(msg)
+    output = (
+        None if args.output is None else output_path("-o", args.output, ".html", force=args.force)
+    )
     needed = ["torch", "transformers", *(["matplotlib"] if output is not None else [])]
     for module in needed:
         if not has_module(module):

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ._cli_common import UsageError, has_module
+from ._cli_common import UsageError, has_module, output_path
 from ._cli_decoder import (
     add_decoder_cli_flags,
     chat_tokenizer,
@@ -219,21 +219,9 @@ def run_explain(args: argparse.Namespace) -> int:
             "pass --image FILE instead of a text"
         )
         raise UsageError(msg)
-    outputs = []
     for flag, value, suffix in (("-o", args.output, ".html"), ("--save", args.save, ".npz")):
-        if value is None:
-            continue
-        path = Path(value)
-        if path.suffix.lower() != suffix:
-            msg = f"{flag} must end in {suffix}; got {path.name!r}"
-            raise UsageError(msg)
-        if os.path.lexists(path) and not args.force:
-            msg = f"{path} exists; pass --force to replace it"
-            raise UsageError(msg)
-        if not path.parent.is_dir():
-            msg = f"{flag} {value}: folder {path.parent} does not exist; create it first"
-            raise UsageError(msg)
-        outputs.append(path)
+        if value is not None:
+            output_path(flag, value, suffix, force=args.force)
     if image is not None and args.output is not None and not has_module("matplotlib"):
         msg = "-o with --image draws the figure: it needs matplotlib, pip install 'attnflow[plot]'"
         raise UsageError(msg)
