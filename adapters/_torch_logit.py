@@ -146,11 +146,16 @@ def _final_norm(model: nn.Module) -> nn.Module | None:
     return None
 
 
+def _wide(tensor: torch.Tensor) -> torch.Tensor:
+    """Half precision in float32: a softmax and sums over thousands of terms need it."""
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
 def _output_projection(layer: _Layer) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(W_O, b_O)`` with ``W_O`` of shape ``(H * dh, d)``, applied as ``context @ W_O``."""
     module = getattr(layer.attention, layer.family.output)
-    weight = module.weight.detach()
-    bias = None if module.bias is None else module.bias.detach()
+    weight = _wide(module.weight.detach())
+    bias = None if module.bias is None else _wide(module.bias.detach())
     return (weight.T if isinstance(module, nn.Linear) else weight), bias
 
 
@@ -240,7 +245,7 @@ def _attention_rows(
     layer: _Layer, hidden: torch.Tensor, embeddings: Any, run: _Run
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return the explained rows' attention ``(B, H, r, n)`` and the values ``(B, KV, n, hd)``."""
-    q, k, v = _queries_keys_values(layer, hidden, embeddings)
+    q, k, v = (_wide(t) for t in _queries_keys_values(layer, hidden, embeddings))
     positions = run.positions
     assert positions is not None
     batch, heads, n, head_dim = q.shape
@@ -318,7 +323,7 @@ def _entering_block(layer: _Layer, run: _Run) -> Any:
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # noqa: ARG001
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         if isinstance(hidden, torch.Tensor) and run.positions is not None:
-            layer.residual = _at_rows(hidden.detach(), run.positions)
+            layer.residual = _wide(_at_rows(hidden.detach(), run.positions))
 
     return hook
 
@@ -524,16 +529,17 @@ def explain_target_conditioned(
         stacked = torch.stack([layer.ifr for layer in run.layers if layer.ifr is not None], dim=1)
     else:
         targets = _targets(target_ids, logits)
-        gain = None if norm_weight is None else norm_weight.detach()
-        shift = None if norm_bias is None else norm_bias.detach()
+        gain = None if norm_weight is None else _wide(norm_weight.detach())
+        shift = None if norm_bias is None else _wide(norm_bias.detach())
+        wide_hidden = _wide(hidden)
 
         def read(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            rows = head.weight.detach()[ids]
-            return readout(hidden, rows, norm=kind, weight=gain, bias=shift, eps=eps)
+            rows = _wide(head.weight.detach()[ids])
+            return readout(wide_hidden, rows, norm=kind, weight=gain, bias=shift, eps=eps)
 
         with torch.no_grad():
             direction, constant = read(targets)
-            _check_readout(logits, targets, hidden, direction, constant, head)
+            _check_readout(logits, targets, wide_hidden, direction, constant, head)
             if foil_ids is not None:
                 # A contrast is linear in the readout: u_target - u_foil.
                 direction = direction - read(_targets(foil_ids, logits))[0]

@@ -412,3 +412,23 @@ def test_the_diagnose_command_reports_smollm2(smollm2: Any, tmp_path: Any, capsy
     assert main(["diagnose", "--model", folder, "-o", str(page)]) == 2  # no --force
     assert "exists; pass --force" in capsys.readouterr().err
     assert main(["diagnose", "--model", folder, "--items", "0"]) == 2
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_models_are_read_in_float32(dtype: str) -> None:
+    """A bf16/fp16 model's rows, softmax and sums run in float32, close to the float32 model's."""
+    model = _llama().float()
+    half = _llama().float()
+    half.load_state_dict(model.state_dict())
+    half = half.to(getattr(torch, dtype))
+    ids = {
+        "input_ids": torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(3))
+    }
+    for method, options in (("direct_logit", {"target": 5}), ("ifr", {})):
+        reference = explain(model, ids, method=method, rows=-1, **options)
+        scores = explain(half, ids, method=method, rows=-1, **options)
+        assert scores.dtype == torch.float32
+        # The half model's own weights and hidden states are rounded: a few percent.
+        torch.testing.assert_close(
+            scores, reference, rtol=0, atol=0.05 * float(reference.abs().max())
+        )
