@@ -333,7 +333,7 @@ def test_ground_truth_ranks_within_the_context_and_over_the_whole_prompt():
 
 
 def test_agreement_items_put_attractors_of_the_other_number_between_subject_and_verb():
-    from attnflow.evaluate._llm_tasks import NUMBERED_NOUNS
+    from attnflow.evaluate._llm_tasks import LEAD_INS, NUMBERED_NOUNS
 
     singular = {pair[0] for pair in NUMBERED_NOUNS}
     plural = {pair[1] for pair in NUMBERED_NOUNS}
@@ -341,10 +341,12 @@ def test_agreement_items_put_attractors_of_the_other_number_between_subject_and_
     assert items == agreement_task(30, seed=4, attractors=2)
     assert {item.answer for item in items} == {" is", " are"}  # both numbers drawn
     for item in items:
-        words = item.prompt.split(" ")
+        lead, rest = item.prompt.split(" the ", 1)
+        assert lead in LEAD_INS
+        words = rest.split(" ")
         subject = item.prompt[slice(*item.source)]
-        assert words[:2] == ["The", subject]
-        assert item.source == (4, 4 + len(subject))
+        assert words[0] == subject
+        assert item.source[0] == len(lead) + 5
         attractors = [words[i + 1] for i, word in enumerate(words) if word == "the"]
         assert len(attractors) == 2
         if item.answer == " are":
@@ -358,10 +360,11 @@ def test_agreement_items_put_attractors_of_the_other_number_between_subject_and_
         assert item.context is None
         assert not item.copied
         located = locate_source(item, word_tokenizer())
-        assert located.source == 1
+        # Not the first candidate: the lead-in's words and "the" come before the subject.
+        assert located.source == len(lead.split(" ")) + 1
         assert located.foil_id not in (None, located.answer_id)
         assert located.answer_id not in located.ids.tolist()  # the verb is not in the prompt
-    assert [len(i.prompt.split(" the ")) for i in agreement_task(5, attractors=3)] == [4] * 5
+    assert [len(i.prompt.split(" the ")) for i in agreement_task(5, attractors=3)] == [5] * 5
 
 
 def test_ioi_items_name_the_indirect_object_once_and_the_subject_twice():
@@ -447,9 +450,11 @@ def test_ground_truth_scores_a_foil_task_by_the_answer_against_the_foil():
                 out[0, item.answer_id], out[0, 999] = 1.0, 5.0
         return out
 
+    sources = {item.ids.tobytes(): item.source for item in items}
+
     def subject(ids: np.ndarray, target: int) -> np.ndarray:
         scores = np.zeros(len(ids))
-        scores[1] = 1.0
+        scores[sources[ids.tobytes()]] = 1.0
         return scores
 
     report = _score(items, {"subject": subject}, log_probabilities)

@@ -74,7 +74,8 @@ def ground_truth(
     - ``"stated_facts"``: facts about people, then a question; the source is the asked
       person's object (``"... Anna lives in Paris ... Anna lives in"`` -> ``" Paris"``);
     - ``"agreement"``: subject-verb agreement across attractors; the source is the subject
-      noun (``"The keys to the cabinet near the door"`` -> ``" are"``, foil ``" is"``);
+      noun (``"She said that the keys to the cabinet near the door"`` -> ``" are"``, foil
+      ``" is"``);
     - ``"ioi"``: indirect-object identification; the source is the indirect object's mention
       (``"When Mary and John went to the store, John gave a drink to"`` -> ``" Mary"``, foil
       ``" John"``).

@@ -12,8 +12,8 @@ construction (:data:`TASKS`; reached through :func:`attnflow.evaluate.ground_tru
   source is that person's object ("Anna lives in Paris. Tom lives in Rome. Where does Anna
   live? Anna lives in" -> " Paris").
 - :func:`agreement_task`: subject-verb agreement across attractors; the source is the
-  subject noun, whose number decides the verb ("The keys to the cabinet near the door" ->
-  " are", not " is").
+  subject noun, whose number decides the verb ("She said that the keys to the cabinet near
+  the door" -> " are", not " is").
 - :func:`ioi_task`: indirect-object identification; the source is the indirect object's
   only mention ("When Mary and John went to the store, John gave a drink to" -> " Mary",
   not the subject " John").
@@ -89,6 +89,9 @@ NUMBERED_NOUNS = (
 )  # fmt: skip
 """Singular and plural nouns of the agreement task, each one token with a leading space."""
 PREPOSITIONS = ("to", "near", "behind", "beside", "under", "above", "by", "with", "of")
+LEAD_INS = ("I think that", "She said that", "We know that", "He told me that", "They saw that")
+"""What comes before the subject of an agreement item, so that the subject is not the first
+candidate position: a method biased toward early positions does not find it by its place."""
 IOI_TEMPLATES = (
     "When {} and {} went to the {place}, {subject} gave a {object} to",
     "After {} and {} went to the {place}, {subject} gave a {object} to",
@@ -450,11 +453,12 @@ def stated_facts_task(
 def agreement_task(count: int, /, *, seed: int = 0, attractors: int = 2) -> list[TaskItem]:
     """Subject-verb agreement across attractors: the subject noun decides the verb's number.
 
-    ``"The keys to the cabinet near the door"`` with answer ``" are"`` and foil ``" is"``:
-    a subject noun, then `attractors` prepositional phrases whose nouns have the other
-    number (the attractors, Linzen et al. 2016), so that the nearest noun points to the
-    wrong verb. The source is the subject noun (it is not the answer: ``copied=False``);
-    the whole prompt competes. A model answers correctly when the right form's logit is
+    ``"She said that the keys to the cabinet near the door"`` with answer ``" are"`` and foil
+    ``" is"``: a lead-in clause (:data:`LEAD_INS`, so that the subject is not the first
+    candidate position), a subject noun, then `attractors` prepositional phrases whose
+    nouns have the other number (the attractors, Linzen et al. 2016), so that the nearest
+    noun points to the wrong verb. The source is the subject noun (it is not the answer:
+    ``copied=False``); the whole prompt competes. A model answers correctly when the right form's logit is
     above the wrong one's (the contrastive setting of Ferrando et al. 2023, "Explaining
     How Transformers Use Context to Build Predictions", ACL). The noun pairs, prepositions
     and the subject's number are drawn uniformly; nouns are distinct within an item.
@@ -479,7 +483,7 @@ def agreement_task(count: int, /, *, seed: int = 0, attractors: int = 2) -> list
     >>> from attnflow.evaluate._llm_tasks import agreement_task
     >>> item = agreement_task(1, seed=0, attractors=1)[0]
     >>> item.prompt, item.answer, item.foil
-    ('The room behind the roads', ' is', ' are')
+    ('She said that the room to the roads', ' is', ' are')
     >>> item.prompt[slice(*item.source)]
     'room'
     """
@@ -489,7 +493,8 @@ def agreement_task(count: int, /, *, seed: int = 0, attractors: int = 2) -> list
         nouns = [NUMBERED_NOUNS[i] for i in rng.choice(len(NUMBERED_NOUNS), attractors + 1, False)]
         plural = bool(rng.integers(0, 2))
         subject = nouns[0][int(plural)]
-        pieces: list[Piece] = [("The ", False), (subject, True)]
+        lead = LEAD_INS[int(rng.integers(0, len(LEAD_INS)))]
+        pieces: list[Piece] = [(f"{lead} the ", False), (subject, True)]
         for noun in nouns[1:]:
             preposition = PREPOSITIONS[int(rng.integers(0, len(PREPOSITIONS)))]
             pieces.append((f" {preposition} the {noun[int(not plural)]}", False))

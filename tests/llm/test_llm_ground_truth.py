@@ -174,12 +174,13 @@ def test_registry_method_with_explain_keywords_equals_an_independent_computation
 
 
 @pytest.mark.usefixtures("one_thread")
-@pytest.mark.parametrize(("task", "least"), [("agreement", 0.8), ("ioi", 0.95)])
+@pytest.mark.parametrize(("task", "least"), [("agreement", 0.9), ("ioi", 0.95)])
 def test_smollm2_answers_agreement_and_ioi_items_in_the_expected_fraction(smollm2, task, least):
     """The right form above the wrong one (agreement), the indirect object above the subject.
 
-    Measured on 40 items of seeds 0, 1 and 2 (two attractors): agreement 0.72, 0.90, 0.85
-    (chance 0.5), IOI 1.00 each; here the 20 items of seed 1.
+    Measured on 40 items of seeds 0, 1 and 2 (two attractors, after a lead-in clause):
+    agreement 1.00 each (chance 0.5; 0.72, 0.90, 0.85 without the lead-in), IOI 1.00 each;
+    here the 20 items of seed 1.
     """
     models, tokenizer = smollm2
     position = {"position": lambda ids, target: np.arange(len(ids), dtype=float)}
