@@ -70,7 +70,8 @@ def test_explain_text_on_a_causal_lm(smollm2, tmp_path):
     e = adapter.explain_text(models["sdpa"], tokenizer, text)
     n = len(tokenizer(text)["input_ids"])
     assert e.rows == n - 1  # the position that predicts the next token
-    assert list(e.scores) == ["gradient_rollout", "raw", "rollout", "flow"]  # the leading one first
+    # The leading one first: the method that localises a decoder's sources best.
+    assert list(e.scores) == ["direct_logit", "raw", "rollout", "flow", "gradient_rollout"]
     assert all(values.shape == (30, n) for values in e.scores.values())
     assert e.labels is not None
     assert e.labels[e.predicted] == " Paris"
@@ -92,6 +93,9 @@ def test_explain_text_on_a_causal_lm(smollm2, tmp_path):
         exclude_self=True,
     )[0]
     np.testing.assert_allclose(e.scores["gradient_rollout"], gae.double().numpy(), atol=1e-5)
+    # direct_logit's layers as running sums: the top layer is the method itself.
+    direct = adapter.explain(models["sdpa"], dict(ids), method="direct_logit", rows=-1)[0]
+    np.testing.assert_allclose(e.scores["direct_logit"][-1], direct.double().numpy(), atol=1e-5)
     assert "' Paris'" in repr(e)
     saved = Explanation.load(e.save(tmp_path / "lm.npz"))
     assert saved.labels == e.labels
