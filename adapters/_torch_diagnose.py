@@ -82,6 +82,14 @@ def diagnose(
     ValueError
         If the model's blocks are not supported, `items` is out of range or a method is
         unknown (before any work).
+
+    Examples
+    --------
+    On the pretrained SmolLM2 (``attnflow diagnose --model FOLDER`` does the same):
+
+    >>> report = diagnose(model, tokenizer, items=6)  # doctest: +SKIP
+    >>> report.show()  # doctest: +SKIP
+    >>> report.to_html("report.html")  # doctest: +SKIP
     """
     reason = unsupported_reason(model)
     if reason is not None:

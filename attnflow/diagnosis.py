@@ -45,8 +45,20 @@ INACTIVE_SHARE = 0.2
 def sink_mass(attentions: Any, /, *, xp: Namespace | None = None) -> Any:
     r"""Mean attention to the first position over the query rows after it.
 
-    :math:`\operatorname{mean}_{t \ge 1} A_{t0}` for attention ``(..., n, n)`` (``n >= 2``):
-    ``(...)``, e.g. ``(layers, heads)``.
+    :math:`\operatorname{mean}_{t \ge 1} A_{t0}`: how much attention the first position
+    stores (an attention sink, Xiao et al. 2023).
+
+    Parameters
+    ----------
+    attentions : array ``(..., n, n)``
+        Attention probabilities, rows = queries, ``n >= 2``.
+    xp : namespace, optional
+        The array namespace; inferred from `attentions` by default.
+
+    Returns
+    -------
+    array ``(...)``
+        E.g. ``(layers, heads)`` for one sequence's ``(layers, heads, n, n)``.
 
     Examples
     --------
@@ -63,9 +75,20 @@ def sink_mass(attentions: Any, /, *, xp: Namespace | None = None) -> Any:
 def output_shares(norms: Any, /, *, xp: Namespace | None = None) -> Any:
     r"""Each head's share of its layer's head-output norms, averaged over rows.
 
-    `norms` ``(..., heads, rows)`` holds :math:`\lVert o^{h}_t\rVert`; the result
-    ``(..., heads)`` is :math:`\operatorname{mean}_t \lVert o^h_t\rVert / \sum_{h'}
-    \lVert o^{h'}_t\rVert` (a row whose heads all write nothing counts as equal shares).
+    :math:`\operatorname{mean}_t \lVert o^h_t\rVert / \sum_{h'} \lVert o^{h'}_t\rVert`
+    (a row whose heads all write nothing counts as equal shares).
+
+    Parameters
+    ----------
+    norms : array ``(..., heads, rows)``
+        :math:`\lVert o^{h}_t\rVert`, the norm of each head's output at each row.
+    xp : namespace, optional
+        The array namespace; inferred from `norms` by default.
+
+    Returns
+    -------
+    array ``(..., heads)``
+        The shares; they sum to one over the heads.
 
     Examples
     --------
@@ -85,9 +108,23 @@ def output_shares(norms: Any, /, *, xp: Namespace | None = None) -> Any:
 def copying_scores(terms: Any, source: int, /, *, xp: Namespace | None = None) -> Any:
     r"""Each head's direct logit term at the source over the sum of all absolute terms.
 
-    `terms` ``(layers, heads, n)`` (direct logit terms of one explained row); the result
-    ``(layers, heads)`` is :math:`D^{l,h}_s / \sum_{l,h,j} |D^{l,h}_j|`: signed, and the
-    heads that carry the answer from the source get the largest values.
+    :math:`D^{l,h}_s / \sum_{l,h,j} |D^{l,h}_j|`: signed, and the heads that carry the
+    answer from the source get the largest values.
+
+    Parameters
+    ----------
+    terms : array ``(layers, heads, n)``
+        The direct logit terms of one explained row (``explain(...,
+        method="direct_logit", heads="each", layers="all")``).
+    source : int
+        The source position.
+    xp : namespace, optional
+        The array namespace; inferred from `terms` by default.
+
+    Returns
+    -------
+    array ``(layers, heads)``
+        The share of each head at the source.
 
     Examples
     --------
@@ -106,7 +143,7 @@ def copying_scores(terms: Any, source: int, /, *, xp: Namespace | None = None) -
 class ModelReport:
     """What :func:`attnflow.adapters.torch.diagnose` measured on one causal LM.
 
-    Attributes
+    Parameters
     ----------
     model : str
         The model's name (its class, or the folder it was loaded from).
@@ -121,13 +158,26 @@ class ModelReport:
         The share of the last row's rollout (every layer below included) at the first
         token.
     hit_rate : mapping of str to float
-        hit@1 of each method on the probe items the model answers.
+        The hit@1 of each method on the probe items the model answers.
     accuracy : float
         The share of probe items the model answers.
     items : int
         The number of probe items.
     seconds : float
         The wall time of the whole diagnosis.
+    notes : tuple of str, default ()
+        Lines added to the summary.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnflow.diagnosis import ModelReport
+    >>> report = ModelReport(
+    ...     "toy", np.full((2, 2), 0.6), np.full((2, 2), 0.5), np.array([[0.1, 0.0], [0.4, -0.2]]),
+    ...     np.array([0.2, 0.9]), {"rollout": 0.0, "direct_logit": 1.0}, 1.0, 4, 0.5,
+    ... )
+    >>> report.top_heads(1)
+    [(1, 0, 0.4)]
     """
 
     model: str
@@ -143,12 +193,42 @@ class ModelReport:
 
     @property
     def inactive(self) -> np.ndarray:
-        """``(layers, heads)`` bool: heads writing under a fifth of their layer's mean share."""
+        """``(layers, heads)`` bool: heads writing under a fifth of their layer's mean share.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.diagnosis import ModelReport
+        >>> shares = np.array([[0.95, 0.05]])
+        >>> z = np.zeros((1, 2))
+        >>> ModelReport("toy", z, shares, z, np.zeros(1), {}, 1.0, 1, 0.0).inactive.tolist()
+        [[False, True]]
+        """
         heads = self.output_share.shape[-1]
         return np.asarray(self.output_share < INACTIVE_SHARE / heads)
 
     def top_heads(self, count: int = 5) -> list[tuple[int, int, float]]:
-        """Return the `count` heads with the largest copying score: ``(layer, head, score)``."""
+        """Return the heads with the largest copying score.
+
+        Parameters
+        ----------
+        count : int, default 5
+            How many heads.
+
+        Returns
+        -------
+        list of (int, int, float)
+            ``(layer, head, score)``, the largest score first.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.diagnosis import ModelReport
+        >>> z = np.zeros((2, 2))
+        >>> copying = np.array([[0.1, 0.0], [0.4, -0.2]])
+        >>> ModelReport("toy", z, z + 0.5, copying, np.zeros(2), {}, 1.0, 1, 0.0).top_heads(2)
+        [(1, 0, 0.4), (0, 0, 0.1)]
+        """
         flat = np.argsort(self.copying_score, axis=None)[::-1][:count]
         layers, heads = np.unravel_index(flat, self.copying_score.shape)
         return [
@@ -157,7 +237,22 @@ class ModelReport:
         ]
 
     def summary(self) -> str:
-        """Return the report as text: sinks, inactive heads, copying heads, hit@1."""
+        """Return the report as text: sinks, inactive heads, copying heads, hit@1.
+
+        Returns
+        -------
+        str
+            One line per finding.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.diagnosis import ModelReport
+        >>> z = np.zeros((2, 2))
+        >>> r = ModelReport("toy", z, z + 0.5, z, np.zeros(2), {"direct_logit": 1.0}, 1.0, 3, 0.1)
+        >>> r.summary().splitlines()[0]
+        'toy: 2 layers x 2 heads, 3 copying items (answered 1.00), 0.1 s'
+        """
         layers, heads = self.sink_mass.shape
         lines = [
             (
@@ -186,11 +281,33 @@ class ModelReport:
         return "\n".join([*lines, *self.notes])
 
     def show(self) -> None:
-        """Print :meth:`summary`."""
+        """Print :meth:`summary`.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from attnflow.diagnosis import ModelReport
+        >>> z = np.zeros((1, 1))
+        >>> ModelReport("toy", z, z + 1, z, np.zeros(1), {}, 1.0, 1, 0.0).show()  # doctest: +ELLIPSIS
+        toy: 1 layers x 1 heads, 1 copying items (answered 1.00), 0.0 s
+        ...
+        """
         print(self.summary())  # noqa: T201
 
     def to_html(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
         """Write the report as one standalone HTML page with its figures; return the path.
+
+        Parameters
+        ----------
+        path : str or path-like
+            The page to write (written whole or not at all).
+        overwrite : bool, default False
+            Replace an existing file.
+
+        Returns
+        -------
+        pathlib.Path
+            The page written.
 
         Raises
         ------
@@ -198,6 +315,16 @@ class ModelReport:
             If `path` exists and `overwrite` is False.
         ModuleNotFoundError
             Without matplotlib (``pip install 'attnflow[plot]'``).
+
+        Examples
+        --------
+        >>> import tempfile, pathlib, numpy as np
+        >>> from attnflow.diagnosis import ModelReport
+        >>> z = np.zeros((2, 2))
+        >>> report = ModelReport("toy", z, z + 0.5, z, np.zeros(2), {}, 1.0, 1, 0.0)
+        >>> page = report.to_html(pathlib.Path(tempfile.mkdtemp()) / "report.html")
+        >>> page.read_text().count("data:image/png")
+        4
         """
         from .html import _write_page
 

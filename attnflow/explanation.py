@@ -82,15 +82,15 @@ class Explanation:
     notes : sequence of str, optional
         Sentences a reader needs to read the scores (e.g. what a method left out), shown
         above the HTML views and under the terminal table's heading.
-    offsets : sequence of (int, int), optional
-        Each token's character range ``[start, end)`` in `text` (a fast tokenizer's
-        ``offset_mapping``; ``(0, 0)`` for special tokens): :meth:`aggregate` needs them
-        for words, sentences and character ranges.
     sinks : sequence of int, optional
         Attention sinks of a decoder (:func:`attnflow.adapters.torch.explain_text` finds
         them: the first position and any position whose mean attention share from later
         queries is at least 0.3). Their scores stay in the data; the views leave them out
         of the colour scale and of the strongest sources (:meth:`top`), and say so.
+    offsets : sequence of (int, int), optional
+        Each token's character range ``[start, end)`` in `text` (a fast tokenizer's
+        ``offset_mapping``; ``(0, 0)`` for special tokens): :meth:`aggregate` needs them
+        for words, sentences and character ranges.
     row : int, optional
         Deprecated spelling of `rows`, kept for one release (a DeprecationWarning).
 
