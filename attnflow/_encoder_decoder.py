@@ -15,6 +15,7 @@ from ._namespace import (
 )
 from ._normalize import normalize_rows
 from ._prepare import enter_arrays
+from ._real_rows import from_real_end
 from ._rollout import rollout_products
 from ._rows import Rows, identity_rows
 from ._typing import Array, HeadFusion, LayerSelection, Namespace, RowSelection
@@ -193,6 +194,7 @@ def _without_residual(hat: Any, eye: Any, xp: Namespace) -> Any:
     return hat / safe + eye
 
 
+@from_real_end("target_mask")
 def encoder_decoder_rollout(
     encoder: Array,
     decoder: Array,

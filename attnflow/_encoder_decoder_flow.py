@@ -49,12 +49,14 @@ from ._flow_cost import (
 )
 from ._host import from_host, to_host
 from ._maxflow import FlowTask, flow_path
+from ._real_rows import from_real_end
 from ._typing import Array, HeadFusion, LayerSelection, Namespace, RowSelection
 from ._work_limit import DEFAULT_MAX_SECONDS, deprecated_max_work, refuse_above
 
 __all__ = ["encoder_decoder_flow"]
 
 
+@from_real_end("target_mask", host=True)
 def encoder_decoder_flow(
     encoder: Array,
     decoder: Array,

@@ -32,6 +32,7 @@ from ._maxflow import FlowTask, flow_path, push_relabel_fits, solve_flow_task
 from ._nonfinite import clear_non_finite
 from ._prepare import CheckedArguments, PreparedAttention, check_arguments, prepare_attention
 from ._pruning import prune
+from ._real_rows import from_real_end, real_end_union
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
 from ._rows import Rows, take_rows
@@ -549,7 +550,7 @@ def flow_cost(
         attentions,
         heads=heads,
         residual=0.5,
-        rows=rows,
+        rows=real_end_union(mask, rows),  # the rows flow solves for this batch
         layers=layers,
         mask=mask,
         validate=False,
@@ -567,6 +568,7 @@ def flow_cost(
     )
 
 
+@from_real_end(host=True)
 def flow(
     attentions: ArrayT | Sequence[ArrayT],
     /,

@@ -12,6 +12,7 @@ from ._gae_fused import FusedRows, fuse_dask_layer, fuse_layer, host_stacks
 from ._namespace import array_device, is_dask_array, is_jax_array, values_are_inspectable
 from ._normalize import normalize_rows
 from ._prepare import CheckedArguments, FusedLayers, check_arguments
+from ._real_rows import from_real_end
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._rollout import rollout_products
 from ._rows import identity_rows
@@ -30,6 +31,7 @@ __all__ = ["gradient_rollout"]
 RULES = ("gae", "weighted")
 
 
+@from_real_end()
 def gradient_rollout(
     attentions: ArrayT | Sequence[ArrayT],
     gradients: ArrayT | Sequence[ArrayT],

@@ -16,12 +16,34 @@ each sequence's own rows from the result, on any array library.
 
 from __future__ import annotations
 
+import functools
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["RowGroup", "by_real_end", "group_by_real_end", "trailing_padding"]
+import numpy as np
+
+from ._host import to_host
+from ._namespace import (
+    array_device,
+    array_namespace,
+    enter_boundary,
+    is_dask_array,
+    values_are_inspectable,
+)
+
+__all__ = [
+    "RowGroup",
+    "by_real_end",
+    "from_real_end",
+    "group_by_real_end",
+    "has_negative_rows",
+    "real_end_union",
+    "trailing_padding",
+]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -124,35 +146,60 @@ def group_by_real_end(
     return result
 
 
-def by_real_end(compute: Callable[[Any], Any], mask: Any, rows: Any) -> Any:
+def has_negative_rows(rows: object) -> bool:
+    """Return whether `rows` (an int, a sequence of ints or None) holds a negative row.
+
+    Anything else (a bool, a float, an array of another kind) is False: the method's own
+    check of `rows` names what is wrong.
+    """
+    if rows is None or isinstance(rows, bool | str):
+        return False
+    if isinstance(rows, numbers.Integral) or getattr(rows, "ndim", None) == 0:
+        try:
+            return int(rows) < 0  # type: ignore[call-overload]
+        except (TypeError, ValueError):
+            return False
+    if not isinstance(rows, Iterable):
+        return False
+    try:
+        return any(
+            isinstance(r, numbers.Integral) and not isinstance(r, bool) and int(r) < 0 for r in rows
+        )
+    except TypeError:
+        return False
+
+
+def by_real_end(compute: Callable[[Any], Any], mask: Any, rows: Any, *, host: bool = False) -> Any:
     """``compute(rows)``, negative `rows` counted from each sequence's last real token.
 
-    With a ``(batch, n)`` padding `mask` whose sequences end in padding (right padding),
+    With a ``(*batch, n)`` padding `mask` whose sequences end in padding (right padding),
     ``rows=-1`` would name the padding position ``n - 1`` of the shorter sequences. The
-    rows each sequence means are resolved (:func:`group_by_real_end`),
-    the batch computed once for all of them, and each sequence's own rows taken from the
-    result. Without a mask, negative rows, or padding after the last real token, and with
-    a traced mask (inside ``jax.jit``, whose values are unknown), ``compute(rows)`` as it
-    is.
+    rows each sequence means are resolved (:func:`group_by_real_end`), the batch computed
+    once for all of them, and each sequence's own rows taken from the result (an array
+    ``(*batch, ..., r, n)``, or a tuple of them such as a named pair). Without a mask,
+    negative rows, or padding after the last real token, ``compute(rows)`` as it is.
+
+    A mask whose values cannot be read now (a JAX tracer inside ``jax.jit``, a Dask
+    array) is resolved with array operations instead: every row is computed
+    (``compute(None)``) and each sequence's rows gathered by a one-hot product, so the
+    result equals the eager one at the cost of ``rows=None``. There, a negative row
+    before a sequence's first real token gives a row of zeros (no error can be raised on
+    values that are not known yet). A `host` method (max-flow), which reads the mask on
+    the host anyway, reads a Dask mask here too, and is left to refuse ``jax.jit`` itself.
     """
-    if mask is None or rows is None:
+    if mask is None or not has_negative_rows(rows):
         return compute(rows)
-    import numpy as np
-
-    from ._host import to_host
-    from ._namespace import values_are_inspectable
-
+    if getattr(mask, "ndim", 0) < 1:
+        return compute(rows)  # not a mask: the method's own check refuses it
     if not values_are_inspectable(mask):
-        # Traced (inside jax.jit): where each sequence ends is not known until it runs, so
-        # negative rows stay positions of the padded length, as documented.
-        return compute(rows)
-    host = np.asarray(to_host(mask, name="mask", keep_dtype=True)).astype(bool)
-    if host.ndim != 2:
-        return compute(rows)
-    listed = host.tolist()
-    groups = group_by_real_end(
-        rows, trailing_padding(listed), host.shape[1], real=[sum(r) for r in listed]
-    )
+        if not host:
+            return _gathered_lazily(compute, mask, rows)
+        if not is_dask_array(mask):
+            return compute(rows)  # traced: the host method refuses jax.jit itself
+    host_mask = np.asarray(to_host(mask, name="mask", keep_dtype=True)).astype(bool)
+    batch_shape, n = host_mask.shape[:-1], host_mask.shape[-1]
+    listed = host_mask.reshape(-1, n).tolist()
+    groups = group_by_real_end(rows, trailing_padding(listed), n, real=[sum(r) for r in listed])
     if groups is None:
         return compute(rows)
     single = isinstance(groups[0].rows, int)
@@ -161,13 +208,100 @@ def by_real_end(compute: Callable[[Any], Any], mask: Any, rows: Any) -> Any:
         positions = (group.rows,) if isinstance(group.rows, int) else group.rows
         wanted.update(dict.fromkeys(group.indices, positions))
     union = sorted({r for positions in wanted.values() for r in positions})
-    from ._namespace import array_namespace, enter_boundary
+    picks = [[union.index(r) for r in wanted[index]] for index in range(len(listed))]
+    return _each_result(compute(union), lambda full: _picked(full, batch_shape, picks, single))
 
-    # A TensorFlow result is taken apart on the host and handed back as TensorFlow.
-    (full,), boundary = enter_boundary([compute(union)], ["result"])
-    join = array_namespace(full).stack
+
+def _each_result(result: Any, pick: Callable[[Any], Any]) -> Any:
+    """Apply `pick` to a result array, or to each array of a tuple (a named pair)."""
+
+    def one(array: Any) -> Any:
+        # A TensorFlow result is taken apart on the host and handed back as TensorFlow.
+        (converted,), boundary = enter_boundary([array], ["result"])
+        return boundary.restore(pick(converted))
+
+    if isinstance(result, tuple):
+        return type(result)(*(one(array) for array in result))
+    return one(result)
+
+
+def _picked(full: Any, batch_shape: tuple[int, ...], picks: list[list[int]], single: bool) -> Any:
+    """Each sequence's rows of ``full`` ``(*batch, ..., r, n)``, flat index `picks`."""
+    xp = array_namespace(full)
+    flat = xp.reshape(full, (len(picks), *full.shape[len(batch_shape) :]))
     per_sequence = []
-    for index in range(host.shape[0]):
-        picked = [full[index][..., union.index(r), :] for r in wanted[index]]
-        per_sequence.append(picked[0] if single else join(picked, axis=-2))
-    return boundary.restore(join(per_sequence, axis=0))
+    for index, chosen in enumerate(picks):
+        rows = [flat[index, ...][..., position, :] for position in chosen]
+        per_sequence.append(rows[0] if single else xp.stack(rows, axis=-2))
+    stacked = xp.stack(per_sequence, axis=0)
+    return xp.reshape(stacked, (*batch_shape, *stacked.shape[1:]))
+
+
+def _gathered_lazily(compute: Callable[[Any], Any], mask: Any, rows: Any) -> Any:
+    """:func:`by_real_end` for a mask whose values are not known yet (traced or lazy)."""
+    xp = array_namespace(mask)
+    n = mask.shape[-1]
+    single = not isinstance(rows, Iterable)
+    listed = [int(rows)] if single else [int(r) for r in rows]
+    positions = xp.arange(n, device=array_device(mask))
+    real = xp.astype(mask, xp.bool)
+    last = xp.max(xp.where(real, positions, xp.full_like(positions, -1)), axis=-1)
+    wanted = xp.stack(
+        [last + (1 + r) if r < 0 else xp.full_like(last, r) for r in listed], axis=-1
+    )  # (*batch, r)
+    batch_ndim = mask.ndim - 1
+
+    def pick(full: Any) -> Any:
+        inner = array_namespace(full)
+        one_hot = inner.astype(wanted[..., None] == positions, full.dtype)  # (*batch, r, n)
+        extra = full.ndim - batch_ndim - 2  # a layer axis between batch and rows
+        one_hot = inner.reshape(one_hot, (*one_hot.shape[:-2], *(1,) * extra, *one_hot.shape[-2:]))
+        chosen = inner.matmul(one_hot, full)
+        return chosen[..., 0, :] if single else chosen
+
+    return _each_result(compute(None), pick)
+
+
+def real_end_union(mask: Any, rows: Any) -> Any:
+    """Return the rows :func:`by_real_end` computes for the batch (`rows` where none change).
+
+    For a cost estimate of the call :func:`by_real_end` makes: the union of every
+    sequence's resolved rows, or `rows` as given where nothing is resolved (no mask, no
+    negative row, no trailing padding, or a mask whose values are not known yet).
+    """
+    if mask is None or not has_negative_rows(rows) or getattr(mask, "ndim", 0) < 1:
+        return rows
+    if not values_are_inspectable(mask):
+        return rows
+    host = np.asarray(to_host(mask, name="mask", keep_dtype=True)).astype(bool)
+    listed = host.reshape(-1, host.shape[-1]).tolist()
+    groups = group_by_real_end(
+        rows, trailing_padding(listed), host.shape[-1], real=[sum(r) for r in listed]
+    )
+    if groups is None:
+        return rows
+    resolved = [(g.rows,) if isinstance(g.rows, int) else g.rows for g in groups]
+    return sorted({r for positions in resolved for r in positions})
+
+
+def from_real_end(mask_parameter: str = "mask", *, host: bool = False) -> Callable[[_F], _F]:
+    """Make a core function count negative `rows` from each sequence's real end.
+
+    The decorated function is called with the rows each sequence means, resolved from
+    its keyword `mask_parameter` by :func:`by_real_end` (`host`: a method that runs on
+    the host); without a mask or a negative row, it is called as it is.
+    """
+
+    def decorate(function: _F) -> _F:
+        @functools.wraps(function)
+        def resolved(*args: Any, **kwargs: Any) -> Any:
+            rows, mask = kwargs.get("rows"), kwargs.get(mask_parameter)
+            if mask is None or not has_negative_rows(rows):
+                return function(*args, **kwargs)
+            return by_real_end(
+                lambda given: function(*args, **{**kwargs, "rows": given}), mask, rows, host=host
+            )
+
+        return resolved  # type: ignore[return-value]
+
+    return decorate

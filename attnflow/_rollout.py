@@ -17,6 +17,7 @@ from ._prepare import (
     times_layer,
 )
 from ._pruning import prune
+from ._real_rows import from_real_end
 from ._receptive_field import normalize_attribution, uniform_causal_attention
 from ._residual import mix_residual
 from ._rows import identity_rows, take_rows
@@ -258,6 +259,7 @@ def _select(prepared: PreparedAttention, per_layer: Any) -> Any:
     return prepared.rows.select(matrices, xp)
 
 
+@from_real_end()
 def rollout(
     attentions: ArrayT | Sequence[ArrayT],
     /,
@@ -535,6 +537,7 @@ def rollout(
     return prepared.boundary.restore(prepared.rows.squeeze(result))  # type: ignore[no-any-return]
 
 
+@from_real_end()
 def raw(
     attentions: ArrayT | Sequence[ArrayT],
     /,

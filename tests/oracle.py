@@ -96,18 +96,45 @@ def _per_item(
     return out
 
 
-def _select(per_layer: np.ndarray, rows: int | Sequence[int] | None, layers: object) -> np.ndarray:
+def pick_rows(
+    chosen: np.ndarray, rows: int | Sequence[int] | None, mask: np.ndarray | None
+) -> np.ndarray:
+    """Rows of ``chosen`` ``(*batch, ..., n, n)``; negative ones from each item's real end."""
+    if rows is None:
+        return chosen
+    listed = [rows] if isinstance(rows, int) else list(rows)
+    if mask is None or all(r >= 0 for r in listed):
+        return chosen[..., rows, :] if isinstance(rows, int) else chosen[..., listed, :]
+    mask = np.asarray(mask, dtype=bool)
+    picked = []
+    for index in np.ndindex(mask.shape[:-1]):
+        last = int(np.flatnonzero(mask[index])[-1])  # the item's last real token
+        positions = [last + 1 + r if r < 0 else r for r in listed]
+        item = chosen[index]
+        picked.append(
+            item[..., positions[0], :] if isinstance(rows, int) else item[..., positions, :]
+        )
+    return np.stack(picked).reshape(*mask.shape[:-1], *picked[0].shape)
+
+
+def _real_position(row: int, keep: np.ndarray) -> int:
+    """A row of the padded length as a position; negative from the last real token."""
+    return int(np.flatnonzero(keep)[-1]) + 1 + row if row < 0 else row
+
+
+def _select(
+    per_layer: np.ndarray,
+    rows: int | Sequence[int] | None,
+    layers: object,
+    mask: np.ndarray | None = None,
+) -> np.ndarray:
     if layers == "last":
         chosen = per_layer[..., -1, :, :]
     elif layers == "all":
         chosen = per_layer
     else:
         chosen = per_layer[..., layers, :, :]
-    if rows is None:
-        return chosen
-    if isinstance(rows, int):
-        return chosen[..., rows, :]
-    return chosen[..., list(rows), :]
+    return pick_rows(chosen, rows, mask)
 
 
 def oracle_rollout(
@@ -134,7 +161,7 @@ def oracle_rollout(
         return np.stack(products)
 
     per_layer = _per_item(attentions, mask, fused_input, compute)
-    return _select(per_layer, rows, layers)
+    return _select(per_layer, rows, layers, mask)
 
 
 def oracle_raw(
@@ -152,7 +179,7 @@ def oracle_raw(
         heads is None,
         lambda item, keep: np.stack(_layer_matrices(item, heads, keep, masked=mask is not None)),
     )
-    return _select(per_layer, rows, layers)
+    return _select(per_layer, rows, layers, mask)
 
 
 def oracle_flow(
@@ -198,9 +225,9 @@ def oracle_flow(
             range(size)
             if rows is None
             else [
-                int(np.searchsorted(kept, r % keep.size))
+                int(np.searchsorted(kept, _real_position(r, keep)))
                 for r in ([rows] if isinstance(rows, int) else rows)
-                if keep[r % keep.size]
+                if keep[_real_position(r, keep)]
             ]
         )
         for layer in wanted_layers:
@@ -214,7 +241,7 @@ def oracle_flow(
         return out
 
     per_layer = _per_item(attentions, mask, fused_input, compute)
-    return _select(per_layer, rows, layers)
+    return _select(per_layer, rows, layers, mask)
 
 
 # -- variants: pruned / top-k layers and head-specific maps (issue 9, items 2 and 3) ------
@@ -301,22 +328,23 @@ def _pad_heads(
 
 
 def _select_variant(
-    per_layer: np.ndarray, rows: int | Sequence[int] | None, layers: object, *, each: bool
+    per_layer: np.ndarray,
+    rows: int | Sequence[int] | None,
+    layers: object,
+    *,
+    each: bool,
+    mask: np.ndarray | None = None,
 ) -> np.ndarray:
     """Select layers (axis -4 with heads, -3 without) and rows of the oracle's output."""
     if not each:
-        return _select(per_layer, rows, layers)
+        return _select(per_layer, rows, layers, mask)
     if layers == "last":
         chosen = per_layer[..., -1, :, :, :]
     elif layers == "all":
         chosen = per_layer
     else:
         chosen = per_layer[..., layers, :, :, :]
-    if rows is None:
-        return chosen
-    if isinstance(rows, int):
-        return chosen[..., rows, :]
-    return chosen[..., list(rows), :]
+    return pick_rows(chosen, rows, mask)
 
 
 def oracle_rollout_variant(
@@ -364,7 +392,7 @@ def oracle_rollout_variant(
 
     n_heads = attentions.shape[-3] if each else None
     per_layer = _pad_heads(attentions, mask, compute, fused_input=fused_input, n_heads=n_heads)
-    return _select_variant(per_layer, rows, layers, each=each)
+    return _select_variant(per_layer, rows, layers, each=each, mask=mask)
 
 
 def oracle_flow_variant(
@@ -431,9 +459,9 @@ def oracle_flow_variant(
             range(size)
             if rows is None
             else [
-                int(np.searchsorted(kept, r % keep.size))
+                int(np.searchsorted(kept, _real_position(r, keep)))
                 for r in ([rows] if isinstance(rows, int) else rows)
-                if keep[r % keep.size]
+                if keep[_real_position(r, keep)]
             ]
         )
         below = [mixed(matrix) for matrix in fused]
@@ -450,7 +478,7 @@ def oracle_flow_variant(
 
     n_heads = attentions.shape[-3] if each else None
     per_layer = _pad_heads(attentions, mask, compute, fused_input=fused_input, n_heads=n_heads)
-    return _select_variant(per_layer, rows, layers, each=each)
+    return _select_variant(per_layer, rows, layers, each=each, mask=mask)
 
 
 # -- Decoders: receptive-field normalisation and attention sinks (issue 9, item 5) ---------
@@ -654,11 +682,7 @@ def oracle_encoder_decoder(
             chosen = per_layer
         else:
             chosen = per_layer[..., int(layers), :, :]  # type: ignore[call-overload]
-        if isinstance(rows, int):
-            chosen = chosen[..., rows, :]
-        elif rows is not None:
-            chosen = chosen[..., list(rows), :]
-        picked.append(chosen)
+        picked.append(pick_rows(chosen, rows, target_mask))
     return picked[0], picked[1]
 
 
@@ -715,10 +739,10 @@ def oracle_gradient_rollout(
                     if result[i].sum() > 0:
                         result[i] = result[i] / result[i].sum()
             out[(*index, layer, *np.ix_(kept, kept))] = result
-    return _select(out, rows, layers)
+    return _select(out, rows, layers, mask)
 
 
-__all__ += ["oracle_gradient_rollout"]
+__all__ += ["oracle_gradient_rollout", "pick_rows"]
 
 
 def oracle_encoder_decoder_flow(
@@ -822,11 +846,7 @@ def oracle_encoder_decoder_flow(
             chosen = per_layer
         else:
             chosen = per_layer[..., int(layers), :, :]  # type: ignore[call-overload]
-        if isinstance(rows, int):
-            chosen = chosen[..., rows, :]
-        elif rows is not None:
-            chosen = chosen[..., list(rows), :]
-        picked.append(chosen)
+        picked.append(pick_rows(chosen, rows, target_mask))
     return picked[0], picked[1]
 
 
