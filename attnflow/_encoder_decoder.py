@@ -292,7 +292,8 @@ def encoder_decoder_rollout(
     residual : float, default 0.5
         :math:`\alpha` of every sub-layer (``rule="rollout"``; ignored by ``"gae"``).
     rows : int, sequence of int or None, default None
-        Decoder positions to explain, as for :func:`rollout`.
+        Decoder positions to explain, as for :func:`rollout` (negative ones from each
+        sequence's last real target token where `target_mask` is given).
     layers : {"last", "all"} or int, default "last"
         The decoder layer(s) to report (the encoder is always rolled out to its top).
     source_mask, target_mask : bool array, optional

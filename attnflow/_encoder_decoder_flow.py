@@ -122,8 +122,9 @@ def encoder_decoder_flow(
     residual : float, default 0.5
         :math:`\alpha` of every sub-layer.
     rows : int, sequence of int or None, default None
-        Decoder positions to explain. Each costs one max-flow per source and target
-        token and reported layer.
+        Decoder positions to explain (negative ones from each sequence's last real target
+        token where `target_mask` is given). Each costs one max-flow per source and
+        target token and reported layer.
     layers : {"last", "all"} or int, default "last"
         The decoder layer(s) whose flow is reported. Decoder layers above are never built.
     source_mask, target_mask : bool array, optional

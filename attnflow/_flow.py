@@ -640,8 +640,9 @@ def flow(
     residual : float, default 0.5
         The weight :math:`\alpha` of the identity, as for :func:`rollout`.
     rows : int, sequence of int or None, default None
-        Output positions to explain (None: all, the full matrix). Each position costs
-        one max-flow per input token.
+        Output positions to explain (None: all, the full matrix); negative ones count from
+        each sequence's last real token where `mask` is given, as for :func:`rollout`.
+        Each position costs one max-flow per input token.
     layers : {"last", "all"} or int, default "last"
         The layer(s) whose flow is reported, as for :func:`rollout`. Layers above are
         never built.

@@ -355,9 +355,11 @@ def rollout(
         The weight :math:`\alpha` of the identity; 0.5 is the paper's setting, 0 rolls out
         the attention alone.
     rows : int, sequence of int or None, default None
-        Output positions to explain (negative counts from the end): None gives the full
-        ``n x n`` matrix, an int one row, a sequence a block of rows. Selected rows are
-        computed as vector-matrix chains, O(L n²) per row.
+        Output positions to explain: None gives the full ``n x n`` matrix, an int one
+        row, a sequence a block of rows. A negative row counts from the end: of each
+        sequence's real tokens where `mask` is given (``-1`` is every sequence's last real
+        token, also in a right-padded batch). Selected rows are computed as vector-matrix
+        chains, O(L n²) per row.
     layers : {"last", "all"} or int, default "last"
         Report the rollout at the top layer, at every layer (stacked on a new axis after
         the batch axes, as in the paper's figures), or at one layer (an index into the
