@@ -259,8 +259,15 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         msg = f"{args.source} is not a file of saved model outputs"
         raise UsageError(msg)
     rows = _parse_rows(args.rows or "0")
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    reports = _run_saved(args, folder, rows)
+    try:
+        reports = _run_saved(args, folder, rows)
+    except BaseException:
+        # A refused input leaves nothing behind: the folder this run made, if still empty.
+        if created and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        raise
     files = sorted(folder.glob("report.*")) + sorted(folder.glob("faithfulness-*.png"))
     for row, report in reports.items():
         print(f"\n{_row_title(row)}\n")

@@ -89,6 +89,11 @@ def test_errors_are_one_line(
     error = capsys.readouterr().err
     assert "holds no reference scores" in error
     assert len(error.strip().splitlines()) == 1
+    assert not (tmp_path / "a").exists()  # a refused input leaves no empty folder behind
+    (tmp_path / "kept").mkdir()  # ... but a folder the user made stays
+    assert main(["evaluate", str(no_references), "-o", str(tmp_path / "kept")]) == 2
+    assert (tmp_path / "kept").is_dir()
+    capsys.readouterr()
 
     assert main(["evaluate", str(tmp_path / "missing.npz"), "-o", str(tmp_path / "b")]) == 2
     assert "is not a file of saved model outputs" in capsys.readouterr().err
