@@ -345,3 +345,37 @@ def test_one_autograd_run_for_a_causal_lms_default_methods() -> None:
     e = adapter.explain_text(model, tokenizer, "the key is here")
     assert list(e.scores) == ["raw", "rollout", "flow"]
     assert calls == [False]
+
+
+def test_a_method_added_to_the_registry_runs_without_touching_the_adapter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/contributing.md: a new method is a row of the registry (and its function). Two
+    # toy rows, over functions the registry knows, run through explain and explain_text
+    # by their properties alone: the adapters have never seen their names.
+    from types import MappingProxyType
+
+    from attnflow import _methods
+
+    toys = {
+        "toy_flow": _methods.MethodSpec("toy_flow", "flow again", "flow", host_only=True),
+        "toy_gae": _methods.MethodSpec(
+            "toy_gae", "GAE again", "gradient_rollout", gradients=True, uses_target=True
+        ),
+    }
+    monkeypatch.setattr(_methods, "METHODS", MappingProxyType({**_methods.METHODS, **toys}))
+    model, tokenizer = _encoder_classifier(), _tiny_tokenizer()
+    calls = _counting(model)
+    e = adapter.explain_text(model, tokenizer, "abc", methods=["toy_flow", "toy_gae"], target=1)
+    assert calls == [True]
+    reference = adapter.explain_text(
+        model, tokenizer, "abc", methods=["flow", "gradient_rollout"], target=1
+    )
+    np.testing.assert_array_equal(e.scores["toy_flow"], reference.scores["flow"])
+    np.testing.assert_array_equal(e.scores["toy_gae"], reference.scores["gradient_rollout"])
+    assert e.target == 1
+    inputs = tokenizer("abc", return_tensors="pt")
+    np.testing.assert_array_equal(
+        adapter.explain(model, inputs, method="toy_gae", target=1),
+        adapter.explain(model, inputs, method="gradient_rollout", target=1),
+    )
