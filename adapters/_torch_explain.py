@@ -364,11 +364,14 @@ def explain_text(
     """Explain one text in one call: tokenize, run the model, score every layer.
 
     Tokenizes `text` with `tokenizer` (a Hugging Face tokenizer), runs `model` on it once
-    inside :func:`capture` under ``torch.no_grad()``, and scores output position `row` at
-    every layer with each method: :func:`attnflow.raw`, :func:`attnflow.rollout`,
-    :func:`attnflow.flow` (on the captured weights, so the same numbers as calling them on
-    ``cap.attentions``) and, if asked, :func:`attnflow.gradient_rollout` (one more call
-    with autograd, as :func:`explain` runs it, for the `target` class). A classifier's
+    inside :func:`capture` (under ``torch.no_grad()``, or with autograd when gradient
+    rollout is among the methods), and scores output position `row` at every layer with
+    each method: :func:`attnflow.raw`, :func:`attnflow.rollout`, :func:`attnflow.flow` (on
+    the captured weights, so the same numbers as calling them on ``cap.attentions``) and
+    :func:`attnflow.gradient_rollout` (the same weights and their gradients for the
+    `target` class, as :func:`explain` computes them). The value-aware methods capture the
+    blocks' token-mixing matrices, and the target-conditioned ones a causal LM's rows, in
+    a call of their own. A classifier's
     prediction (argmax of its logits) and probabilities are recorded, with the class names
     of ``model.config.id2label``.
 
@@ -456,8 +459,9 @@ def explain_text(
     if not isinstance(given, str):
         msg = f"`text` must be a str (one input); got {type(given).__name__}."
         raise TypeError(msg)
-    if methods is not None:
-        _check_text_score(target_score, _check_text_methods(methods))
+    given_specs = None if methods is None else _check_text_methods(methods)
+    if given_specs is not None:
+        _check_text_score(target_score, given_specs)
     else:
         check_target_score(target_score)
     row = renamed_keyword("row", "rows", row, rows, default=None)
@@ -483,7 +487,6 @@ def explain_text(
     if row is not None and not -n <= row < n:
         msg = f"`rows` must index the {n} tokens of the text; got {row}."
         raise ValueError(msg)
-    given_specs = None if methods is None else _check_text_methods(methods)
     run = _one_forward(model, inputs, given_specs)
     output, weights, mask = run.output, run.weights, run.mask
     logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
@@ -579,7 +582,7 @@ def explain_image(
 
     The image counterpart of :func:`explain_text`: `processor` (a Hugging Face image
     processor) turns `image` into ``pixel_values``, `model` runs once on them inside
-    :func:`capture` under ``torch.no_grad()``, and output position `row` (0: the CLS
+    :func:`capture` (with autograd for gradient rollout), and output position `row` (0: the CLS
     token) is scored at every layer by each method, on the captured weights, so with the
     same numbers as :func:`attnflow.raw`, :func:`attnflow.rollout`, :func:`attnflow.flow`
     (and :func:`explain`'s ``"gradient_rollout"``) called on ``cap.attentions``.
