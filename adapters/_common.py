@@ -18,6 +18,7 @@ from typing import Any, Literal, Self
 
 import attnflow
 from attnflow._deprecation import MISSING, renamed_keyword, warn_deprecated
+from attnflow._methods import METHODS as METHOD_SPECS
 from attnflow._methods import method_spec
 from attnflow._real_rows import by_real_end
 
@@ -67,8 +68,9 @@ CaptureHeads = Literal["each", "mean", "max", "min"]
 #: The value-aware token-mixing rules of attnflow.contributions.
 Contributions = Literal["norm", "globenc", "alti"]
 CONTRIBUTIONS: tuple[Contributions, ...] = ("norm", "globenc", "alti")
-#: The methods of the adapters' ``explain`` functions: every method of the registry
-#: (:data:`attnflow._methods.METHODS`).
+#: The methods of the adapters' ``explain`` functions, for type checkers only: every method
+#: of the registry (:data:`attnflow._methods.METHODS`), which the code reads (a test keeps
+#: the two equal). Adding a method to the registry adds its name here.
 Method = Literal[
     "raw",
     "rollout",
@@ -81,7 +83,7 @@ Method = Literal[
     "alti_logit",
     "ifr",
 ]
-METHODS: tuple[Method, ...] = typing.get_args(Method)
+METHODS = typing.cast("tuple[Method, ...]", tuple(METHOD_SPECS))
 #: How input gradients are reduced over the hidden axis.
 Reduction = Literal["l2", "sum_abs", "x_input"]
 #: What input gradients differentiate: the target class's probability or its logit.
@@ -248,18 +250,20 @@ def check_method(method: object, *, target_conditioned: bool = True) -> None:
 def check_no_target(method: object, target: object) -> None:
     """Refuse a `target` for a method without gradients."""
     if target is not None:
+        with_gradients = _gradient_methods()
         msg = (
-            f'`target` selects the class explained by method="gradient_rollout"; {method} '
-            "does not use gradients. Drop `target`, or pass method='gradient_rollout'."
+            f"`target` selects the class explained by method={with_gradients}; {method} "
+            f"does not use gradients. Drop `target`, or pass method={with_gradients}."
         )
         raise ValueError(msg)
 
 
-def check_target_score(target_score: object, method: object = "gradient_rollout") -> None:
+def check_target_score(target_score: object, method: object = None) -> None:
     """Check `target_score` before any work: a name of :data:`TARGET_SCORES`.
 
-    Only gradient rollout differentiates a score: another `method` takes the default,
-    ``"logit"``, alone (it is refused otherwise, as a `target` is).
+    Only a method with gradients (:attr:`MethodSpec.gradients`) differentiates a score:
+    another `method` takes the default, ``"logit"``, alone (it is refused otherwise, as a
+    `target` is). `method` None checks the name only.
     """
     if not isinstance(target_score, str) or target_score not in TARGET_SCORES:
         msg = (
@@ -267,13 +271,19 @@ def check_target_score(target_score: object, method: object = "gradient_rollout"
             f"log-softmax over the classes or the vocabulary); got {target_score!r}."
         )
         raise ValueError(msg)
-    if target_score != "logit" and method != "gradient_rollout":
+    if target_score != "logit" and method is not None and not method_spec(method).gradients:
+        with_gradients = _gradient_methods()
         msg = (
-            '`target_score` chooses what method="gradient_rollout" differentiates; '
+            f"`target_score` chooses what method={with_gradients} differentiates; "
             f"{method} does not use gradients. Drop `target_score`, or pass "
-            "method='gradient_rollout'."
+            f"method={with_gradients}."
         )
         raise ValueError(msg)
+
+
+def _gradient_methods() -> str:
+    """Return the registry's methods with gradients, quoted for an error message."""
+    return " or ".join(f'"{name}"' for name, spec in METHOD_SPECS.items() if spec.gradients)
 
 
 def score_values(

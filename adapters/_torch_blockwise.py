@@ -46,6 +46,8 @@ import torch.utils.checkpoint
 from torch import nn
 
 from attnflow._deprecation import MISSING, renamed_keyword
+from attnflow._methods import METHODS as METHOD_SPECS
+from attnflow._methods import method_spec
 from attnflow._receptive_field import normalize_attribution
 from attnflow._validation import (
     AttentionLayout,
@@ -71,8 +73,8 @@ __all__ = [
 
 #: Attention classes whose queries and keys the blockwise path recomputes exactly.
 SUPPORTED_ATTENTION = frozenset({"LlamaAttention", "MistralAttention", "Qwen2Attention"})
-#: The methods with a blockwise path.
-METHODS = ("rollout", "gradient_rollout")
+#: The methods with a blockwise path (:attr:`attnflow._methods.MethodSpec.blockwise`).
+METHODS = tuple(name for name, spec in METHOD_SPECS.items() if spec.blockwise)
 _ROLLOUT_OPTIONS = frozenset(
     {"heads", "residual", "layers", "mask", "receptive_field", "exclude", "validate", "engine"}
 )
@@ -104,11 +106,9 @@ def _attention_modules(model: nn.Module) -> list[nn.Module]:
 
 def unsupported_reason(model: nn.Module, method: object) -> str | None:
     """Why the blockwise path cannot explain `model` with `method`, or None if it can."""
-    if method not in METHODS:
-        return (
-            f'blockwise=True computes method="rollout" and method="gradient_rollout" rows; '
-            f"got method={method!r}"
-        )
+    if not isinstance(method, str) or method not in METHODS:
+        listed = " and ".join(f'method="{name}"' for name in METHODS)
+        return f"blockwise=True computes {listed} rows; got method={method!r}"
     modules = _attention_modules(model)
     if not modules:
         names = sorted(SUPPORTED_ATTENTION)
@@ -232,6 +232,11 @@ class _Settings:
     normalize: bool = False
     exclude_self: bool = False
 
+    @property
+    def gradients(self) -> bool:
+        """Whether the method weighs the attention by its gradients (GAE's rows)."""
+        return method_spec(self.method).gradients
+
 
 def _check_options(
     method: str,
@@ -245,7 +250,8 @@ def _check_options(
     device: torch.device,
     dtype: torch.dtype,
 ) -> _Settings:
-    allowed = _ROLLOUT_OPTIONS if method == "rollout" else _GRADIENT_OPTIONS
+    gradients = method_spec(method).gradients
+    allowed = _GRADIENT_OPTIONS if gradients else _ROLLOUT_OPTIONS
     unknown = sorted(set(options) - allowed)
     if unknown:
         msg = (
@@ -267,7 +273,7 @@ def _check_options(
     residual = check_residual(options.get("residual", 0.5))
     check_validate(options.get("validate", True))
     heads = options.get("heads", "mean")
-    if method == "gradient_rollout" and "heads" in options:
+    if gradients and "heads" in options:
         msg = "`heads` is not an option of gradient_rollout (GAE averages the heads)."
         raise ValueError(msg)
     each = isinstance(heads, str) and heads == "each"
@@ -297,7 +303,7 @@ def _check_options(
             f"'sdpa' (the dV of a fused attention backward); got {engine!r}."
         )
         raise ValueError(msg)
-    if engine == "sdpa" and (method != "rollout" or fusion.kind not in ("mean", "weights")):
+    if engine == "sdpa" and (gradients or fusion.kind not in ("mean", "weights")):
         engine = "matmul"  # max, min and GAE's clamp are not linear in the weights
     settings = _Settings(
         method=method,
@@ -312,7 +318,7 @@ def _check_options(
         mask=checked_mask,
         engine=engine,
     )
-    if method == "gradient_rollout":
+    if gradients:
         rule = options.get("rule", "gae")
         if rule not in ("gae", "weighted"):
             msg = (
@@ -572,11 +578,11 @@ def _weighted_column_sums(
     if grad_out is not None:
         dO = grad_out[:, :length].reshape(batch, length, heads, -1).transpose(1, 2).to(dtype)
     linear = settings.fusion.kind in ("mean", "weights")
-    if settings.method == "gradient_rollout":
+    if settings.gradients:
         linear = settings.rule == "gae"
     head_weights = (
         _head_weights(settings.fusion, layer.index, dtype)
-        if settings.fusion.kind == "weights" and settings.method == "rollout"
+        if settings.fusion.kind == "weights" and not settings.gradients
         else torch.full((heads,), 1.0 / heads, dtype=dtype, device=chains.device)
     )
     for start in range(0, length, rows_per_block):
@@ -711,7 +717,7 @@ def _uniform_column_sums(chains: torch.Tensor, valid: torch.Tensor) -> torch.Ten
 
 def _step(product: torch.Tensor, chains: torch.Tensor, settings: _Settings) -> torch.Tensor:
     """Mix a step's column sums with the identity: rollout's α, GAE's ``I +``."""
-    if settings.method == "gradient_rollout" and settings.rule == "gae":
+    if settings.gradients and settings.rule == "gae":
         return chains + product
     alpha = settings.residual
     return product if alpha == 0.0 else (1.0 - alpha) * product + alpha * chains
@@ -772,7 +778,7 @@ class _Chains:
             return chains[..., 0, :] if settings.single_row else chains
 
         result = shaped(self.chains)
-        if settings.method == "gradient_rollout" and settings.exclude_self:
+        if settings.gradients and settings.exclude_self:
             own = torch.zeros(r, self.n, dtype=torch.bool, device=result.device)
             own[torch.arange(r), torch.tensor(settings.rows)] = True
             own = own[0] if settings.single_row else own
@@ -782,7 +788,7 @@ class _Chains:
             return normalize_attribution(  # type: ignore[no-any-return]
                 result, baseline=baseline, exclude=settings.exclude, xp=xp_torch
             )
-        if settings.method == "gradient_rollout" and settings.normalize:
+        if settings.gradients and settings.normalize:
             sums = result.sum(dim=-1, keepdim=True)
             result = result / torch.where(sums > 0, sums, torch.ones_like(sums))
         return result
@@ -837,7 +843,7 @@ def explain_rows(
         msg = f"explain(..., blockwise=True) cannot run here: {reason}."
         raise ValueError(msg)
     check_target_score(target_score, method)
-    if method == "rollout":
+    if not method_spec(method).gradients:
         check_no_target(method, target)
     else:
         from ._torch_gradients import _describe_target
@@ -878,7 +884,7 @@ def explain_rows(
     _check_memory(modules, settings, batch, n, device, parameter.element_size())
     layers = [_Layer(m, i, _window(m)) for i, m in enumerate(modules)]
     recorder = _Recorder(layers)
-    if method == "rollout":
+    if not settings.gradients:
         return _rollout_rows(model, inputs, recorder, settings, n, dtype)
     return _gae_rows(model, inputs, recorder, settings, n, dtype, target, target_score)
 

@@ -79,7 +79,9 @@ from attnflow._contributions import (
     Method,
     _fold_centring,
     contributions_and_outputs,
+    folds_post_norms,
     head_values_and_attention_output,
+    uses_second_norm,
 )
 from attnflow._contributions_fused import OpenMPTeam, openmp_team
 
@@ -524,7 +526,7 @@ class BlockRecorder:
             ]
             if spec.pre_norm is not None:
                 handles.append(spec.pre_norm.register_forward_hook(self._normalised))
-            if spec.second_norm is not None and self.method == "globenc":
+            if spec.second_norm is not None and uses_second_norm(self.method):
                 handles.append(spec.second_norm.register_forward_pre_hook(self._second))
             if spec.checked is not None:
                 handles.append(spec.checked.register_forward_hook(self._attended))
@@ -643,11 +645,11 @@ class BlockRecorder:
                 )
                 return
             value_heads = heads * value_width // output_width
-        second = spec.second_norm if self.method == "globenc" else None
+        second = spec.second_norm if uses_second_norm(self.method) else None
         # Post-LN blocks: GlobEnc's and ALTI's terms read the values after the LayerNorms'
         # centring and gains, folded into the output projection (the norm-based rule reads
         # the values before them).
-        folded = self.method != "norm" and spec.post_norm is not None
+        folded = folds_post_norms(self.method) and spec.post_norm is not None
         norms = (spec.post_norm, second) if folded else ()
         centred_by = [_tensor(norm, "weight") for norm in norms if norm is not None]
         # What the model's own projections computed, handed over by their hooks where they

@@ -35,6 +35,12 @@ __all__ = ["DIAGNOSE_METHODS", "diagnose"]
 
 #: The methods whose hit@1 the report gives, in its table's order.
 DIAGNOSE_METHODS = ("rollout", "flow", "direct_logit", "alti_logit", "ifr")
+#: The method whose per-head terms give the copying scores: computed once per item, and
+#: its hit@1 read from the same terms.
+COPYING_METHOD: Method = "direct_logit"
+#: What the diagnosis sets beyond a method's defaults: flow leaves the first token (the
+#: usual sink, which saturates every path) out.
+_OPTIONS: dict[str, dict[str, Any]] = {"flow": {"exclude": 0}}
 
 
 def _tokenize(tokenizer: Any) -> Any:
@@ -134,7 +140,7 @@ def diagnose(
             explain(
                 model,
                 inputs,
-                method="direct_logit",
+                method=COPYING_METHOD,
                 rows=-1,
                 target=item.answer_id,
                 heads="each",
@@ -202,19 +208,23 @@ def _scores(
     terms: torch.Tensor,
     target: int,
 ) -> np.ndarray:
-    """One method's scores of the last row ``(n,)``."""
-    if method == "rollout":
-        return attnflow.rollout(weights, rows=-1).numpy()
-    if method == "flow":
-        return attnflow.flow(weights, rows=-1, exclude=0).numpy()
-    if method == "direct_logit":
+    """One method's scores of the last row ``(n,)``.
+
+    Over the attention weights, on those captured already; the copying method, from its
+    terms; any other, from its own call of :func:`explain`.
+    """
+    spec = method_spec(method)
+    if method == COPYING_METHOD:  # the terms computed for the copying scores
         return terms.sum(dim=(0, 1)).numpy()
+    if not (spec.value_aware or spec.gradients or spec.target_conditioned):
+        function = spec.function()
+        return function(weights, rows=-1, **_OPTIONS.get(method, {})).numpy()  # type: ignore[no-any-return]
     scores = explain(
         model,
         inputs,
         method=typing.cast("Method", method),
         rows=-1,
-        target=target if method_spec(method).uses_target else None,
+        target=target if spec.uses_target else None,
     )
     values: np.ndarray = scores[0].double().cpu().numpy()
     return values

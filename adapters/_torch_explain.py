@@ -16,7 +16,7 @@ from torch import nn
 import attnflow
 import attnflow.explanation
 from attnflow._deprecation import MISSING, Missing, renamed_keyword
-from attnflow._methods import check_methods, method_spec
+from attnflow._methods import METHODS, MethodSpec, check_methods, method_spec
 from attnflow._sinks import drop_self, find_sinks
 from attnflow._spans import check_token_spans, sum_spans
 
@@ -38,7 +38,14 @@ from ._common import (
 )
 from ._token_text import token_labels
 from ._torch_capture import capture
-from ._torch_gradients import _call, _weights_and_gradients
+from ._torch_gradients import (
+    _call,
+    _lm_or_classifier_logits,
+    _refuse_inference_mode,
+    _target_score,
+    _weights_and_gradients,
+    gradients_of,
+)
 from ._torch_real_rows import explain_by_real_end
 
 __all__ = ["explain", "explain_image", "explain_text"]
@@ -192,9 +199,10 @@ def explain(
     """
     check_method(method)
     check_target_score(target_score, method)
-    if spans is not None or (method != "gradient_rollout" and "exclude_self" in options):
+    spec = method_spec(method)
+    if spans is not None or (not spec.gradients and "exclude_self" in options):
         # Gradient rollout drops its own entry itself; the others' rows are shares.
-        exclude_self = options.pop("exclude_self", False) if method != "gradient_rollout" else False
+        exclude_self = False if spec.gradients else options.pop("exclude_self", False)
         if not isinstance(exclude_self, bool):
             msg = f"`exclude_self` must be True or False; got {exclude_self!r}."
             raise TypeError(msg)
@@ -231,7 +239,7 @@ def explain(
             **options,
         )
         # Shares are renormalised over the other positions; signed terms are not shares.
-        renormalize = not method_spec(method).signed
+        renormalize = not spec.signed
         scores = drop_self(scores, rows, renormalize=renormalize) if exclude_self else scores
         if resolved is not None:
             check_token_spans(spans, int(scores.shape[-1]))  # now that n is known
@@ -241,7 +249,7 @@ def explain(
     from ._torch_inputs import check_model_inputs
 
     check_model_inputs(model, inputs)
-    if method_spec(method).target_conditioned:
+    if spec.target_conditioned:
         if blockwise is False:
             msg = (
                 f'method="{method}" reads only the explained rows of each layer, recomputed '
@@ -274,12 +282,12 @@ def explain(
             target_score=target_score,
             **options,
         )
-    if method == "gradient_rollout":
+    if spec.gradients:
         return _explain_gradient_rollout(
             model, inputs, rows=rows, target=target, target_score=target_score, **options
         )
-    if method in ("norm", "globenc", "alti") and target is None:
-        return _explain_contributions(model, inputs, method=method, rows=rows, **options)
+    if spec.value_aware and target is None:
+        return _explain_contributions(model, inputs, spec=spec, rows=rows, **options)
     check_no_target(method, target)
     heads = options.pop("heads", "mean")
     fuse_now = fuses_while_capturing(heads)
@@ -304,17 +312,20 @@ def _explain_contributions(
     model: nn.Module,
     inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
     *,
-    method: Contributions,
+    spec: MethodSpec,
     rows: int | Sequence[int] | None,
     **options: Any,
 ) -> torch.Tensor:
-    """explain(method="norm" | "globenc" | "alti"): rollout over value-aware matrices."""
+    """explain(method=...) of a value-aware method: rollout over its token-mixing matrices."""
     heads = options.pop("heads", None)
     if heads is not None:
-        reject_heads(method, heads)
-    with torch.no_grad(), capture(model, contributions=method) as cap:
+        reject_heads(spec.name, heads)
+    kind = typing.cast("Contributions", spec.matrix)
+    with torch.no_grad(), capture(model, contributions=kind) as cap:
         _call(model, inputs)
-    result: torch.Tensor = explain_contributions(cap.contributions, cap.mask, method, rows, options)
+    result: torch.Tensor = explain_contributions(
+        cap.contributions, cap.mask, spec.name, rows, options
+    )
     return result
 
 
@@ -353,11 +364,14 @@ def explain_text(
     """Explain one text in one call: tokenize, run the model, score every layer.
 
     Tokenizes `text` with `tokenizer` (a Hugging Face tokenizer), runs `model` on it once
-    inside :func:`capture` under ``torch.no_grad()``, and scores output position `row` at
-    every layer with each method: :func:`attnflow.raw`, :func:`attnflow.rollout`,
-    :func:`attnflow.flow` (on the captured weights, so the same numbers as calling them on
-    ``cap.attentions``) and, if asked, :func:`attnflow.gradient_rollout` (one more call
-    with autograd, as :func:`explain` runs it, for the `target` class). A classifier's
+    inside :func:`capture` (under ``torch.no_grad()``, or with autograd when gradient
+    rollout is among the methods), and scores output position `row` at every layer with
+    each method: :func:`attnflow.raw`, :func:`attnflow.rollout`, :func:`attnflow.flow` (on
+    the captured weights, so the same numbers as calling them on ``cap.attentions``) and
+    :func:`attnflow.gradient_rollout` (the same weights and their gradients for the
+    `target` class, as :func:`explain` computes them). The value-aware methods capture the
+    blocks' token-mixing matrices, and the target-conditioned ones a causal LM's rows, in
+    a call of their own. A classifier's
     prediction (argmax of its logits) and probabilities are recorded, with the class names
     of ``model.config.id2label``.
 
@@ -445,8 +459,9 @@ def explain_text(
     if not isinstance(given, str):
         msg = f"`text` must be a str (one input); got {type(given).__name__}."
         raise TypeError(msg)
-    if methods is not None:
-        _check_text_score(target_score, _check_text_methods(methods))
+    given_specs = None if methods is None else _check_text_methods(methods)
+    if given_specs is not None:
+        _check_text_score(target_score, given_specs)
     else:
         check_target_score(target_score)
     row = renamed_keyword("row", "rows", row, rows, default=None)
@@ -472,24 +487,23 @@ def explain_text(
     if row is not None and not -n <= row < n:
         msg = f"`rows` must index the {n} tokens of the text; got {row}."
         raise ValueError(msg)
-    with torch.no_grad(), capture(model) as cap:
-        output = model(**inputs)
-    weights, mask = cap.attentions, cap.mask
+    run = _one_forward(model, inputs, given_specs)
+    output, weights, mask = run.output, run.weights, run.mask
     logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
     causal_lm = isinstance(logits, torch.Tensor) and logits.ndim == 3
-    if row is None:
-        row = n - 1 if causal_lm else 0
-    chosen = _check_text_methods(
-        methods if methods is not None else decoder_methods() if causal_lm else _DEFAULT_METHODS
-    )
-    _check_text_score(target_score, chosen)  # a classifier's defaults: no gradient rollout
+    # The explained position, decided once: a non-negative int from here on.
+    position = (n - 1 if causal_lm else 0) if row is None else row % n
+    specs = given_specs or check_methods(decoder_methods() if causal_lm else _DEFAULT_METHODS)
+    _check_text_score(target_score, specs)  # a classifier's defaults have no gradients
+    gradients = run.gradients(specs, position, target, target_score)
     scores = _scores_by_method(
         model,
         inputs,
         weights,
+        gradients,
         mask,
-        chosen,
-        row=row,
+        specs,
+        rows=position,
         heads=heads,
         residual=residual,
         target=target,
@@ -501,7 +515,7 @@ def explain_text(
     predicted, probabilities, labels = _prediction(model, output)  # a classifier's
     if causal_lm and isinstance(logits, torch.Tensor) and logits.is_floating_point():
         # The next token after `row`; its text (and the target's) label the vocabulary ids.
-        probabilities = torch.softmax(logits[0, row].double(), dim=-1).cpu().numpy()
+        probabilities = torch.softmax(logits.detach()[0, position].double(), dim=-1).cpu().numpy()
         predicted = int(probabilities.argmax())
         named = {predicted} if target is None else {predicted, int(target)}
         labels = {i: tokenizer.decode([i]) for i in sorted(named)}
@@ -511,10 +525,10 @@ def explain_text(
     return attnflow.explanation.Explanation(
         token_labels(tokenizer, ids),
         {name: value.detach().cpu().double().numpy() for name, value in scores.items()},
-        rows=row % n,
+        rows=position,
         special=[bool(s) for s in special],
-        target=target if any(method_spec(name).uses_target for name in chosen) else None,
-        notes=_method_notes(chosen, target_score),
+        target=target if any(spec.uses_target for spec in specs) else None,
+        notes=_method_notes(specs, target_score),
         predicted=predicted,
         probabilities=probabilities,
         labels=labels,
@@ -524,22 +538,28 @@ def explain_text(
     )
 
 
-def _check_text_methods(methods: object) -> list[str]:
-    """Check explain_text's / explain_image's `methods`; return them as a list."""
+def _check_text_methods(methods: object) -> list[MethodSpec]:
+    """Check explain_text's / explain_image's `methods`; return their specs."""
     chosen = [methods] if isinstance(methods, str) else methods
-    return [spec.name for spec in check_methods(chosen)]
+    return check_methods(chosen)
 
 
-def _check_text_score(target_score: object, methods: Sequence[str]) -> None:
-    """Check `target_score`: a known name, other than "logit" only with gradient rollout."""
+def _check_text_score(target_score: object, specs: Sequence[MethodSpec]) -> None:
+    """Check `target_score`: a known name, other than "logit" only with a gradient method."""
     check_target_score(target_score)
-    if target_score != "logit" and "gradient_rollout" not in methods:
+    if target_score != "logit" and not any(spec.gradients for spec in specs):
+        names = [spec.name for spec in specs]
+        with_gradients = [name for name, spec in METHODS.items() if spec.gradients]
         msg = (
-            f'`target_score` chooses what "gradient_rollout" differentiates; the methods '
-            f"{list(methods)} do not include it. Drop `target_score`, or add "
-            '"gradient_rollout" to `methods`.'
+            f"`target_score` chooses what {_quoted(with_gradients)} differentiates; the "
+            f"methods {names} do not include it. Drop `target_score`, or add "
+            f"{_quoted(with_gradients)} to `methods`."
         )
         raise ValueError(msg)
+
+
+def _quoted(names: Sequence[str]) -> str:
+    return " or ".join(f'"{name}"' for name in names)
 
 
 def explain_image(
@@ -562,7 +582,7 @@ def explain_image(
 
     The image counterpart of :func:`explain_text`: `processor` (a Hugging Face image
     processor) turns `image` into ``pixel_values``, `model` runs once on them inside
-    :func:`capture` under ``torch.no_grad()``, and output position `row` (0: the CLS
+    :func:`capture` (with autograd for gradient rollout), and output position `row` (0: the CLS
     token) is scored at every layer by each method, on the captured weights, so with the
     same numbers as :func:`attnflow.raw`, :func:`attnflow.rollout`, :func:`attnflow.flow`
     (and :func:`explain`'s ``"gradient_rollout"``) called on ``cap.attentions``.
@@ -646,8 +666,8 @@ def explain_image(
     >>> e.grid, e.tokens[:2], e.scores["rollout"].shape
     ((4, 4), ('[CLS]', '(0,0)'), (2, 17))
     """
-    chosen = _check_text_methods(methods)
-    _check_text_score(target_score, chosen)
+    specs = _check_text_methods(methods)
+    _check_text_score(target_score, specs)
     row = renamed_keyword("row", "rows", row, rows, default=0)
     check_heads(heads, optional=False)
     _check_one_image(image)
@@ -663,21 +683,22 @@ def explain_image(
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
     inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in encoded.items()}
-    with torch.no_grad(), capture(model) as cap:
-        output = model(**inputs)
-    weights, mask = cap.attentions, cap.mask
+    run = _one_forward(model, inputs, specs)
+    output, weights, mask = run.output, run.weights, run.mask
     n = int(weights.shape[-1])
     rows, cols = _image_grid(model, pixels, n, grid)
     if not -n <= row < n:
         msg = f"`rows` must index the {n} tokens (CLS, patches...) of the image; got {row}."
         raise ValueError(msg)
+    position = row % n  # decided once: a non-negative int from here on
     scores = _scores_by_method(
         model,
         inputs,
         weights,
+        run.gradients(specs, position, target, target_score),
         mask,
-        chosen,
-        row=row,
+        specs,
+        rows=position,
         heads=heads,
         residual=residual,
         target=target,
@@ -691,10 +712,10 @@ def explain_image(
     return attnflow.explanation.Explanation(
         [*_extra_token_names(model, extra), *patches],
         {name: value.detach().cpu().double().numpy() for name, value in scores.items()},
-        rows=row % n,
+        rows=position,
         special=[True] * extra + [False] * (rows * cols),
-        target=target if any(method_spec(name).uses_target for name in chosen) else None,
-        notes=_method_notes(chosen, target_score),
+        target=target if any(spec.uses_target for spec in specs) else None,
+        notes=_method_notes(specs, target_score),
         predicted=predicted,
         probabilities=probabilities,
         labels=labels,
@@ -801,7 +822,7 @@ def _prediction(model: nn.Module, output: Any) -> tuple[int | None, Any, list[st
     logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
     if not (isinstance(logits, torch.Tensor) and logits.ndim == 2 and logits.is_floating_point()):
         return None, None, None
-    probabilities = torch.softmax(logits[0].double(), dim=-1).cpu().numpy()
+    probabilities = torch.softmax(logits.detach()[0].double(), dim=-1).cpu().numpy()
     id2label = getattr(getattr(model, "config", None), "id2label", None)
     labels = None
     if isinstance(id2label, Mapping):
@@ -838,14 +859,87 @@ def _explain_gradient_rollout(
     return lm_rows.squeeze(torch.stack(per_row, dim=-2))  # type: ignore[no-any-return]
 
 
+class _Forward:
+    """One run of the model inside :func:`capture`, with autograd when a method needs it.
+
+    `weights` are detached; :meth:`gradients` differentiates the explained score of the
+    same run with respect to the weights, so raw, rollout, flow and gradient rollout share
+    one model call.
+    """
+
+    def __init__(self, output: Any, cap: Any, autograd: bool) -> None:
+        self.output = output
+        self.autograd = autograd
+        self.records: list[torch.Tensor] = cap.records
+        self.weights: torch.Tensor = cap.attentions.detach()
+        self.mask: torch.Tensor | None = cap.mask
+
+    def gradients(
+        self,
+        specs: Sequence[MethodSpec],
+        position: int,
+        target: int | None,
+        target_score: TargetScore,
+    ) -> torch.Tensor | None:
+        """D score / d weights at `position`, or None (no gradient method, or no autograd).
+
+        The score is the `target`'s logit or log-probability (:func:`explain`'s), of a
+        classifier's logits or of a causal LM's at `position`.
+        """
+        wanting = [spec.name for spec in specs if spec.gradients]
+        if not wanting or not self.autograd:
+            return None
+        caller = f"explain_text(methods=[..., {_quoted(wanting)}])"
+        _refuse_inference_mode(caller)
+        logits = _lm_or_classifier_logits(self.output)
+        explained = logits[:, position, :] if logits.ndim == 3 else logits
+        score = _target_score(explained, target, target_score)
+        return gradients_of([score], self.records, caller)[0]
+
+
+def _one_forward(
+    model: nn.Module, inputs: dict[str, Any], specs: Sequence[MethodSpec] | None
+) -> _Forward:
+    """Run `model` once inside :func:`capture`; with autograd if a method may need it.
+
+    `specs` None stands for the defaults, which hold a gradient method for a causal LM
+    only: autograd then runs unless the model says it cannot generate (Hugging Face's
+    ``can_generate()``). Should it be wrong, :func:`_scores_by_method` runs the gradient
+    method's own call instead.
+    """
+    if specs is None:
+        defaults = check_methods(decoder_methods())
+        autograd = any(spec.gradients for spec in defaults) and _may_generate(model)
+    else:
+        autograd = any(spec.gradients for spec in specs)
+        if autograd:
+            _refuse_inference_mode("explain_text / explain_image with a gradient method")
+    mode = torch.enable_grad() if autograd else torch.no_grad()
+    with mode, capture(model) as cap:
+        output = model(**inputs)
+    return _Forward(output, cap, autograd)
+
+
+def _may_generate(model: nn.Module) -> bool:
+    """Whether `model` may be a causal LM: False only where it says it cannot generate."""
+    can_generate = getattr(model, "can_generate", None)
+    if not callable(can_generate):
+        return True
+    try:
+        return bool(can_generate())
+    except Exception:  # noqa: BLE001 - a model's own method: any failure means "unknown"
+        return True
+
+
 def _scores_by_method(
     model: nn.Module,
     inputs: dict[str, Any],
     weights: torch.Tensor,
+    gradients: torch.Tensor | None,
     mask: torch.Tensor | None,
-    methods: Sequence[str],
+    specs: Sequence[MethodSpec],
     *,
-    row: int,
+    rows: int,
     heads: HeadReduction,
     residual: float,
     target: int | None,
@@ -853,49 +947,54 @@ def _scores_by_method(
     exclude: int | Sequence[int] | None = None,
     receptive_field: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """Each method's scores of `row` at every layer, for one input: ``(layers, n)``.
+    """Each method's scores of the explained position `rows` at every layer: ``(layers, n)``.
 
-    Gradient rollout leaves out the explained token's own relevance (``exclude_self``),
-    as Chefer et al. show it: the identity it starts from makes it the largest value.
+    `weights` (and `gradients`, for a gradient method) come from the one model call of
+    :func:`_one_forward`. The value-aware and target-conditioned methods capture other
+    pieces (the blocks' token-mixing matrices; a causal LM's rows, values and readout)
+    and still run their own call. Gradient rollout leaves out the explained token's own
+    relevance (``exclude_self``), as Chefer et al. show it: the identity it starts from
+    makes it the largest value.
     """
-    common: dict[str, Any] = {"rows": row, "layers": "all", "mask": mask}
     variants: dict[str, Any] = {"exclude": exclude, "receptive_field": receptive_field}
     scores: dict[str, torch.Tensor] = {}
-    for spec in check_methods(methods):
+    for spec in specs:
         name = typing.cast("Method", spec.name)
-        if spec.target_conditioned:  # one more forward, reading only the explained row
+        if spec.target_conditioned:  # its own forward, reading only the explained row
             # Layer l shows the layers up to it, as rollout's do: the last is the method.
             scores[spec.name] = explain(
-                model, inputs, method=name, rows=row, target=target, layers="cumulative"
+                model, inputs, method=name, rows=rows, target=target, layers="cumulative"
             )[0]
-        elif spec.gradients:  # a second call, with autograd, for a class
+        elif spec.gradients and gradients is not None:
+            options = {"layers": "all", "exclude_self": True, **variants}
+            scores[spec.name] = explain_gradients(weights, gradients, mask, rows, options)[0]
+        elif spec.gradients:  # the model ran without autograd: a call of its own
             scores[spec.name] = explain(
                 model,
                 inputs,
                 method=name,
-                rows=row,
+                rows=rows,
                 target=target,
                 target_score=target_score,
                 layers="all",
                 exclude_self=True,
                 **variants,
             )[0]
-        elif spec.value_aware:  # a second call, capturing the blocks' token-mixing matrices
+        elif spec.value_aware:  # a call of its own, capturing the blocks' matrices
             scores[spec.name] = explain(
-                model, inputs, method=name, rows=row, layers="all", **variants
+                model, inputs, method=name, rows=rows, layers="all", **variants
             )[0]
-        elif spec.composes == "raw":
-            scores[spec.name] = attnflow.raw(weights, heads=heads, **common)[0]
         else:
-            scores[spec.name] = spec.function()(
-                weights, heads=heads, residual=residual, **common, **variants
-            )[0]
+            options = {"layers": "all"}
+            if spec.composes_layers:
+                options |= {"residual": residual, **variants}
+            scores[spec.name] = explain_weights(weights, mask, name, rows, heads, options)[0]
     return scores
 
 
-def _method_notes(methods: Sequence[str], target_score: str = "logit") -> list[str]:
+def _method_notes(specs: Sequence[MethodSpec], target_score: str = "logit") -> list[str]:
     """Return what explain_text's and explain_image's pages must say of their scores."""
-    if "gradient_rollout" not in methods:
+    if not any(spec.gradients for spec in specs):
         return []
     note = (
         "Gradient rollout without the explained token's own relevance (set to 0), as "

@@ -56,7 +56,7 @@ __all__ = ["GENERATION_METHODS", "explain_generation"]
 #: The methods of :func:`explain_generation`.
 GENERATION_METHODS = ("rollout", "gradient_rollout", "raw", "direct_logit", "alti_logit", "ifr")
 #: The target-conditioned methods: every generated token's row from one more forward.
-_TARGET_CONDITIONED = ("direct_logit", "alti_logit", "ifr")
+_TARGET_CONDITIONED = tuple(m for m in GENERATION_METHODS if method_spec(m).target_conditioned)
 
 #: The options each method takes.
 _OPTIONS: dict[str, frozenset[str]] = {
@@ -362,17 +362,16 @@ def explain_generation(
     width = n_prompt + n_generated - 1
     scores: dict[str, np.ndarray] = {}
     for method in chosen:
-        if method == "rollout":
-            scores[method] = follower.rollout_rows(n_prompt, width)
-        elif method == "raw":
-            scores[method] = follower.raw_rows(n_prompt, width)
-        elif method in _TARGET_CONDITIONED:
+        spec = method_spec(method)
+        if spec.target_conditioned:
             scores[method] = _target_conditioned_rows(model, sequences, n_prompt, method, device)
+        elif spec.gradients:
+            scores[method] = _gradient_rows(model, sequences, n_prompt, settings[method], device)
+        elif spec.composes_layers:  # rollout, followed step by step
+            scores[method] = follower.rollout_rows(n_prompt, width)
         else:
-            scores[method] = _gradient_rows(
-                model, sequences, n_prompt, settings["gradient_rollout"], device
-            )
-        if exclude_self and method != "gradient_rollout":  # shares: renormalised
+            scores[method] = follower.raw_rows(n_prompt, width)
+        if exclude_self and not spec.gradients:  # shares: renormalised (GAE drops its own)
             predicting = list(range(n_prompt - 1, width))
             scores[method] = drop_self(scores[method], predicting, renormalize=True)
     special = tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True)

@@ -163,32 +163,44 @@ def _differentiate_each(
         with capture(model) as cap:
             result = read(_call(model, inputs))
         weights = cap.attentions  # checks that one stack of layers was captured
-        records = cap.records
-        values = list(scores(result))
-        if not all(v.requires_grad for v in values) or not all(w.requires_grad for w in records):
-            msg = (
-                "The attention weights are not on the autograd graph, so no gradient can "
-                f"reach them: {caller} needs parameters (or inputs) "
-                "that require grad upstream of the attention; unfreeze the model "
-                "(model.requires_grad_(True)) for the call."
-            )
-            raise RuntimeError(msg)
-        # A layer the score does not depend on gets None (allow_unused): its gradient is 0.
-        gradients = []
-        for index, value in enumerate(values):
-            grads: Sequence[torch.Tensor | None] = torch.autograd.grad(
-                value, records, allow_unused=True, retain_graph=index < len(values) - 1
-            )
-            gradients.append(
-                torch.stack(
-                    [
-                        torch.zeros_like(w) if g is None else g
-                        for w, g in zip(records, grads, strict=True)
-                    ],
-                    dim=-4,
-                )
-            )
+        gradients = gradients_of(list(scores(result)), cap.records, caller)
     return weights.detach(), gradients, cap.mask
+
+
+def gradients_of(
+    values: Sequence[torch.Tensor], records: Sequence[torch.Tensor], caller: str
+) -> list[torch.Tensor]:
+    """Differentiate each scalar of `values` with respect to the captured weights `records`.
+
+    One backward pass per value; the gradients of each are stacked as the weights are,
+    ``(*batch, layers, heads, n, n)``, zero for a layer the value does not depend on.
+    `caller` names the public function in the error raised when the weights are not on
+    the autograd graph.
+    """
+    if not all(v.requires_grad for v in values) or not all(w.requires_grad for w in records):
+        msg = (
+            "The attention weights are not on the autograd graph, so no gradient can "
+            f"reach them: {caller} needs parameters (or inputs) "
+            "that require grad upstream of the attention; unfreeze the model "
+            "(model.requires_grad_(True)) for the call."
+        )
+        raise RuntimeError(msg)
+    # A layer the score does not depend on gets None (allow_unused): its gradient is 0.
+    gradients = []
+    for index, value in enumerate(values):
+        grads: Sequence[torch.Tensor | None] = torch.autograd.grad(
+            value, list(records), allow_unused=True, retain_graph=index < len(values) - 1
+        )
+        gradients.append(
+            torch.stack(
+                [
+                    torch.zeros_like(w) if g is None else g
+                    for w, g in zip(records, grads, strict=True)
+                ],
+                dim=-4,
+            )
+        )
+    return gradients
 
 
 def attention_gradients(

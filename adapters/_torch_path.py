@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from attnflow._methods import method_spec
+
 __all__ = ["CPU_BLOCKWISE_FROM", "MEMORY_SHARE", "PathEstimate", "choose_path", "estimate"]
 
 #: On a CPU, the blockwise path runs from this many tokens on.
@@ -90,7 +92,7 @@ def estimate(
     layers, heads, hidden, mlp = _sizes(model)
     square = 4 * batch * n * n
     block = min(BLOCK_BYTES, heads * square)
-    if method == "gradient_rollout":
+    if method_spec(method).gradients:  # the weights, their gradients and the graph
         materialised = 2 * layers * heads * square + heads * square
         blockwise = 4 * batch * layers * n * (hidden + 2 * hidden + mlp) + block
     else:

@@ -262,7 +262,7 @@ def explain_blockwise(
             "position, which the weights were not kept to test."
         )
     ]
-    if "gradient_rollout" in chosen:
+    if any(method_spec(m).gradients for m in chosen):
         notes.append("Gradient rollout without the explained token's own relevance (set to 0).")
     return Explanation(
         token_labels(tokenizer, ids),

@@ -166,10 +166,15 @@ def run_explain(args: argparse.Namespace) -> int:
             raise UsageError(msg)
     check_decoder_flags(args, methods)  # --generate, --blockwise, --chat, --spans
     options = _decoder_options(args)  # --receptive-field, --exclude
-    if args.target_score != "logit" and methods is not None and "gradient_rollout" not in methods:
+    with_gradients = [name for name, spec in METHODS.items() if spec.gradients]
+    if (
+        args.target_score != "logit"
+        and methods is not None
+        and not any(METHODS[m].gradients for m in methods)
+    ):
         msg = (
-            "--target-score chooses what gradient_rollout differentiates; add it to --method "
-            f"(got --method {args.method})"
+            f"--target-score chooses what {' or '.join(with_gradients)} differentiates; add it "
+            f"to --method (got --method {args.method})"
         )
         raise UsageError(msg)
     # What explain_text and explain_image share, beside --receptive-field and --exclude.

@@ -25,6 +25,7 @@ from ._cli_flags import (
     flow_limits,
 )
 from ._deprecation import REMOVED_IN
+from ._methods import method_spec
 
 __all__ = ["configure_method", "run_method"]
 
@@ -58,7 +59,7 @@ def _parse_layers(text: str) -> str | int:
 
 def _parse_heads(text: str, *, method: str) -> str | list[float] | None:
     """``--heads``: ``mean``, ``max``, ``min``, ``each``, ``none`` (already fused) or weights."""
-    if text == "each" and method == "raw":
+    if text == "each" and not method_spec(method).composes_layers:
         msg = (
             "--heads each (one map per head) is an option of 'attnflow rollout' and "
             "'attnflow flow'; raw attention per head is the input itself"
@@ -137,6 +138,7 @@ def _output_and_selection(parser: argparse.ArgumentParser, *, name: str) -> None
 
 def configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
     """Add the options shared by ``rollout``, ``flow`` and ``raw`` (and flow's own)."""
+    spec = method_spec(method)
     parser.add_argument(
         "input",
         help="attention weights: .npy, .npz or .safetensors, shaped "
@@ -148,9 +150,9 @@ def configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
         "--heads",
         default="mean",
         help="'mean', 'max', 'min', 'none' or weights (h1,h2,...)"
-        + ("" if method == "raw" else "; 'each' for one map per head (App. A.1)"),
+        + ("" if not spec.composes_layers else "; 'each' for one map per head (App. A.1)"),
     )
-    if method != "raw":
+    if spec.composes_layers:
         parser.add_argument(
             "--residual", type=float, default=0.5, help="weight of the identity (default 0.5)"
         )
@@ -181,7 +183,7 @@ def configure_method(parser: argparse.ArgumentParser, *, method: str) -> None:
     parser.add_argument(
         "--no-validate", action="store_true", help="skip the checks on the attention values"
     )
-    if method == "flow":
+    if spec.host_only:
         parser.add_argument(
             "--raw-values", action="store_true", help="raw max-flow values, rows not normalised"
         )
@@ -227,7 +229,8 @@ def _method_options(args: argparse.Namespace, *, method: str) -> dict[str, Any]:
         "layers": _parse_layers(args.layers),
         "heads": _parse_heads(args.heads, method=method),
     }
-    if method != "raw":
+    spec = method_spec(method)
+    if spec.composes_layers:
         options |= _pruning_options(args) | _decoder_options(args)
         try:
             options["residual"] = check_residual(args.residual)
@@ -236,7 +239,7 @@ def _method_options(args: argparse.Namespace, *, method: str) -> dict[str, Any]:
     if args.top < 0:
         msg = f"--top must be a number of tokens, 0 or more; got {args.top}"
         raise UsageError(msg)
-    if method == "flow":
+    if spec.host_only:
         options |= flow_limits(args)  # n_jobs, max_seconds
         if args.max_work is not None and not args.max_work > 0:
             msg = (
@@ -305,12 +308,11 @@ def run_method(args: argparse.Namespace, *, method: str) -> int:
     import contextlib
     from pathlib import Path
 
-    import attnflow
-
     from ._arrayio import ArrayFileError, read_array, read_header
     from ._real_rows import by_real_end
     from ._validation import stored_precision
 
+    spec = method_spec(method)
     options = _method_options(args, method=method)
     source = Path(args.input)
     accept = _attention_accept(options)
@@ -336,7 +338,7 @@ def run_method(args: argparse.Namespace, *, method: str) -> int:
         raise UsageError(_in_flags(str(error))) from None
 
     options |= {"mask": mask, "validate": not args.no_validate}
-    if method == "flow":
+    if spec.host_only:
         options |= {
             "normalize_result": not args.raw_values,
             # The bar needs tqdm, an optional extra: without it the command runs quietly.
@@ -349,7 +351,7 @@ def run_method(args: argparse.Namespace, *, method: str) -> int:
                 file=sys.stderr,
             )
             options["max_work"] = args.max_work
-    function = {"flow": attnflow.flow, "rollout": attnflow.rollout, "raw": attnflow.raw}[method]
+    function = spec.function()
     precision = (
         stored_precision(header.stored, _STORED_EPSILON[header.stored])
         if header.stored in _STORED_EPSILON

@@ -39,6 +39,7 @@ from ._cli_methods import (
 )
 from ._deprecation import REMOVED_IN
 from ._header_checks import check_encoder_decoder
+from ._methods import METHODS
 from ._validation import check_layers, check_rows
 
 __all__ = [
@@ -88,7 +89,7 @@ def _shared_options(parser: argparse.ArgumentParser, *, name: str) -> None:
         type=float,
         default=None,
         help="weight of the identity (default 0.5); only for --rule "
-        + ("weighted" if name == "gradient_rollout" else "rollout"),
+        + ("weighted" if name in METHODS and METHODS[name].gradients else "rollout"),
     )
     parser.add_argument(
         "--normalize-result",

@@ -43,7 +43,9 @@ __all__ = [
     "compose_unnormalized",
     "contributions",
     "contributions_and_outputs",
+    "folds_post_norms",
     "head_values",
+    "uses_second_norm",
 ]
 
 #: The token-mixing rule: Kobayashi et al.'s norm, GlobEnc or ALTI.
@@ -52,12 +54,24 @@ Method: TypeAlias = Literal["norm", "globenc", "alti"]
 LayerNormParameters: TypeAlias = tuple[Any | None, Any | None, float]
 
 _METHODS = ("norm", "globenc", "alti")
+
+
+def uses_second_norm(kind: Method) -> bool:
+    """Whether the matrix `kind` reads a post-LN block's second LayerNorm (GlobEnc's)."""
+    return kind == "globenc"
+
+
 #: Elements of one block of ALTI's terms ``(*batch, rows, n, d)`` (or of the Gram path's
 #: ``(*batch, n, rows, H)`` products, all rows at once for MiniLM): 2**22 is 16 MiB in float32,
 #: so MiniLM on 4 x 256 tokens (d = 384) takes 10 receiving tokens at a time. Blocks that
 #: stay in cache between the matmul and the reductions after it are faster: on one CPU
 #: thread 10 rows ran 1.6x faster than 42 (2**24 elements), and 1 or 2 rows slower.
 _CHUNK_ELEMENTS = 1 << 22
+
+
+def folds_post_norms(kind: Method) -> bool:
+    """Whether `kind` reads post-LN values after the LayerNorms (GlobEnc's, ALTI's terms)."""
+    return kind != "norm"
 
 
 def _fail(name: str, expected: str, given: str, fix: str, kind: type[Exception]) -> NoReturn:
@@ -976,7 +990,7 @@ def contributions_and_outputs(
     batch, n, d = block.shape
     alpha, linear = block.weights, block.terms
     device = array_device(alpha)
-    if method == "globenc" and second is not None and second_input is not None:
+    if uses_second_norm(method) and second is not None and second_input is not None:
         # GlobEnc's second LayerNorm, linear given the std s2_i of its actual input: its
         # centring and gain go to the values and residual, 1 / s2_i to the row scale.
         variance = namespace.var(second_input, axis=-1, keepdims=True)

@@ -73,6 +73,14 @@ class MethodSpec:
     uses_target : bool
         Whether it explains a `target` (a class, or a causal LM's vocabulary id): the
         gradient methods and the logit-conditioned ones.
+    blockwise : bool
+        Whether the PyTorch adapter can compute its rows blockwise on a causal LM
+        (``explain(..., blockwise=True)``): from each layer's recomputed queries and keys,
+        never holding an ``(heads, n, n)`` array.
+    composes_layers : bool
+        Whether it composes the layers (rollout, flow...), so that it takes a `residual`
+        mix, `exclude` and `receptive_field`; False for raw attention, which reads each
+        layer alone.
     """
 
     name: str
@@ -86,6 +94,8 @@ class MethodSpec:
     target_conditioned: bool = False
     signed: bool = False
     uses_target: bool = False
+    blockwise: bool = False
+    composes_layers: bool = True
 
     @property
     def value_aware(self) -> bool:
@@ -119,11 +129,13 @@ METHODS: Mapping[str, MethodSpec] = MappingProxyType(
                 "raw",
                 "the attention weights of one layer",
                 composes="raw",
+                composes_layers=False,
             ),
             MethodSpec(
                 "rollout",
                 "attention rollout: the product of the residual-mixed layers",
                 composes="rollout",
+                blockwise=True,
             ),
             MethodSpec(
                 "flow",
@@ -137,6 +149,7 @@ METHODS: Mapping[str, MethodSpec] = MappingProxyType(
                 composes="gradient_rollout",
                 gradients=True,
                 uses_target=True,
+                blockwise=True,
             ),
             MethodSpec(
                 "norm",

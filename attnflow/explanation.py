@@ -193,10 +193,12 @@ class Explanation:
                 raise ValueError(msg)
             self.scores[str(name)] = array
         chosen: object = renamed_keyword("row", "rows", row, rows, default=0)
-        if chosen is None:  # every view names the explained token
-            msg = "`rows` must be an int (the explained position); got None."
+        # The caller decided the position (an adapter, once, before the model ran): only
+        # its kind is checked here; every view names the explained token, so not None.
+        if isinstance(chosen, bool) or not isinstance(chosen, int | np.integer):
+            msg = f"`rows` must be an int (the explained position); got {chosen!r}."
             raise TypeError(msg)
-        self.rows: int = _optional_int(chosen, "rows")
+        self.rows: int = int(chosen)
         self.special = np.zeros(n, dtype=bool) if special is None else np.asarray(special, bool)
         if self.special.shape != (n,):
             msg = f"`special` must hold one bool per token ({n}); got shape {self.special.shape}."

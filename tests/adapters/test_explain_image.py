@@ -104,9 +104,13 @@ def test_one_call_equals_capture_and_the_methods(picture: np.ndarray) -> None:
 
 def test_another_row_and_gradient_rollout(picture: np.ndarray) -> None:
     model, images = small_vit(), processor()
+    calls: list[bool] = []  # each model call, and whether autograd was on
+    handle = model.register_forward_hook(lambda *_: calls.append(torch.is_grad_enabled()))
     e = adapter.explain_image(
         model, images, picture, methods=["rollout", "gradient_rollout"], rows=5, target=2
     )
+    handle.remove()
+    assert calls == [True]  # one run, with autograd, serves both methods
     inputs = images(images=picture, return_tensors="pt")
     np.testing.assert_array_equal(e.scores["rollout"], by_hand(model, inputs, row=5)["rollout"])
     gae = adapter.explain(

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -250,3 +251,131 @@ def test_the_command_takes_the_shipped_model_every_method_and_the_options(
     for name in ("rollout", "alti"):
         np.testing.assert_array_equal(saved.scores[name], expected.scores[name])
         assert (saved.scores[name][:, 0] == 0).all()
+
+
+def _tiny_tokenizer() -> Any:
+    """A tokenizer of characters for the models built from configs (ids 2..51)."""
+
+    def tokenizer(text: str, return_tensors: str) -> dict:
+        ids = [1] + [2 + (ord(c) % 50) for c in text] + [3]
+        return {
+            "input_ids": torch.tensor([ids]),
+            "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+        }
+
+    tokenizer.convert_ids_to_tokens = lambda ids: [str(i) for i in ids]  # type: ignore[attr-defined]
+    tokenizer.get_special_tokens_mask = (  # type: ignore[attr-defined]
+        lambda ids, already_has_special_tokens: [int(i in (1, 3)) for i in ids]
+    )
+    tokenizer.decode = str  # type: ignore[attr-defined]
+    return tokenizer
+
+
+def _encoder_classifier() -> Any:
+    config = transformers.BertConfig(
+        vocab_size=60,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=3,
+    )
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(config).eval()
+
+
+def _causal_lm() -> Any:
+    config = transformers.LlamaConfig(
+        vocab_size=60,
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=32,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _counting(model: Any) -> list[bool]:
+    """Record each call of `model` (whether autograd was on), with a forward hook."""
+    calls: list[bool] = []
+    model.register_forward_hook(lambda module, args, output: calls.append(torch.is_grad_enabled()))
+    return calls
+
+
+@pytest.mark.parametrize("build", [_encoder_classifier, _causal_lm], ids=["encoder", "causal"])
+def test_one_model_run_serves_raw_rollout_flow_and_gradient_rollout(build: Any) -> None:
+    # Issue 38 item 5: the weights and their gradients come from one autograd forward.
+    model, tokenizer = build(), _tiny_tokenizer()
+    methods = ["raw", "rollout", "flow", "gradient_rollout"]
+    calls = _counting(model)
+    e = adapter.explain_text(model, tokenizer, "the key is here", methods=methods)
+    assert calls == [True]  # one call, with autograd
+    # The same numbers as each method on its own: capture + the core, and explain's GAE
+    # (its own autograd forward) for the predicted target, at the explained position.
+    inputs = tokenizer("the key is here", return_tensors="pt")
+    with torch.no_grad(), adapter.capture(model) as cap:
+        model(**inputs)
+    options = {"rows": e.rows, "layers": "all", "mask": cap.mask}
+    for name, function in (
+        ("raw", attnflow.raw),
+        ("rollout", attnflow.rollout),
+        ("flow", attnflow.flow),
+    ):
+        np.testing.assert_array_equal(e.scores[name], function(cap.attentions, **options)[0])
+    gae = adapter.explain(
+        model, inputs, method="gradient_rollout", rows=e.rows, layers="all", exclude_self=True
+    )
+    np.testing.assert_array_equal(e.scores["gradient_rollout"], gae[0].double().numpy())
+    assert e.rows == (len(e.tokens) - 1 if build is _causal_lm else 0)
+
+
+def test_one_autograd_run_for_a_causal_lms_default_methods() -> None:
+    # The defaults of a causal LM hold gradient rollout: the capture runs with autograd
+    # once; the target-conditioned leading method gathers its rows in a call of its own.
+    model, tokenizer = _causal_lm(), _tiny_tokenizer()
+    calls = _counting(model)
+    e = adapter.explain_text(model, tokenizer, "the key is here")
+    assert "gradient_rollout" in e.scores
+    assert calls.count(True) == 1
+    # A classifier's defaults have no gradients: one call, without autograd.
+    model = _encoder_classifier()
+    calls = _counting(model)
+    e = adapter.explain_text(model, tokenizer, "the key is here")
+    assert list(e.scores) == ["raw", "rollout", "flow"]
+    assert calls == [False]
+
+
+def test_a_method_added_to_the_registry_runs_without_touching_the_adapter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/contributing.md: a new method is a row of the registry (and its function). Two
+    # toy rows, over functions the registry knows, run through explain and explain_text
+    # by their properties alone: the adapters have never seen their names.
+    from types import MappingProxyType
+
+    from attnflow import _methods
+
+    toys = {
+        "toy_flow": _methods.MethodSpec("toy_flow", "flow again", "flow", host_only=True),
+        "toy_gae": _methods.MethodSpec(
+            "toy_gae", "GAE again", "gradient_rollout", gradients=True, uses_target=True
+        ),
+    }
+    monkeypatch.setattr(_methods, "METHODS", MappingProxyType({**_methods.METHODS, **toys}))
+    model, tokenizer = _encoder_classifier(), _tiny_tokenizer()
+    calls = _counting(model)
+    e = adapter.explain_text(model, tokenizer, "abc", methods=["toy_flow", "toy_gae"], target=1)
+    assert calls == [True]
+    reference = adapter.explain_text(
+        model, tokenizer, "abc", methods=["flow", "gradient_rollout"], target=1
+    )
+    np.testing.assert_array_equal(e.scores["toy_flow"], reference.scores["flow"])
+    np.testing.assert_array_equal(e.scores["toy_gae"], reference.scores["gradient_rollout"])
+    assert e.target == 1
+    inputs = tokenizer("abc", return_tensors="pt")
+    np.testing.assert_array_equal(
+        adapter.explain(model, inputs, method="toy_gae", target=1),
+        adapter.explain(model, inputs, method="gradient_rollout", target=1),
+    )
