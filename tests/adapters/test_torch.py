@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch adapter needs PyTorch")
 
 import attnflow
-from attnflow.adapters import _torch_capture
+from attnflow.adapters import _torch_hooks
 from attnflow.adapters import torch as adapter
 
 F = torch.nn.functional
@@ -738,7 +738,7 @@ def test_fused_heads_keep_one_head_of_memory(minilm, batch, monkeypatch):
         return output, weights
 
     refs = []
-    monkeypatch.setattr(_torch_capture, "sdpa_with_weights", watched)
+    monkeypatch.setattr(_torch_hooks, "sdpa_with_weights", watched)
     with torch.no_grad(), adapter.capture(model, heads="mean") as cap:
         model(**batch)
     gc.collect()
