@@ -49,6 +49,7 @@ from attnflow._methods import method_spec
 
 from ._torch_blockwise import SUPPORTED_ATTENTION, _call_kwargs, _run, _window
 from ._torch_capture import _padding_mask, capture
+from ._torch_hooks import Hooks, attention_sites
 
 __all__ = ["explain_target_conditioned", "unsupported_reason"]
 
@@ -121,13 +122,20 @@ SUPPORTED_MODELS = (
 
 
 def _decoder_layers(model: nn.Module) -> list[tuple[nn.Module, Any, _Family]]:
-    """Return ``(decoder layer, its attention, its family)`` of every layer, in order."""
+    """Return ``(decoder layer, its attention, its family)`` of every layer, in order.
+
+    The layers are the blocks of the model's attention sites (:mod:`._torch_hooks`) that
+    hold their attention under a family's attribute, next to the family's norm.
+    """
     found = []
-    for module in model.modules():
+    for site in attention_sites(model):
+        module = site.block
+        if module is None:
+            continue
         for family in _FAMILIES:
             attention = getattr(module, family.attention, None)
             if (
-                attention is not None
+                attention is site.attention
                 and type(attention).__name__ in family.classes
                 and isinstance(getattr(module, family.norm, None), nn.Module)
                 and not getattr(attention, "is_cross_attention", False)
@@ -265,24 +273,17 @@ def _attention_rows(
     return torch.softmax(scores, dim=-1), v
 
 
-def _install(model: nn.Module, run: _Run, final: nn.Module) -> list[Any]:
-    handles = [model.register_forward_pre_hook(_on_model_call(run), with_kwargs=True)]
+def _install(hooks: Hooks, model: nn.Module, run: _Run, final: nn.Module) -> None:
+    hooks.before(model, _on_model_call(run), with_kwargs=True)
     for layer in run.layers:
-        handles.append(
-            layer.block.register_forward_pre_hook(_entering_block(layer, run), with_kwargs=True)
-        )
-        handles.append(
-            layer.attention.register_forward_pre_hook(
-                _entering_attention(layer, run), with_kwargs=True
-            )
-        )
+        hooks.before(layer.block, _entering_block(layer, run), with_kwargs=True)
+        hooks.before(layer.attention, _entering_attention(layer, run), with_kwargs=True)
 
     def last_hidden(module: nn.Module, args: tuple[Any, ...]) -> None:  # noqa: ARG001
         if args and isinstance(args[0], torch.Tensor) and run.positions is not None:
             run.final_hidden = args[0].detach()
 
-    handles.append(final.register_forward_pre_hook(last_hidden))
-    return handles
+    hooks.before(final, last_hidden)
 
 
 def _at_rows(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -500,18 +501,14 @@ def explain_target_conditioned(
     lean = _call_kwargs(model, inputs, {"logits_to_keep": 1, "use_cache": False})
     if isinstance(inputs, Mapping):
         _read_call(run, model, (), dict(inputs))  # bad rows refused before the model runs
-    handles = _install(model, run, final)
-    try:
-        with torch.no_grad():
-            if spec.composes == "alti_logit":
-                with capture(model, contributions="alti") as cap:
-                    output = _run(model, inputs, lean)
-                matrices = cap.contributions
-            else:
+    with Hooks() as hooks, torch.no_grad():
+        _install(hooks, model, run, final)
+        if spec.composes == "alti_logit":
+            with capture(model, contributions="alti") as cap:
                 output = _run(model, inputs, lean)
-    finally:
-        for handle in handles:
-            handle.remove()
+            matrices = cap.contributions
+        else:
+            output = _run(model, inputs, lean)
     positions, last_hidden = run.positions, run.final_hidden
     if (
         positions is None
