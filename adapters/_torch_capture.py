@@ -576,9 +576,7 @@ class Capture(CaptureBlock):
     def _install(self) -> None:
         hooks = self._hooks
         hooks.on_weights(self.model, self._record)
-        previous_fastpath = torch.backends.mha.get_fastpath_enabled()
-        torch.backends.mha.set_fastpath_enabled(False)
-        hooks.undo(lambda: torch.backends.mha.set_fastpath_enabled(previous_fastpath))
+        hooks.mha_fastpath_off()
 
         hooks.before(self.model, self._on_model_call, with_kwargs=True)
         if self._recorder is not None:

@@ -39,8 +39,9 @@ explicitly (:func:`sdpa_with_weights`, re-exported by
 :mod:`attnflow.adapters.torch`), and Hugging Face's
 ``eager_attention_forward`` by a wrapper reading the weights it returns; every
 subscribed listener receives each call's weights, in subscription order. The tap is
-installed by the first subscriber and stays while any subscriber is left, so taps of
-nested ``with`` blocks share it rather than stacking.
+installed by the first subscriber and stays while any subscriber is left (the last one
+restores the originals), so the subscribers of nested ``with`` blocks share it rather
+than stacking.
 
 Several consumers, one forward
 ------------------------------
@@ -57,17 +58,26 @@ one model call. Enter them in one ``with`` statement and call the model once ins
 
 Each capture reads every attention call of that forward (the tap hands the same weights
 to both); a gradient capture needs autograd on, which the value-aware recording does not
-mind (it detaches what it keeps). The target-conditioned gatherer of a causal LM takes
-part the same way: :func:`._torch_logit.gather` returns a context manager that
-subscribes to the forward it encloses, its result read after the block with
-``finish(output)``.
+mind (it detaches what it keeps). Consumers that are not captures subscribe to a
+:class:`Hooks` of the same forward. The target-conditioned gatherer of a causal LM
+(:class:`._torch_logit.TargetGatherer`, which checks its arguments when built) does::
+
+    gatherer = TargetGatherer(model, inputs, method="direct_logit", rows=-1)
+    with Hooks() as hooks, capture(model, gradients=True) as weights:
+        gatherer.subscribe(hooks)
+        output = model(**inputs)
+    scores = gatherer.finish(output)  # the direct logit scores of that forward
+
+(``method="alti_logit"`` also needs ``capture(model, contributions="alti")`` in the same
+``with`` and its ``contributions`` passed to ``finish``.) Everything is removed when the
+``with`` ends, in reverse order, also when the model raises.
 """
 
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from types import ModuleType, TracebackType
 from typing import Any, Self
@@ -236,6 +246,9 @@ def sdpa_with_weights(
 
 
 _listeners: list[Listener] = []
+#: What the tap holds in place (its replacements, the MHA fast-path flag):
+#: ``key -> [restore, holders]``.
+_held: dict[Hashable, list[Any]] = {}
 
 
 def _tapped_sdpa(
@@ -390,29 +403,64 @@ class Hooks:
     def on_weights(self, model: nn.Module, listener: Listener) -> None:
         """Hand `listener` the attention weights of every attention call (see the module docstring).
 
-        Installs the tap on ``F.scaled_dot_product_attention``, on the copies in the
-        model's modules and on their ``eager_attention_forward`` unless it is there.
+        Holds the tap on ``F.scaled_dot_product_attention``, on the copies in the model's
+        modules and on their ``eager_attention_forward``: installed by the first holder,
+        restored when the last one lets go (in any order).
         """
         _listeners.append(listener)
         self._undo.append(lambda: _listeners.remove(listener))
-        if not getattr(F.scaled_dot_product_attention, _TAP, False):
-            self.patch(F, "scaled_dot_product_attention", _tapped_sdpa)
+        self._hold(F, "scaled_dot_product_attention", _tapped_sdpa)
         wrapped: dict[int, Callable[..., Any]] = {}
         for namespace in _namespaces(model):
             if namespace is F:
                 continue
             for name, value in list(namespace.__dict__.items()):
-                if value is ORIGINAL_SDPA:
-                    self.patch(namespace, name, _tapped_sdpa)
-                elif (
-                    name == "eager_attention_forward"
-                    and callable(value)
-                    and not getattr(value, _TAP, False)
-                ):
+                if value is ORIGINAL_SDPA or value is _tapped_sdpa:
+                    self._hold(namespace, name, _tapped_sdpa)
+                elif name == "eager_attention_forward" and callable(value):
                     wrapper = wrapped.get(id(value))
                     if wrapper is None:
-                        wrapper = wrapped[id(value)] = _wrap_eager(value)
-                    self.patch(namespace, name, wrapper)
+                        tapped = getattr(value, _TAP, False)
+                        wrapper = wrapped[id(value)] = value if tapped else _wrap_eager(value)
+                    self._hold(namespace, name, wrapper)
+
+    def mha_fastpath_off(self) -> None:
+        """Turn ``torch.backends.mha``'s fast path off (it never materialises the weights).
+
+        Held like the tap: the last holder to let go restores the flag as it found it.
+        """
+
+        def install() -> Callable[[], None]:
+            previous = torch.backends.mha.get_fastpath_enabled()
+            torch.backends.mha.set_fastpath_enabled(False)
+            return lambda: torch.backends.mha.set_fastpath_enabled(previous)
+
+        self._held_while(("torch.backends.mha", "fastpath"), install)
+
+    def _hold(self, namespace: ModuleType, name: str, tap: object) -> None:
+        """Put `tap` in place of ``namespace.name`` unless held already."""
+
+        def install() -> Callable[[], None]:
+            original = namespace.__dict__[name]
+            setattr(namespace, name, tap)
+            return lambda: setattr(namespace, name, original)
+
+        self._held_while((id(namespace), name), install)
+
+    def _held_while(self, key: Hashable, install: Callable[[], Callable[[], None]]) -> None:
+        """Run `install` for the first holder of `key`; its restore after the last one."""
+        held = _held.get(key)
+        if held is None:
+            held = _held[key] = [install(), 0]
+        held[1] += 1
+
+        def release() -> None:
+            held[1] -= 1
+            if held[1] == 0:
+                del _held[key]
+                held[0]()
+
+        self._undo.append(release)
 
     def remove(
         self, failure: str = "attnflow could not restore the model after hooking it"
