@@ -222,6 +222,23 @@ def test_restored_after_forward_raises(minilm, batch):
     assert not count_globals(model)
 
 
+def test_one_rule_finds_the_attention_for_every_consumer(minilm):
+    # BertAttention holds BertSelfAttention: one site per layer, its block the layer;
+    # value-aware capture recognises exactly those blocks.
+    from attnflow.adapters._torch_contributions import find_blocks
+
+    model = minilm["sdpa"]
+    sites = _torch_hooks.attention_sites(model)
+    assert [(s.name, s.block_name) for s in sites] == [
+        (f"encoder.layer.{i}.attention", f"encoder.layer.{i}") for i in range(6)
+    ]
+    assert all(type(s.attention).__name__ == "BertAttention" for s in sites)
+    assert [spec.block for spec in find_blocks(model)] == [s.block for s in sites]
+    nested = [name for name, _ in _torch_hooks.attention_modules(model)]
+    assert len(nested) == 12
+    assert "encoder.layer.0.attention.self" in nested
+
+
 def test_captures_entered_together_share_one_forward(minilm, batch):
     # Weights with their gradients and value-aware contributions from one autograd
     # forward: each capture sees every attention call of it, as it does alone.
