@@ -290,6 +290,7 @@ TORCH_DOCTESTS = [
     "attnflow.adapters._torch_capture",
     "attnflow.adapters._torch_explain",
     "attnflow.adapters._torch_gradients",
+    "attnflow.adapters._torch_hooks",
     "attnflow.adapters._torch_inputs",
     "attnflow.adapters._torch_llm",
     "attnflow.adapters._torch_model_functions",

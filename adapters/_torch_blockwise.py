@@ -62,6 +62,7 @@ from attnflow._validation import (
 )
 
 from ._common import TargetScore, check_no_target, check_target_score, check_target_type
+from ._torch_hooks import Hooks, attention_sites
 
 __all__ = [
     "SUPPORTED_ATTENTION",
@@ -101,7 +102,11 @@ MEMORY_SHARE = 0.25
 # -- which models ---------------------------------------------------------------------------
 def _attention_modules(model: nn.Module) -> list[nn.Module]:
     """Return the model's supported attention modules, in layer order."""
-    return [m for m in model.modules() if type(m).__name__ in SUPPORTED_ATTENTION]
+    return [
+        site.attention
+        for site in attention_sites(model)
+        if type(site.attention).__name__ in SUPPORTED_ATTENTION
+    ]
 
 
 def unsupported_reason(model: nn.Module, method: object) -> str | None:
@@ -371,19 +376,11 @@ class _Layer:
 class _Recorder:
     layers: list[_Layer]
     padding: torch.Tensor | None = None
-    handles: list[Any] = field(default_factory=list)
 
-    def install(self, model: nn.Module, upto: int) -> None:
-        self.handles.append(model.register_forward_pre_hook(self._on_model_call, with_kwargs=True))
+    def install(self, hooks: Hooks, model: nn.Module, upto: int) -> None:
+        hooks.before(model, self._on_model_call, with_kwargs=True)
         for layer in self.layers[:upto]:
-            self.handles.append(
-                layer.module.register_forward_pre_hook(self._entering(layer), with_kwargs=True)
-            )
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
+            hooks.before(layer.module, self._entering(layer), with_kwargs=True)
 
     def _on_model_call(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -944,12 +941,9 @@ def _rollout_rows(
     dtype: torch.dtype,
 ) -> torch.Tensor:
     extra = _call_kwargs(model, inputs, {"use_cache": False, "logits_to_keep": 1})
-    recorder.install(model, settings.used_layers)
-    try:
-        with torch.no_grad():
-            _run(model, inputs, extra)
-    finally:
-        recorder.remove()
+    with Hooks() as hooks, torch.no_grad():
+        recorder.install(hooks, model, settings.used_layers)
+        _run(model, inputs, extra)
     layers = recorder.layers[: settings.used_layers]
     device = next(model.parameters()).device
     batch = _shape_of(inputs)[0]  # type: ignore[index]
@@ -988,18 +982,17 @@ def _gae_rows(
         return hook
 
     layers = recorder.layers[: settings.used_layers]
-    recorder.install(model, settings.used_layers)
-    handles = [l.module.o_proj.register_forward_pre_hook(on_o_proj(l)) for l in layers]
     batch = _shape_of(inputs)[0]  # type: ignore[index]
     results = []
-    restore = _checkpoint_blocks(model, [layer.module for layer in recorder.layers])
-    try:
+    with Hooks() as checkpoints, Hooks() as recording:
+        recorder.install(recording, model, settings.used_layers)
+        for layer in layers:
+            recording.before(layer.module.o_proj, on_o_proj(layer))
+        _checkpoint_blocks(checkpoints, model, [layer.module for layer in recorder.layers])
         with torch.enable_grad():
             output = _run(model, inputs, extra)
             # Recomputing checkpointed blocks in the backward pass must not record again.
-            recorder.remove()
-            for handle in handles:
-                handle.remove()
+            recording.remove()
             logits = output if isinstance(output, torch.Tensor) else output.logits
             if not all(outputs[l.index].requires_grad for l in layers):
                 msg = (
@@ -1025,18 +1018,17 @@ def _gae_rows(
                     }
                 )
                 chains = _Chains(one, valid, n, dtype)
-                grad_hooks = []
-                for layer in reversed(layers):
+                with Hooks() as gradients:
+                    for layer in reversed(layers):
 
-                    def on_grad(
-                        grad: torch.Tensor, layer: _Layer = layer, chains: _Chains = chains
-                    ) -> None:
-                        with torch.no_grad():
-                            chains.enter(layer.index)
-                            chains.advance(layer, grad.detach())
+                        def on_grad(
+                            grad: torch.Tensor, layer: _Layer = layer, chains: _Chains = chains
+                        ) -> None:
+                            with torch.no_grad():
+                                chains.enter(layer.index)
+                                chains.advance(layer, grad.detach())
 
-                    grad_hooks.append(outputs[layer.index].register_hook(on_grad))  # type: ignore[no-untyped-call]
-                try:
+                        gradients.on_gradient(outputs[layer.index], on_grad)
                     # Only the lowest layer's gradient is returned; the hooks see every
                     # layer's as the backward pass reaches it, top-down, and drop it.
                     torch.autograd.grad(
@@ -1045,22 +1037,14 @@ def _gae_rows(
                         retain_graph=c < len(settings.rows) - 1,
                         allow_unused=True,
                     )
-                finally:
-                    for handle in grad_hooks:
-                        handle.remove()
                 if chains.chains is None:  # the score reached no attention layer
                     chains.enter(settings.used_layers - 1)
                 results.append(chains.chains)
-    finally:
-        recorder.remove()
-        for handle in handles:
-            handle.remove()
-        restore()
     return _assemble(results, settings, valid, n, dtype)
 
 
-def _checkpoint_blocks(model: nn.Module, attention: list[nn.Module]) -> Callable[[], None]:
-    """Checkpoint each block that holds an attention module; return the undo.
+def _checkpoint_blocks(hooks: Hooks, model: nn.Module, attention: list[nn.Module]) -> None:
+    """Checkpoint each block that holds one of the `attention` modules, through `hooks`.
 
     GAE needs only the gradient at each attention output, not the parameters': the
     backward pass then keeps each block's input instead of all its activations and
@@ -1069,36 +1053,19 @@ def _checkpoint_blocks(model: nn.Module, attention: list[nn.Module]) -> Callable
     about 0.3 GB of block inputs instead of several GB of activations.
     """
     wanted = {id(module) for module in attention}
-    blocks = [
-        module
-        for module in model.modules()
-        if any(id(child) in wanted for child in module.children())
-    ]
-    undo: list[Callable[[], None]] = []
-    for block in blocks:
+    blocks: dict[int, nn.Module] = {}
+    for site in attention_sites(model):
+        if site.block is not None and id(site.attention) in wanted:
+            blocks.setdefault(id(site.block), site.block)
+    for block in blocks.values():
         original = block.forward
-        own = "forward" in vars(block)
 
         def forward(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
             return torch.utils.checkpoint.checkpoint(
                 _original, *args, use_reentrant=False, **kwargs
             )
 
-        block.forward = forward
-
-        def restore(block: nn.Module = block, original: Any = original, own: bool = own) -> None:
-            if own:
-                block.forward = original
-            else:
-                del block.forward
-
-        undo.append(restore)
-
-    def restore_all() -> None:
-        for step in undo:
-            step()
-
-    return restore_all
+        hooks.patch(block, "forward", forward)
 
 
 def _assemble(

@@ -8,15 +8,11 @@ encoder, decoder and cross-attention are told apart is described in
 from __future__ import annotations
 
 import inspect
-import math
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import attnflow
@@ -31,6 +27,7 @@ from ._common import (
     check_contribution_method,
 )
 from ._torch_contributions import BlockRecorder, find_blocks
+from ._torch_hooks import Hooks, attention_modules, sdpa_with_weights
 
 __all__ = ["Capture", "capture", "sdpa_with_weights"]
 
@@ -60,8 +57,6 @@ _MASK_ARGUMENTS: tuple[tuple[str, bool], ...] = (
     ("key_padding_mask", False),
 )
 
-_ORIGINAL_SDPA: Callable[..., torch.Tensor] = F.scaled_dot_product_attention
-
 
 @dataclass
 class _Record:
@@ -70,92 +65,6 @@ class _Record:
     weights: torch.Tensor
     tracked: bool = False
     role: Role | None = None
-
-
-def sdpa_with_weights(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scaled dot-product attention computed explicitly, returning the weights too.
-
-    Same semantics as :func:`torch.nn.functional.scaled_dot_product_attention`: a boolean
-    `attn_mask` keeps the positions that are True, a float one is added to the scores,
-    `is_causal` keeps the lower triangle aligned top-left, `scale` defaults to
-    ``1 / sqrt(E)``, `enable_gqa` repeats key and value heads, `dropout_p` drops
-    attention weights. Masking uses ``torch.finfo(dtype).min`` rather than ``-inf``, and a
-    query row whose keys are all masked (by a boolean mask, `is_causal` or ``-inf``) gets
-    zero weights and a zero output, exactly as PyTorch's SDPA gives, never NaN.
-
-    Parameters
-    ----------
-    query : Tensor, shape (..., heads, L, E)
-        Queries.
-    key : Tensor, shape (..., kv_heads, S, E)
-        Keys.
-    value : Tensor, shape (..., kv_heads, S, Ev)
-        Values.
-    attn_mask : Tensor, optional
-        Boolean (True = attend) or additive float mask broadcastable to ``(..., L, S)``.
-    dropout_p : float, default 0.0
-        Dropout probability on the weights (SDPA applies it whenever it is positive).
-    is_causal : bool, default False
-        Causal (lower-triangular, top-left aligned) masking.
-    scale : float, optional
-        Scale of the scores; ``1 / sqrt(E)`` by default.
-    enable_gqa : bool, default False
-        Grouped-query attention: ``heads`` a multiple of ``kv_heads``.
-
-    Returns
-    -------
-    output : Tensor, shape (..., heads, L, Ev)
-        The attention output.
-    weights : Tensor, shape (..., heads, L, S)
-        The attention probabilities (before dropout), on the autograd path to `output`.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from attnflow.adapters.torch import sdpa_with_weights
-    >>> q, k, v = torch.ones(1, 1, 2, 4), torch.ones(1, 1, 2, 4), torch.eye(2, 4)[None, None]
-    >>> out, w = sdpa_with_weights(q, k, v, is_causal=True)
-    >>> w
-    tensor([[[[1.0000, 0.0000],
-              [0.5000, 0.5000]]]])
-    """
-    if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
-        groups = query.shape[-3] // key.shape[-3]
-        key = key.repeat_interleave(groups, dim=-3)
-        value = value.repeat_interleave(groups, dim=-3)
-    factor = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    scores = torch.matmul(query, key.transpose(-2, -1)) * factor
-    lowest = torch.finfo(scores.dtype).min
-    n_queries, n_keys = scores.shape[-2], scores.shape[-1]
-    keep: torch.Tensor | None = None
-    if is_causal:
-        keep = torch.ones(n_queries, n_keys, dtype=torch.bool, device=scores.device).tril()
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            keep = attn_mask if keep is None else keep & attn_mask
-        else:
-            scores = scores + attn_mask
-            finite = scores != -math.inf
-            if not bool(finite.all()):
-                keep = finite if keep is None else keep & finite
-    if keep is not None:
-        scores = scores.masked_fill(~keep, lowest)
-    weights = torch.softmax(scores, dim=-1)
-    if keep is not None:
-        dead = ~keep.any(dim=-1, keepdim=True)
-        if bool(dead.any()):
-            weights = weights.masked_fill(dead, 0.0)
-    used = F.dropout(weights, p=dropout_p, training=True) if dropout_p > 0.0 else weights
-    return torch.matmul(used, value), weights
 
 
 class Capture(CaptureBlock):
@@ -327,7 +236,7 @@ class Capture(CaptureBlock):
         self._decoder_mask: torch.Tensor | None = None
         self._seq2seq = False
         self._running: list[tuple[str, nn.Module, tuple[Any, ...], dict[str, Any]]] = []
-        self._undo: list[Callable[[], None]] = []
+        self._hooks = Hooks()
         self._mha_calls: dict[int, tuple[int, bool, bool, bool]] = {}
         self._last_weights: torch.Tensor | None = None
         self._active = False
@@ -633,7 +542,7 @@ class Capture(CaptureBlock):
                 )
                 raise ValueError(msg)
             # One fused head, its axis kept: the result is in the canonical layout, so
-            # the default heads="mean" of rollout and flow reads it right (issue 22.17).
+            # the default heads="mean" of rollout and flow reads it right.
             fused = _fuse(weights.detach(), self.heads)[..., None, :, :]
             self._records.append(_Record(fused, role=role))
             return
@@ -663,105 +572,34 @@ class Capture(CaptureBlock):
                 return "encoder"
         return "decoder" if getattr(module, "is_decoder", False) is True else "encoder"
 
-    def _sdpa(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        is_causal: bool = False,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-    ) -> torch.Tensor:
-        output, weights = sdpa_with_weights(
-            query,
-            key,
-            value,
-            attn_mask=attn_mask,
-            dropout_p=dropout_p,
-            is_causal=is_causal,
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
-        self._record(weights)
-        return output
-
-    def _wrap_eager(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def eager_attention_forward(*args: Any, **kwargs: Any) -> Any:
-            result = original(*args, **kwargs)
-            if (
-                isinstance(result, tuple)
-                and len(result) >= 2
-                and isinstance(result[1], torch.Tensor)
-                and result[1].ndim >= 3
-            ):
-                self._record(result[1])
-            return result
-
-        eager_attention_forward.__wrapped__ = original  # type: ignore[attr-defined]
-        return eager_attention_forward
-
     # -- installing and restoring --------------------------------------------------------
-    def _patch(self, namespace: ModuleType, name: str, replacement: object) -> None:
-        original = namespace.__dict__[name]
-        setattr(namespace, name, replacement)
-        self._undo.append(lambda: setattr(namespace, name, original))
-
     def _install(self) -> None:
-        sdpa = self._sdpa
-        self._patch(F, "scaled_dot_product_attention", sdpa)
-        wrapped_eager: dict[int, Callable[..., Any]] = {}
-        for namespace in _model_namespaces(self.model):
-            if namespace is F:
-                continue
-            for name, value in list(namespace.__dict__.items()):
-                if value is _ORIGINAL_SDPA:
-                    self._patch(namespace, name, sdpa)
-                elif name == "eager_attention_forward" and callable(value):
-                    wrapper = wrapped_eager.get(id(value))
-                    if wrapper is None:
-                        wrapper = wrapped_eager[id(value)] = self._wrap_eager(value)
-                    self._patch(namespace, name, wrapper)
+        hooks = self._hooks
+        hooks.on_weights(self.model, self._record)
+        hooks.mha_fastpath_off()
 
-        previous_fastpath = torch.backends.mha.get_fastpath_enabled()
-        torch.backends.mha.set_fastpath_enabled(False)
-        self._undo.append(lambda: torch.backends.mha.set_fastpath_enabled(previous_fastpath))
-
-        handle = self.model.register_forward_pre_hook(self._on_model_call, with_kwargs=True)
-        self._undo.append(handle.remove)
+        hooks.before(self.model, self._on_model_call, with_kwargs=True)
         if self._recorder is not None:
-            self._recorder.install(self._undo)
+            self._recorder.install(hooks)
         self._seq2seq = _is_encoder_decoder(self.model)
         if self._seq2seq:
             for name, module in self.model.named_modules():
                 if module is self.model:
                     continue
-                enter = module.register_forward_pre_hook(
-                    self._entering(name), with_kwargs=True, prepend=True
-                )
-                leave = module.register_forward_hook(self._leaving, always_call=True)
-                self._undo.extend([enter.remove, leave.remove])
-        for module in self.model.modules():
+                hooks.before(module, self._entering(name), with_kwargs=True, prepend=True)
+                hooks.after(module, self._leaving, always_call=True)
+        for _, module in attention_modules(self.model):
             if isinstance(module, nn.MultiheadAttention):
-                pre = module.register_forward_pre_hook(self._before_mha, with_kwargs=True)
-                post = module.register_forward_hook(self._after_mha, with_kwargs=True)
-                self._undo.extend([pre.remove, post.remove])
+                hooks.before(module, self._before_mha, with_kwargs=True)
+                hooks.after(module, self._after_mha, with_kwargs=True)
 
     def _restore(self) -> None:
-        errors: list[BaseException] = []
-        while self._undo:
-            undo = self._undo.pop()
-            try:
-                undo()
-            except Exception as error:  # noqa: BLE001 - restore everything we can
-                errors.append(error)
-        self._mha_calls.clear()
-        self._running.clear()
-        self._last_weights = None
-        if errors:
-            msg = "attnflow could not restore the model after capturing"
-            raise RuntimeError(msg) from errors[0]
+        try:
+            self._hooks.remove("attnflow could not restore the model after capturing")
+        finally:
+            self._mha_calls.clear()
+            self._running.clear()
+            self._last_weights = None
 
     # -- hooks ----------------------------------------------------------------------------
     def _on_model_call(
@@ -961,21 +799,6 @@ def _check_implementations(model: nn.Module) -> None:
                 '"eager", or switch it with model.set_attn_implementation("sdpa").'
             )
             raise ValueError(msg)
-
-
-def _model_namespaces(model: nn.Module) -> list[ModuleType]:
-    """List the Python modules defining the model's classes (attention functions live there)."""
-    names: set[str] = set()
-    for module in model.modules():
-        for cls in type(module).__mro__:
-            names.add(cls.__module__)
-    names.add("transformers.integrations.sdpa_attention")
-    namespaces = []
-    for name in sorted(names):
-        namespace = sys.modules.get(name)
-        if isinstance(namespace, ModuleType):
-            namespaces.append(namespace)
-    return namespaces
 
 
 def _fuse(weights: torch.Tensor, heads: HeadReduction) -> torch.Tensor:

@@ -85,6 +85,8 @@ from attnflow._contributions import (
 )
 from attnflow._contributions_fused import OpenMPTeam, openmp_team
 
+from ._torch_hooks import Hooks, attention_modules, attention_sites
+
 __all__ = ["SUPPORTED_BLOCKS", "BlockRecorder", "find_blocks"]
 
 SUPPORTED_BLOCKS = (
@@ -422,10 +424,6 @@ def _drops_out(module: nn.Module) -> bool:
     return isinstance(rate, float | int) and not isinstance(rate, bool) and rate > 0
 
 
-def _looks_like_attention(module: nn.Module) -> bool:
-    return isinstance(module, nn.MultiheadAttention) or "Attention" in type(module).__name__
-
-
 def find_blocks(model: nn.Module) -> list[BlockSpec]:
     """Recognise the model's attention blocks; refuse attention outside any of them.
 
@@ -438,19 +436,21 @@ def find_blocks(model: nn.Module) -> list[BlockSpec]:
     """
     blocks: list[BlockSpec] = []
     inside: set[int] = set()
-    for name, module in model.named_modules():
-        if id(module) in inside:
+    # The blocks are those holding the model's attention sites (the one rule of
+    # _torch_hooks); each is recognised by its structure.
+    for site in attention_sites(model):
+        if site.block is None or site.block_name is None or id(site.block) in inside:
             continue
         for recognise in _RECOGNISERS:
-            spec = recognise(name, module)
+            spec = recognise(site.block_name, site.block)
             if spec is not None:
                 blocks.append(spec)
-                inside.update(id(m) for m in module.modules())
+                inside.update(id(m) for m in site.block.modules())
                 break
     stray = [
         f"{name or '(the model)'} ({type(module).__name__})"
-        for name, module in model.named_modules()
-        if id(module) not in inside and _looks_like_attention(module)
+        for name, module in attention_modules(model)
+        if id(module) not in inside
     ]
     training = [
         f"{spec.name}.{name}" if name else spec.name
@@ -517,26 +517,23 @@ class BlockRecorder:
         self.errors: list[str] = []
         self._running: _Running | None = None
 
-    def install(self, undo: list[Callable[[], None]]) -> None:
-        """Register the hooks; their removers are appended to `undo`."""
+    def install(self, hooks: Hooks) -> None:
+        """Register the hooks on the blocks through `hooks`, which removes them."""
         for spec in self.blocks:
-            handles = [
-                spec.block.register_forward_pre_hook(self._entering(spec), with_kwargs=True),
-                spec.block.register_forward_hook(self._leaving, always_call=True),
-            ]
+            hooks.before(spec.block, self._entering(spec), with_kwargs=True)
+            hooks.after(spec.block, self._leaving, always_call=True)
             if spec.pre_norm is not None:
-                handles.append(spec.pre_norm.register_forward_hook(self._normalised))
+                hooks.after(spec.pre_norm, self._normalised)
             if spec.second_norm is not None and uses_second_norm(self.method):
-                handles.append(spec.second_norm.register_forward_pre_hook(self._second))
+                hooks.before(spec.second_norm, self._second)
             if spec.checked is not None:
-                handles.append(spec.checked.register_forward_hook(self._attended))
+                hooks.after(spec.checked, self._attended)
             if spec.stream is not None:
-                handles.append(spec.stream.register_forward_pre_hook(self._summed))
+                hooks.before(spec.stream, self._summed)
             if spec.value_module is not None:
-                handles.append(spec.value_module.register_forward_hook(self._projected))
+                hooks.after(spec.value_module, self._projected)
             if spec.output_module is not None and spec.checked is None and spec.stream is None:
-                handles.append(spec.output_module.register_forward_hook(self._projection))
-            undo.extend(handle.remove for handle in handles)
+                hooks.after(spec.output_module, self._projection)
 
     def clear(self) -> None:
         """Forget earlier model calls (the capture keeps the last one)."""

@@ -29,6 +29,7 @@ from attnflow.evaluate._llm_tasks import copying_task, locate_source
 from ._common import Method
 from ._torch_capture import capture
 from ._torch_explain import explain
+from ._torch_hooks import Hooks
 from ._torch_logit import _decoder_layers, unsupported_reason
 
 __all__ = ["DIAGNOSE_METHODS", "diagnose"]
@@ -119,16 +120,11 @@ def diagnose(
         ids = torch.as_tensor(np.asarray(item.ids), dtype=torch.long)[None]
         inputs = {"input_ids": ids.to(_device(model))}
         contexts: list[torch.Tensor] = []
-        hooks = [
-            getattr(attention, family.output).register_forward_pre_hook(_keep_last_row(contexts))
-            for _, attention, family in layers
-        ]
-        try:
+        with Hooks() as hooks:
+            for _, attention, family in layers:
+                hooks.before(getattr(attention, family.output), _keep_last_row(contexts))
             with torch.no_grad(), capture(model) as cap:
                 logits = model(**inputs).logits
-        finally:
-            for hook in hooks:
-                hook.remove()
         weights = cap.attentions[0].double().cpu()  # (L, H, n, n)
         sinks.append(sink_mass(weights).numpy())
         shares.append(output_shares(_head_norms(layers, contexts)[..., None]).numpy())

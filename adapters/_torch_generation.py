@@ -50,6 +50,7 @@ from attnflow.generation import GenerationExplanation
 
 from ._common import HEAD_REDUCTIONS, Method, check_target_score
 from ._token_text import token_labels
+from ._torch_hooks import Hooks
 
 __all__ = ["GENERATION_METHODS", "explain_generation"]
 
@@ -777,12 +778,12 @@ class _StepFollower:
         from ._torch_capture import capture
 
         fuse_now = isinstance(self.heads, str)
-        with capture(self.model, heads=self.heads if fuse_now else "each") as cap:
-            hook = self.model.register_forward_hook(lambda *_: self._step(cap.records))
-            try:
-                output = generate(**inputs, max_new_tokens=steps, **generation)
-            finally:
-                hook.remove()
+        with (
+            capture(self.model, heads=self.heads if fuse_now else "each") as cap,
+            Hooks() as hooks,
+        ):
+            hooks.after(self.model, lambda *_: self._step(cap.records))
+            output = generate(**inputs, max_new_tokens=steps, **generation)
         sequence = self._sequence(output)
         if self.length != sequence.shape[0] - 1:
             msg = (

@@ -27,6 +27,7 @@ from ._common import (
     score_values,
 )
 from ._torch_capture import capture
+from ._torch_hooks import Hooks
 
 __all__ = ["attention_gradients", "input_gradients"]
 
@@ -446,17 +447,14 @@ def input_gradients(
         calls.append((out.detach(), zero))
         return out + zero
 
-    handle = layer.register_forward_hook(add_zero)
-    try:
-        with torch.enable_grad():
-            if isinstance(inputs, torch.Tensor):
-                result = model(inputs)
-            elif isinstance(inputs, Mapping):
-                result = model(**inputs)
-            else:
-                result = model(*inputs)
-    finally:
-        handle.remove()
+    with Hooks() as hooks, torch.enable_grad():
+        hooks.after(layer, add_zero)
+        if isinstance(inputs, torch.Tensor):
+            result = model(inputs)
+        elif isinstance(inputs, Mapping):
+            result = model(**inputs)
+        else:
+            result = model(*inputs)
 
     logits = _logits(result)
     if len(calls) != 1:

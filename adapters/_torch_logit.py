@@ -49,8 +49,9 @@ from attnflow._methods import method_spec
 
 from ._torch_blockwise import SUPPORTED_ATTENTION, _call_kwargs, _run, _window
 from ._torch_capture import _padding_mask, capture
+from ._torch_hooks import Hooks, attention_sites
 
-__all__ = ["explain_target_conditioned", "unsupported_reason"]
+__all__ = ["TargetGatherer", "explain_target_conditioned", "unsupported_reason"]
 
 _OPTIONS = frozenset({"heads", "layers", "mask"})
 
@@ -121,13 +122,20 @@ SUPPORTED_MODELS = (
 
 
 def _decoder_layers(model: nn.Module) -> list[tuple[nn.Module, Any, _Family]]:
-    """Return ``(decoder layer, its attention, its family)`` of every layer, in order."""
+    """Return ``(decoder layer, its attention, its family)`` of every layer, in order.
+
+    The layers are the blocks of the model's attention sites (:mod:`._torch_hooks`) that
+    hold their attention under a family's attribute, next to the family's norm.
+    """
     found = []
-    for module in model.modules():
+    for site in attention_sites(model):
+        module = site.block
+        if module is None:
+            continue
         for family in _FAMILIES:
             attention = getattr(module, family.attention, None)
             if (
-                attention is not None
+                attention is site.attention
                 and type(attention).__name__ in family.classes
                 and isinstance(getattr(module, family.norm, None), nn.Module)
                 and not getattr(attention, "is_cross_attention", False)
@@ -265,24 +273,17 @@ def _attention_rows(
     return torch.softmax(scores, dim=-1), v
 
 
-def _install(model: nn.Module, run: _Run, final: nn.Module) -> list[Any]:
-    handles = [model.register_forward_pre_hook(_on_model_call(run), with_kwargs=True)]
+def _install(hooks: Hooks, model: nn.Module, run: _Run, final: nn.Module) -> None:
+    hooks.before(model, _on_model_call(run), with_kwargs=True)
     for layer in run.layers:
-        handles.append(
-            layer.block.register_forward_pre_hook(_entering_block(layer, run), with_kwargs=True)
-        )
-        handles.append(
-            layer.attention.register_forward_pre_hook(
-                _entering_attention(layer, run), with_kwargs=True
-            )
-        )
+        hooks.before(layer.block, _entering_block(layer, run), with_kwargs=True)
+        hooks.before(layer.attention, _entering_attention(layer, run), with_kwargs=True)
 
     def last_hidden(module: nn.Module, args: tuple[Any, ...]) -> None:  # noqa: ARG001
         if args and isinstance(args[0], torch.Tensor) and run.positions is not None:
             run.final_hidden = args[0].detach()
 
-    handles.append(final.register_forward_pre_hook(last_hidden))
-    return handles
+    hooks.before(final, last_hidden)
 
 
 def _at_rows(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -442,118 +443,192 @@ def explain_target_conditioned(
     mask: object = None,
 ) -> torch.Tensor:
     """Direct logit, ALTI-Logit or IFR scores of `rows` (see the module docstring)."""
-    spec = method_spec(method)
-    if heads not in ("sum", "each"):
-        msg = f'`heads` of method="{method}" must be "sum" or "each" (one map per head); got {heads!r}.'
-        raise ValueError(msg)
-    if layers not in ("sum", "all", "cumulative"):
-        msg = (
-            f'`layers` of method="{method}" must be "sum", "all" (one map per layer) or '
-            f'"cumulative" (layer l: the layers up to l); got {layers!r}.'
-        )
-        raise ValueError(msg)
-    if mask is not None:
-        msg = (
-            f'method="{method}" reads the padding mask from the model call (attention_mask); '
-            "pass it in `inputs`, not as `mask`."
-        )
-        raise ValueError(msg)
-    if not isinstance(span, bool):
-        msg = f"`span` must be True or False; got {span!r}."
-        raise TypeError(msg)
-    if span and spec.composes != "ifr":
-        msg = (
-            f'`span` aggregates IFR over a target span (method="ifr"); method="{method}" '
-            "explains each row: sum its rows instead."
-        )
-        raise ValueError(msg)
-    if spec.composes == "ifr" and (target is not None or foil is not None):
-        msg = (
-            'method="ifr" is conditioned on the explained rows, not on a vocabulary id: drop '
-            '`target`/`foil` (or use method="direct_logit" or "alti_logit").'
-        )
-        raise ValueError(msg)
-    reason = unsupported_reason(model)
-    if reason is not None:
-        msg = f'method="{method}" cannot explain this model: {reason}.'
-        raise ValueError(msg)
-    vocabulary = int(_output_embedding(model).weight.shape[0])
-    target_ids = _check_target_ids(target, vocabulary)
-    foil_ids = _check_target_ids(foil, vocabulary, "foil")
-    chosen = _check_rows(-1 if rows is None else rows)
-    single = isinstance(rows, int) or rows is None
-    final = _final_norm(model)
-    assert final is not None
-    kind, norm_weight, norm_bias, eps = _norm_kind(final)
-    run = _Run(
-        layers=[
-            _Layer(block, attention, family, index, _window(attention))
-            for index, (block, attention, family) in enumerate(_decoder_layers(model))
-        ],
-        rows=chosen,
-        keep_values=spec.composes != "ifr",
-        compute_ifr=spec.composes == "ifr",
-        span=bool(span),
+    gatherer = TargetGatherer(
+        model,
+        inputs,
+        method=method,
+        rows=rows,
+        target=target,
+        foil=foil,
+        span=span,
+        heads=heads,
+        layers=layers,
+        mask=mask,
     )
-    # The logits of the last position only, no KV cache: the explained rows' logits are
-    # read from the final norm's input below (at 8,192 tokens all logits are 1.6 GB).
-    lean = _call_kwargs(model, inputs, {"logits_to_keep": 1, "use_cache": False})
-    if isinstance(inputs, Mapping):
-        _read_call(run, model, (), dict(inputs))  # bad rows refused before the model runs
-    handles = _install(model, run, final)
-    try:
-        with torch.no_grad():
-            if spec.composes == "alti_logit":
-                with capture(model, contributions="alti") as cap:
-                    output = _run(model, inputs, lean)
-                matrices = cap.contributions
-            else:
-                output = _run(model, inputs, lean)
-    finally:
-        for handle in handles:
-            handle.remove()
-    positions, last_hidden = run.positions, run.final_hidden
-    if (
-        positions is None
-        or last_hidden is None
-        or any(layer.weights is None for layer in run.layers)
-    ):
-        msg = "the model's forward did not run through its decoder layers and final norm."
-        raise RuntimeError(msg)
-    head = _output_embedding(model)
-    with torch.no_grad():
-        hidden = _at_rows(last_hidden, positions)
-        logits = head(final(hidden))  # (B, r, V): what the model computes at the rows
-        _check_head(_logits(output)[:, -1], head(final(last_hidden[:, -1])))
-    if spec.composes == "ifr":
-        stacked = torch.stack([layer.ifr for layer in run.layers if layer.ifr is not None], dim=1)
-    else:
-        targets = _targets(target_ids, logits)
-        gain = None if norm_weight is None else _wide(norm_weight.detach())
-        shift = None if norm_bias is None else _wide(norm_bias.detach())
-        wide_hidden = _wide(hidden)
+    matrices = None
+    with Hooks() as hooks, torch.no_grad():
+        gatherer.subscribe(hooks)
+        if gatherer.needs_contributions:
+            with capture(model, contributions="alti") as cap:
+                output = _run(model, inputs, gatherer.lean)
+            matrices = cap.contributions
+        else:
+            output = _run(model, inputs, gatherer.lean)
+    return gatherer.finish(output, matrices)
 
-        def read(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            rows = _wide(head.weight.detach()[ids])
-            return readout(wide_hidden, rows, norm=kind, weight=gain, bias=shift, eps=eps)
 
+class TargetGatherer:
+    """The pieces of one forward that a target-conditioned method reads, and its scores.
+
+    Built with :func:`explain_target_conditioned`'s arguments, which it checks before any
+    work (bad rows in a mapping of inputs included). :meth:`subscribe` installs its hooks
+    on a :class:`._torch_hooks.Hooks` of the forward to watch, which other consumers may
+    share (a weights or gradient capture); after that forward, :meth:`finish` turns what
+    was gathered and the model's output into the scores. ``method="alti_logit"`` also
+    needs the ALTI contributions of the same forward
+    (``capture(model, contributions="alti")`` entered around it,
+    :attr:`needs_contributions`). :attr:`lean` holds the keyword arguments that keep the
+    forward lean (the logits of the last position only, no KV cache), for a caller that
+    needs nothing else from it.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        inputs: Mapping[str, Any] | Sequence[Any] | torch.Tensor,
+        *,
+        method: str,
+        rows: int | Sequence[int] | None,
+        target: object = None,
+        foil: object = None,
+        span: object = False,
+        heads: Literal["sum", "each"] = "sum",
+        layers: Literal["sum", "all", "cumulative"] = "sum",
+        mask: object = None,
+    ) -> None:
+        spec = method_spec(method)
+        if heads not in ("sum", "each"):
+            msg = f'`heads` of method="{method}" must be "sum" or "each" (one map per head); got {heads!r}.'
+            raise ValueError(msg)
+        if layers not in ("sum", "all", "cumulative"):
+            msg = (
+                f'`layers` of method="{method}" must be "sum", "all" (one map per layer) or '
+                f'"cumulative" (layer l: the layers up to l); got {layers!r}.'
+            )
+            raise ValueError(msg)
+        if mask is not None:
+            msg = (
+                f'method="{method}" reads the padding mask from the model call (attention_mask); '
+                "pass it in `inputs`, not as `mask`."
+            )
+            raise ValueError(msg)
+        if not isinstance(span, bool):
+            msg = f"`span` must be True or False; got {span!r}."
+            raise TypeError(msg)
+        if span and spec.composes != "ifr":
+            msg = (
+                f'`span` aggregates IFR over a target span (method="ifr"); method="{method}" '
+                "explains each row: sum its rows instead."
+            )
+            raise ValueError(msg)
+        if spec.composes == "ifr" and (target is not None or foil is not None):
+            msg = (
+                'method="ifr" is conditioned on the explained rows, not on a vocabulary id: drop '
+                '`target`/`foil` (or use method="direct_logit" or "alti_logit").'
+            )
+            raise ValueError(msg)
+        reason = unsupported_reason(model)
+        if reason is not None:
+            msg = f'method="{method}" cannot explain this model: {reason}.'
+            raise ValueError(msg)
+        vocabulary = int(_output_embedding(model).weight.shape[0])
+        target_ids = _check_target_ids(target, vocabulary)
+        foil_ids = _check_target_ids(foil, vocabulary, "foil")
+        chosen = _check_rows(-1 if rows is None else rows)
+        single = isinstance(rows, int) or rows is None
+        final = _final_norm(model)
+        assert final is not None
+        kind, norm_weight, norm_bias, eps = _norm_kind(final)
+        run = _Run(
+            layers=[
+                _Layer(block, attention, family, index, _window(attention))
+                for index, (block, attention, family) in enumerate(_decoder_layers(model))
+            ],
+            rows=chosen,
+            keep_values=spec.composes != "ifr",
+            compute_ifr=spec.composes == "ifr",
+            span=bool(span),
+        )
+        # The logits of the last position only, no KV cache: the explained rows' logits are
+        # read from the final norm's input below (at 8,192 tokens all logits are 1.6 GB).
+        lean = _call_kwargs(model, inputs, {"logits_to_keep": 1, "use_cache": False})
+        if isinstance(inputs, Mapping):
+            _read_call(run, model, (), dict(inputs))  # bad rows refused before the model runs
+        self.lean = lean
+        self.model = model
+        self.method = method
+        self.spec = spec
+        self.run = run
+        self.final = final
+        self.norm = (kind, norm_weight, norm_bias, eps)
+        self.targets = (target_ids, foil_ids)
+        self.single = single
+        self.span = bool(span)
+        self.heads: Literal["sum", "each"] = heads
+        self.layers: Literal["sum", "all", "cumulative"] = layers
+        self.needs_contributions = spec.composes == "alti_logit"
+
+    def subscribe(self, hooks: Hooks) -> None:
+        """Install the gathering hooks on the model through `hooks` (see the class)."""
+        _install(hooks, self.model, self.run, self.final)
+
+    def finish(self, output: Any, matrices: torch.Tensor | None = None) -> torch.Tensor:
+        """Return the scores from the watched forward's `output` (and ALTI `matrices`)."""
+        model, run, final, spec = self.model, self.run, self.final, self.spec
+        kind, norm_weight, norm_bias, eps = self.norm
+        target_ids, foil_ids = self.targets
+        heads, layers, single, span = self.heads, self.layers, self.single, self.span
+        if self.needs_contributions and matrices is None:
+            msg = (
+                f'method="{self.method}" needs the ALTI contributions of the same forward: '
+                'capture(model, contributions="alti") around it, its `contributions` here.'
+            )
+            raise ValueError(msg)
+        positions, last_hidden = run.positions, run.final_hidden
+        if (
+            positions is None
+            or last_hidden is None
+            or any(layer.weights is None for layer in run.layers)
+        ):
+            msg = "the model's forward did not run through its decoder layers and final norm."
+            raise RuntimeError(msg)
+        head = _output_embedding(model)
         with torch.no_grad():
-            direction, constant = read(targets)
-            _check_readout(logits, targets, wide_hidden, direction, constant, head)
-            if foil_ids is not None:
-                # A contrast is linear in the readout: u_target - u_foil.
-                direction = direction - read(_targets(foil_ids, logits))[0]
-            terms = [
-                direct_logit_terms(
-                    layer.weights, layer.values, _output_projection(layer)[0], direction
-                )
-                for layer in run.layers
-            ]
-            stacked = torch.stack(terms, dim=1)  # (B, L, H, r, n)
-            if spec.composes == "alti_logit":
-                stacked = alti_logit_terms(stacked, _rollouts_below(matrices))
-    result: torch.Tensor = sum_terms(stacked, heads=heads, layers=layers)
-    return result[..., 0, :] if single or span else result
+            hidden = _at_rows(last_hidden, positions)
+            logits = head(final(hidden))  # (B, r, V): what the model computes at the rows
+            _check_head(_logits(output)[:, -1], head(final(last_hidden[:, -1])))
+        if spec.composes == "ifr":
+            stacked = torch.stack(
+                [layer.ifr for layer in run.layers if layer.ifr is not None], dim=1
+            )
+        else:
+            targets = _targets(target_ids, logits)
+            gain = None if norm_weight is None else _wide(norm_weight.detach())
+            shift = None if norm_bias is None else _wide(norm_bias.detach())
+            wide_hidden = _wide(hidden)
+
+            def read(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                rows = _wide(head.weight.detach()[ids])
+                return readout(wide_hidden, rows, norm=kind, weight=gain, bias=shift, eps=eps)
+
+            with torch.no_grad():
+                direction, constant = read(targets)
+                _check_readout(logits, targets, wide_hidden, direction, constant, head)
+                if foil_ids is not None:
+                    # A contrast is linear in the readout: u_target - u_foil.
+                    direction = direction - read(_targets(foil_ids, logits))[0]
+                terms = [
+                    direct_logit_terms(
+                        layer.weights, layer.values, _output_projection(layer)[0], direction
+                    )
+                    for layer in run.layers
+                ]
+                stacked = torch.stack(terms, dim=1)  # (B, L, H, r, n)
+                if self.needs_contributions:
+                    assert matrices is not None  # refused above
+                    stacked = alti_logit_terms(stacked, _rollouts_below(matrices))
+        result: torch.Tensor = sum_terms(stacked, heads=heads, layers=layers)
+        return result[..., 0, :] if single or span else result
 
 
 def _rollouts_below(matrices: torch.Tensor) -> torch.Tensor:

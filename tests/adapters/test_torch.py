@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the torch adapter needs PyTorch")
 
 import attnflow
-from attnflow.adapters import _torch_capture
+from attnflow.adapters import _torch_hooks
 from attnflow.adapters import torch as adapter
 
 F = torch.nn.functional
@@ -220,6 +220,107 @@ def test_restored_after_forward_raises(minilm, batch):
         model(input_ids=torch.full((1, 4), 10**7))
     assert_restored(model)
     assert not count_globals(model)
+
+
+def test_one_rule_finds_the_attention_for_every_consumer(minilm):
+    # BertAttention holds BertSelfAttention: one site per layer, its block the layer;
+    # value-aware capture recognises exactly those blocks.
+    from attnflow.adapters._torch_contributions import find_blocks
+
+    model = minilm["sdpa"]
+    sites = _torch_hooks.attention_sites(model)
+    assert [(s.name, s.block_name) for s in sites] == [
+        (f"encoder.layer.{i}.attention", f"encoder.layer.{i}") for i in range(6)
+    ]
+    assert all(type(s.attention).__name__ == "BertAttention" for s in sites)
+    assert [spec.block for spec in find_blocks(model)] == [s.block for s in sites]
+    nested = [name for name, _ in _torch_hooks.attention_modules(model)]
+    assert len(nested) == 12
+    assert "encoder.layer.0.attention.self" in nested
+
+
+def test_captures_entered_together_share_one_forward(minilm, batch):
+    # Weights with their gradients and value-aware contributions from one autograd
+    # forward: each capture sees every attention call of it, as it does alone.
+    model = minilm["sdpa"]
+    calls = []
+    counter = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        with (
+            adapter.capture(model, gradients=True) as weights,
+            adapter.capture(model, contributions="alti") as mixing,
+        ):
+            output = model(**batch).last_hidden_state
+        output[:, 0].sum().backward()
+    finally:
+        counter.remove()
+    assert len(calls) == 1
+    assert_restored(model)
+    with adapter.capture(model, gradients=True) as alone:
+        model(**batch).last_hidden_state[:, 0].sum().backward()
+    with torch.no_grad(), adapter.capture(model, contributions="alti") as alone_mixing:
+        model(**batch)
+    assert weights.attentions.shape == (2, 6, 12, 12, 12)
+    assert torch.equal(weights.attentions, alone.attentions)
+    model.zero_grad(set_to_none=True)  # the module's model is shared with other tests
+    assert torch.equal(weights.gradients, alone.gradients)
+    torch.testing.assert_close(mixing.contributions, alone_mixing.contributions, atol=1e-6, rtol=0)
+
+
+def test_captures_entered_together_are_restored_when_the_model_raises(minilm, batch):
+    model = minilm["sdpa"]
+    each, fused = adapter.capture(model), adapter.capture(model, heads="max")
+
+    def call_then_fail():
+        with each, fused:
+            model(**batch)
+            msg = "boom"
+            raise RuntimeError(msg)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        call_then_fail()
+    assert each.attentions.shape == (2, 6, 12, 12, 12)
+    assert fused.attentions.shape == (2, 6, 1, 12, 12)
+    assert_restored(model)
+    assert not count_globals(model)
+
+
+def test_a_capture_keeps_the_tap_when_an_earlier_one_ends_first(minilm, batch):
+    model = minilm["sdpa"]
+    first, second = adapter.capture(model), adapter.capture(model)
+    first.__enter__()
+    second.__enter__()
+    with pytest.raises(RuntimeError, match="No attention weights were captured"):
+        first.__exit__(None, None, None)  # not in the reverse order of entering
+    with torch.no_grad():
+        model(**batch)
+    second.__exit__(None, None, None)
+    with torch.no_grad(), adapter.capture(model) as alone:
+        model(**batch)
+    assert torch.equal(second.attentions, alone.attentions)
+    assert_restored(model)
+    assert not count_globals(model)
+
+
+def test_the_logit_gatherer_shares_a_forward_with_a_capture(transformers):
+    # explain_text's one forward on a causal LM: direct logit scores gathered in the
+    # forward that a gradient capture records, equal to their own explain() call.
+    from attnflow.adapters._torch_logit import TargetGatherer
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=50, n_positions=32)
+    lm = transformers.GPT2LMHeadModel(config).eval()
+    ids = {"input_ids": torch.tensor([[3, 7, 1, 4, 9, 2]])}
+    expected = adapter.explain(lm, ids, method="direct_logit", rows=-1)
+    gatherer = TargetGatherer(lm, ids, method="direct_logit", rows=-1)
+    with _torch_hooks.Hooks() as hooks, adapter.capture(lm, gradients=True) as cap:
+        gatherer.subscribe(hooks)
+        output = lm(**ids)
+    output.logits[0, -1].max().backward()
+    assert cap.gradients.shape == cap.attentions.shape
+    torch.testing.assert_close(gatherer.finish(output), expected, atol=1e-5, rtol=1e-5)
+    for module in lm.modules():
+        assert not module._forward_pre_hooks
 
 
 def test_flash_and_flex_are_refused(transformers):
@@ -738,7 +839,7 @@ def test_fused_heads_keep_one_head_of_memory(minilm, batch, monkeypatch):
         return output, weights
 
     refs = []
-    monkeypatch.setattr(_torch_capture, "sdpa_with_weights", watched)
+    monkeypatch.setattr(_torch_hooks, "sdpa_with_weights", watched)
     with torch.no_grad(), adapter.capture(model, heads="mean") as cap:
         model(**batch)
     gc.collect()

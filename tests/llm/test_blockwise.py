@@ -65,6 +65,20 @@ def captured(smollm2, left_padded):
     return cap.attentions, cap.mask
 
 
+def test_blockwise_logit_and_value_aware_paths_find_the_same_attention(smollm2):
+    # One rule (_torch_hooks.attention_sites) behind the three consumers that read
+    # SmolLM2's layers: the blockwise rows, the logit gatherer, value-aware capture.
+    from attnflow.adapters._torch_contributions import find_blocks
+    from attnflow.adapters._torch_logit import _decoder_layers
+
+    model = smollm2[0]["sdpa"]
+    attention = blockwise._attention_modules(model)
+    assert len(attention) == model.config.num_hidden_layers
+    assert attention == [a for _, a, _ in _decoder_layers(model)]
+    assert attention == [spec.block.self_attn for spec in find_blocks(model)]
+    assert [spec.block for spec in find_blocks(model)] == list(model.model.layers)
+
+
 @pytest.mark.parametrize("options", ROLLOUT_CASES)
 def test_rollout_rows_equal_the_materialised_path_on_smollm2(
     smollm2, left_padded, captured, options
