@@ -47,6 +47,7 @@ import keras
 import numpy as np
 
 import attnflow
+from attnflow._methods import method_spec
 
 from ._common import (
     CaptureBlock,
@@ -618,11 +619,18 @@ def explain(
     >>> tuple(scores.shape)
     (2, 6)
     """
-    check_method(method, target_conditioned=False)
+    check_method(method)
     check_target_score(target_score, method)
-    if method in ("norm", "globenc", "alti") and target is None:
+    spec = method_spec(method)
+    if spec.target_conditioned:
+        from ._keras_logit import explain_target_conditioned
+
+        return explain_target_conditioned(
+            model, inputs, method=method, rows=rows, target=target, **options
+        )
+    if spec.value_aware and target is None:
         return _explain_contributions(model, inputs, method=method, rows=rows, **options)
-    if method == "gradient_rollout":
+    if spec.gradients:
         check_target_type(target, _describe_target)
         with capture(model) as cap:
             logits = _logits(model(inputs))
