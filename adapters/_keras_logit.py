@@ -104,7 +104,7 @@ def _unique(layers: Any) -> list[keras.Layer]:
 
 
 def _outside(model: keras.Layer, blocks: list[BlockSpec]) -> list[keras.Layer]:
-    """The layers of `model` that are not inside an attention block, in Keras' order."""
+    """Return the layers of `model` outside every attention block, in Keras' order."""
     inside = {
         id(layer)
         for spec in blocks
@@ -123,7 +123,7 @@ def _names(layers: Sequence[keras.Layer]) -> str:
 
 
 def _find_head(outside: list[keras.Layer], d: int) -> _Head:
-    """The unembedding by the module docstring's rule (refused when ambiguous or absent)."""
+    """Find the unembedding by the module docstring's rule (refused when ambiguous or absent)."""
     dense = [
         layer
         for layer in outside
@@ -153,13 +153,13 @@ def _find_head(outside: list[keras.Layer], d: int) -> _Head:
         )
         raise ValueError(msg)
     if reversible:
-        layer = reversible[0]
+        table: Any = reversible[0]
         matrix = (
-            keras.ops.transpose(layer.embeddings)
-            if getattr(layer, "tie_weights", True)
-            else layer.reverse_embeddings
+            keras.ops.transpose(table.embeddings)
+            if getattr(table, "tie_weights", True)
+            else table.reverse_embeddings
         )
-        return _Head(layer, _tensor(matrix), None)
+        return _Head(table, _tensor(matrix), None)
     tables = [
         layer
         for layer in outside
@@ -265,7 +265,7 @@ def _check_rows(rows: object) -> list[int]:
 
 
 def _length(inputs: object) -> int | None:
-    """The sequence length of `inputs` when it can be read before the model runs."""
+    """Return the sequence length of `inputs` if it can be read before the model runs."""
     first = inputs
     if isinstance(inputs, Mapping):
         first = next(iter(inputs.values()), None)
@@ -314,9 +314,7 @@ def _check_ids(given: object, vocabulary: int, name: str) -> np.ndarray | None:
     if given is None:
         return None
     try:
-        chosen = np.asarray(
-            keras.ops.convert_to_numpy(given) if keras.ops.is_tensor(given) else given
-        )
+        chosen = _numpy(given) if keras.ops.is_tensor(given) else np.asarray(given)
     except (TypeError, ValueError):
         chosen = np.asarray(0.5)
     if chosen.dtype.kind not in "iu" or chosen.ndim > 2:
@@ -335,16 +333,17 @@ def _ids(chosen: np.ndarray | None, logits: np.ndarray, name: str) -> np.ndarray
     """``(batch, r)`` vocabulary ids: the argmax at each explained row by default."""
     batch, rows, _ = logits.shape
     if chosen is None:
-        return np.argmax(logits, axis=-1)
+        return np.asarray(np.argmax(logits, axis=-1))
     chosen = chosen.reshape(-1, 1) if chosen.ndim == 1 else chosen
     try:
-        return np.broadcast_to(chosen, (batch, rows)).copy()
+        ids: np.ndarray = np.broadcast_to(chosen, (batch, rows)).copy()
     except ValueError:
         msg = (
             f"`{name}` must hold one id, one per sample ({batch}) or one per sample and row "
             f"({batch}, {rows}); got shape {chosen.shape}."
         )
         raise ValueError(msg) from None
+    return ids
 
 
 def _logits(output: Any) -> Any:
@@ -371,6 +370,9 @@ def _at(tensor: Any, positions: Any, axis: int) -> Any:
 
 
 def _numpy(x: Any) -> np.ndarray:
+    """Copy a backend tensor to a host NumPy array (a torch tensor is detached first)."""
+    if hasattr(x, "detach"):
+        return np.asarray(x.detach().cpu().numpy())
     return np.asarray(keras.ops.convert_to_numpy(x))
 
 
@@ -411,7 +413,7 @@ def _check_options(spec: MethodSpec, heads: object, layers: object, span: object
         raise TypeError(msg)
     if span and spec.uses_target:
         msg = (
-            f"`span` aggregates IFR over a target span; method=\"{spec.name}\" explains each "
+            f'`span` aggregates IFR over a target span; method="{spec.name}" explains each '
             "row's target: sum its rows instead."
         )
         raise ValueError(msg)
@@ -519,7 +521,12 @@ def explain_target_conditioned(
         raise ValueError(msg)
     if spec.uses_target:
         stacked = _direct_terms(
-            pieces, positions, final, _at(final_input, positions, 1), head, model_logits,
+            pieces,
+            positions,
+            final,
+            _at(final_input, positions, 1),
+            head,
+            model_logits,
             _ids(target_ids, model_logits, "target"),
             None if foil_ids is None else _ids(foil_ids, model_logits, "foil"),
         )

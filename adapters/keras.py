@@ -41,7 +41,7 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import keras
 import numpy as np
@@ -629,7 +629,8 @@ def explain(
             model, inputs, method=method, rows=rows, target=target, **options
         )
     if spec.value_aware and target is None:
-        return _explain_contributions(model, inputs, method=method, rows=rows, **options)
+        matrix = cast("Contributions", spec.matrix)
+        return _explain_contributions(model, inputs, method=matrix, rows=rows, **options)
     if spec.gradients:
         check_target_type(target, _describe_target)
         with capture(model) as cap:
