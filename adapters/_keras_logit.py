@@ -35,7 +35,8 @@ Which models are read
   ``d`` with the largest vocabulary (tied weights, ``logits = h @ E^T``; a position
   table is shorter than the vocabulary). Two candidates of one kind are refused.
 
-Nothing is taken on trust: the model's own logits at the explained rows must equal the
+A model not built yet (never called) is called once on `inputs` first, to create the
+weights the head is found by. Nothing is taken on trust: the model's own logits at the explained rows must equal the
 unembedding applied to the final norm's output (else the head does more than a norm and
 a linear map, e.g. a soft cap, and is refused), and the linearised final norm must read
 the target's logit back.
@@ -449,7 +450,13 @@ def explain_target_conditioned(
             'drop `target`/`foil` (or use method="direct_logit" or "alti_logit").'
         )
         raise ValueError(msg)
+    chosen = _check_rows(-1 if rows is None else rows)
+    _check_rows_fit(chosen, _length(inputs))
+    _check_ids(target, 2**62, "target")  # the types; the vocabulary once the head is known
+    _check_ids(foil, 2**62, "foil")
     blocks = find_blocks(model)
+    if not model.built or not all(spec.attention.built for spec in blocks):
+        model(inputs)  # an unbuilt model has no weights to find the head by: build it
     outside = _outside(model, blocks)
     norms = [layer for layer in outside if isinstance(layer, _NORMS)]
     if not norms:
@@ -461,8 +468,6 @@ def explain_target_conditioned(
     head = _find_head(outside, _width(blocks))
     target_ids = _check_ids(target, head.vocabulary, "target")
     foil_ids = _check_ids(foil, head.vocabulary, "foil")
-    chosen = _check_rows(-1 if rows is None else rows)
-    _check_rows_fit(chosen, _length(inputs))
     single = isinstance(rows, int) or rows is None
 
     class _Keeping(Capture):
@@ -546,7 +551,7 @@ def explain_target_conditioned(
             )
             shares.append(terms)
         stacked = keras.ops.stack(shares, axis=1)
-    result = sum_terms(stacked, heads=heads, layers=layers)
+    result = keras.ops.stop_gradient(sum_terms(stacked, heads=heads, layers=layers))
     return result[..., 0, :] if single or span else result
 
 

@@ -563,8 +563,17 @@ def explain(
         The model (see :func:`capture`).
     inputs : tensor, mapping or sequence
         The model's inputs.
-    method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"}, default "rollout"
-        The attribution method. ``"norm"``, ``"globenc"`` and ``"alti"`` capture the
+    method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti", \
+"direct_logit", "alti_logit", "ifr"}, default "rollout"
+        The attribution method. The target-conditioned methods ``"direct_logit"``,
+        ``"alti_logit"`` and ``"ifr"`` explain a causal LM's next-token prediction at
+        `rows` (pre-LN GPT-2-style blocks, a final LayerNormalization or RMSNormalization
+        and a linear or tied unembedding; see ``attnflow.adapters._keras_logit``): each
+        head's value-aware contribution at the row, conditioned on the target, summed over
+        layers; they take the torch adapter's options, `target` (a vocabulary id; default
+        the argmax at each row), ``foil``, ``span`` (IFR), ``heads`` (``"sum"`` or
+        ``"each"``) and ``layers`` (``"sum"``, ``"all"`` or ``"cumulative"``), and return
+        ``(*batch, [layers,] [heads,] [r,] n)``. ``"norm"``, ``"globenc"`` and ``"alti"`` capture the
         value-aware token-mixing matrices (``capture(model, contributions=method)``) and
         return their rollout, with ``residual=0`` for GlobEnc and ALTI, whose matrices
         carry the residual connection, and the paper's ``0.5`` mix for the norm-based
@@ -579,8 +588,10 @@ def explain(
         map. Negative rows count from the end of each sequence's real tokens (the
         captured padding mask): ``rows=-1`` is every sequence's last real token.
     target : int, sequence of int, 1-d int tensor or None, default None
-        ``"gradient_rollout"`` only: the class whose logit is explained (the model returns
-        ``(batch, classes)`` logits), None for each sample's predicted class.
+        ``"gradient_rollout"``: the class whose logit is explained (the model returns
+        ``(batch, classes)`` logits), None for each sample's predicted class;
+        ``"direct_logit"`` and ``"alti_logit"``: the vocabulary id whose logit is explained
+        at each row (one, one per sample, or one per sample and row).
     target_score : {"logit", "log_probability"}, default "logit"
         ``"gradient_rollout"`` only: what is differentiated, the target's logit
         :math:`z_t` or its log-probability over the classes,

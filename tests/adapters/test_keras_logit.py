@@ -13,6 +13,11 @@ identity); ALTI-Logit and IFR with the core fed with the NumPy pieces.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -423,3 +428,18 @@ def test_post_ln_blocks_are_refused():
     model = keras.Model(tokens, logits)
     with pytest.raises(ValueError, match="post-LN"):
         adapter.explain(model, ids(), method="direct_logit", rows=-1)
+
+
+def test_the_docs_example_runs():
+    page = Path(__file__).resolve().parents[2] / "docs" / "adapters" / "keras.md"
+    section = page.read_text(encoding="utf-8").split("## Target-conditioned methods", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    assert code is not None
+    printed = io.StringIO()
+    namespace = {"__name__": "docs_example"}
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code.group(1), str(page), "exec"), namespace)  # noqa: S102
+    assert printed.getvalue().split("\n")[:3] == ["(2, 8)", "(2, 2, 2, 8)", "True"]
+    routes = to_numpy(namespace["routes"])
+    assert routes.shape == (2, 8)
+    assert np.all(routes >= 0)
