@@ -14,6 +14,7 @@ identity); ALTI-Logit and IFR with the core fed with the NumPy pieces.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import re
 from pathlib import Path
@@ -29,7 +30,9 @@ from attnflow._contributions import head_values
 from attnflow._logit_attribution import alti_logit_terms, ifr_terms
 from attnflow.adapters import keras as adapter
 
-N, D, HEADS, KEY, VOCAB, LAYERS, BATCH = 7, 8, 2, 4, 11, 2, 2
+# The docs example's sizes: on JAX every operation is compiled once per shape, so the
+# example reuses what the tests compiled.
+N, D, HEADS, KEY, VOCAB, LAYERS, BATCH = 8, 16, 2, 8, 50, 2, 2
 BACKEND = keras.backend.backend()
 
 
@@ -77,7 +80,7 @@ class Block(keras.layers.Layer):
         self.ln1 = keras.layers.LayerNormalization(epsilon=1e-5, dtype=dtype)
         self.attention = keras.layers.MultiHeadAttention(HEADS, KEY, dtype=dtype)
         self.ln2 = keras.layers.LayerNormalization(epsilon=1e-5, dtype=dtype)
-        self.up = keras.layers.Dense(2 * D, activation="relu", dtype=dtype)
+        self.up = keras.layers.Dense(4 * D, activation="relu", dtype=dtype)
         self.down = keras.layers.Dense(D, dtype=dtype)
 
     def call(self, x, attention_mask=None):
@@ -122,7 +125,9 @@ class Decoder(keras.Model):
         return logits * self.scale if self.scale != 1.0 else logits
 
 
+@functools.cache
 def build(dtype="float32", **kwargs):
+    """The decoder with random weights, built once per configuration (no test changes it)."""
     keras.utils.set_random_seed(0)
     model = Decoder(dtype, **kwargs)
     model(np.zeros((1, N), dtype="int32"))
@@ -383,10 +388,10 @@ def test_padded_rows_count_from_each_samples_real_end():
 @pytest.mark.parametrize(
     ("options", "error", "match"),
     [
-        ({"method": "direct_logit", "target": VOCAB}, ValueError, r"target.*\[0, 11\)"),
+        ({"method": "direct_logit", "target": VOCAB}, ValueError, r"target.*\[0, 50\)"),
         ({"method": "direct_logit", "target": 1.5}, TypeError, "vocabulary id"),
         ({"method": "direct_logit", "target": 1, "foil": -1}, ValueError, "foil"),
-        ({"method": "direct_logit", "rows": N}, ValueError, "position 7"),
+        ({"method": "direct_logit", "rows": N}, ValueError, "position 8"),
         ({"method": "direct_logit", "rows": True}, TypeError, "rows"),
         ({"method": "direct_logit", "rows": []}, ValueError, "rows"),
         ({"method": "alti_logit", "heads": "mean"}, ValueError, "heads"),
