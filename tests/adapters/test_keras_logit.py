@@ -68,7 +68,13 @@ def to_numpy(x):
 
 
 def var(variable):
-    return to_numpy(keras.ops.convert_to_tensor(variable))
+    """A Keras variable's values as float64 NumPy."""
+    value = variable.value  # the backend's own variable or tensor
+    if hasattr(value, "detach"):  # torch
+        return value.detach().cpu().numpy().astype("float64")
+    if hasattr(value, "numpy"):  # tf.Variable
+        return np.asarray(value.numpy(), dtype="float64")
+    return np.asarray(value, dtype="float64")
 
 
 # -- the decoder ---------------------------------------------------------------------------------
