@@ -535,7 +535,7 @@ def explain_target_conditioned(
             _ids(target_ids, model_logits, "target"),
             None if foil_ids is None else _ids(foil_ids, model_logits, "foil"),
         )
-        if spec.matrix == "alti":
+        if spec.value_aware:  # ALTI-Logit: carried down by the rollout of its matrices
             stacked = alti_logit_terms(stacked, _rollouts_below(matrices))
     else:
         shares = []

@@ -100,14 +100,21 @@ class Decoder(keras.Model):
 
     def __init__(self, dtype="float32", final="layer", head="dense", scale=1.0, **kwargs):
         super().__init__(dtype=dtype, **kwargs)
-        self.tokens = keras.layers.Embedding(VOCAB, D, dtype=dtype)
+        self.reversible = head.startswith("reversible")
+        if self.reversible:  # "reversible" or "reversible-capped" (a soft cap of 5)
+            cap = 5.0 if head.endswith("capped") else None
+            self.tokens = keras.layers.ReversibleEmbedding(
+                VOCAB, D, logit_soft_cap=cap, dtype=dtype
+            )
+        else:
+            self.tokens = keras.layers.Embedding(VOCAB, D, dtype=dtype)
         self.places = keras.layers.Embedding(N, D, dtype=dtype)
         self.blocks = [Block(dtype) for _ in range(LAYERS)]
         if final == "layer":
             self.final = keras.layers.LayerNormalization(epsilon=1e-5, dtype=dtype)
         else:
             self.final = keras.layers.RMSNormalization(epsilon=1e-6, dtype=dtype)
-        self.tied = head == "tied"
+        self.tied = head == "tied" or self.reversible
         self.head = None if self.tied else keras.layers.Dense(VOCAB, dtype=dtype)
         self.scale = scale
         self.calls = 0
@@ -124,7 +131,9 @@ class Decoder(keras.Model):
         for block in self.blocks:
             x = block(x, attention_mask=mask)
         h = self.final(x)
-        if self.tied:
+        if self.reversible:
+            logits = self.tokens(h, reverse=True)
+        elif self.tied:
             logits = keras.ops.matmul(h, keras.ops.transpose(self.tokens.embeddings))
         else:
             logits = self.head(h)
@@ -253,7 +262,9 @@ def argmax_targets(pieces, positions):
 
 # -- tests ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("final", "head"), [("layer", "dense"), ("rms", "tied")])
+@pytest.mark.parametrize(
+    ("final", "head"), [("layer", "dense"), ("rms", "tied"), ("layer", "reversible")]
+)
 def test_direct_logit_equals_the_hand_oracle_per_head_and_layer(dtype, final, head):
     model, tokens = build(dtype, final=final, head=head), ids()
     pieces = forward(model, tokens)
@@ -417,9 +428,20 @@ def test_bad_options_are_refused_before_the_model_runs(options, error, match):
     assert model.calls == calls
 
 
-def test_a_head_that_is_more_than_norm_and_linear_is_refused():
-    model = build(scale=2.0)
+@pytest.mark.parametrize("options", [{"scale": 2.0}, {"head": "reversible-capped"}])
+def test_a_head_that_is_more_than_norm_and_linear_is_refused(options):
+    model = build(**options)
     with pytest.raises(ValueError, match="does more than a norm and a linear map"):
+        adapter.explain(model, ids(), method="direct_logit", rows=-1)
+
+
+def test_two_candidate_unembeddings_are_refused_before_the_model_runs():
+    tokens = keras.Input((N,), dtype="int32")
+    x = keras.layers.Dense(D, name="mixer")(keras.layers.Embedding(VOCAB, D)(tokens))
+    x = Block()(x)
+    logits = keras.layers.Dense(VOCAB, name="unembed")(keras.layers.LayerNormalization()(x))
+    model = keras.Model(tokens, logits)
+    with pytest.raises(ValueError, match=r"several Dense layers.*'mixer', 'unembed'"):
         adapter.explain(model, ids(), method="direct_logit", rows=-1)
 
 
