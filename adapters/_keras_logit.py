@@ -432,10 +432,13 @@ def explain_target_conditioned(
     heads: Literal["sum", "each"] = "sum",
     layers: Literal["sum", "all", "cumulative"] = "sum",
     mask: object = None,
+    capture: Callable[..., Any],
 ) -> Any:
-    """Direct logit, ALTI-Logit or IFR scores of `rows` (see the module docstring)."""
-    from .keras import Capture  # the adapter imports this module on demand
+    """Direct logit, ALTI-Logit or IFR scores of `rows` (see the module docstring).
 
+    `capture` builds the value-aware capture that keeps each block's pieces
+    (``capture(model, contributions=...)``, with ``pieces`` once it has run).
+    """
     spec = method_spec(method)
     _check_options(spec, heads, layers, span)
     if mask is not None:
@@ -470,25 +473,19 @@ def explain_target_conditioned(
     foil_ids = _check_ids(foil, head.vocabulary, "foil")
     single = isinstance(rows, int) or rows is None
 
-    class _Keeping(Capture):
-        def _prepare(self) -> None:
-            super()._prepare()
-            assert self._recorder is not None
-            self._recorder.keep = True
-
     # The matrices also check each block's decomposition against its own output; ALTI's are
     # propagated by ALTI-Logit, the others' are the cheapest that check.
     contributions = spec.matrix if spec.value_aware else "norm"
     recorder = _NormRecorder(norms)
-    capture = _Keeping(model, contributions=contributions)  # type: ignore[arg-type]
+    cap = capture(model, contributions=contributions)
     recorder.install()
     try:
-        with capture:
+        with cap:
             output = model(inputs)
     finally:
         recorder.restore()
-    matrices = capture.contributions  # raises if a block could not be decomposed
-    pieces = capture._recorder.pieces if capture._recorder is not None else []
+    matrices = cap.contributions  # raises if a block could not be decomposed
+    pieces: list[BlockPieces] = cap.pieces
     post = [piece.spec.name for piece in pieces if not piece.pre_ln]
     if post or not pieces:
         msg = (
@@ -502,7 +499,7 @@ def explain_target_conditioned(
     final, final_input, final_output = recorder.last
     logits = _logits(output)
     n = int(logits.shape[1])
-    padding = capture.mask
+    padding = cap.mask
     real = (
         np.ones((int(logits.shape[0]), n), dtype=bool)
         if padding is None

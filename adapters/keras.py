@@ -75,7 +75,7 @@ from ._common import (
     reject_heads,
     score_values,
 )
-from ._keras_contributions import BlockRecorder, find_blocks
+from ._keras_contributions import BlockPieces, BlockRecorder, find_blocks
 
 __all__ = ["Capture", "attention_gradients", "capture", "explain", "input_gradients"]
 
@@ -410,6 +410,20 @@ class Capture(CaptureBlock):
             raise RuntimeError(msg) from errors[0]
 
 
+class _PiecesCapture(Capture):
+    """A value-aware capture that also keeps each block's pieces (for ``_keras_logit``)."""
+
+    def _prepare(self) -> None:
+        super()._prepare()
+        assert self._recorder is not None
+        self._recorder.keep = True
+
+    @property
+    def pieces(self) -> list[BlockPieces]:
+        """What each block call read, in call order (see :class:`BlockPieces`)."""
+        return [] if self._recorder is None else list(self._recorder.pieces)
+
+
 def capture(
     model: keras.Layer,
     *,
@@ -637,7 +651,13 @@ def explain(
         from ._keras_logit import explain_target_conditioned
 
         return explain_target_conditioned(
-            model, inputs, method=method, rows=rows, target=target, **options
+            model,
+            inputs,
+            method=method,
+            rows=rows,
+            target=target,
+            capture=_PiecesCapture,
+            **options,
         )
     if spec.value_aware and target is None:
         matrix = cast("Contributions", spec.matrix)
