@@ -487,7 +487,7 @@ def explain_target_conditioned(
     matrices = cap.contributions  # raises if a block could not be decomposed
     pieces: list[BlockPieces] = cap.pieces
     post = [piece.spec.name for piece in pieces if not piece.pre_ln]
-    if post or not pieces:
+    if post:
         msg = (
             f'method="{method}" reads pre-LN blocks, y = x + MHA(LN(x)) (GPT-2 style); '
             f"the blocks {post} are post-LN, whose stream is renormalised after each block."
@@ -518,7 +518,9 @@ def explain_target_conditioned(
             f"the unembedding {head.layer.name!r} applied to the output of the final norm "
             f"{final.name!r} gives the model's logits within {error:.3g} only: the model's "
             "head does more than a norm and a linear map (logit scaling or soft-capping, a "
-            "layer between them), which the target-conditioned methods do not decompose."
+            "layer between them), which the target-conditioned methods do not decompose. "
+            "Explain a copy of the model whose logits are the unembedding of the final norm's "
+            "output (e.g. ReversibleEmbedding(logit_soft_cap=None), no logit scale)."
         )
         raise ValueError(msg)
     if spec.uses_target:
