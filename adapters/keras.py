@@ -41,12 +41,13 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import keras
 import numpy as np
 
 import attnflow
+from attnflow._methods import method_spec
 
 from ._common import (
     CaptureBlock,
@@ -74,7 +75,7 @@ from ._common import (
     reject_heads,
     score_values,
 )
-from ._keras_contributions import BlockRecorder, find_blocks
+from ._keras_contributions import BlockPieces, BlockRecorder, find_blocks
 
 __all__ = ["Capture", "attention_gradients", "capture", "explain", "input_gradients"]
 
@@ -409,6 +410,20 @@ class Capture(CaptureBlock):
             raise RuntimeError(msg) from errors[0]
 
 
+class _PiecesCapture(Capture):
+    """A value-aware capture that also keeps each block's pieces (for ``_keras_logit``)."""
+
+    def _prepare(self) -> None:
+        super()._prepare()
+        assert self._recorder is not None
+        self._recorder.keep = True
+
+    @property
+    def pieces(self) -> list[BlockPieces]:
+        """What each block call read, in call order (see :class:`BlockPieces`)."""
+        return [] if self._recorder is None else list(self._recorder.pieces)
+
+
 def capture(
     model: keras.Layer,
     *,
@@ -562,8 +577,17 @@ def explain(
         The model (see :func:`capture`).
     inputs : tensor, mapping or sequence
         The model's inputs.
-    method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"}, default "rollout"
-        The attribution method. ``"norm"``, ``"globenc"`` and ``"alti"`` capture the
+    method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti", \
+"direct_logit", "alti_logit", "ifr"}, default "rollout"
+        The attribution method. The target-conditioned methods ``"direct_logit"``,
+        ``"alti_logit"`` and ``"ifr"`` explain a causal LM's next-token prediction at
+        `rows` (pre-LN GPT-2-style blocks, a final LayerNormalization or RMSNormalization
+        and a linear or tied unembedding; see ``attnflow.adapters._keras_logit``): each
+        head's value-aware contribution at the row, conditioned on the target, summed over
+        layers; they take the torch adapter's options, `target` (a vocabulary id; default
+        the argmax at each row), ``foil``, ``span`` (IFR), ``heads`` (``"sum"`` or
+        ``"each"``) and ``layers`` (``"sum"``, ``"all"`` or ``"cumulative"``), and return
+        ``(*batch, [layers,] [heads,] [r,] n)``. ``"norm"``, ``"globenc"`` and ``"alti"`` capture the
         value-aware token-mixing matrices (``capture(model, contributions=method)``) and
         return their rollout, with ``residual=0`` for GlobEnc and ALTI, whose matrices
         carry the residual connection, and the paper's ``0.5`` mix for the norm-based
@@ -578,8 +602,10 @@ def explain(
         map. Negative rows count from the end of each sequence's real tokens (the
         captured padding mask): ``rows=-1`` is every sequence's last real token.
     target : int, sequence of int, 1-d int tensor or None, default None
-        ``"gradient_rollout"`` only: the class whose logit is explained (the model returns
-        ``(batch, classes)`` logits), None for each sample's predicted class.
+        ``"gradient_rollout"``: the class whose logit is explained (the model returns
+        ``(batch, classes)`` logits), None for each sample's predicted class;
+        ``"direct_logit"`` and ``"alti_logit"``: the vocabulary id whose logit is explained
+        at each row (one, one per sample, or one per sample and row).
     target_score : {"logit", "log_probability"}, default "logit"
         ``"gradient_rollout"`` only: what is differentiated, the target's logit
         :math:`z_t` or its log-probability over the classes,
@@ -618,11 +644,25 @@ def explain(
     >>> tuple(scores.shape)
     (2, 6)
     """
-    check_method(method, target_conditioned=False)
+    check_method(method)
     check_target_score(target_score, method)
-    if method in ("norm", "globenc", "alti") and target is None:
-        return _explain_contributions(model, inputs, method=method, rows=rows, **options)
-    if method == "gradient_rollout":
+    spec = method_spec(method)
+    if spec.target_conditioned:
+        from ._keras_logit import explain_target_conditioned
+
+        return explain_target_conditioned(
+            model,
+            inputs,
+            method=method,
+            rows=rows,
+            target=target,
+            capture=_PiecesCapture,
+            **options,
+        )
+    if spec.value_aware and target is None:
+        matrix = cast("Contributions", spec.matrix)
+        return _explain_contributions(model, inputs, method=matrix, rows=rows, **options)
+    if spec.gradients:
         check_target_type(target, _describe_target)
         with capture(model) as cap:
             logits = _logits(model(inputs))

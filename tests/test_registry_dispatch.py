@@ -28,8 +28,6 @@ SCANNED = sorted([*(ROOT / "adapters").glob("*.py"), *(ROOT / "attnflow").glob("
 PENDING = {
     "adapters/jax.py": "jax37",
     "adapters/_jax_contributions.py": "jax37",
-    "adapters/keras.py": "keras37",
-    "adapters/_keras_contributions.py": "keras37",
 }
 
 
