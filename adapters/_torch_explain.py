@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -46,6 +47,7 @@ from ._torch_gradients import (
     _weights_and_gradients,
     gradients_of,
 )
+from ._torch_hooks import Hooks
 from ._torch_real_rows import explain_by_real_end
 
 __all__ = ["explain", "explain_image", "explain_text"]
@@ -364,16 +366,21 @@ def explain_text(
     """Explain one text in one call: tokenize, run the model, score every layer.
 
     Tokenizes `text` with `tokenizer` (a Hugging Face tokenizer), runs `model` on it once
-    inside :func:`capture` (under ``torch.no_grad()``, or with autograd when gradient
-    rollout is among the methods), and scores output position `row` at every layer with
-    each method: :func:`attnflow.raw`, :func:`attnflow.rollout`, :func:`attnflow.flow` (on
-    the captured weights, so the same numbers as calling them on ``cap.attentions``) and
+    (one call, whatever the methods: under ``torch.no_grad()``, or with autograd when
+    gradient rollout is among them) inside :func:`capture` and the captures the other
+    methods read, and scores output position `row` at every layer with each method:
+    :func:`attnflow.raw`, :func:`attnflow.rollout`, :func:`attnflow.flow` (on the captured
+    weights, so the same numbers as calling them on ``cap.attentions``),
     :func:`attnflow.gradient_rollout` (the same weights and their gradients for the
-    `target` class, as :func:`explain` computes them). The value-aware methods capture the
-    blocks' token-mixing matrices, and the target-conditioned ones a causal LM's rows, in
-    a call of their own. A classifier's
-    prediction (argmax of its logits) and probabilities are recorded, with the class names
-    of ``model.config.id2label``.
+    `target` class, as :func:`explain` computes them), the value-aware methods (the
+    blocks' token-mixing matrices of ``capture(model, contributions=...)`` entered around
+    the same call) and a causal LM's target-conditioned methods (the explained row's
+    pieces, gathered by hooks on the same call). Each equals :func:`explain`'s own call of
+    the method, bitwise, but for the target-conditioned ones, whose forward runs there
+    with the model's attention kernel and here with the weights computed explicitly:
+    within float rounding (float32 SmolLM2-135M: 1e-6 of the scores' scale for the
+    direct logit, 1e-5 for IFR). A classifier's prediction (argmax of its logits) and
+    probabilities are recorded, with the class names of ``model.config.id2label``.
 
     A causal language model (one whose output has logits ``(1, n, vocab)``, e.g. a Hugging
     Face ``...ForCausalLM``) is explained at its last position by default, the one that
@@ -487,8 +494,11 @@ def explain_text(
     if row is not None and not -n <= row < n:
         msg = f"`rows` must index the {n} tokens of the text; got {row}."
         raise ValueError(msg)
-    run = _one_forward(model, inputs, given_specs)
-    output, weights, mask = run.output, run.weights, run.mask
+    # A causal LM's default row is its last; a classifier's (row 0) has no gatherer.
+    run = _one_forward(
+        model, inputs, given_specs, position=n - 1 if row is None else row % n, target=target
+    )
+    output, weights = run.output, run.weights
     logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
     causal_lm = isinstance(logits, torch.Tensor) and logits.ndim == 3
     # The explained position, decided once: a non-negative int from here on.
@@ -499,9 +509,8 @@ def explain_text(
     scores = _scores_by_method(
         model,
         inputs,
-        weights,
+        run,
         gradients,
-        mask,
         specs,
         rows=position,
         heads=heads,
@@ -581,11 +590,12 @@ def explain_image(
     """Explain one image in one call: preprocess, run a vision transformer, score every layer.
 
     The image counterpart of :func:`explain_text`: `processor` (a Hugging Face image
-    processor) turns `image` into ``pixel_values``, `model` runs once on them inside
-    :func:`capture` (with autograd for gradient rollout), and output position `row` (0: the CLS
-    token) is scored at every layer by each method, on the captured weights, so with the
-    same numbers as :func:`attnflow.raw`, :func:`attnflow.rollout`, :func:`attnflow.flow`
-    (and :func:`explain`'s ``"gradient_rollout"``) called on ``cap.attentions``.
+    processor) turns `image` into ``pixel_values``, `model` runs once on them (one call
+    for every method, with autograd for gradient rollout) inside :func:`capture` and the
+    value-aware captures the methods ask for, and output position `row` (0: the CLS token)
+    is scored at every layer by each method, on the captured weights, so with the same
+    numbers as :func:`attnflow.raw`, :func:`attnflow.rollout`, :func:`attnflow.flow` (and
+    :func:`explain`'s ``"gradient_rollout"``, ``"norm"``, ``"globenc"``, ``"alti"``).
 
     The patch grid is ``(H // p, W // p)`` for ``pixel_values`` of height ``H`` and width
     ``W`` and the model's ``config.patch_size`` ``p``; the tokens before the patches
@@ -683,8 +693,8 @@ def explain_image(
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
     inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in encoded.items()}
-    run = _one_forward(model, inputs, specs)
-    output, weights, mask = run.output, run.weights, run.mask
+    run = _one_forward(model, inputs, specs, position=row, target=target)
+    output, weights = run.output, run.weights
     n = int(weights.shape[-1])
     rows, cols = _image_grid(model, pixels, n, grid)
     if not -n <= row < n:
@@ -694,9 +704,8 @@ def explain_image(
     scores = _scores_by_method(
         model,
         inputs,
-        weights,
+        run,
         run.gradients(specs, position, target, target_score),
-        mask,
         specs,
         rows=position,
         heads=heads,
@@ -860,19 +869,31 @@ def _explain_gradient_rollout(
 
 
 class _Forward:
-    """One run of the model inside :func:`capture`, with autograd when a method needs it.
+    """One run of the model that every asked method reads, with autograd when one needs it.
 
     `weights` are detached; :meth:`gradients` differentiates the explained score of the
-    same run with respect to the weights, so raw, rollout, flow and gradient rollout share
-    one model call.
+    same run with respect to the weights; `contributions` holds the value-aware
+    token-mixing matrices of that run by kind (``"norm"``, ``"globenc"``, ``"alti"``), and
+    `gatherers` the target-conditioned methods' gatherers that watched it, by method
+    name. Raw, rollout, flow, gradient rollout, the value-aware and the
+    target-conditioned methods thus share one model call.
     """
 
-    def __init__(self, output: Any, cap: Any, autograd: bool) -> None:
+    def __init__(
+        self,
+        output: Any,
+        cap: Any,
+        autograd: bool,
+        contributions: Mapping[str, tuple[torch.Tensor, torch.Tensor | None]],
+        gatherers: Mapping[str, _torch_logit.TargetGatherer],
+    ) -> None:
         self.output = output
         self.autograd = autograd
         self.records: list[torch.Tensor] = cap.records
         self.weights: torch.Tensor = cap.attentions.detach()
         self.mask: torch.Tensor | None = cap.mask
+        self.contributions = dict(contributions)
+        self.gatherers = dict(gatherers)
 
     def gradients(
         self,
@@ -896,28 +917,87 @@ class _Forward:
         score = _target_score(explained, target, target_score)
         return gradients_of([score], self.records, caller)[0]
 
+    def target_conditioned(self, spec: MethodSpec) -> torch.Tensor | None:
+        """Return a target-conditioned method's ``(layers, n)`` scores of this run, or None.
+
+        None when no gatherer of `spec` watched the run (a causal LM's default methods on
+        a model that the gatherer refuses): :func:`_scores_by_method` then runs it alone.
+        """
+        gatherer = self.gatherers.get(spec.name)
+        if gatherer is None:
+            return None
+        matrices = self.contributions.get("alti", (None, None))[0]
+        scores: torch.Tensor = gatherer.finish(self.output, matrices)
+        return scores[0].detach()
+
 
 def _one_forward(
-    model: nn.Module, inputs: dict[str, Any], specs: Sequence[MethodSpec] | None
+    model: nn.Module,
+    inputs: dict[str, Any],
+    specs: Sequence[MethodSpec] | None,
+    *,
+    position: int,
+    target: int | None = None,
 ) -> _Forward:
-    """Run `model` once inside :func:`capture`; with autograd if a method may need it.
+    """Run `model` once with every capture the methods read; autograd if one may need it.
 
-    `specs` None stands for the defaults, which hold a gradient method for a causal LM
-    only: autograd then runs unless the model says it cannot generate (Hugging Face's
-    ``can_generate()``). Should it be wrong, :func:`_scores_by_method` runs the gradient
-    method's own call instead.
+    One ``with`` holds the weights capture (raw, rollout, flow, gradient rollout), one
+    value-aware capture per kind of matrix asked (``capture(model, contributions=...)``)
+    and the hooks of a :class:`._torch_logit.TargetGatherer` per target-conditioned
+    method, which gathers the explained row `position` (a token position, negative from
+    the end) of `target`; they share the hook layer's one tap, so the model is called
+    once. The call is the model's plain one (all logits, its own cache setting), not the
+    gatherer's lean one: the prediction, the probabilities and the gradient score read
+    the logits at `position`, which may be any row, and the weights held for raw,
+    rollout and flow outweigh the logits (``layers * heads * n`` against ``vocabulary``
+    values per token).
+
+    `specs` None stands for the defaults, which hold a gradient method and
+    :data:`DECODER_LEADING_METHOD` for a causal LM only: autograd runs and the leading
+    method's gatherer watches unless the model says it cannot generate (Hugging Face's
+    ``can_generate()``) or the gatherer refuses it. Should that guess be wrong,
+    :func:`_scores_by_method` runs the method's own call instead.
     """
     if specs is None:
-        defaults = check_methods(decoder_methods())
-        autograd = any(spec.gradients for spec in defaults) and _may_generate(model)
+        asked = check_methods(decoder_methods()) if _may_generate(model) else []
+        autograd = any(spec.gradients for spec in asked)
+        optional = True
     else:
-        autograd = any(spec.gradients for spec in specs)
+        asked = list(specs)
+        autograd = any(spec.gradients for spec in asked)
         if autograd:
             _refuse_inference_mode("explain_text / explain_image with a gradient method")
+        optional = False
+    gatherers: dict[str, _torch_logit.TargetGatherer] = {}
+    for spec in asked:
+        if not spec.target_conditioned:
+            continue
+        if optional and _torch_logit.unsupported_reason(model) is not None:
+            continue  # the default is run alone, and refused there as before
+        gatherers[spec.name] = _torch_logit.TargetGatherer(
+            model, inputs, method=spec.name, rows=position, target=target, layers="cumulative"
+        )
+    kinds = [
+        typing.cast("Contributions", spec.matrix)
+        for spec in asked
+        if spec.value_aware and (not spec.target_conditioned or spec.name in gatherers)
+    ]
     mode = torch.enable_grad() if autograd else torch.no_grad()
-    with mode, capture(model) as cap:
+    with mode, contextlib.ExitStack() as stack:
+        cap = stack.enter_context(capture(model))
+        mixing = {
+            kind: stack.enter_context(capture(model, contributions=kind))
+            for kind in dict.fromkeys(kinds)
+        }
+        if gatherers:
+            hooks = stack.enter_context(Hooks())
+            for gatherer in gatherers.values():
+                gatherer.subscribe(hooks)
         output = model(**inputs)
-    return _Forward(output, cap, autograd)
+    contributions: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {
+        kind: (c.contributions, c.mask) for kind, c in mixing.items()
+    }
+    return _Forward(output, cap, autograd, contributions, gatherers)
 
 
 def _may_generate(model: nn.Module) -> bool:
@@ -934,9 +1014,8 @@ def _may_generate(model: nn.Module) -> bool:
 def _scores_by_method(
     model: nn.Module,
     inputs: dict[str, Any],
-    weights: torch.Tensor,
+    run: _Forward,
     gradients: torch.Tensor | None,
-    mask: torch.Tensor | None,
     specs: Sequence[MethodSpec],
     *,
     rows: int,
@@ -949,22 +1028,30 @@ def _scores_by_method(
 ) -> dict[str, torch.Tensor]:
     """Each method's scores of the explained position `rows` at every layer: ``(layers, n)``.
 
-    `weights` (and `gradients`, for a gradient method) come from the one model call of
-    :func:`_one_forward`. The value-aware and target-conditioned methods capture other
-    pieces (the blocks' token-mixing matrices; a causal LM's rows, values and readout)
-    and still run their own call. Gradient rollout leaves out the explained token's own
-    relevance (``exclude_self``), as Chefer et al. show it: the identity it starts from
-    makes it the largest value.
+    Everything comes from the one model call of :func:`_one_forward` (`run`): the weights
+    (and `gradients`, for a gradient method), the value-aware matrices and the
+    target-conditioned gatherers. A method whose pieces that call did not gather (a
+    gradient method when the model ran without autograd, a causal LM's default leading
+    method on a model its gatherer refused) runs :func:`explain`'s own call, which
+    explains or refuses it as before. Gradient rollout leaves out the explained token's
+    own relevance (``exclude_self``), as Chefer et al. show it: the identity it starts
+    from makes it the largest value.
     """
+    weights, mask = run.weights, run.mask
     variants: dict[str, Any] = {"exclude": exclude, "receptive_field": receptive_field}
     scores: dict[str, torch.Tensor] = {}
     for spec in specs:
         name = typing.cast("Method", spec.name)
-        if spec.target_conditioned:  # its own forward, reading only the explained row
+        if spec.target_conditioned:  # the explained row of every layer
             # Layer l shows the layers up to it, as rollout's do: the last is the method.
-            scores[spec.name] = explain(
-                model, inputs, method=name, rows=rows, target=target, layers="cumulative"
-            )[0]
+            gathered = run.target_conditioned(spec)
+            scores[spec.name] = (
+                gathered
+                if gathered is not None
+                else explain(
+                    model, inputs, method=name, rows=rows, target=target, layers="cumulative"
+                )[0]
+            )
         elif spec.gradients and gradients is not None:
             options = {"layers": "all", "exclude_self": True, **variants}
             scores[spec.name] = explain_gradients(weights, gradients, mask, rows, options)[0]
@@ -980,9 +1067,11 @@ def _scores_by_method(
                 exclude_self=True,
                 **variants,
             )[0]
-        elif spec.value_aware:  # a call of its own, capturing the blocks' matrices
-            scores[spec.name] = explain(
-                model, inputs, method=name, rows=rows, layers="all", **variants
+        elif spec.value_aware:  # rollout over the blocks' token-mixing matrices
+            matrices, matrices_mask = run.contributions[typing.cast("str", spec.matrix)]
+            options = {"layers": "all", **variants}
+            scores[spec.name] = explain_contributions(
+                matrices, matrices_mask, spec.name, rows, options
             )[0]
         else:
             options = {"layers": "all"}

@@ -122,6 +122,22 @@ def test_another_row_and_gradient_rollout(picture: np.ndarray) -> None:
     assert e.target == 2
 
 
+def test_one_run_serves_the_value_aware_methods_too(picture: np.ndarray) -> None:
+    # Issue 38 item 5: the ViT blocks' token-mixing matrices come from the same forward.
+    model, images = small_vit(), processor()
+    methods = ["norm", "globenc", "alti", "gradient_rollout"]
+    calls: list[bool] = []
+    handle = model.register_forward_hook(lambda *_: calls.append(torch.is_grad_enabled()))
+    e = adapter.explain_image(model, images, picture, methods=methods, target=1)
+    handle.remove()
+    assert calls == [True]
+    inputs = images(images=picture, return_tensors="pt")
+    for name in methods:  # bitwise equal to each method's own call
+        options = {"exclude_self": True, "target": 1} if name == "gradient_rollout" else {}
+        alone = adapter.explain(model, inputs, method=name, rows=0, layers="all", **options)
+        np.testing.assert_array_equal(e.scores[name], alone[0].double().numpy(), err_msg=name)
+
+
 def test_a_non_square_grid_is_laid_out_row_by_row() -> None:
     # 16 x 48 pixels in patches of 8: 2 rows of 6 patches.
     model = small_vit(image_size=[16, 48])

@@ -331,20 +331,94 @@ def test_one_model_run_serves_raw_rollout_flow_and_gradient_rollout(build: Any) 
     assert e.rows == (len(e.tokens) - 1 if build is _causal_lm else 0)
 
 
+def _explained_alone(model: Any, inputs: Any, name: str, row: int) -> np.ndarray:
+    """`name`'s (layers, n) scores as explain_text shows them, from explain's own call."""
+    from attnflow._methods import method_spec
+
+    spec = method_spec(name)
+    if spec.target_conditioned:  # layer l: the layers up to l
+        options: dict[str, Any] = {"layers": "cumulative"}
+    elif spec.gradients:
+        options = {"layers": "all", "exclude_self": True}
+    else:
+        options = {"layers": "all"}
+    result = adapter.explain(model, inputs, method=name, rows=row, **options)
+    return np.asarray(result[0].double().numpy())
+
+
+def _assert_as_alone(model: Any, text: str, e: Explanation) -> None:
+    """Each method of `e` equals its own explain call (capture + the core for raw).
+
+    Bitwise, but for the target-conditioned methods: explain_text's one forward computes
+    the attention weights explicitly (the capture's tap), their own call runs the model's
+    SDPA kernel, so the residual stream differs by float32 rounding. Run under the same
+    tap, their own call is bitwise equal too.
+    """
+    from attnflow._methods import method_spec
+
+    inputs = _tiny_tokenizer()(text, return_tensors="pt")
+    with torch.no_grad(), adapter.capture(model) as cap:
+        model(**inputs)
+    for name, scores in e.scores.items():
+        if name in ("raw", "rollout", "flow"):  # explain fuses heads while capturing
+            function = getattr(attnflow, name)
+            options = {"rows": e.rows, "layers": "all", "mask": cap.mask}
+            expected = function(cap.attentions, **options)[0].double().numpy()
+            np.testing.assert_array_equal(scores, expected, err_msg=name)
+        elif method_spec(name).target_conditioned:
+            with adapter.capture(model):  # the same forward arithmetic: bitwise
+                tapped = _explained_alone(model, inputs, name, e.rows)
+            np.testing.assert_array_equal(scores, tapped, err_msg=name)
+            alone = _explained_alone(model, inputs, name, e.rows)
+            scale = float(np.abs(alone).max())
+            # IFR's proximities (L1 distances) amplify the rounding most: 2e-5 of the scale.
+            np.testing.assert_allclose(scores, alone, rtol=0, atol=1e-4 * scale, err_msg=name)
+        else:
+            alone = _explained_alone(model, inputs, name, e.rows)
+            np.testing.assert_array_equal(scores, alone, err_msg=name)
+
+
 def test_one_autograd_run_for_a_causal_lms_default_methods() -> None:
-    # The defaults of a causal LM hold gradient rollout: the capture runs with autograd
-    # once; the target-conditioned leading method gathers its rows in a call of its own.
+    # Issue 38 item 5: the defaults of a causal LM (the target-conditioned leading method,
+    # raw, rollout, flow, gradient rollout) come from one autograd forward.
     model, tokenizer = _causal_lm(), _tiny_tokenizer()
     calls = _counting(model)
     e = adapter.explain_text(model, tokenizer, "the key is here")
-    assert "gradient_rollout" in e.scores
-    assert calls.count(True) == 1
+    assert calls == [True]
+    from attnflow.adapters._torch_explain import DECODER_LEADING_METHOD, decoder_methods
+
+    assert list(e.scores) == list(decoder_methods())
+    assert next(iter(e.scores)) == DECODER_LEADING_METHOD
+    _assert_as_alone(model, "the key is here", e)
     # A classifier's defaults have no gradients: one call, without autograd.
     model = _encoder_classifier()
     calls = _counting(model)
     e = adapter.explain_text(model, tokenizer, "the key is here")
     assert list(e.scores) == ["raw", "rollout", "flow"]
     assert calls == [False]
+
+
+@pytest.mark.parametrize(
+    ("build", "methods"),
+    [
+        (_causal_lm, ["raw", "rollout", "flow", "gradient_rollout", "alti", "direct_logit"]),
+        (_causal_lm, ["alti_logit", "ifr", "norm"]),
+        (_encoder_classifier, ["rollout", "norm", "globenc", "alti", "gradient_rollout"]),
+    ],
+    ids=["causal", "causal-alti-logit", "encoder"],
+)
+def test_one_model_run_serves_the_value_aware_and_target_conditioned_methods(
+    build: Any, methods: list[str]
+) -> None:
+    # Issue 38 item 5: the value-aware matrices and the target-conditioned gatherers watch
+    # the same forward as the weights capture (one call, with autograd if a method asks).
+    model, tokenizer = build(), _tiny_tokenizer()
+    text = "the key to the cabinets"
+    calls = _counting(model)
+    e = adapter.explain_text(model, tokenizer, text, methods=methods)
+    assert calls == ["gradient_rollout" in methods]
+    assert list(e.scores) == methods
+    _assert_as_alone(model, text, e)
 
 
 def test_a_method_added_to_the_registry_runs_without_touching_the_adapter(
