@@ -47,7 +47,7 @@ import contextlib
 import inspect
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal, NamedTuple, overload
+from typing import Any, Literal, NamedTuple, cast, overload
 
 import flax.linen as nn
 import jax
@@ -60,7 +60,9 @@ from flax.nnx.nn import dtypes as nnx_dtypes
 
 import attnflow
 from attnflow._deprecation import warn_deprecated
+from attnflow._methods import MethodSpec, method_spec
 
+from . import _jax_logit
 from ._common import (
     CaptureHeads,
     Contributions,
@@ -1120,15 +1122,34 @@ def gradients_nnx(
 
 
 def _check_method(
-    method: object, target: object, heads: object = "mean", target_score: object = "logit"
-) -> None:
-    check_method(method, target_conditioned=False)
+    method: object,
+    target: object,
+    heads: object = None,
+    target_score: object = "logit",
+    foil: object = None,
+) -> MethodSpec:
+    """Check `explain`'s arguments before any work; return the method's spec.
+
+    Decided on the spec's properties, never on its name. `heads` None is the method's
+    default: ``"mean"`` (attention), the sum (target-conditioned).
+    """
+    check_method(method)
+    spec = method_spec(method)
     check_target_score(target_score, method)
-    if method in ("norm", "globenc", "alti") and heads != "mean":
+    if spec.target_conditioned:
+        return spec  # the rest is checked by _jax_logit, before the model runs
+    if foil is not None:
+        msg = (
+            f"`foil` contrasts a target's logit with another's (method=\"direct_logit\" or "
+            f'"alti_logit"); method="{spec.name}" does not read it. Drop `foil`.'
+        )
+        raise ValueError(msg)
+    if spec.value_aware and heads not in (None, "mean"):
         reject_heads(method, heads)
-    if method != "gradient_rollout":
+    if not spec.gradients:
         check_no_target(method, target)
     check_target_type(target, _describe_target, arrays="a 0-d or 1-d integer array")
+    return spec
 
 
 def _class_score(target: Any, target_score: TargetScore) -> Callable[[Any], jax.Array]:
@@ -1152,9 +1173,10 @@ def explain_linen(
     *args: Any,
     method: Method = "rollout",
     rows: int | Sequence[int] | None = 0,
-    heads: HeadReduction = "mean",
+    heads: HeadReduction | Literal["sum", "each"] | None = None,
     target: Any = None,
     target_score: TargetScore = "logit",
+    foil: Any = None,
     options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> jax.Array:
@@ -1231,22 +1253,41 @@ def explain_linen(
     >>> explain_linen(Encoder(), variables, x, rows=0).shape
     (1, 5)
     """
-    _check_method(method, target, heads, target_score)
-    if method == "gradient_rollout":
+    spec = _check_method(method, target, heads, target_score, foil)
+    if spec.target_conditioned:
+        linen_model = _jax_logit.Model(
+            call=lambda: module.apply(variables, *args, **kwargs),
+            tracking=lambda tracker: linen_tracking(tracker, _jax_logit.METHODS),
+            read=read_linen(),
+            lock=_LOCK,
+        )
+        return _jax_logit.explain_target_conditioned(
+            linen_model,
+            spec=spec,
+            rows=rows,
+            target=target,
+            foil=foil,
+            heads="sum" if heads is None else heads,
+            options=options,
+        )
+    if spec.gradients:
         _, cap = _gradients_linen(
             module, variables, *args, target=_class_score(target, target_score), **kwargs
         )
         assert cap.gradients is not None  # _gradients_linen / _gradients_nnx fill them
         grads: jax.Array = explain_gradients(cap.attentions, cap.gradients, cap.mask, rows, options)
         return grads
-    if method in ("norm", "globenc", "alti"):
-        _, mixing = capture_linen(module, variables, *args, contributions=method, **kwargs)
+    if spec.value_aware:
+        _, mixing = capture_linen(
+            module, variables, *args, contributions=cast(Contributions, spec.matrix), **kwargs
+        )
         mixed: jax.Array = explain_contributions(
             mixing.contributions, mixing.mask, method, rows, options
         )
         return mixed
-    _, cap = capture_linen(module, variables, *args, heads=heads, **kwargs)
-    result: jax.Array = explain_weights(cap.attentions, cap.mask, method, rows, heads, options)
+    fused = cast(CaptureHeads, "mean" if heads is None else heads)
+    _, cap = capture_linen(module, variables, *args, heads=fused, **kwargs)
+    result: jax.Array = explain_weights(cap.attentions, cap.mask, method, rows, fused, options)
     return result
 
 
@@ -1256,9 +1297,10 @@ def explain_nnx(
     *args: Any,
     method: Method = "rollout",
     rows: int | Sequence[int] | None = 0,
-    heads: HeadReduction = "mean",
+    heads: HeadReduction | Literal["sum", "each"] | None = None,
     target: Any = None,
     target_score: TargetScore = "logit",
+    foil: Any = None,
     options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> jax.Array:
@@ -1310,20 +1352,39 @@ def explain_nnx(
     >>> explain_nnx(attention, x, method="flow", rows=[0, 1]).shape
     (1, 2, 5)
     """
-    _check_method(method, target, heads, target_score)
-    if method == "gradient_rollout":
+    spec = _check_method(method, target, heads, target_score, foil)
+    if spec.target_conditioned:
+        nnx_model = _jax_logit.Model(
+            call=lambda: model(*args, **kwargs),
+            tracking=lambda tracker: nnx_tracking(tracker, model, _jax_logit.METHODS),
+            read=read_nnx(),
+            lock=_LOCK,
+        )
+        return _jax_logit.explain_target_conditioned(
+            nnx_model,
+            spec=spec,
+            rows=rows,
+            target=target,
+            foil=foil,
+            heads="sum" if heads is None else heads,
+            options=options,
+        )
+    if spec.gradients:
         _, cap = _gradients_nnx(model, *args, target=_class_score(target, target_score), **kwargs)
         assert cap.gradients is not None  # _gradients_linen / _gradients_nnx fill them
         grads: jax.Array = explain_gradients(cap.attentions, cap.gradients, cap.mask, rows, options)
         return grads
-    if method in ("norm", "globenc", "alti"):
-        _, mixing = capture_nnx(model, *args, contributions=method, **kwargs)
+    if spec.value_aware:
+        _, mixing = capture_nnx(
+            model, *args, contributions=cast(Contributions, spec.matrix), **kwargs
+        )
         mixed: jax.Array = explain_contributions(
             mixing.contributions, mixing.mask, method, rows, options
         )
         return mixed
-    _, cap = capture_nnx(model, *args, heads=heads, **kwargs)
-    result: jax.Array = explain_weights(cap.attentions, cap.mask, method, rows, heads, options)
+    fused = cast(CaptureHeads, "mean" if heads is None else heads)
+    _, cap = capture_nnx(model, *args, heads=fused, **kwargs)
+    result: jax.Array = explain_weights(cap.attentions, cap.mask, method, rows, fused, options)
     return result
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "contributions",
     "contributions_and_outputs",
     "head_values",
+    "uses_second_norm",
 ]
 
 #: The token-mixing rule: Kobayashi et al.'s norm, GlobEnc or ALTI.
@@ -52,6 +53,13 @@ Method: TypeAlias = Literal["norm", "globenc", "alti"]
 LayerNormParameters: TypeAlias = tuple[Any | None, Any | None, float]
 
 _METHODS = ("norm", "globenc", "alti")
+
+
+def uses_second_norm(kind: Method) -> bool:
+    """Whether the matrix `kind` reads a post-LN block's second LayerNorm (GlobEnc's)."""
+    return kind == "globenc"
+
+
 #: Elements of one block of ALTI's terms ``(*batch, rows, n, d)`` (or of the Gram path's
 #: ``(*batch, n, rows, H)`` products, all rows at once for MiniLM): 2**22 is 16 MiB in float32,
 #: so MiniLM on 4 x 256 tokens (d = 384) takes 10 receiving tokens at a time. Blocks that
