@@ -393,6 +393,8 @@ def rollouts_below(matrices: Any, /, *, xp: Namespace | None = None) -> Any:
     ----------
     matrices : array ``(*batch, L, n, n)``
         Every layer's ALTI matrix, rows the receiving tokens.
+    xp : namespace, optional
+        The array namespace (default: that of `matrices`).
 
     Returns
     -------

@@ -14,6 +14,7 @@ pieces computed in NumPy (the ALTI matrices by the loop oracle of ``tests/oracle
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -137,16 +138,33 @@ class NNXGPT(nnx.Module):
         return _note(self.embed.attend(final) if self.tied else self.lm_head(final))
 
 
-def _randomised(tree: Any, seed: int) -> Any:
-    """Every parameter moved off its initial value (biases and norm shifts non-zero)."""
+def _random_parameters(shapes: Any, seed: int) -> Any:
+    """Random values for abstract parameters: every bias and norm shift non-zero.
+
+    Drawn in NumPy from the shapes of an abstract init (no XLA program is compiled).
+    """
     rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda p: p + jnp.asarray(0.3 * rng.normal(size=p.shape), p.dtype), tree)
+
+    def draw(path: Any, leaf: jax.ShapeDtypeStruct) -> jax.Array:
+        names = [getattr(k, "key", None) for k in path]
+        name = next(n for n in reversed(names) if isinstance(n, str))
+        noise = rng.normal(size=leaf.shape)
+        if name == "scale":
+            noise = 1.0 + 0.3 * noise
+        elif name == "kernel":
+            noise = noise / np.sqrt(leaf.shape[0])
+        elif name != "embedding":
+            noise = 0.3 * noise  # biases, positions
+        return jnp.asarray(noise, leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 @functools.cache
 def _linen_variables(dtype: Any, tied: bool, post_ln: bool) -> Any:
-    variables = LinenGPT(dtype, tied=tied, post_ln=post_ln).init(jax.random.key(0), IDS, PAD)
-    return {"params": _randomised(variables["params"], 1)}
+    model = LinenGPT(dtype, tied=tied, post_ln=post_ln)
+    shapes = jax.eval_shape(model.init, jax.random.key(0), IDS, PAD)
+    return {"params": _random_parameters(shapes["params"], 1)}
 
 
 def linen_setup(dtype: Any, **options: Any) -> tuple[Any, Any, Any]:
@@ -160,9 +178,8 @@ def linen_setup(dtype: Any, **options: Any) -> tuple[Any, Any, Any]:
 @functools.cache
 def nnx_setup(dtype: Any, **options: Any) -> tuple[Any, Any]:
     """An NNX decoder (built once per dtype and head) and its explain."""
-    model = NNXGPT(dtype, **options)
-    state = nnx.state(model, nnx.Param)
-    nnx.update(model, _randomised(state, 2))
+    model = nnx.eval_shape(lambda: NNXGPT(dtype, **options))
+    nnx.update(model, _random_parameters(nnx.state(model, nnx.Param), 2))
     call = lambda **kw: adapter.explain_nnx(model, IDS, PAD, **kw)
     return model, call
 
@@ -410,7 +427,7 @@ def test_alti_logit_and_ifr_equal_the_core_on_numpy_pieces_float64(tied):
                         None,
                         "alti",
                     )
-                    rolled = (alti / alti.sum(-1, keepdims=True)) @ rolled
+                    rolled = alti @ rolled  # the oracle's rows sum to one (or are all zero)
             expected = np.asarray(alti_logit_terms(direct, below)).sum((1, 2))[:, 0]
             got = call(method="alti_logit", rows=-1)
             np.testing.assert_allclose(got, expected, **TOLERANCE[frontend], err_msg=frontend)
@@ -546,3 +563,13 @@ def test_the_readout_check_catches_a_misread_norm(monkeypatch):
     _, _, call = linen_setup(jnp.float32)
     with pytest.raises(ValueError, match=r"give the model's logits at the explained rows within"):
         call(method="direct_logit", rows=-1)
+
+
+def test_the_docs_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """The example of docs/adapters/jax.md runs as written and prints what it says."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "adapters" / "jax.md"
+    text = page.read_text(encoding="utf-8")
+    pattern = r"## Target-conditioned methods.*?```python\n(.*?)```"
+    (example,) = re.findall(pattern, text, re.DOTALL)
+    exec(compile(example, str(page), "exec"), {"__name__": "docs_example"})  # noqa: S102
+    assert capsys.readouterr().out.split("\n")[:2] == ["(2, 6) (2, 2, 2, 6)", "True"]
