@@ -60,7 +60,7 @@ from attnflow._methods import MethodSpec
 
 from ._jax_contributions import BlockTracker, StructureError, _Call, _Frame, _last_axis, _verified
 
-__all__ = ["SUPPORTED_MODELS", "explain_target_conditioned"]
+__all__ = ["METHODS", "SUPPORTED_MODELS", "Model", "explain_target_conditioned"]
 
 SUPPORTED_MODELS = (
     "pre-LN decoder blocks h = x + Attn(Norm(x)) (GPT-2 style: a LayerNorm or RMSNorm before a "
@@ -121,7 +121,7 @@ class _Tracker(BlockTracker):
         self.positions: Any = None
         self.layers: list[_Layer] = []
         self.calls: list[_Call] = []
-        """The finished calls of norms, linear maps and embeddings (the head is among them)."""
+        """The norms, linear maps and embeddings finished since the last block (the head)."""
         self.parameters: dict[int, Any] = {}
         """Each of those calls' parameters, read while its module was bound."""
 
@@ -143,6 +143,9 @@ class _Tracker(BlockTracker):
         attention = frame.attention
         assert attention is not None
         where = frame.call.name or "(the model)"
+        # The head runs after the last block: what ran before this block's end is not it.
+        self.calls.clear()
+        self.parameters.clear()
         z, _, _ = self._layout(frame)
         x = frame.call.inputs
         if z is x:
