@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import flax.linen as nn
 import jax
@@ -58,6 +58,7 @@ from attnflow._logit_attribution import (
 )
 from attnflow._methods import MethodSpec
 
+from ._common import Contributions
 from ._jax_contributions import BlockTracker, StructureError, _Call, _Frame, _last_axis, _verified
 
 __all__ = ["METHODS", "SUPPORTED_MODELS", "Model", "explain_target_conditioned"]
@@ -111,12 +112,12 @@ class _Tracker(BlockTracker):
         read: tuple[Callable[[Any], Any], Callable[[Any], Any]],
         *,
         rows: Sequence[int],
-        alti: bool,
+        matrices: Contributions | None,
         concrete: bool,
     ) -> None:
-        super().__init__("alti", *read)
+        super().__init__("alti" if matrices is None else matrices, *read)
         self.rows = rows
-        self.alti = alti
+        self.keep_matrices = matrices is not None
         self.concrete = concrete
         self.positions: Any = None
         self.layers: list[_Layer] = []
@@ -196,8 +197,8 @@ class _Tracker(BlockTracker):
                 output_bias=output_bias,
             )
         )
-        if self.alti:
-            super()._finish(frame)  # the block's ALTI matrix, for ALTI-Logit's rollout
+        if self.keep_matrices:
+            super()._finish(frame)  # the block's token-mixing matrix (ALTI-Logit's rollout)
 
 
 def _parameters(module: Any) -> dict[str, Any]:
@@ -500,11 +501,12 @@ def explain_target_conditioned(
     foil_ids = check_ids(foil, "foil")
     chosen = check_rows(-1 if rows is None else rows)
     single = rows is None or isinstance(rows, int)
-    alti = spec.matrix == "alti"
+    # A method over value-aware matrices (ALTI-Logit) carries its terms through their rollout.
+    matrices = cast(Contributions, spec.matrix) if spec.value_aware else None
 
     # 1. Abstractly (no arithmetic): the blocks, the head, the vocabulary, rows in range.
     def probe() -> Any:
-        tracker = _Tracker(model.read, rows=chosen, alti=False, concrete=False)
+        tracker = _Tracker(model.read, rows=chosen, matrices=None, concrete=False)
         return _run(model, tracker)[0]
 
     shape = jax.eval_shape(probe)
@@ -515,7 +517,7 @@ def explain_target_conditioned(
             _broadcast_ids(ids, batch, len(chosen), name)
 
     # 2. The forward, keeping each block's pieces at the explained rows.
-    tracker = _Tracker(model.read, rows=chosen, alti=alti, concrete=True)
+    tracker = _Tracker(model.read, rows=chosen, matrices=matrices, concrete=True)
     logits, head = _run(model, tracker)
     if isinstance(logits, jax.core.Tracer):
         msg = (
@@ -575,7 +577,7 @@ def explain_target_conditioned(
             ],
             axis=1,
         )  # (batch, L, H, r, n)
-        if alti:
+        if matrices is not None:
             stacked = alti_logit_terms(stacked, rollouts_below(jnp.stack(tracker.matrices, axis=1)))
     result: jax.Array = sum_terms(stacked, heads=head_mode, layers=layer_mode)
     return result[..., 0, :] if single or span else result
