@@ -466,6 +466,8 @@ class Model:
     read: tuple[Callable[[Any], Any], Callable[[Any], Any]]
     """The attention and norm parameter readers."""
     lock: Any = field(default_factory=contextlib.nullcontext)
+    inputs: Any = None
+    """Every array the call reads (inputs, variables): traced ones are refused."""
 
 
 def _run(model: Model, tracker: _Tracker) -> tuple[Any, _Head]:
@@ -490,6 +492,13 @@ def explain_target_conditioned(
 ) -> jax.Array:
     """Direct logit, ALTI-Logit or IFR scores of `rows` (see the module docstring)."""
     method = spec.name
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(model.inputs)):
+        msg = (
+            f'method="{method}" reads concrete values (the rows and the padding mask, the '
+            "default target, the check of the head against the model's logits): call it "
+            "outside jax.jit and other JAX transformations."
+        )
+        raise TypeError(msg)
     head_mode, layer_mode, span = check_options(spec, heads, options)
     if not spec.uses_target and (target is not None or foil is not None):
         msg = (
@@ -519,12 +528,6 @@ def explain_target_conditioned(
     # 2. The forward, keeping each block's pieces at the explained rows.
     tracker = _Tracker(model.read, rows=chosen, matrices=matrices, concrete=True)
     logits, head = _run(model, tracker)
-    if isinstance(logits, jax.core.Tracer):
-        msg = (
-            f'method="{method}" reads concrete values (its checks, the default target): call '
-            "it outside jax.jit."
-        )
-        raise TypeError(msg)
     positions = tracker.positions
     r = int(positions.shape[1])
     row_logits = _at_rows(logits, positions, axis=-2)  # (batch, r, vocabulary)

@@ -1320,6 +1320,7 @@ def explain_linen(
             tracking=lambda tracker: linen_tracking(tracker, _jax_logit.METHODS),
             read=read_linen(),
             lock=_LOCK,
+            inputs=(variables, args, kwargs),
         )
         return _jax_logit.explain_target_conditioned(
             linen_model,
@@ -1428,6 +1429,7 @@ def explain_nnx(
             tracking=lambda tracker: nnx_tracking(tracker, model, _jax_logit.METHODS),
             read=read_nnx(),
             lock=_LOCK,
+            inputs=(args, kwargs),
         )
         return _jax_logit.explain_target_conditioned(
             nnx_model,

@@ -513,6 +513,18 @@ def test_bad_arguments_are_refused_before_the_model_runs(options, error, match):
         assert RAN == []
 
 
+def test_a_traced_call_is_refused_with_what_to_do():
+    _, variables, _ = linen_setup(jnp.float32)
+    model, _ = nnx_setup(jnp.float32)
+    calls = [
+        lambda ids: adapter.explain_linen(LinenGPT(jnp.float32), variables, ids, PAD, method="ifr"),
+        lambda ids: adapter.explain_nnx(model, ids, PAD, method="direct_logit"),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match=r"reads concrete values.*outside jax.jit"):
+            jax.jit(call)(IDS)
+
+
 def test_ifr_refuses_a_target_and_other_methods_a_foil():
     _, _, call = linen_setup(jnp.float32)
     with pytest.raises(ValueError, match=r'method="ifr" is conditioned on the explained rows'):
