@@ -308,6 +308,7 @@ def hand_direct_logit(ref: dict[str, Any], rows: np.ndarray, targets: np.ndarray
     return out
 
 
+@functools.cache
 def _models(dtype: Any, tied: bool) -> list[tuple[str, Any, dict[str, Any], np.ndarray]]:
     """``(frontend, explain, parameters, the model's own logits)`` of both decoders."""
     linen_model, variables, linen_call = linen_setup(dtype, tied=tied)
