@@ -386,7 +386,11 @@ def integrations(session: nox.Session) -> None:
     session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.integrations", env=env)
 
 
-JAX_TESTS = ["tests/adapters/test_jax.py", "tests/adapters/test_jax_contributions.py"]
+JAX_TESTS = [
+    "tests/adapters/test_jax.py",
+    "tests/adapters/test_jax_contributions.py",
+    "tests/adapters/test_jax_logit.py",
+]
 
 
 @nox.session(name="adapters-jax")

@@ -55,7 +55,12 @@ from flax.linen import attention as linen_attention
 from flax.nnx.nn import attention as nnx_attention
 
 import attnflow
-from attnflow._contributions import LayerNormParameters, Method, contributions_and_outputs
+from attnflow._contributions import (
+    LayerNormParameters,
+    Method,
+    contributions_and_outputs,
+    uses_second_norm,
+)
 
 __all__ = ["BlockTracker", "linen_tracking", "nnx_tracking"]
 
@@ -314,7 +319,7 @@ class BlockTracker:
             )
             raise _fail(msg)
         value_weight, value_bias, output_weight, output_bias = self.read_attention(attention.module)
-        globenc_second = second if self.method == "globenc" else None
+        globenc_second = second if uses_second_norm(self.method) else None
         norm = None if post is None else self.read_norm(post.module)
         second_norm = None if globenc_second is None else self.read_norm(globenc_second.module)
         # Flax promotes inputs and parameters to one dtype before computing (float32
@@ -422,8 +427,13 @@ def _linen_norm(module: nn.Module) -> LayerNormParameters:
 
 
 @contextlib.contextmanager
-def linen_tracking(tracker: BlockTracker) -> Iterator[None]:
-    """Follow every linen module call and record the attention weights."""
+def linen_tracking(
+    tracker: BlockTracker, methods: tuple[str, ...] = ("__call__",)
+) -> Iterator[None]:
+    """Follow every linen module call and record the attention weights.
+
+    `methods`: the module methods followed (``"attend"`` too, for a tied unembedding).
+    """
     original = linen_attention.dot_product_attention_weights
     signature = inspect.signature(original)
 
@@ -441,7 +451,7 @@ def linen_tracking(tracker: BlockTracker) -> Iterator[None]:
     def intercept(
         next_fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], context: Any
     ) -> Any:
-        if context.method_name != "__call__":
+        if context.method_name not in methods:
             return next_fun(*args, **kwargs)
         module = context.module
         tracker.enter(module, _linen_name(module), args, kwargs)
@@ -481,12 +491,15 @@ def _nnx_norm(module: nnx.LayerNorm) -> LayerNormParameters:
 
 
 @contextlib.contextmanager
-def nnx_tracking(tracker: BlockTracker, model: nnx.Module) -> Iterator[None]:
+def nnx_tracking(
+    tracker: BlockTracker, model: nnx.Module, methods: tuple[str, ...] = ("__call__",)
+) -> Iterator[None]:
     """Follow the calls of `model`'s modules and record the attention weights.
 
-    Each module class's ``__call__`` is wrapped for the duration (acting on the model's
-    own instances only), and each ``MultiHeadAttention``'s ``attention_fn`` is wrapped
-    by one that calls it unchanged and computes the weights beside it.
+    Each module class's ``__call__`` (and the other `methods` it has, e.g. ``"attend"``)
+    is wrapped for the duration (acting on the model's own instances only), and each
+    ``MultiHeadAttention``'s ``attention_fn`` is wrapped by one that calls it unchanged
+    and computes the weights beside it.
     """
     names: dict[int, str] = {}
     attentions: list[nnx.MultiHeadAttention] = []
@@ -495,7 +508,12 @@ def nnx_tracking(tracker: BlockTracker, model: nnx.Module) -> Iterator[None]:
         if isinstance(sub, nnx.MultiHeadAttention) and sub not in attentions:
             attentions.append(sub)
     classes = list(dict.fromkeys(type(m) for _, m in nnx.iter_modules(model)))
-    originals = {cls: (cls.__dict__.get("__call__"), cls.__call__) for cls in classes}
+    originals = {
+        (cls, name): (cls.__dict__.get(name), getattr(cls, name))
+        for cls in classes
+        for name in methods
+        if callable(getattr(cls, name, None))
+    }
 
     def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -552,8 +570,8 @@ def nnx_tracking(tracker: BlockTracker, model: nnx.Module) -> Iterator[None]:
         raise _fail(msg)
     functions = [m.attention_fn for m in attentions]
     try:
-        for cls in classes:
-            cls.__call__ = wrap(originals[cls][1])  # type: ignore[method-assign, unused-ignore]
+        for (cls, name), (_, inherited) in originals.items():
+            setattr(cls, name, wrap(inherited))
         for m in attentions:
             # object.__setattr__: attention_fn is static, and NNX refuses attribute writes
             # from inside a JAX trace.
@@ -562,12 +580,11 @@ def nnx_tracking(tracker: BlockTracker, model: nnx.Module) -> Iterator[None]:
     finally:
         for m, function in zip(attentions, functions, strict=True):
             object.__setattr__(m, "attention_fn", function)
-        for cls in classes:
-            own = originals[cls][0]
+        for (cls, name), (own, _) in originals.items():
             if own is not None:
-                cls.__call__ = own  # type: ignore[method-assign, unused-ignore]
+                setattr(cls, name, own)
             else:
-                del cls.__call__
+                delattr(cls, name)
 
 
 def read_linen() -> tuple[Callable[[Any], Any], Callable[[Any], Any]]:

@@ -47,7 +47,7 @@ import contextlib
 import inspect
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal, NamedTuple, overload
+from typing import Any, Literal, NamedTuple, cast, overload
 
 import flax.linen as nn
 import jax
@@ -60,7 +60,9 @@ from flax.nnx.nn import dtypes as nnx_dtypes
 
 import attnflow
 from attnflow._deprecation import warn_deprecated
+from attnflow._methods import MethodSpec, method_spec
 
+from . import _jax_logit
 from ._common import (
     CaptureHeads,
     Contributions,
@@ -1120,15 +1122,34 @@ def gradients_nnx(
 
 
 def _check_method(
-    method: object, target: object, heads: object = "mean", target_score: object = "logit"
-) -> None:
-    check_method(method, target_conditioned=False)
+    method: object,
+    target: object,
+    heads: object = None,
+    target_score: object = "logit",
+    foil: object = None,
+) -> MethodSpec:
+    """Check `explain`'s arguments before any work; return the method's spec.
+
+    Decided on the spec's properties, never on its name. `heads` None is the method's
+    default: ``"mean"`` (attention), the sum (target-conditioned).
+    """
+    check_method(method)
+    spec = method_spec(method)
     check_target_score(target_score, method)
-    if method in ("norm", "globenc", "alti") and heads != "mean":
+    if spec.target_conditioned:
+        return spec  # the rest is checked by _jax_logit, before the model runs
+    if foil is not None:
+        msg = (
+            f"`foil` contrasts a target's logit with another's (method=\"direct_logit\" or "
+            f'"alti_logit"); method="{spec.name}" does not read it. Drop `foil`.'
+        )
+        raise ValueError(msg)
+    if spec.value_aware and heads not in (None, "mean"):
         reject_heads(method, heads)
-    if method != "gradient_rollout":
+    if not spec.gradients:
         check_no_target(method, target)
     check_target_type(target, _describe_target, arrays="a 0-d or 1-d integer array")
+    return spec
 
 
 def _class_score(target: Any, target_score: TargetScore) -> Callable[[Any], jax.Array]:
@@ -1152,16 +1173,20 @@ def explain_linen(
     *args: Any,
     method: Method = "rollout",
     rows: int | Sequence[int] | None = 0,
-    heads: HeadReduction = "mean",
+    heads: HeadReduction | Literal["sum", "each"] | None = None,
     target: Any = None,
     target_score: TargetScore = "logit",
+    foil: Any = None,
     options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> jax.Array:
-    r"""Call a Flax linen model and return rollout or flow maps of its attention.
+    r"""Call a Flax linen model and return rollout, flow, GAE or target-conditioned maps.
 
     Captures with :func:`capture_linen` (heads fused while capturing), then runs
-    :func:`attnflow.rollout` or :func:`attnflow.flow` with the captured padding mask.
+    :func:`attnflow.rollout` or :func:`attnflow.flow` with the captured padding mask. The
+    target-conditioned methods of a causal LM (``"direct_logit"``, ``"alti_logit"``,
+    ``"ifr"``) read the explained rows, the values and the target's readout from one
+    forward instead (see Notes).
 
     Parameters
     ----------
@@ -1171,8 +1196,10 @@ def explain_linen(
         Its variables, as for ``module.apply``.
     *args
         The model's positional inputs.
-    method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"}, default "rollout"
-        The attribution method. Flow runs on the host and cannot be traced.
+    method : str, default "rollout"
+        The attribution method: ``"raw"``, ``"rollout"``, ``"flow"``,
+        ``"gradient_rollout"``, ``"norm"``, ``"globenc"``, ``"alti"``, ``"direct_logit"``,
+        ``"alti_logit"`` or ``"ifr"``. Flow runs on the host and cannot be traced.
         ``"gradient_rollout"`` (Chefer et al.'s GAE, :func:`attnflow.gradient_rollout`)
         differentiates the logit of the `target` class of each sample, or its
         log-probability (`target_score`), summed over the
@@ -1185,18 +1212,23 @@ def explain_linen(
         has no residual); GlobEnc as its authors do, the raw matrices multiplied without
         renormalising rows (``normalize_layers=True`` in `options` for the renormalised
         variant); `options` may override ``residual`` and ``mask``.
+        ``"direct_logit"``, ``"alti_logit"`` and ``"ifr"``: see Notes.
     rows : int, sequence of int or None, default 0
         Output positions to explain. Negative rows count from the end of each
         sequence's real tokens (the captured padding mask; outside ``jax.jit``):
-        ``rows=-1`` is every sequence's last real token.
-    heads : {"mean", "max", "min"}, default "mean"
-        Head fusion, applied while capturing (rollout and flow; gradient rollout needs
-        every head and ignores it; the value-aware methods sum the heads inside their
-        matrix and refuse any other value).
+        ``rows=-1`` is every sequence's last real token (a causal LM's next-token row).
+    heads : {"mean", "max", "min", "sum", "each"} or None, default None
+        Head fusion, applied while capturing (rollout and flow, ``"mean"`` by default;
+        gradient rollout needs every head and ignores it; the value-aware methods sum
+        the heads inside their matrix and refuse any other value). The
+        target-conditioned methods: ``"sum"`` (the default) or ``"each"``, one map per
+        head, ``(batch, [layers,] heads, [r,] n)``.
     target : int, sequence of int, int array or None, default None
-        ``"gradient_rollout"`` only: the class whose logit is explained (the model returns
+        ``"gradient_rollout"``: the class whose logit is explained (the model returns
         ``(batch, classes)`` logits, or an output with ``.logits``); None for each
-        sample's predicted class.
+        sample's predicted class. ``"direct_logit"`` and ``"alti_logit"``: the vocabulary
+        id explained, one for all, one per sample or one per sample and row; None for
+        the model's prediction at each explained row.
     target_score : {"logit", "log_probability"}, default "logit"
         ``"gradient_rollout"`` only: what is differentiated, the target's logit
         :math:`z_t` or its log-probability over the classes,
@@ -1205,16 +1237,39 @@ def explain_linen(
         above the other classes (as in :func:`attnflow.adapters.torch.explain`). The default target (the argmax) is the
         same for both. Checked before the model runs: another value, or a value other
         than ``"logit"`` with another method, raises a ValueError.
+    foil : int, sequence of int, int array or None, default None
+        ``"direct_logit"`` and ``"alti_logit"``: a second vocabulary id; the scores then
+        explain the target's logit minus the foil's (the difference of the readouts).
     options : mapping, optional
         More options for the method (``residual``, ``layers``, ``mask``, ``rule``,
-        ``normalize_result``, ``exclude_self``...).
+        ``normalize_result``, ``exclude_self``...). The target-conditioned methods take
+        ``layers`` (``"sum"``, ``"all"``: one map per layer, ``"cumulative"``) and, for
+        ``"ifr"``, ``span=True`` (the rows as one target span, FlashTrace's aggregate).
     **kwargs
         The model's keyword inputs, as for ``module.apply``.
 
     Returns
     -------
     jax.Array
-        The maps, shaped as :func:`attnflow.rollout` returns them.
+        The maps, shaped as :func:`attnflow.rollout` returns them; for the
+        target-conditioned methods ``(batch, [layers,] [heads,] n)`` for an int row (or a
+        span) and ``(batch, [layers,] [heads,] r, n)`` for ``r`` rows.
+
+    Notes
+    -----
+    ``"direct_logit"``, ``"alti_logit"`` and ``"ifr"`` (:mod:`attnflow._logit_attribution`;
+    docs/llms.md) explain a causal LM that returns logits ``(batch, n, vocabulary)``. Read
+    from the model's own calls: **pre-LN** decoder blocks, GPT-2 style,
+    :math:`h = x + \mathrm{Attn}(\mathrm{Norm}(x))` (a ``LayerNorm`` or ``RMSNorm`` the
+    block calls on its input, then a self-attention ``MultiHeadDotProductAttention``
+    with the default attention function and the model's own, e.g. causal, mask), and
+    logits returned as the very output of ``Dense(Norm(h))`` or ``Embed.attend(Norm(h))``
+    (tied weights). A post-LN block or a head that does more (a scale, a soft-cap) is
+    refused. The call is traced abstractly first (:func:`jax.eval_shape`), so a bad
+    `target`, `foil` or row and an unsupported model are refused before the model
+    computes; every call checks that the final norm and the unembedding give the
+    model's own logits at the explained rows. They read concrete values: run them
+    eagerly, not under :func:`jax.jit`.
 
     Examples
     --------
@@ -1230,23 +1285,70 @@ def explain_linen(
     >>> variables = Encoder().init(jax.random.key(1), x)
     >>> explain_linen(Encoder(), variables, x, rows=0).shape
     (1, 5)
+
+    The direct logit attribution of a small causal LM's next token, per head:
+
+    >>> class Block(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, x, mask):
+    ...         attention = nn.MultiHeadDotProductAttention(num_heads=2)
+    ...         return x + attention(nn.LayerNorm()(x), mask=mask)
+    >>> class LM(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, ids):
+    ...         embed = nn.Embed(20, 8)
+    ...         x = embed(ids)
+    ...         for _ in range(2):
+    ...             x = Block()(x, nn.make_causal_mask(ids))
+    ...         return embed.attend(nn.LayerNorm()(x))
+    >>> ids = jnp.array([[3, 1, 4, 1, 5]])
+    >>> lm_variables = LM().init(jax.random.key(0), ids)
+    >>> per_head = explain_linen(
+    ...     LM(), lm_variables, ids, method="direct_logit", rows=-1, heads="each",
+    ...     options={"layers": "all"},
+    ... )
+    >>> per_head.shape  # (batch, layers, heads, n)
+    (1, 2, 2, 5)
+    >>> summed = explain_linen(LM(), lm_variables, ids, method="direct_logit", rows=-1)
+    >>> bool(jnp.allclose(per_head.sum((1, 2)), summed, atol=1e-6))
+    True
     """
-    _check_method(method, target, heads, target_score)
-    if method == "gradient_rollout":
+    spec = _check_method(method, target, heads, target_score, foil)
+    if spec.target_conditioned:
+        linen_model = _jax_logit.Model(
+            call=lambda: module.apply(variables, *args, **kwargs),
+            tracking=lambda tracker: linen_tracking(tracker, _jax_logit.METHODS),
+            read=read_linen(),
+            lock=_LOCK,
+            inputs=(variables, args, kwargs),
+        )
+        return _jax_logit.explain_target_conditioned(
+            linen_model,
+            spec=spec,
+            rows=rows,
+            target=target,
+            foil=foil,
+            heads="sum" if heads is None else heads,
+            options=options,
+        )
+    if spec.gradients:
         _, cap = _gradients_linen(
             module, variables, *args, target=_class_score(target, target_score), **kwargs
         )
         assert cap.gradients is not None  # _gradients_linen / _gradients_nnx fill them
         grads: jax.Array = explain_gradients(cap.attentions, cap.gradients, cap.mask, rows, options)
         return grads
-    if method in ("norm", "globenc", "alti"):
-        _, mixing = capture_linen(module, variables, *args, contributions=method, **kwargs)
+    if spec.value_aware:
+        _, mixing = capture_linen(
+            module, variables, *args, contributions=cast(Contributions, spec.matrix), **kwargs
+        )
         mixed: jax.Array = explain_contributions(
             mixing.contributions, mixing.mask, method, rows, options
         )
         return mixed
-    _, cap = capture_linen(module, variables, *args, heads=heads, **kwargs)
-    result: jax.Array = explain_weights(cap.attentions, cap.mask, method, rows, heads, options)
+    fused = cast(CaptureHeads, "mean" if heads is None else heads)
+    _, cap = capture_linen(module, variables, *args, heads=fused, **kwargs)
+    result: jax.Array = explain_weights(cap.attentions, cap.mask, method, rows, fused, options)
     return result
 
 
@@ -1256,15 +1358,19 @@ def explain_nnx(
     *args: Any,
     method: Method = "rollout",
     rows: int | Sequence[int] | None = 0,
-    heads: HeadReduction = "mean",
+    heads: HeadReduction | Literal["sum", "each"] | None = None,
     target: Any = None,
     target_score: TargetScore = "logit",
+    foil: Any = None,
     options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> jax.Array:
-    """Call a Flax NNX model and return rollout or flow maps of its attention.
+    """Call a Flax NNX model and return rollout, flow, GAE or target-conditioned maps.
 
-    As :func:`explain_linen`, with :func:`capture_nnx`.
+    As :func:`explain_linen`, with :func:`capture_nnx`; the target-conditioned methods
+    read ``nnx.MultiHeadAttention`` in pre-LN blocks and logits returned by an
+    ``nnx.Linear`` or ``nnx.Embed.attend`` on the final ``nnx.LayerNorm`` / ``nnx.RMSNorm``
+    (the Notes of :func:`explain_linen`).
 
     Parameters
     ----------
@@ -1272,25 +1378,31 @@ def explain_nnx(
         The model.
     *args
         Its positional inputs.
-    method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti"}, default "rollout"
-        The attribution method; ``"gradient_rollout"`` and the value-aware methods as
-        for :func:`explain_linen`, with :func:`attention_gradients_nnx` and :func:`capture_nnx`.
+    method : str, default "rollout"
+        The attribution method, as for :func:`explain_linen`; ``"gradient_rollout"`` and
+        the value-aware methods with :func:`attention_gradients_nnx` and
+        :func:`capture_nnx`.
     rows : int, sequence of int or None, default 0
         Output positions to explain. Negative rows count from the end of each
         sequence's real tokens (the captured padding mask; outside ``jax.jit``):
         ``rows=-1`` is every sequence's last real token.
-    heads : {"mean", "max", "min"}, default "mean"
-        Head fusion, applied while capturing (rollout and flow only; the value-aware
-        methods refuse any other value).
+    heads : {"mean", "max", "min", "sum", "each"} or None, default None
+        Head fusion, applied while capturing (rollout and flow, ``"mean"`` by default;
+        the value-aware methods refuse any other value); ``"sum"`` or ``"each"`` for the
+        target-conditioned methods, as for :func:`explain_linen`.
     target : int, sequence of int, int array or None, default None
-        ``"gradient_rollout"`` only: the class whose logit is explained; None for each
-        sample's predicted class.
+        ``"gradient_rollout"``: the class whose logit is explained; None for each
+        sample's predicted class. ``"direct_logit"`` and ``"alti_logit"``: the vocabulary
+        id explained (None: the model's prediction at each row).
     target_score : {"logit", "log_probability"}, default "logit"
         ``"gradient_rollout"`` only: the target's logit or its log-probability, as for
         :func:`explain_linen`.
+    foil : int, sequence of int, int array or None, default None
+        ``"direct_logit"`` and ``"alti_logit"``: the id contrasted with the target.
     options : mapping, optional
         More options for the method (``residual``, ``layers``, ``mask``, ``rule``,
-        ``normalize_result``, ``exclude_self``...).
+        ``normalize_result``, ``exclude_self``...); ``layers`` and ``span`` for the
+        target-conditioned methods.
     **kwargs
         Its keyword inputs.
 
@@ -1310,20 +1422,40 @@ def explain_nnx(
     >>> explain_nnx(attention, x, method="flow", rows=[0, 1]).shape
     (1, 2, 5)
     """
-    _check_method(method, target, heads, target_score)
-    if method == "gradient_rollout":
+    spec = _check_method(method, target, heads, target_score, foil)
+    if spec.target_conditioned:
+        nnx_model = _jax_logit.Model(
+            call=lambda: model(*args, **kwargs),
+            tracking=lambda tracker: nnx_tracking(tracker, model, _jax_logit.METHODS),
+            read=read_nnx(),
+            lock=_LOCK,
+            inputs=(args, kwargs),
+        )
+        return _jax_logit.explain_target_conditioned(
+            nnx_model,
+            spec=spec,
+            rows=rows,
+            target=target,
+            foil=foil,
+            heads="sum" if heads is None else heads,
+            options=options,
+        )
+    if spec.gradients:
         _, cap = _gradients_nnx(model, *args, target=_class_score(target, target_score), **kwargs)
         assert cap.gradients is not None  # _gradients_linen / _gradients_nnx fill them
         grads: jax.Array = explain_gradients(cap.attentions, cap.gradients, cap.mask, rows, options)
         return grads
-    if method in ("norm", "globenc", "alti"):
-        _, mixing = capture_nnx(model, *args, contributions=method, **kwargs)
+    if spec.value_aware:
+        _, mixing = capture_nnx(
+            model, *args, contributions=cast(Contributions, spec.matrix), **kwargs
+        )
         mixed: jax.Array = explain_contributions(
             mixing.contributions, mixing.mask, method, rows, options
         )
         return mixed
-    _, cap = capture_nnx(model, *args, heads=heads, **kwargs)
-    result: jax.Array = explain_weights(cap.attentions, cap.mask, method, rows, heads, options)
+    fused = cast(CaptureHeads, "mean" if heads is None else heads)
+    _, cap = capture_nnx(model, *args, heads=fused, **kwargs)
+    result: jax.Array = explain_weights(cap.attentions, cap.mask, method, rows, fused, options)
     return result
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from ._namespace import array_device, enter_boundary, resolve_namespace
+from ._rollout import rollout
 from ._typing import Namespace
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "direct_logit_terms",
     "ifr_terms",
     "readout",
+    "rollouts_below",
     "sum_terms",
 ]
 
@@ -374,6 +376,48 @@ def alti_logit_terms(terms: Any, rollouts: Any, /, *, xp: Namespace | None = Non
     (terms, rollouts), boundary = enter_boundary([terms, rollouts], names)
     xp = resolve_namespace(terms, rollouts, xp=xp, names=names)
     return boundary.restore(xp.matmul(terms, xp.expand_dims(rollouts, axis=-3)))
+
+
+def rollouts_below(matrices: Any, /, *, xp: Namespace | None = None) -> Any:
+    r"""Return the ALTI rollout of the layers below each layer, the identity below the first.
+
+    .. math::
+
+        R^{0} = I, \qquad R^{l} = \hat C^{l} \cdots \hat C^{1} ,
+
+    with :math:`\hat C^{l}` layer :math:`l`'s ALTI matrix, its rows renormalised to sum to
+    one (:func:`attnflow.rollout` with ``residual=0, normalize_layers=True``): what
+    :func:`alti_logit_terms` carries each layer's direct logit terms through.
+
+    Parameters
+    ----------
+    matrices : array ``(*batch, L, n, n)``
+        Every layer's ALTI matrix, rows the receiving tokens.
+    xp : namespace, optional
+        The array namespace (default: that of `matrices`).
+
+    Returns
+    -------
+    array ``(*batch, L, n, n)``
+        :math:`R^{l-1}` at layer :math:`l`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from attnflow._logit_attribution import rollouts_below
+    >>> c = np.tril(np.ones((2, 3, 3)))
+    >>> below = rollouts_below(c / c.sum(-1, keepdims=True))
+    >>> first = c[0] / c[0].sum(-1, keepdims=True)
+    >>> bool(np.allclose(below[0], np.eye(3))), bool(np.allclose(below[1], first))
+    (True, True)
+    """
+    (matrices,), boundary = enter_boundary([matrices], ("matrices",))
+    xp = resolve_namespace(matrices, xp=xp, names=("matrices",))
+    rolled = rollout(matrices, heads=None, residual=0.0, normalize_layers=True, layers="all")
+    n = matrices.shape[-1]
+    eye = xp.eye(n, dtype=rolled.dtype, device=array_device(rolled))
+    first = xp.broadcast_to(eye, (*matrices.shape[:-3], 1, n, n))
+    return boundary.restore(xp.concat([first, rolled[..., :-1, :, :]], axis=-3))
 
 
 def sum_terms(

@@ -195,6 +195,23 @@ def test_alti_logit_carries_terms_through_the_rollout_below(
     np.testing.assert_allclose(got, expected, atol=tolerance(dtype_name) * 10 * N)
 
 
+def test_rollouts_below_are_the_renormalised_products_of_the_layers_below(
+    backend: Variant, dtype_name: str
+) -> None:
+    # ALTI-Logit's R^{l-1}: the identity below the first layer, then C^{l-1} ... C^1, each
+    # layer's rows renormalised to sum to one (the adapters feed it ALTI's matrices).
+    matrices = np.random.default_rng(7).uniform(0.1, 1.0, size=(BATCH, 3, N, N))
+    expected = np.zeros_like(matrices)
+    for b in range(BATCH):
+        below = np.eye(N)
+        for l in range(3):
+            expected[b, l] = below
+            below = (matrices[b, l] / matrices[b, l].sum(-1, keepdims=True)) @ below
+    result = _run(backend, rules.rollouts_below, backend.asarray(matrices, dtype_name))
+    got = backend.check(result, dtype_name=dtype_name, shape=matrices.shape)
+    np.testing.assert_allclose(got, expected, atol=tolerance(dtype_name) * 10 * N)
+
+
 @pytest.mark.parametrize(
     ("heads", "layers", "axes"),
     [
