@@ -156,17 +156,21 @@ def has_negative_rows(rows: object) -> bool:
         return False
     if isinstance(rows, numbers.Integral) or getattr(rows, "ndim", None) == 0:
         try:
-            return int(rows) < 0  # type: ignore[call-overload]
+            return bool(int(rows) < 0)  # type: ignore[call-overload]
         except (TypeError, ValueError):
             return False
     if not isinstance(rows, Iterable):
         return False
     try:
-        return any(
-            isinstance(r, numbers.Integral) and not isinstance(r, bool) and int(r) < 0 for r in rows
-        )
+        return any(_is_negative_int(r) for r in rows)
     except TypeError:
         return False
+
+
+def _is_negative_int(row: object) -> bool:
+    if isinstance(row, bool) or not isinstance(row, numbers.Integral):
+        return False
+    return int(row) < 0
 
 
 def by_real_end(compute: Callable[[Any], Any], mask: Any, rows: Any, *, host: bool = False) -> Any:

@@ -21,15 +21,6 @@ from attnflow._methods import METHODS
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = sorted([*(ROOT / "adapters").glob("*.py"), *(ROOT / "attnflow").glob("_cli_*.py")])
 
-# TODO(jax37, keras37): the JAX and Keras adapters move to the registry's properties in
-# the branches jax37 (adapters/jax.py, adapters/_jax_contributions.py) and keras37
-# (adapters/keras.py, adapters/_keras_contributions.py). Remove this set when they land:
-# strict xfails, so each fails as soon as its file is clean.
-PENDING = {
-    "adapters/jax.py": "jax37",
-    "adapters/_jax_contributions.py": "jax37",
-}
-
 
 def _is_method(node: ast.expr) -> bool:
     """A name containing "method", or an attribute ``.method``/``.name``/``..._method``."""
@@ -91,19 +82,7 @@ def test_the_scan_finds_what_it_looks_for() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    [
-        pytest.param(
-            path,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason=f"TODO({PENDING[key]}): its branch moves this file to the registry",
-            )
-            if (key := path.relative_to(ROOT).as_posix()) in PENDING
-            else (),
-            id=path.relative_to(ROOT).as_posix(),
-        )
-        for path in SCANNED
-    ],
+    [pytest.param(path, id=path.relative_to(ROOT).as_posix()) for path in SCANNED],
 )
 def test_no_method_name_is_decided_by_a_literal(path: Path) -> None:
     found = literal_dispatch(path.read_text(encoding="utf-8"), str(path))
