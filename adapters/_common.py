@@ -231,20 +231,9 @@ class CaptureBlock:
 
 
 # -- explain ----------------------------------------------------------------------------------
-def check_method(method: object, *, target_conditioned: bool = True) -> None:
-    """Check `explain`'s `method`: a name of the method registry.
-
-    An adapter that cannot gather a causal LM's rows, values and readout passes
-    ``target_conditioned=False``: those methods are then refused with the adapter to use.
-    """
-    spec = method_spec(method)
-    if spec.target_conditioned and not target_conditioned:
-        msg = (
-            f'method="{spec.name}" is computed by the PyTorch adapter (Hugging Face causal '
-            "LMs of Llama, Mistral, Qwen2 and GPT-2 style): call "
-            f'attnflow.adapters.torch.explain(model, inputs, method="{spec.name}").'
-        )
-        raise ValueError(msg)
+def check_method(method: object) -> None:
+    """Check `explain`'s `method`: a name of the method registry (every adapter takes all)."""
+    method_spec(method)
 
 
 def check_no_target(method: object, target: object) -> None:

@@ -115,8 +115,8 @@ class MethodSpec:
             msg = (
                 f'method="{self.name}" reads a causal LM\'s values, projections and target '
                 "readout, not attention weights alone: run it with the PyTorch adapter's "
-                f'explain(model, inputs, method="{self.name}") or the JAX adapter\'s '
-                "explain_linen / explain_nnx."
+                f'explain(model, inputs, method="{self.name}"), the JAX adapter\'s '
+                "explain_linen / explain_nnx or the Keras adapter's explain."
             )
             raise ValueError(msg)
         return _FUNCTIONS[self.composes]
