@@ -60,7 +60,5 @@ IFR_KERNEL = Extension(
 )
 
 setup(
-    ext_modules=cythonize(
-        [KERNEL, GAE_KERNEL, CONTRIBUTIONS_KERNEL, IFR_KERNEL], language_level=3
-    )
+    ext_modules=cythonize([KERNEL, GAE_KERNEL, CONTRIBUTIONS_KERNEL, IFR_KERNEL], language_level=3)
 )
