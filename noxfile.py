@@ -535,7 +535,7 @@ def build(session: nox.Session) -> None:
         }
         missing = sorted(required - names)
         # The compiled extensions of setup.py.
-        kernels = ("_maxflow_kernel", "_gae_kernel", "_contributions_kernel")
+        kernels = ("_maxflow_kernel", "_gae_kernel", "_contributions_kernel", "_ifr_kernel")
         for kernel in kernels:
             if not any(
                 name.startswith(f"attnflow/{kernel}.") and name.endswith((".so", ".pyd"))
@@ -547,7 +547,11 @@ def build(session: nox.Session) -> None:
         sdist = next(p for p in dist if p.name.endswith(".tar.gz"))
         with tarfile.open(sdist) as archive:
             sources = archive.getnames()
-        headers = ("attnflow/_gae_kernel.h", "attnflow/_contributions_kernel.h")
+        headers = (
+            "attnflow/_gae_kernel.h",
+            "attnflow/_contributions_kernel.h",
+            "attnflow/_ifr_kernel.h",
+        )
         for source in (*(f"attnflow/{k}.pyx" for k in kernels), *headers):
             if not any(n.endswith(source) for n in sources):
                 session.error(f"sdist {sdist.name} lacks {source}")

@@ -2,7 +2,8 @@
 
 The max-flow solver, the fused pass of gradient-weighted rollout (whose value-check
 reductions are vectorised by ``omp simd``: -fopenmp-simd, no OpenMP runtime), and the
-value-aware token-mixing rules (ALTI's Manhattan distances, the Gram-matrix norms).
+value-aware token-mixing rules (ALTI's Manhattan distances, the Gram-matrix norms), and
+the proximities of information flow routes (IFR's Manhattan distances).
 
 The kernels are built without debug information (``-g0``, and the linker strips what
 the interpreter's own flags add: ``-s``): debug sections made up 4.9 MB of a 7.0 MB wheel,
@@ -48,4 +49,16 @@ CONTRIBUTIONS_KERNEL = Extension(
     extra_link_args=STRIP,
 )
 
-setup(ext_modules=cythonize([KERNEL, GAE_KERNEL, CONTRIBUTIONS_KERNEL], language_level=3))
+IFR_KERNEL = Extension(
+    "attnflow._ifr_kernel",
+    sources=["attnflow/_ifr_kernel.pyx"],
+    depends=["attnflow/_ifr_kernel.h"],
+    # Never -ffast-math (IFR subtracts two large norms); the sums over the hidden axis are
+    # vectorised by ``omp simd`` (-fopenmp-simd, no OpenMP runtime).
+    extra_compile_args=OPTIMISE if WINDOWS else [*OPTIMISE, "-fopenmp-simd"],
+    extra_link_args=STRIP,
+)
+
+setup(
+    ext_modules=cythonize([KERNEL, GAE_KERNEL, CONTRIBUTIONS_KERNEL, IFR_KERNEL], language_level=3)
+)

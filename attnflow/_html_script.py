@@ -6,7 +6,8 @@ controls and re-colours the token spans and, for a view with a patch grid, its c
 token elements in document order: the leading spans, then the cells row by row). It computes colours and formats values exactly
 as the Python side does for the first render (see :func:`attnflow.html._token_style`),
 so a page looks the same before and after the script runs (over an image, the cells as
-:func:`attnflow.html._cell_style` does). Tokens left out of the scale
+:func:`attnflow.html._cell_style` does; a signed method on the diverging scale's stops,
+as :func:`attnflow._colours.signed_rgb` blends them). Tokens left out of the scale
 get no colour of it: their inline colours are removed and the ``attnflow-unscaled`` class
 of the shared style sheet (``attnflow.html._CSS``) gives them their neutral look.
 """
@@ -70,16 +71,42 @@ INTERACTIVE_JS = """\
     }
     return strip(value.toFixed(p - 1 - exponent));
   }
-  function colour(value, top) {
+  function signedColour(value, top) {  /* the diverging scale: blend of two stops */
+    var stops = data.stops, last = stops.length - 1;
+    var share = top > 0 ? Math.min(1, Math.max(-1, value / top)) : 0;
+    var place = (share + 1) / 2 * last;
+    var low = Math.min(Math.floor(place), last - 1), fraction = place - low;
+    var rgb = [0, 1, 2].map(function (k) {
+      var a = stops[low][k], b = stops[low + 1][k];
+      return Math.floor(a + (b - a) * fraction + 0.5);
+    });
+    var dark = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] < 140;
+    return ["rgb(" + rgb.join(", ") + ")", dark ? "#fff" : "#222"];
+  }
+  function colour(value, top, signed) {
+    if (signed) { return signedColour(value, top); }
     var strength = top > 0 ? Math.min(1, Math.max(0, value / top)) : 0;
     var rgb = data.rgb.map(function (c) { return Math.round(255 + (c - 255) * strength); });
     var dark = 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] < 140;
     return ["rgb(" + rgb.join(", ") + ")", dark ? "#fff" : "#222"];
   }
-  function cellColour(value, top) {  /* over an image: the colour, more opaque with the score */
+  function cellColour(value, top, signed) {  /* over an image: more opaque with the score */
+    var rgb = data.rgb;
+    if (signed) {
+      rgb = value < 0 ? data.stops[0] : data.stops[data.stops.length - 1];
+      value = Math.abs(value);
+    }
     var strength = top > 0 ? Math.min(1, Math.max(0, value / top)) : 0;
     var alpha = Math.floor(1000 * data.cellOpacity * strength + 0.5) / 1000;
-    return ["rgba(" + data.rgb.join(", ") + ", " + String(alpha) + ")", "#222"];
+    return ["rgba(" + rgb.join(", ") + ", " + String(alpha) + ")", "#222"];
+  }
+  function bar(top, signed) {
+    if (!signed) {
+      return "linear-gradient(to right, rgb(255, 255, 255), " + colour(top, top)[0] + ")";
+    }
+    return "linear-gradient(to right, " + data.stops.map(function (c) {
+      return "rgb(" + c.join(", ") + ")";
+    }).join(", ") + ")";
   }
   function pickedLayer(m) { return Math.min(state.layer, m.layers - 1); }
   function pickedHead(m) { return m.heads ? Math.min(state.head, m.heads - 1) : 0; }
@@ -88,16 +115,17 @@ INTERACTIVE_JS = """\
     var m = data.methods[state.method];
     var l = pickedLayer(m), h = pickedHead(m);
     var values = m.values[l][h][state.row];
-    var top = 0, i;
+    var top = 0, i, signed = m.signed;
     for (i = 0; i < values.length; i++) {
-      if (data.inScale[i] && values[i] > top) { top = values[i]; }
+      var size = signed ? Math.abs(values[i]) : values[i];
+      if (data.inScale[i] && size > top) { top = size; }
     }
     var position = data.rows === null ? -1 : data.rows[state.row];
     for (i = 0; i < tokens.length; i++) {
       var span = tokens[i], shown = format(values[i]), scaled = data.inScale[i];
       var overImage = data.overImage && span.classList.contains("attnflow-cell");
       var paint = !scaled ? ["", ""] :  /* "": the class's look */
-        (overImage ? cellColour(values[i], top) : colour(values[i], top));
+        (overImage ? cellColour(values[i], top, signed) : colour(values[i], top, signed));
       span.style.backgroundColor = paint[0];
       span.style.color = paint[1];
       span.classList.toggle("attnflow-unscaled", !scaled);
@@ -125,8 +153,8 @@ INTERACTIVE_JS = """\
       output("head").textContent = headText;
     }
     output("max").textContent = format(top);
-    output("bar").style.background =
-      "linear-gradient(to right, rgb(255, 255, 255), " + colour(top, top)[0] + ")";
+    output("min").textContent = signed && top > 0 ? format(-top) : "0";
+    output("bar").style.background = bar(top, signed);
     var parts = [m.name, "layer " + layerText];
     if (position >= 0) { parts.push("row " + position + " (" + data.headings[position] + ")"); }
     if (m.heads) { parts.push("head " + (h + 1) + " of " + m.heads); }

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from . import _ifr_fused
 from ._namespace import array_device, enter_boundary, resolve_namespace
 from ._rollout import rollout
 from ._typing import Namespace
@@ -254,6 +255,7 @@ def ifr_terms(
     *,
     output_bias: Any | None = None,
     span: bool = False,
+    threads: int | None = None,
     xp: Namespace | None = None,
 ) -> tuple[Any, Any]:
     r"""Information flow routes at the explained rows of one attention layer.
@@ -285,6 +287,12 @@ def ifr_terms(
         the wholes, the residuals and the attention rows are summed over the span before
         the proximities, :math:`y_S = \sum_{t \in S} y_t`, :math:`x_S = \sum_{t\in S} x_t`,
         :math:`z^h_j = (\sum_{t \in S} A^h_{tj}) f^h(x_j)`. The row axis is then of length 1.
+    threads : int, optional
+        Threads that share the rows on host memory (NumPy, PyTorch CPU, eager JAX on the
+        CPU), where a compiled kernel forms each part in registers and skips the keys
+        without weight; by default the CPUs this process may run on. The result does not
+        depend on it. Elsewhere (a GPU, a lazy array) the array-API path forms the parts a
+        block of keys at a time.
 
     Returns
     -------
@@ -322,31 +330,47 @@ def ifr_terms(
     if output_bias is not None:
         whole = whole + (rows if span else 1) * output_bias
     whole_norm = xp.sum(xp.abs(whole), axis=-1)  # (*batch, r)
-    n = weights.shape[-1]
-    batch = weights.shape[:-3]
-    size = 1
-    for extent in (*batch, heads, weights.shape[-2], d):
-        size *= int(extent)
-    step = max(1, _CHUNK_ELEMENTS // max(1, size))
-    blocks = []
-    for start in range(0, n, step):
-        stop = min(n, start + step)
-        # parts (*batch, H, r, k, d) = A[..., k, None] * f[..., None, k, :]
-        parts = xp.expand_dims(weights[..., start:stop], axis=-1) * xp.expand_dims(
-            transformed[..., start:stop, :], axis=-3
-        )
-        distance = xp.sum(
-            xp.abs(xp.expand_dims(xp.expand_dims(whole, axis=-3), axis=-2) - parts), axis=-1
-        )
-        blocks.append(distance)
-    distances = blocks[0] if len(blocks) == 1 else xp.concat(blocks, axis=-1)
-    reference = xp.expand_dims(xp.expand_dims(whole_norm, axis=-2), axis=-1)  # (*b,1,r,1)
-    proximity = xp.clip(reference - distances, min=0.0)
+    proximity = _ifr_fused.proximities(
+        weights, transformed, whole, xp, threads=threads
+    )  # host memory: the compiled kernel, each part formed in registers
+    if proximity is None:
+        proximity = _proximities(weights, transformed, whole, whole_norm, xp)
     kept = xp.clip(whole_norm - xp.sum(xp.abs(whole - residual), axis=-1), min=0.0)
     total = xp.sum(xp.sum(proximity, axis=-1), axis=-2) + kept  # (*batch, r)
     safe = xp.where(total > 0, total, xp.ones_like(total))
     shares = proximity / xp.expand_dims(xp.expand_dims(safe, axis=-2), axis=-1)
     return boundary.restore(shares), boundary.restore(kept / safe)
+
+
+def _proximities(weights: Any, transformed: Any, whole: Any, whole_norm: Any, xp: Namespace) -> Any:
+    r"""Return the proximities :math:`\max(\lVert y_r\rVert_1 - \lVert y_r - z\rVert_1, 0)`.
+
+    One per part :math:`z = A^h_{rj} f^h_j`, ``(*batch, H, r, n)``.
+
+    The array-API path: the parts ``(*batch, H, r, k, d)`` formed a block of keys at a
+    time (about :data:`_CHUNK_ELEMENTS` elements); no data-dependent branch, so that it
+    also traces (``jax.jit``).
+    """
+    heads, rows, n = weights.shape[-3:]
+    d = transformed.shape[-1]
+    batch = weights.shape[:-3]
+    size = 1
+    for extent in (*batch, heads, rows, d):
+        size *= int(extent)
+    step = max(1, _CHUNK_ELEMENTS // max(1, size))
+    reference = xp.expand_dims(xp.expand_dims(whole_norm, axis=-2), axis=-1)  # (*b,1,r,1)
+    target = xp.expand_dims(xp.expand_dims(whole, axis=-3), axis=-2)  # (*b,1,r,1,d)
+    blocks = []
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        block = weights[..., start:stop]
+        # parts (*batch, H, r, k, d) = A[..., k, None] * f[..., None, k, :]
+        parts = xp.expand_dims(block, axis=-1) * xp.expand_dims(
+            transformed[..., start:stop, :], axis=-3
+        )
+        distance = xp.sum(xp.abs(target - parts), axis=-1)
+        blocks.append(xp.clip(reference - distance, min=0.0))
+    return blocks[0] if len(blocks) == 1 else xp.concat(blocks, axis=-1)
 
 
 def alti_logit_terms(terms: Any, rollouts: Any, /, *, xp: Namespace | None = None) -> Any:

@@ -484,6 +484,7 @@ class Explanation:
         return " ".join(parts)
 
     def _view(self, layer: int, *, scale_special: bool) -> Any:
+        from ._colours import is_signed
         from .html import TokenView
 
         return TokenView(
@@ -493,10 +494,13 @@ class Explanation:
             scale_exclude=self._excluded(scale_special),
             grid=self.grid,
             image=self.image,
+            # One scale for every method's row: diverging when one of them is signed.
+            signed=any(is_signed(name) for name in self.scores),
         )
 
     def _interactive(self, layer: int, *, scale_special: bool) -> Any:
         """Build an interactive view of every method and layer (None: one of each)."""
+        from ._colours import is_signed
         from .html import InteractiveView
 
         if len(self.scores) == 1 and self.n_layers == 1:
@@ -514,6 +518,7 @@ class Explanation:
             layer=layer,
             grid=self.grid,
             image=self.image,
+            signed=[name for name in self.scores if is_signed(name)],
         )
 
     def _render(self, layer: int, *, scale_special: bool, page: bool) -> str:
@@ -582,7 +587,9 @@ class Explanation:
 
         Special tokens are drawn with the others; with ``scale_special=False`` the colour
         scale of each map ends at the largest score of the other tokens (neither special
-        nor the explained position).
+        nor the explained position). Signed methods (``direct_logit``, ``alti_logit``) are
+        drawn on a diverging scale centred at 0 with symmetric limits, negative scores in
+        blue (:data:`attnflow.plot.SIGNED_CMAP`).
 
         With a patch `grid` (an image): one panel per method, the patch scores at `layer`
         (the last by default) upsampled over the image
@@ -596,16 +603,24 @@ class Explanation:
             raise ValueError(msg)
         if self.grid is not None:
             return self._plot_grid(chosen, layer)
+        from ._colours import is_signed
         from .plot import layer_token_map
 
         maps = {name: self.scores[name] for name in chosen}
+        # Signed methods (direct_logit, alti_logit): a diverging scale centred at 0.
+        signed = [is_signed(name) for name in chosen]
         vmax = None
         excluded = self._excluded(scale_special)
         if excluded:
             kept = np.ones(len(self.tokens), dtype=bool)
             kept[excluded] = False
-            vmax = max(float(m[:, kept].max()) for m in maps.values())
-        return layer_token_map(maps, tokens=list(self.tokens), title=self._heading(-1), vmax=vmax)
+            vmax = max(
+                float(np.abs(m[:, kept]).max() if flag else m[:, kept].max())
+                for m, flag in zip(maps.values(), signed, strict=True)
+            )
+        return layer_token_map(
+            maps, tokens=list(self.tokens), title=self._heading(-1), vmax=vmax, signed=signed
+        )
 
     # -- image (patch grid) views --------------------------------------------------------
 

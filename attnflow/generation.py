@@ -337,6 +337,7 @@ class GenerationExplanation:
         """Render the interactive view of every generated token, static rows as fallback."""
         import html
 
+        from ._colours import is_signed
         from .html import InteractiveView, TokenView, _with_fallback
 
         n = len(self.tokens)
@@ -357,6 +358,7 @@ class GenerationExplanation:
             title=self._title(),
             scale_exclude=excluded,
             row=positions[0],
+            signed=[name for name in padded if is_signed(name)],
         )
         first = next(iter(padded))
         static = TokenView(
@@ -367,6 +369,7 @@ class GenerationExplanation:
             self.tokens,
             title=self._title(),
             scale_exclude=excluded,
+            signed=is_signed(first),
         )
         text = _with_fallback(view, static, page=page)
         notes = self._notes() if not scale_special else self._notes()[-1:]

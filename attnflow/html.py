@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ._atomic import write_atomically
+from ._colours import SIGNED_STOPS, signed_rgb
 from ._display import FloatArray, as_numpy, check_finite, check_patch_grid, check_tokens
 from ._html_script import INTERACTIVE_CSS, INTERACTIVE_JS
 from ._model_text import model_text
@@ -116,7 +117,8 @@ class TokenView:
     """Tokens coloured by their scores, as HTML (one or several rows, one colour scale).
 
     Each token's background goes from white (score 0) to `color` (the largest score of
-    all rows); negative scores are shown white. Tokens left out of the scale
+    all rows); negative scores are shown white, unless `signed`: then a diverging scale
+    centred at 0 colours them (blue below 0, red above, symmetric limits). Tokens left out of the scale
     (`scale_exclude`) are not coloured by it: they are drawn light grey with a dashed
     outline and a grey label followed by their value, and the legend under the tokens
     counts them. The exact
@@ -155,6 +157,13 @@ class TokenView:
         (score 0: the picture shows) to 0.75 (the scale's maximum). uint8, or floats in
         ``[0, 1]`` (other floats are stretched from their minimum to their maximum). It is
         embedded in the page as a PNG (``data:`` URL), shrunk if longer than 1024 px.
+    signed : bool, default False
+        The scores are signed (a method whose ``MethodSpec.signed`` is true, such as
+        ``direct_logit``: a token can push the target down). The scale is then diverging
+        and centred at 0, from ``-m`` (blue) through near white (0) to ``m`` (red), m the
+        largest absolute score in the scale, perceptually uniform (CIELAB, see
+        :data:`attnflow.plot.SIGNED_CMAP`); `color` is not used. Over an image a cell is
+        its sign's end colour at an opacity that grows with its absolute score.
 
     Attributes
     ----------
@@ -228,6 +237,7 @@ class TokenView:
         scale_exclude: Sequence[int] = (),
         grid: tuple[int, int] | None = None,
         image: Any = None,
+        signed: bool = False,
     ) -> None:
         named: list[tuple[str | None, Any]]
         if isinstance(scores, Mapping):
@@ -283,6 +293,7 @@ class TokenView:
             positions.append(int(position) % n)
         self._in_scale = np.ones(n, dtype=bool)
         self._in_scale[positions] = False
+        self._signed = _checked_signed(signed)
 
     def __repr__(self) -> str:
         names = [key for key in self.rows if key is not None]
@@ -293,9 +304,13 @@ class TokenView:
 
     @property
     def scale_max(self) -> float:
-        """The score shown in full colour: the largest score in the scale (0 if none)."""
+        """The score shown in full colour: the largest (absolute, if signed) score in the scale."""
         return max(
-            0.0, *(float(row[self._in_scale].max(initial=0.0)) for row in self.rows.values())
+            0.0,
+            *(
+                float((np.abs(row) if self._signed else row)[self._in_scale].max(initial=0.0))
+                for row in self.rows.values()
+            ),
         )
 
     def _format(self, value: float) -> str:
@@ -304,6 +319,8 @@ class TokenView:
     def _background(self, value: float) -> tuple[str, str]:
         """CSS background and text colours of a token in the scale with score `value`."""
         top = self.scale_max
+        if self._signed:
+            return _signed_token_style(value, top)
         strength = min(1.0, max(0.0, value / top)) if top > 0 else 0.0
         red, green, blue = (round(255 + (c - 255) * strength) for c in self._rgb)
         dark = 0.299 * red + 0.587 * green + 0.114 * blue < 140
@@ -327,7 +344,9 @@ class TokenView:
                 kind = "attnflow-cell" if i >= first_cell else "attnflow-tok"
                 if in_scale:
                     if kind == "attnflow-cell" and self._image is not None:
-                        background, text = _cell_style(float(value), self.scale_max, self._rgb)
+                        background, text = _cell_style(
+                            float(value), self.scale_max, self._rgb, signed=self._signed
+                        )
                     else:
                         background, text = self._background(float(value))
                     look = f'class="{kind}" style="background-color: {background}; color: {text}"'
@@ -350,9 +369,10 @@ class TokenView:
         if self.grid is not None:
             lines.append("</div>")
         top, _ = self._background(self.scale_max)
+        low = self._format(-self.scale_max) if self._signed and self.scale_max > 0 else "0"
         lines.append(
-            '<div class="attnflow-scale">0<span class="attnflow-bar" style="background: '
-            f'linear-gradient(to right, rgb(255, 255, 255), {top})"></span>'
+            f'<div class="attnflow-scale">{low}<span class="attnflow-bar" style="background: '
+            f'{_bar(top, self._signed)}"></span>'
             f"{self._format(self.scale_max)}{_unscaled_note(self._in_scale)}</div>"
         )
         lines.append("</div>")
@@ -408,7 +428,8 @@ class InteractiveView:
     method, a slider the layer, a menu (or a click, or Enter on a focused token) the output
     row explained, and a slider the attention head for per-head scores. The tokens are then
     coloured as in :class:`TokenView`: white (0) to `color` (the largest score shown,
-    stated under the tokens), the exact value in a tooltip and in each token's ``title``.
+    stated under the tokens), or for a signed method on a diverging scale from ``-m``
+    (blue) to ``m`` (red), the exact value in a tooltip and in each token's ``title``.
     The page loads nothing and works offline; without a script it shows the initial choice.
 
     Parameters
@@ -453,6 +474,11 @@ class InteractiveView:
     image : array of shape (H, W), (H, W, 3) or (H, W, 4), optional
         With `grid`: the picture drawn under the grid, as in :class:`TokenView`; the
         script then colours the cells at an opacity that grows with their score.
+    signed : bool or sequence of str, default False
+        The methods whose scores are signed (``MethodSpec.signed``, such as
+        ``direct_logit``), or True for all: each is drawn on the diverging scale of
+        :class:`TokenView` ``signed=True``, centred at 0 with symmetric limits, when it
+        is picked.
 
     Attributes
     ----------
@@ -530,6 +556,7 @@ class InteractiveView:
         head: int = 0,
         grid: tuple[int, int] | None = None,
         image: Any = None,
+        signed: bool | Sequence[str] = False,
     ) -> None:
         named = (
             [(str(key), value) for key, value in scores.items()]
@@ -577,6 +604,7 @@ class InteractiveView:
         self._precision = precision
         self._in_scale = np.ones(n, dtype=bool)
         self._in_scale[_positions(scale_exclude, n, "scale_exclude")] = False
+        self._signed = _signed_methods(signed, list(self.scores))
         self._initial = self._initial_choice(method, layer, row, head)
 
     def _initial_choice(
@@ -633,11 +661,13 @@ class InteractiveView:
             "initial": self._initial,
             "overImage": self._image is not None,
             "cellOpacity": _CELL_OPACITY,
+            "stops": [list(stop) for stop in SIGNED_STOPS] if self._signed else [],
             "methods": [
                 {
                     "name": name,
                     "layers": int(array.shape[0]),
                     "heads": self.heads[name] or 0,
+                    "signed": name in self._signed,
                     "values": array.tolist(),
                 }
                 for name, array in self.scores.items()
@@ -653,7 +683,9 @@ class InteractiveView:
         layer = min(choice["layer"], layers - 1)
         head = min(choice["head"], heads - 1) if heads else 0
         values = array[layer, head, choice["row"]]
-        top = max(0.0, float(values[self._in_scale].max(initial=0.0)))
+        signed = name in self._signed
+        shown_values = np.abs(values) if signed else values
+        top = max(0.0, float(shown_values[self._in_scale].max(initial=0.0)))
         position = -1 if self.rows is None else self.rows[choice["row"]]
         rows_at = {} if self.rows is None else {p: i for i, p in enumerate(self.rows)}
 
@@ -713,7 +745,9 @@ class InteractiveView:
             kind = "attnflow-cell" if i >= first_cell else "attnflow-tok"
             if self._in_scale[i]:
                 if kind == "attnflow-cell" and self._image is not None:
-                    background, text = _cell_style(float(value), top, self._rgb)
+                    background, text = _cell_style(float(value), top, self._rgb, signed=signed)
+                elif signed:
+                    background, text = _signed_token_style(float(value), top)
                 else:
                     background, text = _token_style(float(value), top, self._rgb)
                 look = (
@@ -730,6 +764,7 @@ class InteractiveView:
         else:
             lines.append(_arranged(spans, self.grid, over_image=self._image is not None))
         full, _ = _token_style(top, top, self._rgb)
+        low = f"{-top:.{self._precision}g}" if signed and top > 0 else "0"
         status = [name, f"layer {layer_text}"]
         if position >= 0:
             status.append(f"row {position} ({model_text(self.tokens[position])})")
@@ -737,8 +772,9 @@ class InteractiveView:
             status.append(f"head {head_text}")
         lines += [
             (
-                '<div class="attnflow-scale">0<span class="attnflow-bar" data-output="bar" '
-                f'style="background: linear-gradient(to right, rgb(255, 255, 255), {full})">'
+                f'<div class="attnflow-scale"><span data-output="min">{low}</span>'
+                '<span class="attnflow-bar" data-output="bar" '
+                f'style="background: {_bar(full, signed)}">'
                 f'</span><span data-output="max">{top:.{self._precision}g}</span>'
                 f"{_unscaled_note(self._in_scale)}</div>"
             ),
@@ -835,6 +871,42 @@ def _unscaled_note(in_scale: np.ndarray) -> str:
     )
 
 
+def _checked_signed(signed: object) -> bool:
+    if not isinstance(signed, bool | np.bool_):
+        msg = f"`signed` must be a bool (whether the scores are signed); got {signed!r}."
+        raise TypeError(msg)
+    return bool(signed)
+
+
+def _signed_methods(signed: object, names: list[str]) -> set[str]:
+    """Return the names of the signed methods: all (True), none (False) or those listed."""
+    if isinstance(signed, bool | np.bool_):
+        return set(names) if signed else set()
+    if isinstance(signed, str | bytes) or not isinstance(signed, Sequence):
+        msg = f"`signed` must be a bool or a sequence of method names; got {signed!r}."
+        raise TypeError(msg)
+    unknown = [name for name in signed if name not in names]
+    if unknown:
+        msg = f"`signed` must name methods of the scores {names}; got {unknown!r}."
+        raise ValueError(msg)
+    return set(signed)
+
+
+def _bar(top: str, signed: bool) -> str:
+    """Return the legend bar's CSS background: white to `top`, or the diverging stops."""
+    if not signed:
+        return f"linear-gradient(to right, rgb(255, 255, 255), {top})"
+    stops = ", ".join(f"rgb({r}, {g}, {b})" for r, g, b in SIGNED_STOPS)
+    return f"linear-gradient(to right, {stops})"
+
+
+def _signed_token_style(value: float, top: float) -> tuple[str, str]:
+    """CSS background and text colours of a signed score on the diverging scale ``±top``."""
+    red, green, blue = signed_rgb(value, top)
+    dark = 0.299 * red + 0.587 * green + 0.114 * blue < 140
+    return f"rgb({red}, {green}, {blue})", "#fff" if dark else "#222"
+
+
 def _token_style(value: float, top: float, rgb: tuple[int, int, int]) -> tuple[str, str]:
     """CSS background and text colours of a score, as the page's script computes them."""
     strength = min(1.0, max(0.0, value / top)) if top > 0 else 0.0
@@ -843,12 +915,18 @@ def _token_style(value: float, top: float, rgb: tuple[int, int, int]) -> tuple[s
     return f"rgb({red}, {green}, {blue})", "#fff" if dark else "#222"
 
 
-def _cell_style(value: float, top: float, rgb: tuple[int, int, int]) -> tuple[str, str]:
+def _cell_style(
+    value: float, top: float, rgb: tuple[int, int, int], *, signed: bool = False
+) -> tuple[str, str]:
     """CSS colours of a grid cell over an image, as the page's script computes them.
 
     The view's colour at an opacity of `_CELL_OPACITY` times the score's share of `top`
-    (in thousandths): the picture under a cell of score 0 shows unchanged.
+    (in thousandths): the picture under a cell of score 0 shows unchanged. Signed: the
+    end colour of the score's sign, at its absolute share.
     """
+    if signed:
+        rgb = SIGNED_STOPS[0] if value < 0 else SIGNED_STOPS[-1]
+        value = abs(value)
     strength = min(1.0, max(0.0, value / top)) if top > 0 else 0.0
     thousandths = math.floor(1000 * _CELL_OPACITY * strength + 0.5)
     red, green, blue = rgb

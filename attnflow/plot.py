@@ -47,6 +47,13 @@ DEFAULT_CMAP = "magma_r"
 """Scores on white: a perceptually uniform map (lightness rises steadily with the value,
 so equal steps look equal, also in grey print), reversed so that 0 is near white."""
 
+SIGNED_CMAP = "attnflow_signed"
+"""Signed scores (``direct_logit``, ``alti_logit``: a token can push the target down): a
+diverging map, perceptually uniform in CIELAB (constant colour difference per step, the
+lightness falling with the size of the score), blue below 0, near white at 0, red above,
+drawn with symmetric limits ``[-m, m]``. Built by attnflow (``attnflow._colours``), not a
+matplotlib name; matplotlib's uniform diverging maps ("berlin", "vanimo") are dark at 0."""
+
 OVERLAY_CMAP = "inferno"
 """Scores over a grey image: perceptually uniform, dark to bright (never a rainbow such as
 jet or turbo, whose bands invent edges)."""
@@ -67,6 +74,29 @@ def _limits(values: FloatArray, vmin: float | None, vmax: float | None) -> tuple
     if high <= low:  # constant scores: any positive span shows them
         high = low + 1.0
     return low, high
+
+
+def _signed_limits(
+    values: FloatArray, vmin: float | None, vmax: float | None
+) -> tuple[float, float]:
+    """Symmetric colour limits ``(-m, m)``: m the largest absolute score, or of vmin/vmax."""
+    given = [abs(float(v)) for v in (vmin, vmax) if v is not None]
+    largest = float(np.abs(values).max()) if values.size else 0.0
+    top = max(given) if given else largest
+    top = top if top > 0 else 1.0  # all zero: any span shows them at the centre
+    return -top, top
+
+
+def _colour_map(cmap: str, signed: bool) -> Any:
+    """Return the colour map to draw with: attnflow's diverging one for signed scales."""
+    name = SIGNED_CMAP if signed and cmap == DEFAULT_CMAP else cmap
+    if name != SIGNED_CMAP:
+        return name
+    from matplotlib.colors import ListedColormap
+
+    from ._colours import signed_palette
+
+    return ListedColormap(signed_palette(256), name=SIGNED_CMAP)
 
 
 def _new_figure(figsize: tuple[float, float]) -> Figure:
@@ -156,6 +186,7 @@ def token_heatmap(
     vmin: float | None = None,
     vmax: float | None = None,
     annotate: bool | None = None,
+    signed: bool = False,
 ) -> Figure:
     """Draw one row of scores over the tokens of a sentence as a coloured strip.
 
@@ -178,6 +209,11 @@ def token_heatmap(
         largest score.
     annotate : bool, optional
         Write each value into its cell. By default only for at most 24 tokens.
+    signed : bool, default False
+        Signed scores (a method whose ``MethodSpec.signed`` is true, such as
+        ``direct_logit``): a diverging scale centred at 0 (`SIGNED_CMAP` unless `cmap` is
+        given) with symmetric limits ``[-m, m]``, m the largest absolute value (or of
+        `vmin`/`vmax`), so negative scores show in blue, positive ones in red.
 
     Returns
     -------
@@ -217,12 +253,12 @@ def token_heatmap(
     n = values.shape[0]
     labels = check_tokens(tokens, n, "scores")
     check_finite(values, "scores")
-    low, high = _limits(values, vmin, vmax)
+    low, high = (_signed_limits if signed else _limits)(values, vmin, vmax)
 
     figure, axes = _figure_and_axes(ax, (max(4.0, 0.55 * n + 2.0), 2.2))
     image = axes.imshow(
         values[np.newaxis, :],
-        cmap=cmap,
+        cmap=_colour_map(cmap, signed),
         vmin=low,
         vmax=high,
         aspect="auto",
@@ -305,6 +341,21 @@ def _named_maps(maps: Any, titles: Sequence[str] | None) -> list[tuple[str | Non
     return panels
 
 
+def _signed_flags(signed: object, count: int) -> list[bool]:
+    """One flag per panel from `signed`: a bool for all, or one bool per panel."""
+    if isinstance(signed, bool | np.bool_):
+        return [bool(signed)] * count
+    if (
+        isinstance(signed, Sequence)
+        and not isinstance(signed, str)
+        and len(signed) == count
+        and all(isinstance(flag, bool | np.bool_) for flag in signed)
+    ):
+        return [bool(flag) for flag in signed]
+    msg = f"`signed` must be a bool or a sequence of {count} bools, one per map; got {signed!r}."
+    raise ValueError(msg)
+
+
 def layer_token_map(
     maps: Any,
     /,
@@ -319,6 +370,7 @@ def layer_token_map(
     figsize: tuple[float, float] | None = None,
     ylabel: str = "layer",
     columns: int | None = None,
+    signed: bool | Sequence[bool] = False,
 ) -> Figure:
     """Draw layer x input-token maps side by side (Abnar & Zuidema 2020, Figures 2-3).
 
@@ -352,6 +404,13 @@ def layer_token_map(
         Colour limits for every panel. By default ``0`` (or the smallest value, if
         negative) and the largest value: over all panels when `shared_scale`, per panel
         otherwise.
+    signed : bool or sequence of bool, default False
+        Signed scores (a method whose ``MethodSpec.signed`` is true, such as
+        ``direct_logit``; one flag per map, or one for all): drawn on a diverging scale
+        centred at 0 (`SIGNED_CMAP` unless `cmap` is given) with symmetric limits
+        ``[-m, m]``, m the largest absolute value (or of `vmin`/`vmax`), so negative
+        scores show in blue. With `shared_scale`, one signed map makes the whole scale
+        diverging.
     title : str, optional
         Title above all panels.
     figsize : tuple of float, optional
@@ -408,6 +467,7 @@ def layer_token_map(
             )
             raise ValueError(msg)
     labels = check_tokens(tokens, n, "maps")
+    flags = _signed_flags(signed, len(panels))
     given: object = columns
     if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
         msg = f"`columns` must be a positive int (panels per row) or None; got {columns!r}."
@@ -444,14 +504,21 @@ def layer_token_map(
         figure.delaxes(unused)
     same_rows = len({array.shape[0] for _, array in panels}) == 1
     shared = None
-    if shared_scale:
+    if shared_scale:  # one scale: diverging for all panels when any is signed
         every = np.concatenate([array.ravel() for _, array in panels])
-        shared = Normalize(*_limits(every, vmin, vmax))
+        flags = [any(flags)] * len(panels)
+        shared = Normalize(*(_signed_limits if flags[0] else _limits)(every, vmin, vmax))
     images = []
     for index, (ax, (panel_title, array)) in enumerate(zip(axes, panels, strict=True)):
-        norm = shared if shared is not None else Normalize(*_limits(array, vmin, vmax))
+        limits = _signed_limits if flags[index] else _limits
+        norm = shared if shared is not None else Normalize(*limits(array, vmin, vmax))
         image = ax.imshow(
-            array, cmap=cmap, norm=norm, origin="lower", aspect="auto", interpolation="nearest"
+            array,
+            cmap=_colour_map(cmap, flags[index]),
+            norm=norm,
+            origin="lower",
+            aspect="auto",
+            interpolation="nearest",
         )
         images.append(image)
         layers = array.shape[0]

@@ -437,3 +437,59 @@ def test_image_explanation_page_draws_the_picture_under_its_grid_in_headless_chr
         assert np.abs(seen - blend).max() <= 4, (index, seen, blend)
         if values[index] == 0:
             assert np.abs(seen - below).max() <= 2
+
+
+def test_interactive_view_draws_a_signed_method_diverging_in_headless_chromium(
+    tmp_path: Path,
+) -> None:
+    """The script colours a signed method on the diverging scale as the page drew it."""
+    if "numpy" not in {v.library for v in selected_variants()}:
+        pytest.skip("rendered once per matrix run, in the numpy session")
+    from attnflow import _colours
+
+    chromium = _chromium()
+    tokens = ["<s>", "Paris", " is", " in", " France"]
+    signed = np.array([[0.0, 1.0, -0.5, 0.25, 0.1], [0.0, 2.0, -1.5, 0.5, -0.25]])
+    unsigned = np.abs(signed) / 4
+    view = InteractiveView(
+        {"direct_logit": signed, "rollout": unsigned}, tokens, signed=["direct_logit"]
+    )
+    page = view.save(tmp_path / "signed.html")
+    first = page.read_text(encoding="utf-8")
+    browser = Browser(chromium, FLAGS, page.as_uri(), tmp_path / "profile")
+    try:
+        browser.wait_for("document.querySelector('[data-ready=\"1\"]') !== null")
+        step = browser.evaluate(SNAPSHOT)
+        top = 2.0  # the last layer's largest absolute score
+        expected = [
+            "rgb({}, {}, {})".format(*_colours.signed_rgb(float(v), top)) for v in signed[1]
+        ]
+        assert step["colours"] == expected
+        assert re.findall(r"background-color: (rgb\([^)]*\))", first) == expected
+        blue = _colours.SIGNED_STOPS[0]
+        assert step["colours"][2] != "rgb(255, 255, 255)"  # a negative token is not blank
+        assert step["scale"] == "-22"
+        assert "rgb({}, {}, {})".format(*blue) in browser.evaluate(
+            "document.querySelector('[data-output=\"bar\"]').style.background"
+        )
+        # An unsigned method: the ramp from white, its legend from 0.
+        browser.evaluate("document.querySelector('[data-control=\"method\"]').focus()")
+        browser.press("ArrowDown")
+        step = browser.evaluate(SNAPSHOT)
+        top = float(unsigned[1].max())
+        assert step["colours"] == [
+            _token_style(float(v), top, (192, 57, 43))[0] for v in unsigned[1]
+        ]
+        assert step["scale"] == f"0{top:.4g}"
+        # Back to the signed method, at the first layer: its own symmetric scale.
+        browser.evaluate("document.querySelector('[data-control=\"method\"]').focus()")
+        browser.press("ArrowUp")
+        browser.evaluate("document.querySelector('[data-control=\"layer\"]').focus()")
+        browser.press("ArrowLeft")
+        step = browser.evaluate(SNAPSHOT)
+        assert step["colours"] == [
+            "rgb({}, {}, {})".format(*_colours.signed_rgb(float(v), 1.0)) for v in signed[0]
+        ]
+        assert step["scale"] == "-11"
+    finally:
+        browser.close()

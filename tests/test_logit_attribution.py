@@ -138,6 +138,85 @@ def test_ifr_terms_equal_the_loop_oracle(
     np.testing.assert_allclose(got.sum(axis=(1, 3)) + own, 1.0, atol=tolerance(dtype_name) * 10)
 
 
+@pytest.fixture(scope="module")
+def causal_layer(layer: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The layer with the rows of generated text: row r reads the keys up to N - ROWS + r.
+
+    The other keys have weight exactly 0 (the causal triangle the kernel skips).
+    """
+    weights = layer["weights"].copy()
+    for r in range(ROWS):
+        weights[..., r, N - ROWS + r + 1 :] = 0.0
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return {**layer, "weights": weights}
+
+
+@pytest.mark.parametrize("path", ["kernel", "array"])
+def test_ifr_causal_rows_equal_the_loop_oracle_on_both_paths(
+    backend: Variant,
+    dtype_name: str,
+    causal_layer: dict[str, np.ndarray],
+    path: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The compiled kernel (host memory) and the array-API path give the oracle's shares.
+
+    The keys without weight get a share of exactly 0 on the kernel's path (skipped).
+    """
+    from attnflow import _ifr_fused
+
+    if path == "array":
+        monkeypatch.setattr(_ifr_fused, "_kernel", None)
+    elif not _ifr_fused.KERNEL_AVAILABLE:
+        pytest.fail("the compiled IFR kernel is not built (pip install -e . builds it)")
+    a = _native(backend, causal_layer, dtype_name)
+    shares, kept = _oracle_ifr(causal_layer, span=False)
+
+    def ifr(w: Any) -> Any:
+        return rules.ifr_terms(
+            w, a["values"], a["output_weight"], a["residual"], output_bias=a["output_bias"]
+        )
+
+    if backend.jit:
+        got_terms, got_kept = backend.modules["jax"].jit(ifr)(a["weights"])
+    else:
+        got_terms, got_kept = backend.run(ifr, a["weights"])
+    got = backend.check(got_terms, dtype_name=dtype_name, shape=(BATCH, HEADS, ROWS, N))
+    own = backend.check(got_kept, dtype_name=dtype_name, shape=(BATCH, ROWS))
+    np.testing.assert_allclose(got, shares, atol=tolerance(dtype_name) * 10)
+    np.testing.assert_allclose(own, kept, atol=tolerance(dtype_name) * 10)
+    if path == "kernel" and backend.library in ("numpy", "torch") and not backend.jit:
+        assert (got[causal_layer["weights"] == 0] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_ifr_kernel_forms_the_parts_of_host_arrays(dtype: type) -> None:
+    """NumPy and PyTorch CPU arrays take the kernel; its rows do not depend on the threads."""
+    from attnflow import _ifr_fused
+
+    rng = np.random.default_rng(7)
+    weights = rng.dirichlet(np.ones(9), size=(2, 3, 5)).astype(dtype)
+    weights[..., 7:] = 0.0
+    transformed = rng.normal(size=(2, 3, 9, 11)).astype(dtype)
+    whole = rng.normal(size=(2, 5, 11)).astype(dtype)
+    one = _ifr_fused.proximities(weights, transformed, whole, np, threads=1)
+    assert one is not None, "NumPy arrays on the host must take the compiled kernel"
+    several = _ifr_fused.proximities(weights, transformed, whole, np, threads=3)
+    np.testing.assert_array_equal(one, several)
+    parts = weights[..., None] * transformed[:, :, None]  # (b, h, r, j, d)
+    norms = np.abs(whole).sum(-1)[:, None, :, None]
+    expected = np.maximum(norms - np.abs(whole[:, None, :, None] - parts).sum(-1), 0.0)
+    np.testing.assert_allclose(one, expected, rtol=0, atol=50 * np.finfo(dtype).eps * norms.max())
+    assert (one[..., 7:] == 0).all()
+    torch = pytest.importorskip("torch")
+    tensors = [torch.from_numpy(x) for x in (weights, transformed, whole)]
+    import array_api_compat
+
+    got = _ifr_fused.proximities(*tensors, array_api_compat.array_namespace(tensors[0]))
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_array_equal(got.numpy(), one)
+
+
 @pytest.mark.parametrize("norm", ["rms", "layer"])
 def test_readout_reads_the_logit_through_the_norm(
     backend: Variant, dtype_name: str, layer: dict[str, np.ndarray], norm: str

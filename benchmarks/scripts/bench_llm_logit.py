@@ -30,6 +30,8 @@ model once)::
 
     HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_llm_logit.py            # ~10 minutes
     HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_llm_logit.py --quick    # n = 512, smoke
+    HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_llm_logit.py --generation  # ~3 minutes
+    HF_HUB_OFFLINE=1 python benchmarks/scripts/bench_llm_logit.py --long     # n = 8,192 only
 """
 
 from __future__ import annotations
@@ -123,18 +125,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="n = 512 only, a smoke test")
     parser.add_argument("--generation", action="store_true", help="the generation rows only")
+    parser.add_argument("--long", action="store_true", help="the 8,192-token rows only")
     args, _ = parser.parse_known_args(argv)
     generation = (48, "generate", ["generation:direct_logit", "generation:ifr"])
+    long = (8192, "forward", ["direct_logit", "ifr"])
     plan = (
         [(512, "forward", ["direct_logit", "ifr", "alti_logit"])]
         if args.quick
         else [generation]
         if args.generation
-        else [
-            (1024, "forward", ["direct_logit", "ifr", "alti_logit"]),
-            (8192, "forward", ["direct_logit", "ifr"]),
-            generation,
-        ]
+        else [long]
+        if args.long
+        else [(1024, "forward", ["direct_logit", "ifr", "alti_logit"]), long, generation]
     )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     print(f"# SmolLM2-135M-Instruct, float32, {THREADS} threads, {platform.processor() or ''}")
