@@ -577,9 +577,10 @@ def explain(
         The model (see :func:`capture`).
     inputs : tensor, mapping or sequence
         The model's inputs.
-    method : {"rollout", "flow", "gradient_rollout", "norm", "globenc", "alti", \
-"direct_logit", "alti_logit", "ifr"}, default "rollout"
-        The attribution method. The target-conditioned methods ``"direct_logit"``,
+    method : str, default "rollout"
+        The attribution method: ``"rollout"``, ``"flow"``, ``"gradient_rollout"``,
+        ``"norm"``, ``"globenc"``, ``"alti"``, ``"direct_logit"``, ``"alti_logit"`` or
+        ``"ifr"``. The target-conditioned methods ``"direct_logit"``,
         ``"alti_logit"`` and ``"ifr"`` explain a causal LM's next-token prediction at
         `rows` (pre-LN GPT-2-style blocks, a final LayerNormalization or RMSNormalization
         and a linear or tied unembedding; see ``attnflow.adapters._keras_logit``): each
