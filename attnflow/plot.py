@@ -404,13 +404,6 @@ def layer_token_map(
         Colour limits for every panel. By default ``0`` (or the smallest value, if
         negative) and the largest value: over all panels when `shared_scale`, per panel
         otherwise.
-    signed : bool or sequence of bool, default False
-        Signed scores (a method whose ``MethodSpec.signed`` is true, such as
-        ``direct_logit``; one flag per map, or one for all): drawn on a diverging scale
-        centred at 0 (`SIGNED_CMAP` unless `cmap` is given) with symmetric limits
-        ``[-m, m]``, m the largest absolute value (or of `vmin`/`vmax`), so negative
-        scores show in blue. With `shared_scale`, one signed map makes the whole scale
-        diverging.
     title : str, optional
         Title above all panels.
     figsize : tuple of float, optional
@@ -422,6 +415,13 @@ def layer_token_map(
         Panels per row. By default as many as fit in about 12 inches at 0.25 to 0.34
         inches per token (all of them for short sentences); the others wrap onto
         further rows.
+    signed : bool or sequence of bool, default False
+        Signed scores (a method whose ``MethodSpec.signed`` is true, such as
+        ``direct_logit``; one flag per map, or one for all): drawn on a diverging scale
+        centred at 0 (`SIGNED_CMAP` unless `cmap` is given) with symmetric limits
+        ``[-m, m]``, m the largest absolute value (or of `vmin`/`vmax`), so negative
+        scores show in blue. With `shared_scale`, one signed map makes the whole scale
+        diverging.
 
     Returns
     -------
