@@ -40,6 +40,7 @@ __all__ = [
     "check_class_values",
     "check_contribution_method",
     "check_contributions",
+    "check_explained_rows",
     "check_heads",
     "check_method",
     "check_no_target",
@@ -231,6 +232,21 @@ class CaptureBlock:
 
 
 # -- explain ----------------------------------------------------------------------------------
+def check_explained_rows(rows: object) -> list[int]:
+    """Return the rows of a target-conditioned method as a non-empty list of int positions."""
+    if isinstance(rows, bool) or not isinstance(rows, int | Sequence) or isinstance(rows, str):
+        msg = (
+            "`rows` of a target-conditioned method must be an int or a sequence of ints (the "
+            f"explained positions; -1 is the last real token); got {rows!r}."
+        )
+        raise TypeError(msg)
+    chosen = [rows] if isinstance(rows, int) else list(rows)
+    if not chosen or not all(isinstance(r, int) and not isinstance(r, bool) for r in chosen):
+        msg = f"`rows` must name at least one position, as ints; got {rows!r}."
+        raise ValueError(msg)
+    return chosen
+
+
 def check_method(method: object) -> None:
     """Check `explain`'s `method`: a name of the method registry (every adapter takes all)."""
     method_spec(method)

@@ -58,7 +58,7 @@ from attnflow._logit_attribution import (
 )
 from attnflow._methods import MethodSpec
 
-from ._common import Contributions
+from ._common import Contributions, check_explained_rows
 from ._jax_contributions import BlockTracker, StructureError, _Call, _Frame, _last_axis, _verified
 
 __all__ = ["METHODS", "SUPPORTED_MODELS", "Model", "explain_target_conditioned"]
@@ -217,21 +217,6 @@ def _at_rows(array: Any, positions: Any, *, axis: int) -> Any:
     """Take the explained positions ``(batch, r)`` (broadcast) along `axis` of `array`."""
     index = jnp.expand_dims(positions, -1) if axis == -2 else positions
     return jnp.take_along_axis(array, index, axis=axis)
-
-
-def check_rows(rows: object) -> list[int]:
-    """`rows` as a non-empty list of ints (the explained positions)."""
-    if isinstance(rows, bool) or not isinstance(rows, int | Sequence) or isinstance(rows, str):
-        msg = (
-            "`rows` of a target-conditioned method must be an int or a sequence of ints (the "
-            f"explained positions; -1 is the last real token); got {rows!r}."
-        )
-        raise TypeError(msg)
-    chosen = [rows] if isinstance(rows, int) else list(rows)
-    if not chosen or not all(isinstance(r, int) and not isinstance(r, bool) for r in chosen):
-        msg = f"`rows` must name at least one position, as ints; got {rows!r}."
-        raise ValueError(msg)
-    return chosen
 
 
 def _real_tokens(mask: Any, batch: int, n: int) -> np.ndarray:
@@ -508,7 +493,7 @@ def explain_target_conditioned(
         raise ValueError(msg)
     target_ids = check_ids(target, "target")
     foil_ids = check_ids(foil, "foil")
-    chosen = check_rows(-1 if rows is None else rows)
+    chosen = check_explained_rows(-1 if rows is None else rows)
     single = rows is None or isinstance(rows, int)
     # A method over value-aware matrices (ALTI-Logit) carries its terms through their rollout.
     matrices = cast(Contributions, spec.matrix) if spec.value_aware else None

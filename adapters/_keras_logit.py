@@ -51,17 +51,18 @@ from typing import Any, Literal
 import keras
 import numpy as np
 
-import attnflow
 from attnflow._logit_attribution import (
     FinalNorm,
     alti_logit_terms,
     direct_logit_terms,
     ifr_terms,
     readout,
+    rollouts_below,
     sum_terms,
 )
 from attnflow._methods import MethodSpec, method_spec
 
+from ._common import check_explained_rows
 from ._keras_contributions import BlockPieces, BlockSpec, find_blocks
 
 __all__ = ["explain_target_conditioned"]
@@ -249,20 +250,6 @@ class _NormRecorder:
 
         call.__wrapped__ = original  # type: ignore[attr-defined]
         return call
-
-
-def _check_rows(rows: object) -> list[int]:
-    if isinstance(rows, bool) or not isinstance(rows, int | Sequence) or isinstance(rows, str):
-        msg = (
-            "`rows` of a target-conditioned method must be an int or a sequence of ints (the "
-            f"explained positions; -1 is the last real token); got {rows!r}."
-        )
-        raise TypeError(msg)
-    chosen = [rows] if isinstance(rows, int) else list(rows)
-    if not chosen or not all(isinstance(r, int) and not isinstance(r, bool) for r in chosen):
-        msg = f"`rows` must name at least one position, as ints; got {rows!r}."
-        raise ValueError(msg)
-    return chosen
 
 
 def _length(inputs: object) -> int | None:
@@ -453,7 +440,7 @@ def explain_target_conditioned(
             'drop `target`/`foil` (or use method="direct_logit" or "alti_logit").'
         )
         raise ValueError(msg)
-    chosen = _check_rows(-1 if rows is None else rows)
+    chosen = check_explained_rows(-1 if rows is None else rows)
     _check_rows_fit(chosen, _length(inputs))
     _check_ids(target, 2**62, "target")  # the types; the vocabulary once the head is known
     _check_ids(foil, 2**62, "foil")
@@ -535,7 +522,7 @@ def explain_target_conditioned(
             None if foil_ids is None else _ids(foil_ids, model_logits, "foil"),
         )
         if spec.value_aware:  # ALTI-Logit: carried down by the rollout of its matrices
-            stacked = alti_logit_terms(stacked, _rollouts_below(matrices))
+            stacked = alti_logit_terms(stacked, rollouts_below(matrices))
     else:
         shares = []
         for piece in pieces:
@@ -596,13 +583,3 @@ def _direct_terms(
         weights = _at(piece.weights, positions, 2)
         terms.append(direct_logit_terms(weights, values, output_weight, direction))
     return keras.ops.stack(terms, axis=1)
-
-
-def _rollouts_below(matrices: Any) -> Any:
-    """``(B, L, n, n)``: the ALTI rollout of the layers below each layer (identity first)."""
-    rolled = attnflow.rollout(
-        matrices, heads=None, residual=0.0, normalize_layers=True, layers="all"
-    )
-    batch, n = int(rolled.shape[0]), int(rolled.shape[-1])
-    eye = keras.ops.broadcast_to(keras.ops.eye(n, dtype=rolled.dtype), (batch, 1, n, n))
-    return keras.ops.concatenate([eye, rolled[:, :-1]], axis=1)

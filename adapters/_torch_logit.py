@@ -36,17 +36,18 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-import attnflow
 from attnflow._logit_attribution import (
     FinalNorm,
     alti_logit_terms,
     direct_logit_terms,
     ifr_terms,
     readout,
+    rollouts_below,
     sum_terms,
 )
 from attnflow._methods import method_spec
 
+from ._common import check_explained_rows
 from ._torch_blockwise import SUPPORTED_ATTENTION, _call_kwargs, _run, _window
 from ._torch_capture import _padding_mask, capture
 from ._torch_hooks import Hooks, attention_sites
@@ -189,20 +190,6 @@ def unsupported_reason(model: nn.Module) -> str | None:
     if not isinstance(_output_embedding(model), nn.Linear):
         return f"{type(model).__name__} has no linear output embedding (lm_head)"
     return None
-
-
-def _check_rows(rows: object) -> list[int]:
-    if isinstance(rows, bool) or not isinstance(rows, int | Sequence) or isinstance(rows, str):
-        msg = (
-            "`rows` of a target-conditioned method must be an int or a sequence of ints (the "
-            f"explained positions; -1 is the last real token); got {rows!r}."
-        )
-        raise TypeError(msg)
-    chosen = [rows] if isinstance(rows, int) else list(rows)
-    if not chosen or not all(isinstance(r, int) and not isinstance(r, bool) for r in chosen):
-        msg = f"`rows` must name at least one position, as ints; got {rows!r}."
-        raise ValueError(msg)
-    return chosen
 
 
 def _positions(rows: Sequence[int], mask: torch.Tensor) -> torch.Tensor:
@@ -534,7 +521,7 @@ class TargetGatherer:
         vocabulary = int(_output_embedding(model).weight.shape[0])
         target_ids = _check_target_ids(target, vocabulary)
         foil_ids = _check_target_ids(foil, vocabulary, "foil")
-        chosen = _check_rows(-1 if rows is None else rows)
+        chosen = check_explained_rows(-1 if rows is None else rows)
         single = isinstance(rows, int) or rows is None
         final = _final_norm(model)
         assert final is not None
@@ -626,19 +613,9 @@ class TargetGatherer:
                 stacked = torch.stack(terms, dim=1)  # (B, L, H, r, n)
                 if self.needs_contributions:
                     assert matrices is not None  # refused above
-                    stacked = alti_logit_terms(stacked, _rollouts_below(matrices))
+                    stacked = alti_logit_terms(stacked, rollouts_below(matrices))
         result: torch.Tensor = sum_terms(stacked, heads=heads, layers=layers)
         return result[..., 0, :] if single or span else result
-
-
-def _rollouts_below(matrices: torch.Tensor) -> torch.Tensor:
-    """``(B, L, n, n)``: the ALTI rollout of the layers below each layer (identity first)."""
-    rolled = attnflow.rollout(
-        matrices, heads=None, residual=0.0, normalize_layers=True, layers="all"
-    )
-    n = matrices.shape[-1]
-    eye = torch.eye(n, dtype=rolled.dtype, device=rolled.device).expand(rolled.shape[0], 1, n, n)
-    return torch.cat([eye, rolled[:, :-1]], dim=1)
 
 
 def _tolerance(logits: torch.Tensor) -> float:
