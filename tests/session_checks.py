@@ -56,7 +56,34 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(msg)
 
 
+# The longest scopes of the parallel runs, measured (CI logs, 2 workers), started first:
+# pytest-xdist's loadscope hands scopes out in collection order, and one of these
+# collected last keeps a worker busy for a minute after the other has finished.
+HEAVY_FIRST = (
+    "tests/adapters/test_doc_examples.py::TestLLMsPage",
+    "tests/llm/test_convert.py",
+    "tests/adapters/test_doc_examples.py::TestPages",
+    "tests/adapters/test_doc_examples.py::TestReadme",
+    "tests/test_gradient_rollout.py",
+    "tests/test_rollout.py",
+    "tests/test_variants.py",
+    "tests/test_causal.py",
+    "tests/test_encoder_decoder.py",
+)
+
+
+def _rank(item: pytest.Item) -> int:
+    """Where `item`'s scope comes in HEAVY_FIRST (after every listed one if it is not)."""
+    node = item.nodeid
+    for rank, prefix in enumerate(HEAVY_FIRST):
+        if node.startswith(prefix + "::") or node == prefix:
+            return rank
+    return len(HEAVY_FIRST)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The same order in every worker (a stable sort of the same collection), heavy first.
+    items.sort(key=_rank)
     backend_only = os.environ.get("ATTNFLOW_BACKEND_TESTS_ONLY") == "1"
     free_only = os.environ.get("ATTNFLOW_BACKEND_FREE_ONLY") == "1"
     if backend_only and free_only:

@@ -92,17 +92,31 @@ def test_the_readme_and_the_pages_have_their_examples() -> None:
         assert _examples(ROOT / "docs" / page), f"{page}: no Python example found"
 
 
-@pytest.mark.parametrize("index", range(len(README_BLOCKS)))
-def test_readme_example_runs_as_a_script(index: int, tmp_path: Path) -> None:
-    _run_twice(README_BLOCKS[index], tmp_path)
-    if "view.save(" in README_BLOCKS[index]:
-        page = (tmp_path / "cls.html").read_text(encoding="utf-8")
-        assert 'title="[CLS]: ' in page
-        assert "cabinets" in page
+# Each class is a scope of its own for pytest-xdist's loadscope: the examples take minutes
+# together, and in one module they would all wait for one worker.
+class TestReadme:
+    @pytest.mark.parametrize("index", range(len(README_BLOCKS)))
+    def test_readme_example_runs_as_a_script(self, index: int, tmp_path: Path) -> None:
+        _run_twice(README_BLOCKS[index], tmp_path)
+        if "view.save(" in README_BLOCKS[index]:
+            page = (tmp_path / "cls.html").read_text(encoding="utf-8")
+            assert 'title="[CLS]: ' in page
+            assert "cabinets" in page
 
 
-@pytest.mark.parametrize("page", PAGES)
-def test_a_pages_examples_run_in_order(page: str, tmp_path: Path) -> None:
+class TestPages:
+    @pytest.mark.parametrize("page", [page for page in PAGES if page != "llms.md"])
+    def test_a_pages_examples_run_in_order(self, page: str, tmp_path: Path) -> None:
+        _run_page(page, tmp_path)
+
+
+class TestLLMsPage:
+    def test_a_pages_examples_run_in_order(self, tmp_path: Path) -> None:
+        _run_page("llms.md", tmp_path)
+
+
+def _run_page(page: str, tmp_path: Path) -> None:
+    """Run `page`'s examples in order as one script (twice), its doctests, and its promises."""
     examples = _examples(ROOT / "docs" / page)
     script, doctests = [], []
     for code, reason in examples:
