@@ -382,10 +382,7 @@ def integrations(session: nox.Session) -> None:
         # Everything these tests need is installed here: a skip is a failure.
         "ATTNFLOW_FORBID_SKIPS": "tests/integrations",
     }
-    # On every core, one module per worker (its loaded models built once).
-    session.run(
-        "pytest", *PARALLEL, "tests/integrations", *session.posargs, env={**env, **ONE_THREAD}
-    )
+    session.run("pytest", "tests/integrations", *session.posargs, env=env)
     session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.integrations", env=env)
 
 
