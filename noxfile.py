@@ -165,8 +165,15 @@ def tests(session: nox.Session) -> None:
         # A failed install must fail the session, not skip the modules that need it.
         "ATTNFLOW_REQUIRE_MODULES": "array_api_strict,torch,jax,dask,distributed,matplotlib",
     }
-    # The backend tests of every CPU backend, in one run ...
-    backend_env = {**env, **ONE_THREAD, "ATTNFLOW_BACKEND_TESTS_ONLY": "1"}
+    # The backend tests of every CPU backend, in one run; the jax.jit cells in float32 only
+    # (tracing does not depend on the dtype; float64 runs eagerly on JAX, and every cell
+    # runs in `tests-cell(backend='jax')`) ...
+    backend_env = {
+        **env,
+        **ONE_THREAD,
+        "ATTNFLOW_BACKEND_TESTS_ONLY": "1",
+        "ATTNFLOW_JIT_DTYPES": "float32",
+    }
     session.run("pytest", *PARALLEL, NOT_IN_MATRIX, *session.posargs, env=backend_env)
     # ... and the backend-free ones once, in a run of their own without JAX, torch or
     # Dask loaded: several fork (a headless browser, worker processes), and JAX, once

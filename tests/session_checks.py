@@ -16,6 +16,11 @@ on by an environment variable that ``noxfile.py`` sets:
   of the session's libraries (a Dask-cluster test, say). It is set where one backend runs
   alone (TensorFlow, the local per-backend cells): the backend-free tests run once, in
   the default ``tests`` session, not again in every backend's session.
+- ``ATTNFLOW_JIT_DTYPES``: comma-separated dtypes (``float32``) to which the ``jax.jit``
+  cells of the matrix are kept; the others are deselected. Tracing does not depend on the
+  dtype (no path of the core branches on it), and every dtype still runs eagerly on JAX,
+  so the default ``tests`` session compiles each program once, not once per dtype: XLA's
+  compilations are most of that session's time. Unset: every cell.
 - ``ATTNFLOW_BACKEND_FREE_ONLY``: "1" keeps only the tests that take no ``backend`` fixture
   and carry no ``with_backend`` marker. ``tests`` runs them in a pytest process of their
   own, without the multithreaded frameworks loaded: several of them fork (a browser, worker
@@ -84,6 +89,7 @@ def _rank(item: pytest.Item) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The same order in every worker (a stable sort of the same collection), heavy first.
     items.sort(key=_rank)
+    _keep_jit_dtypes(config, items)
     backend_only = os.environ.get("ATTNFLOW_BACKEND_TESTS_ONLY") == "1"
     free_only = os.environ.get("ATTNFLOW_BACKEND_FREE_ONLY") == "1"
     if backend_only and free_only:
@@ -104,6 +110,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         else:
             ours = takes_backend or (marker is not None and bool(libraries & set(marker.args)))
         (kept if ours else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def _keep_jit_dtypes(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the ``jax.jit`` cells of dtypes outside ``ATTNFLOW_JIT_DTYPES``."""
+    allowed = _listed("ATTNFLOW_JIT_DTYPES")
+    if not allowed:
+        return
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        variant, dtype = params.get("backend"), params.get("dtype_name")
+        jitted = bool(getattr(variant, "jit", False))
+        (dropped if jitted and dtype is not None and dtype not in allowed else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
