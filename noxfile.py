@@ -437,8 +437,12 @@ def _keras_tests(session: nox.Session, keras_backend: str, *, parallel: bool = F
         "ATTNFLOW_REQUIRE_MODULES": f"keras,{keras_backend}",
     }
     workers, threads = (PARALLEL, ONE_THREAD) if parallel else ((), {})
-    session.run("pytest", *workers, *KERAS_TESTS, *session.posargs, env={**env, **threads})
-    session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.keras", env=env)
+    # The examples in the same run (one Keras import, not two; on another worker when
+    # parallel): the test modules hold no examples of their own.
+    examples = ("--doctest-modules", "--pyargs", "attnflow.adapters.keras")
+    session.run(
+        "pytest", *workers, *KERAS_TESTS, *examples, *session.posargs, env={**env, **threads}
+    )
 
 
 KERAS_BACKENDS = {"tensorflow": ["tensorflow-cpu"], "jax": ["jax"], "torch": [TORCH]}
