@@ -329,11 +329,8 @@ def _torch_models_env(session: nox.Session, *extra: str, llm: bool) -> None:
 
 
 def _torch_models_tests(session: nox.Session, *, adapter: bool, llm: bool) -> None:
-    """The torch adapter's tests (`adapter`) and the LLM ones (`llm`), in one pytest-xdist run.
-
-    Their examples follow, in one run of their own (no worker processes: the examples
-    are short).
-    """
+    """The torch adapter's tests (`adapter`) and the LLM ones (`llm`), and the examples of
+    their modules, in one pytest-xdist run."""
     required = ["torch", "transformers", *(["gguf"] if llm else [])]
     env = {
         **ENV,
@@ -346,9 +343,11 @@ def _torch_models_tests(session: nox.Session, *, adapter: bool, llm: bool) -> No
         ),
     }
     tests = [*(TORCH_TESTS if adapter else []), *(["tests/llm"] if llm else [])]
-    session.run("pytest", *PARALLEL, *tests, *session.posargs, env={**env, **ONE_THREAD})
+    # The modules' examples in the same run, each module a scope of its own on either
+    # worker (the test modules hold no examples).
     doctests = [*(TORCH_DOCTESTS if adapter else []), *(LLM_DOCTESTS if llm else [])]
-    session.run("pytest", "--doctest-modules", "--pyargs", *doctests, env=env)
+    examples = ("--doctest-modules", "--pyargs", *doctests)
+    session.run("pytest", *PARALLEL, *tests, *examples, *session.posargs, env={**env, **ONE_THREAD})
 
 
 @nox.session(name="adapters-torch")
@@ -415,8 +414,11 @@ def adapters_jax(session: nox.Session) -> None:
         "ATTNFLOW_REQUIRE_MODULES": "jax,flax",
         "ATTNFLOW_FORBID_SKIPS": ",".join(JAX_TESTS),
     }
-    session.run("pytest", *PARALLEL, *JAX_TESTS, *session.posargs, env={**env, **ONE_THREAD})
-    session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.adapters.jax", env=env)
+    # The adapter's examples in the same run, on either worker (one JAX start, not two).
+    examples = ("--doctest-modules", "--pyargs", "attnflow.adapters.jax")
+    session.run(
+        "pytest", *PARALLEL, *JAX_TESTS, *examples, *session.posargs, env={**env, **ONE_THREAD}
+    )
     # Keras in a pytest process of its own: the JAX backend tests switch on jax_enable_x64
     # (tests/backends.py), which would change what Keras computes in float64.
     _keras_tests(session, "jax", parallel=True)
