@@ -306,7 +306,7 @@ def _stack(weights: Sequence[jax.Array], heads: CaptureHeads) -> jax.Array:
         )
         raise ValueError(msg)
     if heads != "each":
-        # One fused head, its axis kept: the canonical layout (issue 22.17).
+        # One fused head, its axis kept: the canonical layout.
         fused = [
             attnflow.fuse_heads(w, heads=heads, validate=False)[..., None, :, :] for w in weights
         ]

@@ -339,7 +339,7 @@ class Capture(CaptureBlock):
                 self._recorder.errors.append("an attention call outside any recognised block")
         else:
             if self.heads != "each":
-                # One fused head, its axis kept: the canonical layout (issue 22.17).
+                # One fused head, its axis kept: the canonical layout.
                 scores = keras.ops.expand_dims(
                     attnflow.fuse_heads(
                         keras.ops.stop_gradient(scores), heads=self.heads, validate=False
