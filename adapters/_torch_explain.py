@@ -251,6 +251,10 @@ def explain(
     from ._torch_inputs import check_model_inputs
 
     check_model_inputs(model, inputs)
+    if spec.value_aware:
+        _torch_blockwise.check_matrices_fit(
+            model, inputs, spec.name, copies=12 if spec.target_conditioned else 2
+        )
     if spec.target_conditioned:
         if blockwise is False:
             msg = (

@@ -152,3 +152,20 @@ def test_the_kernel_probe_reads_what_is_installed():
         importlib.util.find_spec("kernels") is not None
     )
     assert _torch_inputs._kernels_installed("is_flash_attn_2_available") is expected
+
+
+@pytest.mark.parametrize(("method", "copies"), [("alti", 2), ("alti_logit", 12)])
+def test_value_aware_matrices_that_cannot_fit_are_refused_first(
+    untouched, monkeypatch, method, copies
+):
+    """Every layer's n x n matrix is held: refused, naming the size, before the model runs."""
+    from attnflow.adapters import _torch_blockwise
+
+    inputs = {"input_ids": torch.ones(1, 8, dtype=torch.long)}
+    needed = copies * 4 * 1 * 2 * 8 * 8  # copies x float32 x batch x layers x n x n
+    monkeypatch.setattr(_torch_blockwise, "available_bytes", lambda device: needed - 1)
+    with pytest.raises(MemoryError, match=rf'method="{method}" holds every layer\'s 8 x 8'):
+        adapter.explain(untouched, inputs, method=method, rows=-1)
+    monkeypatch.setattr(_torch_blockwise, "available_bytes", lambda device: needed)
+    with pytest.raises(AssertionError, match="the model ran"):  # enough memory: it runs
+        adapter.explain(untouched, inputs, method=method, rows=-1)
