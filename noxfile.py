@@ -189,12 +189,16 @@ def tests(session: nox.Session) -> None:
         "pytest", *PARALLEL, "-m", "not timed", NOT_IN_MATRIX, *session.posargs, env=free_env
     )
     # Those that bound wall-clock time (Ctrl-C within 2 s) run alone, with no other worker
-    # taking a core. A selection given on the command line (`-- -k flow`) may leave none.
+    # taking a core; only their modules are collected. A selection given on the command
+    # line (`-- -k flow`) may leave none.
+    timed = sorted(
+        str(p) for p in Path("tests").glob("test_*.py") if "mark.timed" in p.read_text("utf-8")
+    )
     session.run(
         "pytest",
         "-m",
         "timed",
-        NOT_IN_MATRIX,
+        *(timed or [NOT_IN_MATRIX]),
         *session.posargs,
         env=free_env,
         success_codes=[0, PYTEST_NO_TESTS] if session.posargs else [0],
@@ -388,8 +392,9 @@ def integrations(session: nox.Session) -> None:
         # Everything these tests need is installed here: a skip is a failure.
         "ATTNFLOW_FORBID_SKIPS": "tests/integrations",
     }
-    session.run("pytest", "tests/integrations", *session.posargs, env=env)
-    session.run("pytest", "--doctest-modules", "--pyargs", "attnflow.integrations", env=env)
+    # The examples of attnflow.integrations in the same run (one import of the toolkits).
+    examples = ("--doctest-modules", "--pyargs", "attnflow.integrations")
+    session.run("pytest", "tests/integrations", *examples, *session.posargs, env=env)
 
 
 JAX_TESTS = [

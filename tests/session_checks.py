@@ -69,6 +69,8 @@ HEAVY_FIRST = (
     "tests/llm/test_convert.py",
     "tests/adapters/test_doc_examples.py::TestPages",
     "tests/adapters/test_doc_examples.py::TestReadme",
+    "tests/test_rollout_backend_properties.py",
+    "tests/test_causal_cache.py",
     "tests/test_gradient_rollout.py",
     "tests/test_rollout.py",
     "tests/test_variants.py",
