@@ -19,7 +19,7 @@ from typing import Any, Literal, Self
 import attnflow
 from attnflow._deprecation import MISSING, renamed_keyword, warn_deprecated
 from attnflow._methods import METHODS as METHOD_SPECS
-from attnflow._methods import method_spec
+from attnflow._methods import MethodSpec, method_spec
 from attnflow._real_rows import by_real_end
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "check_reduce_output",
     "check_scalar_shape",
     "check_scalar_target",
+    "check_target_options",
     "check_target_score",
     "check_target_type",
     "explain_contributions",
@@ -245,6 +246,31 @@ def check_explained_rows(rows: object) -> list[int]:
         msg = f"`rows` must name at least one position, as ints; got {rows!r}."
         raise ValueError(msg)
     return chosen
+
+
+def check_target_options(spec: MethodSpec, heads: object, layers: object, span: object) -> None:
+    """Check a target-conditioned method's `heads`, `layers` and `span`, before any work."""
+    if heads not in ("sum", "each"):
+        msg = (
+            f'`heads` of method="{spec.name}" must be "sum" or "each" (one map per head); got '
+            f"{heads!r}."
+        )
+        raise ValueError(msg)
+    if layers not in ("sum", "all", "cumulative"):
+        msg = (
+            f'`layers` of method="{spec.name}" must be "sum", "all" (one map per layer) or '
+            f'"cumulative" (layer l: the layers up to l); got {layers!r}.'
+        )
+        raise ValueError(msg)
+    if not isinstance(span, bool):
+        msg = f"`span` must be True or False; got {span!r}."
+        raise TypeError(msg)
+    if span and spec.uses_target:
+        msg = (
+            f'`span` aggregates IFR over a target span (method="ifr"); method="{spec.name}" '
+            "explains each row: sum its rows instead."
+        )
+        raise ValueError(msg)
 
 
 def check_method(method: object) -> None:

@@ -58,7 +58,7 @@ from attnflow._logit_attribution import (
 )
 from attnflow._methods import MethodSpec
 
-from ._common import Contributions, check_explained_rows
+from ._common import Contributions, check_explained_rows, check_target_options
 from ._jax_contributions import BlockTracker, StructureError, _Call, _Frame, _last_axis, _verified
 
 __all__ = ["METHODS", "SUPPORTED_MODELS", "Model", "explain_target_conditioned"]
@@ -401,12 +401,6 @@ def check_options(
 ) -> tuple[Literal["sum", "each"], Literal["sum", "all", "cumulative"], bool]:
     """``(heads, layers, span)`` of a target-conditioned method, checked before any work."""
     method = spec.name
-    if heads not in ("sum", "each"):
-        msg = (
-            f'`heads` of method="{method}" must be "sum" or "each" (one map per head); got '
-            f"{heads!r}."
-        )
-        raise ValueError(msg)
     given = dict(options or {})
     unknown = sorted(set(given) - _OPTIONS)
     if unknown:
@@ -421,22 +415,8 @@ def check_options(
         )
         raise ValueError(msg)
     layers = given.get("layers", "sum")
-    if layers not in ("sum", "all", "cumulative"):
-        msg = (
-            f'`layers` of method="{method}" must be "sum", "all" (one map per layer) or '
-            f'"cumulative" (layer l: the layers up to l); got {layers!r}.'
-        )
-        raise ValueError(msg)
     span = given.get("span", False)
-    if not isinstance(span, bool):
-        msg = f"`span` must be True or False; got {span!r}."
-        raise TypeError(msg)
-    if span and spec.uses_target:
-        msg = (
-            f'`span` aggregates IFR over a target span (method="ifr"); method="{method}" '
-            "explains each row: sum its rows instead."
-        )
-        raise ValueError(msg)
+    check_target_options(spec, heads, layers, span)
     return heads, layers, span
 
 

@@ -60,9 +60,9 @@ from attnflow._logit_attribution import (
     rollouts_below,
     sum_terms,
 )
-from attnflow._methods import MethodSpec, method_spec
+from attnflow._methods import method_spec
 
-from ._common import check_explained_rows
+from ._common import check_explained_rows, check_target_options
 from ._keras_contributions import BlockPieces, BlockSpec, find_blocks
 
 __all__ = ["explain_target_conditioned"]
@@ -383,30 +383,6 @@ def _values(piece: BlockPieces) -> tuple[Any, Any, Any | None]:
     )
 
 
-def _check_options(spec: MethodSpec, heads: object, layers: object, span: object) -> None:
-    if heads not in ("sum", "each"):
-        msg = (
-            f'`heads` of method="{spec.name}" must be "sum" or "each" (one map per head); got '
-            f"{heads!r}."
-        )
-        raise ValueError(msg)
-    if layers not in ("sum", "all", "cumulative"):
-        msg = (
-            f'`layers` of method="{spec.name}" must be "sum", "all" (one map per layer) or '
-            f'"cumulative" (layer l: the layers up to l); got {layers!r}.'
-        )
-        raise ValueError(msg)
-    if not isinstance(span, bool):
-        msg = f"`span` must be True or False; got {span!r}."
-        raise TypeError(msg)
-    if span and spec.uses_target:
-        msg = (
-            f'`span` aggregates IFR over a target span; method="{spec.name}" explains each '
-            "row's target: sum its rows instead."
-        )
-        raise ValueError(msg)
-
-
 def explain_target_conditioned(
     model: keras.Layer,
     inputs: Any,
@@ -427,7 +403,7 @@ def explain_target_conditioned(
     (``capture(model, contributions=...)``, with ``pieces`` once it has run).
     """
     spec = method_spec(method)
-    _check_options(spec, heads, layers, span)
+    check_target_options(spec, heads, layers, span)
     if mask is not None:
         msg = (
             f'method="{method}" reads the padding mask from the model\'s attention calls: '

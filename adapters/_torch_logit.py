@@ -47,7 +47,7 @@ from attnflow._logit_attribution import (
 )
 from attnflow._methods import method_spec
 
-from ._common import check_explained_rows
+from ._common import check_explained_rows, check_target_options
 from ._torch_blockwise import SUPPORTED_ATTENTION, _call_kwargs, _run, _window
 from ._torch_capture import _padding_mask, capture
 from ._torch_hooks import Hooks, attention_sites
@@ -484,28 +484,11 @@ class TargetGatherer:
         mask: object = None,
     ) -> None:
         spec = method_spec(method)
-        if heads not in ("sum", "each"):
-            msg = f'`heads` of method="{method}" must be "sum" or "each" (one map per head); got {heads!r}.'
-            raise ValueError(msg)
-        if layers not in ("sum", "all", "cumulative"):
-            msg = (
-                f'`layers` of method="{method}" must be "sum", "all" (one map per layer) or '
-                f'"cumulative" (layer l: the layers up to l); got {layers!r}.'
-            )
-            raise ValueError(msg)
+        check_target_options(spec, heads, layers, span)
         if mask is not None:
             msg = (
                 f'method="{method}" reads the padding mask from the model call (attention_mask); '
                 "pass it in `inputs`, not as `mask`."
-            )
-            raise ValueError(msg)
-        if not isinstance(span, bool):
-            msg = f"`span` must be True or False; got {span!r}."
-            raise TypeError(msg)
-        if span and spec.composes != "ifr":
-            msg = (
-                f'`span` aggregates IFR over a target span (method="ifr"); method="{method}" '
-                "explains each row: sum its rows instead."
             )
             raise ValueError(msg)
         if spec.composes == "ifr" and (target is not None or foil is not None):
