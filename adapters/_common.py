@@ -355,15 +355,11 @@ def explain_weights(
 ) -> Any:
     """Raw attention, rollout or flow over captured weights, the mask by default.
 
-    Negative `rows` count from each sequence's last real token (:func:`by_real_end`).
+    Negative `rows` count from each sequence's last real token (the core function
+    resolves them from the mask).
     """
     settings = {"mask": mask, **(options or {})}
-    function = method_spec(method).function()
-    return by_real_end(
-        lambda given: function(attentions, rows=given, heads=heads, **settings),
-        settings["mask"],
-        rows,
-    )
+    return method_spec(method).function()(attentions, rows=rows, heads=heads, **settings)
 
 
 def explain_gradients(
@@ -375,11 +371,7 @@ def explain_gradients(
 ) -> Any:
     """Gradient-weighted rollout over per-head weights and their gradients."""
     settings = {"mask": mask, **(options or {})}
-    return by_real_end(
-        lambda given: attnflow.gradient_rollout(attentions, gradients, rows=given, **settings),
-        settings["mask"],
-        rows,
-    )
+    return attnflow.gradient_rollout(attentions, gradients, rows=rows, **settings)
 
 
 def explain_contributions(
@@ -413,6 +405,8 @@ def explain_contributions(
     if normalize_layers is False:
         from attnflow._contributions import compose_unnormalized
 
+        # It hands rollout the matrices with the padding zeroed and no mask: the rows are
+        # resolved here, from the mask.
         return by_real_end(
             lambda given: compose_unnormalized(
                 attnflow.rollout, contributions, heads=None, rows=given, mask=given_mask, **settings
@@ -420,17 +414,13 @@ def explain_contributions(
             given_mask,
             rows,
         )
-    return by_real_end(
-        lambda given: attnflow.rollout(
-            contributions,
-            heads=None,
-            rows=given,
-            mask=given_mask,
-            normalize_layers=normalize_layers,
-            **settings,
-        ),
-        given_mask,
-        rows,
+    return attnflow.rollout(
+        contributions,
+        heads=None,
+        rows=rows,
+        mask=given_mask,
+        normalize_layers=normalize_layers,
+        **settings,
     )
 
 

@@ -309,7 +309,6 @@ def run_method(args: argparse.Namespace, *, method: str) -> int:
     from pathlib import Path
 
     from ._arrayio import ArrayFileError, read_array, read_header
-    from ._real_rows import by_real_end
     from ._validation import stored_precision
 
     spec = method_spec(method)
@@ -364,14 +363,9 @@ def run_method(args: argparse.Namespace, *, method: str) -> int:
     ):
         # --max-work's note is printed above; the library's warning would repeat it.
         warnings.filterwarnings("ignore", r"`max_work`", DeprecationWarning)
-        # Negative --rows count from each sequence's last real token (--mask, right padding).
-        values = np.asarray(
-            by_real_end(
-                lambda rows: function(attentions, **{**options, "rows": rows}),
-                mask,
-                options["rows"],
-            )
-        )
+        # Negative --rows count from each sequence's last real token (--mask, right padding):
+        # the core function resolves them from the mask it is given.
+        values = np.asarray(function(attentions, **options))
     # Lay out the report before writing, so that nothing is written if it fails.
     axis = _layer_axis(
         values, rows=options["rows"], layers=options["layers"], each=options["heads"] == "each"
