@@ -416,8 +416,12 @@ def check_options(
         raise ValueError(msg)
     layers = given.get("layers", "sum")
     span = given.get("span", False)
-    check_target_options(spec, heads, layers, span)
-    return heads, layers, span
+    check_target_options(spec, heads, layers, span)  # refuses anything else
+    return (
+        cast(Literal["sum", "each"], heads),
+        cast(Literal["sum", "all", "cumulative"], layers),
+        bool(span),
+    )
 
 
 @dataclass
